@@ -1,0 +1,68 @@
+"""Command line: ``python -m course {build,lint,check,grade,feedback,demo} ...``."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .paths import REPO_ROOT, resolve_labs
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m course", description="Efficient AI Labs course tooling.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("build", help="labs/labN/labN.py -> source/labN/ -> release/labN/ (idempotent)")
+    p.add_argument("labs", nargs="*", help="labs to build (default: all)")
+
+    p = sub.add_parser("lint", help="static checks only: metadata, points, leaks, up to date")
+    p.add_argument("labs", nargs="*", help="labs to lint (default: all)")
+
+    p = sub.add_parser("check", help="pre-release gate: lint, then autograde reference (full marks) and blank (zero)")
+    p.add_argument("labs", nargs="*", help="labs to check (default: all)")
+
+    p = sub.add_parser("grade", help="autograde every submission in submitted/<student>/<lab>/")
+    p.add_argument("lab")
+    p.add_argument("--student", action="append", help="grade only this student (repeatable)")
+    p.add_argument("--timeout-s", type=float, default=900.0, help="time limit per submission in seconds (default 900)")
+
+    p = sub.add_parser("feedback", help="generate feedback HTML for graded submissions and release it")
+    p.add_argument("lab")
+    p.add_argument("--student", action="append", help="only this student (repeatable)")
+    p.add_argument("--exchange", help="nbgrader exchange folder to release feedback into (optional)")
+
+    p = sub.add_parser("demo", help="build, grade a demo class (reference, blank, partial) and print the table")
+    p.add_argument("--lab", default="lab1")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.command == "build":
+        from . import build
+
+        return build.main(resolve_labs(args.labs))
+    if args.command == "lint":
+        from . import check
+
+        return check.main(resolve_labs(args.labs), execute=False)
+    if args.command == "check":
+        from . import check
+
+        return check.main(resolve_labs(args.labs))
+    if args.command == "grade":
+        from . import grade
+
+        return grade.main(resolve_labs([args.lab])[0], REPO_ROOT, args.student, args.timeout_s)
+    if args.command == "feedback":
+        from . import feedback
+
+        return feedback.main(resolve_labs([args.lab])[0], REPO_ROOT, args.student, args.exchange)
+    if args.command == "demo":
+        from . import demo
+
+        return demo.main(resolve_labs([args.lab])[0])
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

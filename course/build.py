@@ -1,0 +1,148 @@
+"""build: labs/labN/labN.py -> source/labN/ (instructor notebook) -> release/labN/ (student bundle).
+
+``source/labN/`` gets the notebook plus copies of ``utils.py`` and ``assets/``; nbgrader copies every
+non-notebook file of ``source/labN/`` into ``release/labN/``, which makes the release self-contained, and
+``nbgrader autograde`` overwrites a student's copies with these. Files are written only when their content
+changes, so a second build changes nothing.
+"""
+from __future__ import annotations
+
+import filecmp
+import shutil
+import tempfile
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+from .nbgrader_run import run_nbgrader
+from .notebooks import NB_VERSION
+from .paths import REPO_ROOT, lab_text_path
+
+SUPPORT_FILES = ("utils.py",)
+SUPPORT_DIRS = ("assets",)
+
+
+class BuildError(Exception):
+    """A lab could not be built; the message says which and why."""
+
+
+def text_to_notebook(text_path: Path) -> str:
+    """The instructor notebook (as JSON text) for an authored lab file."""
+    try:
+        nb = jupytext.read(text_path, fmt="py:percent")
+    except Exception as exc:
+        raise BuildError(f"{text_path}: jupytext could not read it ({exc})") from None
+    nb.metadata.pop("jupytext", None)
+    nb.metadata.setdefault(
+        "kernelspec", {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    )
+    nb.metadata.setdefault("language_info", {"name": "python"})
+    for index, cell in enumerate(nb.cells):
+        # Stable cell ids (nbformat would draw random ones): the grade id, else the position.
+        cell["id"] = cell.metadata.get("nbgrader", {}).get("grade_id") or f"cell-{index}"
+        cell.metadata.pop("lines_to_next_cell", None)
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nb.nbformat, nb.nbformat_minor = NB_VERSION, 5
+    return nbformat.writes(nbformat.from_dict(nb), version=NB_VERSION) + "\n"
+
+
+def _write_if_changed(path: Path, text: str, changed: list[Path]) -> None:
+    if path.exists() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    changed.append(path)
+
+
+def sync_tree(src: Path, dest: Path, changed: list[Path]) -> None:
+    """Make ``dest`` a copy of ``src``: copy new or different files, remove files ``src`` lacks."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in sorted(src.rglob("*")):
+        if item.is_dir() or "__pycache__" in item.parts:
+            continue
+        target = dest / item.relative_to(src)
+        if not target.exists() or not filecmp.cmp(item, target, shallow=False):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(item, target)
+            changed.append(target)
+    for item in sorted(dest.rglob("*"), reverse=True):
+        if "__pycache__" in item.parts:
+            continue
+        counterpart = src / item.relative_to(dest)
+        if item.is_file() and not counterpart.exists():
+            item.unlink()
+            changed.append(item)
+        elif item.is_dir() and not counterpart.exists() and not any(item.iterdir()):
+            item.rmdir()
+
+
+def build_source(lab: str, root: Path = REPO_ROOT, out_root: Path | None = None) -> list[Path]:
+    """Write ``source/<lab>/`` under ``out_root`` (default: ``root``). Returns the files it changed."""
+    out_root = out_root or root
+    changed: list[Path] = []
+    text_path = lab_text_path(root, lab)
+    source_dir = out_root / "source" / lab
+    _write_if_changed(source_dir / f"{lab}.ipynb", text_to_notebook(text_path), changed)
+    for name in SUPPORT_FILES:
+        target = source_dir / name
+        if not target.exists() or not filecmp.cmp(root / name, target, shallow=False):
+            shutil.copy2(root / name, target)
+            changed.append(target)
+    for name in SUPPORT_DIRS:
+        if (root / name).is_dir():
+            sync_tree(root / name, source_dir / name, changed)
+    return changed
+
+
+def generate_release(lab: str, source_dir: Path, release_dir: Path) -> list[Path]:
+    """Run ``nbgrader generate_assignment`` on ``source_dir`` and sync the result into ``release_dir``."""
+    changed: list[Path] = []
+    with tempfile.TemporaryDirectory(prefix="efficient-ai-build-") as tmp:
+        course = Path(tmp)
+        shutil.copy2(REPO_ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
+        shutil.copytree(source_dir, course / "source" / lab)
+        result = run_nbgrader(course, ["generate_assignment", lab, "--force", "--no-db"])
+        generated = course / "release" / lab
+        if not result.ok or not (generated / f"{lab}.ipynb").exists():
+            raise BuildError(f"nbgrader generate_assignment {lab} failed:\n{result.tail(25)}")
+        sync_tree(generated, release_dir, changed)
+    return changed
+
+
+def build_lab(lab: str, root: Path = REPO_ROOT, out_root: Path | None = None) -> list[Path]:
+    """Build one lab's ``source/`` and ``release/`` under ``out_root`` (default ``root``)."""
+    out_root = out_root or root
+    changed = build_source(lab, root, out_root)
+    changed += generate_release(lab, out_root / "source" / lab, out_root / "release" / lab)
+    return changed
+
+
+def record_grade_ids(lab: str, root: Path = REPO_ROOT) -> list[Path]:
+    """Append the lab's new grade ids to ``labs/<lab>/grade_ids.lock`` (ids are never renamed once released)."""
+    from .notebooks import grade_id, read_notebook
+
+    lock = root / "labs" / lab / "grade_ids.lock"
+    known = [line.strip() for line in lock.read_text().splitlines()] if lock.exists() else []
+    header = ["# Grade ids of this lab: the gradebook keys on them. Never rename or remove one; add new ones freely."]
+    ids = [gid for cell in read_notebook(root / "source" / lab / f"{lab}.ipynb").cells if (gid := grade_id(cell))]
+    new = [gid for gid in ids if gid not in known]
+    if not new:
+        return []
+    lines = (known or header) + new
+    lock.write_text("\n".join(lines) + "\n")
+    return [lock]
+
+
+def main(labs: list[str], root: Path = REPO_ROOT) -> int:
+    for lab in labs:
+        try:
+            changed = build_lab(lab, root)
+            changed += record_grade_ids(lab, root)
+        except BuildError as exc:
+            print(f"build {lab}: FAILED\n{exc}")
+            return 1
+        rel = [str(p.relative_to(root)) for p in changed]
+        print(f"build {lab}: {len(rel)} file(s) changed" + ("".join(f"\n  {p}" for p in rel) if rel else ""))
+    return 0

@@ -1,0 +1,94 @@
+"""check: the instructor's pre-release gate for a lab.
+
+1. lint (docs/AUTHORING.md rules, and ``source/``/``release/`` up to date with ``labs/`` and ``utils.py``);
+2. autograde the reference solution (the release with every answer filled from the source): this executes the
+   whole notebook at quick scale with the hidden tests restored, and must earn every autograded point;
+3. autograde the blank release: it must earn zero;
+4. print the per-question table. Exit status 1 on any failure, with the reason.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from .grade import Outcome, grade_lab, question_scores
+from .lint import Problem, lint_lab
+from .nbgrader_run import SubmissionScores, make_course_dir
+from .notebooks import make_submission, question_label, question_sort_key, read_notebook, write_notebook
+from .paths import REPO_ROOT, release_notebook_path, source_notebook_path
+
+REFERENCE, BLANK = "reference", "blank"
+
+
+def grade_reference_and_blank(lab: str, root: Path, workdir: Path) -> tuple[dict[str, Outcome], dict[str, SubmissionScores]]:
+    """Autograde the reference solution and the blank release of ``lab`` in a scratch course ``workdir``."""
+    course = make_course_dir(workdir, [lab], root)
+    source_nb = read_notebook(source_notebook_path(root, lab))
+    release_nb = read_notebook(release_notebook_path(root, lab))
+    write_notebook(make_submission(release_nb, source_nb), course / "submitted" / REFERENCE / lab / f"{lab}.ipynb")
+    write_notebook(release_nb, course / "submitted" / BLANK / lab / f"{lab}.ipynb")
+    return grade_lab(course, lab, [REFERENCE, BLANK], out_dir=course / "grading", progress=False)
+
+
+def grading_problems(lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> list[Problem]:
+    """Reference: every autograded cell full marks. Blank: every autograded cell zero."""
+    problems = []
+    for student in (REFERENCE, BLANK):
+        outcome = outcomes[student]
+        if outcome.status != "ok":
+            problems.append(Problem(lab, f"{student} submission", f"autograde failed: {outcome.reason}"))
+        sub = scores.get(student)
+        if sub is None:
+            problems.append(Problem(lab, f"{student} submission", "no scores in the gradebook"))
+            continue
+        for cell in sub.cells.values():
+            if not cell.autograded:
+                continue
+            if student == REFERENCE and cell.score != cell.max_score:
+                problems.append(Problem(lab, f"reference ({cell.grade_id})", f"earned {cell.score:g} of {cell.max_score:g}: the reference solution fails this test"))
+            if student == BLANK and cell.score != 0:
+                problems.append(Problem(lab, f"blank ({cell.grade_id})", f"earned {cell.score:g} of {cell.max_score:g}: this test passes without an answer"))
+    return problems
+
+
+def question_table(scores: dict[str, SubmissionScores]) -> str:
+    """Per-question table: points, kind (auto/manual), reference and blank autograded scores."""
+    ref = question_scores(scores[REFERENCE]) if REFERENCE in scores else {}
+    blank = question_scores(scores[BLANK]) if BLANK in scores else {}
+    lines = [f"{'question':<16}{'points':>7}  {'graded':<7}{'reference':>10}{'blank':>7}"]
+    for key in sorted(ref, key=question_sort_key):
+        got, max_pts, auto = ref[key]
+        blank_got = blank.get(key, (None,))[0]
+        show = lambda v: "-" if v is None or not auto else f"{v:g}"  # noqa: E731
+        lines.append(f"{question_label(key):<16}{max_pts:>7g}  {'auto' if auto else 'manual':<7}{show(got):>10}{show(blank_got):>7}")
+    return "\n".join(lines)
+
+
+def check_lab(lab: str, root: Path = REPO_ROOT, execute: bool = True) -> list[Problem]:
+    """Run every check of one lab; print its table; return the problems found."""
+    problems = lint_lab(lab, root)
+    if not execute:
+        return problems
+    if any(p.where == "notebooks" for p in problems):
+        return problems  # nothing to execute
+    with tempfile.TemporaryDirectory(prefix=f"efficient-ai-check-{lab}-") as tmp:
+        try:
+            outcomes, scores = grade_reference_and_blank(lab, root, Path(tmp))
+        except RuntimeError as exc:
+            return problems + [Problem(lab, "gradebook", str(exc))]
+        problems += grading_problems(lab, outcomes, scores)
+        print(f"\n{lab}: autograde of the reference solution and of the blank release "
+              f"({outcomes[REFERENCE].seconds:.0f} s and {outcomes[BLANK].seconds:.0f} s)")
+        print(question_table(scores))
+    return problems
+
+
+def main(labs: list[str], root: Path = REPO_ROOT, execute: bool = True) -> int:
+    all_problems: list[Problem] = []
+    for lab in labs:
+        problems = check_lab(lab, root, execute)
+        all_problems += problems
+        print(f"check {lab}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+        for problem in problems:
+            print(f"  {problem}")
+    return 1 if all_problems else 0

@@ -1,0 +1,93 @@
+"""demo: the main job on its embedded default: build, grade a small demo class, print the table.
+
+The demo class lives in ``demo/`` (ignored by git) with its own SQLite gradebook ``demo/gradebook.db``:
+``demo-reference`` (the reference solution), ``demo-blank`` (the release as handed out) and ``demo-partial``
+(the reference with every other autograded question left blank). The demo checks the scores it gets against
+the ones it expects and exits non-zero if they differ.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from . import build
+from .grade import format_table, grade_lab, score_table
+from .nbgrader_run import SubmissionScores, make_course_dir
+from .notebooks import (
+    autograded_points_by_question,
+    grade_id,
+    is_solution,
+    make_submission,
+    question_key,
+    question_sort_key,
+    read_notebook,
+    write_notebook,
+)
+from .paths import REPO_ROOT, release_notebook_path, source_notebook_path
+
+
+def partial_answer_ids(source_nb) -> tuple[set[str], set[str]]:
+    """Solution cells the partial submission answers, and the autograded questions that leaves answered.
+
+    Every other autograded question (1st, 3rd, ...) in lab order is answered; the rest stay blank.
+    """
+    questions = sorted(autograded_points_by_question(source_nb), key=question_sort_key)
+    answered_questions = set(questions[::2])
+    answered_cells = {
+        gid for cell in source_nb.cells
+        if is_solution(cell) and (gid := grade_id(cell)) and question_key(gid) in answered_questions
+    }
+    return answered_cells, answered_questions
+
+
+def demo_class(lab: str, root: Path, course: Path) -> dict[str, float]:
+    """Write the demo submissions into ``course/submitted``; return each student's expected autograded score."""
+    source_nb = read_notebook(source_notebook_path(root, lab))
+    release_nb = read_notebook(release_notebook_path(root, lab))
+    points = autograded_points_by_question(source_nb)
+    answered_cells, answered_questions = partial_answer_ids(source_nb)
+    submissions = {
+        "demo-reference": (make_submission(release_nb, source_nb), sum(points.values())),
+        "demo-blank": (release_nb, 0.0),
+        "demo-partial": (
+            make_submission(release_nb, source_nb, answered_cells),
+            sum(points[q] for q in answered_questions),
+        ),
+    }
+    for student, (nb, _) in submissions.items():
+        write_notebook(nb, course / "submitted" / student / lab / f"{lab}.ipynb")
+    return {student: expected for student, (_, expected) in submissions.items()}
+
+
+def mismatches(expected: dict[str, float], scores: dict[str, SubmissionScores]) -> list[str]:
+    out = []
+    for student, want in expected.items():
+        got = scores[student].autograded_score() if student in scores else None
+        if got != want:
+            out.append(f"{student}: expected {want:g} autograded points, got {got}")
+    return out
+
+
+def main(lab: str = "lab1", root: Path = REPO_ROOT, course: Path | None = None) -> int:
+    course = course or root / "demo"
+    print(f"1/3 build {lab}")
+    if build.main([lab], root) != 0:
+        return 1
+    print(f"2/3 demo class in {course.relative_to(root) if course.is_relative_to(root) else course}/ "
+          f"(reference, blank, partial)")
+    if course.exists():
+        shutil.rmtree(course)
+    make_course_dir(course, [lab], root)
+    expected = demo_class(lab, root, course)
+    print(f"3/3 autograde into the SQLite gradebook {course.name}/gradebook.db")
+    outcomes, scores = grade_lab(course, lab, sorted(expected), out_dir=course / "grading" / lab)
+    header, rows = score_table(lab, outcomes, scores)
+    print()
+    print(format_table(header, rows))
+    print(f"\ngrades.csv and scores.png are in {course / 'grading' / lab}")
+    problems = mismatches(expected, scores)
+    for problem in problems:
+        print(f"UNEXPECTED: {problem}")
+    if not problems:
+        print("demo: every submission earned exactly the autograded points expected of it.")
+    return 1 if problems else 0

@@ -1,0 +1,49 @@
+"""feedback: generate feedback HTML for autograded submissions and release it.
+
+``nbgrader generate_feedback`` writes ``feedback/<student>/<lab>/<lab>.html``; hidden test source is replaced by
+a one-line note (``course.nbgrader_ext.StripHiddenTests``). With ``--exchange DIR`` the feedback is also released
+into an nbgrader exchange folder, where students fetch it with ``nbgrader fetch_feedback``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .nbgrader_run import run_nbgrader
+from .paths import REPO_ROOT
+
+
+def generate_feedback(course_root: Path, lab: str, students: list[str] | None = None) -> list[Path]:
+    """Generate feedback HTML; return the files written.
+
+    Raises:
+        RuntimeError: nbgrader failed (its output tail is in the message).
+    """
+    args = ["generate_feedback", lab, "--force"]
+    for student in students or []:
+        args += ["--student", student]
+    result = run_nbgrader(course_root, args)
+    if not result.ok:
+        raise RuntimeError(f"nbgrader generate_feedback {lab} failed:\n{result.tail(20)}")
+    return sorted((course_root / "feedback").glob(f"*/{lab}/*.html"))
+
+
+def release_feedback(course_root: Path, lab: str, exchange: Path) -> None:
+    exchange.mkdir(parents=True, exist_ok=True)
+    result = run_nbgrader(course_root, ["release_feedback", lab, f"--Exchange.root={exchange}"])
+    if not result.ok:
+        raise RuntimeError(f"nbgrader release_feedback {lab} failed:\n{result.tail(20)}")
+
+
+def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None, exchange: str | None = None) -> int:
+    try:
+        files = generate_feedback(root, lab, students)
+        if exchange:
+            release_feedback(root, lab, Path(exchange).resolve())
+    except RuntimeError as exc:
+        print(exc)
+        return 1
+    for path in files:
+        print(path.relative_to(root))
+    where = f"released into {exchange}" if exchange else "in feedback/<student>/; return them or pass --exchange"
+    print(f"feedback {lab}: {len(files)} file(s), {where}")
+    return 0

@@ -1,0 +1,316 @@
+"""lint: the static rules every lab's notebooks must satisfy (docs/AUTHORING.md).
+
+Each rule returns problems that name the lab, the cell and what is wrong; ``check`` fails on any of them.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .notebooks import (
+    HIDDEN_BEGIN,
+    HIDDEN_END,
+    MARK_SCHEME_BEGIN,
+    MARK_SCHEME_END,
+    SOLUTION_BEGIN,
+    SOLUTION_END,
+    NotebookError,
+    cell_points,
+    find_headings,
+    grade_id,
+    is_autograded_test,
+    is_graded,
+    is_solution,
+    nbgrader_meta,
+    question_key,
+    question_label,
+    question_sort_key,
+    read_notebook,
+)
+from .paths import REPO_ROOT, release_notebook_path, source_notebook_path
+
+REQUIRED_KEYS = ("grade", "grade_id", "locked", "schema_version", "solution", "task")
+GRADE_ID_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+TABLE_ROW_RE = re.compile(r"^\|\s*\**(?P<kind>Question|Bonus)\s+(?P<number>\d+(?:\.\d+)*)\**\s*\|(?P<rest>.*)\|\s*$")
+MARKERS = (SOLUTION_BEGIN, SOLUTION_END, HIDDEN_BEGIN, HIDDEN_END, MARK_SCHEME_BEGIN, MARK_SCHEME_END)
+MIN_LEAK_LINE_CHARS = 16  # shorter lines (``return out``) appear in stubs and prose too often to count as leaks
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One broken rule: where it is and what is wrong."""
+
+    lab: str
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.lab}: {self.where}: {self.message}"
+
+
+def _where(index: int, cell) -> str:
+    gid = grade_id(cell)
+    return f"cell {index}" + (f" ({gid})" if gid else "")
+
+
+def check_metadata(lab: str, nb) -> list[Problem]:
+    """Full schema-3 nbgrader metadata; unique, well-formed grade ids; points on every graded cell."""
+    problems, seen = [], {}
+    for index, cell in enumerate(nb.cells):
+        meta = nbgrader_meta(cell)
+        if not meta:
+            continue
+        where = _where(index, cell)
+        missing = [key for key in REQUIRED_KEYS if key not in meta]
+        if missing:
+            problems.append(Problem(lab, where, f"nbgrader metadata lacks {', '.join(missing)} (schema 3 needs all)"))
+        if meta.get("schema_version") != 3:
+            problems.append(Problem(lab, where, f"schema_version is {meta.get('schema_version')!r}, expected 3"))
+        gid = meta.get("grade_id")
+        if gid is not None:
+            if not GRADE_ID_RE.match(str(gid)):
+                problems.append(Problem(lab, where, f"grade id {gid!r} is not lower-case letters, digits and _"))
+            if gid in seen:
+                problems.append(Problem(lab, where, f"grade id {gid!r} is also used by cell {seen[gid]}"))
+            seen.setdefault(gid, index)
+        if (meta.get("grade") or meta.get("task")) and not cell_points(cell) > 0:
+            problems.append(Problem(lab, where, "graded cell has no points (points must be > 0)"))
+        if is_graded(cell) and question_key(gid) is None:
+            problems.append(Problem(lab, where, f"graded cell id {gid!r} names no question (q<N>_<M>_name or b...)"))
+    return problems
+
+
+def check_points(lab: str, nb) -> list[Problem]:
+    """Heading points == metadata points per question; every question has a heading and graded cells."""
+    problems = []
+    headings = find_headings(nb)
+    metadata_points: dict[str, float] = {}
+    for index, cell in enumerate(nb.cells):
+        key = question_key(grade_id(cell))
+        if is_graded(cell) and key:
+            metadata_points[key] = metadata_points.get(key, 0.0) + cell_points(cell)
+    seen: dict[str, int] = {}
+    for heading in headings:
+        label = question_label(heading.key)
+        if heading.key in seen:
+            problems.append(Problem(lab, f"cell {heading.cell_index}", f"{label} has a second heading (first in cell {seen[heading.key]})"))
+            continue
+        seen[heading.key] = heading.cell_index
+        got = metadata_points.get(heading.key)
+        if got is None:
+            problems.append(Problem(lab, f"cell {heading.cell_index}", f"{label} heading has no graded cell (grade ids {heading.key}_...)"))
+        elif got != heading.points:
+            problems.append(
+                Problem(lab, f"cell {heading.cell_index}", f"{label} heading says {heading.points} points, its graded cells' metadata sums to {got:g}")
+            )
+    for key in sorted(set(metadata_points) - set(seen), key=question_sort_key):
+        problems.append(Problem(lab, "headings", f"graded cells {key}_... have no '#### {question_label(key)} (N points)' heading"))
+    return problems
+
+
+def parse_points_table(nb) -> dict[str, int]:
+    """Rows ``| Question 1.1 | ... | 5 |`` of the first markdown cell's points table: key -> points."""
+    first_md = next((cell for cell in nb.cells if cell.cell_type == "markdown"), None)
+    rows: dict[str, int] = {}
+    if first_md is None:
+        return rows
+    for line in first_md.source.splitlines():
+        match = TABLE_ROW_RE.match(line.strip())
+        if match:
+            last = match["rest"].split("|")[-1].strip().strip("*")
+            key = ("q" if match["kind"] == "Question" else "b") + match["number"].replace(".", "_")
+            rows[key] = int(last) if last.isdigit() else -1
+    return rows
+
+
+def lab_totals(nb) -> tuple[int, int]:
+    """(core points, bonus points) from the question headings."""
+    headings = find_headings(nb)
+    core = sum(h.points for h in headings if h.key.startswith("q"))
+    bonus = sum(h.points for h in headings if h.key.startswith("b"))
+    return core, bonus
+
+
+def totals_text(core: int, bonus: int) -> str:
+    return f"{core} + {bonus} bonus" if bonus else f"{core}"
+
+
+def check_points_table(lab: str, nb) -> list[Problem]:
+    """The opening points table lists every question with the heading's points, and the right total."""
+    problems = []
+    table = parse_points_table(nb)
+    headings = {h.key: h.points for h in find_headings(nb)}
+    if not table:
+        return [Problem(lab, "first markdown cell", "no points table (rows like '| Question 1.1 | ... | 5 |')")]
+    for key, points in headings.items():
+        if key not in table:
+            problems.append(Problem(lab, "points table", f"{question_label(key)} is missing"))
+        elif table[key] != points:
+            problems.append(Problem(lab, "points table", f"{question_label(key)} lists {table[key]} points, its heading says {points}"))
+    for key in table.keys() - headings.keys():
+        problems.append(Problem(lab, "points table", f"{question_label(key)} is listed but has no heading in the lab"))
+    first_md = next(cell for cell in nb.cells if cell.cell_type == "markdown")
+    expected_total = totals_text(*lab_totals(nb))
+    if not re.search(r"\*\*\s*" + re.escape(expected_total) + r"\s*\*\*", first_md.source):
+        problems.append(Problem(lab, "points table", f"total row must read **{expected_total}**"))
+    return problems
+
+
+def check_readme_total(lab: str, nb, readme: Path) -> list[Problem]:
+    """README's lab table states the lab's total, e.g. ``| Lab 1 | ... | 100 + 20 bonus |``."""
+    if not readme.exists():
+        return [Problem(lab, "README.md", "missing")]
+    number = lab[3:]
+    expected = totals_text(*lab_totals(nb))
+    for line in readme.read_text().splitlines():
+        if re.match(rf"^\|\s*\[?Lab {number}\b", line):
+            if re.search(rf"\|\s*{re.escape(expected)}\s*\|", line):
+                return []
+            return [Problem(lab, "README.md", f"the Lab {number} row must state its total '{expected}': {line.strip()}")]
+    return [Problem(lab, "README.md", f"no row '| Lab {number} | ... | {expected} |' in the labs table")]
+
+
+def check_test_cells(lab: str, nb) -> list[Problem]:
+    """Autograded test cells parse, and do not end in an expression (nbgrader reads a number there as partial credit)."""
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        if not is_autograded_test(cell):
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError as exc:
+            problems.append(Problem(lab, _where(index, cell), f"test cell does not parse: {exc.msg} (line {exc.lineno})"))
+            continue
+        last = tree.body[-1] if tree.body else None
+        if isinstance(last, ast.Expr) and not (isinstance(last.value, ast.Constant) and last.value.value is None):
+            problems.append(
+                Problem(lab, _where(index, cell), "test cell ends in an expression; nbgrader would read its value as partial credit (assign it: `_ = ...`)")
+            )
+    return problems
+
+
+def check_markers(lab: str, nb) -> list[Problem]:
+    """Solution/hidden-test/mark-scheme delimiters come in ordered pairs and sit in the right kind of cell."""
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        lines = [line.strip() for line in cell.source.splitlines()]
+        for begin, end in ((SOLUTION_BEGIN, SOLUTION_END), (HIDDEN_BEGIN, HIDDEN_END), (MARK_SCHEME_BEGIN, MARK_SCHEME_END)):
+            depth = 0
+            for line in lines:
+                if line == begin:
+                    depth += 1
+                elif line == end:
+                    depth -= 1
+                if depth not in (0, 1):
+                    break
+            if depth != 0:
+                problems.append(Problem(lab, _where(index, cell), f"unbalanced {begin!r} / {end!r}"))
+        if SOLUTION_BEGIN in lines and not is_solution(cell):
+            problems.append(Problem(lab, _where(index, cell), "has a solution region but is not a solution cell"))
+        if HIDDEN_BEGIN in lines and not is_autograded_test(cell):
+            problems.append(Problem(lab, _where(index, cell), "has hidden tests but is not an autograded test cell"))
+        if is_solution(cell) and cell.cell_type == "code" and SOLUTION_BEGIN not in lines:
+            problems.append(Problem(lab, _where(index, cell), f"code solution cell has no {SOLUTION_BEGIN!r} region"))
+    return problems
+
+
+def _region_lines(source: str, begin: str, end: str) -> list[str]:
+    lines, inside = [], False
+    for line in source.splitlines():
+        stripped = line.strip()
+        if stripped == begin:
+            inside = True
+        elif stripped == end:
+            inside = False
+        elif inside and stripped:
+            lines.append(stripped)
+    return lines
+
+
+def check_release_leaks(lab: str, source_nb, release_nb) -> list[Problem]:
+    """The release holds no delimiter, no hidden test line, no solution line and no model answer."""
+    problems = []
+    release_text = "\n".join(cell.source for cell in release_nb.cells)
+    release_lines = {line.strip() for line in release_text.splitlines()}
+    for marker in MARKERS:
+        if marker in release_text:
+            problems.append(Problem(lab, "release", f"contains the delimiter {marker!r}"))
+    outside_lines: set[str] = set()
+    secret: list[tuple[str, str]] = []
+    for cell in source_nb.cells:
+        gid = grade_id(cell) or "?"
+        hidden = _region_lines(cell.source, HIDDEN_BEGIN, HIDDEN_END)
+        solution = _region_lines(cell.source, SOLUTION_BEGIN, SOLUTION_END)
+        if is_solution(cell) and cell.cell_type == "markdown" and SOLUTION_BEGIN not in cell.source:
+            solution = [line.strip() for line in cell.source.splitlines() if line.strip()]
+        secret += [(gid, line) for line in hidden + solution]
+        inside = set(hidden) | set(solution) | set(_region_lines(cell.source, MARK_SCHEME_BEGIN, MARK_SCHEME_END))
+        outside_lines |= {line.strip() for line in cell.source.splitlines()} - inside
+    for gid, line in secret:
+        if len(line) >= MIN_LEAK_LINE_CHARS and line in release_lines and line not in outside_lines:
+            problems.append(Problem(lab, f"release cell ({gid})", f"shows a line of the solution or hidden tests: {line[:60]!r}"))
+    return problems
+
+
+def check_grade_id_lock(lab: str, nb, lock_path: Path) -> list[Problem]:
+    """Every grade id recorded in ``labs/<lab>/grade_ids.lock`` still exists (ids are never renamed)."""
+    if not lock_path.exists():
+        return [Problem(lab, str(lock_path.name), "missing: run `python -m course build` to record the grade ids")]
+    present = {grade_id(cell) for cell in nb.cells if grade_id(cell)}
+    locked = [line.strip() for line in lock_path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return [
+        Problem(lab, "grade ids", f"{gid!r} is recorded in {lock_path.name} but gone from the lab: grade ids are never renamed or removed after a release")
+        for gid in locked
+        if gid not in present
+    ]
+
+
+def check_up_to_date(lab: str, root: Path) -> list[Problem]:
+    """``source/<lab>/`` and ``release/<lab>/`` equal what ``build`` would write now."""
+    from .build import BuildError, build_lab
+
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="efficient-ai-lint-") as tmp:
+        out = Path(tmp)
+        try:
+            build_lab(lab, root, out_root=out)
+        except BuildError as exc:
+            return [Problem(lab, "build", str(exc))]
+        for tree in ("source", "release"):
+            fresh, committed = out / tree / lab, root / tree / lab
+            fresh_files = {p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+            committed_files = {p.relative_to(committed) for p in committed.rglob("*") if p.is_file() and "__pycache__" not in p.parts} if committed.exists() else set()
+            stale = sorted(
+                str(rel) for rel in fresh_files | committed_files
+                if rel not in fresh_files or rel not in committed_files
+                or (fresh / rel).read_bytes() != (committed / rel).read_bytes()
+            )
+            if stale:
+                problems.append(
+                    Problem(lab, tree, f"out of date with labs/ and utils.py ({', '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}): run `python -m course build {lab}`")
+                )
+    return problems
+
+
+def lint_lab(lab: str, root: Path = REPO_ROOT, check_fresh: bool = True) -> list[Problem]:
+    """All lint rules for one lab, on its committed source and release notebooks."""
+    try:
+        source_nb = read_notebook(source_notebook_path(root, lab))
+        release_nb = read_notebook(release_notebook_path(root, lab))
+    except NotebookError as exc:
+        return [Problem(lab, "notebooks", f"{exc}: run `python -m course build {lab}`")]
+    problems = []
+    problems += check_metadata(lab, source_nb)
+    problems += check_markers(lab, source_nb)
+    problems += check_points(lab, source_nb)
+    problems += check_points_table(lab, source_nb)
+    problems += check_test_cells(lab, source_nb)
+    problems += check_readme_total(lab, source_nb, root / "README.md")
+    problems += check_grade_id_lock(lab, source_nb, root / "labs" / lab / "grade_ids.lock")
+    problems += check_release_leaks(lab, source_nb, release_nb)
+    if check_fresh:
+        problems += check_up_to_date(lab, root)
+    return problems

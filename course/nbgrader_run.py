@@ -1,0 +1,183 @@
+"""Running nbgrader in a course folder, and reading scores back from its gradebook.
+
+Every job runs nbgrader as a child process (``python -m nbgrader ...``) in a course folder that holds a copy of
+``nbgrader_config.py``: one submission's crash, hang or dead kernel then ends that child process only.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .paths import REPO_ROOT
+
+GRADING_ENV = {
+    "EFFICIENT_AI_SCALE": "quick",  # grading always runs at quick scale: same score on CPU and GPU
+    "MPLBACKEND": "Agg",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment nbgrader and its kernels run with: ours, quick scale, headless plotting."""
+    env = dict(os.environ)
+    env.update(GRADING_ENV)
+    env["EFFICIENT_AI_REPO"] = str(REPO_ROOT)
+    # nbgrader runs the `alembic` and `jupyter` executables of its own environment.
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class NbgraderResult:
+    """What one nbgrader command did."""
+
+    returncode: int
+    output: str
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def tail(self, lines: int = 15) -> str:
+        return "\n".join(self.output.strip().splitlines()[-lines:])
+
+
+def run_nbgrader(
+    course_root: Path,
+    args: list[str],
+    timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
+) -> NbgraderResult:
+    """Run ``python -m nbgrader ARGS`` in ``course_root``; never raises for nbgrader's own failures.
+
+    Args:
+        course_root: a folder holding ``nbgrader_config.py`` and the nbgrader course layout.
+        args: nbgrader arguments, e.g. ``["autograde", "lab1", "--student", "alice", "--force"]``.
+        timeout_s: wall-clock limit in seconds; the whole process group is killed when it is exceeded.
+        env: extra environment variables.
+    """
+    cmd = [sys.executable, "-m", "nbgrader", *args]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=course_root,
+        env=nbgrader_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # lets us kill the kernel too when the time limit is exceeded
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+        return NbgraderResult(proc.returncode, output)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        output, _ = proc.communicate()
+        return NbgraderResult(-9, output or "", timed_out=True)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def make_course_dir(course_root: Path, labs: list[str], repo_root: Path = REPO_ROOT) -> Path:
+    """Create a course folder for grading: our nbgrader_config.py and each lab's ``source/`` copied in.
+
+    The gradebook and the submitted/autograded/feedback folders of the new course start empty.
+    """
+    course_root.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(repo_root / "nbgrader_config.py", course_root / "nbgrader_config.py")
+    for lab in labs:
+        dest = course_root / "source" / lab
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(repo_root / "source" / lab, dest)
+    return course_root
+
+
+@dataclass
+class CellScore:
+    """One graded cell of one submission."""
+
+    grade_id: str
+    max_score: float
+    auto_score: float | None
+    manual_score: float | None
+    needs_manual_grade: bool
+    autograded: bool  # an autograded test cell (as opposed to a written answer or open-ended code)
+
+    @property
+    def score(self) -> float:
+        value = self.manual_score if self.manual_score is not None else self.auto_score
+        return float(value or 0.0)
+
+
+@dataclass
+class SubmissionScores:
+    """Scores of one student's submission of one lab, as the gradebook has them."""
+
+    student: str
+    cells: dict[str, CellScore] = field(default_factory=dict)
+
+    def autograded_score(self) -> float:
+        return sum(c.score for c in self.cells.values() if c.autograded)
+
+    def autograded_max(self) -> float:
+        return sum(c.max_score for c in self.cells.values() if c.autograded)
+
+
+def db_url_for(course_root: Path) -> str:
+    """The gradebook URL nbgrader uses for ``course_root`` (NBGRADER_DB_URL, else SQLite in that folder)."""
+    return os.environ.get("NBGRADER_DB_URL") or f"sqlite:///{course_root / 'gradebook.db'}"
+
+
+def read_scores(course_root: Path, lab: str, students: list[str] | None = None) -> dict[str, SubmissionScores]:
+    """Per-cell scores of every submission of ``lab`` in the gradebook (or of the given students)."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    result: dict[str, SubmissionScores] = {}
+    with Gradebook(db_url_for(course_root), course_id="efficient-ai") as gb:
+        try:
+            assignment = gb.find_assignment(lab)
+        except MissingEntry:
+            return result
+        for submission in assignment.submissions:
+            student = submission.student.id
+            if students is not None and student not in students:
+                continue
+            scores = SubmissionScores(student)
+            for notebook in submission.notebooks:
+                for grade in notebook.grades:
+                    cell = grade.cell
+                    scores.cells[grade.name] = CellScore(
+                        grade_id=grade.name,
+                        max_score=float(grade.max_score),
+                        auto_score=None if grade.auto_score is None else float(grade.auto_score),
+                        manual_score=None if grade.manual_score is None else float(grade.manual_score),
+                        needs_manual_grade=bool(grade.needs_manual_grade),
+                        autograded=cell.cell_type == "code" and not _is_solution_cell(gb, cell),
+                    )
+            result[student] = scores
+    return result
+
+
+def _is_solution_cell(gb, grade_cell) -> bool:
+    """Whether a grade cell is also a solution cell (a manually graded answer) in the gradebook."""
+    from nbgrader.api import MissingEntry
+
+    try:
+        gb.find_solution_cell(grade_cell.name, grade_cell.notebook.name, grade_cell.notebook.assignment.name)
+        return True
+    except MissingEntry:
+        return False

@@ -1,0 +1,206 @@
+"""Notebook helpers shared by every job: nbgrader cell kinds, grade ids, question headings, submissions.
+
+Grade ids name the question they belong to (docs/AUTHORING.md): ``q1_1_gemm`` and ``q1_1_gemm_tests``
+belong to "Question 1.1", ``b3_1_attn_module_mac`` to "Bonus 3.1".
+"""
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+NB_VERSION = 4
+
+QUESTION_ID_RE = re.compile(r"^(?P<kind>[qb])(?P<digits>\d+(?:_\d+)*)(?=_[a-z]|$)")
+HEADING_RE = re.compile(
+    r"^#{1,6}\s*(?P<kind>Question|Bonus)\s+(?P<number>\d+(?:\.\d+)*)\s*\((?P<points>\d+)\s*points?\)",
+    re.MULTILINE,
+)
+SOLUTION_BEGIN = "### BEGIN SOLUTION"
+SOLUTION_END = "### END SOLUTION"
+HIDDEN_BEGIN = "### BEGIN HIDDEN TESTS"
+HIDDEN_END = "### END HIDDEN TESTS"
+MARK_SCHEME_BEGIN = "=== BEGIN MARK SCHEME ==="
+MARK_SCHEME_END = "=== END MARK SCHEME ==="
+
+
+class NotebookError(Exception):
+    """A notebook that cannot be read or does not have the structure a job needs."""
+
+
+def read_notebook(path: Path) -> nbformat.NotebookNode:
+    """Read an ``.ipynb`` file as nbformat v4.
+
+    Raises:
+        NotebookError: the file is missing or is not a valid notebook (the message names the file).
+    """
+    try:
+        return nbformat.read(str(path), as_version=NB_VERSION)
+    except FileNotFoundError:
+        raise NotebookError(f"{path}: no such notebook") from None
+    except Exception as exc:  # nbformat raises several types for malformed JSON
+        raise NotebookError(f"{path}: not a readable notebook ({type(exc).__name__}: {exc})") from None
+
+
+def write_notebook(nb: nbformat.NotebookNode, path: Path) -> None:
+    """Write a notebook, creating the parent folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+
+
+def nbgrader_meta(cell) -> dict:
+    """The cell's nbgrader metadata, or an empty dict."""
+    return dict(cell.get("metadata", {}).get("nbgrader", {}) or {})
+
+
+def grade_id(cell) -> str | None:
+    return nbgrader_meta(cell).get("grade_id")
+
+
+def is_graded(cell) -> bool:
+    return bool(nbgrader_meta(cell).get("grade"))
+
+
+def is_solution(cell) -> bool:
+    return bool(nbgrader_meta(cell).get("solution"))
+
+
+def is_autograded_test(cell) -> bool:
+    """A code cell nbgrader scores by running it: ``grade`` and not ``solution``."""
+    meta = nbgrader_meta(cell)
+    return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
+
+
+def is_manually_graded(cell) -> bool:
+    """A cell a TA scores: a graded solution cell (written answer or open-ended code) or a task."""
+    meta = nbgrader_meta(cell)
+    return bool(meta.get("task")) or (bool(meta.get("grade")) and bool(meta.get("solution")))
+
+
+def cell_points(cell) -> float:
+    return float(nbgrader_meta(cell).get("points", 0) or 0)
+
+
+def question_key(gid: str | None) -> str | None:
+    """``q1_1_gemm_tests`` -> ``q1_1``; ids that name no question (``setup_imports``) -> None."""
+    if not gid:
+        return None
+    match = QUESTION_ID_RE.match(gid)
+    return f"{match['kind']}{match['digits']}" if match else None
+
+
+def question_label(key: str) -> str:
+    """``q2_1_2`` -> ``Question 2.1.2``; ``b3_1`` -> ``Bonus 3.1``."""
+    kind = "Question" if key[0] == "q" else "Bonus"
+    return f"{kind} {key[1:].replace('_', '.')}"
+
+
+def question_key_from_heading(kind: str, number: str) -> str:
+    """(``Question``, ``2.1.2``) -> ``q2_1_2``."""
+    return ("q" if kind == "Question" else "b") + number.replace(".", "_")
+
+
+def question_sort_key(key: str) -> tuple:
+    """Order questions as the lab does: by number, questions before bonus of the same number."""
+    return tuple(int(part) for part in key[1:].split("_")) + (key[0] == "b",)
+
+
+@dataclass(frozen=True)
+class Heading:
+    """A question heading found in a markdown cell."""
+
+    key: str
+    points: int
+    cell_index: int
+
+
+def find_headings(nb) -> list[Heading]:
+    """Every ``#### Question N.M (P points)`` / ``#### Bonus N.M (P points)`` heading, in order."""
+    headings = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        for match in HEADING_RE.finditer(cell.source):
+            headings.append(
+                Heading(question_key_from_heading(match["kind"], match["number"]), int(match["points"]), index)
+            )
+    return headings
+
+
+def autograded_points_by_question(nb) -> dict[str, float]:
+    """Max points of the autograded test cells, summed per question key."""
+    totals: dict[str, float] = {}
+    for cell in nb.cells:
+        if is_autograded_test(cell):
+            key = question_key(grade_id(cell)) or grade_id(cell)
+            totals[key] = totals.get(key, 0.0) + cell_points(cell)
+    return totals
+
+
+def strip_lines(source: str, begin: str, end: str, keep_inside: bool) -> str:
+    """Remove the ``begin``/``end`` delimiter lines; keep or drop what lies between them."""
+    out, inside = [], False
+    for line in source.splitlines(keepends=True):
+        stripped = line.strip()
+        if stripped == begin:
+            inside = True
+            continue
+        if stripped == end:
+            inside = False
+            continue
+        if keep_inside or not inside:
+            out.append(line)
+    return "".join(out).rstrip("\n")
+
+
+def answer_source(source_cell) -> str:
+    """What a student who wrote the reference answer submits: delimiters and mark schemes removed."""
+    text = strip_lines(source_cell.source, SOLUTION_BEGIN, SOLUTION_END, keep_inside=True)
+    return strip_lines(text, MARK_SCHEME_BEGIN, MARK_SCHEME_END, keep_inside=False)
+
+
+def cells_by_grade_id(nb) -> dict[str, object]:
+    return {gid: cell for cell in nb.cells if (gid := grade_id(cell))}
+
+
+def make_submission(release_nb, source_nb, answered: set[str] | None = None):
+    """A student notebook built from the release: the chosen solution cells answered with the reference.
+
+    Args:
+        release_nb: the student notebook (stubs, no hidden tests).
+        source_nb: the instructor notebook it was generated from.
+        answered: grade ids of solution cells to fill with the reference answer; None fills all of them.
+
+    Returns:
+        A new notebook; the inputs are not modified.
+
+    Raises:
+        NotebookError: a solution cell of the release has no counterpart in the source.
+    """
+    reference = cells_by_grade_id(source_nb)
+    submission = copy.deepcopy(release_nb)
+    for cell in submission.cells:
+        gid = grade_id(cell)
+        if not is_solution(cell) or (answered is not None and gid not in answered):
+            continue
+        if gid not in reference:
+            raise NotebookError(f"solution cell {gid!r} of the release is missing from the source notebook")
+        cell.source = answer_source(reference[gid])
+    return submission
+
+
+def replace_cell_source(nb, gid: str, new_source: str):
+    """A copy of ``nb`` whose cell ``gid`` holds ``new_source``.
+
+    Raises:
+        NotebookError: no cell has that grade id.
+    """
+    result = copy.deepcopy(nb)
+    for cell in result.cells:
+        if grade_id(cell) == gid:
+            cell.source = new_source
+            return result
+    raise NotebookError(f"no cell with grade id {gid!r}")

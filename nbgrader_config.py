@@ -1,0 +1,34 @@
+"""nbgrader settings for Efficient AI Labs (read by every nbgrader command run from this folder).
+
+The gradebook is SQLite in this folder by default; set NBGRADER_DB_URL (e.g. postgresql://...) to use a
+shared database instead. Cell and notebook time limits can be raised with EFFICIENT_AI_CELL_TIMEOUT_S.
+"""
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.environ.get("EFFICIENT_AI_REPO", _HERE)
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+from nbgrader.preprocessors import GetGrades  # noqa: E402
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
+from course.nbgrader_ext import StripHiddenTests  # noqa: E402
+
+c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this file)
+
+c.CourseDirectory.course_id = "efficient-ai"
+c.CourseDirectory.root = _HERE
+c.CourseDirectory.db_url = os.environ.get("NBGRADER_DB_URL", "sqlite:///" + os.path.join(_HERE, "gradebook.db"))
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "trace*.json"]
+
+# Time limit of one cell while autograding (seconds). Grading runs at quick scale (EFFICIENT_AI_SCALE=quick).
+c.Execute.timeout = int(os.environ.get("EFFICIENT_AI_CELL_TIMEOUT_S", "120"))
+c.Execute.interrupt_on_timeout = True
+
+# A warning on stderr (PyTorch writes many) is not a failed test: errors are recorded as error outputs.
+c.IgnorePattern.enabled = True
+c.IgnorePattern.pattern = r"(?s).*"
+
+# Feedback never shows hidden test source.
+c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, StripHiddenTests]
