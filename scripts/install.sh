@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install what the labs and the course tooling need into the current Python environment (3.10-3.12),
+# skipping what is already there. Use a virtual environment: python3 -m venv .venv && . .venv/bin/activate
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+
+"$PY" -c 'import sys; v = sys.version_info[:2]; ok = (3, 10) <= v <= (3, 12); print(f"python {v[0]}.{v[1]}" + ("" if ok else " (untested: the labs support 3.10-3.12)"))'
+
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+  # Any torch in requirements.txt's range works; 2.13 is the one the course is tested with.
+  echo "installing torch 2.13 (for a specific CUDA build see pytorch.org, then rerun this script)"
+  "$PY" -m pip install --quiet "torch==2.13.*"
+fi
+"$PY" -m pip install --quiet -r requirements.txt

@@ -1,0 +1,194 @@
+"""The course pipeline on a tiny fixture lab: build idempotence, every lint rule, check and grade."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course import build, check, grade, lint
+from course.nbgrader_run import make_course_dir
+from course.notebooks import make_submission, read_notebook, write_notebook
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE = REPO / "tests" / "fixtures" / "lab0" / "lab0.py"
+LAB = "lab0"
+README = "| Lab | Topic | Points |\n| --- | --- | --- |\n| Lab 0 | tiny | 7 + 1 bonus |\n"
+
+
+def make_root(path: Path, lab_text: str | None = None) -> Path:
+    """A minimal repository root holding the fixture lab."""
+    (path / "labs" / LAB).mkdir(parents=True)
+    (path / "labs" / LAB / f"{LAB}.py").write_text(lab_text if lab_text is not None else FIXTURE.read_text())
+    (path / "assets").mkdir()
+    (path / "assets" / "figure.png").write_bytes(b"\x89PNG fixture")
+    (path / "utils.py").write_text('"""Stand-in for the shared helpers."""\nSCALE = "quick"\n')
+    (path / "README.md").write_text(README)
+    shutil.copy2(REPO / "nbgrader_config.py", path / "nbgrader_config.py")
+    return path
+
+
+@pytest.fixture(scope="module")
+def built_root(tmp_path_factory) -> Path:
+    root = make_root(tmp_path_factory.mktemp("built"))
+    assert build.main([LAB], root) == 0
+    return root
+
+
+@pytest.fixture
+def root(built_root, tmp_path) -> Path:
+    """A private copy of the built fixture repository, free to break."""
+    copy = tmp_path / "repo"
+    shutil.copytree(built_root, copy)
+    return copy
+
+
+def problems_of(root: Path) -> list[str]:
+    return [str(p) for p in lint.lint_lab(LAB, root, check_fresh=False)]
+
+
+def edit_source(root: Path, edit) -> None:
+    path = root / "source" / LAB / f"{LAB}.ipynb"
+    nb = read_notebook(path)
+    edit(nb)
+    write_notebook(nb, path)
+
+
+def cell(nb, gid):
+    return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == gid)
+
+
+def test_build_makes_a_self_contained_release(built_root):
+    release = built_root / "release" / LAB
+    assert (release / f"{LAB}.ipynb").exists(), "the release notebook must be generated"
+    assert (release / "utils.py").read_text() == (built_root / "utils.py").read_text(), "release must carry utils.py"
+    assert (release / "assets" / "figure.png").exists(), "release must carry assets/"
+    text = (release / f"{LAB}.ipynb").read_text()
+    assert "raise NotImplementedError()" in text and "return a + b" not in text, "solutions must be stubbed"
+    assert "add(-40, 17)" not in text, "hidden tests must be removed from the release"
+    lock = (built_root / "labs" / LAB / "grade_ids.lock").read_text()
+    assert "q1_1_add_tests" in lock, "build must record the grade ids"
+
+
+def test_build_twice_changes_nothing(root):
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    assert build.build_lab(LAB, root) == [], "a second build must not rewrite any file"
+    assert build.record_grade_ids(LAB, root) == []
+    after = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    assert before == after
+
+
+def test_build_follows_an_edit(root):
+    text_path = root / "labs" / LAB / f"{LAB}.py"
+    text_path.write_text(text_path.read_text().replace("Write `add(a, b)`.", "Write `add(a, b)` for ints."))
+    changed = {p.relative_to(root).as_posix() for p in build.build_lab(LAB, root)}
+    assert changed == {f"source/{LAB}/{LAB}.ipynb", f"release/{LAB}/{LAB}.ipynb"}
+
+
+def test_clean_fixture_passes_lint(root):
+    assert lint.lint_lab(LAB, root, check_fresh=True) == []
+
+
+def test_lint_flags_stale_source_and_release(root):
+    text_path = root / "labs" / LAB / f"{LAB}.py"
+    text_path.write_text(text_path.read_text().replace("return a + b", "return b + a"))
+    messages = [str(p) for p in lint.check_up_to_date(LAB, root)]
+    assert messages == [f"{LAB}: source: out of date with labs/ and utils.py ({LAB}.ipynb): run `python -m course build {LAB}`"]
+    (root / "utils.py").write_text("SCALE = 'teaching'\n")
+    messages = [str(p) for p in lint.check_up_to_date(LAB, root)]
+    assert any("source: out of date" in m and "utils.py" in m for m in messages), messages
+    assert any("release: out of date" in m and "utils.py" in m for m in messages), messages
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda nb: cell(nb, "q1_1_add").metadata.nbgrader.pop("schema_version"), "cell 3 (q1_1_add): nbgrader metadata lacks schema_version"),
+        (lambda nb: cell(nb, "q1_2_scale").metadata.nbgrader.update(grade_id="q1_1_add"), "grade id 'q1_1_add' is also used by cell 3"),
+        (lambda nb: cell(nb, "q1_2_scale_tests").metadata.nbgrader.update(points=0), "(q1_2_scale_tests): graded cell has no points"),
+        (lambda nb: cell(nb, "q1_2_scale_tests").metadata.nbgrader.update(points=4), "Question 1.2 heading says 2 points, its graded cells' metadata sums to 4"),
+        (lambda nb: cell(nb, "q1_1_add_tests").metadata.nbgrader.update(grade_id="add_tests"), "graded cell id 'add_tests' names no question"),
+        (lambda nb: setattr(nb.cells[0], "source", nb.cells[0].source.replace("| Question 1.2 | scale | 2 |", "| Question 1.2 | scale | 3 |")), "Question 1.2 lists 3 points, its heading says 2"),
+        (lambda nb: setattr(nb.cells[0], "source", nb.cells[0].source.replace("**7 + 1 bonus**", "**8 + 1 bonus**")), "total row must read **7 + 1 bonus**"),
+        (lambda nb: setattr(cell(nb, "q1_1_add_tests"), "source", cell(nb, "q1_1_add_tests").source + "\nadd(1, 1)"), "(q1_1_add_tests): test cell ends in an expression"),
+        (lambda nb: setattr(cell(nb, "q1_2_scale"), "source", cell(nb, "q1_2_scale").source.replace("    ### END SOLUTION", "")), "(q1_2_scale): unbalanced '### BEGIN SOLUTION'"),
+        (lambda nb: setattr(cell(nb, "q1_2_scale"), "source", cell(nb, "q1_2_scale").source.replace("q1_1", "x")), None),
+    ],
+    ids=["schema", "duplicate-id", "no-points", "heading-vs-metadata", "id-names-no-question", "table-row", "table-total", "bare-expression", "unbalanced-markers", "harmless-edit"],
+)
+def test_each_lint_rule_names_the_cell(root, edit, expected):
+    edit_source(root, edit)
+    problems = problems_of(root)
+    if expected is None:
+        assert problems == [], problems
+    else:
+        assert any(expected in p for p in problems), f"expected a problem containing {expected!r}, got {problems}"
+
+
+def test_lint_flags_a_heading_without_graded_cells(root):
+    edit_source(root, lambda nb: nb.cells.insert(2, nbformat.v4.new_markdown_cell("#### Question 9.9 (4 points)")))
+    assert any("Question 9.9 heading has no graded cell" in p for p in problems_of(root))
+
+
+def test_lint_flags_readme_total(root):
+    (root / "README.md").write_text(README.replace("7 + 1 bonus", "7"))
+    assert any("README.md: the Lab 0 row must state its total '7 + 1 bonus'" in p for p in problems_of(root))
+
+
+def test_lint_flags_solution_and_hidden_test_leaks(root):
+    path = root / "release" / LAB / f"{LAB}.ipynb"
+    nb = read_notebook(path)
+    cell(nb, "q1_1_add").source = "def add(a, b):\n    return a + b  # noqa"
+    cell(nb, "q1_1_add_tests").source += '\nassert add(-40, 17) == -23, "add(-40, 17) must be -23"'
+    cell(nb, "q1_2_scale").source += "\n### END SOLUTION"
+    write_notebook(nb, path)
+    problems = problems_of(root)
+    assert any("shows a line of the solution or hidden tests: 'assert add(-40, 17) == -23" in p for p in problems), problems
+    assert any("contains the delimiter '### END SOLUTION'" in p for p in problems), problems
+
+
+def test_lint_flags_a_renamed_grade_id(root):
+    edit_source(root, lambda nb: cell(nb, "q1_2_scale").metadata.nbgrader.update(grade_id="q1_2_scaled"))
+    assert any("'q1_2_scale' is recorded in grade_ids.lock but gone from the lab" in p for p in problems_of(root))
+
+
+def test_check_passes_reference_full_and_blank_zero(root, capsys):
+    assert check.main([LAB], root) == 0
+    out = capsys.readouterr().out
+    assert "check lab0: OK" in out
+    assert "Question 1.1          3  auto            3      0" in out, out
+
+
+def test_check_fails_when_a_hidden_test_rejects_the_reference_or_passes_a_blank(root):
+    def break_tests(nb):
+        tests = cell(nb, "q1_2_scale_tests")
+        tests.source = tests.source.replace("3.625", "3.5")
+        square_tests = cell(nb, "b1_1_square_tests")
+        square_tests.source = "### BEGIN HIDDEN TESTS\nassert True\n### END HIDDEN TESTS"
+
+    edit_source(root, break_tests)
+    build.generate_release(LAB, root / "source" / LAB, root / "release" / LAB)
+    messages = [str(p) for p in check.check_lab(LAB, root)]
+    assert any("reference (q1_2_scale_tests): earned 0 of 2" in m for m in messages), messages
+    assert any("blank (b1_1_square_tests): earned 1 of 1: this test passes without an answer" in m for m in messages), messages
+
+
+def test_grade_continues_past_broken_submissions(built_root, tmp_path):
+    course = make_course_dir(tmp_path / "course", [LAB], built_root)
+    source_nb = read_notebook(built_root / "source" / LAB / f"{LAB}.ipynb")
+    release_nb = read_notebook(built_root / "release" / LAB / f"{LAB}.ipynb")
+    write_notebook(make_submission(release_nb, source_nb), course / "submitted" / "ada" / LAB / f"{LAB}.ipynb")
+    write_notebook(make_submission(release_nb, source_nb, {"q1_2_scale"}), course / "submitted" / "bob" / LAB / f"{LAB}.ipynb")
+    broken = course / "submitted" / "cy" / LAB / f"{LAB}.ipynb"
+    broken.parent.mkdir(parents=True)
+    broken.write_text(json.dumps(nbformat.v4.writes(release_nb))[:200])  # truncated JSON
+    outcomes, scores = grade.grade_lab(course, LAB, progress=False)
+    assert outcomes["ada"].status == "ok" and scores["ada"].autograded_score() == 6
+    assert outcomes["bob"].status == "ok" and scores["bob"].autograded_score() == 2
+    assert outcomes["cy"].status == "failed" and outcomes["cy"].reason, outcomes["cy"]
+    csv_text = (course / "grading" / LAB / "grades.csv").read_text()
+    assert csv_text.splitlines()[0].startswith("student,lab,status,reason,")
+    assert "\ncy,lab0,failed," in csv_text, "a broken submission still gets a row with its reason"
+    assert (course / "grading" / LAB / "scores.png").read_bytes()[:4] == b"\x89PNG"
