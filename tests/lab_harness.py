@@ -1,0 +1,146 @@
+"""Run a lab's instructor notebook in one Python process and try prepared answers against its tests.
+
+Used by tests/test_labs.py as a subprocess:
+``python tests/lab_harness.py LAB VARIANTS_MODULE OUT_JSON``. The notebook runs top to bottom at quick scale in
+a scratch copy of ``source/LAB/`` (so ``from utils import *`` finds the instructor's utils.py). Then, for each
+prepared answer (``ALTERNATIVES`` and ``WRONG`` in the variants module), the answer replaces its solution cell,
+every autograded test cell runs again, and the reference answer is restored. The JSON result lists, per run,
+which test cells passed and the first line of each failure.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from course.notebooks import grade_id, is_autograded_test, read_notebook  # noqa: E402
+
+
+def load_variants(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, "ALTERNATIVES", {}), getattr(module, "WRONG", {})
+
+
+def defined_names(source: str) -> set[str]:
+    """Top-level names a cell defines (functions, classes, assigned variables)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def affected_tests(cell_id: str, sources: dict[str, str], tests: list[tuple[str, str]]) -> list[str]:
+    """Test cells that can see a change to ``cell_id``: they name what it defines, directly or through
+    another solution cell that does. Other test cells keep their reference result and are not re-run."""
+    import re
+
+    names = defined_names(sources[cell_id])
+    changed = True
+    while changed:
+        changed = False
+        for gid, source in sources.items():
+            if gid == cell_id or not names:
+                continue
+            if re.search(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b", source):
+                extra = defined_names(source) - names
+                if extra:
+                    names |= extra
+                    changed = True
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b") if names else None
+    return [gid for gid, source in tests if pattern and pattern.search(source)]
+
+
+def run_cell(source: str, namespace: dict, name: str) -> tuple[bool, str]:
+    """Execute one cell's code; (passed, first line of the error)."""
+    import matplotlib.pyplot as plt
+
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            exec(compile(source, name, "exec"), namespace)
+        return True, ""
+    except BaseException as exc:  # noqa: BLE001 - a test cell may raise anything, SystemExit included
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        line = f"{type(exc).__name__}: {exc}".splitlines()[0][:300] if str(exc) else type(exc).__name__
+        return False, line
+    finally:
+        plt.close("all")
+
+
+def main(lab: str, variants_path: str, out_path: str) -> int:
+    os.environ["EFFICIENT_AI_SCALE"] = "quick"
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    source_dir = REPO / "source" / lab
+    nb = read_notebook(source_dir / f"{lab}.ipynb")
+    alternatives, wrong = load_variants(Path(variants_path))
+    work = Path(tempfile.mkdtemp(prefix=f"harness-{lab}-"))
+    shutil.copytree(source_dir, work, dirs_exist_ok=True)
+    os.chdir(work)
+    sys.path.insert(0, str(work))
+
+    namespace: dict = {"__name__": "__main__", "display": lambda *a, **k: None}
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    tests = [(grade_id(c), c.source) for c in cells if is_autograded_test(c)]
+    reference = {grade_id(c): c.source for c in cells if grade_id(c)}
+    result: dict = {"reference": {}, "setup_errors": {}, "variants": []}
+    for index, cell in enumerate(cells):
+        gid = grade_id(cell) or f"code-cell-{index}"
+        ok, error = run_cell(cell.source, namespace, gid)
+        if is_autograded_test(cell):
+            result["reference"][gid] = [ok, error]
+        elif not ok:
+            result["setup_errors"][gid] = error
+
+    def try_answer(kind: str, cell_id: str, label: str, source: str) -> None:
+        if cell_id not in reference:
+            result["variants"].append({"kind": kind, "cell": cell_id, "label": label, "error": f"no cell {cell_id!r}"})
+            return
+        ok, error = run_cell(source, namespace, cell_id)
+        rerun = set(affected_tests(cell_id, reference, tests))
+        runs = {
+            gid: list(run_cell(test_source, namespace, gid)) if gid in rerun else result["reference"][gid]
+            for gid, test_source in tests
+        }
+        result["variants"].append({"kind": kind, "cell": cell_id, "label": label, "answer_error": error, "tests": runs})
+        run_cell(reference[cell_id], namespace, cell_id)
+
+    for cell_id, sources in alternatives.items():
+        for number, source in enumerate(sources):
+            try_answer("alternative", cell_id, f"alternative {number + 1}", source)
+    for cell_id, pairs in wrong.items():
+        for label, source in pairs:
+            try_answer("wrong", cell_id, label, source)
+    Path(out_path).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(*sys.argv[1:4]))
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)

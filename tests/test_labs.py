@@ -1,0 +1,159 @@
+"""Every lab: the pre-release gate, prepared answers against the hidden tests, and grading through nbgrader.
+
+- ``check``: lint, reference solution full autograded marks, blank release zero.
+- Prepared answers (``tests/labs/<lab>_variants.py``): each correct answer written differently from the
+  reference passes every test; each plausible wrong answer fails its own question's tests and nothing else.
+- A mixed submission (alternatives on every other autograded question, wrong answers on the rest) earns exactly
+  the expected autograded score through ``nbgrader autograde``.
+- The demo round earns its exact expected scores.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from course import check, demo
+from course.grade import grade_lab
+from course.nbgrader_run import make_course_dir
+from course.notebooks import (
+    autograded_points_by_question,
+    grade_id,
+    is_autograded_test,
+    make_submission,
+    question_key,
+    question_sort_key,
+    read_notebook,
+    replace_cell_source,
+    write_notebook,
+)
+from course.paths import REPO_ROOT, discover_labs
+
+LABS = discover_labs(REPO_ROOT)
+VARIANT_LABS = [lab for lab in LABS if (REPO_ROOT / "tests" / "labs" / f"{lab}_variants.py").exists()]
+
+
+def load_variants(lab: str):
+    path = REPO_ROOT / "tests" / "labs" / f"{lab}_variants.py"
+    spec = importlib.util.spec_from_file_location(f"{lab}_variants", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ALTERNATIVES, module.WRONG
+
+
+def source_nb(lab: str):
+    return read_notebook(REPO_ROOT / "source" / lab / f"{lab}.ipynb")
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_check_reference_full_marks_blank_zero(lab):
+    problems = check.check_lab(lab, REPO_ROOT)
+    assert problems == [], "check must pass:\n" + "\n".join(map(str, problems))
+
+
+@pytest.fixture(scope="module", params=VARIANT_LABS)
+def harness_result(request, tmp_path_factory):
+    lab = request.param
+    out = tmp_path_factory.mktemp(f"harness-{lab}") / "result.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tests" / "lab_harness.py"), lab,
+         str(REPO_ROOT / "tests" / "labs" / f"{lab}_variants.py"), str(out)],
+        capture_output=True, text=True, timeout=1800,
+    )
+    assert proc.returncode == 0, f"harness failed for {lab}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return lab, json.loads(out.read_text())
+
+
+def test_reference_runs_cleanly_in_one_process(harness_result):
+    lab, result = harness_result
+    failing = {gid: err for gid, (ok, err) in result["reference"].items() if not ok}
+    assert failing == {}, f"{lab}: the reference fails these tests when run top to bottom: {failing}"
+    assert result["setup_errors"] == {}, f"{lab}: cells that raise at quick scale: {result['setup_errors']}"
+
+
+def test_every_autograded_question_has_prepared_answers(harness_result):
+    lab, _ = harness_result
+    alternatives, wrong = load_variants(lab)
+    questions = set(autograded_points_by_question(source_nb(lab)))
+    covered_alt = {question_key(cell) for cell in alternatives}
+    covered_wrong = {question_key(cell) for cell in wrong}
+    assert questions - covered_alt == set(), f"{lab}: questions without a correct alternative answer"
+    assert questions - covered_wrong == set(), f"{lab}: questions without a plausible wrong answer"
+
+
+def test_alternative_answers_pass_everything(harness_result):
+    lab, result = harness_result
+    bad = []
+    for run in result["variants"]:
+        if run["kind"] != "alternative":
+            continue
+        assert "tests" in run, run
+        failing = {gid: err for gid, (ok, err) in run["tests"].items() if not ok}
+        if run["answer_error"] or failing:
+            bad.append(f"{run['cell']} {run['label']}: {run['answer_error'] or failing}")
+    assert bad == [], f"{lab}: correct answers written differently are rejected:\n" + "\n".join(bad)
+
+
+def test_wrong_answers_fail_their_question_only(harness_result):
+    lab, result = harness_result
+    bad = []
+    for run in result["variants"]:
+        if run["kind"] != "wrong":
+            continue
+        assert "tests" in run, run
+        question = question_key(run["cell"])
+        own = {gid for gid in run["tests"] if question_key(gid) == question}
+        failing = {gid for gid, (ok, _) in run["tests"].items() if not ok}
+        if not own or failing != own:
+            bad.append(f"{run['cell']} [{run['label']}]: failed {sorted(failing)}, expected exactly {sorted(own)}")
+    assert bad == [], f"{lab}: wrong answers must fail their own question's tests and no other:\n" + "\n".join(bad)
+
+
+def mixed_submission(lab: str):
+    """Alternatives on the 1st, 3rd, ... autograded question, wrong answers on the others; expected score."""
+    alternatives, wrong = load_variants(lab)
+    src = source_nb(lab)
+    release = read_notebook(REPO_ROOT / "release" / lab / f"{lab}.ipynb")
+    nb = make_submission(release, src)
+    points = autograded_points_by_question(src)
+    expected = 0.0
+    for position, question in enumerate(sorted(points, key=question_sort_key)):
+        if position % 2 == 0:
+            expected += points[question]
+            chosen = {cell: sources[0] for cell, sources in alternatives.items() if question_key(cell) == question}
+        else:
+            chosen = {cell: pairs[0][1] for cell, pairs in wrong.items() if question_key(cell) == question}
+        for cell, source in chosen.items():
+            nb = replace_cell_source(nb, cell, source)
+    return nb, expected
+
+
+@pytest.mark.parametrize("lab", VARIANT_LABS)
+def test_mixed_submission_scores_exactly_through_nbgrader(lab, tmp_path):
+    nb, expected = mixed_submission(lab)
+    course = make_course_dir(tmp_path / "course", [lab], REPO_ROOT)
+    write_notebook(nb, course / "submitted" / "mixed" / lab / f"{lab}.ipynb")
+    outcomes, scores = grade_lab(course, lab, ["mixed"], progress=False)
+    assert outcomes["mixed"].status == "ok", outcomes["mixed"].reason
+    got = scores["mixed"].autograded_score()
+    per_cell = {g: c.score for g, c in scores["mixed"].cells.items() if c.autograded}
+    assert got == expected, f"{lab}: mixed submission earned {got}, expected {expected}; per cell {per_cell}"
+
+
+@pytest.mark.skipif("lab1" not in LABS, reason="the demo grades Lab 1")
+def test_demo_round_exact_scores(tmp_path, capsys):
+    status = demo.main("lab1", REPO_ROOT, course=tmp_path / "demo")
+    out = capsys.readouterr().out
+    assert status == 0, out
+    src = source_nb("lab1")
+    total = sum(autograded_points_by_question(src).values())
+    _, answered = demo.partial_answer_ids(src)
+    partial = sum(points for q, points in autograded_points_by_question(src).items() if q in answered)
+    assert 0 < partial < total
+    assert f"demo-reference  ok" in out and f"{total:g}/{total:g}" in out, out
+    assert f"{partial:g}/{total:g}" in out, out
+    assert (tmp_path / "demo" / "grading" / "lab1" / "grades.csv").exists()
