@@ -1,0 +1,128 @@
+"""Execute a lab's reference notebook at teaching scale and autograde it, timing both; write JSON and figures.
+
+Run from the repository root (scripts/gpu/run_reports.sh does, on the lent GPU):
+``python scripts/gpu/run_lab.py lab1 --out DIR``. Writes into DIR:
+- ``<lab>_executed.ipynb``: the instructor notebook executed top to bottom at teaching scale;
+- ``<lab>_run.json``: wall time per part and per cell, cells that raised, the autograde time of one
+  submission (the reference solution, graded as TAs grade it: quick scale);
+- ``<lab>_fig_NN.png``: the figures the notebook drew.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+PART_RE = re.compile(r"^#\s+(Part\s+\d+[^\n]*)", re.MULTILINE)
+
+
+def cell_seconds(cell) -> float:
+    timing = cell.get("metadata", {}).get("execution", {})
+    start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
+    if not start or not end:
+        return 0.0
+    parse = lambda s: datetime.fromisoformat(s.replace("Z", "+00:00"))  # noqa: E731
+    return (parse(end) - parse(start)).total_seconds()
+
+
+def execute(lab: str, out: Path, timeout_s: int) -> dict:
+    import nbclient
+
+    from course.notebooks import grade_id, read_notebook, write_notebook
+
+    nb = read_notebook(REPO / "source" / lab / f"{lab}.ipynb")
+    work = Path(tempfile.mkdtemp(prefix=f"{lab}-teaching-"))
+    shutil.copytree(REPO / "source" / lab, work, dirs_exist_ok=True)
+    os.environ["EFFICIENT_AI_SCALE"] = "teaching"
+    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3", allow_errors=True,
+                                     record_timing=True, resources={"metadata": {"path": str(work)}})
+    start = time.perf_counter()
+    client.execute()
+    total_s = time.perf_counter() - start
+    write_notebook(nb, out / f"{lab}_executed.ipynb")
+
+    parts: dict[str, float] = {}
+    part = "Setup"
+    cells, errors, figures = [], [], 0
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            match = PART_RE.search(cell.source)
+            if match:
+                part = match.group(1).strip()
+            continue
+        seconds = cell_seconds(cell)
+        parts[part] = parts.get(part, 0.0) + seconds
+        cells.append({"index": index, "grade_id": grade_id(cell), "part": part, "seconds": seconds})
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                errors.append({"index": index, "grade_id": grade_id(cell), "error": f"{output['ename']}: {output['evalue']}"[:500]})
+            png = output.get("data", {}).get("image/png") if output.get("output_type") in ("display_data", "execute_result") else None
+            if png:
+                figures += 1
+                (out / f"{lab}_fig_{figures:02d}.png").write_bytes(base64.b64decode(png))
+    return {"total_s": total_s, "parts_s": parts, "cells": cells, "errors": errors, "figures": figures}
+
+
+def autograde_reference(lab: str) -> dict:
+    from course.grade import grade_lab
+    from course.nbgrader_run import make_course_dir
+    from course.notebooks import make_submission, read_notebook, write_notebook
+
+    course = make_course_dir(Path(tempfile.mkdtemp(prefix=f"{lab}-grade-")), [lab], REPO)
+    src = read_notebook(REPO / "source" / lab / f"{lab}.ipynb")
+    release = read_notebook(REPO / "release" / lab / f"{lab}.ipynb")
+    write_notebook(make_submission(release, src), course / "submitted" / "reference" / lab / f"{lab}.ipynb")
+    outcomes, scores = grade_lab(course, lab, ["reference"], progress=False)
+    sub = scores.get("reference")
+    return {"status": outcomes["reference"].status, "reason": outcomes["reference"].reason,
+            "seconds": outcomes["reference"].seconds,
+            "autograded_score": sub.autograded_score() if sub else None,
+            "autograded_max": sub.autograded_max() if sub else None}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("lab")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--cell-timeout-s", type=int, default=900)
+    parser.add_argument("--skip-execute", action="store_true")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict = {"lab": args.lab}
+    try:
+        import torch
+
+        result["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        result["torch"] = torch.__version__
+    except Exception as exc:  # noqa: BLE001
+        result["device"] = f"unknown ({exc})"
+    if not args.skip_execute:
+        result["teaching_run"] = execute(args.lab, out, args.cell_timeout_s)
+        print(f"{args.lab}: teaching-scale run {result['teaching_run']['total_s']:.0f} s, "
+              f"{len(result['teaching_run']['errors'])} cell(s) raised", flush=True)
+        for part, seconds in result["teaching_run"]["parts_s"].items():
+            print(f"  {part}: {seconds:.1f} s")
+        for error in result["teaching_run"]["errors"]:
+            print(f"  ERROR cell {error['index']} ({error['grade_id']}): {error['error']}")
+    result["autograde"] = autograde_reference(args.lab)
+    print(f"{args.lab}: autograde of one submission {result['autograde']['seconds']:.0f} s, "
+          f"{result['autograde']['autograded_score']}/{result['autograde']['autograded_max']} autograded points", flush=True)
+    (out / f"{args.lab}_run.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device command: install the carried wheels, then run the GPU steps named on the command line and pack
+# what they wrote into $OUT/results.tar.gz (the device returns at most 8 files). Steps:
+#   utils      scripts/gpu/check_utils_gpu.py   (benchmark_latency vs do_bench, measure_roofline, kernel counts)
+#   measure    scripts/gpu/lab1_measure.py      (Lab 1's measurements beside theory, and the report's sanity checks)
+#   labN       scripts/gpu/run_lab.py labN      (teaching-scale run of the reference notebook + autograde timing)
+# Prepare here first: bash scripts/gpu/gather_wheels.sh   (carry: [".whl"])
+# Example device command: bash scripts/gpu/run_reports.sh utils measure lab1
+set -u
+cd "$(dirname "$0")/../.."
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH="/tmp/site:$PWD" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+RESULTS=/tmp/results
+mkdir -p "$RESULTS"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$RESULTS/gpu.csv" 2>&1
+python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee "$RESULTS/versions.txt"
+for step in "$@"; do
+  start=$(date +%s)
+  case "$step" in
+    utils)   python3 scripts/gpu/check_utils_gpu.py --out "$RESULTS" 2>&1 | tee "$RESULTS/utils_check.log" ;;
+    measure) python3 scripts/gpu/lab1_measure.py --out "$RESULTS" 2>&1 | tee "$RESULTS/lab1_measure.log" ;;
+    lab*)    python3 scripts/gpu/run_lab.py "$step" --out "$RESULTS" 2>&1 | tee "$RESULTS/${step}_run.log" ;;
+    *)       echo "unknown step $step" ;;
+  esac
+  echo "step $step took $(( $(date +%s) - start )) s" | tee -a "$RESULTS/steps.txt"
+done
+tar czf "${OUT:-/tmp}/results.tar.gz" -C "$RESULTS" .
+cp "$RESULTS/steps.txt" "${OUT:-/tmp}/steps.txt" 2>/dev/null
