@@ -24,6 +24,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("lab")
     p.add_argument("--student", action="append", help="grade only this student (repeatable)")
     p.add_argument("--timeout-s", type=float, default=900.0, help="time limit per submission in seconds (default 900)")
+    p.add_argument("--workers", type=int, default=1, help="submissions graded at once (one per GPU or CPU core)")
+    p.add_argument("--shard", help="grade only shard i of n (i/n, from 0): for cluster job arrays")
+    p.add_argument("--resume", action="store_true", help="keep submissions an earlier (killed) run already graded")
 
     p = sub.add_parser("feedback", help="generate feedback HTML for graded submissions and release it")
     p.add_argument("lab")
@@ -52,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "grade":
         from . import grade
 
-        return grade.main(resolve_labs([args.lab])[0], REPO_ROOT, args.student, args.timeout_s)
+        return grade.main(resolve_labs([args.lab])[0], REPO_ROOT, args.student, args.timeout_s,
+                          workers=args.workers, shard=args.shard, resume=args.resume)
     if args.command == "feedback":
         from . import feedback
 

@@ -52,15 +52,17 @@ def grading_problems(lab: str, outcomes: dict[str, Outcome], scores: dict[str, S
 
 
 def question_table(scores: dict[str, SubmissionScores]) -> str:
-    """Per-question table: points, kind (auto/manual), reference and blank autograded scores."""
+    """Per question: points, of which autograded, and the autograded points of the reference and the blank."""
     ref = question_scores(scores[REFERENCE]) if REFERENCE in scores else {}
     blank = question_scores(scores[BLANK]) if BLANK in scores else {}
-    lines = [f"{'question':<16}{'points':>7}  {'graded':<7}{'reference':>10}{'blank':>7}"]
+    lines = [f"{'question':<16}{'points':>7}{'autograded':>11}{'reference':>10}{'blank':>7}"]
     for key in sorted(ref, key=question_sort_key):
-        got, max_pts, auto = ref[key]
-        blank_got = blank.get(key, (None,))[0]
-        show = lambda v: "-" if v is None or not auto else f"{v:g}"  # noqa: E731
-        lines.append(f"{question_label(key):<16}{max_pts:>7g}  {'auto' if auto else 'manual':<7}{show(got):>10}{show(blank_got):>7}")
+        q = ref[key]
+        total = q.auto_max + q.manual_max
+        auto = lambda v: f"{v:g}" if q.auto_max else "-"  # noqa: E731
+        blank_auto = blank[key].auto_score if key in blank else None
+        lines.append(f"{question_label(key):<16}{total:>7g}{auto(q.auto_max):>11}{auto(q.auto_score):>10}"
+                     f"{auto(blank_auto) if blank_auto is not None else '-':>7}")
     return "\n".join(lines)
 
 

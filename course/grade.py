@@ -7,12 +7,15 @@ submission only; its status and reason are recorded beside whatever points the g
 from __future__ import annotations
 
 import csv
+import os
+import shutil
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .nbgrader_run import SubmissionScores, read_scores, run_nbgrader
+from .nbgrader_run import SubmissionScores, db_url_for, make_course_dir, read_scores, run_nbgrader
 from .notebooks import question_key, question_label, question_sort_key
 from .paths import REPO_ROOT
 
@@ -29,7 +32,7 @@ class Outcome:
     seconds: float = 0.0
 
 
-def prepare_gradebook(course_root: Path, lab: str) -> None:
+def prepare_gradebook(course_root: Path, lab: str, env: dict[str, str] | None = None) -> None:
     """Record the lab's cells in the gradebook (nbgrader generate_assignment, output to a scratch folder).
 
     Raises:
@@ -37,7 +40,7 @@ def prepare_gradebook(course_root: Path, lab: str) -> None:
     """
     with tempfile.TemporaryDirectory(prefix="efficient-ai-release-") as scratch:
         result = run_nbgrader(
-            course_root, ["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={scratch}"]
+            course_root, ["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={scratch}"], env=env
         )
     if not result.ok:
         raise RuntimeError(f"nbgrader generate_assignment {lab} failed:\n{result.tail(25)}")
@@ -66,11 +69,21 @@ def _failure_reason(result_output: str) -> str:
     return (lines[-1] if lines else result_output.strip().splitlines()[-1:] or ["nbgrader failed"])[0][:300]
 
 
-def autograde_one(course_root: Path, lab: str, student: str, timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S) -> Outcome:
+def autograde_one(
+    course_root: Path,
+    lab: str,
+    student: str,
+    timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
+    env: dict[str, str] | None = None,
+    extra_args: list[str] | None = None,
+) -> Outcome:
     """Autograde one submission in its own nbgrader process. Never raises for a bad submission."""
     start = time.perf_counter()
     result = run_nbgrader(
-        course_root, ["autograde", lab, "--student", student, "--create", "--force"], timeout_s=timeout_s
+        course_root,
+        ["autograde", lab, "--student", student, "--create", "--force", *(extra_args or [])],
+        timeout_s=timeout_s,
+        env=env,
     )
     seconds = time.perf_counter() - start
     graded_nb = course_root / "autograded" / student / lab / f"{lab}.ipynb"
@@ -81,66 +94,221 @@ def autograde_one(course_root: Path, lab: str, student: str, timeout_s: float = 
     return Outcome(student, "ok", "", seconds)
 
 
+def uses_sqlite(course_root: Path) -> bool:
+    return db_url_for(course_root).startswith("sqlite")
+
+
+def visible_gpus() -> list[str]:
+    """CUDA device ids a worker may be pinned to (CUDA_VISIBLE_DEVICES, else what nvidia-smi lists)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d for d in visible.split(",") if d.strip()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
+
+
+def _private_template(course_root: Path, lab: str, scratch: Path) -> Path:
+    """A private course with the lab already in its own SQLite gradebook, copied for each submission."""
+    template = make_course_dir(scratch / "_template", [lab], course_root)
+    prepare_gradebook(template, lab, env={"NBGRADER_DB_URL": f"sqlite:///{template / 'gradebook.db'}"})
+    return template
+
+
+def _execute_isolated(lab: str, student: str, submitted: Path, template: Path, scratch: Path, timeout_s: float, env: dict) -> tuple[Outcome, Path | None]:
+    """Autograde one submission in a private copy of the course with a private SQLite gradebook.
+
+    Returns the outcome and the executed notebook (None when execution failed). Nothing touches the
+    shared gradebook: that is written once, by ``_import_executed``.
+    """
+    private = scratch / student
+    shutil.copytree(template, private)
+    shutil.copytree(submitted / student / lab, private / "submitted" / student / lab)
+    private_env = {**env, "NBGRADER_DB_URL": f"sqlite:///{private / 'gradebook.db'}"}
+    outcome = autograde_one(private, lab, student, timeout_s, env=private_env)
+    executed = private / "autograded" / student / lab
+    return outcome, executed if outcome.status == "ok" else None
+
+
+def _import_executed(course_root: Path, lab: str, executed: dict[str, Path]) -> dict[str, str]:
+    """Record already-executed submissions in the shared gradebook with one serial nbgrader process.
+
+    ``nbgrader autograde --no-execute`` keeps the outputs of the worker's run, restores the instructor's test
+    cells and scores the outputs: one writer, so SQLite is never written concurrently. Returns the students
+    whose import failed, with the reason.
+    """
+    if not executed:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="efficient-ai-import-") as staging:
+        for student, folder in executed.items():
+            shutil.copytree(folder, Path(staging) / student / lab)
+            stamp = course_root / "submitted" / student / lab / "timestamp.txt"
+            if stamp.exists():
+                shutil.copy2(stamp, Path(staging) / student / lab / "timestamp.txt")
+        result = run_nbgrader(
+            course_root,
+            ["autograde", lab, "--no-execute", "--create", "--force", f"--CourseDirectory.submitted_directory={staging}"],
+        )
+    failed = {}
+    for student in executed:
+        if not (course_root / "autograded" / student / lab / f"{lab}.ipynb").exists():
+            failed[student] = "recording the executed notebook in the gradebook failed: " + _failure_reason(result.output)
+    return failed
+
+
 def autograde_all(
     course_root: Path,
     lab: str,
     students: list[str],
     timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
     progress: bool = True,
+    workers: int = 1,
 ) -> dict[str, Outcome]:
-    """Autograde each student's submission in turn with one progress bar; continue past failures."""
+    """Autograde every student's submission with one progress bar; continue past failures.
+
+    With ``workers > 1`` submissions run concurrently, each worker pinned to one GPU when there are GPUs.
+    A PostgreSQL gradebook is written by the workers directly (it takes concurrent writers). A SQLite gradebook
+    takes one writer: workers then execute in private course copies and one serial step records the results.
+    """
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+    from queue import Queue
+
     from tqdm import tqdm
 
     outcomes: dict[str, Outcome] = {}
-    bar = tqdm(students, desc=f"autograde {lab}", unit="submission", disable=not progress)
-    for student in bar:
-        bar.set_postfix_str(student)
-        outcomes[student] = autograde_one(course_root, lab, student, timeout_s)
-    bar.close()
-    return outcomes
+    bar = tqdm(total=len(students), desc=f"autograde {lab}", unit="submission", disable=not progress)
+    if workers <= 1:
+        for student in students:
+            bar.set_postfix_str(student)
+            outcomes[student] = autograde_one(course_root, lab, student, timeout_s)
+            bar.update()
+        bar.close()
+        return outcomes
+
+    gpus = visible_gpus()
+    slots: Queue = Queue()
+    for index in range(workers):
+        slots.put({"CUDA_VISIBLE_DEVICES": gpus[index % len(gpus)]} if gpus else {})
+    shared_db = not uses_sqlite(course_root)
+    executed: dict[str, Path] = {}
+    with tempfile.TemporaryDirectory(prefix="efficient-ai-workers-") as scratch:
+        template = None if shared_db else _private_template(course_root, lab, Path(scratch))
+
+        def work(student: str) -> tuple[Outcome, Path | None]:
+            env = slots.get()
+            try:
+                if shared_db:
+                    return autograde_one(course_root, lab, student, timeout_s, env=env), None
+                return _execute_isolated(lab, student, course_root / "submitted", template, Path(scratch), timeout_s, env)
+            finally:
+                slots.put(env)
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(work, student): student for student in students}
+            for future in as_completed(futures):
+                student = futures[future]
+                try:
+                    outcome, folder = future.result()
+                except Exception as exc:  # noqa: BLE001 - a worker's own failure is one submission's failure
+                    outcome, folder = Outcome(student, "failed", f"worker error: {exc}"), None
+                outcomes[student] = outcome
+                if folder is not None:
+                    executed[student] = folder
+                bar.set_postfix_str(student)
+                bar.update()
+        bar.close()
+        for student, reason in _import_executed(course_root, lab, executed).items():
+            outcomes[student] = Outcome(student, "failed", reason, outcomes[student].seconds)
+    return {student: outcomes[student] for student in students}
 
 
-def question_scores(scores: SubmissionScores) -> dict[str, tuple[float | None, float, bool]]:
-    """Per question: (score or None while a TA has not graded it, max points, autograded?)."""
-    per_question: dict[str, list] = {}
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"2/8"`` -> (2, 8): shard 2 of 8, numbered from 0.
+
+    Raises:
+        ValueError: not of the form i/n with 0 <= i < n.
+    """
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard must look like i/n (e.g. 0/4), got {text!r}") from None
+    if not 0 <= index < count:
+        raise ValueError(f"--shard {text}: need 0 <= i < n")
+    return index, count
+
+
+def shard_students(students: list[str], shard: tuple[int, int] | None) -> list[str]:
+    """The students of one shard: every n-th of the sorted list, starting at i. Shards are disjoint and
+    together cover every student."""
+    if shard is None:
+        return sorted(students)
+    index, count = shard
+    return sorted(students)[index::count]
+
+
+@dataclass
+class QuestionScore:
+    """One question of one submission: its autograded part and its manually graded part, in points."""
+
+    auto_score: float = 0.0
+    auto_max: float = 0.0
+    manual_score: float = 0.0
+    manual_max: float = 0.0
+    manual_pending: bool = False  # some manual part still waits for a TA
+
+    def cell(self) -> str:
+        """Compact table entry: ``4/5`` autograded, ``+2?`` manual points still to grade."""
+        parts = []
+        if self.auto_max:
+            parts.append(f"{self.auto_score:g}/{self.auto_max:g}")
+        if self.manual_max:
+            parts.append(f"+{self.manual_max:g}?" if self.manual_pending else f"+{self.manual_score:g}/{self.manual_max:g}m")
+        return " ".join(parts)
+
+
+def question_scores(scores: SubmissionScores) -> dict[str, QuestionScore]:
+    """Per question key (``q1_1``): the autograded and manual points of this submission."""
+    per_question: dict[str, QuestionScore] = {}
     for cell in scores.cells.values():
-        key = question_key(cell.grade_id) or cell.grade_id
-        entry = per_question.setdefault(key, [0.0, 0.0, True, False])
-        entry[1] += cell.max_score
+        entry = per_question.setdefault(question_key(cell.grade_id) or cell.grade_id, QuestionScore())
         if cell.autograded:
-            entry[0] += cell.score
+            entry.auto_score += cell.score
+            entry.auto_max += cell.max_score
         else:
-            entry[2] = False
+            entry.manual_max += cell.max_score
             if cell.manual_score is None and cell.needs_manual_grade:
-                entry[3] = True  # still waiting for a TA
+                entry.manual_pending = True
             else:
-                entry[0] += cell.score
-    return {key: (None if pending else got, max_pts, auto) for key, (got, max_pts, auto, pending) in per_question.items()}
+                entry.manual_score += cell.score
+    return per_question
+
+
+def short_label(key: str) -> str:
+    return question_label(key).replace("Question ", "Q").replace("Bonus ", "B")
 
 
 def score_table(lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-student, per-question table (autograded questions, then totals)."""
+    """Header and rows of the per-student, per-question table.
+
+    Each question shows its autograded points (``4/5``) and, where it has a written or plotted part, the
+    manual points still to grade (``+2?``) or graded (``+2/2m``).
+    """
     keys: set[str] = set()
     for s in scores.values():
         keys |= set(question_scores(s))
     ordered = sorted(keys, key=question_sort_key)
-    header = ["student", "status", *[question_label(k).replace("Question ", "Q").replace("Bonus ", "B") for k in ordered], "auto", "manual", "reason"]
+    header = ["student", "status", *[short_label(k) for k in ordered], "autograded", "reason"]
     rows = []
     for student in sorted(outcomes):
-        outcome = outcomes[student]
-        sub = scores.get(student)
+        outcome, sub = outcomes[student], scores.get(student)
         per_q = question_scores(sub) if sub else {}
-        cells = []
-        for key in ordered:
-            if key not in per_q:
-                cells.append("-")
-                continue
-            got, max_pts, auto = per_q[key]
-            cells.append(f"{got:g}/{max_pts:g}" if got is not None else f"?/{max_pts:g}")
-        auto_got = sub.autograded_score() if sub else 0.0
-        auto_max = sub.autograded_max() if sub else 0.0
-        manual_max = sum(c.max_score for c in sub.cells.values() if not c.autograded) if sub else 0.0
-        rows.append([student, outcome.status, *cells, f"{auto_got:g}/{auto_max:g}", f"{manual_max:g} pts to grade", outcome.reason])
+        cells = [per_q[key].cell() if key in per_q else "-" for key in ordered]
+        auto = f"{sub.autograded_score():g}/{sub.autograded_max():g}" if sub else "0"
+        rows.append([student, outcome.status, *cells, auto, outcome.reason])
     return header, rows
 
 
@@ -188,6 +356,15 @@ def plot_histogram(path: Path, lab: str, scores: dict[str, SubmissionScores], st
     plt.close(fig)
 
 
+def already_graded(course_root: Path, lab: str, students: list[str]) -> list[str]:
+    """Students whose autograded notebook exists and whose scores are in the gradebook (for --resume)."""
+    scores = read_scores(course_root, lab, students)
+    return [
+        s for s in students
+        if s in scores and scores[s].cells and (course_root / "autograded" / s / lab / f"{lab}.ipynb").exists()
+    ]
+
+
 def grade_lab(
     course_root: Path,
     lab: str,
@@ -195,19 +372,36 @@ def grade_lab(
     out_dir: Path | None = None,
     timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
     progress: bool = True,
+    workers: int = 1,
+    resume: bool = False,
 ) -> tuple[dict[str, Outcome], dict[str, SubmissionScores]]:
-    """Autograde a lab's submissions and write ``grades.csv`` and ``scores.png`` into ``out_dir``."""
+    """Autograde a lab's submissions and write ``grades.csv`` and ``scores.png`` into ``out_dir``.
+
+    With ``resume``, submissions already graded (autograded notebook and gradebook scores present, e.g. from a
+    run that was killed) are kept and only the others are graded.
+    """
     students = students if students is not None else list_students(course_root, lab)
     out_dir = out_dir or course_root / "grading" / lab
     prepare_gradebook(course_root, lab)
-    outcomes = autograde_all(course_root, lab, students, timeout_s, progress)
+    done = already_graded(course_root, lab, students) if resume else []
+    outcomes = {s: Outcome(s, "ok", "graded by an earlier run") for s in done}
+    outcomes.update(autograde_all(course_root, lab, [s for s in students if s not in done], timeout_s, progress, workers))
+    outcomes = {s: outcomes[s] for s in students}
     scores = read_scores(course_root, lab, students)
     write_grades_csv(out_dir / "grades.csv", lab, outcomes, scores)
     plot_histogram(out_dir / "scores.png", lab, scores, students)
     return outcomes, scores
 
 
-def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None, timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S) -> int:
+def main(
+    lab: str,
+    root: Path = REPO_ROOT,
+    students: list[str] | None = None,
+    timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
+    workers: int = 1,
+    shard: str | None = None,
+    resume: bool = False,
+) -> int:
     found = list_students(root, lab)
     if students:
         missing = [s for s in students if s not in found]
@@ -217,8 +411,15 @@ def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None, ti
     elif not found:
         print(f"grade {lab}: nothing to grade: put submissions in submitted/<student>/{lab}/{lab}.ipynb")
         return 2
+    try:
+        selected = shard_students(students or found, parse_shard(shard) if shard else None)
+    except ValueError as exc:
+        print(f"grade {lab}: {exc}")
+        return 2
     out_dir = root / "grading" / lab
-    outcomes, scores = grade_lab(root, lab, students or found, out_dir, timeout_s)
+    if shard:
+        out_dir = out_dir / f"shard-{shard.replace('/', '-of-')}"
+    outcomes, scores = grade_lab(root, lab, selected, out_dir, timeout_s, workers=workers, resume=resume)
     header, rows = score_table(lab, outcomes, scores)
     print(format_table(header, rows))
     failed = [o for o in outcomes.values() if o.status != "ok"]

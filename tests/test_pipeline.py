@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import nbformat
@@ -12,22 +13,9 @@ from course import build, check, grade, lint
 from course.nbgrader_run import make_course_dir
 from course.notebooks import make_submission, read_notebook, write_notebook
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURE = REPO / "tests" / "fixtures" / "lab0" / "lab0.py"
-LAB = "lab0"
-README = "| Lab | Topic | Points |\n| --- | --- | --- |\n| Lab 0 | tiny | 7 + 1 bonus |\n"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def make_root(path: Path, lab_text: str | None = None) -> Path:
-    """A minimal repository root holding the fixture lab."""
-    (path / "labs" / LAB).mkdir(parents=True)
-    (path / "labs" / LAB / f"{LAB}.py").write_text(lab_text if lab_text is not None else FIXTURE.read_text())
-    (path / "assets").mkdir()
-    (path / "assets" / "figure.png").write_bytes(b"\x89PNG fixture")
-    (path / "utils.py").write_text('"""Stand-in for the shared helpers."""\nSCALE = "quick"\n')
-    (path / "README.md").write_text(README)
-    shutil.copy2(REPO / "nbgrader_config.py", path / "nbgrader_config.py")
-    return path
+from fixture_lab import LAB, README, REPO, make_root  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +146,7 @@ def test_check_passes_reference_full_and_blank_zero(root, capsys):
     assert check.main([LAB], root) == 0
     out = capsys.readouterr().out
     assert "check lab0: OK" in out
-    assert "Question 1.1          3  auto            3      0" in out, out
+    assert "Question 1.1          3          3         3      0" in out, out
 
 
 def test_check_fails_when_a_hidden_test_rejects_the_reference_or_passes_a_blank(root):

@@ -83,7 +83,8 @@ def load_lab_classes() -> dict:
     nb = read_notebook(REPO / "source" / "lab1" / "lab1.ipynb")
     cell = next(c for c in nb.cells if grade_id(c) == "gemma3_decoder_layer")
     namespace: dict = {"__name__": "lab1_layer"}
-    exec(compile("from utils import *\n" + cell.source, "gemma3_decoder_layer", "exec"), namespace)
+    setup = next(c for c in nb.cells if grade_id(c) == "setup_imports")
+    exec(compile(setup.source + "\n" + cell.source, "gemma3_decoder_layer", "exec"), namespace)
     return namespace
 
 

@@ -1,7 +1,7 @@
 """Turn the JSON that the GPU run wrote into the committed report ``reports/<lab>-h100.md``.
 
 Usage: ``python scripts/gpu/make_report.py RESULTS_DIR [--out reports]``, where RESULTS_DIR holds what
-``scripts/gpu/run_reports.sh`` packed (``lab1_measurements.json``, ``lab1_run.json``, ``utils_gpu_check.json``,
+``scripts/gpu/run_reports.sh`` packed (``lab1_measurements.json``, ``lab1_run.json``, ``check_utils_gpu.json``,
 figures). Every number in the report comes from those files; predictions are the roofline times computed from
 FLOPs and bytes with the *measured* ceilings of the same GPU.
 """
@@ -124,7 +124,7 @@ def lab1_report(results: Path) -> str:
 
 
 def utils_report(results: Path) -> str:
-    path = results / "utils_gpu_check.json"
+    path = results / "check_utils_gpu.json"
     if not path.exists():
         return ""
     data = json.loads(path.read_text())

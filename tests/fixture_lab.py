@@ -1,0 +1,50 @@
+"""The tiny fixture lab (tests/fixtures/lab0/lab0.py) in a throw-away repository root, and a class of
+submissions of it, for the pipeline and grading-at-scale tests."""
+from __future__ import annotations
+
+import itertools
+import shutil
+from pathlib import Path
+
+from course import build
+from course.nbgrader_run import make_course_dir
+from course.notebooks import make_submission, read_notebook, write_notebook
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE = REPO / "tests" / "fixtures" / "lab0" / "lab0.py"
+LAB = "lab0"
+README = "| Lab | Topic | Points |\n| --- | --- | --- |\n| Lab 0 | tiny | 7 + 1 bonus |\n"
+POINTS = {"q1_1_add": 3.0, "q1_2_scale": 2.0, "b1_1_square": 1.0}  # autograded points of each answer
+
+
+def make_root(path: Path, lab_text: str | None = None) -> Path:
+    """A minimal repository root holding the fixture lab (not yet built)."""
+    (path / "labs" / LAB).mkdir(parents=True)
+    (path / "labs" / LAB / f"{LAB}.py").write_text(lab_text if lab_text is not None else FIXTURE.read_text())
+    (path / "assets").mkdir()
+    (path / "assets" / "figure.png").write_bytes(b"\x89PNG fixture")
+    (path / "utils.py").write_text('"""Stand-in for the shared helpers."""\nSCALE = "quick"\n')
+    (path / "README.md").write_text(README)
+    shutil.copy2(REPO / "nbgrader_config.py", path / "nbgrader_config.py")
+    return path
+
+
+def built_root(path: Path) -> Path:
+    root = make_root(path)
+    assert build.main([LAB], root) == 0
+    return root
+
+
+def make_class(root: Path, course: Path, size: int = 12) -> dict[str, float]:
+    """A course folder with ``size`` submissions answering different subsets; returns expected scores."""
+    make_course_dir(course, [LAB], root)
+    src = read_notebook(root / "source" / LAB / f"{LAB}.ipynb")
+    release = read_notebook(root / "release" / LAB / f"{LAB}.ipynb")
+    subsets = [set(c) for r in range(len(POINTS) + 1) for c in itertools.combinations(POINTS, r)]
+    expected = {}
+    for index in range(size):
+        answered = subsets[index % len(subsets)]
+        student = f"student{index:02d}"
+        write_notebook(make_submission(release, src, answered), course / "submitted" / student / LAB / f"{LAB}.ipynb")
+        expected[student] = sum(POINTS[gid] for gid in answered)
+    return expected
