@@ -1,0 +1,983 @@
+"""Unit tests of utils.py on CPU: every public name, shapes, units, plots (Agg), model helpers, OOM handling.
+
+Run from the repository root: ``MPLBACKEND=Agg python -m pytest tests/test_utils.py -q``.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+import types
+from typing import Optional
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import utils  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+# -----------------------------------------------------------------------------------------------------
+# The Lab 1 handout's Gemma-3 decoder layer (course material), used to exercise the model helpers the way
+# the lab calls them. Kept as in the handout apart from formatting and dropping the profiler ranges.
+# -----------------------------------------------------------------------------------------------------
+
+def _handout_layer_classes():
+    import functools
+
+    from transformers.cache_utils import Cache
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.gemma3.configuration_gemma3 import Gemma3TextConfig
+    from transformers.utils.generic import maybe_autocast
+
+    class GELUTanh(nn.Module):
+        def __init__(self, use_gelu_tanh_python: bool = False):
+            super().__init__()
+            self.act = functools.partial(nn.functional.gelu, approximate="tanh")
+
+        def forward(self, input):
+            return self.act(input)
+
+    def rotate_half(x):
+        x1 = x[..., : x.shape[-1] // 2]
+        x2 = x[..., x.shape[-1] // 2:]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        cos = cos.unsqueeze(unsqueeze_dim)
+        sin = sin.unsqueeze(unsqueeze_dim)
+        q_embed = (q * cos) + (rotate_half(q) * sin)
+        k_embed = (k * cos) + (rotate_half(k) * sin)
+        return q_embed, k_embed
+
+    class Gemma3MLP(nn.Module):
+        def __init__(self, config: Gemma3TextConfig):
+            super().__init__()
+            self.config = config
+            self.hidden_size = config.hidden_size
+            self.intermediate_size = config.intermediate_size
+            self.gate_proj = nn.Linear(self.hidden_size, self.intermediate_size, bias=False)
+            self.up_proj = nn.Linear(self.hidden_size, self.intermediate_size, bias=False)
+            self.down_proj = nn.Linear(self.intermediate_size, self.hidden_size, bias=False)
+            self.act_fn = GELUTanh()
+
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    class Gemma3RMSNorm(nn.Module):
+        def __init__(self, dim: int, eps: float = 1e-6):
+            super().__init__()
+            self.eps = eps
+            self.weight = nn.Parameter(torch.zeros(dim))
+
+        def _norm(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+        def forward(self, x):
+            output = self._norm(x.float())
+            output = output * (1.0 + self.weight.float())
+            return output.type_as(x)
+
+    class Gemma3Attention(nn.Module):
+        def __init__(self, config: Gemma3TextConfig, layer_idx: int):
+            super().__init__()
+            self.layer_type = config.layer_types[layer_idx] if hasattr(config, "layer_types") else None
+            self.config = config
+            self.layer_idx = layer_idx
+            self.head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
+            self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+            self.scaling = config.query_pre_attn_scalar**-0.5
+            self.attention_dropout = self.config.attention_dropout
+            self.is_causal = True
+            self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim,
+                                    bias=config.attention_bias)
+            self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim,
+                                    bias=config.attention_bias)
+            self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim,
+                                    bias=config.attention_bias)
+            self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size,
+                                    bias=config.attention_bias)
+            self.attn_logit_softcapping = None
+            self.sliding_window = None
+            self.is_sliding = False
+            self.q_norm = Gemma3RMSNorm(dim=config.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = Gemma3RMSNorm(dim=config.head_dim, eps=config.rms_norm_eps)
+
+        def forward(self, hidden_states, position_embeddings=None, attention_mask=None, use_kv_cache=True,
+                    past_key_values: Optional[Cache] = None, cache_position=None, prefill_hidden_states=None,
+                    **kwargs):
+            input_shape = hidden_states.shape[:-1]
+            hidden_shape = (*input_shape, -1, self.head_dim)
+            query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            query_states = self.q_norm(query_states)
+            if use_kv_cache:
+                key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+                value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+                key_states = self.k_norm(key_states)
+                cos, sin = position_embeddings
+                query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+                assert past_key_values is not None, "past_key_values should not be None when use_kv_cache is True"
+                key_cache = past_key_values.layers[self.layer_idx].keys
+                value_cache = past_key_values.layers[self.layer_idx].values
+                if key_cache is not None:
+                    key_states = torch.cat([key_cache, key_states], dim=2)
+                    value_states = torch.cat([value_cache, value_states], dim=2)
+                else:
+                    past_key_values.layers[self.layer_idx].keys = key_states
+                    past_key_values.layers[self.layer_idx].values = value_states
+            else:
+                assert prefill_hidden_states is not None
+                all_hidden_states = torch.cat([prefill_hidden_states, hidden_states], dim=1)
+                full_shape = (*all_hidden_states.shape[:-1], -1, self.head_dim)
+                key_states = self.k_proj(all_hidden_states).view(full_shape).transpose(1, 2)
+                value_states = self.v_proj(all_hidden_states).view(full_shape).transpose(1, 2)
+                key_states = self.k_norm(key_states)
+                cos, sin = position_embeddings
+                query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+            attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+            attn_output, _ = attention_interface(
+                self, query_states, key_states, value_states, attention_mask,
+                dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling,
+                sliding_window=self.sliding_window, **kwargs,
+            )
+            attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+            return self.o_proj(attn_output)
+
+    class Gemma3RotaryEmbedding(nn.Module):
+        def __init__(self, config, device=None, layer_type=None):
+            super().__init__()
+            self.config = config
+            rope_params = self.config.rope_parameters[layer_type]
+            self.rope_type = {layer_type: rope_params["rope_type"]}
+            inv_freq, attention_scaling = self.compute_default_rope_parameters(self.config, device,
+                                                                               layer_type=layer_type)
+            self.register_buffer(f"{layer_type}_inv_freq", inv_freq, persistent=False)
+            setattr(self, f"{layer_type}_original_inv_freq", inv_freq)
+            setattr(self, f"{layer_type}_attention_scaling", attention_scaling)
+
+        @staticmethod
+        def compute_default_rope_parameters(config=None, device=None, seq_len=None, layer_type=None):
+            base = config.rope_parameters[layer_type]["rope_theta"]
+            dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float)
+                                       / dim))
+            return inv_freq, 1.0
+
+        @torch.no_grad()
+        def forward(self, x, position_ids, layer_type=None):
+            inv_freq = getattr(self, f"{layer_type}_inv_freq")
+            attention_scaling = getattr(self, f"{layer_type}_attention_scaling")
+            inv_freq_expanded = inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1).to(x.device)
+            position_ids_expanded = position_ids[:, None, :].float()
+            device_type = x.device.type if isinstance(x.device.type, str) and x.device.type != "mps" else "cpu"
+            with maybe_autocast(device_type=device_type, enabled=False):
+                freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
+                emb = torch.cat((freqs, freqs), dim=-1)
+                cos = emb.cos() * attention_scaling
+                sin = emb.sin() * attention_scaling
+            return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+    class Gemma3DecoderLayer(nn.Module):
+        def __init__(self, config: Gemma3TextConfig, layer_idx: int):
+            super().__init__()
+            self.config = config
+            self.hidden_size = config.hidden_size
+            self.layer_idx = layer_idx
+            self.attention_type = "full_attention"
+            self.self_attn = Gemma3Attention(config=config, layer_idx=layer_idx)
+            self.mlp = Gemma3MLP(config)
+            self.input_layernorm = Gemma3RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
+            self.post_attention_layernorm = Gemma3RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
+            self.pre_feedforward_layernorm = Gemma3RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
+            self.post_feedforward_layernorm = Gemma3RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
+
+        def forward(self, hidden_states, position_embeddings=None, attention_mask=None, position_ids=None,
+                    past_key_values=None, cache_position=None, **kwargs):
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+            hidden_states = self.self_attn(hidden_states=hidden_states, position_embeddings=position_embeddings,
+                                           attention_mask=attention_mask, position_ids=position_ids,
+                                           past_key_values=past_key_values, cache_position=cache_position,
+                                           **kwargs)
+            hidden_states = self.post_attention_layernorm(hidden_states)
+            hidden_states = residual + hidden_states
+            residual = hidden_states
+            hidden_states = self.pre_feedforward_layernorm(hidden_states)
+            hidden_states = self.mlp(hidden_states)
+            hidden_states = self.post_feedforward_layernorm(hidden_states)
+            return residual + hidden_states
+
+    return types.SimpleNamespace(Gemma3DecoderLayer=Gemma3DecoderLayer, Gemma3RotaryEmbedding=Gemma3RotaryEmbedding,
+                                 Gemma3TextConfig=Gemma3TextConfig)
+
+
+@pytest.fixture(scope="module")
+def handout():
+    return _handout_layer_classes()
+
+
+@pytest.fixture(scope="module")
+def tiny_config(handout):
+    """A tiny Gemma-3 config (3 layers, GQA 4 query / 2 KV heads) built like utils' configs."""
+    return utils._make_gemma3_config(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                     query_pre_attn_scalar=8)
+
+
+@pytest.fixture
+def tiny_model(handout, tiny_config):
+    torch.manual_seed(0)
+    layer = handout.Gemma3DecoderLayer(tiny_config, 1).eval()
+    # The handout's RMSNorm weights start at zero (scale 1 + w); give them values so every norm matters.
+    with torch.no_grad():
+        for module in layer.modules():
+            if hasattr(module, "eps"):
+                module.weight.normal_(0, 0.3)
+    rotary = handout.Gemma3RotaryEmbedding(tiny_config, layer_type="full_attention")
+    return layer, rotary
+
+
+# -----------------------------------------------------------------------------------------------------
+# Module surface
+# -----------------------------------------------------------------------------------------------------
+
+def test_all_names_exist_and_functions_have_docstrings_with_units_or_shapes():
+    assert len(set(utils.__all__)) == len(utils.__all__), "__all__ lists a name twice"
+    for name in utils.__all__:
+        obj = getattr(utils, name)
+        if callable(obj) and not isinstance(obj, torch.device) and name != "default_schedule":
+            doc = obj.__doc__ or ""
+            assert "Returns:" in doc, f"utils.{name} needs a Google-style docstring with Returns:"
+
+
+def test_star_import_gives_every_public_name():
+    namespace = {}
+    exec("from utils import *", namespace)
+    missing = [n for n in utils.__all__ if n not in namespace]
+    assert not missing, f"from utils import * misses {missing}"
+
+
+def test_device_matches_cuda_availability():
+    assert isinstance(utils.DEVICE, torch.device)
+    assert utils.DEVICE.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# -----------------------------------------------------------------------------------------------------
+# Run settings
+# -----------------------------------------------------------------------------------------------------
+
+def test_scale_env_override_and_default(monkeypatch):
+    monkeypatch.setenv("EFFICIENT_AI_SCALE", "teaching")
+    assert utils._read_scale() == "teaching"
+    monkeypatch.setenv("EFFICIENT_AI_SCALE", " Quick ")
+    assert utils._read_scale() == "quick"
+    monkeypatch.setenv("EFFICIENT_AI_SCALE", "huge")
+    with pytest.raises(ValueError, match="teaching, quick"):
+        utils._read_scale()
+    monkeypatch.delenv("EFFICIENT_AI_SCALE")
+    assert utils._read_scale() == ("teaching" if torch.cuda.is_available() else "quick")
+    assert utils.SCALE in ("teaching", "quick")
+
+
+def test_at_scale_follows_scale(monkeypatch):
+    teaching, quick = [4096, 8192], [64]
+    monkeypatch.setattr(utils, "SCALE", "teaching")
+    assert utils.at_scale(teaching, quick) is teaching
+    monkeypatch.setattr(utils, "SCALE", "quick")
+    assert utils.at_scale(teaching=teaching, quick=quick) is quick
+
+
+def test_environment_report_lines(capsys, monkeypatch, tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("# comment\ntorch<1.0\nnumpy>=1.0\nsurely-not-installed-pkg>=1\n-e .\n")
+    monkeypatch.setattr(utils, "_find_requirements", lambda: str(requirements))
+    utils.print_environment_report("lab1")
+    out = capsys.readouterr()
+    assert "lab1" in out.out and f"torch {torch.__version__}" in out.out
+    assert f"Scale: {utils.SCALE}" in out.out and "EFFICIENT_AI_SCALE" in out.out
+    assert utils.ATTENTION_BACKEND in out.out
+    if not torch.cuda.is_available():
+        assert "running on CPU" in out.out
+    assert "pip install 'torch<1.0'" in out.out, "a version outside requirements.txt must come with its fix"
+    assert "numpy" not in out.out.split("Attention backend")[1], "numpy satisfies numpy>=1.0: not reported"
+    assert "surely-not-installed-pkg" not in out.out, "packages that are not installed are not reported"
+    assert out.err == ""
+
+
+def test_environment_report_never_raises(capsys, monkeypatch):
+    def broken(_path):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(utils, "_requirement_problems", broken)
+    monkeypatch.setattr(utils, "_find_requirements", lambda: "whatever.txt")
+    utils.print_environment_report()
+    assert "could not check requirements.txt (boom)" in capsys.readouterr().out
+
+
+# -----------------------------------------------------------------------------------------------------
+# Hardware
+# -----------------------------------------------------------------------------------------------------
+
+REQUIRED_GPUS = ["A10", "A6000", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "L4", "T4", "RTX4090"]
+SPEC_FIELDS = ["fp16_tflops", "bf16_tflops", "fp32_tflops", "memory_bandwidth_tb_s", "memory_gb", "sram_kb",
+               "num_sms"]
+
+
+def test_gpu_specs_schema():
+    missing = [g for g in REQUIRED_GPUS if g not in utils.GPU_SPECS]
+    assert not missing, f"GPU_SPECS lacks {missing}"
+    for key, spec in utils.GPU_SPECS.items():
+        assert sorted(spec) == sorted(SPEC_FIELDS), f"GPU_SPECS[{key!r}] must have exactly {SPEC_FIELDS}"
+        for field in SPEC_FIELDS:
+            assert isinstance(spec[field], (int, float)) and spec[field] > 0, f"GPU_SPECS[{key!r}][{field!r}]"
+        assert spec["fp16_tflops"] >= spec["fp32_tflops"], f"{key}: tensor-core fp16 is at least the fp32 rate"
+        assert spec["bf16_tflops"] >= spec["fp32_tflops"], f"{key}: bf16 is at least the fp32 rate"
+        assert 0.1 < spec["memory_bandwidth_tb_s"] < 10, f"{key}: bandwidth is in TB/s"
+        assert spec["sram_kb"] in (64, 96, 128, 164, 192, 228, 256), f"{key}: sram_kb is L1/shared per SM in KB"
+
+
+@pytest.mark.parametrize("key, expected", [
+    ("A6000", dict(fp32_tflops=38.7, memory_bandwidth_tb_s=0.768, memory_gb=48, num_sms=84)),
+    ("A100-80GB", dict(fp32_tflops=19.5, bf16_tflops=312, fp16_tflops=312, memory_bandwidth_tb_s=2.039,
+                       num_sms=108, sram_kb=192, memory_gb=80)),
+    ("A100-40GB", dict(fp32_tflops=19.5, bf16_tflops=312, memory_bandwidth_tb_s=1.555, memory_gb=40)),
+    ("H100-SXM", dict(fp32_tflops=67, memory_bandwidth_tb_s=3.35, num_sms=132, memory_gb=80, sram_kb=256)),
+    ("H200", dict(memory_bandwidth_tb_s=4.8, memory_gb=141, num_sms=132)),
+    ("T4", dict(fp32_tflops=8.1, fp16_tflops=65, memory_bandwidth_tb_s=0.32, memory_gb=16, num_sms=40)),
+    ("L4", dict(fp32_tflops=30.3, memory_bandwidth_tb_s=0.3, memory_gb=24, num_sms=58)),
+])
+def test_gpu_specs_datasheet_values(key, expected):
+    for field, value in expected.items():
+        assert utils.GPU_SPECS[key][field] == pytest.approx(value, rel=1e-3), f"GPU_SPECS[{key!r}][{field!r}]"
+    # Dense (not sparsity) tensor-core rate of H100 SXM is ~989 TFLOP/s, H200 has the same compute.
+    assert utils.GPU_SPECS["H100-SXM"]["bf16_tflops"] == pytest.approx(989, rel=0.01)
+    for field in ("fp16_tflops", "bf16_tflops", "fp32_tflops", "num_sms", "sram_kb"):
+        assert utils.GPU_SPECS["H200"][field] == utils.GPU_SPECS["H100-SXM"][field]
+
+
+def test_ridge_point_is_flops_over_bytes():
+    assert utils.get_ridge_point("A6000") == pytest.approx(38.7e12 / 768e9)
+    for key, spec in utils.GPU_SPECS.items():
+        for dtype, field in ((torch.float32, "fp32_tflops"), (torch.float16, "fp16_tflops"),
+                             (torch.bfloat16, "bf16_tflops"), ("bf16", "bf16_tflops"), ("float32", "fp32_tflops")):
+            expected = spec[field] * 1e12 / (spec["memory_bandwidth_tb_s"] * 1e12)
+            assert utils.get_ridge_point(key, dtype) == pytest.approx(expected), f"ridge point of {key}, {dtype}"
+    assert utils.get_ridge_point("H100-SXM", torch.bfloat16) > utils.get_ridge_point("H100-SXM", torch.float32)
+    with pytest.raises(KeyError, match="A6000"):
+        utils.get_ridge_point("GTX 480")
+    with pytest.raises(ValueError):
+        utils.get_ridge_point("A6000", torch.int8)
+
+
+@pytest.mark.parametrize("device_name, key", [
+    ("NVIDIA A10", "A10"),
+    ("NVIDIA RTX A6000", "A6000"),
+    ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+    ("NVIDIA A100-PCIE-40GB", "A100-40GB"),
+    ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+    ("NVIDIA A100 80GB PCIe", "A100-80GB-PCIe"),
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"),
+    ("NVIDIA H100 PCIe", "H100-PCIe"),
+    ("NVIDIA H100 NVL", "H100-NVL"),
+    ("NVIDIA H200", "H200"),
+    ("NVIDIA L4", "L4"),
+    ("NVIDIA L40S", "L40S"),
+    ("Tesla T4", "T4"),
+    ("NVIDIA GeForce RTX 4090", "RTX4090"),
+])
+def test_detect_gpu_maps_device_names(device_name, key, capsys):
+    assert utils.detect_gpu(name=device_name) == key
+    assert capsys.readouterr().out == ""
+
+
+def test_detect_gpu_unknown_names_nearest(capsys):
+    assert utils.detect_gpu(default="A6000", name="NVIDIA A10G") == "A6000"
+    out = capsys.readouterr()
+    assert "NVIDIA A10G" in out.out and "nearest entries" in out.out and "A10" in out.out
+    assert out.err == "", "the warning goes to stdout (stderr fails an nbgrader test cell)"
+    assert utils._nearest_gpu_keys("NVIDIA H200 NVL", num_sms=132, memory_gb=141)[0] == "H200"
+    if not torch.cuda.is_available():
+        assert utils.detect_gpu() is None and utils.detect_gpu(default="T4") == "T4"
+
+
+def test_measure_roofline_cpu_small():
+    result = utils.measure_roofline(dtypes=(torch.float32,), device="cpu", size=64, copy_mb=1, n_warmup=1,
+                                    n_repeat=2)
+    assert result["device"] == "cpu" and result["gpu"] is None and result["matmul_n"] == 64
+    assert result["bandwidth_tb_s"] > 0 and math.isfinite(result["bandwidth_tb_s"])
+    assert set(result["matmul_tflops"]) == {"float32"} and result["matmul_tflops"]["float32"] > 0
+    assert result["ridge_point"]["float32"] == pytest.approx(result["matmul_tflops"]["float32"]
+                                                             / result["bandwidth_tb_s"])
+
+
+def test_measure_roofline_arithmetic(monkeypatch):
+    """Bandwidth counts bytes read + written; matmul rate is 2 n^3 FLOP over the time (fake timer)."""
+    def fake_latency(fn, *args, **kwargs):
+        return 2.0 if fn is torch.matmul else 0.5  # ms
+
+    monkeypatch.setattr(utils, "benchmark_latency", fake_latency)
+    result = utils.measure_roofline(dtypes=(torch.float32, torch.bfloat16), device="cpu", size=32, copy_mb=2)
+    assert result["bandwidth_tb_s"] == pytest.approx(2 * 2e6 / 0.5e-3 / 1e12)
+    assert result["matmul_tflops"]["bfloat16"] == pytest.approx(2 * 32**3 / 2e-3 / 1e12)
+
+
+# -----------------------------------------------------------------------------------------------------
+# Model configs and helpers
+# -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, fields", [
+    ("GEMMA3_270M_CONFIG", dict(hidden_size=640, intermediate_size=2048, num_attention_heads=4,
+                                num_key_value_heads=1, head_dim=256, num_hidden_layers=18)),
+    ("GEMMA3_PESUDO_CONFIG", dict(hidden_size=1152, intermediate_size=6912, num_attention_heads=8,
+                                  num_key_value_heads=8, head_dim=256, num_hidden_layers=26)),
+])
+def test_gemma3_configs(name, fields):
+    config = getattr(utils, name)
+    for field, value in fields.items():
+        assert getattr(config, field) == value, f"{name}.{field}"
+    assert config._attn_implementation == "sdpa"
+    assert config.layer_types == ["full_attention"] * config.num_hidden_layers
+    assert config.rope_parameters["full_attention"]["rope_theta"] == 1_000_000.0
+    assert config.query_pre_attn_scalar == 256 and config.rms_norm_eps == 1e-6
+    assert getattr(utils, name) is config, "configs are built once and cached"
+
+
+def test_input_helpers_shapes_and_positions():
+    B, S, D = 3, 7, 16
+    hidden, pos = utils.create_prefill_inputs(B, S, D, dtype=torch.bfloat16, device=CPU)
+    assert hidden.shape == (B, S, D) and hidden.dtype == torch.bfloat16
+    assert pos.shape == (B, S) and pos.dtype == torch.long
+    assert torch.equal(pos, torch.arange(S).expand(B, S))
+
+    decode, pos, prefill = utils.create_decode_inputs_without_cache(B, S, D, dtype=torch.float32, device=CPU)
+    assert decode.shape == (B, 1, D) and prefill.shape == (B, S, D) and pos.shape == (B, 1)
+    assert torch.equal(pos, torch.full((B, 1), S)), "the decoded token sits at position seq_len"
+
+    decode, pos, cache_pos = utils.create_decode_inputs_with_cache(B, S, D, dtype=torch.float16, device=CPU)
+    assert decode.shape == (B, 1, D) and decode.dtype == torch.float16
+    assert torch.equal(pos, torch.full((B, 1), S)) and torch.equal(cache_pos, torch.tensor([S]))
+
+
+def test_position_embeddings(tiny_model, tiny_config):
+    _, rotary = tiny_model
+    hidden, pos = utils.create_prefill_inputs(2, 5, tiny_config.hidden_size, dtype=torch.bfloat16, device=CPU)
+    cos, sin = utils.get_position_embeddings(hidden, pos, rotary, layer_type="full_attention")
+    assert cos.shape == sin.shape == (2, 5, tiny_config.head_dim) and cos.dtype == torch.bfloat16
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8))
+    angles = torch.arange(5, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    expected = torch.cat([angles, angles], dim=-1).cos()
+    torch.testing.assert_close(cos[1].double(), expected, atol=1e-2, rtol=0)
+
+
+def test_initialize_kv_cache(tiny_config):
+    from transformers.cache_utils import DynamicCache
+
+    cache = utils.initialize_kv_cache(tiny_config, max_cache_len=16)
+    assert isinstance(cache, DynamicCache)
+    assert len(cache.layers) == tiny_config.num_hidden_layers
+    assert all(slot.keys is None and slot.values is None for slot in cache.layers)
+    assert cache.layers[0] is not cache.layers[1]
+    with pytest.raises(ValueError):
+        utils.initialize_kv_cache(tiny_config, max_cache_len=0)
+
+
+def _count_calls(layer):
+    calls = []
+    handle = layer.register_forward_hook(lambda *_: calls.append(1))
+    return calls, handle
+
+
+def test_prefill_fills_one_slot_per_layer(tiny_model, tiny_config):
+    layer, rotary = tiny_model
+    B, S, n_layers = 2, 6, 2
+    cfg = tiny_config
+    hidden, pos = utils.create_prefill_inputs(B, S, cfg.hidden_size, device=CPU)
+    emb = utils.get_position_embeddings(hidden, pos, rotary)
+    cache = utils.initialize_kv_cache(cfg, max_cache_len=S)
+    calls, handle = _count_calls(layer)
+    out = utils.multi_layer_prefill_forward(n_layers, layer=layer, hidden_states=hidden, position_ids=pos,
+                                            position_embeddings=emb, past_key_values=cache)
+    handle.remove()
+    assert len(calls) == n_layers, "one forward pass of the layer per simulated layer"
+    assert out.shape == (B, S, cfg.hidden_size) and not out.requires_grad
+    kv_shape = (B, cfg.num_key_value_heads, S, cfg.head_dim)
+    for i in range(n_layers):
+        assert cache.layers[i].keys.shape == kv_shape and cache.layers[i].values.shape == kv_shape
+        assert cache.get_seq_length(i) == S
+    assert not torch.allclose(cache.layers[0].keys, cache.layers[1].keys), "each pass stores its own layer's keys"
+    assert cache.layers[2].keys is None, "slots beyond num_layers stay empty"
+    first_keys = cache.layers[1].keys.clone()
+    utils.multi_layer_prefill_forward(n_layers, layer, hidden, pos, emb, cache)
+    assert cache.layers[1].keys.shape == kv_shape, "a repeated prefill restarts the sequence (no growth)"
+    torch.testing.assert_close(cache.layers[1].keys, first_keys)
+
+    other_prompt, _ = utils.create_prefill_inputs(B, S, cfg.hidden_size, device=CPU)
+    fresh = utils.initialize_kv_cache(cfg, max_cache_len=S)
+    expected = utils.multi_layer_prefill_forward(n_layers, layer, other_prompt, pos, emb, fresh)
+    out = utils.multi_layer_prefill_forward(n_layers, layer, other_prompt, pos, emb, cache)
+    torch.testing.assert_close(out, expected, msg="a prefill on a used cache must equal one on a fresh cache")
+    for i in range(n_layers):
+        torch.testing.assert_close(cache.layers[i].keys, fresh.layers[i].keys,
+                                   msg="a new prompt's prefill replaces the old prompt's keys")
+
+
+def test_decode_with_cache_equals_full_prefill_last_token(tiny_model, tiny_config):
+    """The KV-cache contract: prefill(S tokens) then decode(token S) == prefill(S+1 tokens) at the last token."""
+    layer, rotary = tiny_model
+    B, S, n_layers, D = 2, 6, 3, tiny_config.hidden_size
+    torch.manual_seed(1)
+    tokens = torch.randn(B, S + 1, D)
+
+    _, pos_full = utils.create_prefill_inputs(B, S + 1, D, device=CPU)
+    full_cache = utils.initialize_kv_cache(tiny_config, S + 1)
+    reference = utils.multi_layer_prefill_forward(
+        n_layers, layer, tokens, pos_full, utils.get_position_embeddings(tokens, pos_full, rotary), full_cache)
+
+    _, pos = utils.create_prefill_inputs(B, S, D, device=CPU)
+    cache = utils.initialize_kv_cache(tiny_config, S)
+    prompt = tokens[:, :S]
+    utils.multi_layer_prefill_forward(n_layers, layer, prompt, pos, utils.get_position_embeddings(prompt, pos, rotary),
+                                      cache)
+    _, dec_pos, cache_pos = utils.create_decode_inputs_with_cache(B, S, D, device=CPU)
+    new = tokens[:, S:]
+    dec_emb = utils.get_position_embeddings(new, dec_pos, rotary)
+    calls, handle = _count_calls(layer)
+    out = utils.multi_layer_decode_forward(n_layers, layer=layer, hidden_states=new, position_ids=dec_pos,
+                                           position_embeddings=dec_emb, past_key_values=cache,
+                                           cache_positions=cache_pos, use_kv_cache=True, prefill_hidden_states=None)
+    handle.remove()
+    assert len(calls) == n_layers
+    assert out.shape == (B, 1, D)
+    torch.testing.assert_close(out, reference[:, S:], rtol=1e-4, atol=1e-5,
+                               msg="decode with the cache must reproduce the last token of a full prefill")
+    again = utils.multi_layer_decode_forward(n_layers, layer, new, dec_pos, dec_emb, cache, cache_pos, True, None)
+    torch.testing.assert_close(again, out, msg="repeated decode steps measure the same step")
+    assert all(cache.get_seq_length(i) == S for i in range(n_layers)), "decode does not grow the cache"
+
+
+def test_decode_without_cache(tiny_model, tiny_config):
+    layer, rotary = tiny_model
+    B, S, n_layers, D = 2, 5, 3, tiny_config.hidden_size
+    decode, pos, prefill = utils.create_decode_inputs_without_cache(B, S, D, device=CPU)
+    emb = utils.get_position_embeddings(decode, pos, rotary)
+    calls, handle = _count_calls(layer)
+    out = utils.multi_layer_decode_forward(n_layers, layer=layer, hidden_states=decode, position_ids=pos,
+                                           position_embeddings=emb, past_key_values=None, cache_positions=None,
+                                           use_kv_cache=False, prefill_hidden_states=prefill)
+    handle.remove()
+    assert len(calls) == n_layers and out.shape == (B, 1, D)
+    with torch.no_grad():
+        expected = decode
+        for _ in range(n_layers):
+            expected = layer(expected, position_embeddings=emb, use_kv_cache=False, prefill_hidden_states=prefill)
+    torch.testing.assert_close(out, expected)
+
+
+def test_decode_helpers_reject_misuse(tiny_model, tiny_config):
+    layer, rotary = tiny_model
+    D = tiny_config.hidden_size
+    decode, pos, cache_pos = utils.create_decode_inputs_with_cache(1, 4, D, device=CPU)
+    emb = utils.get_position_embeddings(decode, pos, rotary)
+    empty_cache = utils.initialize_kv_cache(tiny_config, 4)
+    with pytest.raises(ValueError, match="prefill"):
+        utils.multi_layer_decode_forward(2, layer, decode, pos, emb, empty_cache, cache_pos, True, None)
+    with pytest.raises(ValueError, match="prefill_hidden_states"):
+        utils.multi_layer_decode_forward(2, layer, decode, pos, emb, None, None, False, None)
+    hidden, ppos = utils.create_prefill_inputs(1, 4, D, device=CPU)
+    with pytest.raises(ValueError, match="layer slots"):
+        utils.multi_layer_prefill_forward(tiny_config.num_hidden_layers + 1, layer, hidden, ppos,
+                                          utils.get_position_embeddings(hidden, ppos, rotary), empty_cache)
+
+
+# -----------------------------------------------------------------------------------------------------
+# Measurement
+# -----------------------------------------------------------------------------------------------------
+
+class _FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_benchmark_latency_cpu_units_and_warmup(monkeypatch):
+    clock = _FakeClock()
+    monkeypatch.setattr(utils.time, "perf_counter", clock)
+    calls = []
+
+    def fn(x, scale=1.0, device=None):
+        calls.append(device)
+        # 1 s for each of the 3 warmup calls, then 2 ms, 4 ms, 3 ms, 3 ms (repeating) for the timed calls.
+        clock.now += 1.0 if len(calls) <= 3 else [2e-3, 4e-3, 3e-3, 3e-3][(len(calls) - 4) % 4]
+
+    x = torch.zeros(2)
+    assert utils.benchmark_latency(fn, x, n_warmup=3, n_repeat=4, device="meta") == pytest.approx(3.0)
+    assert len(calls) == 7 and calls[-1] == "meta", "warmup + repeat calls; a device= kwarg reaches fn"
+    calls.clear()
+    assert utils.benchmark_latency(fn, x, n_warmup=3, n_repeat=4, stat="mean") == pytest.approx(3.0)
+    calls.clear()
+    assert utils.benchmark_latency(fn, x, n_warmup=3, n_repeat=4, stat="min") == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        utils.benchmark_latency(fn, x, stat="p99")
+
+
+def test_benchmark_latency_real_clock_is_in_ms():
+    latency_ms = utils.benchmark_latency(time.sleep, 0.002, n_warmup=0, n_repeat=3, measure_on="cpu")
+    assert latency_ms >= 2.0, "time.sleep(2 ms) takes at least 2 ms: the result must be in milliseconds"
+
+
+def test_timing_device_inference():
+    cpu_tensor = torch.zeros(1)
+    assert utils._timing_device(print, (cpu_tensor,), {}, None).type == "cpu"
+    assert utils._timing_device(print, (), {"x": [cpu_tensor]}, None).type == "cpu"
+    assert utils._timing_device(nn.Linear(2, 2), (), {}, None).type == "cpu"
+    assert utils._timing_device(print, (), {}, None) == utils.DEVICE
+    assert utils._timing_device(print, (cpu_tensor,), {}, "cuda").type == "cuda"
+
+
+def test_benchmark_memory_cpu_peak_and_allocated():
+    n_temp, n_out = 2_000_000, 500_000  # float32 elements: 8 MB temporary, 2 MB output
+
+    def fn():
+        temp = torch.ones(n_temp)
+        return temp[:n_out] * 2
+
+    peak_gb, allocated_gb = utils.benchmark_memory(fn, n_warmup=1, n_repeat=3)
+    assert peak_gb == pytest.approx((n_temp + n_out) * 4 / 1e9, rel=0.05), "peak = temporary + output, in GB"
+    assert allocated_gb == pytest.approx(n_out * 4 / 1e9, rel=0.05), "allocated = output still alive, in GB"
+
+    existing = torch.ones(1_000_000)
+    peak_gb, allocated_gb = utils.benchmark_memory(lambda t: t * 2, existing, n_warmup=0, n_repeat=1)
+    assert peak_gb == pytest.approx(4e-3, rel=0.05), "inputs allocated before the call are not counted"
+
+
+def test_default_schedule_records_five_of_ten_steps():
+    from torch.profiler import ProfilerAction
+
+    actions = [utils.default_schedule(step) for step in range(10)]
+    recorded = [a for a in actions if a in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)]
+    assert len(recorded) == 5 and actions[8] == ProfilerAction.RECORD_AND_SAVE
+    assert actions[9] == ProfilerAction.NONE
+
+
+def _profiled_mlp(n_steps=10):
+    from torch.profiler import profile
+
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(approximate="tanh"), nn.Linear(32, 16))
+    x = torch.randn(4, 16)
+    with torch.no_grad(), profile(schedule=utils.default_schedule) as prof:
+        for _ in range(n_steps):
+            with torch.profiler.record_function("mlp_forward"):
+                mlp(x).sum()
+            prof.step()
+    return prof
+
+
+@pytest.fixture(scope="module")
+def cpu_profile():
+    return _profiled_mlp()
+
+
+def test_count_cuda_kernels_cpu_fallback(cpu_profile):
+    counts = utils.count_cuda_kernels(cpu_profile)
+    assert counts["device"] == "cpu" and counts["steps"] == 5
+    # Per step: 2 linear layers (addmm each), gelu, sum.
+    assert counts["gemm"] == 2 * 5 and counts["elementwise"] == 1 * 5 and counts["reduction"] == 1 * 5
+    assert counts["total"] == sum(counts[c] for c in utils._KERNEL_CATEGORIES) == 4 * 5
+    per_step = utils.count_cuda_kernels(cpu_profile, per_step=True)
+    assert per_step["total"] == 4 and per_step["gemm"] == 2
+
+
+def _fake_event(name, device_type, annotation=False, activity="kernel"):
+    return types.SimpleNamespace(name=name, device_type=device_type, is_user_annotation=annotation,
+                                 activity_type=activity, cpu_parent=None)
+
+
+def test_count_cuda_kernels_categories_on_cuda_events():
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [
+        _fake_event("nvjet_tst_64x8_64x16_2x4_v_bz_NNT", cuda),
+        _fake_event("ampere_sgemm_128x64_nn", cuda),
+        _fake_event("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", cuda),
+        _fake_event("triton_tem_fused_mm_0", cuda),
+        _fake_event("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>", cuda),
+        _fake_event("triton_poi_fused_addmm_gelu_0", cuda),
+        _fake_event("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, MeanOps>>", cuda),
+        _fake_event("void (anonymous namespace)::cunn_SoftMaxForward<4, float>", cuda),
+        _fake_event("triton_red_fused_mean_pow_1", cuda),
+        _fake_event("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", cuda),
+        _fake_event("fmha_cutlassF_f16_aligned_64x64_rf_sm80", cuda),
+        _fake_event("Memcpy DtoD (Device -> Device)", cuda, activity="gpu_memcpy"),
+        _fake_event("Memset (Device)", cuda, activity="gpu_memset"),
+        _fake_event("void at::native::(anonymous namespace)::distribution_elementwise_grid_stride_kernel", cuda),
+        _fake_event("some_custom_kernel", cuda),
+        _fake_event("ProfilerStep*", cuda, annotation=True, activity="gpu_user_annotation"),
+        _fake_event("gate_proj", cuda, annotation=True, activity="gpu_user_annotation"),
+        _fake_event("ProfilerStep*", cpu, annotation=True, activity="user_annotation"),
+        _fake_event("aten::mm", cpu, activity="cpu_op"),
+    ]
+    counts = utils.count_cuda_kernels(events)
+    assert counts == {"gemm": 4, "attention": 2, "elementwise": 3, "reduction": 3, "memcpy/memset": 2,
+                      "other": 1, "total": 15, "steps": 1, "device": "cuda"}
+
+
+def test_count_cuda_kernels_needs_recorded_steps():
+    class NotRecorded:
+        def events(self):
+            return None
+
+    with pytest.raises(ValueError, match="prof.step"):
+        utils.count_cuda_kernels(NotRecorded())
+
+
+def test_run_oom_safe():
+    def cuda_oom():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
+
+    def cpu_oom():
+        raise MemoryError()
+
+    def runtime_oom():
+        raise RuntimeError("CUDA error: out of memory")
+
+    def bug():
+        raise ValueError("not an OOM")
+
+    assert utils.run_oom_safe(cuda_oom) == ("oom", None)
+    assert utils.run_oom_safe(cpu_oom) == ("oom", None)
+    assert utils.run_oom_safe(runtime_oom) == ("oom", None)
+    assert utils.run_oom_safe(lambda a, b=0: a + b, 2, b=3) == ("ok", 5)
+    with pytest.raises(ValueError):
+        utils.run_oom_safe(bug)
+
+
+# -----------------------------------------------------------------------------------------------------
+# Attention backends
+# -----------------------------------------------------------------------------------------------------
+
+def _reference_attention(q, k, v, causal, scale):
+    """float64 attention in (B, S, H, D) layout, GQA by head repetition, causal aligned bottom-right."""
+    q, k, v = (t.double() for t in (q, k, v))
+    groups = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if causal:
+        q_len, kv_len = q.shape[1], k.shape[1]
+        allowed = torch.arange(kv_len)[None, :] <= torch.arange(q_len)[:, None] + (kv_len - q_len)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("q_len, kv_len, heads, kv_heads, causal, scale", [
+    (9, 9, 4, 4, False, None),
+    (9, 9, 4, 4, True, None),
+    (3, 11, 4, 2, True, 0.3),
+    (1, 7, 6, 2, False, None),
+])
+def test_flash_attn_func_matches_float64_reference(q_len, kv_len, heads, kv_heads, causal, scale):
+    torch.manual_seed(q_len * 100 + kv_len)
+    B, D = 2, 16
+    q = torch.randn(B, q_len, heads, D)
+    k = torch.randn(B, kv_len, kv_heads, D)
+    v = torch.randn(B, kv_len, kv_heads, D)
+    out = utils.flash_attn_func(q, k, v, causal=causal, softmax_scale=scale)
+    assert out.shape == (B, q_len, heads, D) and out.dtype == q.dtype and out.is_contiguous()
+    expected = _reference_attention(q, k, v, causal, scale if scale is not None else D**-0.5)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    assert utils.flash_attn_func.last_backend == "PyTorch SDPA math path (CPU)"
+
+
+def test_flash_attn_func_announces_backend_once(capsys, monkeypatch):
+    monkeypatch.setattr(utils, "_NOTED", set())
+    q = torch.randn(1, 4, 2, 8)
+    utils.flash_attn_func(q, q, q)
+    utils.flash_attn_func(q, q, q)
+    out = capsys.readouterr().out
+    assert out.count("flash_attn_func: using") == 1
+    with pytest.raises(ValueError):
+        utils.flash_attn_func(q[0], q[0], q[0])
+    assert isinstance(utils.ATTENTION_BACKEND, str)
+    if not torch.cuda.is_available():
+        assert "CPU" in utils.ATTENTION_BACKEND
+
+
+def test_flash_attn_func_cuda_fallback_chain(monkeypatch):
+    """On a GPU without SDPA's flash kernel (T4) the call falls back to memory-efficient/math, never fails."""
+    from torch.nn.attention import SDPBackend
+
+    class FakeCudaTensor:
+        def __init__(self, shape, dtype=torch.bfloat16):
+            self.shape, self.dtype, self.is_cuda = torch.Size(shape), dtype, True
+
+        def dim(self):
+            return len(self.shape)
+
+    tried = []
+
+    def fake_sdpa(q, k, v, causal, scale, backends):
+        tried.append(tuple(backends))
+        if backends == [SDPBackend.FLASH_ATTENTION]:
+            raise RuntimeError("No available kernel. Aborting execution.")
+        return "output"
+
+    monkeypatch.setattr(utils, "_sdpa_bshd", fake_sdpa)
+    monkeypatch.setattr(utils, "_FLASH_ATTN_INSTALLED", False)
+    q = FakeCudaTensor((1, 8, 2, 64))
+    assert utils.flash_attn_func(q, q, q) == "output"
+    assert tried == [(SDPBackend.FLASH_ATTENTION,), (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)]
+    assert utils.flash_attn_func.last_backend == "PyTorch SDPA memory-efficient/math kernel"
+    tried.clear()
+    q32 = FakeCudaTensor((1, 8, 2, 64), dtype=torch.float32)
+    utils.flash_attn_func(q32, q32, q32)
+    assert tried == [(SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)], "fp32 never tries the flash kernel"
+
+
+# -----------------------------------------------------------------------------------------------------
+# Plotting
+# -----------------------------------------------------------------------------------------------------
+
+def _texts(ax):
+    return [t.get_text() for t in ax.texts]
+
+
+def test_plot_roofline():
+    peak, bw = 38.7, 0.768
+    fig, ax = utils.plot_roofline("A6000", peak, bw, {"mlp_prefill": 400.0, "mlp_decode": 2.0,
+                                                      "gemm measured": (30.0, 12.5)})
+    assert isinstance(fig, plt.Figure)
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert "FLOP/byte" in ax.get_xlabel() and "TFLOP/s" in ax.get_ylabel() and "A6000" in ax.get_title()
+    labels = ax.get_legend_handles_labels()[1]
+    assert any("ridge point" in lbl and f"{peak / bw:.1f}" in lbl for lbl in labels)
+    assert "memory-bound region" in labels and "compute-bound region" in labels
+    texts = _texts(ax)
+    assert {"mlp_prefill", "mlp_decode", "gemm measured", "gemm measured (measured)"} <= set(texts)
+    roof = ax.get_lines()[0]
+    x, y = roof.get_xdata(), roof.get_ydata()
+    assert y.max() == pytest.approx(peak) and y[0] == pytest.approx(bw * x[0]), "roof = min(peak, bw * AI)"
+    decode_point = [line for line in ax.get_lines() if list(line.get_xdata()) == [2.0]][0]
+    assert decode_point.get_ydata()[0] == pytest.approx(2.0 * bw), "a memory-bound op sits on the slope"
+    with pytest.raises(ValueError):
+        utils.plot_roofline("A6000", peak, bw, {"bad": 0.0})
+    with pytest.raises(TypeError):
+        utils.plot_roofline("A6000", peak, bw, [1.0, 2.0])
+
+
+def test_plot_roofline_on_given_axes():
+    fig, ax = plt.subplots()
+    fig2, ax2 = utils.plot_roofline("H100-SXM", 989.4, 3.35, {"x": 10}, title="custom", ax=ax)
+    assert fig2 is fig and ax2 is ax and ax.get_title() == "custom"
+
+
+def test_plot_gemm_torch_matmul_latency():
+    fig, ax = utils.plot_gemm_torch_matmul_latency([64, 128], [0.5, 4.0], [1e-5, 2e-5])
+    gemm_line, matmul_line = ax.get_lines()[:2]
+    assert list(gemm_line.get_ydata()) == pytest.approx([500.0, 4000.0]), "seconds are drawn as ms"
+    assert list(matmul_line.get_ydata()) == pytest.approx([0.01, 0.02])
+    assert "ms" in ax.get_ylabel() and ax.get_xlabel() and ax.get_title()
+    assert "50,000x" in _texts(ax) and "200,000x" in _texts(ax)
+
+
+def test_plot_latency_vs_size_skips_missing_points():
+    fig, ax = utils.plot_latency_vs_size([1, 2, 4], {"a": [1.0, 2.0, 3.0], "b": [1.0, None, float("nan")]},
+                                         xlabel="Batch size", ylabel="Latency (ms)", title="t", logx=True)
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines["a"].get_xdata()) == [1, 2, 4] and list(lines["b"].get_xdata()) == [1]
+    assert ax.get_xlabel() == "Batch size" and ax.get_ylabel() == "Latency (ms)" and ax.get_yscale() == "log"
+    with pytest.raises(ValueError):
+        utils.plot_latency_vs_size([1, 2], {"a": [1.0]})
+
+
+def test_plot_flash_attn_improvement_handles_oom():
+    import pandas as pd
+
+    df = pd.DataFrame([
+        {"seq_len": 256, "sdpa_ms": 1.0, "flash_ms": 0.5, "sdpa_mem_gb": 0.4, "flash_mem_gb": 0.1},
+        {"seq_len": 512, "sdpa_ms": 4.0, "flash_ms": 1.0, "sdpa_mem_gb": 1.6, "flash_mem_gb": 0.2},
+        {"seq_len": 1024, "sdpa_ms": None, "flash_ms": 2.0, "sdpa_mem_gb": None, "flash_mem_gb": 0.4},
+    ])
+    fig, axes = utils.plot_flash_attn_improvement(
+        df=df, title="FlashAttention vs SDPA", latency_cols=("sdpa_ms", "flash_ms"),
+        memory_cols=("sdpa_mem_gb", "flash_mem_gb"), seq_len_col="seq_len",
+        annotate_speedup=True, annotate_mem_reduction=True)
+    assert len(axes) == 2 and fig._suptitle.get_text() == "FlashAttention vs SDPA"
+    latency_ax, memory_ax = axes
+    assert "ms" in latency_ax.get_ylabel() and "GB" in memory_ax.get_ylabel()
+    assert "tokens" in latency_ax.get_xlabel()
+    assert "2.0x faster" in _texts(latency_ax) and "4.0x faster" in _texts(latency_ax)
+    assert "8.0x less" in _texts(memory_ax)
+    assert "SDPA: OOM" in _texts(latency_ax) and "SDPA: OOM" in _texts(memory_ax)
+    sdpa_line = [line for line in latency_ax.get_lines() if line.get_label() == "SDPA"][0]
+    assert list(sdpa_line.get_xdata()) == [256, 512], "OOM rows are left out of the series"
+    fig, axes = utils.plot_flash_attn_improvement(df, "latency only", memory_cols=None, annotate_speedup=False)
+    assert len(axes) == 1 and not any("faster" in t for t in _texts(axes[0]))
+
+
+def _synthetic_gpu_trace():
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1, "tid": 1, "ts": 1000,
+               "dur": 400}]
+    ts = 1000.0
+    for i in range(200):  # many tiny kernels, then a few long ones
+        events.append({"ph": "X", "cat": "kernel", "name": f"void at::native::vectorized_elementwise_kernel<{i}>",
+                       "pid": 0, "tid": 7, "ts": ts, "dur": 0.2, "args": {"device": 0, "stream": 7}})
+        ts += 0.3
+    events.append({"ph": "X", "cat": "kernel", "name": "nvjet_tst_64x8_64x16_2x4_v_bz_NNT", "pid": 0, "tid": 7,
+                   "ts": ts + 5, "dur": 300, "args": {"device": 0, "stream": 7}})
+    events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "pid": 0, "tid": 8,
+                   "ts": ts, "dur": 20, "args": {"device": 0, "stream": 8}})
+    events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1001, "dur": 30})
+    events.append({"ph": "X", "cat": "cpu_op", "name": "aten::gelu", "pid": 1, "tid": 1, "ts": 1002, "dur": 5})
+    events.append({"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "GPU 0"}})
+    return {"traceEvents": events}
+
+
+def test_plot_trace_timeline_gpu_rows_and_merging():
+    fig, ax = utils.plot_trace_timeline(_synthetic_gpu_trace(), max_rows=10)
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[:2] == ["GPU 0 stream 7", "GPU 0 stream 8"], "GPU streams come first"
+    assert "CPU thread 1" in labels and "CPU thread 1 depth 1" in labels
+    assert "µs" in ax.get_xlabel() and "204 events" in ax.get_title()
+    stream7 = [c for c in ax.collections if c.get_paths() and abs(c.get_paths()[0].vertices[:, 1].mean()) < 0.5]
+    assert len(stream7) < 20, "hundreds of tiny kernels are merged into a few bars"
+    assert any(c.get_hatch() == "///" for c in stream7)
+    assert "nvjet_tst_64x8_64x16_2x4_v_bz_NNT" in _texts(ax)
+    assert any(t.startswith("step#4") for t in _texts(ax))
+    fig, ax = utils.plot_trace_timeline(_synthetic_gpu_trace(), max_rows=1, max_depth=1, title="one row")
+    assert len(ax.get_yticks()) == 1 and ax.get_title() == "one row"
+
+
+def test_plot_trace_timeline_from_profile_and_json_path(tmp_path):
+    prof = _profiled_mlp()
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))  # a profile exports once; plotting it must still work afterwards
+    for source in (prof, str(path)):
+        fig, ax = utils.plot_trace_timeline(source, max_rows=6)
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        assert labels[0].startswith("CPU thread") and all(lbl.startswith("CPU thread") for lbl in labels)
+        assert ax.get_xlabel().startswith("Time since first drawn event (") and ax.get_title()
+        assert "mlp_forward" in _texts(ax), "record_function ranges are drawn and labelled"
+        assert sum(t.startswith("step#") for t in _texts(ax)) == 5, "the 5 recorded steps are marked"
+        fig, ax = utils.plot_trace_timeline(source, max_depth=1)
+        assert len(ax.get_yticks()) == 1
+    with open(path) as f:
+        trace = json.load(f)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("ph") != "X"]
+    with pytest.raises(ValueError, match="no kernel or operator events"):
+        utils.plot_trace_timeline(trace)
