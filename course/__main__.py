@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .paths import REPO_ROOT, resolve_labs
 
@@ -27,11 +28,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=1, help="submissions graded at once (one per GPU or CPU core)")
     p.add_argument("--shard", help="grade only shard i of n (i/n, from 0): for cluster job arrays")
     p.add_argument("--resume", action="store_true", help="keep submissions an earlier (killed) run already graded")
+    p.add_argument("--course-dir", type=Path, default=REPO_ROOT,
+                   help="nbgrader course folder holding nbgrader_config.py, source/ and submitted/ (default: this repository)")
 
     p = sub.add_parser("feedback", help="generate feedback HTML for graded submissions and release it")
     p.add_argument("lab")
     p.add_argument("--student", action="append", help="only this student (repeatable)")
     p.add_argument("--exchange", help="nbgrader exchange folder to release feedback into (optional)")
+    p.add_argument("--course-dir", type=Path, default=REPO_ROOT, help="nbgrader course folder (default: this repository)")
 
     p = sub.add_parser("demo", help="build, grade a demo class (reference, blank, partial) and print the table")
     p.add_argument("--lab", default="lab1")
@@ -55,12 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "grade":
         from . import grade
 
-        return grade.main(resolve_labs([args.lab])[0], REPO_ROOT, args.student, args.timeout_s,
+        return grade.main(args.lab, args.course_dir.resolve(), args.student, args.timeout_s,
                           workers=args.workers, shard=args.shard, resume=args.resume)
     if args.command == "feedback":
         from . import feedback
 
-        return feedback.main(resolve_labs([args.lab])[0], REPO_ROOT, args.student, args.exchange)
+        return feedback.main(args.lab, args.course_dir.resolve(), args.student, args.exchange)
     if args.command == "demo":
         from . import demo
 

@@ -38,10 +38,14 @@ def prepare_gradebook(course_root: Path, lab: str, env: dict[str, str] | None = 
     Raises:
         RuntimeError: nbgrader could not generate the assignment.
     """
-    with tempfile.TemporaryDirectory(prefix="efficient-ai-release-") as scratch:
-        result = run_nbgrader(
-            course_root, ["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={scratch}"], env=env
-        )
+    for attempt in range(3):  # shards starting together on one PostgreSQL gradebook may collide once
+        with tempfile.TemporaryDirectory(prefix="efficient-ai-release-") as scratch:
+            result = run_nbgrader(
+                course_root, ["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={scratch}"], env=env
+            )
+        if result.ok:
+            return
+        time.sleep(1 + 2 * attempt)
     if not result.ok:
         raise RuntimeError(f"nbgrader generate_assignment {lab} failed:\n{result.tail(25)}")
 
@@ -402,6 +406,9 @@ def main(
     shard: str | None = None,
     resume: bool = False,
 ) -> int:
+    if not (root / "source" / lab / f"{lab}.ipynb").exists():
+        print(f"grade {lab}: {root / 'source' / lab / (lab + '.ipynb')} is missing (build the lab, or check --course-dir)")
+        return 2
     found = list_students(root, lab)
     if students:
         missing = [s for s in students if s not in found]

@@ -18,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from course import grade  # noqa: E402
 from course.nbgrader_run import read_scores  # noqa: E402
 from fixture_lab import LAB, REPO, built_root, make_class  # noqa: E402
-from pg_server import PostgresServer, find_pg_bin  # noqa: E402
 
 CLASS_SIZE = 12  # the PostgreSQL run grades a class of 12 with 2 workers
 SMALL_CLASS = 6  # the other runs use the first 6 students (each answers a different subset)
@@ -41,18 +40,6 @@ def serial(root, tmp_path_factory):
     assert all(o.status == "ok" for o in outcomes.values()), outcomes
     assert {s: sub.autograded_score() for s, sub in scores.items()} == expected
     return cell_scores(scores)
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    bin_dir = find_pg_bin()
-    if bin_dir is None:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL server binaries are missing: .ci/run installs Debian's postgresql package")
-        pytest.skip("PostgreSQL server binaries not installed (apt-get install postgresql)")
-    server = PostgresServer(bin_dir).start()
-    yield server
-    server.stop()
 
 
 def first(serial: dict, size: int) -> dict:
