@@ -11,9 +11,11 @@ _REPO = os.environ.get("EFFICIENT_AI_REPO", _HERE)
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from nbgrader.preprocessors import GetGrades  # noqa: E402
-from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
-from course.nbgrader_ext import StripHiddenTests  # noqa: E402
+from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor  # noqa: E402
+from nbgrader.preprocessors import (  # noqa: E402
+    AssignLatePenalties, CheckCellMetadata, Execute, GetGrades, IgnorePattern, LimitOutput, SaveAutoGrades,
+)
+from course.nbgrader_ext import DropTestResults, StripHiddenTests  # noqa: E402
 
 c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this file)
 
@@ -30,5 +32,12 @@ c.Execute.interrupt_on_timeout = True
 c.IgnorePattern.enabled = True
 c.IgnorePattern.pattern = r"(?s).*"
 
-# Feedback never shows hidden test source.
+# nbgrader's autograde pipeline, with DropTestResults before scoring: a number that student code shows as a test
+# cell's result must not be read as partial credit.
+c.Autograde.autograde_preprocessors = [
+    Execute, IgnorePattern, DropTestResults, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
+    AssignLatePenalties, CheckCellMetadata,
+]
+
+# Feedback never shows hidden test source, nor what test cells printed.
 c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, StripHiddenTests]

@@ -180,3 +180,49 @@ def test_grade_continues_past_broken_submissions(built_root, tmp_path):
     assert csv_text.splitlines()[0].startswith("student,lab,status,reason,")
     assert "\ncy,lab0,failed," in csv_text, "a broken submission still gets a row with its reason"
     assert (course / "grading" / LAB / "scores.png").read_bytes()[:4] == b"\x89PNG"
+
+
+SPOOF_ADD = '''def add(a, b):
+    get_ipython().displayhook(3)  # shows "3" as the test cell's result: nbgrader would read it as 3 points
+    return a - b'''
+NOISY_SCALE = '''import sys
+
+def scale(x, factor_per_unit):
+    print("UserWarning: a library warning on stderr", file=sys.stderr)
+    return x * factor_per_unit'''
+PRINTING_ADD = '''import inspect
+
+def add(a, b):
+    for frame in inspect.stack()[1:3]:
+        print(frame.frame.f_globals.get("_ih", [""])[-1])  # the source of the running test cell
+    return a + b'''
+
+
+def test_grading_ignores_spoofed_results_and_stderr_and_feedback_hides_tests(built_root, tmp_path):
+    from course.feedback import generate_feedback
+    from course.notebooks import replace_cell_source
+
+    course = make_course_dir(tmp_path / "course", [LAB], built_root)
+    source_nb = read_notebook(built_root / "source" / LAB / f"{LAB}.ipynb")
+    reference = make_submission(read_notebook(built_root / "release" / LAB / f"{LAB}.ipynb"), source_nb)
+    submissions = {
+        "spoofer": replace_cell_source(reference, "q1_1_add", SPOOF_ADD),
+        "noisy": replace_cell_source(reference, "q1_2_scale", NOISY_SCALE),
+        "printer": replace_cell_source(reference, "q1_1_add", PRINTING_ADD),
+    }
+    for student, nb in submissions.items():
+        write_notebook(nb, course / "submitted" / student / LAB / f"{LAB}.ipynb")
+    outcomes, scores = grade.grade_lab(course, LAB, progress=False)
+    assert all(o.status == "ok" for o in outcomes.values()), outcomes
+    assert scores["spoofer"].cells["q1_1_add_tests"].score == 0, "a result shown by student code is not partial credit"
+    assert scores["noisy"].cells["q1_2_scale_tests"].score == 2, "stderr output inside a passing test costs nothing"
+    assert scores["printer"].autograded_score() == 6
+    printed = read_notebook(course / "autograded" / "printer" / LAB / f"{LAB}.ipynb")
+    assert "add(-40, 17)" in json.dumps([c.get("outputs", []) for c in printed.cells]), \
+        "control: the printer's output does carry hidden test source before feedback strips it"
+    files = generate_feedback(course, LAB)
+    assert len(files) == 3
+    for html in files:
+        text = html.read_text()
+        assert "add(-40, 17)" not in text and "3.625" not in text, f"{html}: hidden test source leaked into feedback"
+        assert "hidden tests ran here" in text
