@@ -19,6 +19,7 @@ Everything runs on CPU and on CUDA. transformers is imported only when a model h
 ``import utils`` costs little more than ``import torch`` and matplotlib.
 """
 
+import contextlib
 import difflib
 import gc
 import importlib.metadata
@@ -63,6 +64,7 @@ __all__ = [
     "default_schedule",
     "count_cuda_kernels",
     "run_oom_safe",
+    "record_torch_calls",
     # 4. attention backends
     "ATTENTION_BACKEND",
     "flash_attn_func",
@@ -1061,6 +1063,33 @@ def run_oom_safe(fn, *args, **kwargs):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return "oom", None
+
+
+@contextlib.contextmanager
+def record_torch_calls():
+    """Record the name of every torch function and Tensor method called inside the ``with`` block.
+
+    It sees calls however they are spelled (``@``, ``torch.matmul``, ``getattr(torch, "mat" + "mul")``, an
+    imported alias, ``F.gelu``), because it hooks PyTorch's own dispatch (``TorchFunctionMode``). Tests use it
+    to check that a function was written from the operations a question allows.
+
+    Yields:
+        set[str]: filled with ``func.__name__`` of each call (e.g. ``"matmul"``, ``"__matmul__"``, ``"gelu"``).
+    """
+    from torch.overrides import TorchFunctionMode
+
+    class _Recorder(TorchFunctionMode):
+        def __init__(self, names):
+            super().__init__()
+            self.names = names
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.add(getattr(func, "__name__", repr(func)))
+            return func(*args, **(kwargs or {}))
+
+    names: set = set()
+    with _Recorder(names):
+        yield names
 
 
 # =====================================================================================================

@@ -981,3 +981,18 @@ def test_plot_trace_timeline_from_profile_and_json_path(tmp_path):
     trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("ph") != "X"]
     with pytest.raises(ValueError, match="no kernel or operator events"):
         utils.plot_trace_timeline(trace)
+
+
+def test_record_torch_calls_sees_every_spelling_of_a_call():
+    a = torch.randn(3, 3)
+    with utils.record_torch_calls() as called:
+        _ = a @ a
+    assert "matmul" in called or "__matmul__" in called, f"the @ operator must be recorded, got {called}"
+    alias = getattr(torch, "mat" + "mul")
+    with utils.record_torch_calls() as called:
+        alias(a, a)
+        torch.nn.functional.gelu(a, approximate="tanh")
+    assert {"matmul", "gelu"} <= called, called
+    with utils.record_torch_calls() as called:
+        _ = a + 1.0
+    assert not {"matmul", "gelu"} & called, "nothing that was not called may be recorded"

@@ -48,7 +48,8 @@
 # | Question 2.1.1 | gemm arithmetic intensity and roofline | 5 |
 # | Question 2.1.2 | when does gemm become compute-bound? | 5 |
 # | Question 2.2 | gemv arithmetic intensity and roofline | 5 |
-# | Question 3.1 | attention from scratch and its MACs | 10 |
+# | Question 3.1.1 | attention from scratch | 6 |
+# | Question 3.1.2 | MACs of attention | 4 |
 # | Bonus 3.1 | MACs of the whole attention module | 5 |
 # | Question 3.2 | I/O of attention | 5 |
 # | Bonus 3.2 | I/O of the whole attention module (prefill, bf16) | 5 |
@@ -69,6 +70,7 @@
 # %% nbgrader={"grade": false, "grade_id": "setup_imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import functools
 import math
+import sys
 import time
 from typing import Optional
 
@@ -80,6 +82,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
+sys.path.insert(0, ".")  # utils.py sits beside the notebook (and at the repository root when run as a script)
 from utils import *
 
 print_environment_report("lab1")
@@ -155,59 +158,60 @@ torch.testing.assert_close(
 del _A, _B, _C
 ### BEGIN HIDDEN TESTS
 def _q1_1_hidden_tests():
-    import ast
+    import dis
     import inspect
-    import textwrap
-    from torch.overrides import TorchFunctionMode
-
     forbidden = {
         "matmul", "mm", "bmm", "einsum", "tensordot", "addmm", "addmv", "addbmm", "baddbmm", "addr", "dot",
         "vdot", "inner", "outer", "ger", "mv", "linear", "bilinear", "chain_matmul", "multi_dot", "matrix_power",
         "__matmul__", "__rmatmul__", "__imatmul__", "_scaled_mm", "sum", "nansum",
     }
-    # 1. Static check of gemm's own source.
-    tree = ast.parse(textwrap.dedent(inspect.getsource(gemm)))
-    for node in ast.walk(tree):
-        assert not isinstance(node, (ast.MatMult,)), "gemm must not use the @ operator"
-        if isinstance(node, ast.Attribute):
-            assert node.attr not in forbidden, f"gemm must not use .{node.attr} (a library product or reduction)"
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            assert node.func.id in {"sum"} or node.func.id not in forbidden, f"gemm must not call {node.func.id}()"
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            assert node.value not in forbidden, f"gemm must not look up {node.value!r} (getattr of a product routine)"
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                assert alias.name.split(".")[-1] not in forbidden, f"gemm must not import {alias.name}"
+    # 1. Static check of gemm's compiled code (works whether or not its source text is available).
+    def code_objects(code):
+        yield code
+        for const in code.co_consts:
+            if inspect.iscode(const):
+                yield from code_objects(const)
 
-    def loop_depth(node, depth=0):
-        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
-            inner = max((loop_depth(child, depth + 1) for child in node.body), default=depth + 1)
-            other = max((loop_depth(child, depth) for child in node.orelse), default=depth)
-            return max(inner, other, loop_depth(node.iter if hasattr(node, "iter") else node.test, depth))
-        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
-            n = len(node.generators)
-            elts = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
-            best = max(loop_depth(e, depth + n) for e in elts)
-            for index, gen in enumerate(node.generators):
-                for part in [gen.iter, *gen.ifs]:
-                    best = max(best, loop_depth(part, depth + index))
-            return best
-        return max((loop_depth(child, depth) for child in ast.iter_child_nodes(node)), default=depth)
+    for code in code_objects(gemm.__code__):
+        for ins in dis.get_instructions(code):
+            if ins.opname == "BINARY_MATRIX_MULTIPLY" or (ins.opname == "BINARY_OP" and ins.argrepr.startswith("@")):
+                raise AssertionError("gemm must not use the @ operator")
+            name = ins.argval if isinstance(ins.argval, str) else None
+            if name is None:
+                continue
+            if ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "STORE_ATTR") and name in forbidden:
+                raise AssertionError(f"gemm must not use .{name} (a library product or reduction)")
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS") \
+                    and name in forbidden - {"sum"}:  # local variables may have any name; built-in sum() is fine
+                raise AssertionError(f"gemm must not call {name}()")
+            if ins.opname in ("IMPORT_NAME", "IMPORT_FROM") and name.split(".")[-1] in forbidden:
+                raise AssertionError(f"gemm must not import {name}")
+            if ins.opname in ("LOAD_CONST", "RETURN_CONST") and name in forbidden:
+                raise AssertionError(f"gemm must not look up {name!r} (getattr of a product routine)")
 
-    assert loop_depth(tree) >= 3, (
-        "gemm must compute C with three nested loops (over i, j and k) written inside gemm; "
-        f"found a loop nesting depth of {loop_depth(tree)}")
+    def loop_depth(code):
+        """Deepest loop nesting: each backward jump closes a loop that spans [jump target, jump]."""
+        instrs = list(dis.get_instructions(code))
+        spans = {}
+        for ins in instrs:
+            if "JUMP" in ins.opname and isinstance(ins.argval, int) and ins.argval < ins.offset:
+                spans[ins.argval] = max(spans.get(ins.argval, ins.offset), ins.offset)  # `continue` joins its loop
+
+        def depth_at(offset):
+            return sum(1 for start, stop in spans.items() if start <= offset <= stop)
+
+        best = max((depth_at(ins.offset) for ins in instrs), default=0)
+        for ins in instrs:  # generator expressions are separate code objects, created inside the outer loops
+            if ins.opname == "LOAD_CONST" and inspect.iscode(ins.argval):
+                best = max(best, depth_at(ins.offset) + loop_depth(ins.argval))
+        return best
+
+    depth = loop_depth(gemm.__code__)
+    assert depth >= 3, (
+        "gemm must compute C with three nested loops (over i, j and k) written inside gemm itself; "
+        f"found a loop nesting depth of {depth}")
 
     # 2. Behavioural check: record every torch function gemm calls, however it reached it.
-    class _Recorder(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.names = set()
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.names.add(getattr(func, "__name__", repr(func)))
-            return func(*args, **(kwargs or {}))
-
     def check(shape_a, shape_b, dtype, seed, transpose_b=False):
         gen = torch.Generator().manual_seed(seed)
         A = torch.randn(*shape_a, generator=gen, dtype=torch.float64)
@@ -218,9 +222,9 @@ def _q1_1_hidden_tests():
         A_dev, B_dev = A.to(device=DEVICE, dtype=dtype), B.to(device=DEVICE, dtype=dtype)
         if transpose_b:
             B_dev = B.t().contiguous().to(device=DEVICE, dtype=dtype).t()
-        with _Recorder() as recorder:
+        with record_torch_calls() as called:
             out = gemm(A_dev, B_dev)
-        used = sorted(recorder.names & forbidden)
+        used = sorted(called & forbidden)
         assert not used, f"gemm must not call library products or reductions; it called torch {used}"
         assert isinstance(out, torch.Tensor), f"gemm must return a torch.Tensor, got {type(out).__name__}"
         where = f"A {tuple(shape_a)}, B {tuple(shape_b)}, {dtype}"
@@ -245,7 +249,7 @@ del _q1_1_hidden_tests
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 1.1 Latency
+# ## Latency
 #
 # Latency is how long your program takes to run on your hardware: the most direct measure of efficiency, and
 # a surprisingly easy one to get wrong.
@@ -458,7 +462,7 @@ plot_gemm_torch_matmul_latency(gemm_sweep_sizes, gemm_sweep_latencies_s, matmul_
 plt.show()
 
 # %% [markdown]
-# ## 1.2 MACs and FLOPs
+# ## MACs and FLOPs
 #
 # A **multiply-accumulate (MAC)** computes $a \leftarrow a + b \times c$: one multiplication and one addition.
 # Dot products, and therefore matrix multiplications, are made of MACs, and hardware is built around them
@@ -518,7 +522,7 @@ del _q1_3_hidden_tests
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 1.3 I/O
+# ## I/O
 #
 # I/O is memory traffic: the bytes an operation **reads** from the GPU's main memory (HBM: the inputs, the
 # weights) plus the bytes it **writes** back (the outputs). We use this convention throughout the lab:
@@ -580,3 +584,1923 @@ def _q1_4_hidden_tests():
 _q1_4_hidden_tests()
 del _q1_4_hidden_tests
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# # Part 2: The roofline model
+#
+# A computation on real hardware is limited by how fast the chip can do arithmetic (**peak FLOP/s**) and by how
+# fast it can move data between memory and the compute units (**memory bandwidth**, bytes/s). The roofline
+# model puts both limits in one picture.
+#
+# **Arithmetic intensity (AI)** is the work done per byte moved:
+#
+# $$ \text{AI} = \frac{\text{FLOPs}}{\text{bytes moved}} \quad [\text{FLOP/byte}] $$
+#
+# An operation with intensity AI can reach at most
+#
+# $$ \text{attainable FLOP/s} = \min\left(\text{peak FLOP/s},\ \text{bandwidth} \times \text{AI}\right). $$
+#
+# The two limits meet at the **ridge point** $\text{AI}^* = \text{peak FLOP/s} / \text{bandwidth}$:
+# - left of the ridge ($\text{AI} < \text{AI}^*$) the operation is **memory-bound**: it waits for data, and
+#   performance grows with bandwidth x AI;
+# - right of it ($\text{AI} > \text{AI}^*$) it is **compute-bound**: it runs at (close to) peak FLOP/s.
+#
+# Every GPU has its own ridge point, and the same GPU has a different one per data type (tensor cores make
+# bf16 much faster than fp32 while the bandwidth stays the same).
+#
+# ![The roofline model](assets/roofline.png)
+#
+# The cell below picks the specifications of your GPU from `GPU_SPECS` (datasheet figures: dense, without
+# sparsity); without a GPU, or with one `GPU_SPECS` does not know, it uses the NVIDIA RTX A6000 of the original
+# course.
+
+# %%
+gpu_name = detect_gpu(default="A6000")
+gpu_spec = GPU_SPECS[gpu_name]
+peak_fp32_tflops = gpu_spec["fp32_tflops"]
+peak_bf16_tflops = gpu_spec["bf16_tflops"]
+peak_bandwidth_tb_s = gpu_spec["memory_bandwidth_tb_s"]
+print(f"GPU specifications used: {gpu_name}: fp32 {peak_fp32_tflops} TFLOP/s, bf16 {peak_bf16_tflops} TFLOP/s, "
+      f"HBM bandwidth {peak_bandwidth_tb_s} TB/s")
+print(f"ridge point: fp32 {get_ridge_point(gpu_name, torch.float32):.1f} FLOP/byte, "
+      f"bf16 {get_ridge_point(gpu_name, torch.bfloat16):.1f} FLOP/byte")
+roofline_sizes = [1024, 2048, 4096, 8192]
+
+# %% [markdown]
+# #### Question 2.1.1 (5 points)
+#
+# Consider the square GEMM $C = AB$ with $A, B, C \in \mathbb{R}^{N \times N}$, all in `float32`, under the byte
+# convention of Part 1 (read $A$ and $B$ once, write $C$ once).
+#
+# **(a) Code, 2 points.** Fill the dictionary `gemm_intensity_by_n` that maps each `N` in `roofline_sizes` to
+# the arithmetic intensity of this GEMM in FLOP/byte (a `float`). FLOPs = 2 x MACs. Do it with formulas: there
+# is no need to allocate 8192 x 8192 matrices.
+
+# %% nbgrader={"grade": false, "grade_id": "q2_1_1_intensity", "locked": false, "schema_version": 3, "solution": true, "task": false}
+gemm_intensity_by_n = {}
+### BEGIN SOLUTION
+for n in roofline_sizes:
+    gemm_flops = 2 * n * n * n  # n^3 MACs, 2 FLOPs each
+    gemm_bytes = 4 * (3 * n * n)  # read A and B, write C; fp32
+    gemm_intensity_by_n[n] = gemm_flops / gemm_bytes
+### END SOLUTION
+print({n: round(ai, 1) for n, ai in gemm_intensity_by_n.items()})
+
+# %% nbgrader={"grade": true, "grade_id": "q2_1_1_intensity_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+assert isinstance(gemm_intensity_by_n, dict), "gemm_intensity_by_n must be a dict {N: FLOP/byte}"
+assert set(gemm_intensity_by_n) == {1024, 2048, 4096, 8192}, (
+    f"gemm_intensity_by_n must have the keys 1024, 2048, 4096, 8192, got {sorted(gemm_intensity_by_n)}")
+### BEGIN HIDDEN TESTS
+for _n in (1024, 2048, 4096, 8192):
+    _expected = (2 * _n ** 3) / (4 * 3 * _n ** 2)
+    assert math.isclose(float(gemm_intensity_by_n[_n]), _expected, rel_tol=1e-6), (
+        f"gemm_intensity_by_n[{_n}] must be FLOPs / bytes = 2N^3 / (4 * 3N^2) = {_expected:.4f} FLOP/byte "
+        f"(fp32, read A and B, write C), got {gemm_intensity_by_n[_n]}")
+del _n, _expected
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **(b) Plot, 3 points.** Plot these GEMMs on the roofline of your GPU with `plot_roofline(gpu_name,
+# peak_tflops, peak_bandwidth_tb_s, operations, title=...)`, where `operations` maps a label to an arithmetic
+# intensity. Use the fp32 peak: the matrices are `float32`.
+
+# %% nbgrader={"grade": true, "grade_id": "q2_1_1_plot", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+plot_roofline(gpu_name, peak_fp32_tflops, peak_bandwidth_tb_s,
+              {f"gemm N={n}": ai for n, ai in gemm_intensity_by_n.items()},
+              title=f"fp32 GEMM (N x N) @ (N x N) on {gpu_name}")
+plt.show()
+### END SOLUTION
+
+# %% [markdown]
+# #### Question 2.1.2 (5 points)
+#
+# From which `N` on is the fp32 square GEMM compute-bound on an **NVIDIA RTX A6000** (use
+# `GPU_SPECS["A6000"]`, whatever GPU you have)?
+#
+# **(a) Code, 3 points.** Set `gemm_compute_bound_n_a6000` to the smallest integer `N` whose arithmetic
+# intensity reaches the A6000's fp32 ridge point (AI >= ridge), as a Python `int`. Compute it from
+# `GPU_SPECS`; do not type a number.
+
+# %% nbgrader={"grade": false, "grade_id": "q2_1_2_threshold", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# gemm_compute_bound_n_a6000 = ...  (an int, computed from GPU_SPECS["A6000"])
+### BEGIN SOLUTION
+a6000_spec = GPU_SPECS["A6000"]
+a6000_ridge_fp32 = a6000_spec["fp32_tflops"] / a6000_spec["memory_bandwidth_tb_s"]  # (1e12 FLOP/s) / (1e12 B/s)
+# AI(N) = 2 N^3 / (4 * 3 N^2) = N / 6 >= ridge  <=>  N >= 6 * ridge
+gemm_compute_bound_n_a6000 = math.ceil(6 * a6000_ridge_fp32)
+print(f"on your {gpu_name}: from N = {math.ceil(6 * get_ridge_point(gpu_name, torch.float32))}")
+### END SOLUTION
+print(f"fp32 GEMM is compute-bound on an A6000 from N = {gemm_compute_bound_n_a6000}")
+
+# %% nbgrader={"grade": true, "grade_id": "q2_1_2_threshold_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+assert isinstance(gemm_compute_bound_n_a6000, (int, np.integer)) and not isinstance(gemm_compute_bound_n_a6000, bool), (
+    f"gemm_compute_bound_n_a6000 must be an int, got {type(gemm_compute_bound_n_a6000).__name__}")
+### BEGIN HIDDEN TESTS
+def _q2_1_2_hidden_tests():
+    spec = GPU_SPECS["A6000"]
+    ridge = (spec["fp32_tflops"] * 1e12) / (spec["memory_bandwidth_tb_s"] * 1e12)  # FLOP/byte
+    threshold = 6 * ridge  # AI(N) = 2N^3 / (12 N^2) = N / 6
+    accepted = {math.ceil(threshold - 1e-9), math.floor(threshold + 1e-9) + 1} if abs(threshold - round(threshold)) < 1e-9 \
+        else {math.ceil(threshold)}
+    assert int(gemm_compute_bound_n_a6000) in accepted, (
+        f"on an A6000 (fp32 {spec['fp32_tflops']} TFLOP/s, {spec['memory_bandwidth_tb_s']} TB/s) the ridge point is "
+        f"{ridge:.2f} FLOP/byte and the fp32 N x N GEMM has AI = 2N^3 / (4 * 3N^2) = N/6 FLOP/byte, so the smallest "
+        f"compute-bound N is {min(accepted)}; got {gemm_compute_bound_n_a6000}")
+
+
+_q2_1_2_hidden_tests()
+del _q2_1_2_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **(b) Written, 2 points.** Give the derivation: the FLOPs and bytes of the GEMM as functions of `N`, its
+# arithmetic intensity, the A6000's ridge point with units, and the resulting condition on `N`. Then say what
+# it means for the four sizes of Question 2.1.1.
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q2_1_2_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# FLOPs $= 2N^3$ ($N^3$ MACs). Bytes $= 4 \cdot 3N^2 = 12N^2$ (read $A$ and $B$, write $C$, 4 bytes each).
+# So $\text{AI}(N) = 2N^3 / 12N^2 = N/6$ FLOP/byte: it grows linearly with $N$ because every element loaded is
+# reused $N$ times. The A6000's fp32 ridge point is $38.7 \cdot 10^{12}\ \text{FLOP/s} / 0.768 \cdot 10^{12}\
+# \text{B/s} \approx 50.4$ FLOP/byte. Compute-bound when $N/6 \ge 50.4$, i.e. $N \ge 302.3$: from
+# $N = 303$ on. All four sizes (1024 to 8192, AI 171 to 1365 FLOP/byte) are far right of the ridge: they are
+# compute-bound, and a good kernel runs them near peak fp32 throughput.
+# === BEGIN MARK SCHEME ===
+# 2 points in total:
+# - 1 point: AI(N) = 2N^3 / (12 N^2) = N/6 FLOP/byte, with FLOPs and bytes stated.
+# - 1 point: ridge = peak / bandwidth (about 50 FLOP/byte for the A6000's datasheet fp32 figures in
+#   GPU_SPECS), hence N >= 6 x ridge (about 303), and the conclusion that N = 1024..8192 are compute-bound.
+# Accept the numbers implied by the GPU_SPECS values printed in the notebook.
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# #### Question 2.2 (5 points)
+#
+# Now the matrix-vector product (GEMV) $y = Ax$ with $A \in \mathbb{R}^{N \times N}$ and
+# $x, y \in \mathbb{R}^{N \times 1}$, in `float32`, same convention (read $A$ and $x$ once, write $y$ once).
+#
+# **(a) Code, 2 points.** Fill `gemv_intensity_by_n` (`N` -> FLOP/byte) for `N` in `roofline_sizes`.
+
+# %% nbgrader={"grade": false, "grade_id": "q2_2_intensity", "locked": false, "schema_version": 3, "solution": true, "task": false}
+gemv_intensity_by_n = {}
+### BEGIN SOLUTION
+for n in roofline_sizes:
+    gemv_flops = 2 * n * n  # n^2 MACs
+    gemv_bytes = 4 * (n * n + n + n)  # read A and x, write y; fp32
+    gemv_intensity_by_n[n] = gemv_flops / gemv_bytes
+### END SOLUTION
+print({n: round(ai, 4) for n, ai in gemv_intensity_by_n.items()})
+
+# %% nbgrader={"grade": true, "grade_id": "q2_2_intensity_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+assert isinstance(gemv_intensity_by_n, dict), "gemv_intensity_by_n must be a dict {N: FLOP/byte}"
+assert set(gemv_intensity_by_n) == {1024, 2048, 4096, 8192}, (
+    f"gemv_intensity_by_n must have the keys 1024, 2048, 4096, 8192, got {sorted(gemv_intensity_by_n)}")
+### BEGIN HIDDEN TESTS
+for _n in (1024, 2048, 4096, 8192):
+    _expected = (2 * _n ** 2) / (4 * (_n ** 2 + 2 * _n))
+    assert math.isclose(float(gemv_intensity_by_n[_n]), _expected, rel_tol=1e-9), (
+        f"gemv_intensity_by_n[{_n}] must be 2N^2 / (4 (N^2 + N + N)) = {_expected:.6f} FLOP/byte "
+        f"(fp32, read A and x, write y), got {gemv_intensity_by_n[_n]}")
+del _n, _expected
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **(b) Plot, 1 point.** Plot the GEMVs on your GPU's fp32 roofline.
+
+# %% nbgrader={"grade": true, "grade_id": "q2_2_plot", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+plot_roofline(gpu_name, peak_fp32_tflops, peak_bandwidth_tb_s,
+              {f"gemv N={n}": ai for n, ai in gemv_intensity_by_n.items()},
+              title=f"fp32 GEMV (N x N) @ (N x 1) on {gpu_name}")
+plt.show()
+### END SOLUTION
+
+# %% [markdown]
+# **(c) Written, 2 points.** Describe your findings: where do the GEMVs sit, how does their intensity change
+# with `N`, and why is it so different from the GEMM's?
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q2_2_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# All GEMVs sit at the same point, about 0.5 FLOP/byte, far left of the ridge (about 50 FLOP/byte for fp32 on
+# an A6000): they are strongly memory-bound at every size, and can reach at most bandwidth x 0.5, about 1% of
+# the fp32 peak. The intensity is $2N^2 / (4(N^2 + 2N)) \to 0.5$: it does not grow with $N$, because each
+# element of $A$ is loaded once and used in a single multiply-add; there is no reuse. In the GEMM each loaded
+# element is reused $N$ times, so its intensity grows as $N/6$. Making a GEMV faster means moving fewer bytes
+# (smaller data types, batching several vectors into a GEMM), not more FLOP/s.
+# === BEGIN MARK SCHEME ===
+# 2 points in total:
+# - 1 point: GEMV is memory-bound at all sizes, with AI about 0.5 FLOP/byte (constant in N), far below the ridge.
+# - 1 point: the reason: no data reuse (each matrix element used once), unlike GEMM whose AI grows with N.
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# # Part 3: Case study: the Gemma-3 decoder layer
+#
+# We now analyse one decoder layer of [gemma-3-270m-it](https://huggingface.co/google/gemma-3-270m-it), a small
+# instruction-tuned language model. We build it from its configuration (`GEMMA3_270M_CONFIG` in `utils.py`)
+# with random weights: costs do not depend on the weights' values, so nothing is downloaded.
+#
+# In the order of the forward pass, a decoder layer is:
+# - **input RMSNorm**
+# - **self-attention**: query/key/value projections, query and key RMSNorm, rotary position embedding (RoPE),
+#   the attention itself, output projection
+# - **post-attention RMSNorm**, then the residual addition
+# - **pre-MLP RMSNorm**
+# - **MLP**: gate projection, up projection, GeLU activation, elementwise product, down projection
+# - **post-MLP RMSNorm**, then the residual addition
+#
+# The code below is a compact version of the Hugging Face implementation. The `record_function` blocks only
+# name regions for the profiler (Part 4). You do not need to understand every line now; we take it apart below.
+# Two details of this teaching version: the attention takes a flag `use_kv_cache`; with it, the first call
+# stores the keys and values of layer `layer_idx` in `past_key_values`, and later calls append their new keys
+# and values to the stored ones. Without it, it recomputes keys and values for all earlier tokens
+# (`prefill_hidden_states`) at every step.
+
+# %% nbgrader={"grade": false, "grade_id": "gemma3_decoder_layer", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from transformers.cache_utils import Cache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.gemma3.configuration_gemma3 import Gemma3TextConfig
+
+
+class GELUTanh(nn.Module):
+    """GeLU with the tanh approximation, as PyTorch's fused kernel computes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = functools.partial(F.gelu, approximate="tanh")
+
+    def forward(self, input):
+        return self.act(input)
+
+
+def rotate_half(x):
+    """Rotate the two halves of the last dimension: (x1, x2) -> (-x2, x1)."""
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """Apply RoPE to q (B, n_h, L, d) and k (B, n_kv, L, d) with cos/sin of shape (B, L, d)."""
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+class Gemma3MLP(nn.Module):
+    """Gated MLP: down_proj(gelu(gate_proj(x)) * up_proj(x)); x and the output are (B, L, D)."""
+
+    def __init__(self, config: Gemma3TextConfig):
+        super().__init__()
+        self.config = config
+        self.hidden_size = config.hidden_size
+        self.intermediate_size = config.intermediate_size
+        self.gate_proj = nn.Linear(self.hidden_size, self.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(self.hidden_size, self.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(self.intermediate_size, self.hidden_size, bias=False)
+        self.act_fn = GELUTanh()
+
+    def forward(self, x):
+        with record_function("gate_proj"):
+            gate = self.gate_proj(x)
+        with record_function("up_proj"):
+            up_x = self.up_proj(x)
+        with record_function("act_fn"):
+            gate_up = self.act_fn(gate) * up_x
+        with record_function("down_proj"):
+            down_proj = self.down_proj(gate_up)
+        return down_proj
+
+
+class Gemma3RMSNorm(nn.Module):
+    """RMSNorm computed in float32, with Gemma's (1 + weight) scale."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        output = self._norm(x.float())
+        output = output * (1.0 + self.weight.float())
+        return output.type_as(x)
+
+    def extra_repr(self):
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+class Gemma3Attention(nn.Module):
+    """Grouped-query self-attention with RMSNorm on queries and keys, RoPE, and an optional KV cache."""
+
+    def __init__(self, config: Gemma3TextConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = config.query_pre_attn_scalar ** -0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = True
+        self.sliding_window = None  # this teaching layer always uses full attention
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
+        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.attention_bias)
+        self.q_norm = Gemma3RMSNorm(dim=self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Gemma3RMSNorm(dim=self.head_dim, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, use_kv_cache=True,
+                past_key_values: Optional[Cache] = None, cache_position=None, prefill_hidden_states=None, **kwargs):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        with record_function("q_proj"):
+            query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        query_states = self.q_norm(query_states)
+        cos, sin = position_embeddings
+
+        if use_kv_cache:
+            with record_function("k_proj"):
+                key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            with record_function("v_proj"):
+                value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            key_states = self.k_norm(key_states)
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+            assert past_key_values is not None, "use_kv_cache=True needs past_key_values"
+            cache = past_key_values.layers[self.layer_idx]
+            if cache.keys is not None:  # decode: attend over the cached tokens plus the new one(s)
+                key_states = torch.cat([cache.keys, key_states], dim=2)
+                value_states = torch.cat([cache.values, value_states], dim=2)
+            else:  # prefill: store this layer's keys and values
+                cache.keys, cache.values = key_states, value_states
+        else:
+            assert prefill_hidden_states is not None, "use_kv_cache=False needs prefill_hidden_states"
+            all_hidden_states = torch.cat([prefill_hidden_states, hidden_states], dim=1)
+            full_shape = (*all_hidden_states.shape[:-1], -1, self.head_dim)
+            key_states = self.k_proj(all_hidden_states).view(full_shape).transpose(1, 2)
+            value_states = self.v_proj(all_hidden_states).view(full_shape).transpose(1, 2)
+            key_states = self.k_norm(key_states)
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+
+        attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        with record_function("attn_op"):
+            attn_output, _ = attention_interface(
+                self, query_states, key_states, value_states, attention_mask,
+                dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling,
+                sliding_window=self.sliding_window, **kwargs)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        return self.o_proj(attn_output)
+
+
+class Gemma3RotaryEmbedding(nn.Module):
+    """RoPE tables (cos, sin) for the positions in position_ids."""
+
+    def __init__(self, config, device=None, layer_type="full_attention"):
+        super().__init__()
+        self.config = config
+        base = config.rope_parameters[layer_type]["rope_theta"]
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim))
+        self.register_buffer(f"{layer_type}_inv_freq", inv_freq, persistent=False)
+        setattr(self, f"{layer_type}_attention_scaling", 1.0)
+
+    @torch.no_grad()
+    def forward(self, x, position_ids, layer_type="full_attention"):
+        inv_freq = getattr(self, f"{layer_type}_inv_freq")
+        attention_scaling = getattr(self, f"{layer_type}_attention_scaling")
+        inv_freq_expanded = inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1).to(x.device)
+        position_ids_expanded = position_ids[:, None, :].float()
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos = emb.cos() * attention_scaling
+            sin = emb.sin() * attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+class Gemma3DecoderLayer(nn.Module):
+    """One decoder layer: pre/post-normalised attention and MLP blocks, each with a residual connection."""
+
+    def __init__(self, config: Gemma3TextConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.hidden_size = config.hidden_size
+        self.layer_idx = layer_idx
+        self.attention_type = "full_attention"
+        self.self_attn = Gemma3Attention(config=config, layer_idx=layer_idx)
+        self.mlp = Gemma3MLP(config)
+        self.input_layernorm = Gemma3RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Gemma3RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
+        self.pre_feedforward_layernorm = Gemma3RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
+        self.post_feedforward_layernorm = Gemma3RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, position_ids=None,
+                past_key_values: Optional[Cache] = None, cache_position=None, **kwargs):
+        residual = hidden_states
+        with record_function("input_norm"):
+            hidden_states = self.input_layernorm(hidden_states)
+        with record_function("self_attn"):
+            hidden_states = self.self_attn(
+                hidden_states=hidden_states, position_embeddings=position_embeddings, attention_mask=attention_mask,
+                position_ids=position_ids, past_key_values=past_key_values, cache_position=cache_position, **kwargs)
+        with record_function("post_attn_norm"):
+            hidden_states = self.post_attention_layernorm(hidden_states)
+        with record_function("res"):
+            hidden_states = residual + hidden_states
+        residual = hidden_states
+        with record_function("pre_ffn_norm"):
+            hidden_states = self.pre_feedforward_layernorm(hidden_states)
+        with record_function("mlp"):
+            hidden_states = self.mlp(hidden_states)
+        with record_function("post_ffn_norm"):
+            hidden_states = self.post_feedforward_layernorm(hidden_states)
+        with record_function("res"):
+            hidden_states = residual + hidden_states
+        return hidden_states
+
+
+# %% [markdown]
+# ## 3.1 MACs and FLOPs
+#
+# We walk through the MLP first. Without the profiler labels its forward pass is:
+#
+# ```python
+# gate = self.gate_proj(x)             # (B, L, D) -> (B, L, I)
+# up_x = self.up_proj(x)               # (B, L, D) -> (B, L, I)
+# gate_up = self.act_fn(gate) * up_x   # GeLU, then an elementwise product, (B, L, I)
+# down_proj = self.down_proj(gate_up)  # (B, L, I) -> (B, L, D)
+# ```
+#
+# with `x` of shape `(B, L, D)` (batch, sequence length, hidden size) and intermediate size `I`:
+# - `gate_proj`: a linear layer with weight $W \in \mathbb{R}^{I \times D}$: every one of the $B L$ tokens
+#   does a $D \times I$ matrix-vector product. MACs $= B L D I$; FLOPs $= 2 B L D I$.
+# - `up_proj`: the same, MACs $= B L D I$; FLOPs $= 2 B L D I$.
+# - `act_fn`: GeLU (tanh approximation, Part 4) on $B L I$ elements. Computed operation by operation it takes
+#   6 multiplications and 2 additions per element (we do not count the `tanh`): FLOPs $= 8 B L I$. These are
+#   not multiply-accumulates of a dot product, so we count 0 MACs.
+# - `gate_up`: an elementwise product of two $(B, L, I)$ tensors: FLOPs $= B L I$, 0 MACs (nothing accumulates).
+# - `down_proj`: weight $W \in \mathbb{R}^{D \times I}$: MACs $= B L I D$; FLOPs $= 2 B L I D$.
+
+# %% nbgrader={"grade": false, "grade_id": "mlp_cost_model", "locked": true, "schema_version": 3, "solution": false, "task": false}
+def calc_mlp_mac(B, L, D, I):
+    """MACs of the Gemma-3 MLP.
+
+    Args:
+        B (int): batch size.
+        L (int): tokens per sequence.
+        D (int): hidden size.
+        I (int): intermediate (MLP) size.
+
+    Returns:
+        int: multiply-accumulates of gate_proj, up_proj and down_proj (GeLU and the product have none).
+    """
+    gate_proj = B * L * D * I
+    up_proj = B * L * D * I
+    act_fn = 0
+    gate_up = 0
+    down_proj = B * L * I * D
+    return gate_proj + up_proj + act_fn + gate_up + down_proj
+
+
+def calc_mlp_flops(B, L, D, I):
+    """FLOPs of the Gemma-3 MLP (2 per MAC, 8 per GeLU element, 1 per element of the product).
+
+    Args:
+        B (int): batch size.
+        L (int): tokens per sequence.
+        D (int): hidden size.
+        I (int): intermediate (MLP) size.
+
+    Returns:
+        int: floating-point operations of the whole MLP.
+    """
+    gate_proj = 2 * B * L * D * I
+    up_proj = 2 * B * L * D * I
+    act_fn = 8 * B * L * I
+    gate_up = B * L * I
+    down_proj = 2 * B * L * I * D
+    return gate_proj + up_proj + act_fn + gate_up + down_proj
+
+
+# %% [markdown]
+# #### Question 3.1.1 (6 points)
+#
+# Implement scaled dot-product attention from scratch:
+#
+# $$ \text{Attention}(Q, K, V) = \text{softmax}\left(\frac{Q K^\top}{\sqrt{d}} + \text{mask}\right) V $$
+#
+# with `q` of shape `(B, H, L_q, d)` and `k`, `v` of shape `(B, H, L_kv, d)`; the output has shape
+# `(B, H, L_q, d)` and `q`'s dtype and device. You may use `torch.matmul`/`@`, `torch.softmax` and elementwise
+# operations, but not `torch.nn.functional.scaled_dot_product_attention` or another attention routine.
+# - The softmax runs over the keys (the last dimension of the scores), and must be numerically stable for
+#   large scores (`torch.softmax` is; if you write your own, subtract the row maximum first).
+# - `attn_mask` is optional and follows PyTorch's convention: it broadcasts to `(B, H, L_q, L_kv)`; a **boolean**
+#   mask is `True` where a query may attend to a key (`False` positions get probability 0); a **floating-point**
+#   mask is added to the scaled scores before the softmax.
+
+# %% nbgrader={"grade": false, "grade_id": "q3_1_1_sdpa", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def scaled_dot_product_attention(q, k, v, attn_mask=None):
+    """Standard attention: softmax(q k^T / sqrt(d) + mask) v.
+
+    Args:
+        q (torch.Tensor): queries, shape (B, H, L_q, d).
+        k (torch.Tensor): keys, shape (B, H, L_kv, d).
+        v (torch.Tensor): values, shape (B, H, L_kv, d).
+        attn_mask (torch.Tensor, optional): broadcastable to (B, H, L_q, L_kv); bool (True = attend) or float
+            (added to the scaled scores).
+
+    Returns:
+        torch.Tensor: attention output, shape (B, H, L_q, d), dtype and device of q.
+    """
+    ### BEGIN SOLUTION
+    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, L_q, L_kv)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    probs = torch.softmax(scores, dim=-1)  # over the keys
+    return torch.matmul(probs, v)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q3_1_1_sdpa_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
+_gen = torch.Generator().manual_seed(0)
+_q, _k, _v = (torch.randn(1, 4, 128, 64, generator=_gen).to(DEVICE) for _ in range(3))
+_out = scaled_dot_product_attention(_q, _k, _v)
+assert tuple(_out.shape) == (1, 4, 128, 64), f"output must have q's shape (1, 4, 128, 64), got {tuple(_out.shape)}"
+torch.testing.assert_close(_out, F.scaled_dot_product_attention(_q, _k, _v), rtol=1e-4, atol=1e-5,
+                           msg=lambda m: f"no mask: must match PyTorch's scaled_dot_product_attention: {m}")
+_causal = torch.ones(128, 128, dtype=torch.bool, device=DEVICE).tril()
+torch.testing.assert_close(scaled_dot_product_attention(_q, _k, _v, attn_mask=_causal),
+                           F.scaled_dot_product_attention(_q, _k, _v, attn_mask=_causal), rtol=1e-4, atol=1e-5,
+                           msg=lambda m: f"boolean causal mask (True = attend): must match PyTorch: {m}")
+del _gen, _q, _k, _v, _out, _causal
+### BEGIN HIDDEN TESTS
+def _q3_1_1_hidden_tests():
+    def reference(q, k, v, mask=None):
+        q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            mask = mask.detach().cpu()
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
+        return torch.softmax(scores, dim=-1) @ v
+
+    def check(shape_q, shape_kv, dtype, seed, mask_kind=None, q_scale=1.0):
+        gen = torch.Generator().manual_seed(seed)
+        q = (torch.randn(*shape_q, generator=gen, dtype=torch.float64) * q_scale).to(DEVICE, dtype)
+        k = torch.randn(*shape_kv, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
+        v = torch.randn(*shape_kv, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
+        L_q, L_kv = shape_q[-2], shape_kv[-2]
+        mask = None
+        if mask_kind == "bool":  # every query sees at least one key
+            mask = (torch.arange(L_kv)[None, :] <= torch.arange(L_q)[:, None] + (L_kv - L_q)).to(DEVICE)
+        elif mask_kind == "float":
+            mask = (torch.randn(shape_q[0], 1, L_q, L_kv, generator=gen, dtype=torch.float64) * 2).to(DEVICE, dtype)
+        where = f"q {tuple(shape_q)}, k/v {tuple(shape_kv)}, {dtype}, mask={mask_kind}" + (f", q scaled x{q_scale}" if q_scale != 1 else "")
+        with record_torch_calls() as called:
+            out = scaled_dot_product_attention(q, k, v) if mask is None else scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        banned = sorted(n for n in called if "scaled_dot_product" in n or "multi_head_attention" in n or "flash" in n)
+        assert not banned, f"implement attention yourself; scaled_dot_product_attention called {banned}"
+        assert isinstance(out, torch.Tensor), f"must return a tensor, got {type(out).__name__}"
+        assert tuple(out.shape) == tuple(shape_q), f"for {where} the output must have shape {tuple(shape_q)}, got {tuple(out.shape)}"
+        assert out.dtype == dtype and out.device == q.device, (
+            f"for {where} the output must keep q's dtype and device ({dtype}, {q.device}), got ({out.dtype}, {out.device})")
+        expected = reference(q, k, v, mask)
+        got = out.detach().to("cpu", torch.float64)
+        assert torch.isfinite(got).all(), f"for {where} the output has NaN/inf: is your softmax numerically stable?"
+        tol = 1e-4 if dtype == torch.float32 else 1e-9
+        err = (got - expected).abs().max().item()
+        assert err <= tol * (1 + expected.abs().max().item()), (
+            f"for {where}: output must equal softmax(q k^T / sqrt(d) + mask, over the keys) v; max abs error {err:.3g}")
+
+    check((2, 3, 5, 8), (2, 3, 7, 8), torch.float32, 31)
+    check((1, 4, 1, 16), (1, 4, 9, 16), torch.float32, 32)  # one decode step
+    check((1, 2, 6, 4), (1, 2, 6, 4), torch.float64, 33)
+    check((2, 2, 5, 6), (2, 2, 7, 6), torch.float32, 34, mask_kind="bool")
+    check((2, 3, 4, 8), (2, 3, 6, 8), torch.float32, 35, mask_kind="float")
+    check((1, 2, 3, 8), (1, 2, 5, 8), torch.float32, 36, q_scale=40.0)  # scores in the hundreds
+
+
+_q3_1_1_hidden_tests()
+del _q3_1_1_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 3.1.2 (4 points)
+#
+# Write `calc_attn_mac(B, H, L_q, L_kv, D_h)`: the MACs of your attention for these
+# shapes (`D_h` is the head dimension `d`; queries `(B, H, L_q, D_h)`, keys and values `(B, H, L_kv, D_h)`).
+# Count the two matrix products; scaling, masking and the softmax
+# contribute no MACs. Return a Python `int`.
+
+# %% nbgrader={"grade": false, "grade_id": "q3_1_2_attn_mac", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def calc_attn_mac(B, H, L_q, L_kv, D_h):
+    """MACs of scaled dot-product attention.
+
+    Args:
+        B (int): batch size.
+        H (int): number of attention heads.
+        L_q (int): query length.
+        L_kv (int): key/value length.
+        D_h (int): head dimension.
+
+    Returns:
+        int: multiply-accumulates of q @ k^T and probs @ v.
+    """
+    ### BEGIN SOLUTION
+    qk = B * H * L_q * L_kv * D_h  # (L_q, D_h) @ (D_h, L_kv) per head
+    softmax = 0  # no multiply-accumulate in a softmax
+    attn_v = B * H * L_q * L_kv * D_h  # (L_q, L_kv) @ (L_kv, D_h) per head
+    return int(qk + softmax + attn_v)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q3_1_2_attn_mac_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+assert calc_attn_mac(1, 4, 173, 256, 128) == 45350912, "calc_attn_mac(1, 4, 173, 256, 128) must be 45350912"
+### BEGIN HIDDEN TESTS
+for _case in [(1, 1, 1, 1, 1), (2, 3, 4, 6, 5), (4, 8, 16, 32, 64), (3, 2, 1, 37, 11), (2, 6, 9, 5, 7)]:
+    _expected = 2 * _case[0] * _case[1] * _case[2] * _case[3] * _case[4]
+    _got = calc_attn_mac(*_case)
+    assert isinstance(_got, int) and not isinstance(_got, bool), f"calc_attn_mac must return a Python int, got {type(_got).__name__}"
+    assert _got == _expected, (
+        f"calc_attn_mac(B, H, L_q, L_kv, D_h) = {_case} must be 2 * B * H * L_q * L_kv * D_h = {_expected} "
+        f"(q @ k^T plus probs @ v), got {_got}")
+del _case, _expected, _got
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Bonus 3.1 (5 points)
+#
+# Write `calc_attn_module_mac(batch_size, query_len, kv_len, gemma_config)`: the MACs of one call of the whole
+# `Gemma3Attention` module above. Conventions:
+# - count the matrix products only: the four projections (`q_proj`, `k_proj`, `v_proj`, `o_proj`, no bias) and
+#   the two products inside attention; RMSNorm, RoPE, scaling and softmax count 0 MACs;
+# - the module runs with a KV cache: `k_proj` and `v_proj` are applied to the `query_len` new tokens only, and
+#   attention runs over `kv_len` keys (in prefill `query_len == kv_len`; in a decode step `query_len == 1`);
+# - grouped-query attention: there are `num_attention_heads` query heads and `num_key_value_heads` key/value
+#   heads of size `head_dim`; every query head attends over `kv_len` keys. Note that `head_dim` need not equal
+#   `hidden_size / num_attention_heads` (it does not in Gemma-3).
+#
+# Return a Python `int`.
+
+# %% nbgrader={"grade": false, "grade_id": "b3_1_attn_module_mac", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def calc_attn_module_mac(batch_size, query_len, kv_len, gemma_config):
+    """MACs of one call of Gemma3Attention (KV cache: K/V projected for the new tokens only).
+
+    Args:
+        batch_size (int): batch size B.
+        query_len (int): new tokens per sequence (queries), S_q.
+        kv_len (int): keys/values attended per sequence (cache plus new tokens), S_kv.
+        gemma_config (Gemma3TextConfig): hidden_size, num_attention_heads, num_key_value_heads, head_dim.
+
+    Returns:
+        int: multiply-accumulates of the projections and of attention.
+    """
+    B = batch_size
+    S_q = query_len
+    S_kv = kv_len
+    H = gemma_config.hidden_size
+    n_h = gemma_config.num_attention_heads
+    n_kv = gemma_config.num_key_value_heads
+    d = gemma_config.head_dim
+    ### BEGIN SOLUTION
+    q_proj = B * S_q * H * n_h * d
+    k_proj = B * S_q * H * n_kv * d
+    v_proj = B * S_q * H * n_kv * d
+    scores = B * n_h * S_q * S_kv * d
+    attn_v = B * n_h * S_q * S_kv * d
+    o_proj = B * S_q * n_h * d * H
+    return int(q_proj + k_proj + v_proj + scores + attn_v + o_proj)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "b3_1_attn_module_mac_tests", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
+# The tests of this bonus are hidden: check your function on inputs of your own.
+### BEGIN HIDDEN TESTS
+def _b3_1_hidden_tests():
+    import copy
+
+    def config(hidden, n_h, n_kv, d):
+        cfg = copy.deepcopy(GEMMA3_270M_CONFIG)
+        cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = hidden, n_h, n_kv, d
+        return cfg
+
+    cases = [(GEMMA3_270M_CONFIG, 2, 128, 128), (GEMMA3_270M_CONFIG, 4, 1, 301),
+             (config(96, 6, 2, 24), 3, 17, 17), (config(80, 4, 1, 40), 5, 1, 64), (config(48, 8, 8, 12), 1, 7, 19)]
+    for cfg, B, S_q, S_kv in cases:
+        H, n_h, n_kv, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        expected = (B * S_q * H * (n_h + 2 * n_kv) * d  # q, k, v projections of the new tokens
+                    + 2 * B * n_h * S_q * S_kv * d  # q k^T and probs v
+                    + B * S_q * n_h * d * H)  # o_proj
+        got = calc_attn_module_mac(B, S_q, S_kv, cfg)
+        assert isinstance(got, int) and not isinstance(got, bool), f"calc_attn_module_mac must return an int, got {type(got).__name__}"
+        assert got == expected, (
+            f"calc_attn_module_mac(B={B}, query_len={S_q}, kv_len={S_kv}) with hidden={H}, heads={n_h}, kv_heads={n_kv}, "
+            f"head_dim={d} must be {expected} (projections of the query_len new tokens, GQA key/value heads, "
+            f"attention over kv_len keys, o_proj), got {got}")
+
+
+_b3_1_hidden_tests()
+del _b3_1_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 3.2 I/O
+#
+# Now the bytes. The model runs in `bfloat16` (2 bytes per element) and we use the byte convention of Part 1:
+# every operation reads its inputs and writes its outputs once. The weights are already in GPU memory (we do
+# not count copying them there), but a linear layer does read its weight matrix from memory at every call.
+# For the MLP, operation by operation (each operation is a separate kernel in eager PyTorch):
+# - `gate_proj`: reads `x` $(B, L, D)$ and the weight $(I, D)$, writes $(B, L, I)$:
+#   $2 (BLD + DI + BLI)$ bytes.
+# - `up_proj`: the same, $2 (BLD + DI + BLI)$ bytes.
+# - `act_fn`: reads $(B, L, I)$, writes $(B, L, I)$: $2 \cdot 2 BLI$ bytes.
+# - `gate_up`: reads two $(B, L, I)$ tensors, writes one: $2 \cdot 3 BLI$ bytes.
+# - `down_proj`: reads $(B, L, I)$ and the weight $(D, I)$, writes $(B, L, D)$: $2 (BLI + DI + BLD)$ bytes.
+
+# %% nbgrader={"grade": false, "grade_id": "mlp_io_model", "locked": true, "schema_version": 3, "solution": false, "task": false}
+def calc_mlp_io(B, L, D, I):
+    """Bytes read plus written by the Gemma-3 MLP in bfloat16 (2 bytes per element), one kernel per operation.
+
+    Args:
+        B (int): batch size.
+        L (int): tokens per sequence.
+        D (int): hidden size.
+        I (int): intermediate (MLP) size.
+
+    Returns:
+        int: bytes moved between memory and the compute units.
+    """
+    bytes_per_element = 2
+    gate_proj = bytes_per_element * (B * L * D + D * I + B * L * I)
+    up_x = bytes_per_element * (B * L * D + D * I + B * L * I)
+    act_fn = bytes_per_element * 2 * B * L * I
+    gate_up = bytes_per_element * 3 * B * L * I
+    down_proj = bytes_per_element * (B * L * I + D * I + B * L * D)
+    return gate_proj + up_x + act_fn + gate_up + down_proj
+
+
+# %% [markdown]
+# #### Question 3.2 (5 points)
+#
+# Write `calc_attn_io(B, H, L_q, L_kv, D_h)`: the bytes read and written by **your** attention of Question 3.1.1
+# without a mask, all tensors in **`float32`** (4 bytes per element), as a Python `int`. Count three steps:
+# 1. `scores = q @ k^T` (with the scaling folded in): read `q` and `k`, write the scores $(B, H, L_q, L_{kv})$;
+# 2. the softmax: count it as **5 passes** over the $(B, H, L_q, L_{kv})$ scores, i.e.
+#    $5 \cdot B H L_q L_{kv} \cdot 4$ bytes (a max pass, a subtract-and-exp pass, a sum pass, a divide pass: reads
+#    and writes of an unfused softmax);
+# 3. `out = probs @ v`: read the probabilities and `v`, write the output $(B, H, L_q, D_h)$.
+
+# %% nbgrader={"grade": false, "grade_id": "q3_2_attn_io", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def calc_attn_io(B, H, L_q, L_kv, D_h):
+    """Bytes moved by standard attention in float32: q @ k^T, a 5-pass softmax, probs @ v.
+
+    Args:
+        B (int): batch size.
+        H (int): number of attention heads.
+        L_q (int): query length.
+        L_kv (int): key/value length.
+        D_h (int): head dimension.
+
+    Returns:
+        int: bytes read plus written, 4 bytes per element.
+    """
+    bytes_per_element = 4
+    ### BEGIN SOLUTION
+    qk = B * H * L_q * D_h + B * H * L_kv * D_h + B * H * L_q * L_kv  # read q, k; write scores
+    softmax = 5 * B * H * L_q * L_kv  # the handout's convention for an unfused softmax
+    attn_v = B * H * L_q * L_kv + B * H * L_kv * D_h + B * H * L_q * D_h  # read probs, v; write out
+    return int((qk + softmax + attn_v) * bytes_per_element)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q3_2_attn_io_tests", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
+assert calc_attn_io(1, 2, 3, 4, 5) == 1232, "calc_attn_io(1, 2, 3, 4, 5) must be 1232 bytes"
+### BEGIN HIDDEN TESTS
+for _case in [(1, 1, 1, 1, 1), (4, 8, 16, 32, 64), (2, 6, 3, 5, 7), (3, 4, 1, 257, 32), (1, 12, 100, 100, 64)]:
+    _B, _H, _Lq, _Lkv, _D = _case
+    _expected = 4 * ((_B * _H * _Lq * _D + _B * _H * _Lkv * _D + _B * _H * _Lq * _Lkv)
+                     + 5 * _B * _H * _Lq * _Lkv
+                     + (_B * _H * _Lq * _Lkv + _B * _H * _Lkv * _D + _B * _H * _Lq * _D))
+    _got = calc_attn_io(*_case)
+    assert isinstance(_got, int) and not isinstance(_got, bool), f"calc_attn_io must return a Python int, got {type(_got).__name__}"
+    assert _got == _expected, (
+        f"calc_attn_io{_case} must be {_expected} bytes: 4 x [(q + k read, scores written) + 5 x scores (softmax) "
+        f"+ (probs + v read, out written)], got {_got}")
+del _case, _B, _H, _Lq, _Lkv, _D, _expected, _got
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Bonus 3.2 (5 points)
+#
+# Write `calc_attn_module_io(batch_size, query_len, kv_len, gemma_config)`: the bytes moved by one **prefill**
+# call of the whole `Gemma3Attention` module (so `query_len == kv_len`, written `S` below), all tensors in
+# **`bfloat16`** (2 bytes per element), one kernel per step, with `n_h` query heads, `n_kv` key/value heads of
+# size `d` and hidden size `H`:
+# 1. `q_proj`: read $x$ $(B, S, H)$ and $W_q$ $(n_h d, H)$, write $q$ $(B, S, n_h d)$;
+# 2. `k_proj` and `v_proj`: each reads $x$ and its weight $(n_{kv} d, H)$ and writes $(B, S, n_{kv} d)$;
+# 3. `q_norm` and `k_norm`: each reads and writes its tensor ($q$, resp. $k$); ignore their small weights;
+# 4. RoPE: reads and writes $q$ and $k$ once each; ignore the cos/sin tables;
+# 5. attention: your `calc_attn_io` steps (scores, 5-pass softmax, probs @ v) with `n_h` heads, `S` queries
+#    and `S` keys, at 2 bytes per element: every query head reads its keys and values (as if they were
+#    repeated for each head in the group);
+# 6. `o_proj`: read the attention output $(B, S, n_h d)$ and $W_o$ $(H, n_h d)$, write $(B, S, H)$.
+#
+# Return a Python `int`.
+
+# %% nbgrader={"grade": false, "grade_id": "b3_2_attn_module_io", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def calc_attn_module_io(batch_size, query_len, kv_len, gemma_config):
+    """Bytes moved by one prefill call of Gemma3Attention in bfloat16, one kernel per step.
+
+    Args:
+        batch_size (int): batch size B.
+        query_len (int): tokens per sequence, S (prefill).
+        kv_len (int): keys per sequence; equals query_len in prefill.
+        gemma_config (Gemma3TextConfig): hidden_size, num_attention_heads, num_key_value_heads, head_dim.
+
+    Returns:
+        int: bytes read plus written, 2 bytes per element.
+    """
+    B = batch_size
+    S_q = query_len
+    S_kv = kv_len
+    H = gemma_config.hidden_size
+    n_h = gemma_config.num_attention_heads
+    n_kv = gemma_config.num_key_value_heads
+    d = gemma_config.head_dim
+    bytes_per_elem = 2
+    ### BEGIN SOLUTION
+    q_elems, k_elems = B * S_q * n_h * d, B * S_kv * n_kv * d
+    q_proj = B * S_q * H + n_h * d * H + q_elems
+    k_proj = B * S_kv * H + n_kv * d * H + k_elems
+    v_proj = B * S_kv * H + n_kv * d * H + k_elems
+    norms = 2 * q_elems + 2 * k_elems
+    rope = 2 * q_elems + 2 * k_elems
+    scores = B * n_h * S_q * S_kv
+    attention = (q_elems + B * n_h * S_kv * d + scores) + 5 * scores + (scores + B * n_h * S_kv * d + q_elems)
+    o_proj = q_elems + H * n_h * d + B * S_q * H
+    return int((q_proj + k_proj + v_proj + norms + rope + attention + o_proj) * bytes_per_elem)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "b3_2_attn_module_io_tests", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
+# The tests of this bonus are hidden: check your function on inputs of your own.
+### BEGIN HIDDEN TESTS
+def _b3_2_hidden_tests():
+    import copy
+
+    def config(hidden, n_h, n_kv, d):
+        cfg = copy.deepcopy(GEMMA3_270M_CONFIG)
+        cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = hidden, n_h, n_kv, d
+        return cfg
+
+    def expected_bytes(B, S, cfg):
+        H, n_h, n_kv, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        x, q, kv = B * S * H, B * S * n_h * d, B * S * n_kv * d
+        s = B * n_h * S * S
+        kv_per_head = B * n_h * S * d
+        elements = ((x + n_h * d * H + q) + 2 * (x + n_kv * d * H + kv)  # projections
+                    + (2 * q + 2 * kv) + (2 * q + 2 * kv)  # q/k norms, RoPE
+                    + (q + kv_per_head + s) + 5 * s + (s + kv_per_head + q)  # attention
+                    + (q + H * n_h * d + x))  # o_proj
+        return 2 * elements
+
+    cases = [(GEMMA3_270M_CONFIG, 2, 128), (GEMMA3_270M_CONFIG, 1, 37), (config(96, 6, 2, 24), 3, 17),
+             (config(80, 4, 1, 40), 2, 64), (config(48, 8, 8, 12), 1, 5)]
+    for cfg, B, S in cases:
+        expected = expected_bytes(B, S, cfg)
+        got = calc_attn_module_io(B, S, S, cfg)
+        assert isinstance(got, int) and not isinstance(got, bool), f"calc_attn_module_io must return an int, got {type(got).__name__}"
+        assert got == expected, (
+            f"calc_attn_module_io(B={B}, query_len=kv_len={S}) with hidden={cfg.hidden_size}, heads={cfg.num_attention_heads}, "
+            f"kv_heads={cfg.num_key_value_heads}, head_dim={cfg.head_dim} must be {expected} bytes (bf16; projections, "
+            f"norms, RoPE, attention with the 5-pass softmax, o_proj), got {got}")
+
+
+_b3_2_hidden_tests()
+del _b3_2_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 3.3 Latency of prefill and decode
+#
+# LLM inference has two stages:
+# - **prefill** processes the whole prompt at once (all `L` tokens of each sequence in parallel) and stores
+#   every layer's keys and values: the **KV cache** (see this [introduction to KV caching](https://huggingface.co/blog/not-lain/kv-caching));
+# - **decode** then generates one token at a time. With the KV cache, a decode step computes keys and values
+#   for the new token only and attends over the cached ones; without it, it recomputes the keys and values of
+#   all earlier tokens at every step.
+#
+# The cells below time the three cases for a Gemma-3-shaped model (`GEMMA3_PESUDO_CONFIG`: hidden size 1152,
+# 26 layers), applying one decoder layer object once per layer. At teaching scale the sizes are those of the
+# course (batch 8, 4096-token prompts, all 26 layers; this needs a GPU with about 20 GB of free memory: on a
+# smaller GPU, reduce `prefill_batch_size` or `prefill_seq_len`). At quick scale they are tiny, and the model
+# runs in `float32` because CPUs are slow at `bfloat16`. There is no question in this section, but read the
+# numbers (and the comments after them) carefully: they set up Section 3.4 and Part 4.
+
+# %%
+MODEL_DTYPE = torch.bfloat16 if DEVICE.type == "cuda" else torch.float32
+prefill_batch_size, prefill_seq_len = at_scale(teaching=(8, 4096), quick=(1, 16))
+num_layers = at_scale(teaching=GEMMA3_PESUDO_CONFIG.num_hidden_layers, quick=2)
+timing_warmup, timing_repeat = at_scale(teaching=(3, 10), quick=(1, 2))
+hidden_size = GEMMA3_PESUDO_CONFIG.hidden_size
+torch.manual_seed(0)
+layer = Gemma3DecoderLayer(GEMMA3_PESUDO_CONFIG, layer_idx=5).to(device=DEVICE, dtype=MODEL_DTYPE).eval()
+rotary_emb = Gemma3RotaryEmbedding(GEMMA3_PESUDO_CONFIG, device=DEVICE, layer_type="full_attention")
+print(f"{num_layers} layers, batch {prefill_batch_size}, prompt {prefill_seq_len} tokens, {MODEL_DTYPE}, {DEVICE}")
+
+# %%
+# Prefill: afterwards the KV cache of every layer is in past_key_values.
+prefill_input, prefill_position_ids = create_prefill_inputs(
+    prefill_batch_size, prefill_seq_len, hidden_size, dtype=MODEL_DTYPE, device=DEVICE)
+prefill_position_embeddings = get_position_embeddings(prefill_input, prefill_position_ids, rotary_emb)
+past_key_values = initialize_kv_cache(config=GEMMA3_PESUDO_CONFIG, max_cache_len=prefill_seq_len)
+prefill_latency_s = latency(
+    multi_layer_prefill_forward, num_layers, layer=layer, hidden_states=prefill_input,
+    position_ids=prefill_position_ids, position_embeddings=prefill_position_embeddings,
+    past_key_values=past_key_values, warmup=timing_warmup, repeat=timing_repeat)
+print(f"prefill ({prefill_seq_len} tokens x {prefill_batch_size} sequences): {prefill_latency_s * 1e3:.2f} ms")
+
+# %%
+# One decode step without a KV cache: keys and values of all earlier tokens are recomputed.
+decode_input, decode_position_ids, prefill_hidden_states = create_decode_inputs_without_cache(
+    prefill_batch_size, prefill_seq_len, hidden_size, dtype=MODEL_DTYPE, device=DEVICE)
+decode_position_embeddings = get_position_embeddings(decode_input, decode_position_ids, rotary_emb)
+decode_no_cache_latency_s = latency(
+    multi_layer_decode_forward, num_layers, layer=layer, hidden_states=decode_input,
+    position_ids=decode_position_ids, position_embeddings=decode_position_embeddings, past_key_values=None,
+    cache_positions=None, use_kv_cache=False, prefill_hidden_states=prefill_hidden_states,
+    warmup=timing_warmup, repeat=timing_repeat)
+print(f"decode step without KV cache: {decode_no_cache_latency_s * 1e3:.2f} ms")
+
+# %%
+# One decode step with the KV cache filled by the prefill above.
+decode_input, decode_position_ids, decode_cache_positions = create_decode_inputs_with_cache(
+    prefill_batch_size, prefill_seq_len, hidden_size, dtype=MODEL_DTYPE, device=DEVICE)
+decode_position_embeddings = get_position_embeddings(decode_input, decode_position_ids, rotary_emb)
+decode_cache_latency_s = latency(
+    multi_layer_decode_forward, num_layers, layer=layer, hidden_states=decode_input,
+    position_ids=decode_position_ids, position_embeddings=decode_position_embeddings,
+    past_key_values=past_key_values, cache_positions=decode_cache_positions, use_kv_cache=True,
+    prefill_hidden_states=None, warmup=timing_warmup, repeat=timing_repeat)
+print(f"decode step with KV cache:    {decode_cache_latency_s * 1e3:.2f} ms "
+      f"({decode_no_cache_latency_s / decode_cache_latency_s:.2f}x faster than without)")
+
+# %%
+kv_width = GEMMA3_PESUDO_CONFIG.num_key_value_heads * GEMMA3_PESUDO_CONFIG.head_dim
+prompt_tokens = prefill_batch_size * prefill_seq_len
+kv_recompute_gflop = num_layers * 2 * (2 * prompt_tokens * hidden_size * kv_width) / 1e9  # k_proj and v_proj
+kv_cache_gb = num_layers * 2 * prompt_tokens * kv_width * torch.finfo(MODEL_DTYPE).bits / 8 / 1e9
+print(f"prefill: {prefill_latency_s / prompt_tokens * 1e6:10.2f} us per token")
+print(f"decode:  {decode_cache_latency_s / prefill_batch_size * 1e6:10.2f} us per token (with the KV cache)")
+print(f"the KV cache holds {kv_cache_gb:.3g} GB and saves {kv_recompute_gflop:.4g} GFLOP of key/value "
+      f"projections per decode step")
+
+# %% [markdown]
+# What the numbers say (on two H100 machines at teaching scale we measured about 290 ms for the prefill, and for
+# one decode step 75 to 81 ms without the cache and 46 to 77 ms with it; the decode times depend on the host
+# CPU, for the reason given below):
+# - **Per token, decode is about a thousand times more expensive than prefill** (about 9 µs per prompt token
+#   against 6 to 10 ms per generated token on an H100). Prefill works on 32768 tokens at once: large GEMMs that
+#   keep the GPU busy. A decode step works on 8 tokens: tiny GEMVs, and about 90 kernels per layer that each do
+#   almost nothing. Section 3.4 explains this with the roofline; Part 4 shows the kernels.
+# - **The KV cache** saves recomputing the keys and values of every earlier token: about 8 TFLOP per decode
+#   step here, a cost that grows with the context length, paid with memory (7 GB of cache). On a fast GPU this
+#   saved work takes only about 10 ms, and even that shows only partly, because both decode steps are dominated
+#   by the time the CPU needs to launch 26 x 90 small kernels from Python (and this teaching version copies the
+#   whole cache with `torch.cat` at every step, where real inference engines write into a pre-allocated cache in
+#   place). On a slower GPU, with longer contexts, or once launch overhead is removed (CUDA Graphs, Part 4), the
+#   cache's advantage is much larger.
+
+# %%
+del prefill_input, prefill_position_ids, prefill_position_embeddings, prefill_hidden_states
+del decode_input, decode_position_ids, decode_position_embeddings, decode_cache_positions
+if DEVICE.type == "cuda":
+    torch.cuda.empty_cache()
+
+# %% [markdown]
+# ## 3.4 Prefill and decode on the roofline
+#
+# Now we place the MLP on the roofline, using the FLOP and byte counts of Sections 3.1 and 3.2 for the
+# Gemma-3 270M configuration with batch 8 and 2048-token prompts. The model runs in `bfloat16`, so the roof
+# is the bf16 (tensor-core) peak of your GPU.
+
+# %%
+mlp_D = GEMMA3_270M_CONFIG.hidden_size
+mlp_I = GEMMA3_270M_CONFIG.intermediate_size
+mlp_B, mlp_L = 8, 2048
+mlp_stage_intensity = {
+    "MLP prefill (B=8, L=2048)": calc_mlp_flops(mlp_B, mlp_L, mlp_D, mlp_I) / calc_mlp_io(mlp_B, mlp_L, mlp_D, mlp_I),
+    "MLP decode (B=8, 1 token)": calc_mlp_flops(mlp_B, 1, mlp_D, mlp_I) / calc_mlp_io(mlp_B, 1, mlp_D, mlp_I),
+}
+print({name: round(ai, 1) for name, ai in mlp_stage_intensity.items()})
+plot_roofline(gpu_name, peak_bf16_tflops, peak_bandwidth_tb_s, mlp_stage_intensity,
+              title=f"Gemma-3 270M MLP, bf16, on {gpu_name}")
+plt.show()
+
+# %% [markdown]
+# The bottleneck of the MLP differs between the two stages: in prefill the MLP sits near or right of the ridge
+# point, in decode far left of it. This is not special to the MLP: prefill is usually compute-bound and
+# decode memory-bound, and the two need different optimisations.
+#
+# #### Question 3.4.1 (5 points)
+#
+# Explain in words why the bottleneck of the MLP differs between prefill and decode. (Hint: think about the
+# shape of the input in each stage, and about GEMM versus GEMV from Part 2.)
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q3_4_1_answer", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
+# In prefill the MLP's input holds all prompt tokens, $B \cdot L$ rows ($8 \cdot 2048 = 16384$ here), so each
+# linear layer is a large GEMM: its $D \times I$ weight is read from memory once and reused for every one of the
+# $B L$ tokens. FLOPs grow with $B L D I$ while the weight bytes stay $D I$, so the arithmetic intensity is high
+# (about 213 FLOP/byte here, bounded by the intermediate activations that also grow with $BL$): compute-bound,
+# or close to the ridge.
+# In decode each sequence contributes a single new token, so the input has only $B$ rows (8 here): each linear
+# layer is a thin matrix times a few vectors, essentially a GEMV. The whole weight matrix must still be read
+# for just $B$ multiply-adds per weight, so the bytes are dominated by the weights and the intensity is about
+# $B$ FLOP/byte (about 8 here): far below the ridge, memory-bound. The GPU spends its time loading weights,
+# not computing.
+# === BEGIN MARK SCHEME ===
+# 5 points in total:
+# - 2 points: prefill processes B x L tokens at once: GEMM, weights reused across many tokens, high
+#   arithmetic intensity -> compute-bound (or near the ridge).
+# - 2 points: decode processes one token per sequence: (thin) GEMV, every weight read for only B uses,
+#   bytes dominated by weight reads, low intensity -> memory-bound.
+# - 1 point: explicitly ties the difference to intensity relative to the ridge point (FLOPs scale with tokens,
+#   weight bytes do not).
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# #### Question 3.4.2 (5 points)
+#
+# Vary the batch size `B` of the decode stage (one new token per sequence, `L = 1`).
+#
+# **(a) Code, 2 points.** Fill `decode_mlp_intensity_by_batch`: `B` -> arithmetic intensity (FLOP/byte) of the
+# Gemma-3 270M MLP for one decode step, for every `B` in `decode_batch_sizes`, using `calc_mlp_flops` and
+# `calc_mlp_io`.
+
+# %% nbgrader={"grade": false, "grade_id": "q3_4_2_intensity", "locked": false, "schema_version": 3, "solution": true, "task": false}
+decode_batch_sizes = [1, 4, 16, 64]
+D = GEMMA3_270M_CONFIG.hidden_size
+I = GEMMA3_270M_CONFIG.intermediate_size
+decode_mlp_intensity_by_batch = {}
+### BEGIN SOLUTION
+for b in decode_batch_sizes:
+    decode_mlp_intensity_by_batch[b] = calc_mlp_flops(b, 1, D, I) / calc_mlp_io(b, 1, D, I)
+### END SOLUTION
+print({b: round(ai, 2) for b, ai in decode_mlp_intensity_by_batch.items()})
+
+# %% nbgrader={"grade": true, "grade_id": "q3_4_2_intensity_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+assert isinstance(decode_mlp_intensity_by_batch, dict), "decode_mlp_intensity_by_batch must be a dict {B: FLOP/byte}"
+assert set(decode_mlp_intensity_by_batch) == {1, 4, 16, 64}, (
+    f"decode_mlp_intensity_by_batch must have the keys 1, 4, 16, 64, got {sorted(decode_mlp_intensity_by_batch)}")
+### BEGIN HIDDEN TESTS
+def _q3_4_2_hidden_tests():
+    d, i = GEMMA3_270M_CONFIG.hidden_size, GEMMA3_270M_CONFIG.intermediate_size
+    for b in (1, 4, 16, 64):
+        flops = 6 * b * d * i + 9 * b * i  # three projections (2 FLOPs per MAC), GeLU (8) and product (1)
+        io = 2 * (3 * b * d + 3 * d * i + 8 * b * i)  # bf16: x twice, three weights, out, and 8 x (B, 1, I)
+        expected = flops / io
+        got = float(decode_mlp_intensity_by_batch[b])
+        assert math.isclose(got, expected, rel_tol=1e-9), (
+            f"decode_mlp_intensity_by_batch[{b}] must be calc_mlp_flops(B, 1, D, I) / calc_mlp_io(B, 1, D, I) "
+            f"= {expected:.4f} FLOP/byte for the 270M config, got {got}")
+
+
+_q3_4_2_hidden_tests()
+del _q3_4_2_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **(b) Plot, 1 point.** Plot the four decode steps on the bf16 roofline of your GPU.
+
+# %% nbgrader={"grade": true, "grade_id": "q3_4_2_plot", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+plot_roofline(gpu_name, peak_bf16_tflops, peak_bandwidth_tb_s,
+              {f"MLP decode B={b}": ai for b, ai in decode_mlp_intensity_by_batch.items()},
+              title=f"Gemma-3 270M MLP decode step vs batch size, bf16, on {gpu_name}")
+plt.show()
+### END SOLUTION
+
+# %% [markdown]
+# **(c) Written, 2 points.** Describe your findings.
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q3_4_2_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# The intensity grows almost linearly with the batch size: about 1, 3.9, 15 and 49 FLOP/byte for B = 1, 4, 16,
+# 64. In a decode step the bytes are dominated by the weights ($3DI$ elements), which are read once whatever
+# $B$ is, while the FLOPs grow with $B$: batching more sequences reuses every loaded weight for more tokens.
+# All four points are still left of the bf16 ridge (about 200 FLOP/byte on an A6000, 295 on an H100), so the
+# decode MLP stays memory-bound; its latency barely grows with $B$ until the ridge, which is why serving
+# systems batch many requests to raise throughput. The growth flattens for large $B$ (the $(B, 1, I)$
+# activations grow with $B$ too), towards about 215 FLOP/byte. (Attention in decode would not benefit the same
+# way: each sequence reads its own KV cache, so its bytes grow with $B$ as fast as its FLOPs.)
+# === BEGIN MARK SCHEME ===
+# 2 points in total:
+# - 1 point: intensity grows (roughly linearly) with B, with the reason: weights are read once and reused by
+#   all B tokens, FLOPs scale with B.
+# - 1 point: even B = 64 stays memory-bound (left of the bf16 ridge) for this model/GPU; batching improves
+#   utilisation/throughput. Accept equivalent statements using the plotted GPU's ridge point.
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# #### Question 3.4.3 (5 points)
+#
+# Now vary the prompt length `L` of the prefill stage, with batch size 32.
+#
+# **(a) Code, 2 points.** Fill `prefill_mlp_intensity_by_len`: `L` -> arithmetic intensity (FLOP/byte) of the
+# Gemma-3 270M MLP for a prefill of `B = 32` sequences of `L` tokens, for every `L` in `prefill_lengths`.
+
+# %% nbgrader={"grade": false, "grade_id": "q3_4_3_intensity", "locked": false, "schema_version": 3, "solution": true, "task": false}
+prefill_sweep_batch = 32
+prefill_lengths = [64, 256, 1024, 4096]
+D = GEMMA3_270M_CONFIG.hidden_size
+I = GEMMA3_270M_CONFIG.intermediate_size
+prefill_mlp_intensity_by_len = {}
+### BEGIN SOLUTION
+for length in prefill_lengths:
+    prefill_mlp_intensity_by_len[length] = (calc_mlp_flops(prefill_sweep_batch, length, D, I)
+                                            / calc_mlp_io(prefill_sweep_batch, length, D, I))
+### END SOLUTION
+print({length: round(ai, 2) for length, ai in prefill_mlp_intensity_by_len.items()})
+
+# %% nbgrader={"grade": true, "grade_id": "q3_4_3_intensity_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+assert isinstance(prefill_mlp_intensity_by_len, dict), "prefill_mlp_intensity_by_len must be a dict {L: FLOP/byte}"
+assert set(prefill_mlp_intensity_by_len) == {64, 256, 1024, 4096}, (
+    f"prefill_mlp_intensity_by_len must have the keys 64, 256, 1024, 4096, got {sorted(prefill_mlp_intensity_by_len)}")
+### BEGIN HIDDEN TESTS
+def _q3_4_3_hidden_tests():
+    d, i, b = GEMMA3_270M_CONFIG.hidden_size, GEMMA3_270M_CONFIG.intermediate_size, 32
+    for length in (64, 256, 1024, 4096):
+        tokens = b * length
+        flops = 6 * tokens * d * i + 9 * tokens * i
+        io = 2 * (3 * tokens * d + 3 * d * i + 8 * tokens * i)
+        expected = flops / io
+        got = float(prefill_mlp_intensity_by_len[length])
+        assert math.isclose(got, expected, rel_tol=1e-9), (
+            f"prefill_mlp_intensity_by_len[{length}] must be calc_mlp_flops(32, L, D, I) / calc_mlp_io(32, L, D, I) "
+            f"= {expected:.4f} FLOP/byte for the 270M config, got {got}")
+
+
+_q3_4_3_hidden_tests()
+del _q3_4_3_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **(b) Plot, 1 point.** Plot the four prefills on the bf16 roofline of your GPU.
+
+# %% nbgrader={"grade": true, "grade_id": "q3_4_3_plot", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+plot_roofline(gpu_name, peak_bf16_tflops, peak_bandwidth_tb_s,
+              {f"MLP prefill L={length}": ai for length, ai in prefill_mlp_intensity_by_len.items()},
+              title=f"Gemma-3 270M MLP prefill (B=32) vs prompt length, bf16, on {gpu_name}")
+plt.show()
+### END SOLUTION
+
+# %% [markdown]
+# **(c) Written, 2 points.** Describe your findings.
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q3_4_3_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# The intensity hardly changes: about 195, 210, 214 and 215 FLOP/byte for L = 64 to 4096. With $B = 32$ even
+# the shortest prompt gives $B L = 2048$ tokens, already enough to amortise the weights; beyond that, FLOPs and
+# bytes both grow in proportion to the number of tokens (the $(B, L, I)$ intermediate tensors dominate the
+# bytes), so their ratio saturates at $3DI / (3D + 8I) \approx 215$ FLOP/byte. The points sit around the bf16
+# ridge: on an A6000 (ridge about 202 FLOP/byte) L = 64 is just left of it and the longer prompts just right;
+# on an H100 (about 295) all four are left of it, memory-bound. With this
+# unfused, one-kernel-per-operation I/O model the MLP cannot become more compute-bound by making prompts
+# longer. What moves it right is fewer bytes per FLOP: fusing the GeLU and the product into the projections
+# (Part 4) so the intermediates never go to memory.
+# === BEGIN MARK SCHEME ===
+# 2 points in total:
+# - 1 point: intensity is high and nearly constant in L (saturates), because FLOPs and activation bytes both
+#   scale with B x L once the weights are amortised.
+# - 1 point: places the points relative to the plotted GPU's bf16 ridge (around/at the ridge, compute-bound or
+#   close to it), and/or notes that only reducing bytes (fusion) raises the ceiling.
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# # Part 4: Profiling with the PyTorch profiler
+#
+# The [PyTorch profiler](https://pytorch.org/docs/stable/profiler.html) records what your code really runs:
+# every PyTorch operator on the CPU (`aten::mm`, `aten::mul`, ...) and, on a GPU, every **kernel** (a
+# function launched on the GPU) with its duration. Three things to know:
+# - `activities` says what to record: `ProfilerActivity.CPU` (operators) and, on a GPU,
+#   `ProfilerActivity.CUDA` (kernels). On a CPU-only machine there are no kernels: each operator runs on the CPU.
+# - `schedule=default_schedule` (from `utils`) skips the first iterations of a 10-step loop and records 5:
+#   call `prof.step()` once per iteration. Warm-up iterations are not representative (Part 1).
+# - `prof.key_averages().table(sort_by=...)` summarises the recorded steps: sort by `"cuda_time_total"`
+#   on a GPU and by `"cpu_time_total"` on a CPU.
+
+# %%
+PROFILER_ACTIVITIES = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE.type == "cuda" else [])
+PROFILER_SORT_KEY = "cuda_time_total" if DEVICE.type == "cuda" else "cpu_time_total"
+print(f"profiling {[a.name for a in PROFILER_ACTIVITIES]}, tables sorted by {PROFILER_SORT_KEY}")
+
+# %% [markdown]
+# ## 4.1 Basic profiling
+#
+# We profile a small matrix multiplication.
+
+# %%
+a_prof = torch.randn(128, 128, dtype=MODEL_DTYPE, device=DEVICE)
+b_prof = torch.randn(128, 128, dtype=MODEL_DTYPE, device=DEVICE)
+with profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof:
+    for _ in range(10):
+        y_prof = torch.matmul(a_prof, b_prof)
+        prof.step()
+    synchronize_device()
+print(prof.key_averages().table(sort_by=PROFILER_SORT_KEY, row_limit=10))
+
+# %% [markdown]
+# On a GPU, the table lists the CUDA kernels that ran, besides the operators that launched them. Kernel names
+# reveal the implementation: on an H100, `torch.matmul` in bf16 runs an NVIDIA cuBLAS kernel whose name starts
+# with `nvjet` (the tile shape follows in the name, e.g. `nvjet_sm90_tst_64x8_64x16_2x4_h_bz_NNT`); on an A100 or
+# A6000 you will see names such as `ampere_bf16_s16816gemm_...` or `cutlass_...`. On a CPU you see
+# `aten::mm`, which calls a BLAS library.
+#
+# ## 4.2 Profiling the MLP
+#
+# Something more complex: the Gemma-3 270M MLP. The `record_function` labels of `Gemma3MLP` (`gate_proj`,
+# `up_proj`, `act_fn`, `down_proj`) show up as rows too.
+
+# %%
+mlp_batch_size, mlp_seq_len = at_scale(teaching=(4, 1024), quick=(1, 32))
+mlp_hidden_size = GEMMA3_270M_CONFIG.hidden_size
+torch.manual_seed(0)
+x_mlp = torch.randn(mlp_batch_size, mlp_seq_len, mlp_hidden_size, dtype=MODEL_DTYPE, device=DEVICE)
+mlp = Gemma3MLP(GEMMA3_270M_CONFIG).to(device=DEVICE, dtype=MODEL_DTYPE).eval()
+
+with torch.no_grad(), profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof_mlp:
+    for _ in range(10):
+        _ = mlp(x_mlp)
+        prof_mlp.step()
+    synchronize_device()
+print(prof_mlp.key_averages().table(sort_by=PROFILER_SORT_KEY, row_limit=20))
+eager_mlp_kernels = count_cuda_kernels(prof_mlp, per_step=True)
+print(f"per MLP call: {eager_mlp_kernels}")
+
+# %% [markdown]
+# More kernels this time: five per call on a GPU (three GEMMs, the GeLU and the product), each launched by a
+# chain of CPU-side operators. A table loses the *order* and the *gaps* between them; a timeline shows both.
+# `prof.export_chrome_trace("trace_mlp.json")` writes the trace in the Chrome trace format, which you can open in
+# [Perfetto](https://ui.perfetto.dev) (or `chrome://tracing` in Chrome). `plot_trace_timeline` draws the same
+# timeline here: one row per GPU stream (kernels) and per CPU thread (operators and your `record_function`
+# labels, nested by depth), dotted lines between profiler steps.
+
+# %%
+prof_mlp.export_chrome_trace("trace_mlp.json")
+plot_trace_timeline("trace_mlp.json", title="Eager Gemma-3 270M MLP: 5 profiled steps")
+plt.show()
+
+# %% [markdown]
+# #### Bonus 4.2 (5 points)
+#
+# Profile **one decode step (with the KV cache) of the full decoder layer** `layer` of Section 3.3 and show its
+# timeline with `plot_trace_timeline`. Use `multi_layer_decode_forward` with `num_layers=1` and the cache
+# `past_key_values` that the prefill of Section 3.3 filled, print the profiler table and the kernel counts
+# (`count_cuda_kernels`), and point out in a comment or a printed line which part of the layer takes the most
+# time.
+
+# %% nbgrader={"grade": true, "grade_id": "b4_2_profile_decode", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+step_input, step_position_ids, step_cache_positions = create_decode_inputs_with_cache(
+    prefill_batch_size, prefill_seq_len, hidden_size, dtype=MODEL_DTYPE, device=DEVICE)
+step_position_embeddings = get_position_embeddings(step_input, step_position_ids, rotary_emb)
+with profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof_decode:
+    for _ in range(10):
+        multi_layer_decode_forward(1, layer, hidden_states=step_input, position_ids=step_position_ids,
+                                   position_embeddings=step_position_embeddings, past_key_values=past_key_values,
+                                   cache_positions=step_cache_positions, use_kv_cache=True,
+                                   prefill_hidden_states=None)
+        prof_decode.step()
+    synchronize_device()
+print(prof_decode.key_averages().table(sort_by=PROFILER_SORT_KEY, row_limit=15))
+print(f"per decode step of one layer: {count_cuda_kernels(prof_decode, per_step=True)}")
+plot_trace_timeline(prof_decode, title="One decode step of the Gemma-3 decoder layer (KV cache)")
+plt.show()
+# Reading it (H100, teaching scale): one decode step of one layer launches about 86 kernels, 70 of them
+# elementwise (RMSNorms in float32, RoPE, residual additions). On the GPU, about three quarters of the time
+# goes to `aten::cat`, which copies the whole KV cache (8 x 4096 tokens) to append one token; attention over
+# the cache (one cuDNN/flash kernel) takes about a tenth, and the projections of 8 tokens very little. Yet the
+# step's wall time (about 3 ms per layer) is far above its GPU time (about 1 ms): the GPU idles between tiny
+# kernels while Python launches the next one. The decode step is launch-bound and memory-bound, not
+# compute-bound.
+### END SOLUTION
+
+# %%
+# The decoder layer and its KV cache (7 GB at teaching scale) are not needed any more: free the memory.
+del layer, past_key_values
+if DEVICE.type == "cuda":
+    torch.cuda.empty_cache()
+
+# %% [markdown]
+# ## 4.3 Kernel fusion
+#
+# The profiles show that even a simple layer launches many kernels. Each launch has a fixed cost (a few
+# microseconds of CPU work and GPU scheduling), and, worse, each kernel reads its inputs from memory and writes
+# its output back. **Kernel fusion** merges several operations into one kernel, saving both the launches and
+# the memory round trips. Horace He's blog post [Making Deep Learning Go Brrrr From First
+# Principles](https://horace.io/brrr_intro.html) explains it with a factory analogy, which we follow here.
+#
+# Think of the compute units as a **factory** and of the GPU's main memory (HBM) as a **warehouse**: the factory
+# is fast but small, the warehouse is big but far away, and the road between them (memory bandwidth) is
+# narrow.
+#
+# ![The factory and the warehouse](assets/kernel_fusion_1.png)
+#
+# A unary operation such as `torch.cos` ships every element from the warehouse to the factory, does one tiny
+# computation on it and ships the result back. Nearly all the time is spent on the road: the operation is
+# **memory-bound** (intensity far below the ridge point, like the GEMV of Part 2).
+#
+# A sequence of such operations, run one kernel at a time, is worse still: every intermediate result makes the
+# round trip.
+#
+# ![Three unfused kernels](assets/kernel_fusion_2.png)
+#
+# Fusion keeps the data in the factory for the whole sequence: one trip in, one trip out.
+#
+# ![One fused kernel](assets/kernel_fusion_3.png)
+#
+# Let us measure what fusion buys on the GeLU activation of the MLP.
+#
+# #### Question 4.3.1 (3 points)
+#
+# The GeLU activation with the tanh approximation is
+#
+# $$\text{GELU}(x) \approx 0.5\,x\left[1 + \tanh\left(\sqrt{\frac{2}{\pi}}\left(x + 0.044715\,x^3\right)\right)\right].$$
+#
+# Implement it with elementwise PyTorch operations: `torch.tanh`, powers, multiplications, additions,
+# `math.sqrt`/`math.pi` for the constant. Do not call a GeLU implementation (`F.gelu`, `nn.GELU`, ...). The
+# output has the input's shape, dtype and device.
+
+# %% nbgrader={"grade": false, "grade_id": "q4_3_1_gelu", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def gelu_tanh_python(input):
+    """GeLU, tanh approximation, written as separate elementwise operations.
+
+    Args:
+        input (torch.Tensor): any shape, floating dtype.
+
+    Returns:
+        torch.Tensor: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), same shape, dtype and device as input.
+    """
+    ### BEGIN SOLUTION
+    return 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * torch.pow(input, 3.0))))
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q4_3_1_gelu_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+_x = torch.linspace(-4, 4, 101, device=DEVICE)
+_out = gelu_tanh_python(_x)
+assert tuple(_out.shape) == (101,) and _out.dtype == _x.dtype, "gelu_tanh_python must keep the input's shape and dtype"
+torch.testing.assert_close(_out, F.gelu(_x, approximate="tanh"), rtol=1e-5, atol=2e-6,
+                           msg=lambda m: f"gelu_tanh_python must match F.gelu(x, approximate='tanh'): {m}")
+del _x, _out
+### BEGIN HIDDEN TESTS
+def _q4_3_1_hidden_tests():
+    def reference(x):
+        x = x.detach().to("cpu", torch.float64)
+        return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+    gen = torch.Generator().manual_seed(43)
+    inputs = [
+        (torch.randn(10_000, generator=gen, dtype=torch.float64) * 3).to(DEVICE, torch.float32),
+        torch.randn(37, 53, generator=gen, dtype=torch.float64).to(DEVICE, torch.float32),
+        (torch.randn(3, 17, 29, generator=gen, dtype=torch.float64) * 2).to(DEVICE, torch.float64),
+        torch.linspace(-12, 12, 2401, dtype=torch.float64).to(DEVICE, torch.float32),
+    ]
+    for x in inputs:
+        with record_torch_calls() as called:
+            out = gelu_tanh_python(x)
+        banned = sorted(n for n in called if "gelu" in n.lower())
+        assert not banned, f"write GeLU from elementwise operations; gelu_tanh_python called {banned}"
+        where = f"input of shape {tuple(x.shape)} and dtype {x.dtype}"
+        assert isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(x.shape), f"for an {where} the output must have the same shape"
+        assert out.dtype == x.dtype and out.device == x.device, (
+            f"for an {where} the output must keep dtype and device ({x.dtype}, {x.device}), got ({out.dtype}, {out.device})")
+        expected = reference(x)
+        err = (out.detach().to("cpu", torch.float64) - expected).abs()
+        tol = (2e-6 + 1e-5 * expected.abs()) if x.dtype == torch.float32 else (1e-12 + 1e-12 * expected.abs())
+        assert bool((err <= tol).all()), (
+            f"for an {where}: gelu_tanh_python must equal 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); "
+            f"max abs error {err.max().item():.3g}")
+
+
+_q4_3_1_hidden_tests()
+del _q4_3_1_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 4.3.2 (2 points)
+#
+# Measure the latency of your `gelu_tanh_python` and of PyTorch's fused GeLU,
+# `F.gelu(x, approximate="tanh")`, on `x_gelu` with your `latency` function, and store them **in milliseconds** in
+# `python_gelu_latency_ms` and `pytorch_gelu_latency_ms`.
+
+# %% nbgrader={"grade": true, "grade_id": "q4_3_2_gelu_latency", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+x_gelu = torch.randn(at_scale(teaching=1_000_000, quick=100_000), device=DEVICE)
+### BEGIN SOLUTION
+python_gelu_latency_ms = latency(gelu_tanh_python, x_gelu) * 1e3
+pytorch_gelu_latency_ms = latency(F.gelu, x_gelu, approximate="tanh") * 1e3
+### END SOLUTION
+print(f"Python GeLU latency:  {python_gelu_latency_ms:.4f} ms")
+print(f"PyTorch GeLU latency: {pytorch_gelu_latency_ms:.4f} ms ({python_gelu_latency_ms / pytorch_gelu_latency_ms:.1f}x faster)")
+
+# %% [markdown]
+# #### Question 4.3.3 (2 points)
+#
+# Describe your findings: which is faster, by how much, and why?
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q4_3_3_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# PyTorch's GeLU is several times faster (we measured 4x to 5x on H100s for a million elements, e.g.
+# 0.13 ms against 0.024 ms). The Python version runs each operation as its own kernel (power, three multiplications, two
+# additions, tanh, one more multiplication): eight kernels, each of which reads a full tensor from memory and
+# writes a full tensor back, plus eight temporary allocations. GeLU is elementwise, so it is memory-bound: the
+# Python version moves about eight times as many bytes. `F.gelu` is one fused kernel that reads `x` once, keeps
+# every intermediate in registers and writes the result once. On a fast GPU and a tensor this small, each
+# kernel runs for only about 2 µs, so the cost of launching eight kernels from Python (tens of µs on the CPU)
+# weighs as much as the memory traffic; for larger tensors the eightfold traffic dominates.
+# === BEGIN MARK SCHEME ===
+# 2 points in total:
+# - 1 point: reports that the fused PyTorch GeLU is faster, with the measured ratio.
+# - 1 point: explains it: the Python version launches many kernels, each reading/writing the whole tensor
+#   from/to memory (memory-bound op, more bytes moved, launch overhead); F.gelu is a single fused kernel.
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# #### Question 4.3.4 (3 points)
+#
+# **(a) Code, 2 points.** Use the profiler to show where the difference comes from: profile both GeLUs on
+# `x_gelu` (10 steps each with `default_schedule`), print both tables and the kernel counts
+# (`count_cuda_kernels`).
+
+# %% nbgrader={"grade": true, "grade_id": "q4_3_4_profile", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+with profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof_python_gelu:
+    for _ in range(10):
+        _ = gelu_tanh_python(x_gelu)
+        prof_python_gelu.step()
+    synchronize_device()
+with profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof_torch_gelu:
+    for _ in range(10):
+        _ = F.gelu(x_gelu, approximate="tanh")
+        prof_torch_gelu.step()
+    synchronize_device()
+print("Python GeLU:")
+print(prof_python_gelu.key_averages().table(sort_by=PROFILER_SORT_KEY, row_limit=12))
+print("PyTorch GeLU:")
+print(prof_torch_gelu.key_averages().table(sort_by=PROFILER_SORT_KEY, row_limit=6))
+print(f"kernels per call: Python GeLU {count_cuda_kernels(prof_python_gelu, per_step=True)['total']}, "
+      f"PyTorch GeLU {count_cuda_kernels(prof_torch_gelu, per_step=True)['total']}")
+### END SOLUTION
+
+# %% [markdown]
+# **(b) Written, 1 point.** What do the profiles show?
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q4_3_4_answer", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
+# The Python GeLU runs eight separate elementwise kernels per call (`aten::pow`, `aten::mul` four times,
+# `aten::add` twice, `aten::tanh`), each taking roughly as long as the single kernel of `aten::gelu`, because
+# each streams the whole tensor through memory: about 17 µs of GPU time per call against 2.6 µs on an H100, and
+# eight times the CPU launch work (`cudaLaunchKernel`). The slowdown is the number of memory round trips and
+# launches, not the arithmetic.
+# === BEGIN MARK SCHEME ===
+# 1 point: names the evidence: many elementwise kernels (about 8) for the Python version vs one gelu kernel,
+# each of similar duration, so total time scales with the number of kernels / memory passes.
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# ## 4.4 `torch.compile` and CUDA Graphs
+#
+# [`torch.compile`](https://pytorch.org/docs/stable/torch.compiler.html) turns eager PyTorch code into optimised
+# kernels: it traces the operations of your function (TorchDynamo), fuses neighbouring operations where it can
+# and generates kernels for them (TorchInductor: Triton kernels on a GPU, C++ on a CPU). Fewer, larger kernels
+# mean fewer launches and fewer memory round trips.
+#
+# Compiling takes tens of seconds the first time, so the cells of this section run at teaching scale only
+# (at quick scale they print one line and move on). With `mode="max-autotune..."`, Inductor may log errors
+# such as "No valid triton configs ... out of resource" while autotuning: these are candidate kernels that do
+# not fit in shared memory and are skipped; they are harmless. We first compile your GeLU and profile it.
+
+# %%
+if SCALE == "teaching":
+    compiled_gelu = torch.compile(gelu_tanh_python)
+    for _ in range(3):  # the first call compiles
+        compiled_gelu(x_gelu)
+    with profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof_compiled_gelu:
+        for _ in range(10):
+            _ = compiled_gelu(x_gelu)
+            prof_compiled_gelu.step()
+        synchronize_device()
+    print(prof_compiled_gelu.key_averages().table(sort_by=PROFILER_SORT_KEY, row_limit=10))
+    print(f"compiled GeLU: {latency(compiled_gelu, x_gelu) * 1e3:.4f} ms per call, "
+          f"{count_cuda_kernels(prof_compiled_gelu, per_step=True)['total']} kernel(s) per call")
+else:
+    print("torch.compile of GeLU: skipped at quick scale (it runs at teaching scale)")
+
+# %% [markdown]
+# Now the MLP, compiled with `mode="max-autotune-no-cudagraphs"`: Inductor also benchmarks several GEMM
+# implementations (cuBLAS and its own Triton templates) and keeps the fastest, but does not use CUDA Graphs.
+
+# %%
+if SCALE == "teaching":
+    compiled_mlp = torch.compile(mlp, mode="max-autotune-no-cudagraphs")
+    with torch.no_grad():
+        for _ in range(3):  # compile and autotune
+            compiled_mlp(x_mlp)
+    print("compiled the MLP")
+else:
+    compiled_mlp = None
+    print("torch.compile of the MLP: skipped at quick scale (it runs at teaching scale)")
+
+# %% [markdown]
+# #### Question 4.4.1 (5 points)
+#
+# **(a) Code, 2 points.** Profile `compiled_mlp` on `x_mlp` as we profiled the eager `mlp` in Section 4.2
+# (table, kernel counts, timeline). Keep the cell working at quick scale, where `compiled_mlp` is `None`: print
+# one line and move on.
+
+# %% nbgrader={"grade": true, "grade_id": "q4_4_1_profile", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+if compiled_mlp is not None:
+    with torch.no_grad(), profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof_compiled_mlp:
+        for _ in range(10):
+            _ = compiled_mlp(x_mlp)
+            prof_compiled_mlp.step()
+        synchronize_device()
+    print(prof_compiled_mlp.key_averages().table(sort_by=PROFILER_SORT_KEY, row_limit=20))
+    print(f"kernels per call: eager {eager_mlp_kernels['total']}, "
+          f"compiled {count_cuda_kernels(prof_compiled_mlp, per_step=True)['total']}")
+    with torch.no_grad():
+        print(f"latency: eager {latency(mlp, x_mlp) * 1e3:.3f} ms, compiled {latency(compiled_mlp, x_mlp) * 1e3:.3f} ms")
+    plot_trace_timeline(prof_compiled_mlp, title="Compiled Gemma-3 270M MLP (max-autotune-no-cudagraphs)")
+    plt.show()
+else:
+    print("profiling the compiled MLP: skipped at quick scale")
+### END SOLUTION
+
+# %% [markdown]
+# **(b) Written, 3 points.** Describe the differences from the eager MLP of Section 4.2.
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q4_4_1_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
+# The compiled MLP launches fewer kernels (on an H100: 4 per call instead of 5) and is faster (we measured
+# 0.15 to 0.22 ms against 0.23 to 0.31 ms on two H100 machines). Autotuning chose Inductor's own Triton GEMM templates (`triton_tem_fused_mm...`) over
+# cuBLAS (`nvjet...`) for the projections. The GeLU and the elementwise product, two kernels in eager mode
+# (`aten::gelu` and `aten::mul`, each reading and writing $(B, L, I)$ tensors), are fused into one Triton kernel
+# (`triton_poi_fused_gelu_mul...`), and Inductor can even fuse them into the prologue of the down projection's
+# GEMM template, so fewer intermediate tensors travel through memory. The `record_function` labels disappear
+# (Dynamo ignores them; the call shows up as a `Torch-Compiled Region` with a `CompiledFxGraph`), and new CPU
+# overheads appear (`TorchDynamo Cache Lookup`, guards). The GEMMs still dominate the GPU time, and the CPU
+# still launches every remaining kernel one by one.
+# === BEGIN MARK SCHEME ===
+# 3 points in total:
+# - 1 point: fewer kernels; the activation and the product are fused into one (Triton) kernel.
+# - 1 point: the GEMMs remain (cuBLAS or autotuned Triton templates) and dominate the time; less memory
+#   traffic for the elementwise part; lower (or equal) total time, with numbers from their profile.
+# - 1 point: another correct observation from their profile: record_function labels replaced by a compiled
+#   region, kernels still launched one by one from the CPU (launch gaps remain), different kernel names.
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# `torch.compile` reduces the number of kernels, but the CPU still launches each remaining kernel one by one at
+# every forward pass. A **CUDA Graph** records the whole sequence of launches once and then replays it with a
+# single call: the CPU's launch work almost disappears, which matters most when kernels are short (small
+# batches, decode). `mode="max-autotune"` autotunes like the previous mode *and* wraps the compiled function in
+# CUDA Graphs. CUDA Graphs exist on NVIDIA GPUs only, so this cell needs a GPU at teaching scale.
+
+# %%
+if DEVICE.type == "cuda" and SCALE == "teaching":
+    torch.manual_seed(0)
+    mlp_cudagraph = torch.compile(Gemma3MLP(GEMMA3_270M_CONFIG).to(device=DEVICE, dtype=MODEL_DTYPE).eval(),
+                                  mode="max-autotune")
+    with torch.no_grad():
+        for _ in range(3):  # compile, autotune, then record the CUDA graph
+            _ = mlp_cudagraph(x_mlp)
+    print("compiled the MLP with CUDA Graphs")
+else:
+    mlp_cudagraph = None
+    print("CUDA Graphs: skipped (they need an NVIDIA GPU at teaching scale)")
+
+# %% [markdown]
+# #### Bonus 4.4.2 (5 points)
+#
+# Profile `mlp_cudagraph` (10 steps with `default_schedule`), print the table and the kernel counts, and show
+# the timeline. Compare it with the eager and compiled timelines: what happened to the CPU side, and to the
+# gaps between kernels? Keep the cell working where `mlp_cudagraph` is `None` (print one line).
+
+# %% nbgrader={"grade": true, "grade_id": "b4_4_2_profile_cudagraph", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+if mlp_cudagraph is not None:
+    with torch.no_grad(), profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof_cudagraph:
+        for _ in range(10):
+            _ = mlp_cudagraph(x_mlp)
+            prof_cudagraph.step()
+        synchronize_device()
+    print(prof_cudagraph.key_averages().table(sort_by=PROFILER_SORT_KEY, row_limit=15))
+    print(f"kernels per call: {count_cuda_kernels(prof_cudagraph, per_step=True)}")
+    with torch.no_grad():
+        print(f"latency with CUDA Graphs: {latency(mlp_cudagraph, x_mlp) * 1e3:.3f} ms")
+    plot_trace_timeline(prof_cudagraph, title="Gemma-3 270M MLP compiled with CUDA Graphs (max-autotune)")
+    plt.show()
+    # The kernels are those of max-autotune-no-cudagraphs plus one `_foreach_copy_` that copies the input into
+    # the graph's static buffer. On the CPU side the per-kernel launch calls are replaced by a single
+    # `cudaGraphLaunch` per step, and the kernels run back to back on the GPU. Here (an H100, 4 x 1024 tokens)
+    # the latency does not improve (we measured 0.23 to 0.37 ms, against 0.15 to 0.22 ms without graphs): the
+    # MLP has only 4 kernels, so there is little launch work to save, while the input copy and the Python and
+    # Dynamo work per call (guards, the graph manager) remain. CUDA Graphs pay off when a call launches many
+    # short kernels, such as a decode step (about 90 per layer).
+else:
+    print("profiling the CUDA-Graph MLP: skipped (it needs an NVIDIA GPU at teaching scale)")
+### END SOLUTION
+
+# %% [markdown]
+# # Part 5: FlashAttention
+#
+# In this part we see what limits standard attention, and how FlashAttention removes the limit.
+#
+# ## 5.1 The limits of standard attention
+#
+# Your `scaled_dot_product_attention` materialises the full score matrix $QK^\top$ of shape
+# $(B, H, L, L)$ (and the probabilities, of the same shape). The cell below measures its peak memory for
+# growing sequence lengths (batch 1, 16 heads, head dimension 128; `float16` on a GPU, `float32` on a CPU)
+# until it runs out of memory: an out-of-memory error is reported as a row of the table, not as a crash, and
+# the sweep stops there (longer sequences would fail too).
+
+# %%
+attn_batch, attn_heads, attn_head_dim = 1, 16, 128
+ATTN_DTYPE = torch.float16 if DEVICE.type == "cuda" else torch.float32
+attn_bytes_per_element = torch.finfo(ATTN_DTYPE).bits // 8
+memory_seq_lens = at_scale(teaching=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536], quick=[128, 256, 512])
+
+
+def random_qkv(seq_len, layout="bhsd"):
+    """Random q, k, v of shape (B, H, S, D) ("bhsd", SDPA's layout) or (B, S, H, D) ("bshd", flash-attn's)."""
+    shape = (attn_batch, attn_heads, seq_len, attn_head_dim) if layout == "bhsd" else \
+        (attn_batch, seq_len, attn_heads, attn_head_dim)
+    return tuple(torch.randn(*shape, dtype=ATTN_DTYPE, device=DEVICE) for _ in range(3))
+
+
+def sdpa_peak_memory_gb(seq_len):
+    """Peak memory (GB) of scaled_dot_product_attention above its inputs, for one sequence length."""
+    q, k, v = random_qkv(seq_len)
+    peak_gb, _ = benchmark_memory(scaled_dot_product_attention, q, k, v, n_warmup=1, n_repeat=3)
+    return peak_gb
+
+
+sdpa_memory_rows = []
+for seq_len in memory_seq_lens:
+    status, peak_gb = run_oom_safe(sdpa_peak_memory_gb, seq_len)
+    scores_gb = attn_batch * attn_heads * seq_len ** 2 * attn_bytes_per_element / 1e9  # one (B, H, L, L) tensor
+    sdpa_memory_rows.append({"seq_len": seq_len, "status": status, "peak_gb": peak_gb, "scores_matrix_gb": scores_gb})
+    if status == "oom":
+        break
+sdpa_memory_df = pd.DataFrame(sdpa_memory_rows)
+print(sdpa_memory_df.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+
+# %% [markdown]
+# #### Question 5.1 (10 points)
+#
+# 1. What is the memory complexity of standard attention in the sequence length $L$? Use the table. (3 points)
+# 2. From which sequence length does it become a problem on your GPU, and why there? (If you ran on a CPU,
+#    answer for an 80 GB H100 with the numbers of the table.) (3 points)
+# 3. What is the main memory overhead of standard attention, and in which LLM scenarios is it a serious
+#    problem? (4 points)
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q5_1_complexity_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
+# **1.** $O(L^2)$ (more precisely $O(B H L^2)$ for the scores and probabilities, plus $O(B H L d)$ for $Q, K, V$
+# and the output). The table shows it: every doubling of $L$ multiplies the peak memory by about 4, and the
+# peak tracks a small multiple (about 2 on a GPU) of the size of one $(B, H, L, L)$ score matrix.
+# === BEGIN MARK SCHEME ===
+# 3 points: O(L^2) (or O(B H L^2)) memory, 2 points; supported by the table (x4 per doubling, peak proportional
+# to the L x L score matrix), 1 point.
+# === END MARK SCHEME ===
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q5_1_problem_length_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
+# **2.** On an 80 GB H100 in `float16`, one score matrix is $16 L^2 \cdot 2$ bytes: 2.1 GB at $L = 8192$,
+# 8.6 GB at 16384, 34 GB at 32768 and 137 GB at 65536. Our implementation holds about two such tensors at its
+# peak (the scores and the probabilities): we measured 17 GB at 16384 and 69 GB at 32768, which just fits,
+# while 65536 (about 275 GB) runs out of memory. In practice it is a problem well before the OOM: from about
+# 16384 tokens a single attention call of one layer and one sequence needs tens of GB of temporary memory,
+# which competes with the weights, the KV cache and other requests (on a 24 GB or 48 GB GPU, 32768 already fails).
+# (The exact length depends on the GPU's memory and on what else it holds; any answer read correctly off the
+# table is right.)
+# === BEGIN MARK SCHEME ===
+# 3 points: the length where their table shows OOM (or where the peak approaches the GPU's memory), 1 point;
+# explained by the L^2 growth of the score matrices (with a size estimate, e.g. B x H x L^2 x bytes), 2 points.
+# CPU runs: a reasoned estimate for an 80 GB GPU (32768 barely fits at about 69 GB, 65536 fails) earns full marks.
+# === END MARK SCHEME ===
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q5_1_overhead_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
+# **3.** The main overhead is materialising the $L \times L$ attention matrices (scores, then probabilities, plus
+# temporaries of the softmax and the mask) in HBM: memory that grows quadratically, is written and read back
+# several times (so it also costs bandwidth and time), and is only an intermediate. It is a serious problem for
+# long contexts: long-document or code-base prompts, long chat histories, retrieval-augmented generation with
+# many passages, many-shot prompting, and in particular the prefill of such prompts, with batches of several
+# long requests on one GPU. In training it is worse still, since the probabilities are kept for the backward
+# pass.
+# === BEGIN MARK SCHEME ===
+# 4 points in total:
+# - 2 points: the L x L score/probability matrices materialised in GPU memory (intermediates, quadratic).
+# - 2 points: a fitting scenario: long-context inputs (long prompts/documents, long conversations, RAG,
+#   long-context prefill, large batches of long sequences, training on long sequences).
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# ## 5.2 FlashAttention
+#
+# FlashAttention ([Dao et al., 2022](https://arxiv.org/abs/2205.14135)) computes **exact** attention, faster and
+# with much less memory than the standard implementation.
+#
+# **Standard attention** computes $\text{softmax}(QK^\top / \sqrt{d})\,V$ in separate kernels: it writes the
+# $L \times L$ matrix $S = QK^\top / \sqrt d$ to HBM, reads it back for the softmax, writes the probabilities
+# $P$, and reads them again for $PV$. For long sequences this $O(L^2)$ traffic dominates the time and the
+# memory.
+#
+# **FlashAttention** never writes $S$ or $P$ to HBM. It splits $Q$ into row blocks and $K, V$ into column
+# blocks small enough for the on-chip SRAM (shared memory), and processes one pair of blocks at a time inside a
+# single fused kernel. The softmax needs a whole row of $S$, which is never available at once, so it is
+# computed **online**: for each row it keeps the running maximum $m$ and the running sum $\ell$ of
+# exponentials, and rescales the partial output whenever the maximum grows. The result is exactly the softmax.
+#
+# ![FlashAttention tiling](assets/flash_attn_tiling.png)
+#
+# **Algorithm (FlashAttention forward pass, one head).** Inputs $Q, K, V \in \mathbb{R}^{L \times d}$ in HBM;
+# block sizes $B_r$ (rows of $Q$) and $B_c$ (rows of $K, V$) chosen so that the blocks fit in SRAM.
+# 1. Split $Q$ into $T_r = \lceil L / B_r \rceil$ blocks $Q_1, \dots, Q_{T_r}$ and $K, V$ into
+#    $T_c = \lceil L / B_c \rceil$ blocks $K_1, \dots, K_{T_c}$ and $V_1, \dots, V_{T_c}$.
+# 2. For each $i = 1, \dots, T_r$ (in parallel across thread blocks):
+#    1. load $Q_i$ into SRAM; set $O_i = 0 \in \mathbb{R}^{B_r \times d}$, $\ell_i = 0 \in \mathbb{R}^{B_r}$,
+#       $m_i = -\infty \in \mathbb{R}^{B_r}$ (all in SRAM/registers);
+#    2. for each $j = 1, \dots, T_c$:
+#       1. load $K_j, V_j$ into SRAM;
+#       2. $S_{ij} = Q_i K_j^\top / \sqrt{d} \in \mathbb{R}^{B_r \times B_c}$ (on chip);
+#       3. $m_i^{\text{new}} = \max\left(m_i, \text{rowmax}(S_{ij})\right)$;
+#          $\tilde P_{ij} = \exp\left(S_{ij} - m_i^{\text{new}}\right)$;
+#       4. $\ell_i \leftarrow e^{m_i - m_i^{\text{new}}} \ell_i + \text{rowsum}(\tilde P_{ij})$;
+#          $O_i \leftarrow \text{diag}\left(e^{m_i - m_i^{\text{new}}}\right) O_i + \tilde P_{ij} V_j$;
+#          $m_i \leftarrow m_i^{\text{new}}$;
+#    3. write $O_i \leftarrow \text{diag}(\ell_i)^{-1} O_i$ to HBM (and $m_i + \log \ell_i$, which the backward
+#       pass uses to recompute $P$ instead of storing it).
+#
+# HBM traffic falls from $O(L^2 + L d)$ to reading $Q, K, V$ and writing $O$ (plus re-reading $K, V$ once per
+# row block); the FLOPs stay the same. Memory falls from $O(L^2)$ to $O(L)$. If you know some CUDA or Triton,
+# read the [FlashAttention code](https://github.com/Dao-AILab/flash-attention).
+#
+# `flash_attn_func` (from `utils`) uses the `flash-attn` package when it is installed and otherwise PyTorch's
+# own FlashAttention-2 kernel (on a CPU, PyTorch's reference path: the comparison below is only meaningful on
+# a GPU). It takes tensors in the layout `(B, L, H, d)`, while SDPA uses `(B, H, L, d)`.
+
+# %%
+flash_seq_lens = at_scale(teaching=[256, 512, 1024, 2048, 4096, 8192], quick=[64, 128, 256])
+flash_warmup, flash_repeat = at_scale(teaching=(3, 10), quick=(1, 3))
+flash_rows = []
+for seq_len in flash_seq_lens:
+    q_sdpa, k_sdpa, v_sdpa = random_qkv(seq_len, layout="bhsd")
+    q_flash, k_flash, v_flash = (t.transpose(1, 2).contiguous() for t in (q_sdpa, k_sdpa, v_sdpa))
+    sdpa_status, sdpa_ms = run_oom_safe(benchmark_latency, scaled_dot_product_attention, q_sdpa, k_sdpa, v_sdpa,
+                                        n_warmup=flash_warmup, n_repeat=flash_repeat)
+    _, sdpa_mem = run_oom_safe(benchmark_memory, scaled_dot_product_attention, q_sdpa, k_sdpa, v_sdpa,
+                               n_warmup=1, n_repeat=flash_repeat)
+    flash_status, flash_ms = run_oom_safe(benchmark_latency, flash_attn_func, q_flash, k_flash, v_flash,
+                                          n_warmup=flash_warmup, n_repeat=flash_repeat)
+    _, flash_mem = run_oom_safe(benchmark_memory, flash_attn_func, q_flash, k_flash, v_flash, n_warmup=1,
+                                n_repeat=flash_repeat)
+    max_abs_diff = None
+    if sdpa_status == flash_status == "ok":  # same numbers, computed differently
+        max_abs_diff = (scaled_dot_product_attention(q_sdpa, k_sdpa, v_sdpa).transpose(1, 2)
+                        - flash_attn_func(q_flash, k_flash, v_flash)).abs().max().item()
+    flash_rows.append({
+        "seq_len": seq_len,
+        "sdpa_ms": sdpa_ms,
+        "flash_ms": flash_ms,
+        "speedup": sdpa_ms / flash_ms if sdpa_ms is not None and flash_ms else None,
+        "sdpa_mem_gb": sdpa_mem[0] if sdpa_mem is not None else None,
+        "flash_mem_gb": flash_mem[0] if flash_mem is not None else None,
+        "max_abs_diff": max_abs_diff,
+    })
+    del q_sdpa, k_sdpa, v_sdpa, q_flash, k_flash, v_flash
+    if DEVICE.type == "cuda":
+        torch.cuda.empty_cache()
+
+flash_df = pd.DataFrame(flash_rows)
+print(flash_df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+plot_flash_attn_improvement(flash_df, title=f"FlashAttention ({flash_attn_func.last_backend}) vs standard attention",
+                            latency_cols=("sdpa_ms", "flash_ms"), memory_cols=("sdpa_mem_gb", "flash_mem_gb"),
+                            seq_len_col="seq_len", annotate_speedup=True, annotate_mem_reduction=True)
+plt.show()
+
+# %% [markdown]
+# Let us count kernels with the profiler: your attention against PyTorch's FlashAttention kernel (through
+# `F.scaled_dot_product_attention` restricted to its flash backend, which profiles more reliably than the
+# `flash-attn` package). The helper transposes flash-attn's `(B, L, H, d)` layout to SDPA's `(B, H, L, d)` and
+# back.
+
+# %%
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def torch_flash_attn(q, k, v):
+    """PyTorch's FlashAttention kernel on (B, L, H, d) tensors.
+
+    Args:
+        q (torch.Tensor): queries (B, L_q, H, d).
+        k (torch.Tensor): keys (B, L_kv, H, d).
+        v (torch.Tensor): values (B, L_kv, H, d).
+
+    Returns:
+        torch.Tensor: attention output (B, L_q, H, d).
+    """
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2)
+
+
+kernel_seq_len = at_scale(teaching=1024, quick=128)
+q_sdpa, k_sdpa, v_sdpa = random_qkv(kernel_seq_len, layout="bhsd")
+q_flash, k_flash, v_flash = (t.transpose(1, 2).contiguous() for t in (q_sdpa, k_sdpa, v_sdpa))
+with torch.no_grad(), profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof_sdpa:
+    for _ in range(10):
+        _ = scaled_dot_product_attention(q_sdpa, k_sdpa, v_sdpa)
+        prof_sdpa.step()
+    synchronize_device()
+with torch.no_grad(), profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof_flash:
+    for _ in range(10):
+        _ = torch_flash_attn(q_flash, k_flash, v_flash)
+        prof_flash.step()
+    synchronize_device()
+sdpa_kernels = count_cuda_kernels(prof_sdpa, per_step=True)
+flash_kernels = count_cuda_kernels(prof_flash, per_step=True)
+unit = "kernels" if sdpa_kernels["device"] == "cuda" else "CPU operators (no GPU: roughly one kernel each)"
+print(f"standard attention: {sdpa_kernels['total']} {unit} per call: {sdpa_kernels}")
+print(f"FlashAttention:     {flash_kernels['total']} {unit} per call: {flash_kernels}")
+print(f"fusion saves {sdpa_kernels['total'] - flash_kernels['total']} launches per call")
+
+# %% [markdown]
+# #### Question 5.2 (10 points)
+#
+# Based on the measurements and the analysis above:
+# 1. Why is standard attention memory-bound? (3 points)
+# 2. How does FlashAttention make attention compute-bound? (4 points)
+# 3. Why does the speedup grow with the sequence length? (3 points)
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_memory_bound_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
+# **1.** Its softmax, scaling and masking are elementwise or row-wise operations on the $L \times L$ score
+# matrix: each element is read and written with only a handful of FLOPs, an arithmetic intensity of about 1
+# FLOP/byte, far below the ridge point. With `calc_attn_io`'s count, the $O(L^2)$ bytes of the score and
+# probability matrices (7 passes over them) dominate the traffic, while the two matrix products do only
+# $O(L^2 d)$ FLOPs for it: the overall intensity is a small constant (about $d/4$ FLOP/byte at fp32 for large
+# $L$, and the non-matmul kernels are much lower), so the time goes into moving the $L \times L$ intermediates
+# through HBM, one kernel at a time.
+# === BEGIN MARK SCHEME ===
+# 3 points: the L x L intermediates (scores, probabilities) are written to and read from HBM several times by
+# separate kernels, 2 points; the elementwise/softmax steps have very low arithmetic intensity (below the
+# ridge), so memory traffic, not FLOPs, sets the time, 1 point.
+# === END MARK SCHEME ===
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_compute_bound_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
+# **2.** It fuses the whole computation (both matrix products, scaling, masking and softmax) into one kernel
+# and tiles it: blocks of $Q$, $K$ and $V$ are loaded into SRAM, the block $S_{ij}$ and its probabilities are
+# computed and consumed on chip, and the online softmax (running max and sum, with rescaling) makes it
+# unnecessary to ever see a whole row. The $L \times L$ matrices never touch HBM: the traffic drops to reading
+# $Q, K, V$ (re-reading $K, V$ once per query block) and writing $O$, while the FLOPs are unchanged. With the
+# same FLOPs and far fewer bytes, the arithmetic intensity grows with the block size (about $B_r$ FLOP/byte),
+# well past the ridge, so the kernel is limited by tensor-core throughput. It also launches one kernel instead
+# of several, and in the backward pass recomputes $S$ and $P$ from $Q, K$ and the saved statistics rather than
+# storing them: trading cheap FLOPs for expensive bytes.
+# === BEGIN MARK SCHEME ===
+# 4 points in total:
+# - 1 point: tiling Q, K, V into blocks that fit in SRAM.
+# - 1 point: kernel fusion: S and P are computed and used on chip, never written to HBM (one kernel).
+# - 1 point: online softmax (running max/sum with rescaling) makes the tiling exact.
+# - 1 point: same FLOPs, far fewer HBM bytes -> higher arithmetic intensity -> compute-bound (optionally:
+#   recomputation in the backward pass).
+# === END MARK SCHEME ===
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_speedup_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
+# **3.** Standard attention's extra cost is the $O(L^2)$ traffic of the score and probability matrices, and its
+# share of the total grows with $L$: the $O(L d)$ traffic of $Q, K, V, O$ and the fixed launch overheads stop
+# mattering, and the quadratic, memory-bound passes take over. FlashAttention's time grows with the FLOPs only
+# ($O(L^2 d)$, at high utilisation), and at short lengths both are dominated by fixed costs (launches, too
+# little work to fill the GPU), so they are close. The longer the sequence, the larger the fraction of
+# standard attention's time that FlashAttention removes, hence the growing speedup (until both are limited by
+# the same compute and the ratio levels off). Its memory advantage grows the same way: $O(L)$ against
+# $O(L^2)$.
+# === BEGIN MARK SCHEME ===
+# 3 points: the quadratic HBM traffic (and memory) of standard attention grows faster than the parts both
+# share / than fixed overheads, 2 points; at small L both are dominated by launch/fixed costs or low
+# occupancy, so the gap opens with L (and may saturate), 1 point.
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# # Summary
+#
+# In this lab you learned:
+# 1. **latency, MACs/FLOPs and I/O**: how to measure the first correctly (warm-up, repetitions, synchronisation)
+#    and how to count the other two for an operator and for a whole layer;
+# 2. **the roofline model**: arithmetic intensity against the ridge point tells whether an operation is limited
+#    by compute or by memory (GEMM vs GEMV, prefill vs decode, batch size);
+# 3. **profiling**: reading the operators and kernels that really run, and their timeline;
+# 4. **kernel-level optimisation**: fusion, `torch.compile` and CUDA Graphs cut memory traffic and launch
+#    overhead;
+# 5. **FlashAttention**: tiling, fusion and the online softmax turn a memory-bound $O(L^2)$-memory operation
+#    into a compute-bound, $O(L)$-memory one.

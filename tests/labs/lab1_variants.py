@@ -1,0 +1,665 @@
+"""Prepared Lab 1 answers for the test harness (tests/lab_harness.py, tests/test_labs.py).
+
+``ALTERNATIVES``: solution cell grade id -> full replacement sources that are correct but written differently
+from the reference (other loop orders, float64 inside, other exact formulas); each must pass every test.
+``WRONG``: solution cell grade id -> (label, full replacement source) pairs, each a plausible mistake; each must
+fail the test cells of its own question and no other.
+"""
+
+# --------------------------------------------------------------------------------------------------------
+# Question 1.1: gemm
+# --------------------------------------------------------------------------------------------------------
+GEMM_ELEMENTWISE_IKJ = '''
+def gemm(A, B):
+    N, K = A.shape
+    M = B.shape[1]
+    C = torch.zeros(N, M, dtype=A.dtype, device=A.device)
+    for i in range(N):
+        for k in range(K):
+            a_ik = A[i, k]
+            for j in range(M):
+                C[i, j] += a_ik * B[k, j]
+    return C
+'''
+
+GEMM_COMPREHENSION_FLOAT64 = '''
+def gemm(A, B):
+    a = A.double().tolist()
+    b = B.double().tolist()
+    inner, cols = len(b), B.shape[1]
+    rows = [[sum(a[i][k] * b[k][j] for k in range(inner)) for j in range(cols)] for i in range(len(a))]
+    return torch.tensor(rows, dtype=torch.float64).to(device=A.device, dtype=A.dtype)
+'''
+
+GEMM_WHILE_JIK = '''
+def gemm(A, B):
+    n_rows, inner = A.shape
+    n_cols = B.shape[1]
+    a, b = A.cpu().tolist(), B.cpu().tolist()
+    out = [[0.0] * n_cols for _ in range(n_rows)]
+    j = 0
+    while j < n_cols:
+        i = 0
+        while i < n_rows:
+            total = 0.0
+            k = 0
+            while k < inner:
+                total = total + a[i][k] * b[k][j]
+                k += 1
+            out[i][j] = total
+            i += 1
+        j += 1
+    return torch.tensor(out, dtype=A.dtype, device=A.device)
+'''
+
+GEMM_WRONG = [
+    ("uses the @ operator", '''
+def gemm(A, B):
+    return A @ B
+'''),
+    ("calls matmul through getattr inside dummy loops", '''
+_product = getattr(torch, "mat" + "mul")
+
+def gemm(A, B):
+    out = None
+    for i in range(1):
+        for j in range(1):
+            for k in range(1):
+                out = _product(A, B)
+    return out
+'''),
+    ("calls matmul through an imported alias", '''
+from torch import matmul as times
+
+def gemm(A, B):
+    out = None
+    for i in range(1):
+        for j in range(1):
+            for k in range(1):
+                out = times(A, B)
+    return out
+'''),
+    ("vectorised inner loop with .sum()", '''
+def gemm(A, B):
+    C = torch.zeros(A.shape[0], B.shape[1], dtype=A.dtype, device=A.device)
+    for i in range(A.shape[0]):
+        for j in range(B.shape[1]):
+            C[i, j] = (A[i, :] * B[:, j]).sum()
+    return C
+'''),
+    ("overwrites instead of accumulating", '''
+def gemm(A, B):
+    a, b = A.tolist(), B.tolist()
+    n, inner, m = A.shape[0], A.shape[1], B.shape[1]
+    c = [[0.0] * m for _ in range(n)]
+    for i in range(n):
+        for j in range(m):
+            for k in range(inner):
+                c[i][j] = a[i][k] * b[k][j]
+    return torch.tensor(c, dtype=A.dtype, device=A.device)
+'''),
+    ("indexes B transposed (only right for square matrices)", '''
+def gemm(A, B):
+    a, b = A.tolist(), B.tolist()
+    n, inner, m = A.shape[0], A.shape[1], B.shape[1]
+    c = [[0.0] * m for _ in range(n)]
+    for i in range(n):
+        for j in range(m):
+            for k in range(inner):
+                c[i][j] += a[i][k] * b[j][k] if j < len(b) and k < len(b[j]) else 0.0
+    return torch.tensor(c, dtype=A.dtype, device=A.device)
+'''),
+    ("ignores A's dtype (always float32)", '''
+def gemm(A, B):
+    a, b = A.tolist(), B.tolist()
+    n, inner, m = A.shape[0], A.shape[1], B.shape[1]
+    c = [[0.0] * m for _ in range(n)]
+    for i in range(n):
+        for j in range(m):
+            for k in range(inner):
+                c[i][j] += a[i][k] * b[k][j]
+    return torch.tensor(c, device=A.device)
+'''),
+]
+
+# --------------------------------------------------------------------------------------------------------
+# Question 1.2: latency
+# --------------------------------------------------------------------------------------------------------
+LATENCY_EVENTS_LIST = '''
+import statistics
+
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    for _ in range(warmup):
+        fn(*args, **kwargs)
+    synchronize_device()
+    if DEVICE.type == "cuda":
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+        for start, end in zip(starts, ends):
+            start.record()
+            fn(*args, **kwargs)
+            end.record()
+        torch.cuda.synchronize()
+        return statistics.mean(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1000.0
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn(*args, **kwargs)
+        times.append(time.perf_counter() - t0)
+    return statistics.mean(times)
+'''
+
+LATENCY_WHOLE_LOOP = '''
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    for _ in range(warmup):
+        fn(*args, **kwargs)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start_ns = time.perf_counter_ns()
+    for _ in range(repeat):
+        fn(*args, **kwargs)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return (time.perf_counter_ns() - start_ns) / repeat / 1e9
+'''
+
+_LATENCY_BODY = '''
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    for _ in range({warmup}):
+        fn(*args, {kwargs})
+    synchronize_device()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn(*args, {kwargs})
+        synchronize_device()
+        times.append(time.perf_counter() - t0)
+    return {result}
+'''
+
+
+def _latency(warmup="warmup", kwargs="**kwargs", result="sum(times) / len(times)"):
+    return _LATENCY_BODY.format(warmup=warmup, kwargs=kwargs, result=result)
+
+
+LATENCY_WRONG = [
+    ("returns milliseconds", _latency(result="sum(times) / len(times) * 1000")),
+    ("returns the total of all timed calls", _latency(result="sum(times)")),
+    ("drops the keyword arguments", _latency(kwargs="")),
+    ("never warms up", _latency(warmup="0")),
+    ("returns a tensor", _latency(result="torch.tensor(times).mean()")),
+]
+
+# --------------------------------------------------------------------------------------------------------
+# Questions 1.3 and 1.4: gemm_mac, gemm_io
+# --------------------------------------------------------------------------------------------------------
+GEMM_MAC_ALTERNATIVES = ['''
+def gemm_mac(x, y):
+    return x.shape[0] * x.shape[1] * y.shape[-1]
+''', '''
+import math
+
+def gemm_mac(x, y):
+    return math.prod([*x.shape, y.shape[1]])
+''']
+
+GEMM_MAC_WRONG = [
+    ("counts FLOPs (2 per MAC)", '''
+def gemm_mac(x, y):
+    return 2 * x.shape[0] * x.shape[1] * y.shape[1]
+'''),
+    ("uses N*N*M (square assumption)", '''
+def gemm_mac(x, y):
+    return x.shape[0] * x.shape[0] * y.shape[1]
+'''),
+    ("returns a float", '''
+def gemm_mac(x, y):
+    return float(x.shape[0] * x.shape[1] * y.shape[1])
+'''),
+]
+
+GEMM_IO_ALTERNATIVES = ['''
+def gemm_io(A, B):
+    return (A.numel() + B.numel() + A.shape[0] * B.shape[1]) * A.element_size()
+''', '''
+def gemm_io(A, B):
+    bytes_per_element = torch.finfo(A.dtype).bits // 8
+    n, k = A.shape
+    m = B.shape[1]
+    return bytes_per_element * n * k + bytes_per_element * k * m + bytes_per_element * n * m
+''']
+
+GEMM_IO_WRONG = [
+    ("hard-codes 4 bytes per element", '''
+def gemm_io(A, B):
+    n, k = A.shape
+    m = B.shape[1]
+    return 4 * (n * k + k * m + n * m)
+'''),
+    ("forgets the output write", '''
+def gemm_io(A, B):
+    return (A.numel() + B.numel()) * A.element_size()
+'''),
+    ("output counted with A's shape", '''
+def gemm_io(A, B):
+    return (2 * A.numel() + B.numel()) * A.element_size()
+'''),
+]
+
+# --------------------------------------------------------------------------------------------------------
+# Part 2: intensities and the compute-bound threshold
+# --------------------------------------------------------------------------------------------------------
+GEMM_AI_ALTERNATIVES = ['''
+gemm_intensity_by_n = {n: n / 6 for n in roofline_sizes}
+''', '''
+gemm_intensity_by_n = {}
+for n in roofline_sizes:
+    a_meta = torch.empty(n, n, device="meta")
+    gemm_intensity_by_n[n] = 2 * gemm_mac(a_meta, a_meta) / gemm_io(a_meta, a_meta)
+''']
+
+GEMM_AI_WRONG = [
+    ("MACs instead of FLOPs", '''
+gemm_intensity_by_n = {n: n ** 3 / (4 * 3 * n ** 2) for n in roofline_sizes}
+'''),
+    ("forgets writing C", '''
+gemm_intensity_by_n = {n: 2 * n ** 3 / (4 * 2 * n ** 2) for n in roofline_sizes}
+'''),
+    ("2 bytes per element", '''
+gemm_intensity_by_n = {n: 2 * n ** 3 / (2 * 3 * n ** 2) for n in roofline_sizes}
+'''),
+]
+
+THRESHOLD_ALTERNATIVES = ['''
+ridge = get_ridge_point("A6000", torch.float32)
+gemm_compute_bound_n_a6000 = 1
+while gemm_compute_bound_n_a6000 / 6 < ridge:
+    gemm_compute_bound_n_a6000 += 1
+''', '''
+spec = GPU_SPECS["A6000"]
+gemm_compute_bound_n_a6000 = int(math.ceil(6 * (spec["fp32_tflops"] * 1e12) / (spec["memory_bandwidth_tb_s"] * 1e12)))
+''']
+
+THRESHOLD_WRONG = [
+    ("uses the bf16 peak", '''
+gemm_compute_bound_n_a6000 = math.ceil(6 * GPU_SPECS["A6000"]["bf16_tflops"] / GPU_SPECS["A6000"]["memory_bandwidth_tb_s"])
+'''),
+    ("forgets writing C (AI = N/4)", '''
+gemm_compute_bound_n_a6000 = math.ceil(4 * get_ridge_point("A6000", torch.float32))
+'''),
+    ("counts MACs (AI = N/12)", '''
+gemm_compute_bound_n_a6000 = math.ceil(12 * get_ridge_point("A6000", torch.float32))
+'''),
+    ("rounds down", '''
+gemm_compute_bound_n_a6000 = math.floor(6 * get_ridge_point("A6000", torch.float32))
+'''),
+    ("the exact real threshold, not an integer", '''
+gemm_compute_bound_n_a6000 = 6 * get_ridge_point("A6000", torch.float32)
+'''),
+]
+
+GEMV_AI_ALTERNATIVES = ['''
+gemv_intensity_by_n = {n: n / (2 * (n + 2)) for n in roofline_sizes}
+''', '''
+gemv_intensity_by_n = {}
+for n in roofline_sizes:
+    matrix, vector = torch.empty(n, n, device="meta"), torch.empty(n, 1, device="meta")
+    gemv_intensity_by_n[n] = 2 * gemm_mac(matrix, vector) / gemm_io(matrix, vector)
+''']
+
+GEMV_AI_WRONG = [
+    ("ignores the vectors' bytes", '''
+gemv_intensity_by_n = {n: 2 * n * n / (4 * n * n) for n in roofline_sizes}
+'''),
+    ("MACs instead of FLOPs", '''
+gemv_intensity_by_n = {n: n * n / (4 * (n * n + 2 * n)) for n in roofline_sizes}
+'''),
+]
+
+# --------------------------------------------------------------------------------------------------------
+# Question 3.1.1: scaled_dot_product_attention
+# --------------------------------------------------------------------------------------------------------
+SDPA_MANUAL_SOFTMAX_FLOAT64 = '''
+def scaled_dot_product_attention(q, k, v, attn_mask=None):
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    scores = torch.einsum("bhqd,bhkd->bhqk", q64, k64) * q.shape[-1] ** -0.5
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = torch.where(attn_mask, scores, torch.full_like(scores, float("-inf")))
+        else:
+            scores = scores + attn_mask.double()
+    scores = scores - scores.amax(dim=-1, keepdim=True)
+    weights = scores.exp()
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    return (weights @ v64).to(q.dtype)
+'''
+
+SDPA_BMM = '''
+def scaled_dot_product_attention(q, k, v, attn_mask=None):
+    B, H, L_q, d = q.shape
+    L_kv = k.shape[-2]
+    scores = torch.bmm(q.reshape(B * H, L_q, d), k.reshape(B * H, L_kv, d).transpose(1, 2)).view(B, H, L_q, L_kv)
+    scores = scores / d ** 0.5
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), -float("inf"))
+        else:
+            scores = scores + attn_mask
+    probs = F.softmax(scores, dim=3)
+    return torch.bmm(probs.reshape(B * H, L_q, L_kv), v.reshape(B * H, L_kv, d)).view(B, H, L_q, d)
+'''
+
+_SDPA_BODY = '''
+def scaled_dot_product_attention(q, k, v, attn_mask=None):
+    scores = torch.matmul(q, k.transpose(-2, -1)){scale}
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill({mask_expr}, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    {softmax}
+    return torch.matmul(probs, v)
+'''
+
+
+def _sdpa(scale=" / math.sqrt(q.shape[-1])", mask_expr="~attn_mask", softmax="probs = torch.softmax(scores, dim=-1)"):
+    return _SDPA_BODY.format(scale=scale, mask_expr=mask_expr, softmax=softmax)
+
+
+SDPA_WRONG = [
+    ("no 1/sqrt(d) scale", _sdpa(scale="")),
+    ("scales by 1/d", _sdpa(scale=" / q.shape[-1]")),
+    ("softmax over the queries (dim=-2)", _sdpa(softmax="probs = torch.softmax(scores, dim=-2)")),
+    ("unstable softmax (no max subtraction)",
+     _sdpa(softmax="probs = scores.exp() / scores.exp().sum(dim=-1, keepdim=True)")),
+    ("boolean mask read the wrong way round", _sdpa(mask_expr="attn_mask")),
+    ("calls PyTorch's attention", '''
+def scaled_dot_product_attention(q, k, v, attn_mask=None):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+'''),
+]
+
+# --------------------------------------------------------------------------------------------------------
+# Question 3.1.2, Bonus 3.1, Question 3.2, Bonus 3.2: cost models
+# --------------------------------------------------------------------------------------------------------
+ATTN_MAC_ALTERNATIVES = ['''
+def calc_attn_mac(B, H, L_q, L_kv, D_h):
+    return 2 * B * H * L_q * L_kv * D_h
+''', '''
+def calc_attn_mac(B, H, L_q, L_kv, D_h):
+    per_head = L_q * L_kv * D_h + L_q * L_kv * D_h
+    return int(B) * int(H) * per_head
+''']
+
+ATTN_MAC_WRONG = [
+    ("counts FLOPs", '''
+def calc_attn_mac(B, H, L_q, L_kv, D_h):
+    return 4 * B * H * L_q * L_kv * D_h
+'''),
+    ("only q @ k^T", '''
+def calc_attn_mac(B, H, L_q, L_kv, D_h):
+    return B * H * L_q * L_kv * D_h
+'''),
+    ("uses L_q for both lengths", '''
+def calc_attn_mac(B, H, L_q, L_kv, D_h):
+    return 2 * B * H * L_q * L_q * D_h
+'''),
+]
+
+_MODULE_MAC_HEAD = '''
+def calc_attn_module_mac(batch_size, query_len, kv_len, gemma_config):
+    B = batch_size
+    S_q = query_len
+    S_kv = kv_len
+    H = gemma_config.hidden_size
+    n_h = gemma_config.num_attention_heads
+    n_kv = gemma_config.num_key_value_heads
+    d = gemma_config.head_dim
+'''
+
+MODULE_MAC_ALTERNATIVES = [_MODULE_MAC_HEAD + '''
+    projections = B * S_q * H * d * (2 * n_h + 2 * n_kv)
+    attention = 2 * B * n_h * S_q * S_kv * d
+    return projections + attention
+''', _MODULE_MAC_HEAD + '''
+    total = 0
+    for out_features in (n_h * d, n_kv * d, n_kv * d):
+        total += B * S_q * H * out_features
+    total += calc_attn_mac(B, n_h, S_q, S_kv, d)
+    total += B * S_q * (n_h * d) * H
+    return total
+''']
+
+MODULE_MAC_WRONG = [
+    ("ignores grouped-query attention (n_h key/value heads)", _MODULE_MAC_HEAD + '''
+    return 4 * B * S_q * H * n_h * d + 2 * B * n_h * S_q * S_kv * d
+'''),
+    ("forgets o_proj", _MODULE_MAC_HEAD + '''
+    return B * S_q * H * d * (n_h + 2 * n_kv) + 2 * B * n_h * S_q * S_kv * d
+'''),
+    ("projects keys/values for all kv_len tokens", _MODULE_MAC_HEAD + '''
+    return (B * S_q * H * n_h * d + 2 * B * S_kv * H * n_kv * d + 2 * B * n_h * S_q * S_kv * d
+            + B * S_q * n_h * d * H)
+'''),
+    ("head dim taken as hidden_size / heads", _MODULE_MAC_HEAD + '''
+    d = H // n_h
+    return B * S_q * H * d * (2 * n_h + 2 * n_kv) + 2 * B * n_h * S_q * S_kv * d
+'''),
+]
+
+ATTN_IO_ALTERNATIVES = ['''
+def calc_attn_io(B, H, L_q, L_kv, D_h):
+    bytes_per_element = 4
+    return bytes_per_element * B * H * (2 * L_q * D_h + 2 * L_kv * D_h + 7 * L_q * L_kv)
+''', '''
+def calc_attn_io(B, H, L_q, L_kv, D_h):
+    bytes_per_element = 4
+    q = k = v = out = scores = 0
+    q, k, v, out = (B * H * L_q * D_h, B * H * L_kv * D_h, B * H * L_kv * D_h, B * H * L_q * D_h)
+    scores = B * H * L_q * L_kv
+    steps = [q + k + scores, 5 * scores, scores + v + out]
+    return sum(steps) * bytes_per_element
+''']
+
+_ATTN_IO_BODY = '''
+def calc_attn_io(B, H, L_q, L_kv, D_h):
+    bytes_per_element = {bytes_per_element}
+    qk = B * H * L_q * D_h + B * H * L_kv * D_h + B * H * L_q * L_kv
+    softmax = {passes} * B * H * L_q * L_kv
+    attn_v = B * H * L_q * L_kv + B * H * L_kv * D_h{write}
+    return (qk + softmax + attn_v) * bytes_per_element
+'''
+
+
+def _attn_io(bytes_per_element=4, passes=5, write=" + B * H * L_q * D_h"):
+    return _ATTN_IO_BODY.format(bytes_per_element=bytes_per_element, passes=passes, write=write)
+
+
+ATTN_IO_WRONG = [
+    ("bf16 bytes instead of fp32", _attn_io(bytes_per_element=2)),
+    ("forgets writing the output", _attn_io(write="")),
+    ("softmax as 2 passes (one read, one write)", _attn_io(passes=2)),
+]
+
+_MODULE_IO_HEAD = '''
+def calc_attn_module_io(batch_size, query_len, kv_len, gemma_config):
+    B = batch_size
+    S_q = query_len
+    S_kv = kv_len
+    H = gemma_config.hidden_size
+    n_h = gemma_config.num_attention_heads
+    n_kv = gemma_config.num_key_value_heads
+    d = gemma_config.head_dim
+    bytes_per_elem = {bytes_per_elem}
+'''
+
+_MODULE_IO_BODY = '''
+    x = B * S_q * H
+    q = B * S_q * n_h * d
+    kv = B * S_kv * {kv_heads} * d
+    scores = B * n_h * S_q * S_kv
+    projections = (x + n_h * d * H + q) + 2 * (x + {kv_heads} * d * H + kv) + (q + H * n_h * d + x)
+    norms_and_rope = {rope_factor} * (q + kv)
+    attention = 2 * q + 2 * B * n_h * S_kv * d + {passes} * scores + 2 * scores
+    return (projections + norms_and_rope + attention) * bytes_per_elem
+'''
+
+
+def _module_io(bytes_per_elem=2, kv_heads="n_kv", rope_factor=4, passes=5):
+    return (_MODULE_IO_HEAD.format(bytes_per_elem=bytes_per_elem)
+            + _MODULE_IO_BODY.format(kv_heads=kv_heads, rope_factor=rope_factor, passes=passes))
+
+
+MODULE_IO_ALTERNATIVES = [_module_io(), _MODULE_IO_HEAD.format(bytes_per_elem=2) + '''
+    elements = 0
+    elements += B * S_q * H + n_h * d * H + B * S_q * n_h * d          # q_proj
+    for _ in range(2):                                                  # k_proj, v_proj
+        elements += B * S_kv * H + n_kv * d * H + B * S_kv * n_kv * d
+    for heads, length in ((n_h, S_q), (n_kv, S_kv)):                   # q/k norm, then RoPE
+        elements += 2 * 2 * B * length * heads * d
+    elements += calc_attn_io(B, n_h, S_q, S_kv, d) // 4                # attention, in elements
+    elements += B * S_q * n_h * d + H * n_h * d + B * S_q * H          # o_proj
+    return elements * bytes_per_elem
+''']
+
+MODULE_IO_WRONG = [
+    ("float32 bytes", _module_io(bytes_per_elem=4)),
+    ("ignores grouped-query attention", _module_io(kv_heads="n_h")),
+    ("forgets RoPE", _module_io(rope_factor=2)),
+    ("3-pass softmax", _module_io(passes=3)),
+]
+
+# --------------------------------------------------------------------------------------------------------
+# Questions 3.4.2 and 3.4.3: sweep intensities
+# --------------------------------------------------------------------------------------------------------
+_DECODE_HEAD = '''
+decode_batch_sizes = [1, 4, 16, 64]
+D = GEMMA3_270M_CONFIG.hidden_size
+I = GEMMA3_270M_CONFIG.intermediate_size
+'''
+
+DECODE_AI_ALTERNATIVES = [_DECODE_HEAD + '''
+decode_mlp_intensity_by_batch = {b: calc_mlp_flops(b, 1, D, I) / calc_mlp_io(b, 1, D, I) for b in decode_batch_sizes}
+''', _DECODE_HEAD + '''
+decode_mlp_intensity_by_batch = {}
+for b in decode_batch_sizes:
+    flops = 2 * 3 * b * D * I + 9 * b * I
+    io = 2 * (3 * b * D + 3 * D * I + 8 * b * I)
+    decode_mlp_intensity_by_batch[b] = flops / io
+''']
+
+DECODE_AI_WRONG = [
+    ("MACs instead of FLOPs", _DECODE_HEAD + '''
+decode_mlp_intensity_by_batch = {b: calc_mlp_mac(b, 1, D, I) / calc_mlp_io(b, 1, D, I) for b in decode_batch_sizes}
+'''),
+    ("bytes per FLOP (inverted)", _DECODE_HEAD + '''
+decode_mlp_intensity_by_batch = {b: calc_mlp_io(b, 1, D, I) / calc_mlp_flops(b, 1, D, I) for b in decode_batch_sizes}
+'''),
+    ("uses the prefill length 2048", _DECODE_HEAD + '''
+decode_mlp_intensity_by_batch = {b: calc_mlp_flops(b, 2048, D, I) / calc_mlp_io(b, 2048, D, I) for b in decode_batch_sizes}
+'''),
+]
+
+_PREFILL_HEAD = '''
+prefill_sweep_batch = 32
+prefill_lengths = [64, 256, 1024, 4096]
+D = GEMMA3_270M_CONFIG.hidden_size
+I = GEMMA3_270M_CONFIG.intermediate_size
+'''
+
+PREFILL_AI_ALTERNATIVES = [_PREFILL_HEAD + '''
+prefill_mlp_intensity_by_len = {
+    L: calc_mlp_flops(prefill_sweep_batch, L, D, I) / calc_mlp_io(prefill_sweep_batch, L, D, I)
+    for L in prefill_lengths
+}
+''', _PREFILL_HEAD + '''
+prefill_mlp_intensity_by_len = {}
+for L in prefill_lengths:
+    tokens = prefill_sweep_batch * L
+    prefill_mlp_intensity_by_len[L] = calc_mlp_flops(1, tokens, D, I) / calc_mlp_io(tokens, 1, D, I)
+''']
+
+PREFILL_AI_WRONG = [
+    ("batch 8 instead of 32", _PREFILL_HEAD + '''
+prefill_mlp_intensity_by_len = {L: calc_mlp_flops(8, L, D, I) / calc_mlp_io(8, L, D, I) for L in prefill_lengths}
+'''),
+    ("MACs instead of FLOPs", _PREFILL_HEAD + '''
+prefill_mlp_intensity_by_len = {L: calc_mlp_mac(32, L, D, I) / calc_mlp_io(32, L, D, I) for L in prefill_lengths}
+'''),
+]
+
+# --------------------------------------------------------------------------------------------------------
+# Question 4.3.1: gelu_tanh_python
+# --------------------------------------------------------------------------------------------------------
+GELU_ALTERNATIVES = ['''
+SQRT_2_OVER_PI = 0.7978845608028654
+
+def gelu_tanh_python(input):
+    inner = SQRT_2_OVER_PI * (input + 0.044715 * input * input * input)
+    return input * 0.5 * (1 + inner.tanh())
+''', '''
+def gelu_tanh_python(input):
+    x = input.double()
+    out = 0.5 * x * (1.0 + torch.tanh((2.0 / math.pi) ** 0.5 * (x + 0.044715 * x.pow(3))))
+    return out.to(input.dtype)
+''']
+
+_GELU_BODY = '''
+def gelu_tanh_python(input):
+    return {half} * input * (1.0 + torch.tanh({root} * (input + {cubic} * torch.pow(input, 3.0))))
+'''
+
+
+def _gelu(half="0.5", root="math.sqrt(2.0 / math.pi)", cubic="0.044715"):
+    return _GELU_BODY.format(half=half, root=root, cubic=cubic)
+
+
+GELU_WRONG = [
+    ("calls F.gelu", '''
+def gelu_tanh_python(input):
+    return F.gelu(input, approximate="tanh")
+'''),
+    ("the exact erf GeLU instead of the tanh approximation", '''
+def gelu_tanh_python(input):
+    return 0.5 * input * (1.0 + torch.erf(input / math.sqrt(2.0)))
+'''),
+    ("constant 0.04715 instead of 0.044715", _gelu(cubic="0.04715")),
+    ("sqrt(2 * pi) instead of sqrt(2 / pi)", _gelu(root="math.sqrt(2.0 * math.pi)")),
+    ("drops the factor 0.5", _gelu(half="1.0")),
+]
+
+ALTERNATIVES = {
+    "q1_1_gemm": [GEMM_ELEMENTWISE_IKJ, GEMM_COMPREHENSION_FLOAT64, GEMM_WHILE_JIK],
+    "q1_2_latency": [LATENCY_EVENTS_LIST, LATENCY_WHOLE_LOOP],
+    "q1_3_gemm_mac": GEMM_MAC_ALTERNATIVES,
+    "q1_4_gemm_io": GEMM_IO_ALTERNATIVES,
+    "q2_1_1_intensity": GEMM_AI_ALTERNATIVES,
+    "q2_1_2_threshold": THRESHOLD_ALTERNATIVES,
+    "q2_2_intensity": GEMV_AI_ALTERNATIVES,
+    "q3_1_1_sdpa": [SDPA_MANUAL_SOFTMAX_FLOAT64, SDPA_BMM],
+    "q3_1_2_attn_mac": ATTN_MAC_ALTERNATIVES,
+    "b3_1_attn_module_mac": MODULE_MAC_ALTERNATIVES,
+    "q3_2_attn_io": ATTN_IO_ALTERNATIVES,
+    "b3_2_attn_module_io": MODULE_IO_ALTERNATIVES,
+    "q3_4_2_intensity": DECODE_AI_ALTERNATIVES,
+    "q3_4_3_intensity": PREFILL_AI_ALTERNATIVES,
+    "q4_3_1_gelu": GELU_ALTERNATIVES,
+}
+
+WRONG = {
+    "q1_1_gemm": GEMM_WRONG,
+    "q1_2_latency": LATENCY_WRONG,
+    "q1_3_gemm_mac": GEMM_MAC_WRONG,
+    "q1_4_gemm_io": GEMM_IO_WRONG,
+    "q2_1_1_intensity": GEMM_AI_WRONG,
+    "q2_1_2_threshold": THRESHOLD_WRONG,
+    "q2_2_intensity": GEMV_AI_WRONG,
+    "q3_1_1_sdpa": SDPA_WRONG,
+    "q3_1_2_attn_mac": ATTN_MAC_WRONG,
+    "b3_1_attn_module_mac": MODULE_MAC_WRONG,
+    "q3_2_attn_io": ATTN_IO_WRONG,
+    "b3_2_attn_module_io": MODULE_IO_WRONG,
+    "q3_4_2_intensity": DECODE_AI_WRONG,
+    "q3_4_3_intensity": PREFILL_AI_WRONG,
+    "q4_3_1_gelu": GELU_WRONG,
+}
