@@ -1073,8 +1073,9 @@ def record_torch_calls():
     imported alias, ``F.gelu``), because it hooks PyTorch's own dispatch (``TorchFunctionMode``). Tests use it
     to check that a function was written from the operations a question allows.
 
-    Yields:
-        set[str]: filled with ``func.__name__`` of each call (e.g. ``"matmul"``, ``"__matmul__"``, ``"gelu"``).
+    Returns:
+        A context manager; ``with record_torch_calls() as called:`` binds ``called``, a ``set[str]`` filled
+        with ``func.__name__`` of each call (e.g. ``"matmul"``, ``"__matmul__"``, ``"gelu"``).
     """
     from torch.overrides import TorchFunctionMode
 
