@@ -23,6 +23,7 @@ for step in "$@"; do
     *)       echo "unknown step $step" ;;
   esac
   echo "step $step took $(( $(date +%s) - start )) s" | tee -a "$RESULTS/steps.txt"
+  # Pack after every step, so a run stopped at the device's time limit still returns the finished steps.
+  tar czf "${OUT:-/tmp}/results.tar.gz" -C "$RESULTS" .
+  cp "$RESULTS/steps.txt" "${OUT:-/tmp}/steps.txt"
 done
-tar czf "${OUT:-/tmp}/results.tar.gz" -C "$RESULTS" .
-cp "$RESULTS/steps.txt" "${OUT:-/tmp}/steps.txt" 2>/dev/null
