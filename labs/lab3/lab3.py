@@ -1,0 +1,2424 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: nbgrader,deletable,editable,tags,-all
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# # Lab 3: LLM Inference: FLOPs, Bytes, KV Cache and Speculative Decoding
+#
+# A language model generates text one token at a time, and every token costs a full pass through the network.
+# In this lab you work out, with pen and paper turned into code, what such a pass costs: how many floating-point
+# operations (FLOPs) it performs and how many bytes it moves between memory and the compute units. You use
+# these counts to predict whether inference is limited by compute or by memory bandwidth, check the prediction
+# against measurements on your own machine, and then implement the two ideas that make generation fast in
+# practice: the **KV cache** and **speculative decoding**.
+#
+# ## Learning objectives
+# By the end of this lab you will be able to:
+# 1. implement **causal self-attention** and explain what its mask is for, and why recalling a fact from the
+#    context needs (at least) two attention layers;
+# 2. **count the FLOPs and bytes** of every operation in a Transformer layer under stated conventions, and
+#    combine them into the cost of a whole model (GPT-2 XL);
+# 3. use the **roofline model** to decide whether a forward pass is compute-bound or memory-bound, and predict
+#    its latency from a GPU's datasheet;
+# 4. explain what a **KV cache** stores, how big it is, and how it changes the FLOPs, the bytes and the
+#    arithmetic intensity of decoding;
+# 5. compare your **predictions with measurements** of a GPT-2-shaped model and explain the gaps;
+# 6. explain why decoding one sequence at a time is bound by **reading the weights**, and implement
+#    **speculative sampling**, whose output has exactly the target model's distribution.
+#
+# ## How this notebook works
+# - Run it top to bottom. On a GPU it runs at *teaching* scale (the sizes the questions discuss); on a CPU it
+#   runs at a *quick* scale with small sizes, which is also what the autograder uses. `utils.at_scale` picks
+#   the sizes.
+# - Write your code where it says `YOUR CODE HERE` and your written answers where it says `YOUR ANSWER HERE`.
+#   Keep the names and signatures we give you: the tests call them.
+# - Cells that check your code show a few public tests; the grader runs more (hidden) tests on inputs you have
+#   not seen. Passing the public tests is necessary, not sufficient.
+# - Units are in the names: `_s` seconds, `_ms` milliseconds, `_flops_per_s` FLOP/s, `_bytes_per_s` bytes/s.
+#
+# ## Points
+# Autograded questions have one right answer (a function, a formula, a number). Written answers and plots are
+# graded by a TA.
+#
+# | Question | Topic | Points |
+# | --- | --- | --- |
+# | Question 1.1 | `causal_self_attention` | 6 |
+# | Question 1.2 | why the causal mask (written) | 2 |
+# | Question 1.3 | how many layers does recall need? (written) | 4 |
+# | Question 2.1 | FLOPs and bytes of a matmul | 4 |
+# | Question 2.2 | Q/K/V input projections | 3 |
+# | Question 2.3.1 | scores $QK^T/\sqrt{d}$ | 3 |
+# | Question 2.3.2 | causal masking | 2 |
+# | Question 2.3.3 | softmax | 2 |
+# | Question 2.3.4 | attention times values | 3 |
+# | Question 2.4 | multi-head attention | 4 |
+# | Question 2.5 | output projection | 2 |
+# | Question 2.6 | MLP | 4 |
+# | Question 2.7 | `roofline_estimate` | 3 |
+# | Question 2.8 | MHA vs MLP on an A100 (written) | 3 |
+# | Question 3.1 | GPT-2 XL forward pass without a cache | 6 |
+# | Question 3.2 | `roofline_table` | 3 |
+# | Question 3.3 | the four T4 cases (written) | 3 |
+# | Question 4.1 | KV cache size | 4 |
+# | Question 4.2 | decoding with a KV cache | 8 |
+# | Question 4.3 | expected speedup of the cache | 3 |
+# | Question 4.4 | the cache and arithmetic intensity (written) | 3 |
+# | Bonus 4.5 | grouped-query attention and how many sequences fit | 4 |
+# | Question 5.1 | predicted latencies (code) | 2 |
+# | Question 5.2 | prediction vs measurement (written) | 4 |
+# | Question 6.1 | where a batch-1 decode step spends its time | 4 |
+# | Question 6.2 | the bottleneck and speculative decoding (written) | 2 |
+# | Question 6.3 | expected tokens per target pass | 2 |
+# | Question 6.4 | `speculative_step` | 8 |
+# | Question 6.5 | speculative decoding of the recall models (written) | 3 |
+# | Bonus 6.6 | the best draft length | 6 |
+# | **Total** | | **100 + 10 bonus** |
+
+# %% nbgrader={"grade": false, "grade_id": "setup_imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import math
+import numbers
+import sys
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel
+
+sys.path.insert(0, ".")  # utils.py sits beside the notebook (and at the repository root when run as a script)
+from utils import *
+
+print_environment_report("lab3")
+
+
+# %% nbgrader={"grade": false, "grade_id": "test_helpers", "locked": true, "schema_version": 3, "solution": false, "task": false}
+def _check_count(fn, args, expected, hint=""):
+    """Test helper: ``fn(*args)`` must return exactly the integer ``expected``.
+
+    Args:
+        fn: the function under test (a FLOP or byte count).
+        args: its positional arguments.
+        expected (int): the right answer.
+        hint (str): which counting rules to re-read when the answer is wrong.
+    """
+    call = f"{fn.__name__}{tuple(args)}"
+    got = fn(*args)
+    assert isinstance(got, numbers.Integral) and not isinstance(got, bool), (
+        f"{call} must return a Python int, got {type(got).__name__} {got!r} (use // to divide integers)")
+    assert got == expected, f"{call} must be {expected:,}, got {got:,}. {hint}".strip()
+
+
+def _check_close(got, expected, what, rel=1e-9):
+    """Test helper: a float result ``got`` must equal ``expected`` to a relative tolerance ``rel``."""
+    assert isinstance(got, numbers.Real) and not isinstance(got, bool), f"{what} must be a number, got {got!r}"
+    assert math.isclose(float(got), float(expected), rel_tol=rel, abs_tol=1e-300), (
+        f"{what} must be {expected:.6g}, got {float(got):.6g}")
+
+
+# %% [markdown]
+# # Part 1: Causal self-attention and associative recall
+#
+# A decoder-only language model predicts token $t+1$ from tokens $1, \dots, t$. During training we feed a whole
+# sequence at once and ask for *every* next-token prediction in parallel, so the model must be prevented from
+# looking at the answer: position $i$ may only attend to positions $j \le i$. That is the job of the **causal
+# mask**.
+#
+# For one head with queries, keys and values $Q, K, V \in \mathbb{R}^{N \times d}$:
+# $$\text{scores} = \frac{Q K^T}{\sqrt{d}}, \qquad
+#   \text{scores}_{ij} \leftarrow -\infty \text{ where } j > i, \qquad
+#   \text{out} = \text{softmax}_{\text{row}}(\text{scores})\, V .$$
+# Setting a score to $-\infty$ makes its weight $e^{-\infty} = 0$ after the softmax, and the softmax of each
+# row still sums to one over the allowed positions.
+#
+# #### Question 1.1 (6 points)
+#
+# Write `causal_self_attention(q, k, v)`.
+# - `q`, `k`, `v` have the same shape `(..., N, d)`: any number of leading dimensions (batch, heads), then the
+#   sequence length `N` and the head width `d`.
+# - Return a tensor of the same shape, dtype and device, where output row `i` attends to rows `j <= i` only,
+#   with scores scaled by $1/\sqrt{d}$.
+# - Build the mask yourself; do not call `F.scaled_dot_product_attention` or `nn.MultiheadAttention`.
+# - Your softmax must be numerically stable: scores in the hundreds must not give `inf` or `NaN`
+#   (`torch.softmax` is stable).
+
+# %% nbgrader={"grade": false, "grade_id": "q1_1_causal_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def causal_self_attention(q, k, v):
+    """Causal scaled dot-product attention.
+
+    Args:
+        q (torch.Tensor): queries, shape (..., N, d), floating dtype.
+        k (torch.Tensor): keys, same shape, dtype and device as q.
+        v (torch.Tensor): values, same shape, dtype and device as q.
+
+    Returns:
+        torch.Tensor: shape (..., N, d), dtype and device of q; row i is
+        softmax(q_i k_j / sqrt(d) over j <= i) weighted sum of the v_j.
+    """
+    ### BEGIN SOLUTION
+    seq_len, head_dim = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (..., N, N)
+    allowed = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()  # j <= i
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q1_1_causal_attention_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
+_q = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], device=DEVICE)
+_v = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], device=DEVICE)
+_out = causal_self_attention(_q, _q, _v)
+assert isinstance(_out, torch.Tensor) and tuple(_out.shape) == (3, 2), (
+    f"causal_self_attention of (3, 2) inputs must return a (3, 2) tensor, got {getattr(_out, 'shape', _out)}")
+torch.testing.assert_close(_out[0], _v[0], msg=lambda m: f"row 0 may only attend to itself, so it must equal v[0]: {m}")
+_w = torch.softmax(torch.tensor([0.0, 1.0]) / math.sqrt(2.0), dim=0).to(DEVICE)
+torch.testing.assert_close(_out[1], _w[0] * _v[0] + _w[1] * _v[1],
+                           msg=lambda m: f"row 1 attends to rows 0 and 1 with weights softmax([0, 1] / sqrt(2)): {m}")
+del _q, _v, _out, _w
+### BEGIN HIDDEN TESTS
+def _q1_1_hidden_tests():
+    from torch.overrides import TorchFunctionMode
+
+    class _Recorder(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.add(getattr(func, "__name__", repr(func)))
+            return func(*args, **(kwargs or {}))
+
+    def reference(q, k, v):
+        q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
+        n = q.shape[-2]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        future = torch.ones(n, n, dtype=torch.bool).triu(1)
+        return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
+
+    def check(shape, dtype, seed, scale=1.0):
+        gen = torch.Generator().manual_seed(seed)
+        q = (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(DEVICE, dtype)
+        k = (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(DEVICE, dtype)
+        v = torch.randn(*shape, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
+        where = f"inputs of shape {tuple(shape)}, {dtype}" + (f", scores scaled x{scale ** 2:g}" if scale != 1 else "")
+        with _Recorder() as recorder:
+            out = causal_self_attention(q, k, v)
+        banned = sorted(n for n in recorder.names if "scaled_dot_product" in n or "multi_head_attention" in n)
+        assert not banned, f"build the mask and the softmax yourself; your code called {banned}"
+        assert isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(shape), (
+            f"for {where} the output must have shape {tuple(shape)}, got {getattr(out, 'shape', out)}")
+        assert out.dtype == dtype and out.device == q.device, (
+            f"for {where} the output must keep the dtype and device of q ({dtype}, {q.device}), got ({out.dtype}, {out.device})")
+        got = out.detach().to("cpu", torch.float64)
+        assert torch.isfinite(got).all(), f"for {where} the output has NaN or inf: is your softmax stable, and can row 0 see itself?"
+        expected = reference(q, k, v)
+        err = (got - expected).abs().max().item()
+        tol = 1e-4 if dtype == torch.float32 else 1e-10
+        assert err <= tol * (1 + expected.abs().max().item()), (
+            f"for {where}: row i must be softmax(q_i k_j / sqrt(d), j <= i) v; max abs error {err:.3g}")
+        return q, k, v, out
+
+    check((5, 4), torch.float64, 11)
+    check((2, 3, 7, 8), torch.float32, 12)
+    check((3, 9, 16), torch.float64, 13)
+    check((1, 1, 1, 4), torch.float32, 14)
+    check((2, 6, 8), torch.float32, 15, scale=6.0)  # scores up to several hundred
+    # Causality: changing keys and values after position t must not change outputs 0..t.
+    q, k, v, out = check((2, 2, 10, 4), torch.float64, 16)
+    t = 4
+    k2, v2 = k.clone(), v.clone()
+    k2[..., t + 1:, :] += 3.0
+    v2[..., t + 1:, :] -= 5.0
+    out2 = causal_self_attention(q, k2, v2)
+    assert torch.allclose(out[..., : t + 1, :], out2[..., : t + 1, :], atol=1e-12), (
+        "changing keys/values at positions > t changed the outputs at positions <= t: the mask must hide the future")
+    assert not torch.allclose(out[..., t + 1:, :], out2[..., t + 1:, :]), (
+        "changing keys/values at positions > t must change the later outputs (position i sees j <= i)")
+
+
+_q1_1_hidden_tests()
+del _q1_1_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 1.2 (2 points)
+#
+# In one to three sentences: what is the causal mask for, why is it needed when training on whole sequences,
+# and how is it applied?
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q1_2_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# In training the whole sequence is processed at once and each position is trained to predict the *next*
+# token, so without a mask position $i$ could simply attend to token $i+1$ and copy the answer; the model would
+# then fail at generation time, when future tokens do not exist yet. The mask keeps training consistent with
+# left-to-right generation: before the softmax, every score $s_{ij}$ with $j > i$ (the upper triangle of
+# $QK^T$) is set to $-\infty$, so its attention weight becomes exactly zero and each row is normalised over the
+# positions $j \le i$ only.
+# === BEGIN MARK SCHEME ===
+# 2 points in total:
+# - 1 point: purpose: position i must not see tokens after i (no peeking at the token it has to predict);
+#   mentions that training processes all positions in parallel / consistency with autoregressive generation.
+# - 1 point: mechanism: scores of future positions (j > i, upper triangle) set to -inf (or a very large
+#   negative number) before the softmax, so their weights are 0. Adding -inf *after* the softmax, or zeroing
+#   scores (0 instead of -inf), is wrong.
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# ## Associative recall
+#
+# A classic probe of what attention can do is **associative recall**. Each sequence first lists key-value
+# pairs, then asks for some of the keys again; after each repeated key the model must output the value that
+# was paired with it earlier:
+# ```
+#   k1 v1  k2 v2  k3 v3  k4 v4  |  k3 ?  k1 ?  ...
+# ```
+# Keys and values are random tokens, so the answer cannot be memorised: it has to be looked up in the context.
+# Keys come from one set of token ids and values from another, keys within a sequence are distinct, and a query
+# picks one of the listed keys at random. The model is trained as a language model on the query half of the
+# sequence: it predicts each query key (one of the listed keys, uniformly at random) and each answer (fully
+# determined by the context). We measure the **accuracy on the answers**.
+#
+# The cells below generate the data, define a small Transformer (learned positional embeddings, pre-norm
+# blocks of your `causal_self_attention` and a 4x MLP) and train it with 1, 2, ... layers.
+
+# %%
+RECALL_TASK = dict(
+    num_pairs=at_scale(teaching=8, quick=4),     # key-value pairs listed in the context
+    num_queries=at_scale(teaching=8, quick=4),   # keys asked again, each followed by its value
+    num_keys=at_scale(teaching=32, quick=16),    # key tokens are ids 0 .. num_keys - 1
+    num_values=at_scale(teaching=32, quick=16),  # value tokens are ids num_keys .. num_keys + num_values - 1
+)
+RECALL_TRAINING = dict(
+    d_model=at_scale(teaching=64, quick=32),
+    num_heads=at_scale(teaching=4, quick=2),
+    steps=at_scale(teaching=2000, quick=40),
+    batch_size=at_scale(teaching=128, quick=32),
+    lr=3e-3,
+)
+RECALL_LAYER_COUNTS = at_scale(teaching=[1, 2, 3, 4], quick=[1, 2])
+
+
+def make_recall_batch(batch_size, num_pairs, num_queries, num_keys, num_values, generator, device=DEVICE):
+    """A batch of associative-recall sequences.
+
+    Args:
+        batch_size (int): number of sequences B.
+        num_pairs (int): key-value pairs P in the context (P <= num_keys; keys are distinct).
+        num_queries (int): queries Q; each repeats a random context key and is followed by its value.
+        num_keys (int): size of the key vocabulary (ids 0 .. num_keys - 1).
+        num_values (int): size of the value vocabulary (ids num_keys .. num_keys + num_values - 1).
+        generator (torch.Generator): source of randomness, on ``device``.
+        device: where the tokens are created.
+
+    Returns:
+        torch.Tensor: int64 tokens of shape (B, 2 P + 2 Q): k1 v1 ... kP vP q1 a1 ... qQ aQ.
+    """
+    keys = torch.rand(batch_size, num_keys, generator=generator, device=device).argsort(dim=1)[:, :num_pairs]
+    values = num_keys + torch.randint(num_values, (batch_size, num_pairs), generator=generator, device=device)
+    context = torch.stack([keys, values], dim=2).reshape(batch_size, 2 * num_pairs)
+    picked = torch.randint(num_pairs, (batch_size, num_queries), generator=generator, device=device)
+    queries = torch.stack([keys.gather(1, picked), values.gather(1, picked)], dim=2)
+    return torch.cat([context, queries.reshape(batch_size, 2 * num_queries)], dim=1)
+
+
+def recall_positions(num_pairs, num_queries, device=DEVICE):
+    """Which input positions the loss and the accuracy use (the model sees tokens[:, :-1]).
+
+    Returns:
+        tuple: (loss_positions, answer_positions), boolean masks of shape (2 P + 2 Q - 1,): the positions
+        whose next token lies in the query half, and the positions whose next token is an answer.
+    """
+    pos = torch.arange(2 * num_pairs + 2 * num_queries - 1, device=device)
+    loss_positions = pos >= 2 * num_pairs - 1
+    answer_positions = (pos >= 2 * num_pairs) & ((pos - 2 * num_pairs) % 2 == 0)
+    return loss_positions, answer_positions
+
+
+_example = make_recall_batch(2, **RECALL_TASK, generator=torch.Generator(device=DEVICE).manual_seed(0))
+print("two example sequences (keys < "
+      f"{RECALL_TASK['num_keys']} <= values):\n{_example.cpu().numpy()}")
+
+
+# %%
+class RecallBlock(nn.Module):
+    """Pre-norm Transformer block: x + attention(LN(x)), then x + MLP(LN(x)), with your causal attention."""
+
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        self.num_heads = num_heads
+        self.norm1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x):
+        batch, seq_len, d_model = x.shape
+        qkv = self.qkv(self.norm1(x)).view(batch, seq_len, 3, self.num_heads, d_model // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, heads, N, d_head)
+        attended = causal_self_attention(q, k, v).transpose(1, 2).reshape(batch, seq_len, d_model)
+        x = x + self.proj(attended)
+        return x + self.mlp(self.norm2(x))
+
+
+class RecallTransformer(nn.Module):
+    """A small decoder-only Transformer: token + learned position embeddings, blocks, final norm, LM head.
+
+    forward(tokens (B, S) int64) -> logits (B, S, vocab_size) float32, S <= max_len.
+    """
+
+    def __init__(self, vocab_size, max_len, d_model, num_heads, num_layers):
+        super().__init__()
+        self.max_len = max_len
+        self.token_embedding = nn.Embedding(vocab_size, d_model)
+        self.position_embedding = nn.Embedding(max_len, d_model)
+        self.blocks = nn.ModuleList(RecallBlock(d_model, num_heads) for _ in range(num_layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size)
+
+    def forward(self, tokens):
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.token_embedding(tokens) + self.position_embedding(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def train_recall_model(num_layers, task=RECALL_TASK, training=RECALL_TRAINING, seed=0, device=DEVICE):
+    """Train a RecallTransformer with ``num_layers`` blocks on fresh random batches.
+
+    Returns:
+        tuple: (model in eval mode, list of training losses).
+    """
+    torch.manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    seq_len = 2 * task["num_pairs"] + 2 * task["num_queries"]
+    vocab_size = task["num_keys"] + task["num_values"]
+    model = RecallTransformer(vocab_size, seq_len, training["d_model"], training["num_heads"], num_layers).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=training["lr"], weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=training["lr"], total_steps=training["steps"],
+                                                   pct_start=0.1)
+    loss_positions, _ = recall_positions(task["num_pairs"], task["num_queries"], device)
+    losses = []
+    model.train()
+    for _ in range(training["steps"]):
+        tokens = make_recall_batch(training["batch_size"], **task, generator=gen, device=device)
+        logits = model(tokens[:, :-1])[:, loss_positions]
+        loss = F.cross_entropy(logits.reshape(-1, vocab_size), tokens[:, 1:][:, loss_positions].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+    return model.eval(), losses
+
+
+@torch.no_grad()
+def recall_accuracy(model, task=RECALL_TASK, num_sequences=1024, seed=1234, device=DEVICE):
+    """Fraction of answers the model predicts correctly (argmax) on fresh sequences."""
+    tokens = make_recall_batch(num_sequences, **task, generator=torch.Generator(device=device).manual_seed(seed),
+                               device=device)
+    _, answer_positions = recall_positions(task["num_pairs"], task["num_queries"], device)
+    predicted = model(tokens[:, :-1]).argmax(dim=-1)
+    return (predicted[:, answer_positions] == tokens[:, 1:][:, answer_positions]).float().mean().item()
+
+
+# %%
+recall_models, recall_results = {}, []
+for num_layers in RECALL_LAYER_COUNTS:
+    start_s = time.perf_counter()
+    recall_models[num_layers], losses = train_recall_model(num_layers)
+    accuracy = recall_accuracy(recall_models[num_layers])
+    recall_results.append({"layers": num_layers, "answer_accuracy": accuracy,
+                           "final_loss": float(np.mean(losses[-20:])), "train_s": time.perf_counter() - start_s})
+    print(f"{num_layers} layer(s): answer accuracy {accuracy:6.1%}   "
+          f"({time.perf_counter() - start_s:.1f} s, {RECALL_TRAINING['steps']} steps)")
+recall_results = pd.DataFrame(recall_results)
+chance = 1 / RECALL_TASK["num_values"]
+fig, ax = plt.subplots(figsize=(5, 3.5))
+ax.plot(recall_results["layers"], recall_results["answer_accuracy"], marker="o")
+ax.axhline(0.9, color="gray", linestyle="--", label="90 %")
+ax.axhline(chance, color="gray", linestyle=":", label=f"chance (1/{RECALL_TASK['num_values']})")
+ax.set_xticks(recall_results["layers"])
+ax.set_xlabel("Transformer layers")
+ax.set_ylabel("Answer accuracy")
+ax.set_ylim(0, 1.02)
+ax.set_title("Associative recall vs depth")
+ax.legend()
+plt.show()
+if SCALE == "quick":
+    print("Quick scale: the models train for a few dozen steps only, so these accuracies mean nothing; "
+          "run at teaching scale (a GPU) to answer Question 1.3.")
+
+# %% [markdown]
+# #### Question 1.3 (4 points)
+#
+# Run the experiment at teaching scale. What is the smallest number of layers that reaches 90 % answer
+# accuracy? Explain why fewer layers cannot solve the task: what must the first attention layer compute, and
+# what does the next one do with it? (Think of where the information "this value belongs to key $k$" lives in
+# the sequence, and which position needs it.)
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q1_3_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
+# Two layers. With one layer the answer accuracy stays far below 90 % (about 20 % here, against 1/32 for a
+# random value: the model can guess among the values present in the context but not pick the right one), while
+# two or more layers reach nearly 100 %.
+#
+# At the query position the model sees the key $k$ and must output the token that *followed* $k$ earlier. A
+# single attention layer can find the earlier occurrence of $k$ by content (query $k$ matches key $k$), but
+# what it reads there is the key token itself, not the value next to it; and it cannot find the value by
+# content, because a value token's own representation says nothing about which key preceded it. Two layers
+# solve this by composition (an "induction head"): the first layer lets every position attend to its
+# *previous* position (a positional pattern), so the representation of each value $v_i$ now also carries the
+# identity of its key $k_i$. The second layer, from the query position, attends to the position whose
+# "previous token" is $k$, which is exactly $v_i$, and copies that value to the output. Each layer moves
+# information one hop; recall needs two hops (key to its neighbour, then query to that neighbour), so two
+# layers are the minimum; more layers do not hurt but are not needed.
+# === BEGIN MARK SCHEME ===
+# 4 points in total:
+# - 1 point: answer "2 layers" (consistent with their teaching-scale run; 1 layer stays far below 90 %).
+# - 1 point: a single layer can match the query key to the earlier key by content but cannot retrieve the
+#   token next to it / value tokens do not know their key.
+# - 2 points: mechanism of two layers: layer 1 copies the previous token's identity (the key) into each value
+#   position (previous-token head); layer 2 matches the query against that copied key and reads the value
+#   (induction head / two-step composition). Partial credit (1) for "layer 1 builds key-value associations,
+#   layer 2 looks them up" without saying how.
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# # Part 2: Counting FLOPs and bytes
+#
+# We now count what one Transformer layer costs. The counts depend on conventions, so here are ours. The tests
+# check exactly these rules; when your count differs, re-read them first.
+#
+# **Shapes.** Batch size $B$, sequence length $N$, model width $D$, $H$ heads of width $D/H$ ($D$ is a multiple
+# of $H$). The input of a layer is $X \in \mathbb{R}^{B \times N \times D}$. Every element takes $n$ bytes
+# (`bytes_per_element`: 2 for fp16/bf16, 4 for fp32).
+#
+# **FLOPs.**
+# 1. One FLOP is one scalar addition, subtraction, multiplication, division, exponential or comparison.
+# 2. A matrix product $(M \times K)(K \times N)$ costs $2MKN$ FLOPs: each of the $MN$ outputs takes $K$
+#    multiplications and $K$ additions (we count the first addition into a zero accumulator, so the exact
+#    $MN(2K-1)$ becomes the usual $2MKN$). A batched product costs the batch size times as much.
+# 3. Adding a bias costs 1 FLOP per output element. Scaling the scores by $1/\sqrt{d}$ costs 1 FLOP per score
+#    ($\sqrt{d}$ is given for free).
+# 4. The causal mask costs 1 FLOP per score: the comparison that decides whether the entry is masked
+#    (selecting $-\infty$ or the score costs nothing more).
+# 5. The softmax costs 3 FLOPs per element: one exponential, one addition into its row's sum (the sum is
+#    computed once per row) and one division. We do not count the subtraction of the row maximum.
+# 6. The MLP's activation (GELU), layer norms, residual additions, embeddings and the final LM head are not
+#    counted (neither FLOPs nor bytes): the activation is applied inside the first MLP matmul before its
+#    result is written, and the rest is small next to the matmuls.
+#
+# **Bytes.**
+# 7. Each operation reads every input tensor from memory once and writes its output once, $n$ bytes per
+#    element. Nothing stays on chip between two operations: if three operations need $X$, $X$ is read three
+#    times. Weights and biases are inputs like any other; constants ($\sqrt{d}$, $-\infty$) are free; a
+#    transpose is free (it only changes metadata).
+# 8. These operations are separate (each writes its result and the next reads it back): the Q, K and V
+#    projections (three matmuls); the scores $QK^T/\sqrt{d}$ (the scaling is fused into the product: scores
+#    are written once, already scaled); the mask; the softmax; $A V$; the output projection; the first MLP
+#    matmul (bias and activation fused into it); the second MLP matmul (bias fused).
+#
+# **Parameters.** The Q, K, V and output projections are $D \times D$ matrices without biases. The MLP is
+# $Y = \text{GELU}(X W_1 + b_1) W_2 + b_2$ with $W_1 \in \mathbb{R}^{D \times 4D}$, $b_1 \in \mathbb{R}^{4D}$,
+# $W_2 \in \mathbb{R}^{4D \times D}$, $b_2 \in \mathbb{R}^{D}$.
+#
+# Every function below takes the sizes as arguments and returns a Python `int`. Divide integers with `//`
+# (for example `D // H`), never `/`.
+
+# %% [markdown]
+# #### Question 2.1 (4 points)
+#
+# $C = AB$ with $A \in \mathbb{R}^{M \times K}$ and $B \in \mathbb{R}^{K \times N}$. Write `matmul_flops(M, K, N)`
+# and `matmul_bytes(M, K, N, bytes_per_element)`.
+
+# %% nbgrader={"grade": false, "grade_id": "q2_1_matmul_flops", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def matmul_flops(M, K, N):
+    """FLOPs of C = A B for A (M, K) and B (K, N).
+
+    Returns:
+        int: number of floating-point operations.
+    """
+    ### BEGIN SOLUTION
+    return 2 * M * K * N
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "q2_1_matmul_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def matmul_bytes(M, K, N, bytes_per_element):
+    """Bytes read and written by C = A B for A (M, K) and B (K, N): read A and B once, write C once.
+
+    Returns:
+        int: bytes moved to and from memory.
+    """
+    ### BEGIN SOLUTION
+    return bytes_per_element * (M * K + K * N + M * N)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q2_1_matmul_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+_check_count(matmul_flops, (2, 3, 4), 48, "A multiply-add is 2 FLOPs (rule 2).")
+_check_count(matmul_bytes, (2, 3, 4, 4), 104, "Read A and B once, write C once (rule 7).")
+### BEGIN HIDDEN TESTS
+def _q2_1_hidden_tests():
+    for M, K, N in [(7, 11, 13), (1, 1600, 6400), (4096, 3, 1), (65536, 4096, 4096)]:
+        _check_count(matmul_flops, (M, K, N), 2 * M * K * N, "A multiply-add is 2 FLOPs (rule 2).")
+        for n in (2, 4):
+            _check_count(matmul_bytes, (M, K, N, n), n * (M * K + K * N + M * N),
+                         "Read A (M x K) and B (K x N) once, write C (M x N) once (rule 7).")
+
+
+_q2_1_hidden_tests()
+del _q2_1_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 2.2 (3 points)
+#
+# The input projections compute $Q = X W_Q$, $K = X W_K$ and $V = X W_V$ for $X \in \mathbb{R}^{B \times N
+# \times D}$ and weights of shape $D \times D$ (three separate matmuls, no biases). Write
+# `qkv_projection_flops(B, N, D)` and `qkv_projection_bytes(B, N, D, bytes_per_element)` for all three together.
+
+# %% nbgrader={"grade": false, "grade_id": "q2_2_qkv_projection_flops", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def qkv_projection_flops(B, N, D):
+    """FLOPs of the three projections Q, K, V = X W_Q, X W_K, X W_V; X (B, N, D), weights (D, D).
+
+    Returns:
+        int: FLOPs of all three projections.
+    """
+    ### BEGIN SOLUTION
+    return 3 * 2 * B * N * D * D
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "q2_2_qkv_projection_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def qkv_projection_bytes(B, N, D, bytes_per_element):
+    """Bytes of the three projections (each reads X and its weight, writes its output).
+
+    Returns:
+        int: bytes of all three projections.
+    """
+    ### BEGIN SOLUTION
+    return 3 * bytes_per_element * (B * N * D + D * D + B * N * D)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q2_2_qkv_projection_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+_check_count(qkv_projection_flops, (1, 2, 3), 108, "Three (B N x D)(D x D) matmuls (rules 2, 8).")
+_check_count(qkv_projection_bytes, (1, 2, 3, 2), 126, "Each projection reads X and its weight and writes its output.")
+### BEGIN HIDDEN TESTS
+def _q2_2_hidden_tests():
+    for B, N, D in [(3, 7, 20), (16, 1024, 1600), (1, 1, 4096)]:
+        _check_count(qkv_projection_flops, (B, N, D), 6 * B * N * D * D, "Three (B N x D)(D x D) matmuls (rules 2, 8).")
+        for n in (2, 4):
+            _check_count(qkv_projection_bytes, (B, N, D, n), n * (6 * B * N * D + 3 * D * D),
+                         "X is read three times (once per projection), each D x D weight once, Q, K, V written once.")
+
+
+_q2_2_hidden_tests()
+del _q2_2_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### Question 2.3: scaled dot-product attention, one head
+#
+# For Question 2.3 take **one head** of width $d$: $Q, K, V \in \mathbb{R}^{B \times N \times d}$ (the batch
+# dimension $B$ stands for everything that is batched). The attention matrix of the head has shape
+# $B \times N \times N$.
+#
+# #### Question 2.3.1 (3 points)
+#
+# Write `qk_scores_flops(B, N, d)` and `qk_scores_bytes(B, N, d, bytes_per_element)` for the fused operation
+# $S = QK^T/\sqrt{d}$.
+
+# %% nbgrader={"grade": false, "grade_id": "q2_3_1_qk_scores_flops", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def qk_scores_flops(B, N, d):
+    """FLOPs of S = Q K^T / sqrt(d) for Q, K (B, N, d): the batched product and the scaling.
+
+    Returns:
+        int: FLOPs.
+    """
+    ### BEGIN SOLUTION
+    return 2 * B * N * N * d + B * N * N
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "q2_3_1_qk_scores_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def qk_scores_bytes(B, N, d, bytes_per_element):
+    """Bytes of the fused S = Q K^T / sqrt(d): read Q and K, write S (B, N, N).
+
+    Returns:
+        int: bytes.
+    """
+    ### BEGIN SOLUTION
+    return bytes_per_element * (2 * B * N * d + B * N * N)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q2_3_1_qk_scores_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+_check_count(qk_scores_flops, (1, 2, 3), 28, "B batched (N x d)(d x N) products, plus one FLOP per score to scale.")
+_check_count(qk_scores_bytes, (1, 2, 3, 2), 32, "Read Q and K, write the scaled scores once (rules 7, 8).")
+### BEGIN HIDDEN TESTS
+def _q2_3_1_hidden_tests():
+    for B, N, d in [(3, 7, 5), (16, 4096, 64), (2, 1, 128), (5, 33, 1)]:
+        _check_count(qk_scores_flops, (B, N, d), 2 * B * N * N * d + B * N * N,
+                     "2 B N^2 d for the product (rule 2) plus 1 FLOP per score for the scaling (rule 3).")
+        for n in (2, 4):
+            _check_count(qk_scores_bytes, (B, N, d, n), n * (2 * B * N * d + B * N * N),
+                         "Read Q and K (B N d each), write S (B N N) once; the scaling is fused (rule 8).")
+
+
+_q2_3_1_hidden_tests()
+del _q2_3_1_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 2.3.2 (2 points)
+#
+# Write `causal_mask_flops(B, N)` and `causal_mask_bytes(B, N, bytes_per_element)` for masking the scores
+# $S \in \mathbb{R}^{B \times N \times N}$ (rule 4: one comparison per score; the masked scores are written back
+# as a new tensor).
+
+# %% nbgrader={"grade": false, "grade_id": "q2_3_2_causal_mask_flops", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def causal_mask_flops(B, N):
+    """FLOPs of applying the causal mask to scores of shape (B, N, N).
+
+    Returns:
+        int: FLOPs.
+    """
+    ### BEGIN SOLUTION
+    return B * N * N
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "q2_3_2_causal_mask_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def causal_mask_bytes(B, N, bytes_per_element):
+    """Bytes of applying the causal mask: read the scores, write the masked scores.
+
+    Returns:
+        int: bytes.
+    """
+    ### BEGIN SOLUTION
+    return 2 * bytes_per_element * B * N * N
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q2_3_2_causal_mask_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+_check_count(causal_mask_flops, (1, 3), 9, "One comparison per score (rule 4).")
+_check_count(causal_mask_bytes, (1, 3, 2), 36, "Read every score once and write every masked score once (rule 7).")
+### BEGIN HIDDEN TESTS
+def _q2_3_2_hidden_tests():
+    for B, N in [(3, 7), (16, 4096), (1, 1), (25, 513)]:
+        _check_count(causal_mask_flops, (B, N), B * N * N, "One comparison per score (rule 4), B N^2 scores.")
+        for n in (2, 4):
+            _check_count(causal_mask_bytes, (B, N, n), 2 * n * B * N * N,
+                         "Read the B N^2 scores once and write the masked scores once (rule 7).")
+
+
+_q2_3_2_hidden_tests()
+del _q2_3_2_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 2.3.3 (2 points)
+#
+# Write `softmax_flops(B, N)` and `softmax_bytes(B, N, bytes_per_element)` for the row-wise softmax of the
+# masked scores (shape $B \times N \times N$; rule 5). Count all $N^2$ entries of a row block, masked or not.
+
+# %% nbgrader={"grade": false, "grade_id": "q2_3_3_softmax_flops", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def softmax_flops(B, N):
+    """FLOPs of a row-wise softmax over a (B, N, N) tensor (exp, sum, divide per element).
+
+    Returns:
+        int: FLOPs.
+    """
+    ### BEGIN SOLUTION
+    return 3 * B * N * N
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "q2_3_3_softmax_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def softmax_bytes(B, N, bytes_per_element):
+    """Bytes of the softmax: read the masked scores, write the probabilities.
+
+    Returns:
+        int: bytes.
+    """
+    ### BEGIN SOLUTION
+    return 2 * bytes_per_element * B * N * N
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q2_3_3_softmax_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+_check_count(softmax_flops, (1, 2), 12, "Exponential, addition into the row sum and division: 3 FLOPs per element (rule 5).")
+_check_count(softmax_bytes, (1, 2, 4), 32, "Read the masked scores once, write the probabilities once (rule 7).")
+### BEGIN HIDDEN TESTS
+def _q2_3_3_hidden_tests():
+    for B, N in [(3, 7), (16, 4096), (1, 1), (25, 513)]:
+        _check_count(softmax_flops, (B, N), 3 * B * N * N, "3 FLOPs per element of the B N^2 scores (rule 5).")
+        for n in (2, 4):
+            _check_count(softmax_bytes, (B, N, n), 2 * n * B * N * N,
+                         "Read the B N^2 masked scores once, write the B N^2 probabilities once (rule 7).")
+
+
+_q2_3_3_hidden_tests()
+del _q2_3_3_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 2.3.4 (3 points)
+#
+# Write `attention_value_flops(B, N, d)` and `attention_value_bytes(B, N, d, bytes_per_element)` for the last
+# step, $O = A V$ with the probabilities $A \in \mathbb{R}^{B \times N \times N}$ and $V \in \mathbb{R}^{B
+# \times N \times d}$.
+
+# %% nbgrader={"grade": false, "grade_id": "q2_3_4_attention_value_flops", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def attention_value_flops(B, N, d):
+    """FLOPs of O = A V for A (B, N, N) and V (B, N, d).
+
+    Returns:
+        int: FLOPs.
+    """
+    ### BEGIN SOLUTION
+    return 2 * B * N * N * d
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "q2_3_4_attention_value_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def attention_value_bytes(B, N, d, bytes_per_element):
+    """Bytes of O = A V: read A and V, write O (B, N, d).
+
+    Returns:
+        int: bytes.
+    """
+    ### BEGIN SOLUTION
+    return bytes_per_element * (B * N * N + 2 * B * N * d)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q2_3_4_attention_value_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+_check_count(attention_value_flops, (1, 2, 3), 24, "B batched (N x N)(N x d) products (rule 2).")
+_check_count(attention_value_bytes, (1, 2, 3, 2), 32, "Read A and V, write O once (rule 7).")
+### BEGIN HIDDEN TESTS
+def _q2_3_4_hidden_tests():
+    for B, N, d in [(3, 7, 5), (16, 4096, 64), (2, 1, 128), (5, 33, 1)]:
+        _check_count(attention_value_flops, (B, N, d), 2 * B * N * N * d, "2 B N^2 d for B (N x N)(N x d) products (rule 2).")
+        for n in (2, 4):
+            _check_count(attention_value_bytes, (B, N, d, n), n * (B * N * N + 2 * B * N * d),
+                         "Read A (B N N) and V (B N d), write O (B N d) once (rule 7).")
+
+
+_q2_3_4_hidden_tests()
+del _q2_3_4_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 2.4 (4 points)
+#
+# Multi-head attention runs the four steps of Question 2.3 (scores, mask, softmax, $AV$) for each of the $H$
+# heads, each of width $D/H$. Write `mha_flops(B, N, D, H)` and `mha_bytes(B, N, D, H, bytes_per_element)` for
+# all heads together, **without** the input and output projections. (Check: for $H = 1$ and $d = D$ your
+# answer must be the sum of the four operations of Question 2.3.)
+
+# %% nbgrader={"grade": false, "grade_id": "q2_4_mha_flops", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def mha_flops(B, N, D, H):
+    """FLOPs of causal multi-head attention (scores, mask, softmax, A V) over H heads of width D // H.
+
+    Returns:
+        int: FLOPs, projections excluded.
+    """
+    ### BEGIN SOLUTION
+    d_head = D // H
+    per_head = 2 * B * N * N * d_head + B * N * N + B * N * N + 3 * B * N * N + 2 * B * N * N * d_head
+    return H * per_head
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "q2_4_mha_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def mha_bytes(B, N, D, H, bytes_per_element):
+    """Bytes of causal multi-head attention (scores, mask, softmax, A V) over H heads of width D // H.
+
+    Returns:
+        int: bytes, projections excluded.
+    """
+    ### BEGIN SOLUTION
+    d_head = D // H
+    per_head = (2 * B * N * d_head + B * N * N) + 2 * B * N * N + 2 * B * N * N + (B * N * N + 2 * B * N * d_head)
+    return H * bytes_per_element * per_head
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q2_4_mha_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+_check_count(mha_flops, (1, 2, 4, 2), 104, "H heads, each: scores, mask, softmax and A V with d = D // H.")
+_check_count(mha_bytes, (1, 2, 4, 2, 2), 160, "H heads, each: scores, mask, softmax and A V with d = D // H.")
+### BEGIN HIDDEN TESTS
+def _q2_4_hidden_tests():
+    for B, N, D, H in [(3, 7, 20, 4), (16, 16384, 4096, 16), (2, 5, 1600, 25), (1, 1, 64, 1), (4, 9, 12, 12)]:
+        _check_count(mha_flops, (B, N, D, H), 4 * B * N * N * D + 5 * H * B * N * N,
+                     "Per head of width D // H: 4 B N^2 (D/H) for the two products and 5 B N^2 for scale, mask "
+                     "and softmax; times H heads.")
+        for n in (2, 4):
+            _check_count(mha_bytes, (B, N, D, H, n), n * (4 * B * N * D + 6 * H * B * N * N),
+                         "Per head: read Q, K, V and write O (B N D/H each), and 6 B N^2 elements of score "
+                         "traffic (write S; read+write mask; read+write softmax; read A); times H heads.")
+
+
+_q2_4_hidden_tests()
+del _q2_4_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 2.5 (2 points)
+#
+# The output projection multiplies the concatenated heads $O \in \mathbb{R}^{B \times N \times D}$ by
+# $W_O \in \mathbb{R}^{D \times D}$ (no bias). Write `output_projection_flops(B, N, D)` and
+# `output_projection_bytes(B, N, D, bytes_per_element)`.
+
+# %% nbgrader={"grade": false, "grade_id": "q2_5_output_projection_flops", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def output_projection_flops(B, N, D):
+    """FLOPs of O W_O for O (B, N, D) and W_O (D, D).
+
+    Returns:
+        int: FLOPs.
+    """
+    ### BEGIN SOLUTION
+    return 2 * B * N * D * D
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "q2_5_output_projection_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def output_projection_bytes(B, N, D, bytes_per_element):
+    """Bytes of O W_O: read O and W_O, write the result (B, N, D).
+
+    Returns:
+        int: bytes.
+    """
+    ### BEGIN SOLUTION
+    return bytes_per_element * (2 * B * N * D + D * D)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q2_5_output_projection_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+_check_count(output_projection_flops, (1, 2, 3), 36, "One (B N x D)(D x D) matmul (rule 2).")
+_check_count(output_projection_bytes, (1, 2, 3, 2), 42, "Read O and W_O, write the result (rule 7).")
+### BEGIN HIDDEN TESTS
+def _q2_5_hidden_tests():
+    for B, N, D in [(3, 7, 20), (16, 1024, 1600), (1, 1, 4096)]:
+        _check_count(output_projection_flops, (B, N, D), 2 * B * N * D * D, "One (B N x D)(D x D) matmul (rule 2).")
+        for n in (2, 4):
+            _check_count(output_projection_bytes, (B, N, D, n), n * (2 * B * N * D + D * D),
+                         "Read O (B N D) and W_O (D D), write the result (B N D) once (rule 7).")
+
+
+_q2_5_hidden_tests()
+del _q2_5_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 2.6 (4 points)
+#
+# The MLP computes $Z = \text{GELU}(X W_1 + b_1)$, writes $Z \in \mathbb{R}^{B \times N \times 4D}$, then reads it
+# back for $Y = Z W_2 + b_2$. Write `mlp_flops(B, N, D)` and `mlp_bytes(B, N, D, bytes_per_element)` (biases
+# included, activation not counted: rules 3, 6, 7, 8).
+
+# %% nbgrader={"grade": false, "grade_id": "q2_6_mlp_flops", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def mlp_flops(B, N, D):
+    """FLOPs of the MLP: X W_1 + b_1 (D -> 4D) and Z W_2 + b_2 (4D -> D), on X of shape (B, N, D).
+
+    Returns:
+        int: FLOPs, bias additions included, activation excluded.
+    """
+    ### BEGIN SOLUTION
+    hidden = 4 * D
+    first = 2 * B * N * D * hidden + B * N * hidden
+    second = 2 * B * N * hidden * D + B * N * D
+    return first + second
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "q2_6_mlp_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def mlp_bytes(B, N, D, bytes_per_element):
+    """Bytes of the MLP: each of the two matmuls reads its input, weight and bias and writes its output.
+
+    Returns:
+        int: bytes.
+    """
+    ### BEGIN SOLUTION
+    hidden = 4 * D
+    first = B * N * D + D * hidden + hidden + B * N * hidden
+    second = B * N * hidden + hidden * D + D + B * N * D
+    return bytes_per_element * (first + second)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q2_6_mlp_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+_check_count(mlp_flops, (1, 1, 2), 74, "Two matmuls (2 FLOPs per multiply-add) plus one FLOP per bias addition.")
+_check_count(mlp_bytes, (1, 1, 2, 2), 124, "Each matmul reads its input, weight and bias once and writes its output once.")
+### BEGIN HIDDEN TESTS
+def _q2_6_hidden_tests():
+    for B, N, D in [(3, 7, 20), (16, 16384, 4096), (1, 1, 1600), (2, 5, 3)]:
+        _check_count(mlp_flops, (B, N, D), 16 * B * N * D * D + 5 * B * N * D,
+                     "2 B N D (4D) per matmul, plus B N 4D and B N D bias additions (rules 2, 3).")
+        for n in (2, 4):
+            _check_count(mlp_bytes, (B, N, D, n), n * (10 * B * N * D + 8 * D * D + 5 * D),
+                         "X, W_1, b_1 read and Z written; Z, W_2, b_2 read and Y written (rules 7, 8).")
+
+
+_q2_6_hidden_tests()
+del _q2_6_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## The roofline model
+#
+# A GPU with peak compute $P$ (FLOP/s) and memory bandwidth $W$ (bytes/s) needs at least
+# $T_\text{compute} = \text{FLOPs}/P$ to do the arithmetic and at least $T_\text{memory} = \text{bytes}/W$ to
+# move the data. When both overlap perfectly, the operation takes $\max(T_\text{compute}, T_\text{memory})$: it
+# is **compute-bound** if $T_\text{compute} > T_\text{memory}$ and **memory-bound** otherwise. Equivalently,
+# compare the **arithmetic intensity** $I = \text{FLOPs}/\text{bytes}$ with the **ridge point** $P/W$.
+#
+# #### Question 2.7 (3 points)
+#
+# Write `roofline_estimate(flops, bytes_moved, peak_flops_per_s, bandwidth_bytes_per_s)` returning a dict with
+# the float keys `"intensity_flop_per_byte"`, `"ridge_flop_per_byte"`, `"t_compute_s"`, `"t_memory_s"`,
+# `"t_roofline_s"` (the larger of the two times) and the key `"bound"`: the string `"compute"` when
+# $T_\text{compute} > T_\text{memory}$, else `"memory"`.
+
+# %% nbgrader={"grade": false, "grade_id": "q2_7_roofline_estimate", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def roofline_estimate(flops, bytes_moved, peak_flops_per_s, bandwidth_bytes_per_s):
+    """Roofline estimate of one operation on one device.
+
+    Args:
+        flops (float): floating-point operations.
+        bytes_moved (float): bytes read plus written.
+        peak_flops_per_s (float): the device's peak compute in FLOP/s.
+        bandwidth_bytes_per_s (float): the device's memory bandwidth in bytes/s.
+
+    Returns:
+        dict: intensity_flop_per_byte, ridge_flop_per_byte, t_compute_s, t_memory_s, t_roofline_s (floats)
+        and bound ("compute" or "memory").
+    """
+    ### BEGIN SOLUTION
+    t_compute_s = flops / peak_flops_per_s
+    t_memory_s = bytes_moved / bandwidth_bytes_per_s
+    return {
+        "intensity_flop_per_byte": flops / bytes_moved,
+        "ridge_flop_per_byte": peak_flops_per_s / bandwidth_bytes_per_s,
+        "t_compute_s": t_compute_s,
+        "t_memory_s": t_memory_s,
+        "t_roofline_s": max(t_compute_s, t_memory_s),
+        "bound": "compute" if t_compute_s > t_memory_s else "memory",
+    }
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q2_7_roofline_estimate_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+_est = roofline_estimate(4e12, 1e10, 100e12, 2e12)
+assert isinstance(_est, dict), f"roofline_estimate must return a dict, got {type(_est).__name__}"
+_check_close(_est.get("t_compute_s"), 0.04, "t_compute_s for 4e12 FLOPs at 100e12 FLOP/s")
+_check_close(_est.get("t_memory_s"), 0.005, "t_memory_s for 1e10 bytes at 2e12 bytes/s")
+assert _est.get("bound") == "compute", f"T_compute > T_memory means 'compute', got {_est.get('bound')!r}"
+del _est
+### BEGIN HIDDEN TESTS
+def _q2_7_hidden_tests():
+    cases = [(3.1e9, 2.9e9, 65e12, 300e9), (7.0e13, 8.3e11, 312e12, 2.039e12), (1.2e15, 2.1e12, 989e12, 3.35e12),
+             (5.0, 7.0, 11.0, 13.0), (2.0e6, 1.0e3, 1.0e9, 1.0e9)]
+    for flops, nbytes, peak, bw in cases:
+        what = f"roofline_estimate({flops:g}, {nbytes:g}, {peak:g}, {bw:g})"
+        est = roofline_estimate(flops, nbytes, peak, bw)
+        assert isinstance(est, dict), f"{what} must return a dict"
+        keys = {"intensity_flop_per_byte", "ridge_flop_per_byte", "t_compute_s", "t_memory_s", "t_roofline_s", "bound"}
+        assert keys <= set(est), f"{what} must have the keys {sorted(keys)}; missing {sorted(keys - set(est))}"
+        t_c, t_m = flops / peak, nbytes / bw
+        _check_close(est["intensity_flop_per_byte"], flops / nbytes, f"{what}['intensity_flop_per_byte'] (FLOPs / bytes)")
+        _check_close(est["ridge_flop_per_byte"], peak / bw, f"{what}['ridge_flop_per_byte'] (peak FLOP/s / bytes/s)")
+        _check_close(est["t_compute_s"], t_c, f"{what}['t_compute_s'] (FLOPs / peak)")
+        _check_close(est["t_memory_s"], t_m, f"{what}['t_memory_s'] (bytes / bandwidth)")
+        _check_close(est["t_roofline_s"], max(t_c, t_m), f"{what}['t_roofline_s'] (the larger of the two times)")
+        expected = "compute" if t_c > t_m else "memory"
+        assert est["bound"] == expected, f"{what}['bound'] must be {expected!r} (T_compute {t_c:.3g} s, T_memory {t_m:.3g} s), got {est['bound']!r}"
+
+
+_q2_7_hidden_tests()
+del _q2_7_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 2.8 (3 points)
+#
+# The cell below applies your functions to one layer with $B = 16$, $D = 4096$, $N = 16384$, $H = 16$ in fp16
+# on an A100 80GB SXM (312 TFLOP/s dense fp16 tensor cores, 2.039 TB/s; NVIDIA A100 datasheet). Run it, then
+# explain: which of multi-head attention and the MLP is memory-bound and which compute-bound, and *why*,
+# in terms of what each one's bytes are made of and how the FLOPs and the bytes grow with $N$.
+
+# %%
+A100_PEAK_FLOPS_PER_S, A100_BANDWIDTH_BYTES_PER_S = 312e12, 2.039e12
+a100_case = dict(B=16, N=16384, D=4096, H=16, n=2)
+try:
+    _B, _N, _D, _H, _n = a100_case.values()
+    a100_rows = {
+        "multi-head attention": roofline_estimate(mha_flops(_B, _N, _D, _H), mha_bytes(_B, _N, _D, _H, _n),
+                                                  A100_PEAK_FLOPS_PER_S, A100_BANDWIDTH_BYTES_PER_S),
+        "MLP": roofline_estimate(mlp_flops(_B, _N, _D), mlp_bytes(_B, _N, _D, _n),
+                                 A100_PEAK_FLOPS_PER_S, A100_BANDWIDTH_BYTES_PER_S),
+    }
+    print(pd.DataFrame(a100_rows).T.to_string(float_format=lambda x: f"{x:.4g}"))
+    plot_roofline("A100-80GB (fp16)", A100_PEAK_FLOPS_PER_S / 1e12, A100_BANDWIDTH_BYTES_PER_S / 1e12,
+                  {name: row["intensity_flop_per_byte"] for name, row in a100_rows.items()})
+    plt.show()
+except NotImplementedError:
+    print("Answer Questions 2.4, 2.6 and 2.7 first.")
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q2_8_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
+# The ridge point of the A100 is $312/2.039 \approx 153$ FLOP/byte. Multi-head attention has an arithmetic
+# intensity of about 85 FLOP/byte, below the ridge: it is **memory-bound**. The MLP has about 3,200 FLOP/byte,
+# far above it: **compute-bound**.
+#
+# Why: MHA's bytes are dominated by the attention matrices. Each of the $H$ heads writes and reads an
+# $N \times N$ matrix several times (scores, mask, softmax, $AV$: $6HBN^2$ elements), while its FLOPs are
+# $4BN^2D + 5HBN^2$. Both grow as $N^2$, so the intensity tends to a constant,
+# $\approx 4D / (6Hn) = 4 \cdot 4096 / (6 \cdot 16 \cdot 2) \approx 85$, no matter how long the sequence:
+# every score is moved several times but used in only $\approx 4D/H = 256$ FLOPs. The MLP instead moves
+# $O(BND)$ activations plus $O(D^2)$ weights while doing $O(BND^2)$ FLOPs; its intensity is about
+# $16D/(10n) \approx 3{,}300$ because every weight is reused for all $BN$ tokens. (This is why fused attention
+# kernels such as FlashAttention, which never write the $N \times N$ matrices to memory, help so much.)
+# === BEGIN MARK SCHEME ===
+# 3 points in total:
+# - 1 point: MHA memory-bound (intensity ~85 < ridge ~153) and MLP compute-bound (~3,200 > ridge), with the
+#   numbers or the comparison to the ridge point.
+# - 1 point: MHA's traffic is dominated by the H per-head N x N score/probability matrices, which grow with
+#   N^2 just like its FLOPs, so its intensity stays bounded (~4D/(6Hn)) whatever N.
+# - 1 point: the MLP reuses each weight for all B*N tokens: FLOPs ~ B N D^2 vs bytes ~ B N D + D^2, so its
+#   intensity grows with D (and with B N until the weights stop mattering).
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# # Part 3: GPT-2 XL without a KV cache
+#
+# GPT-2 XL has $L = 48$ layers, width $D = 1600$, $H = 25$ heads (of width 64), an MLP of width $4D = 6400$ and a
+# vocabulary of 50,257 tokens. Each layer is: Q/K/V projections, causal multi-head attention, output projection,
+# MLP. We keep the conventions of Part 2 (embeddings, layer norms, residuals and the LM head are left out) and
+# use fp16 ($n = 2$).
+#
+# Without a cache, generating the next token of $B$ sequences of length $N$ means running the whole model on
+# all $B \times N$ tokens again.
+#
+# #### Question 3.1 (6 points)
+#
+# Write `gpt2_forward_flops(B, N, D, H, num_layers)` and
+# `gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element)`: the FLOPs and bytes of a forward pass over
+# $B \times N$ tokens through `num_layers` such layers. (Your functions of Part 2 are the building blocks: a
+# correct answer has the form $L(c_1 BND^2 + c_2 BN^2D + c_3 HBN^2 + c_4 BND)$ FLOPs and
+# $nL(c_5 BND + c_6 D^2 + c_7 HBN^2 + c_8 D)$ bytes.)
+
+# %%
+GPT2_XL = dict(D=1600, H=25, num_layers=48)  # n_embd, n_head, n_layer of GPT-2 XL
+FP16_BYTES = 2
+# The T4 numbers used throughout Parts 3, 4 and 6 (NVIDIA T4 datasheet: 65 TFLOP/s fp16 with tensor cores; the
+# datasheet lists 320 GB/s, we use a round 300 GB/s).
+T4_PEAK_FLOPS_PER_S, T4_BANDWIDTH_BYTES_PER_S = 65e12, 300e9
+T4_CASES = [(1, 32), (1, 1024), (64, 32), (64, 1024)]  # (B, N)
+
+
+# %% nbgrader={"grade": false, "grade_id": "q3_1_gpt2_forward_flops", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def gpt2_forward_flops(B, N, D, H, num_layers):
+    """FLOPs of a forward pass of B sequences of N tokens through num_layers GPT-2 layers (no cache).
+
+    Returns:
+        int: FLOPs (projections, causal MHA, output projection and MLP of every layer).
+    """
+    ### BEGIN SOLUTION
+    d_head = D // H
+    projections = 2 * B * N * D * (3 * D) + 2 * B * N * D * D  # Q, K, V and output projection
+    attention = H * (4 * B * N * N * d_head + 5 * B * N * N)  # scores+scale, mask, softmax, A V per head
+    mlp = 16 * B * N * D * D + 5 * B * N * D
+    return num_layers * (projections + attention + mlp)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "q3_1_gpt2_forward_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):
+    """Bytes of a forward pass of B sequences of N tokens through num_layers GPT-2 layers (no cache).
+
+    Returns:
+        int: bytes read plus written under the rules of Part 2.
+    """
+    ### BEGIN SOLUTION
+    projections = (6 * B * N * D + 3 * D * D) + (2 * B * N * D + D * D)
+    attention = 4 * B * N * D + 6 * H * B * N * N
+    mlp = 10 * B * N * D + 8 * D * D + 5 * D
+    return num_layers * bytes_per_element * (projections + attention + mlp)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q3_1_gpt2_forward_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
+_check_count(gpt2_forward_flops, (1, 2, 4, 2, 1), 912, "One layer: projections, MHA, output projection, MLP.")
+_check_count(gpt2_forward_bytes, (1, 2, 4, 2, 1, 2), 872, "One layer: projections, MHA, output projection, MLP.")
+### BEGIN HIDDEN TESTS
+def _q3_1_hidden_tests():
+    def flops(B, N, D, H, L):
+        return L * (24 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D)
+
+    def nbytes(B, N, D, H, L, n):
+        return L * n * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D)
+
+    hint = ("Per layer: Q/K/V projections + MHA (H heads of width D // H) + output projection + MLP, times "
+            "num_layers; check each part against Part 2.")
+    for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024)] + [(3, 7)]:
+        _check_count(gpt2_forward_flops, (B, N, 1600, 25, 48), flops(B, N, 1600, 25, 48), hint)
+        _check_count(gpt2_forward_bytes, (B, N, 1600, 25, 48, 2), nbytes(B, N, 1600, 25, 48, 2), hint)
+    for B, N, D, H, L, n in [(3, 7, 20, 4, 5, 4), (2, 11, 768, 12, 12, 2), (5, 1, 36, 3, 2, 2), (1, 9, 64, 64, 3, 4)]:
+        _check_count(gpt2_forward_flops, (B, N, D, H, L), flops(B, N, D, H, L), hint)
+        _check_count(gpt2_forward_bytes, (B, N, D, H, L, n), nbytes(B, N, D, H, L, n), hint)
+
+
+_q3_1_hidden_tests()
+del _q3_1_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 3.2 (3 points)
+#
+# Write `roofline_table(cases, flops_fn, bytes_fn, peak_flops_per_s, bandwidth_bytes_per_s)`. For every
+# `(B, N)` in `cases` it evaluates `flops_fn(B, N)` and `bytes_fn(B, N)` and returns a dict mapping the tuple
+# `(B, N)` to a dict with the keys `"flops"`, `"bytes"`, `"t_compute_s"`, `"t_memory_s"` and `"bound"`
+# (`"compute"` when $T_\text{compute} > T_\text{memory}$, else `"memory"`). We use it for the T4 cases now and
+# with the KV cache in Part 4.
+
+# %% nbgrader={"grade": false, "grade_id": "q3_2_roofline_table", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def roofline_table(cases, flops_fn, bytes_fn, peak_flops_per_s, bandwidth_bytes_per_s):
+    """Roofline numbers for several (B, N) cases.
+
+    Args:
+        cases (list[tuple[int, int]]): (B, N) pairs.
+        flops_fn (callable): (B, N) -> FLOPs.
+        bytes_fn (callable): (B, N) -> bytes.
+        peak_flops_per_s (float): peak compute in FLOP/s.
+        bandwidth_bytes_per_s (float): memory bandwidth in bytes/s.
+
+    Returns:
+        dict: (B, N) -> {"flops", "bytes", "t_compute_s", "t_memory_s", "bound"}.
+    """
+    ### BEGIN SOLUTION
+    table = {}
+    for B, N in cases:
+        flops, nbytes = flops_fn(B, N), bytes_fn(B, N)
+        t_compute_s, t_memory_s = flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s
+        table[(B, N)] = {"flops": flops, "bytes": nbytes, "t_compute_s": t_compute_s, "t_memory_s": t_memory_s,
+                         "bound": "compute" if t_compute_s > t_memory_s else "memory"}
+    return table
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q3_2_roofline_table_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+_table = roofline_table([(2, 3)], lambda B, N: 10 * B * N, lambda B, N: B + N, 100.0, 10.0)
+assert isinstance(_table, dict) and set(_table) == {(2, 3)}, f"roofline_table must return a dict keyed by (B, N), got {_table!r}"
+_check_close(_table[(2, 3)]["t_compute_s"], 0.6, "t_compute_s of 60 FLOPs at 100 FLOP/s")
+assert _table[(2, 3)]["bound"] == "compute", "0.6 s of compute against 0.5 s of memory traffic is compute-bound"
+del _table
+### BEGIN HIDDEN TESTS
+def _q3_2_hidden_tests():
+    def check(cases, flops_fn, bytes_fn, peak, bw):
+        table = roofline_table(cases, flops_fn, bytes_fn, peak, bw)
+        assert isinstance(table, dict) and set(table) == set(cases), (
+            f"roofline_table must map each (B, N) in {cases} to its row; got keys {sorted(table) if isinstance(table, dict) else table}")
+        for B, N in cases:
+            row, flops, nbytes = table[(B, N)], flops_fn(B, N), bytes_fn(B, N)
+            where = f"roofline_table row ({B}, {N}) with peak {peak:g} FLOP/s and {bw:g} bytes/s"
+            assert {"flops", "bytes", "t_compute_s", "t_memory_s", "bound"} <= set(row), f"{where} lacks keys"
+            _check_close(row["flops"], flops, f"{where}: flops = flops_fn(B, N)")
+            _check_close(row["bytes"], nbytes, f"{where}: bytes = bytes_fn(B, N)")
+            _check_close(row["t_compute_s"], flops / peak, f"{where}: t_compute_s")
+            _check_close(row["t_memory_s"], nbytes / bw, f"{where}: t_memory_s")
+            expected = "compute" if flops / peak > nbytes / bw else "memory"
+            assert row["bound"] == expected, f"{where}: bound must be {expected!r}, got {row['bound']!r}"
+        return table
+
+    # Asymmetric in B and N, so swapped arguments are caught.
+    check([(1, 5), (7, 2), (3, 3), (40, 1)], lambda B, N: 3 * B * N * N + 11 * B, lambda B, N: 2 * B + 5 * N * N, 50.0, 20.0)
+    check([(2, 9), (9, 2)], lambda B, N: B ** 3 * N, lambda B, N: B * N ** 3, 1e3, 1e3)
+
+    def ref_flops(B, N, D=1600, H=25, L=48):
+        return L * (24 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D)
+
+    def ref_bytes(B, N, D=1600, H=25, L=48, n=2):
+        return L * n * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D)
+
+    table = check([(1, 32), (1, 1024), (64, 32), (64, 1024)], ref_flops, ref_bytes, 65e12, 300e9)
+    bounds = {case: row["bound"] for case, row in table.items()}
+    assert bounds == {(1, 32): "memory", (1, 1024): "memory", (64, 32): "compute", (64, 1024): "memory"}, (
+        f"GPT-2 XL on the T4 without a cache: expected (1, 32) memory, (1, 1024) memory, (64, 32) compute, "
+        f"(64, 1024) memory; got {bounds}")
+
+
+_q3_2_hidden_tests()
+del _q3_2_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Your table for GPT-2 XL on the T4:
+
+
+# %%
+def show_roofline_table(table, title):
+    """Print a roofline_table result with readable units (GFLOP, GB, ms, FLOP/byte)."""
+    rows = [{"B": B, "N": N, "GFLOP": row["flops"] / 1e9, "GB": row["bytes"] / 1e9,
+             "FLOP/byte": row["flops"] / row["bytes"], "t_compute_ms": row["t_compute_s"] * 1e3,
+             "t_memory_ms": row["t_memory_s"] * 1e3, "bound": row["bound"]} for (B, N), row in table.items()]
+    print(title)
+    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:,.4g}"))
+
+
+try:
+    t4_no_cache = roofline_table(
+        T4_CASES,
+        lambda B, N: gpt2_forward_flops(B, N, **GPT2_XL),
+        lambda B, N: gpt2_forward_bytes(B, N, **GPT2_XL, bytes_per_element=FP16_BYTES),
+        T4_PEAK_FLOPS_PER_S, T4_BANDWIDTH_BYTES_PER_S)
+    show_roofline_table(t4_no_cache, "GPT-2 XL forward pass without a KV cache, T4 (65 TFLOP/s, 300 GB/s):")
+except NotImplementedError:
+    print("Answer Questions 3.1 and 3.2 first.")
+
+# %% [markdown]
+# #### Question 3.3 (3 points)
+#
+# For the four cases: which are compute-bound and which memory-bound? Explain the pattern: why does going from
+# $B = 1$ to $B = 64$ at $N = 32$ change the answer, and why does $N = 1024$ stay (or become) memory-bound even at
+# $B = 64$? Name the term of your formulas that dominates the bytes in each case.
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q3_3_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
+# Only $(B, N) = (64, 32)$ is compute-bound; $(1, 32)$, $(1, 1024)$ and $(64, 1024)$ are memory-bound.
+#
+# At $(1, 32)$ the bytes are almost all weights ($576 D^2 n \approx 2.95$ GB for 48 layers) and each weight is
+# used for only $BN = 32$ tokens: about 31 FLOP/byte, far below the T4's ridge point of $65\text{e}12 / 300\text{e}9
+# \approx 217$. Raising $B$ to 64 multiplies the tokens that share each weight by 64 ($BN = 2048$), so the
+# $BND^2$ FLOPs grow 64x while the weight bytes stay the same: the intensity rises above the ridge and the pass
+# becomes compute-bound (93 ms of compute against 36 ms of traffic).
+#
+# At $N = 1024$ the attention matrices take over: $6HBN^2$ elements per layer ($288 HBN^2 n$ bytes in total)
+# grow with $N^2$ and are used for only about $4D/H$ FLOPs per element, so their intensity is bounded (about
+# 21 FLOP/byte for $D/H = 64$ in fp16) whatever $B$ is. At $(1, 1024)$ they are already ~15 GB of the 21 GB
+# moved; at $(64, 1024)$ they are ~970 GB of 1,190 GB, and the pass is memory-bound even though the matmuls
+# alone would be compute-bound.
+# === BEGIN MARK SCHEME ===
+# 3 points in total:
+# - 1 point: correct classification: only (64, 32) compute-bound, the other three memory-bound.
+# - 1 point: small B*N: weight bytes (12 D^2 per layer) dominate, each weight reused for only B*N tokens;
+#   larger B raises reuse (intensity ~ B N) past the ridge (~217 FLOP/byte).
+# - 1 point: large N: the H*B*N^2 attention-matrix traffic dominates and has low intensity (~4D/(6Hn)),
+#   independent of B, so (64, 1024) is memory-bound again.
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# # Part 4: Decoding with a KV cache
+#
+# Recomputing the keys and values of all earlier tokens for every new token is wasteful: they do not change.
+# A **KV cache** keeps, for every layer, the keys and values of all tokens seen so far, so that a decode step
+# only processes the new token. Setting for this part (the same as a real decode step):
+# - The cache already holds the keys and values of $N - 1$ tokens for each of the $B$ sequences, in fp16.
+# - We decode **one new token per sequence**: the layer input is $X \in \mathbb{R}^{B \times 1 \times D}$.
+# - The Q/K/V projections process the new token only; the K and V they write *are* the new cache entries
+#   (they are not stored anywhere else). Attention then reads all $N$ keys and values (the $N - 1$ old ones and
+#   the new one) from the cache: the keys once, by $QK^T$, and the values once, by $AV$.
+# - There is **no mask**: the single query may attend to every cached position. Everything else follows the
+#   rules of Part 2.
+#
+# #### Question 4.1 (4 points)
+#
+# Write `kv_cache_bytes_per_layer(B, N, D, bytes_per_element)` and
+# `kv_cache_bytes_total(B, N, D, num_layers, bytes_per_element)`: the size of the cache of one layer, and of the
+# whole model, holding the keys and values of $N$ tokens for each of $B$ sequences (all heads together).
+
+# %% nbgrader={"grade": false, "grade_id": "q4_1_kv_cache_bytes_per_layer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def kv_cache_bytes_per_layer(B, N, D, bytes_per_element):
+    """Bytes of one layer's KV cache: keys and values of N tokens for B sequences, all heads.
+
+    Returns:
+        int: bytes.
+    """
+    ### BEGIN SOLUTION
+    return 2 * B * N * D * bytes_per_element
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "q4_1_kv_cache_bytes_total", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def kv_cache_bytes_total(B, N, D, num_layers, bytes_per_element):
+    """Bytes of the KV cache of the whole model (num_layers layers).
+
+    Returns:
+        int: bytes.
+    """
+    ### BEGIN SOLUTION
+    return num_layers * 2 * B * N * D * bytes_per_element
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q4_1_kv_cache_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+_check_count(kv_cache_bytes_per_layer, (1, 3, 4, 2), 48, "Keys and values, N tokens, D numbers per token, n bytes each.")
+_check_count(kv_cache_bytes_total, (1, 3, 4, 5, 2), 240, "Every layer has its own cache.")
+### BEGIN HIDDEN TESTS
+def _q4_1_hidden_tests():
+    for B, N, D, L, n in [(1, 1024, 1600, 48, 2), (64, 1024, 1600, 48, 2), (3, 7, 20, 5, 4), (7, 1, 12, 1, 2)]:
+        _check_count(kv_cache_bytes_per_layer, (B, N, D, n), 2 * B * N * D * n,
+                     "K and V (2), for B sequences of N tokens, D = H x (D/H) numbers per token and head set, n bytes.")
+        _check_count(kv_cache_bytes_total, (B, N, D, L, n), 2 * L * B * N * D * n,
+                     "num_layers times the per-layer cache.")
+
+
+_q4_1_hidden_tests()
+del _q4_1_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 4.2 (8 points)
+#
+# Write `gpt2_decode_flops(B, N, D, H, num_layers)` and
+# `gpt2_decode_bytes(B, N, D, H, num_layers, bytes_per_element)`: the cost of one decode step (one new token for
+# each of $B$ sequences whose cache holds $N - 1$ tokens) through `num_layers` layers. Go operation by operation
+# as in Part 2: what are the shapes of $Q$, of the cached $K$ and $V$, of the scores of each head? (Your answer
+# has the form FLOPs $= L(c_1 B + c_2 BN + \dots)$ and bytes $= nL(c_3 + c_4 B + c_5 BN + \dots)$; note
+# which terms still carry an $H$.)
+
+# %% nbgrader={"grade": false, "grade_id": "q4_2_gpt2_decode_flops", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def gpt2_decode_flops(B, N, D, H, num_layers):
+    """FLOPs of one decode step with a KV cache: B new tokens attending to N cached positions each.
+
+    Returns:
+        int: FLOPs of all layers.
+    """
+    ### BEGIN SOLUTION
+    d_head = D // H
+    projections = 2 * B * D * (3 * D) + 2 * B * D * D
+    scores = H * (2 * B * N * d_head + B * N)  # one query row per head, scaled
+    softmax = 3 * B * H * N
+    attention_value = H * 2 * B * N * d_head
+    mlp = 16 * B * D * D + 5 * B * D
+    return num_layers * (projections + scores + softmax + attention_value + mlp)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "q4_2_gpt2_decode_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def gpt2_decode_bytes(B, N, D, H, num_layers, bytes_per_element):
+    """Bytes of one decode step with a KV cache (weights, cache reads, activations).
+
+    Returns:
+        int: bytes of all layers.
+    """
+    ### BEGIN SOLUTION
+    projections = 3 * (B * D + D * D + B * D)  # read x and a weight, write q / new k / new v
+    scores = B * D + B * N * D + B * H * N  # read q and the N cached keys, write the scores
+    softmax = 2 * B * H * N
+    attention_value = B * H * N + B * N * D + B * D  # read probabilities and N cached values, write output
+    output_projection = 2 * B * D + D * D
+    mlp = 10 * B * D + 8 * D * D + 5 * D
+    per_layer = projections + scores + softmax + attention_value + output_projection + mlp
+    return num_layers * bytes_per_element * per_layer
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q4_2_gpt2_decode_tests", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
+_check_count(gpt2_decode_flops, (1, 2, 4, 2, 1), 452, "One layer, one new token attending to N = 2 positions.")
+_check_count(gpt2_decode_bytes, (1, 2, 4, 2, 1, 2), 648, "One layer, one new token attending to N = 2 positions.")
+### BEGIN HIDDEN TESTS
+def _q4_2_hidden_tests():
+    def flops(B, N, D, H, L):
+        return L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D)
+
+    def nbytes(B, N, D, H, L, n):
+        return L * n * (20 * B * D + 12 * D * D + 2 * B * N * D + 4 * B * H * N + 5 * D)
+
+    hint = ("Per layer with one new token per sequence: projections and MLP with N = 1; per head one query row "
+            "against N cached keys (scale: 1 FLOP per score; softmax: 3 per score; no mask); the cache is read "
+            "once by Q K^T and once by A V; score traffic: write S, read+write softmax, read A.")
+    for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024)] + [(3, 7)]:
+        _check_count(gpt2_decode_flops, (B, N, 1600, 25, 48), flops(B, N, 1600, 25, 48), hint)
+        _check_count(gpt2_decode_bytes, (B, N, 1600, 25, 48, 2), nbytes(B, N, 1600, 25, 48, 2), hint)
+    for B, N, D, H, L, n in [(3, 7, 20, 4, 5, 4), (2, 11, 768, 12, 12, 2), (5, 1, 36, 3, 2, 2), (1, 9, 64, 64, 3, 4)]:
+        _check_count(gpt2_decode_flops, (B, N, D, H, L), flops(B, N, D, H, L), hint)
+        _check_count(gpt2_decode_bytes, (B, N, D, H, L, n), nbytes(B, N, D, H, L, n), hint)
+
+
+_q4_2_hidden_tests()
+del _q4_2_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 4.3 (3 points)
+#
+# Write `kv_cache_speedup(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s)`:
+# the roofline time ($\max(T_\text{compute}, T_\text{memory})$) of producing the next token **without** a cache
+# (a forward pass over all $N$ tokens, Question 3.1) divided by the roofline time **with** the cache (one decode
+# step, Question 4.2). Return a float.
+
+# %% nbgrader={"grade": false, "grade_id": "q4_3_kv_cache_speedup", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def kv_cache_speedup(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
+    """Predicted speedup of a KV-cache decode step over recomputing all N tokens.
+
+    Returns:
+        float: roofline time without the cache / roofline time with the cache.
+    """
+    ### BEGIN SOLUTION
+    L, n = num_layers, bytes_per_element
+    full_flops = L * (24 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D)
+    full_bytes = L * n * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D)
+    step_flops = L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D)
+    step_bytes = L * n * (20 * B * D + 12 * D * D + 2 * B * N * D + 4 * B * H * N + 5 * D)
+    full_s = max(full_flops / peak_flops_per_s, full_bytes / bandwidth_bytes_per_s)
+    step_s = max(step_flops / peak_flops_per_s, step_bytes / bandwidth_bytes_per_s)
+    return full_s / step_s
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q4_3_kv_cache_speedup_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+_speedup = kv_cache_speedup(64, 32, 1600, 25, 48, bytes_per_element=2, peak_flops_per_s=65e12, bandwidth_bytes_per_s=300e9)
+assert isinstance(_speedup, numbers.Real) and 5 < _speedup < 10, (
+    f"GPT-2 XL, B = 64, N = 32 on the T4: the cache saves 93 ms of compute for a 13 ms memory-bound step; got {_speedup!r}")
+del _speedup
+### BEGIN HIDDEN TESTS
+def _q4_3_hidden_tests():
+    def roof(flops, nbytes, peak, bw):
+        return max(flops / peak, nbytes / bw)
+
+    def expected(B, N, D, H, L, n, peak, bw):
+        full = roof(L * (24 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D),
+                    L * n * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D), peak, bw)
+        step = roof(L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D),
+                    L * n * (20 * B * D + 12 * D * D + 2 * B * N * D + 4 * B * H * N + 5 * D), peak, bw)
+        return full / step
+
+    cases = [(B, N, 1600, 25, 48, 2, 65e12, 300e9) for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024)]]
+    cases += [(8, 512, 768, 12, 12, 2, 989e12, 3.35e12), (3, 7, 20, 4, 5, 4, 1e6, 1e5), (2, 100, 64, 8, 2, 4, 1e3, 1e4)]
+    for args in cases:
+        _check_close(kv_cache_speedup(*args), expected(*args),
+                     f"kv_cache_speedup{args} (max(T_compute, T_memory) without the cache / the same with it)", rel=1e-9)
+
+
+_q4_3_hidden_tests()
+del _q4_3_hidden_tests
+### END HIDDEN TESTS
+
+# %%
+try:
+    t4_cached = roofline_table(
+        T4_CASES,
+        lambda B, N: gpt2_decode_flops(B, N, **GPT2_XL),
+        lambda B, N: gpt2_decode_bytes(B, N, **GPT2_XL, bytes_per_element=FP16_BYTES),
+        T4_PEAK_FLOPS_PER_S, T4_BANDWIDTH_BYTES_PER_S)
+    show_roofline_table(t4_cached, "GPT-2 XL decode step with a KV cache, T4:")
+    for B, N in T4_CASES:
+        speedup = kv_cache_speedup(B, N, **GPT2_XL, bytes_per_element=FP16_BYTES,
+                                   peak_flops_per_s=T4_PEAK_FLOPS_PER_S, bandwidth_bytes_per_s=T4_BANDWIDTH_BYTES_PER_S)
+        cache_gb = kv_cache_bytes_total(B, N, GPT2_XL["D"], GPT2_XL["num_layers"], FP16_BYTES) / 1e9
+        print(f"B = {B:2d}, N = {N:4d}: expected speedup {speedup:6.1f}x, KV cache {cache_gb:6.2f} GB")
+except NotImplementedError:
+    print("Answer Questions 3.2, 4.1, 4.2 and 4.3 first.")
+
+# %% [markdown]
+# #### Question 4.4 (3 points)
+#
+# How does the KV cache change the FLOPs and the bytes of producing one token, and why? What happens to the
+# arithmetic intensity: does decoding with a cache become more compute-bound or more memory-bound? Use your
+# table (the four cases and the expected speedups) to support your answer.
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q4_4_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
+# The cache removes the recomputation of the $N - 1$ old tokens: every term that carried a factor $N$
+# (projections, MLP: $24BND^2 \to 24BD^2$) or $N^2$ (attention: $4BN^2D \to 4BND$) loses one factor of $N$, so
+# the FLOPs drop by roughly $N$ times. The bytes drop much less: the weights ($12D^2$ per layer, about 2.95 GB
+# for GPT-2 XL) must still be read in full for every step, and the cache itself ($2BND$ per layer) must be
+# read; only the activations and the $N^2$ attention matrices shrink.
+#
+# Hence the arithmetic intensity falls sharply: with a cache each weight is used for only $B$ tokens, so the
+# intensity is about $B$ FLOP/byte for small $N$ (about 1 at $B = 1$, about 50 at $B = 64, N = 32$) and it
+# drops further as $N$ grows, because reading the cache costs $2BND$ elements for $4BND$ FLOPs (1 FLOP/byte in
+# fp16). All four cases are memory-bound with the cache, even $(64, 32)$ which was compute-bound without it.
+# The step is still much faster, because it does far less of both: the expected speedups are about 1x at
+# $(1, 32)$ (both are dominated by reading the same weights), 6.5x at $(1, 1024)$, 7x at $(64, 32)$ and 50x
+# at $(64, 1024)$. Decoding with a cache is memory-bound: its speed is set by how fast weights and cache can be
+# read, which motivates batching, smaller (quantised) weights and caches, and speculative decoding.
+# === BEGIN MARK SCHEME ===
+# 3 points in total:
+# - 1 point: FLOPs fall by about a factor N (no recomputation of the N-1 old tokens; N^2 terms become N).
+# - 1 point: bytes fall much less: weights still read every step, plus the cache read (2BND per layer).
+# - 1 point: arithmetic intensity falls (about B FLOP/byte, lower at large N), so decoding with a cache is more
+#   memory-bound (all four cases memory-bound), while still faster overall; cites the expected speedups.
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# #### Bonus 4.5 (4 points)
+#
+# Modern models shrink the cache with **grouped-query attention** (GQA): the $H$ query heads share
+# `num_kv_heads` key/value heads ($H$ a multiple of `num_kv_heads`; each head still has width $D/H$).
+# Write `kv_cache_bytes_gqa(B, N, D, H, num_kv_heads, num_layers, bytes_per_element)` (the whole model's
+# cache) and `max_batch_in_memory(N, D, H, num_kv_heads, num_layers, bytes_per_element, memory_bytes,
+# weight_bytes)`: the largest number of sequences of $N$ tokens whose cache fits in `memory_bytes` next to the
+# weights (an `int`, 0 if not even one fits; ignore activations).
+
+# %% nbgrader={"grade": false, "grade_id": "b4_5_kv_cache_bytes_gqa", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def kv_cache_bytes_gqa(B, N, D, H, num_kv_heads, num_layers, bytes_per_element):
+    """Bytes of the KV cache with grouped-query attention (num_kv_heads K/V heads of width D // H).
+
+    Returns:
+        int: bytes of all layers.
+    """
+    ### BEGIN SOLUTION
+    return num_layers * 2 * B * N * num_kv_heads * (D // H) * bytes_per_element
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "b4_5_max_batch_in_memory", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def max_batch_in_memory(N, D, H, num_kv_heads, num_layers, bytes_per_element, memory_bytes, weight_bytes):
+    """Largest B whose KV cache of N tokens per sequence fits in memory_bytes - weight_bytes.
+
+    Returns:
+        int: number of sequences (0 if none fits).
+    """
+    ### BEGIN SOLUTION
+    per_sequence = num_layers * 2 * N * num_kv_heads * (D // H) * bytes_per_element
+    free = memory_bytes - weight_bytes
+    return max(0, int(free // per_sequence))
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "b4_5_gqa_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+_check_count(kv_cache_bytes_gqa, (1, 3, 8, 4, 2, 1, 2), 48, "K and V of num_kv_heads heads of width D // H.")
+_check_count(max_batch_in_memory, (3, 8, 4, 2, 1, 2, 1000, 500), 10, "Whole sequences only (round down).")
+### BEGIN HIDDEN TESTS
+def _b4_5_hidden_tests():
+    def cache(B, N, D, H, G, L, n):
+        return L * 2 * B * N * G * (D // H) * n
+
+    for B, N, D, H, G, L, n in [(1, 1024, 1600, 25, 25, 48, 2), (4, 8192, 4096, 32, 8, 32, 2), (3, 7, 24, 6, 2, 5, 4),
+                                (2, 5, 64, 8, 1, 3, 2)]:
+        _check_count(kv_cache_bytes_gqa, (B, N, D, H, G, L, n), cache(B, N, D, H, G, L, n),
+                     "2 (K and V) x B x N x num_kv_heads x (D // H) x n per layer, times num_layers.")
+    for N, D, H, G, L, n, mem, weights in [(1024, 1600, 25, 25, 48, 2, 16e9, 3.1e9), (8192, 4096, 32, 8, 32, 2, 80e9, 16e9),
+                                           (7, 24, 6, 2, 5, 4, 10_000, 1_234), (5, 64, 8, 1, 3, 2, 100, 200),
+                                           (4, 8, 4, 2, 1, 2, 128 * 3 + 64, 64)]:
+        expected = max(0, int((mem - weights) // cache(1, N, D, H, G, L, n)))
+        _check_count(max_batch_in_memory, (N, D, H, G, L, n, mem, weights), expected,
+                     "floor((memory - weights) / cache bytes of one sequence), and 0 when nothing fits.")
+
+
+_b4_5_hidden_tests()
+del _b4_5_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# # Part 5: Predictions against measurements
+#
+# Time to check the counts on real hardware. We build a GPT-2-shaped model from `GPT2Config` with random
+# weights (nothing is downloaded; at quick scale the model is tiny) and time the decoder stack
+# (`model.transformer`: the LM head is outside our counts) in two ways:
+# - **without a cache**: a forward pass over all $N$ tokens of $B$ sequences (this is also what *prefill*
+#   costs: processing a prompt of $N$ tokens);
+# - **with a cache**: first a prefill of $N - 1$ tokens fills a `DynamicCache`, then we time one decode step of
+#   one new token per sequence. Before every timed step the cache is reset to its $N - 1$ entries, so every
+#   step sees the same cache.
+#
+# The model uses the "eager" attention implementation, which writes the attention matrices to memory as our
+# counts assume. At teaching scale it is GPT-2 XL in fp16; a case that does not fit in your GPU's memory is
+# reported as out of memory and skipped.
+
+# %%
+GPT2_MEASURE = dict(
+    shape=at_scale(teaching=dict(n_layer=48, n_embd=1600, n_head=25), quick=dict(n_layer=2, n_embd=128, n_head=4)),
+    vocab_size=at_scale(teaching=50257, quick=1000),
+    cases=at_scale(teaching=[(1, 32), (1, 1024), (64, 32), (64, 1024)], quick=[(1, 16), (1, 64), (4, 16), (4, 64)]),
+    n_warmup=at_scale(teaching=3, quick=1),
+    n_repeat=at_scale(teaching=10, quick=3),
+)
+MEASURE_DTYPE = torch.float16 if DEVICE.type == "cuda" else torch.float32
+
+
+def build_gpt2(n_layer, n_embd, n_head, vocab_size, dtype=MEASURE_DTYPE, device=DEVICE):
+    """A GPT-2 LM with random weights (no download), eager attention, on ``device`` in ``dtype``."""
+    config = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size, n_positions=1024,
+                        bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    with torch.device(device):
+        model = GPT2LMHeadModel(config)
+    return model.to(dtype).eval()
+
+
+@torch.no_grad()
+def measure_gpt2_ms(model, B, N, n_warmup, n_repeat):
+    """Latency (ms) of the decoder stack: a forward pass over B x N tokens, and one cached decode step.
+
+    Returns:
+        tuple: (no_cache_ms, cache_ms); cache_ms times one new token per sequence with N - 1 cached tokens.
+    """
+    body = model.transformer
+    tokens = torch.randint(model.config.vocab_size, (B, N), device=DEVICE,
+                           generator=torch.Generator(device=DEVICE).manual_seed(0))
+    no_cache_ms = benchmark_latency(lambda: body(input_ids=tokens, use_cache=False),
+                                    n_warmup=n_warmup, n_repeat=n_repeat, measure_on=DEVICE)
+    cache = DynamicCache(config=model.config)
+    body(input_ids=tokens[:, :-1], past_key_values=cache, use_cache=True)  # prefill N - 1 tokens
+    filled = [(layer.keys, layer.values) for layer in cache.layers]
+
+    def decode_step():
+        for layer, (keys, values) in zip(cache.layers, filled):  # back to N - 1 cached tokens
+            layer.keys, layer.values = keys, values
+        return body(input_ids=tokens[:, -1:], past_key_values=cache, use_cache=True)
+
+    cache_ms = benchmark_latency(decode_step, n_warmup=n_warmup, n_repeat=n_repeat, measure_on=DEVICE)
+    return no_cache_ms, cache_ms
+
+
+# %%
+gpt2_model = build_gpt2(**GPT2_MEASURE["shape"], vocab_size=GPT2_MEASURE["vocab_size"])
+MEASURED_SHAPE = dict(D=gpt2_model.config.n_embd, H=gpt2_model.config.n_head, num_layers=gpt2_model.config.n_layer)
+MEASURED_BYTES_PER_ELEMENT = torch.finfo(MEASURE_DTYPE).bits // 8
+print(f"GPT-2-shaped model: {MEASURED_SHAPE}, {MEASURE_DTYPE}, "
+      f"{sum(p.numel() for p in gpt2_model.transformer.parameters()) / 1e6:.1f} M parameters in the decoder stack")
+
+gpt2_measured = []
+for B, N in GPT2_MEASURE["cases"]:
+    status, result = run_oom_safe(measure_gpt2_ms, gpt2_model, B, N, GPT2_MEASURE["n_warmup"], GPT2_MEASURE["n_repeat"])
+    no_cache_ms, cache_ms = result if status == "ok" else (float("nan"), float("nan"))
+    gpt2_measured.append({"B": B, "N": N, "measured_no_cache_ms": no_cache_ms, "measured_cache_ms": cache_ms})
+    print(f"B = {B:3d}, N = {N:5d}: without cache {no_cache_ms:9.3f} ms, one cached decode step {cache_ms:8.3f} ms"
+          + ("" if status == "ok" else "  (out of memory)"))
+gpt2_measured = pd.DataFrame(gpt2_measured)
+with torch.no_grad():
+    _one_token = torch.zeros(1, 1, dtype=torch.long, device=DEVICE)
+    one_token_ms = benchmark_latency(lambda: gpt2_model.transformer(input_ids=_one_token, use_cache=False),
+                                     n_warmup=GPT2_MEASURE["n_warmup"], n_repeat=GPT2_MEASURE["n_repeat"], measure_on=DEVICE)
+print(f"A forward pass over a single token takes {one_token_ms:.3f} ms: every pass pays at least this much")
+
+# The device's peaks: the datasheet when the GPU is in GPU_SPECS, otherwise measured on this machine.
+_gpu_key = detect_gpu()
+if _gpu_key is not None:
+    _precision = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(MEASURE_DTYPE, "fp32")
+    DEVICE_PEAK_FLOPS_PER_S = GPU_SPECS[_gpu_key][f"{_precision}_tflops"] * 1e12
+    DEVICE_BANDWIDTH_BYTES_PER_S = GPU_SPECS[_gpu_key]["memory_bandwidth_tb_s"] * 1e12
+    PEAKS_SOURCE = f"datasheet of {_gpu_key} ({_precision})"
+else:
+    _roof = measure_roofline(dtypes=(MEASURE_DTYPE,))
+    DEVICE_PEAK_FLOPS_PER_S = next(iter(_roof["matmul_tflops"].values())) * 1e12
+    DEVICE_BANDWIDTH_BYTES_PER_S = _roof["bandwidth_tb_s"] * 1e12
+    PEAKS_SOURCE = f"measured on this {_roof['device']} (no datasheet entry)"
+print(f"Peaks for the predictions: {DEVICE_PEAK_FLOPS_PER_S / 1e12:.3g} TFLOP/s, "
+      f"{DEVICE_BANDWIDTH_BYTES_PER_S / 1e12:.3g} TB/s ({PEAKS_SOURCE})")
+
+# %% [markdown]
+# #### Question 5.1 (2 points)
+#
+# Predict the two latencies of every measured case with your own functions: build `gpt2_predicted`, a list
+# with one dict per `(B, N)` in `GPT2_MEASURE["cases"]` holding the keys `"B"`, `"N"`,
+# `"predicted_no_cache_ms"` and `"predicted_cache_ms"`: the roofline times
+# ($\max(T_\text{compute}, T_\text{memory})$, in ms) of `gpt2_forward_*` and `gpt2_decode_*` for the measured
+# model (`MEASURED_SHAPE`, `MEASURED_BYTES_PER_ELEMENT`) at `DEVICE_PEAK_FLOPS_PER_S` and
+# `DEVICE_BANDWIDTH_BYTES_PER_S`. The next cell plots them against the measurements.
+
+# %% nbgrader={"grade": true, "grade_id": "q5_1_predictions", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+gpt2_predicted = []  # one dict per measured case
+for B, N in GPT2_MEASURE["cases"]:
+    ### BEGIN SOLUTION
+    no_cache = roofline_estimate(gpt2_forward_flops(B, N, **MEASURED_SHAPE),
+                                 gpt2_forward_bytes(B, N, **MEASURED_SHAPE, bytes_per_element=MEASURED_BYTES_PER_ELEMENT),
+                                 DEVICE_PEAK_FLOPS_PER_S, DEVICE_BANDWIDTH_BYTES_PER_S)
+    cached = roofline_estimate(gpt2_decode_flops(B, N, **MEASURED_SHAPE),
+                               gpt2_decode_bytes(B, N, **MEASURED_SHAPE, bytes_per_element=MEASURED_BYTES_PER_ELEMENT),
+                               DEVICE_PEAK_FLOPS_PER_S, DEVICE_BANDWIDTH_BYTES_PER_S)
+    gpt2_predicted.append({"B": B, "N": N, "predicted_no_cache_ms": no_cache["t_roofline_s"] * 1e3,
+                           "predicted_cache_ms": cached["t_roofline_s"] * 1e3})
+    ### END SOLUTION
+
+# %%
+comparison = pd.DataFrame(gpt2_predicted).merge(gpt2_measured, on=["B", "N"])
+for kind in ("no_cache", "cache"):
+    comparison[f"measured/predicted {kind}"] = comparison[f"measured_{kind}_ms"] / comparison[f"predicted_{kind}_ms"]
+print(comparison.to_string(index=False, float_format=lambda x: f"{x:,.4g}"))
+
+case_labels = [f"({B}, {N})" for B, N in zip(comparison["B"], comparison["N"])]
+positions = np.arange(len(case_labels))
+fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+for ax, kind, title in zip(axes, ("no_cache", "cache"),
+                           ("Without cache: a forward pass over B x N tokens", "With cache: one decode step (B tokens)")):
+    ax.bar(positions - 0.2, comparison[f"predicted_{kind}_ms"], width=0.4, label="predicted: roofline of your counts")
+    ax.bar(positions + 0.2, comparison[f"measured_{kind}_ms"], width=0.4, label="measured")
+    ax.axhline(one_token_ms, color="gray", linestyle=":", label="measured: forward pass over one token")
+    ax.set_xticks(positions)
+    ax.set_xticklabels(case_labels)
+    ax.set_xlabel("(B, N)")
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=10)
+axes[0].set_ylabel("Latency (ms, log scale)")
+axes[0].legend(fontsize=8)
+fig.suptitle(f"GPT-2-shaped model ({MEASURED_SHAPE['num_layers']} layers, D = {MEASURED_SHAPE['D']}, "
+             f"{str(MEASURE_DTYPE).replace('torch.', '')}); peaks: {PEAKS_SOURCE}", fontsize=10)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# #### Question 5.2 (4 points)
+#
+# Compare your predictions with the measurements (at teaching scale, on a GPU). Which cases are predicted well
+# and which are not, and by how much? Give at least three concrete reasons for the gaps, tied to specific
+# cases: think about what the roofline assumes about overlap and peaks, what runs that we did not count, what
+# every forward pass costs whatever its size (the single-token line), and what `DynamicCache` does on every
+# step. Does the cache deliver the speedups you predicted in Part 4, and where?
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
+# (Model answer from GPT-2 XL in fp16 on an H100 SXM with transformers 5; your numbers will differ.) Only the
+# largest pass is predicted within a small factor: without a cache, $(64, 1024)$ measures about 1,260 ms against
+# 355 ms predicted (3.5x). Everything else is far off: the passes without a cache at $(1, 32)$, $(1, 1024)$
+# and $(64, 32)$ and all cached decode steps except $(64, 1024)$ take about the same time as a forward pass
+# over a single token (27 to 40 ms on the H100 machines we tried, depending on their CPUs): 4x to 40x their
+# predictions (0.9-6 ms).
+#
+# 1. **A fixed cost per pass.** A forward pass launches hundreds of small kernels (about 20 per layer, 48
+#    layers) from Python code; the CPU needs more than half a millisecond per layer to issue them, and the GPU
+#    waits. Below that much GPU work the time does not depend on $B$ or $N$ at all, so the small cases
+#    and every batch-1 decode step are bound by launch overhead, not by bandwidth (the roofline lower bound of
+#    about 0.9 ms for reading 3 GB of weights is never approached). CUDA Graphs or `torch.compile` remove it.
+# 2. **Work we did not count.** Eager attention writes and reads the $N \times N$ matrices more often than our
+#    six passes (separate scaling, a materialised mask, a softmax in higher precision, a dtype cast), and layer
+#    norms, GELU, biases and residual additions each move the activations once more: this is most of the 3.5x
+#    at $(64, 1024)$, where the $HBN^2$ traffic dominates.
+# 3. **Peaks are not reached and do not overlap perfectly**: real kernels reach perhaps 60-80 % of the
+#    datasheet FLOP/s and 80-90 % of its bandwidth, and the roofline's $\max$ assumes perfect overlap.
+# 4. **`DynamicCache` copies the cache**: each step concatenates the new key and value onto the old tensors,
+#    reading and writing the whole cache (about 20 GB at $(64, 1024)$) on top of the read we counted; with the
+#    fixed cost this explains 73 ms measured against 7 ms predicted.
+#
+# The cache therefore pays off only where the pass without it is large: at $(64, 1024)$ it gives about 17x
+# (1,258 ms to 73 ms) against the 50x the roofline predicts on this GPU; in the three other cases both versions
+# hit the same fixed cost and the cache gives nothing measurable, although it saves 10x to 100x of the FLOPs.
+# === BEGIN MARK SCHEME ===
+# 4 points in total (judge against the student's own table; a teaching-scale run on a GPU is expected):
+# - 1 point: says which cases are close and which far off, with measured/predicted ratios.
+# - 2 points: at least three valid reasons tied to cases: fixed per-pass cost (kernel launches / Python
+#   overhead) dominating small passes and batch-1 decode; uncounted work (eager attention's extra passes over
+#   N x N matrices, mask, softmax upcast, layer norm, GELU, residuals, biases); peaks not reached / imperfect
+#   overlap; DynamicCache concatenation copying the cache every step. (1 point for one or two reasons.)
+# - 1 point: compares the measured cache speedups with Part 4 and explains where and why they differ.
+# A quick-scale (CPU) run only: at most 2 points unless the student explains why CPU numbers differ.
+# === END MARK SCHEME ===
+
+# # Part 6: Speculative decoding
+#
+# ## The bottleneck of decoding one sequence
+#
+# Serving a single user means decoding with $B = 1$ and a KV cache. Split the time of one decode step into
+# parts, using your decode counts of Question 4.2:
+# - **weights**: reading every weight and bias of every layer once;
+# - **KV cache**: reading the cached keys and values (the reads of $K$ by $QK^T$ and of $V$ by $AV$);
+# - **other memory traffic**: all the remaining bytes of your decode count (activations, scores and
+#   probabilities, writing the new keys and values);
+# - **compute**: the FLOPs of the step at the peak FLOP/s.
+#
+# #### Question 6.1 (4 points)
+#
+# Write `decode_time_breakdown_s(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s,
+# bandwidth_bytes_per_s)` returning a dict with the float keys `"weights_s"`, `"kv_cache_s"`,
+# `"other_memory_s"` and `"compute_s"` (seconds, each part on its own: bytes / bandwidth or FLOPs / peak). The
+# three memory parts must add up to the bytes of Question 4.2.
+
+# %% nbgrader={"grade": false, "grade_id": "q6_1_decode_time_breakdown", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def decode_time_breakdown_s(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
+    """Time of one cached decode step, split into weight reads, cache reads, other traffic and compute.
+
+    Returns:
+        dict: weights_s, kv_cache_s, other_memory_s, compute_s (floats, seconds).
+    """
+    ### BEGIN SOLUTION
+    L, n = num_layers, bytes_per_element
+    weight_bytes = L * n * (12 * D * D + 5 * D)  # W_Q, W_K, W_V, W_O, W_1, W_2 and the MLP biases
+    cache_bytes = L * n * 2 * B * N * D  # K read by Q K^T, V read by A V
+    other_bytes = L * n * (20 * B * D + 4 * B * H * N)
+    flops = L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D)
+    return {
+        "weights_s": weight_bytes / bandwidth_bytes_per_s,
+        "kv_cache_s": cache_bytes / bandwidth_bytes_per_s,
+        "other_memory_s": other_bytes / bandwidth_bytes_per_s,
+        "compute_s": flops / peak_flops_per_s,
+    }
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q6_1_decode_time_breakdown_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+_parts = decode_time_breakdown_s(1, 2, 4, 2, 1, 2, 1000.0, 100.0)
+assert isinstance(_parts, dict) and {"weights_s", "kv_cache_s", "other_memory_s", "compute_s"} <= set(_parts), (
+    f"decode_time_breakdown_s must return a dict with weights_s, kv_cache_s, other_memory_s, compute_s; got {_parts!r}")
+_check_close(_parts["weights_s"], 4.24, "weights_s for D = 4, one layer, fp16, 100 bytes/s (12 D^2 + 5 D elements)")
+del _parts
+### BEGIN HIDDEN TESTS
+def _q6_1_hidden_tests():
+    for B, N, D, H, L, n, peak, bw in [(1, 1024, 1600, 25, 48, 2, 65e12, 300e9), (64, 1024, 1600, 25, 48, 2, 65e12, 300e9),
+                                       (3, 7, 20, 4, 5, 4, 1e6, 1e5), (2, 9, 36, 3, 2, 2, 7e3, 3e3)]:
+        what = f"decode_time_breakdown_s{(B, N, D, H, L, n, peak, bw)}"
+        parts = decode_time_breakdown_s(B, N, D, H, L, n, peak, bw)
+        assert isinstance(parts, dict), f"{what} must return a dict"
+        _check_close(parts.get("weights_s"), L * n * (12 * D * D + 5 * D) / bw,
+                     f"{what}['weights_s'] (4 D x D projections, W_1, W_2, b_1, b_2 of every layer, once)")
+        _check_close(parts.get("kv_cache_s"), L * n * 2 * B * N * D / bw,
+                     f"{what}['kv_cache_s'] (the N cached keys and values of every head and sequence, read once each)")
+        _check_close(parts.get("other_memory_s"), L * n * (20 * B * D + 4 * B * H * N) / bw,
+                     f"{what}['other_memory_s'] (decode bytes of Question 4.2 minus weights and cache reads)")
+        _check_close(parts.get("compute_s"), L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D) / peak,
+                     f"{what}['compute_s'] (decode FLOPs of Question 4.2 / peak)")
+
+
+_q6_1_hidden_tests()
+del _q6_1_hidden_tests
+### END HIDDEN TESTS
+
+# %%
+try:
+    _rows = []
+    for B, N in [(1, 32), (1, 1024), (64, 1024)]:
+        parts = decode_time_breakdown_s(B, N, **GPT2_XL, bytes_per_element=FP16_BYTES,
+                                        peak_flops_per_s=T4_PEAK_FLOPS_PER_S, bandwidth_bytes_per_s=T4_BANDWIDTH_BYTES_PER_S)
+        _rows.append({"B": B, "N": N, **{key.replace("_s", "_ms"): value * 1e3 for key, value in parts.items()}})
+    print("One GPT-2 XL decode step on the T4, split by what it waits for (ms):")
+    print(pd.DataFrame(_rows).to_string(index=False, float_format=lambda x: f"{x:,.4g}"))
+except NotImplementedError:
+    print("Answer Question 6.1 first.")
+
+# %% [markdown]
+# #### Question 6.2 (2 points)
+#
+# Decoding with $B = 1$ and a KV cache on the T4: which of the four parts dominates, and by how much? Why does
+# that make it attractive to check *several* candidate tokens of the large model in one forward pass?
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q6_2_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# Reading the weights dominates: about 9.8 ms per step for GPT-2 XL (2.95 GB at 300 GB/s), against about 1 ms
+# for the cache at $N = 1024$ (0.03 ms at $N = 32$), a few hundredths of a millisecond for all other traffic and
+# about 0.05 ms of compute. The GPU spends more than 85 % of the step streaming weights and is idle
+# arithmetically (intensity about 1 FLOP/byte). A forward pass over $k$ tokens of the same sequence reads the
+# weights once, so it costs almost the same as a pass over one token as long as it stays memory-bound: checking
+# $k$ candidate tokens in one pass of the large model is nearly free. Speculative decoding exploits this: a cheap
+# draft model proposes several tokens and the large model verifies them all in one pass, so each weight read
+# yields several tokens instead of one.
+# === BEGIN MARK SCHEME ===
+# 2 points in total:
+# - 1 point: weight reads dominate (~9.8 ms vs ~1 ms cache at N = 1024, tiny other traffic and compute).
+# - 1 point: a pass over several tokens re-uses the same weight read, so verifying several proposed tokens
+#   costs about one pass; speculative decoding amortises the weight reads over several accepted tokens.
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# ## Speculative sampling
+#
+# A small **draft** model $q$ proposes $\gamma$ tokens, and the large **target** model $p$ checks them in one
+# pass. Given a prefix:
+# 1. **Draft.** Sample $x_1 \sim q(\cdot \mid \text{prefix})$, $x_2 \sim q(\cdot \mid \text{prefix}, x_1)$, ...,
+#    up to $x_\gamma$, keeping the draft distributions $q_1, \dots, q_\gamma$ ($\gamma$ calls of the draft).
+# 2. **Verify.** Run the target once on $\text{prefix}, x_1, \dots, x_\gamma$; its outputs at the last
+#    $\gamma + 1$ positions are $p_1, \dots, p_{\gamma+1}$, where $p_i$ is the target's distribution of the token
+#    at the position of $x_i$ (and $p_{\gamma+1}$ that of the token after $x_\gamma$).
+# 3. **Accept or reject**, for $i = 1, \dots, \gamma$ in order: draw $u_i \sim U[0, 1)$ and accept $x_i$ if
+#    $u_i < p_i(x_i) / q_i(x_i)$, i.e. with probability $\min(1, p_i(x_i)/q_i(x_i))$. At the first rejection,
+#    replace $x_i$ by a token drawn from the **residual distribution**
+#    $\text{norm}(\max(0, p_i - q_i))$ and stop.
+# 4. If all $\gamma$ drafts were accepted, draw a **bonus token** from $p_{\gamma+1}$.
+#
+# Every step therefore emits between 1 and $\gamma + 1$ tokens for one target pass, and each emitted token has
+# *exactly* the distribution the target alone would have sampled: rejection sampling keeps $\min(p_i, q_i)$ of
+# the mass through acceptance and supplies the missing $\max(0, p_i - q_i)$ through the residual. If every
+# draft token is accepted independently with the same probability
+# $\alpha = \sum_x \min(p(x), q(x))$, the number of tokens per target pass has mean
+# $$\mathbb{E}[\text{tokens per pass}] = 1 + \alpha + \alpha^2 + \dots + \alpha^\gamma
+#   = \frac{1 - \alpha^{\gamma+1}}{1 - \alpha}.$$
+#
+# #### Question 6.3 (2 points)
+#
+# Write `expected_tokens_per_pass(alpha, gamma)` (a float; it must also work for $\alpha = 1$).
+
+# %% nbgrader={"grade": false, "grade_id": "q6_3_expected_tokens_per_pass", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def expected_tokens_per_pass(alpha, gamma):
+    """Mean number of tokens one speculative step emits, acceptance probability alpha, gamma drafts.
+
+    Args:
+        alpha (float): probability in [0, 1] that a draft token is accepted.
+        gamma (int): number of draft tokens per step (>= 0).
+
+    Returns:
+        float: expected tokens per target pass, between 1 and gamma + 1.
+    """
+    ### BEGIN SOLUTION
+    if alpha == 1:
+        return float(gamma + 1)
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q6_3_expected_tokens_per_pass_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+_check_close(expected_tokens_per_pass(0.5, 2), 1.75, "expected_tokens_per_pass(0.5, 2) = 1 + 0.5 + 0.25")
+_check_close(expected_tokens_per_pass(0.0, 4), 1.0, "expected_tokens_per_pass(0, 4): every draft rejected, one token")
+### BEGIN HIDDEN TESTS
+def _q6_3_hidden_tests():
+    for alpha, gamma in [(0.8, 5), (0.3, 1), (0.95, 16), (0.6, 0), (0.999999, 3), (0.25, 7)]:
+        expected = sum(alpha ** i for i in range(gamma + 1))
+        _check_close(expected_tokens_per_pass(alpha, gamma), expected,
+                     f"expected_tokens_per_pass({alpha}, {gamma}) = 1 + alpha + ... + alpha^gamma", rel=1e-6)
+    for gamma in (1, 4, 9):
+        _check_close(expected_tokens_per_pass(1.0, gamma), gamma + 1,
+                     f"expected_tokens_per_pass(1.0, {gamma}): every draft accepted plus the bonus token")
+
+
+_q6_3_hidden_tests()
+del _q6_3_hidden_tests
+### END HIDDEN TESTS
+
+# %% [markdown]
+# #### Question 6.4 (8 points)
+#
+# Implement one step of speculative sampling, `speculative_step(prefix, draft_model, target_model, gamma,
+# generator)`, for a **batch** of independent sequences. The contract (the tests rely on every point):
+# - `prefix`: int64 tensor `(B, T)`, $T \ge 1$: $B$ independent sequences of the same length.
+# - `draft_model` and `target_model`: callables mapping int64 tokens `(B, S)` to probabilities `(B, S, V)`
+#   (float, rows summing to 1), where `[b, s]` is the model's distribution of the token that follows
+#   `tokens[b, :s + 1]`. Call `draft_model` exactly `gamma` times (on the prefix, then on the prefix with one
+#   drafted token appended, and so on) and `target_model` exactly once, on the prefix followed by all `gamma`
+#   drafted tokens.
+# - `gamma`: number of draft tokens, $\ge 1$.
+# - `generator`: a `torch.Generator` on the device of `prefix`. **All** randomness comes from it (e.g.
+#   `torch.multinomial(probs, 1, generator=generator)`, `torch.rand(..., generator=generator,
+#   device=prefix.device)`), never from the global random state: the same seed gives the same result.
+# - Vectorised over the batch: no Python loop over the $B$ rows (the tests use $B = 100{,}000$). A loop over
+#   the $\gamma$ positions is fine.
+# - Returns `(new_tokens, num_new)`: `num_new` is int64 `(B,)` with values in $1 \dots \gamma + 1$ (accepted
+#   drafts plus the one replacement or bonus token), and `new_tokens` is int64 `(B, gamma + 1)` whose row `b`
+#   holds its `num_new[b]` new tokens first, then `-1` padding.
+#
+# The hidden tests drive your function with toy models whose distributions are known exactly and check that
+# the emitted tokens have the target's distribution and that the mean of `num_new` matches
+# `expected_tokens_per_pass`, with thresholds derived so that a correct implementation passes with probability
+# above $1 - 10^{-6}$, whatever its order of random draws.
+#
+# Tip: to find the first rejection of every row at once, `accepted.long().cumprod(dim=1).sum(dim=1)` counts
+# the leading accepted drafts.
+
+# %% nbgrader={"grade": false, "grade_id": "q6_4_speculative_step", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def speculative_step(prefix, draft_model, target_model, gamma, generator):
+    """One step of speculative sampling for a batch of sequences.
+
+    Args:
+        prefix (torch.Tensor): int64 (B, T), T >= 1.
+        draft_model (callable): int64 (B, S) -> probabilities (B, S, V); called exactly gamma times.
+        target_model (callable): int64 (B, S) -> probabilities (B, S, V); called exactly once.
+        gamma (int): number of draft tokens (>= 1).
+        generator (torch.Generator): the only source of randomness, on prefix.device.
+
+    Returns:
+        tuple: (new_tokens int64 (B, gamma + 1), -1 after each row's new tokens; num_new int64 (B,) in
+        1 .. gamma + 1).
+    """
+    ### BEGIN SOLUTION
+    batch, prefix_len = prefix.shape
+    device = prefix.device
+    tokens, draft_dists = prefix, []
+    for _ in range(gamma):  # 1. draft gamma tokens
+        q_next = draft_model(tokens)[:, -1, :]
+        draft_dists.append(q_next)
+        tokens = torch.cat([tokens, torch.multinomial(q_next, 1, generator=generator)], dim=1)
+    drafted = tokens[:, prefix_len:]  # (B, gamma)
+    q = torch.stack(draft_dists, dim=1).double()  # (B, gamma, V)
+    p = target_model(tokens)[:, prefix_len - 1:, :].double()  # 2. verify: (B, gamma + 1, V)
+
+    p_of_draft = p[:, :gamma].gather(2, drafted.unsqueeze(2)).squeeze(2)
+    q_of_draft = q.gather(2, drafted.unsqueeze(2)).squeeze(2)  # > 0: the draft sampled these tokens
+    u = torch.rand(batch, gamma, generator=generator, device=device, dtype=torch.float64)
+    accepted = u * q_of_draft < p_of_draft  # 3. accept with probability min(1, p / q)
+    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # leading accepted drafts, 0 .. gamma
+
+    # 4. One more token: from the residual at the first rejection, or from p_{gamma+1} when all were accepted
+    # (padding q with zeros at position gamma makes the "residual" there equal to p itself).
+    rows = torch.arange(batch, device=device)
+    q_padded = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)
+    p_next = p[rows, num_accepted]
+    residual = (p_next - q_padded[rows, num_accepted]).clamp_min(0)
+    mass = residual.sum(dim=1, keepdim=True)
+    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-300), p_next)  # guard against p == q
+    extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)
+
+    new_tokens = torch.full((batch, gamma + 1), -1, dtype=torch.long, device=device)
+    keep = torch.arange(gamma, device=device).unsqueeze(0) < num_accepted.unsqueeze(1)
+    new_tokens[:, :gamma] = torch.where(keep, drafted, torch.full_like(drafted, -1))
+    new_tokens[rows, num_accepted] = extra
+    return new_tokens, num_accepted + 1
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q6_4_speculative_step_tests", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
+def _toy_model(table, counter=None):
+    """Toy LM: the next-token distribution depends on the last token only (row `token` of `table`)."""
+    def model(tokens):
+        if counter is not None:
+            counter.append(tuple(tokens.shape))
+        return table[tokens]
+    return model
+
+
+def _check_speculative_format(prefix, out, gamma, vocab):
+    new_tokens, num_new = out
+    B = prefix.shape[0]
+    assert isinstance(new_tokens, torch.Tensor) and tuple(new_tokens.shape) == (B, gamma + 1), (
+        f"new_tokens must be a (B, gamma + 1) = {(B, gamma + 1)} tensor, got {getattr(new_tokens, 'shape', new_tokens)}")
+    assert isinstance(num_new, torch.Tensor) and tuple(num_new.shape) == (B,), f"num_new must have shape (B,) = ({B},)"
+    assert new_tokens.dtype == torch.long and num_new.dtype == torch.long, "new_tokens and num_new must be int64"
+    assert bool(((num_new >= 1) & (num_new <= gamma + 1)).all()), "num_new must lie in 1 .. gamma + 1"
+    position = torch.arange(gamma + 1, device=new_tokens.device).unsqueeze(0)
+    filled = position < num_new.unsqueeze(1)
+    assert bool((new_tokens[~filled] == -1).all()), "new_tokens must be -1 after each row's num_new tokens"
+    assert bool(((new_tokens[filled] >= 0) & (new_tokens[filled] < vocab)).all()), "emitted tokens must be ids 0 .. V - 1"
+
+
+_gen = torch.Generator(device=DEVICE).manual_seed(0)
+_P = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.1, 0.4, 0.4], [0.25, 0.25, 0.25, 0.25], [0.0, 0.6, 0.0, 0.4]], device=DEVICE)
+_prefix = torch.randint(4, (6, 3), generator=_gen, device=DEVICE)
+_draft_calls, _target_calls = [], []
+_out = speculative_step(_prefix, _toy_model(_P.flip(1), _draft_calls), _toy_model(_P, _target_calls), 3, _gen)
+_check_speculative_format(_prefix, _out, 3, 4)
+assert _draft_calls == [(6, 3), (6, 4), (6, 5)] and _target_calls == [(6, 6)], (
+    f"draft_model must be called gamma times on (B, T), (B, T + 1), ... and target_model once on (B, T + gamma); "
+    f"got draft calls {_draft_calls} and target calls {_target_calls}")
+_new, _num = speculative_step(_prefix, _toy_model(_P), _toy_model(_P), 3, _gen)  # draft == target
+assert bool((_num == 4).all()), f"when the draft equals the target every draft is accepted: num_new must be gamma + 1, got {_num.tolist()}"
+del _gen, _P, _prefix, _draft_calls, _target_calls, _out, _new, _num
+### BEGIN HIDDEN TESTS
+def _q6_4_hidden_tests():
+    """Hidden tests of speculative_step: format and calls, exact edge cases, then a statistical test.
+
+    Why a correct implementation fails the statistical test with probability below 1e-6, whatever the seed or
+    the order of its random draws. Each check compares an empirical frequency (or the mean of num_new) over m
+    independent rows with its exact value. By Hoeffding's inequality, the mean of m independent variables with
+    range r deviates from its expectation by t or more with probability at most 2 exp(-2 m t^2 / r^2). Each
+    check uses t = r sqrt(ln(2 K / delta) / (2 m)), where K is the number of checks (fixed below) and
+    delta = 1e-6, so each check fails with probability at most delta / K and, by the union bound, any of
+    them with probability at most delta. Conditional checks (the second token given the first, among rows that
+    emitted two tokens) are valid because, given the selected rows, those tokens are independent draws from
+    the conditional target distribution; m is then the observed count. On top of this, the generator's seed
+    is fixed, so a given implementation gets the same verdict on every run (on CPU). The wrong
+    implementations this test is meant to catch (sampling the replacement from p or q instead of the residual,
+    wrong acceptance ratio, no bonus token, continuing after a rejection, greedy drafts, off-by-one target
+    positions) deviate from the exact values by 3 to 50 times the thresholds.
+    """
+    delta, n_checks = 1e-6, 6 + 3 * 25
+    log_term = math.log(2 * n_checks / delta)
+
+    def threshold(m, value_range=1.0):
+        return value_range * math.sqrt(log_term / (2 * m))
+
+    V = 5
+    # --- 1. exact edge cases and the contract ---
+    gen = torch.Generator(device=DEVICE).manual_seed(7)
+    target = torch.tensor([0.6, 0.4, 0.0, 0.0, 0.0], device=DEVICE).expand(V, V)
+    draft = torch.tensor([0.0, 0.0, 0.3, 0.3, 0.4], device=DEVICE).expand(V, V)
+    prefix = torch.randint(V, (2000, 2), generator=gen, device=DEVICE)
+    out = speculative_step(prefix, _toy_model(draft), _toy_model(target), 4, gen)
+    _check_speculative_format(prefix, out, 4, V)
+    assert bool((out[1] == 1).all()), (
+        "when the target gives probability 0 to every token the draft can propose, every draft must be rejected "
+        "(num_new == 1)")
+    assert bool((out[0][:, 0] <= 1).all()), (
+        "after a rejection the replacement comes from norm(max(0, p - q)); here that is the target itself, "
+        "which never emits tokens 2, 3, 4")
+    for gamma in (1, 2, 6):
+        out = speculative_step(prefix[:50], _toy_model(target), _toy_model(target), gamma, gen)
+        _check_speculative_format(prefix[:50], out, gamma, V)
+        assert bool((out[1] == gamma + 1).all()), f"draft == target, gamma = {gamma}: all drafts accepted plus the bonus token"
+    # Calls, and randomness from the generator only.
+    table = torch.softmax(torch.randn(V, V, generator=torch.Generator().manual_seed(3)), dim=1).to(DEVICE)
+    results = []
+    for global_seed in (11, 12):
+        torch.manual_seed(global_seed)
+        draft_calls, target_calls = [], []
+        out = speculative_step(prefix[:300], _toy_model(table.flip(0), draft_calls), _toy_model(table, target_calls), 5,
+                               torch.Generator(device=DEVICE).manual_seed(99))
+        assert draft_calls == [(300, 2 + i) for i in range(5)] and target_calls == [(300, 7)], (
+            f"draft_model must be called gamma = 5 times on growing prefixes and target_model once on (B, T + gamma); "
+            f"got draft {draft_calls}, target {target_calls}")
+        results.append(out)
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1]), (
+        "the same generator seed must give the same tokens: take all randomness from `generator`, not the global RNG")
+
+    # --- 2. statistical test: context-independent toy models, known acceptance rate alpha ---
+    M = 100_000
+    p = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0], device=DEVICE)
+    q = torch.tensor([0.1, 0.2, 0.3, 0.2, 0.2], device=DEVICE)
+    alpha = torch.minimum(p, q).sum().item()  # 0.6
+    gamma = 4
+    gen = torch.Generator(device=DEVICE).manual_seed(2024)
+    out_tokens, num_new = speculative_step(torch.zeros(M, 3, dtype=torch.long, device=DEVICE),
+                                           _toy_model(q.expand(V, V)), _toy_model(p.expand(V, V)), gamma, gen)
+    freq = torch.bincount(out_tokens[:, 0], minlength=V).double().cpu() / M
+    worst = (freq - p.double().cpu()).abs().max().item()
+    assert worst <= threshold(M), (
+        f"the first emitted token must be distributed as the target p = {p.tolist()}; got frequencies "
+        f"{[round(x, 4) for x in freq.tolist()]} (max deviation {worst:.4f} > {threshold(M):.4f}). Check the acceptance "
+        f"rule u < p(x)/q(x) and that a rejected token is replaced from norm(max(0, p - q))")
+    mean_new = num_new.double().mean().item()
+    expected = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    assert abs(mean_new - expected) <= threshold(M, gamma), (
+        f"with alpha = {alpha:.2f} and gamma = {gamma} the mean of num_new must be (1 - alpha^(gamma+1)) / (1 - alpha) "
+        f"= {expected:.4f}; got {mean_new:.4f} (tolerance {threshold(M, gamma):.4f}). Stop at the first rejection and "
+        f"add the bonus token when all drafts are accepted")
+
+    # --- 3. statistical test: Markov toy models (the distribution depends on the last token) ---
+    P = torch.tensor([[0.70, 0.10, 0.10, 0.05, 0.05],
+                      [0.05, 0.05, 0.60, 0.25, 0.05],
+                      [0.30, 0.30, 0.00, 0.20, 0.20],
+                      [0.10, 0.50, 0.10, 0.10, 0.20],
+                      [0.25, 0.00, 0.25, 0.00, 0.50]], device=DEVICE)
+    Q = torch.tensor([[0.20, 0.20, 0.20, 0.20, 0.20],
+                      [0.40, 0.05, 0.15, 0.10, 0.30],
+                      [0.10, 0.60, 0.10, 0.10, 0.10],
+                      [0.30, 0.10, 0.30, 0.10, 0.20],
+                      [0.05, 0.30, 0.05, 0.30, 0.30]], device=DEVICE)
+    gen = torch.Generator(device=DEVICE).manual_seed(2025)
+    prefix = torch.randint(V, (M, 4), generator=gen, device=DEVICE)
+    out_tokens, num_new = speculative_step(prefix, _toy_model(Q), _toy_model(P), 3, gen)
+    out_tokens, num_new, last, P_cpu = out_tokens.cpu(), num_new.cpu(), prefix[:, -1].cpu(), P.double().cpu()
+    # position k's token given the token before it (the prefix's last token for k = 0), among rows emitting it
+    for k, previous in enumerate([last, out_tokens[:, 0], out_tokens[:, 1]]):
+        emitted = num_new >= k + 1
+        for a in range(V):
+            rows = emitted & (previous == a)
+            m = int(rows.sum())
+            if m == 0:
+                continue
+            freq = torch.bincount(out_tokens[rows, k], minlength=V).double() / m
+            worst = (freq - P_cpu[a]).abs().max().item()
+            assert worst <= threshold(m), (
+                f"Markov toy target: emitted token {k + 1} after token {a} must follow the target row {P_cpu[a].tolist()}; "
+                f"got {[round(x, 4) for x in freq.tolist()]} over {m} rows (max deviation {worst:.4f} > {threshold(m):.4f}). "
+                f"Are p_i taken at the right positions of the target output, and do you stop after a rejection?")
+
+
+_q6_4_hidden_tests()
+del _q6_4_hidden_tests
+### END HIDDEN TESTS
+del _toy_model, _check_speculative_format
+
+# %% [markdown]
+# ## Speculative decoding of the recall models
+#
+# Now use your `speculative_step` on the models of Part 1: the deepest one is the target, each shallower one
+# serves as a draft. Every sequence starts from a fresh recall context plus its first query key, and we
+# generate the rest of the query half (query keys and answers) one sequence at a time ($B = 1$, the latency
+# setting), once with plain sampling from the target and once speculatively. We report the acceptance rate of
+# draft tokens, the tokens per target pass, the wall-clock speedup, and the fraction of correct answers in the
+# generated text.
+
+# %%
+SPEC_DEMO = dict(gamma=at_scale(teaching=4, quick=3), num_sequences=at_scale(teaching=64, quick=4))
+
+
+def as_probabilities(model):
+    """Wrap a RecallTransformer as a next-token distribution: int64 (B, S) -> float32 (B, S, V)."""
+    @torch.no_grad()
+    def probabilities(tokens):
+        return torch.softmax(model(tokens).float(), dim=-1)
+    return probabilities
+
+
+def synchronize():
+    """Wait for queued GPU work (a no-op on CPU), so that wall-clock times are honest."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def generate_plain(target, prefix, total_len, generator):
+    """Sample from the target one token at a time until total_len tokens; returns (tokens, target passes)."""
+    tokens, passes = prefix, 0
+    while tokens.shape[1] < total_len:
+        next_token = torch.multinomial(target(tokens)[:, -1], 1, generator=generator)
+        tokens, passes = torch.cat([tokens, next_token], dim=1), passes + 1
+    return tokens, passes
+
+
+def generate_speculative(draft, target, prefix, total_len, gamma, generator):
+    """Speculative sampling until total_len tokens; returns (tokens, target passes, drafted, accepted)."""
+    tokens, passes, drafted, accepted = prefix, 0, 0, 0
+    while tokens.shape[1] < total_len:
+        step_gamma = min(gamma, total_len - tokens.shape[1])  # never run a model past its last position
+        new_tokens, num_new = speculative_step(tokens, draft, target, step_gamma, generator)
+        count = int(num_new[0])
+        if not 1 <= count <= step_gamma + 1:
+            raise ValueError(f"speculative_step returned num_new = {count}, outside 1 .. gamma + 1")
+        tokens = torch.cat([tokens, new_tokens[:, :count]], dim=1)[:, :total_len]
+        passes, drafted, accepted = passes + 1, drafted + step_gamma, accepted + count - 1
+    return tokens, passes, drafted, accepted
+
+
+def answers_correct(tokens, num_pairs):
+    """(correct answers, answers) in the generated query half: is each answer the value of its query key?"""
+    context, queries = tokens[0, : 2 * num_pairs].tolist(), tokens[0, 2 * num_pairs:].tolist()
+    value_of = dict(zip(context[0::2], context[1::2]))
+    pairs = list(zip(queries[0::2], queries[1::2]))
+    return sum(value_of.get(key) == answer for key, answer in pairs), len(pairs)
+
+
+def run_speculative_demo(models, task=RECALL_TASK, gamma=SPEC_DEMO["gamma"], num_sequences=SPEC_DEMO["num_sequences"]):
+    """Compare plain and speculative generation for every draft depth; returns a DataFrame."""
+    target_layers = max(models)
+    target = as_probabilities(models[target_layers])
+    total_len = 2 * task["num_pairs"] + 2 * task["num_queries"]
+    prompts = make_recall_batch(num_sequences, **task, generator=torch.Generator(device=DEVICE).manual_seed(77))
+    prompts = prompts[:, : 2 * task["num_pairs"] + 1]  # context and the first query key
+    rows = []
+    for draft_layers in [None] + sorted(layers for layers in models if layers < target_layers):
+        generator = torch.Generator(device=DEVICE).manual_seed(5)
+        draft = None if draft_layers is None else as_probabilities(models[draft_layers])
+        passes = drafted = accepted = generated = correct = answers = 0
+        synchronize()
+        start_s = time.perf_counter()
+        for index in range(num_sequences):
+            prefix = prompts[index: index + 1]
+            if draft is None:
+                tokens, step_passes = generate_plain(target, prefix, total_len, generator)
+            else:
+                tokens, step_passes, step_drafted, step_accepted = generate_speculative(
+                    draft, target, prefix, total_len, gamma, generator)
+                drafted, accepted = drafted + step_drafted, accepted + step_accepted
+            passes, generated = passes + step_passes, generated + total_len - prefix.shape[1]
+            good, total = answers_correct(tokens, task["num_pairs"])
+            correct, answers = correct + good, answers + total
+        synchronize()
+        elapsed_s = time.perf_counter() - start_s
+        rows.append({"draft": "none (plain sampling)" if draft is None else f"{draft_layers} layer(s)",
+                     "acceptance_rate": float("nan") if draft is None else accepted / drafted,
+                     "tokens_per_target_pass": generated / passes,
+                     "ms_per_token": elapsed_s * 1e3 / generated,
+                     "answer_accuracy": correct / answers})
+    table = pd.DataFrame(rows)
+    table["speedup"] = table["ms_per_token"].iloc[0] / table["ms_per_token"]
+    return table
+
+
+if len(recall_models) < 2:
+    print("Train the recall models of Part 1 first (they need your causal_self_attention, Question 1.1).")
+else:
+    try:
+        spec_results = run_speculative_demo(recall_models)
+        print(f"Target: {max(recall_models)}-layer recall model, gamma = {SPEC_DEMO['gamma']}, "
+              f"{SPEC_DEMO['num_sequences']} sequences of batch size 1")
+        print(spec_results.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    except NotImplementedError:
+        print("Answer Question 6.4 first.")
+
+# %% [markdown]
+# #### Question 6.5 (3 points)
+#
+# Run the demo at teaching scale. Report the acceptance rate and tokens per target pass for each draft, and
+# explain the differences between the drafts using what you know about the task (which tokens can a 1-layer
+# model predict, and which can it not?). Did speculative decoding make generation faster in wall-clock time?
+# Explain why or why not: how much does a draft pass cost compared with a target pass here (these tiny models
+# are bound by the fixed cost per layer you saw in Part 5), and what would a draft have to be like to help
+# more? (The formula of Bonus 6.6 turns $\alpha$, $\gamma$ and the cost ratio into an expected speedup.)
+# Finally, compare the answer accuracy of the speculative runs with plain sampling from the target: what
+# property of speculative sampling does it show?
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q6_5_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
+# (Model answer from an H100 run, 4-layer target, $\gamma = 4$.) The 1-layer draft is accepted only about 26 %
+# of the time (1.9 tokens per target pass): it cannot do recall, so the answers it drafts are almost always
+# rejected, and after a rejection the rest of the draft is wasted; it does better on the query keys, where it
+# only has to pick one of the listed keys. The 2- and 3-layer drafts can recall, agree with the target almost
+# everywhere and are accepted 86 % and 90 % of the time (4.1 and 4.3 tokens per pass, out of at most 5).
+#
+# Wall-clock: the 1-layer draft makes generation slower (0.7x), the 2-layer draft faster (1.4x) and the
+# 3-layer draft slightly faster (1.1x). These models are tiny, so a forward pass costs a fixed amount per
+# layer (launch overhead), and a draft pass costs a fraction $c \approx$ (draft layers / target layers) of a
+# target pass: 0.25, 0.5 and 0.75. A step costs $1 + \gamma c$ target passes and yields
+# $(1 - \alpha^{\gamma+1})/(1 - \alpha)$ tokens, which predicts 0.67x, 1.26x and 1.02x, close to the
+# measurements. The 1-layer draft is cheap but rarely right; the 3-layer draft is right but nearly as expensive
+# as the target. Speculation pays when the draft is both much cheaper ($c \ll 1$, e.g. a small LLM drafting
+# for a large one whose decode steps are bound by reading its weights) and usually right (high $\alpha$).
+#
+# The answer accuracy is the same with every draft (about 98-99 %) as with plain sampling from the target, even
+# with the 1-layer draft that cannot recall anything: speculative sampling is lossless, its output has exactly
+# the target's distribution; the draft only changes the speed.
+# === BEGIN MARK SCHEME ===
+# 3 points in total:
+# - 1 point: reports acceptance rates / tokens per pass and explains them: the 1-layer draft fails on the
+#   answers (recall needs 2 layers), deeper drafts are accepted almost always.
+# - 1 point: wall-clock speedup explained through the cost ratio c (draft layers / target layers for these
+#   launch-bound models) and alpha; speculation pays only with a much cheaper draft that is usually right.
+# - 1 point: answer accuracy unchanged vs plain sampling: the output distribution equals the target's
+#   (lossless), whatever the draft.
+# === END MARK SCHEME ===
+
+# #### Bonus 6.6 (6 points)
+#
+# Let a draft pass cost $c$ times a target pass (the cost ratio), and suppose each step costs $\gamma$ draft
+# passes plus one target pass. Relative to plain decoding with the target (one token per target pass), the
+# expected speedup is
+# $$S(\alpha, \gamma, c) = \frac{1 - \alpha^{\gamma+1}}{(1 - \alpha)(\gamma c + 1)}.$$
+# Write `speculative_speedup(alpha, gamma, cost_ratio)` (a float; $\alpha = 1$ must work, and $\gamma = 0$ means
+# plain decoding, speedup 1) and `best_gamma(alpha, cost_ratio, max_gamma)`: the $\gamma$ in
+# $0, 1, \dots,$ `max_gamma` with the largest expected speedup (an `int`; the smallest such $\gamma$ on a tie).
+
+# %% nbgrader={"grade": false, "grade_id": "b6_6_speculative_speedup", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def speculative_speedup(alpha, gamma, cost_ratio):
+    """Expected speedup of speculative decoding over plain decoding with the target.
+
+    Args:
+        alpha (float): acceptance probability of a draft token, in [0, 1].
+        gamma (int): draft tokens per step (>= 0).
+        cost_ratio (float): time of one draft pass / time of one target pass (>= 0).
+
+    Returns:
+        float: expected tokens per step divided by the step's cost in target passes.
+    """
+    ### BEGIN SOLUTION
+    tokens = float(gamma + 1) if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens / (gamma * cost_ratio + 1)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": false, "grade_id": "b6_6_best_gamma", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def best_gamma(alpha, cost_ratio, max_gamma):
+    """The number of draft tokens in 0 .. max_gamma with the largest expected speedup (smallest on a tie).
+
+    Returns:
+        int: the best gamma.
+    """
+    ### BEGIN SOLUTION
+    best, best_speedup = 0, 1.0
+    for gamma in range(1, max_gamma + 1):
+        tokens = float(gamma + 1) if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+        speedup = tokens / (gamma * cost_ratio + 1)
+        if speedup > best_speedup:
+            best, best_speedup = gamma, speedup
+    return best
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "b6_6_speculative_speedup_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
+_check_close(speculative_speedup(0.5, 2, 0.25), 1.75 / 1.5, "speculative_speedup(0.5, 2, 0.25)")
+assert best_gamma(0.0, 0.1, 5) == 0, "with alpha = 0 every draft is wasted: the best gamma is 0"
+### BEGIN HIDDEN TESTS
+def _b6_6_hidden_tests():
+    def speedup(alpha, gamma, c):
+        return sum(alpha ** i for i in range(gamma + 1)) / (gamma * c + 1)
+
+    for alpha, gamma, c in [(0.8, 4, 0.05), (0.6, 3, 0.5), (1.0, 5, 0.1), (0.9, 0, 0.3), (0.3, 7, 0.0), (0.999999, 2, 1.0)]:
+        _check_close(speculative_speedup(alpha, gamma, c), speedup(alpha, gamma, c),
+                     f"speculative_speedup({alpha}, {gamma}, {c}) = (1 + alpha + ... + alpha^gamma) / (gamma c + 1)", rel=1e-6)
+    for alpha, c, max_gamma in [(0.8, 0.05, 20), (0.6, 0.5, 10), (0.9, 0.01, 40), (0.5, 1.0, 8), (1.0, 0.2, 12),
+                                (0.95, 0.2, 3), (0.7, 0.0, 6), (0.0, 0.0, 4)]:  # the last one is a tie: all 1.0
+        scores = [speedup(alpha, g, c) for g in range(max_gamma + 1)]
+        expected = min(g for g in range(max_gamma + 1) if scores[g] >= max(scores) - 1e-12)  # first maximum
+        got = best_gamma(alpha, c, max_gamma)
+        assert isinstance(got, numbers.Integral), f"best_gamma must return an int, got {got!r}"
+        assert got == expected, (
+            f"best_gamma({alpha}, {c}, {max_gamma}) must be {expected} (speedup {scores[expected]:.4f}), got {got} "
+            f"(speedup {scores[got] if 0 <= got <= max_gamma else float('nan'):.4f}); gamma ranges over 0 .. max_gamma")
+
+
+_b6_6_hidden_tests()
+del _b6_6_hidden_tests
+### END HIDDEN TESTS

@@ -1,0 +1,633 @@
+"""Prepared answers for Lab 3 (format: .coord/common.md; used by tests/test_labs.py through tests/lab_harness.py).
+
+ALTERNATIVES: solution cell grade id -> full replacement sources that are correct but written differently from
+the reference (other formulas, float64 inside, other orders of random draws, composition of earlier answers).
+The first alternative of every cell is self-contained (it does not call answers of other questions), because the
+mixed-submission test pairs it with wrong answers elsewhere.
+
+WRONG: solution cell grade id -> (label, full replacement source) pairs, each a plausible mistake; each must fail
+the tests of its own question and nothing else.
+"""
+
+# --------------------------------------------------------------------------------------------------------------
+# Part 1: causal self-attention
+# --------------------------------------------------------------------------------------------------------------
+_ATTENTION = '''
+def causal_self_attention(q, k, v):
+    seq_len, head_dim = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)
+    allowed = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+'''
+
+
+def _attention(old: str, new: str) -> str:
+    assert old in _ATTENTION, old
+    return _ATTENTION.replace(old, new)
+
+
+ALTERNATIVES: dict[str, list[str]] = {}
+WRONG: dict[str, list[tuple[str, str]]] = {}
+
+ALTERNATIVES["q1_1_causal_attention"] = [
+    # float64 inside, einsum, hand-written stable softmax, mask built with triu
+    '''
+def causal_self_attention(q, k, v):
+    n, d = q.shape[-2], q.shape[-1]
+    scores = torch.einsum("...id,...jd->...ij", q.double(), k.double()) * d ** -0.5
+    future = torch.triu(torch.ones(n, n, dtype=torch.bool, device=q.device), diagonal=1)
+    scores = scores.masked_fill(future, -math.inf)
+    scores = scores - scores.amax(dim=-1, keepdim=True)
+    weights = scores.exp()
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    return (weights @ v.double()).to(q.dtype)
+''',
+    # additive -inf mask, scale applied to q first
+    '''
+def causal_self_attention(q, k, v):
+    n = q.shape[-2]
+    bias = torch.full((n, n), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+    scores = (q / q.shape[-1] ** 0.5) @ k.transpose(-1, -2) + bias
+    return F.softmax(scores, dim=-1) @ v
+''',
+]
+WRONG["q1_1_causal_attention"] = [
+    ("no mask", _attention('    scores = scores.masked_fill(~allowed, float("-inf"))\n', "")),
+    ("mask keeps the future instead of the past", _attention(".tril()", ".triu()")),
+    ("diagonal masked too (row 0 sees nothing)", _attention(".tril()", ".tril(-1)")),
+    ("scores scaled by 1/d instead of 1/sqrt(d)", _attention("math.sqrt(head_dim)", "head_dim")),
+    ("masked entries set to 0 instead of -inf", _attention('float("-inf")', "0.0")),
+    ("mask applied after the softmax without renormalising",
+     _attention('    scores = scores.masked_fill(~allowed, float("-inf"))\n    return torch.softmax(scores, dim=-1) @ v',
+                "    return (torch.softmax(scores, dim=-1) * allowed) @ v")),
+]
+
+# --------------------------------------------------------------------------------------------------------------
+# Part 2: counting
+# --------------------------------------------------------------------------------------------------------------
+ALTERNATIVES["q2_1_matmul_flops"] = ["def matmul_flops(M, K, N):\n    return M * N * (K + K)\n"]
+ALTERNATIVES["q2_1_matmul_bytes"] = [
+    "def matmul_bytes(M, K, N, bytes_per_element):\n"
+    "    return sum(rows * cols * bytes_per_element for rows, cols in ((M, K), (K, N), (M, N)))\n"
+]
+WRONG["q2_1_matmul_flops"] = [
+    ("forgets the factor 2", "def matmul_flops(M, K, N):\n    return M * K * N\n"),
+    ("exact count MN(2K-1) instead of the stated convention", "def matmul_flops(M, K, N):\n    return M * N * (2 * K - 1)\n"),
+]
+WRONG["q2_1_matmul_bytes"] = [
+    ("forgets writing C", "def matmul_bytes(M, K, N, bytes_per_element):\n    return bytes_per_element * (M * K + K * N)\n"),
+    ("ignores bytes_per_element (fp16 hard-coded)", "def matmul_bytes(M, K, N, bytes_per_element):\n    return 2 * (M * K + K * N + M * N)\n"),
+]
+
+ALTERNATIVES["q2_2_qkv_projection_flops"] = [
+    "def qkv_projection_flops(B, N, D):\n    return 6 * B * N * D ** 2\n",
+    "def qkv_projection_flops(B, N, D):\n    return 3 * matmul_flops(B * N, D, D)\n",
+]
+ALTERNATIVES["q2_2_qkv_projection_bytes"] = [
+    "def qkv_projection_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * D * (6 * B * N + 3 * D)\n",
+    "def qkv_projection_bytes(B, N, D, bytes_per_element):\n    return 3 * matmul_bytes(B * N, D, D, bytes_per_element)\n",
+]
+WRONG["q2_2_qkv_projection_flops"] = [
+    ("one projection instead of three", "def qkv_projection_flops(B, N, D):\n    return 2 * B * N * D * D\n"),
+]
+WRONG["q2_2_qkv_projection_bytes"] = [
+    ("X read once for all three projections",
+     "def qkv_projection_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * (4 * B * N * D + 3 * D * D)\n"),
+    ("weights not counted", "def qkv_projection_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * 6 * B * N * D\n"),
+]
+
+ALTERNATIVES["q2_3_1_qk_scores_flops"] = ["def qk_scores_flops(B, N, d):\n    return B * N * N * (2 * d + 1)\n"]
+ALTERNATIVES["q2_3_1_qk_scores_bytes"] = [
+    "def qk_scores_bytes(B, N, d, bytes_per_element):\n    return B * N * bytes_per_element * (2 * d + N)\n"
+]
+WRONG["q2_3_1_qk_scores_flops"] = [
+    ("scaling not counted", "def qk_scores_flops(B, N, d):\n    return 2 * B * N * N * d\n"),
+    ("matmul FLOPs without the factor 2", "def qk_scores_flops(B, N, d):\n    return B * N * N * d + B * N * N\n"),
+]
+WRONG["q2_3_1_qk_scores_bytes"] = [
+    ("scaling as a separate pass (scores read and written again)",
+     "def qk_scores_bytes(B, N, d, bytes_per_element):\n    return bytes_per_element * (2 * B * N * d + 3 * B * N * N)\n"),
+    ("output written with shape (B, N, d)",
+     "def qk_scores_bytes(B, N, d, bytes_per_element):\n    return bytes_per_element * 3 * B * N * d\n"),
+]
+
+ALTERNATIVES["q2_3_2_causal_mask_flops"] = ["def causal_mask_flops(B, N):\n    return B * N ** 2\n"]
+ALTERNATIVES["q2_3_2_causal_mask_bytes"] = ["def causal_mask_bytes(B, N, bytes_per_element):\n    return (B * N * N) * bytes_per_element * 2\n"]
+WRONG["q2_3_2_causal_mask_flops"] = [
+    ("only the masked upper triangle counted", "def causal_mask_flops(B, N):\n    return B * N * (N - 1) // 2\n"),
+]
+WRONG["q2_3_2_causal_mask_bytes"] = [
+    ("only the write counted", "def causal_mask_bytes(B, N, bytes_per_element):\n    return bytes_per_element * B * N * N\n"),
+]
+
+ALTERNATIVES["q2_3_3_softmax_flops"] = ["def softmax_flops(B, N):\n    return (1 + 1 + 1) * B * N * N\n"]
+ALTERNATIVES["q2_3_3_softmax_bytes"] = ["def softmax_bytes(B, N, bytes_per_element):\n    return bytes_per_element * (B * N * N + B * N * N)\n"]
+WRONG["q2_3_3_softmax_flops"] = [
+    ("row sum not counted", "def softmax_flops(B, N):\n    return 2 * B * N * N\n"),
+    ("row sum counted once per row", "def softmax_flops(B, N):\n    return 2 * B * N * N + B * N\n"),
+]
+WRONG["q2_3_3_softmax_bytes"] = [
+    ("input read twice (once for the sum, once for the division)",
+     "def softmax_bytes(B, N, bytes_per_element):\n    return 3 * bytes_per_element * B * N * N\n"),
+]
+
+ALTERNATIVES["q2_3_4_attention_value_flops"] = ["def attention_value_flops(B, N, d):\n    return B * (2 * N * N * d)\n"]
+ALTERNATIVES["q2_3_4_attention_value_bytes"] = [
+    "def attention_value_bytes(B, N, d, bytes_per_element):\n    return bytes_per_element * B * N * (N + d + d)\n"
+]
+WRONG["q2_3_4_attention_value_flops"] = [
+    ("MACs instead of FLOPs", "def attention_value_flops(B, N, d):\n    return B * N * N * d\n"),
+]
+WRONG["q2_3_4_attention_value_bytes"] = [
+    ("output not written", "def attention_value_bytes(B, N, d, bytes_per_element):\n    return bytes_per_element * (B * N * N + B * N * d)\n"),
+]
+
+ALTERNATIVES["q2_4_mha_flops"] = [
+    "def mha_flops(B, N, D, H):\n    return 4 * B * N * N * D + 5 * H * B * N * N\n",
+    "def mha_flops(B, N, D, H):\n"
+    "    d = D // H\n"
+    "    return H * (qk_scores_flops(B, N, d) + causal_mask_flops(B, N) + softmax_flops(B, N) + attention_value_flops(B, N, d))\n",
+]
+ALTERNATIVES["q2_4_mha_bytes"] = [
+    "def mha_bytes(B, N, D, H, bytes_per_element):\n    return bytes_per_element * B * N * (4 * D + 6 * H * N)\n",
+    "def mha_bytes(B, N, D, H, bytes_per_element):\n"
+    "    d, n = D // H, bytes_per_element\n"
+    "    return H * (qk_scores_bytes(B, N, d, n) + causal_mask_bytes(B, N, n) + softmax_bytes(B, N, n)\n"
+    "                + attention_value_bytes(B, N, d, n))\n",
+]
+WRONG["q2_4_mha_flops"] = [
+    ("every head of width D instead of D / H", "def mha_flops(B, N, D, H):\n    return H * (4 * B * N * N * D + 5 * B * N * N)\n"),
+    ("scale, mask and softmax counted for one head only", "def mha_flops(B, N, D, H):\n    return 4 * B * N * N * D + 5 * B * N * N\n"),
+]
+WRONG["q2_4_mha_bytes"] = [
+    ("N x N traffic counted for one head only",
+     "def mha_bytes(B, N, D, H, bytes_per_element):\n    return bytes_per_element * (4 * B * N * D + 6 * B * N * N)\n"),
+    ("every head of width D instead of D / H",
+     "def mha_bytes(B, N, D, H, bytes_per_element):\n    return H * bytes_per_element * (4 * B * N * D + 6 * B * N * N)\n"),
+]
+
+ALTERNATIVES["q2_5_output_projection_flops"] = ["def output_projection_flops(B, N, D):\n    return 2 * D * D * N * B\n"]
+ALTERNATIVES["q2_5_output_projection_bytes"] = [
+    "def output_projection_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * D * (2 * B * N + D)\n"
+]
+WRONG["q2_5_output_projection_flops"] = [
+    ("MACs instead of FLOPs", "def output_projection_flops(B, N, D):\n    return B * N * D * D\n"),
+]
+WRONG["q2_5_output_projection_bytes"] = [
+    ("weight not counted", "def output_projection_bytes(B, N, D, bytes_per_element):\n    return 2 * bytes_per_element * B * N * D\n"),
+]
+
+ALTERNATIVES["q2_6_mlp_flops"] = [
+    "def mlp_flops(B, N, D):\n    return B * N * D * (16 * D + 5)\n",
+    "def mlp_flops(B, N, D):\n    return matmul_flops(B * N, D, 4 * D) + matmul_flops(B * N, 4 * D, D) + 5 * B * N * D\n",
+]
+ALTERNATIVES["q2_6_mlp_bytes"] = [
+    "def mlp_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * (10 * B * N * D + 8 * D * D + 5 * D)\n"
+]
+WRONG["q2_6_mlp_flops"] = [
+    ("biases not counted", "def mlp_flops(B, N, D):\n    return 16 * B * N * D * D\n"),
+    ("hidden width D instead of 4D", "def mlp_flops(B, N, D):\n    return 4 * B * N * D * D + 2 * B * N * D\n"),
+]
+WRONG["q2_6_mlp_bytes"] = [
+    ("biases not counted", "def mlp_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * (10 * B * N * D + 8 * D * D)\n"),
+    ("intermediate Z neither written nor read (fused MLP)",
+     "def mlp_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * (2 * B * N * D + 8 * D * D + 5 * D)\n"),
+]
+
+_ROOFLINE = '''
+def roofline_estimate(flops, bytes_moved, peak_flops_per_s, bandwidth_bytes_per_s):
+    t_compute_s = flops / peak_flops_per_s
+    t_memory_s = bytes_moved / bandwidth_bytes_per_s
+    return {
+        "intensity_flop_per_byte": flops / bytes_moved,
+        "ridge_flop_per_byte": peak_flops_per_s / bandwidth_bytes_per_s,
+        "t_compute_s": t_compute_s,
+        "t_memory_s": t_memory_s,
+        "t_roofline_s": max(t_compute_s, t_memory_s),
+        "bound": "compute" if t_compute_s > t_memory_s else "memory",
+    }
+'''
+
+
+def _roofline(old: str, new: str) -> str:
+    assert old in _ROOFLINE, old
+    return _ROOFLINE.replace(old, new)
+
+
+ALTERNATIVES["q2_7_roofline_estimate"] = [
+    '''
+def roofline_estimate(flops, bytes_moved, peak_flops_per_s, bandwidth_bytes_per_s):
+    intensity = float(flops) / float(bytes_moved)
+    ridge = float(peak_flops_per_s) / float(bandwidth_bytes_per_s)
+    times = {"t_compute_s": flops / peak_flops_per_s, "t_memory_s": bytes_moved / bandwidth_bytes_per_s}
+    return dict(intensity_flop_per_byte=intensity, ridge_flop_per_byte=ridge, t_roofline_s=max(times.values()),
+                bound="compute" if intensity > ridge else "memory", **times)
+''',
+]
+WRONG["q2_7_roofline_estimate"] = [
+    ("bound reversed", _roofline('"compute" if t_compute_s > t_memory_s else "memory"',
+                                 '"memory" if t_compute_s > t_memory_s else "compute"')),
+    ("times added instead of overlapped", _roofline("max(t_compute_s, t_memory_s)", "t_compute_s + t_memory_s")),
+    ("intensity inverted (bytes per FLOP)", _roofline('"intensity_flop_per_byte": flops / bytes_moved',
+                                                      '"intensity_flop_per_byte": bytes_moved / flops')),
+]
+
+# --------------------------------------------------------------------------------------------------------------
+# Part 3: GPT-2 XL without a cache
+# --------------------------------------------------------------------------------------------------------------
+ALTERNATIVES["q3_1_gpt2_forward_flops"] = [
+    "def gpt2_forward_flops(B, N, D, H, num_layers):\n"
+    "    return num_layers * B * N * (24 * D * D + 4 * N * D + 5 * H * N + 5 * D)\n",
+    "def gpt2_forward_flops(B, N, D, H, num_layers):\n"
+    "    layer = qkv_projection_flops(B, N, D) + mha_flops(B, N, D, H) + output_projection_flops(B, N, D) + mlp_flops(B, N, D)\n"
+    "    return num_layers * layer\n",
+]
+ALTERNATIVES["q3_1_gpt2_forward_bytes"] = [
+    "def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):\n"
+    "    total = 0\n"
+    "    for _ in range(num_layers):\n"
+    "        total += bytes_per_element * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D)\n"
+    "    return total\n",
+    "def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):\n"
+    "    n = bytes_per_element\n"
+    "    layer = (qkv_projection_bytes(B, N, D, n) + mha_bytes(B, N, D, H, n) + output_projection_bytes(B, N, D, n)\n"
+    "             + mlp_bytes(B, N, D, n))\n"
+    "    return num_layers * layer\n",
+]
+WRONG["q3_1_gpt2_forward_flops"] = [
+    ("N^2 elementwise FLOPs of one head only",
+     "def gpt2_forward_flops(B, N, D, H, num_layers):\n"
+     "    return num_layers * (24 * B * N * D * D + 4 * B * N * N * D + 5 * B * N * N + 5 * B * N * D)\n"),
+    ("output projection forgotten",
+     "def gpt2_forward_flops(B, N, D, H, num_layers):\n"
+     "    return num_layers * (22 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D)\n"),
+    ("48 layers hard-coded",
+     "def gpt2_forward_flops(B, N, D, H, num_layers):\n"
+     "    return 48 * (24 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D)\n"),
+]
+WRONG["q3_1_gpt2_forward_bytes"] = [
+    ("N x N traffic of one head only",
+     "def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):\n"
+     "    return num_layers * bytes_per_element * (22 * B * N * D + 12 * D * D + 6 * B * N * N + 5 * D)\n"),
+    ("weights of only one layer read",
+     "def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):\n"
+     "    return bytes_per_element * (num_layers * (22 * B * N * D + 6 * H * B * N * N + 5 * D) + 12 * D * D)\n"),
+]
+
+_TABLE = '''
+def roofline_table(cases, flops_fn, bytes_fn, peak_flops_per_s, bandwidth_bytes_per_s):
+    table = {}
+    for B, N in cases:
+        flops, nbytes = flops_fn(B, N), bytes_fn(B, N)
+        t_compute_s, t_memory_s = flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s
+        table[(B, N)] = {"flops": flops, "bytes": nbytes, "t_compute_s": t_compute_s, "t_memory_s": t_memory_s,
+                         "bound": "compute" if t_compute_s > t_memory_s else "memory"}
+    return table
+'''
+
+
+def _table(old: str, new: str) -> str:
+    assert old in _TABLE, old
+    return _TABLE.replace(old, new)
+
+
+ALTERNATIVES["q3_2_roofline_table"] = [
+    '''
+def roofline_table(cases, flops_fn, bytes_fn, peak_flops_per_s, bandwidth_bytes_per_s):
+    def row(B, N):
+        flops, nbytes = float(flops_fn(B, N)), float(bytes_fn(B, N))
+        intensity, ridge = flops / nbytes, peak_flops_per_s / bandwidth_bytes_per_s
+        return dict(flops=flops, bytes=nbytes, t_compute_s=flops / peak_flops_per_s,
+                    t_memory_s=nbytes / bandwidth_bytes_per_s, bound="compute" if intensity > ridge else "memory")
+    return {(B, N): row(B, N) for B, N in cases}
+''',
+]
+WRONG["q3_2_roofline_table"] = [
+    ("B and N swapped in the calls", _table("flops_fn(B, N), bytes_fn(B, N)", "flops_fn(N, B), bytes_fn(N, B)")),
+    ("bound reversed", _table('"compute" if t_compute_s > t_memory_s else "memory"', '"memory" if t_compute_s > t_memory_s else "compute"')),
+    ("memory time divided by the peak FLOP/s", _table("nbytes / bandwidth_bytes_per_s", "nbytes / peak_flops_per_s")),
+]
+
+# --------------------------------------------------------------------------------------------------------------
+# Part 4: KV cache
+# --------------------------------------------------------------------------------------------------------------
+ALTERNATIVES["q4_1_kv_cache_bytes_per_layer"] = [
+    "def kv_cache_bytes_per_layer(B, N, D, bytes_per_element):\n    keys = values = B * N * D * bytes_per_element\n    return keys + values\n"
+]
+ALTERNATIVES["q4_1_kv_cache_bytes_total"] = [
+    "def kv_cache_bytes_total(B, N, D, num_layers, bytes_per_element):\n    return 2 * num_layers * B * N * D * bytes_per_element\n",
+    "def kv_cache_bytes_total(B, N, D, num_layers, bytes_per_element):\n"
+    "    return num_layers * kv_cache_bytes_per_layer(B, N, D, bytes_per_element)\n",
+]
+WRONG["q4_1_kv_cache_bytes_per_layer"] = [
+    ("keys only", "def kv_cache_bytes_per_layer(B, N, D, bytes_per_element):\n    return B * N * D * bytes_per_element\n"),
+]
+WRONG["q4_1_kv_cache_bytes_total"] = [
+    ("per-layer size returned", "def kv_cache_bytes_total(B, N, D, num_layers, bytes_per_element):\n    return 2 * B * N * D * bytes_per_element\n"),
+]
+
+_DECODE_FLOPS = '''
+def gpt2_decode_flops(B, N, D, H, num_layers):
+    d_head = D // H
+    projections = 2 * B * D * (3 * D) + 2 * B * D * D
+    scores = H * (2 * B * N * d_head + B * N)
+    softmax = 3 * B * H * N
+    attention_value = H * 2 * B * N * d_head
+    mlp = 16 * B * D * D + 5 * B * D
+    return num_layers * (projections + scores + softmax + attention_value + mlp)
+'''
+_DECODE_BYTES = '''
+def gpt2_decode_bytes(B, N, D, H, num_layers, bytes_per_element):
+    projections = 3 * (B * D + D * D + B * D)
+    scores = B * D + B * N * D + B * H * N
+    softmax = 2 * B * H * N
+    attention_value = B * H * N + B * N * D + B * D
+    output_projection = 2 * B * D + D * D
+    mlp = 10 * B * D + 8 * D * D + 5 * D
+    per_layer = projections + scores + softmax + attention_value + output_projection + mlp
+    return num_layers * bytes_per_element * per_layer
+'''
+
+
+def _sub(base: str, old: str, new: str) -> str:
+    assert old in base, old
+    return base.replace(old, new)
+
+
+ALTERNATIVES["q4_2_gpt2_decode_flops"] = [
+    "def gpt2_decode_flops(B, N, D, H, num_layers):\n"
+    "    return num_layers * B * (24 * D * D + 4 * N * D + 4 * H * N + 5 * D)\n"
+]
+ALTERNATIVES["q4_2_gpt2_decode_bytes"] = [
+    "def gpt2_decode_bytes(B, N, D, H, num_layers, bytes_per_element):\n"
+    "    weights = 12 * D * D + 5 * D\n"
+    "    cache_reads = 2 * B * N * D\n"
+    "    activations = 20 * B * D + 4 * B * H * N\n"
+    "    return num_layers * bytes_per_element * (weights + cache_reads + activations)\n"
+]
+WRONG["q4_2_gpt2_decode_flops"] = [
+    ("scaling counted once per token instead of once per score", _sub(_DECODE_FLOPS, "H * (2 * B * N * d_head + B * N)", "H * 2 * B * N * d_head + B * N")),
+    ("causal mask still applied", _sub(_DECODE_FLOPS, "softmax = 3 * B * H * N", "softmax = 4 * B * H * N")),
+    ("all N tokens recomputed by the projections and MLP",
+     _sub(_DECODE_FLOPS, "mlp = 16 * B * D * D + 5 * B * D", "mlp = 16 * B * N * D * D + 5 * B * N * D")),
+]
+WRONG["q4_2_gpt2_decode_bytes"] = [
+    ("softmax traffic forgotten", _sub(_DECODE_BYTES, "softmax = 2 * B * H * N", "softmax = 0")),
+    ("cache reads not counted", _sub(_DECODE_BYTES, "scores = B * D + B * N * D + B * H * N", "scores = B * D + B * H * N")),
+    ("weights read once per sequence", _sub(_DECODE_BYTES, "mlp = 10 * B * D + 8 * D * D + 5 * D", "mlp = 10 * B * D + 8 * B * D * D + 5 * D")),
+]
+
+_SPEEDUP = '''
+def kv_cache_speedup(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
+    L, n = num_layers, bytes_per_element
+    full_flops = L * (24 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D)
+    full_bytes = L * n * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D)
+    step_flops = L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D)
+    step_bytes = L * n * (20 * B * D + 12 * D * D + 2 * B * N * D + 4 * B * H * N + 5 * D)
+    full_s = max(full_flops / peak_flops_per_s, full_bytes / bandwidth_bytes_per_s)
+    step_s = max(step_flops / peak_flops_per_s, step_bytes / bandwidth_bytes_per_s)
+    return full_s / step_s
+'''
+ALTERNATIVES["q4_3_kv_cache_speedup"] = [
+    '''
+def kv_cache_speedup(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
+    def seconds(flops, nbytes):
+        return max(flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s)
+    per_token_d2, n = 24 * D * D, bytes_per_element
+    without = seconds(num_layers * B * N * (per_token_d2 + 4 * N * D + 5 * H * N + 5 * D),
+                      num_layers * n * (B * N * (22 * D + 6 * H * N) + 12 * D * D + 5 * D))
+    with_cache = seconds(num_layers * B * (per_token_d2 + 4 * N * D + 4 * H * N + 5 * D),
+                         num_layers * n * (B * (20 * D + 2 * N * D + 4 * H * N) + 12 * D * D + 5 * D))
+    return float(without / with_cache)
+''',
+    '''
+def kv_cache_speedup(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
+    full = roofline_estimate(gpt2_forward_flops(B, N, D, H, num_layers),
+                             gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element),
+                             peak_flops_per_s, bandwidth_bytes_per_s)
+    step = roofline_estimate(gpt2_decode_flops(B, N, D, H, num_layers),
+                             gpt2_decode_bytes(B, N, D, H, num_layers, bytes_per_element),
+                             peak_flops_per_s, bandwidth_bytes_per_s)
+    return full["t_roofline_s"] / step["t_roofline_s"]
+''',
+]
+WRONG["q4_3_kv_cache_speedup"] = [
+    ("ratio of FLOPs only", _sub(_SPEEDUP, "return full_s / step_s", "return full_flops / step_flops")),
+    ("ratio of bytes only", _sub(_SPEEDUP, "return full_s / step_s", "return full_bytes / step_bytes")),
+    ("inverted", _sub(_SPEEDUP, "return full_s / step_s", "return step_s / full_s")),
+]
+
+ALTERNATIVES["b4_5_kv_cache_bytes_gqa"] = [
+    "def kv_cache_bytes_gqa(B, N, D, H, num_kv_heads, num_layers, bytes_per_element):\n"
+    "    return 2 * num_layers * B * N * (num_kv_heads * D // H) * bytes_per_element\n"
+]
+ALTERNATIVES["b4_5_max_batch_in_memory"] = [
+    "def max_batch_in_memory(N, D, H, num_kv_heads, num_layers, bytes_per_element, memory_bytes, weight_bytes):\n"
+    "    per_sequence = 2 * num_layers * N * num_kv_heads * (D // H) * bytes_per_element\n"
+    "    return max(0, math.floor((memory_bytes - weight_bytes) / per_sequence))\n",
+]
+WRONG["b4_5_kv_cache_bytes_gqa"] = [
+    ("all H heads cached", "def kv_cache_bytes_gqa(B, N, D, H, num_kv_heads, num_layers, bytes_per_element):\n"
+                           "    return 2 * num_layers * B * N * D * bytes_per_element\n"),
+]
+WRONG["b4_5_max_batch_in_memory"] = [
+    ("negative when the weights do not fit",
+     "def max_batch_in_memory(N, D, H, num_kv_heads, num_layers, bytes_per_element, memory_bytes, weight_bytes):\n"
+     "    per_sequence = 2 * num_layers * N * num_kv_heads * (D // H) * bytes_per_element\n"
+     "    return int((memory_bytes - weight_bytes) // per_sequence)\n"),
+    ("weights forgotten",
+     "def max_batch_in_memory(N, D, H, num_kv_heads, num_layers, bytes_per_element, memory_bytes, weight_bytes):\n"
+     "    per_sequence = 2 * num_layers * N * num_kv_heads * (D // H) * bytes_per_element\n"
+     "    return int(memory_bytes // per_sequence)\n"),
+]
+
+# --------------------------------------------------------------------------------------------------------------
+# Part 6: speculative decoding
+# --------------------------------------------------------------------------------------------------------------
+_BREAKDOWN = '''
+def decode_time_breakdown_s(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
+    L, n = num_layers, bytes_per_element
+    weight_bytes = L * n * (12 * D * D + 5 * D)
+    cache_bytes = L * n * 2 * B * N * D
+    other_bytes = L * n * (20 * B * D + 4 * B * H * N)
+    flops = L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D)
+    return {
+        "weights_s": weight_bytes / bandwidth_bytes_per_s,
+        "kv_cache_s": cache_bytes / bandwidth_bytes_per_s,
+        "other_memory_s": other_bytes / bandwidth_bytes_per_s,
+        "compute_s": flops / peak_flops_per_s,
+    }
+'''
+ALTERNATIVES["q6_1_decode_time_breakdown"] = [
+    '''
+def decode_time_breakdown_s(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
+    n, L = bytes_per_element, num_layers
+    total_bytes = L * n * (20 * B * D + 12 * D * D + 2 * B * N * D + 4 * B * H * N + 5 * D)
+    weights = L * n * (4 * D * D + 4 * D * D + 4 * D * D + 4 * D + D)
+    cache = 2 * L * n * B * N * D
+    return dict(weights_s=weights / bandwidth_bytes_per_s, kv_cache_s=cache / bandwidth_bytes_per_s,
+                other_memory_s=(total_bytes - weights - cache) / bandwidth_bytes_per_s,
+                compute_s=L * B * (24 * D * D + 4 * N * D + 4 * H * N + 5 * D) / peak_flops_per_s)
+''',
+]
+WRONG["q6_1_decode_time_breakdown"] = [
+    ("biases left out of the weights", _sub(_BREAKDOWN, "(12 * D * D + 5 * D)", "12 * D * D")),
+    ("weights read once per sequence", _sub(_BREAKDOWN, "L * n * (12 * D * D + 5 * D)", "L * n * B * (12 * D * D + 5 * D)")),
+    ("cache counted per head width", _sub(_BREAKDOWN, "L * n * 2 * B * N * D", "L * n * 2 * B * N * (D // H)")),
+]
+
+ALTERNATIVES["q6_3_expected_tokens_per_pass"] = [
+    "def expected_tokens_per_pass(alpha, gamma):\n    return float(sum(alpha ** i for i in range(gamma + 1)))\n"
+]
+WRONG["q6_3_expected_tokens_per_pass"] = [
+    ("bonus token forgotten", "def expected_tokens_per_pass(alpha, gamma):\n"
+                              "    return float(gamma) if alpha == 1 else (1 - alpha ** gamma) / (1 - alpha)\n"),
+    ("divides by zero at alpha = 1", "def expected_tokens_per_pass(alpha, gamma):\n    return (1 - alpha ** (gamma + 1)) / (1 - alpha)\n"),
+]
+
+_SPEC = '''
+def speculative_step(prefix, draft_model, target_model, gamma, generator):
+    batch, prefix_len = prefix.shape
+    device = prefix.device
+    tokens, draft_dists = prefix, []
+    for _ in range(gamma):
+        q_next = draft_model(tokens)[:, -1, :]
+        draft_dists.append(q_next)
+        tokens = torch.cat([tokens, torch.multinomial(q_next, 1, generator=generator)], dim=1)
+    drafted = tokens[:, prefix_len:]
+    q = torch.stack(draft_dists, dim=1).double()
+    p = target_model(tokens)[:, prefix_len - 1:, :].double()
+
+    p_of_draft = p[:, :gamma].gather(2, drafted.unsqueeze(2)).squeeze(2)
+    q_of_draft = q.gather(2, drafted.unsqueeze(2)).squeeze(2)
+    u = torch.rand(batch, gamma, generator=generator, device=device, dtype=torch.float64)
+    accepted = u * q_of_draft < p_of_draft
+    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
+
+    rows = torch.arange(batch, device=device)
+    q_padded = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)
+    p_next = p[rows, num_accepted]
+    residual = (p_next - q_padded[rows, num_accepted]).clamp_min(0)
+    mass = residual.sum(dim=1, keepdim=True)
+    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-300), p_next)
+    extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)
+
+    new_tokens = torch.full((batch, gamma + 1), -1, dtype=torch.long, device=device)
+    keep = torch.arange(gamma, device=device).unsqueeze(0) < num_accepted.unsqueeze(1)
+    new_tokens[:, :gamma] = torch.where(keep, drafted, torch.full_like(drafted, -1))
+    new_tokens[rows, num_accepted] = extra
+    return new_tokens, num_accepted + 1
+'''
+
+
+def _spec(*pairs: tuple[str, str]) -> str:
+    source = _SPEC
+    for old, new in pairs:
+        assert old in source, old
+        source = source.replace(old, new)
+    return source
+
+
+ALTERNATIVES["q6_4_speculative_step"] = [
+    # all uniforms drawn up front, float32 throughout, an "alive" mask instead of cumprod, inverse-CDF sampling
+    '''
+def speculative_step(prefix, draft_model, target_model, gamma, generator):
+    B, T = prefix.shape
+    dev = prefix.device
+    u_accept = torch.rand(B, gamma, generator=generator, device=dev)
+    u_extra = torch.rand(B, 1, generator=generator, device=dev)
+
+    def sample(probs, u):
+        cdf = probs.cumsum(dim=-1)
+        cdf = cdf / cdf[:, -1:]
+        return torch.searchsorted(cdf, u).clamp_max(probs.shape[-1] - 1)
+
+    seq, qs = prefix, []
+    for i in range(gamma):
+        q_i = draft_model(seq)[:, -1].float()
+        qs.append(q_i)
+        seq = torch.cat([seq, torch.multinomial(q_i, 1, generator=generator)], dim=1)
+    p_all = target_model(seq)[:, T - 1:].float()
+    out = torch.full((B, gamma + 1), -1, dtype=torch.long, device=dev)
+    alive = torch.ones(B, dtype=torch.bool, device=dev)
+    count = torch.zeros(B, dtype=torch.long, device=dev)
+    next_dist = torch.zeros_like(p_all[:, 0])
+    for i in range(gamma):
+        x = seq[:, T + i]
+        ratio = p_all[:, i].gather(1, x[:, None]).squeeze(1) / qs[i].gather(1, x[:, None]).squeeze(1)
+        ok = alive & (u_accept[:, i] < torch.clamp(ratio, max=1.0))
+        rejected_now = alive & ~ok
+        out[ok, i] = x[ok]
+        count += ok.long()
+        resid = torch.clamp(p_all[:, i] - qs[i], min=0.0)
+        resid_sum = resid.sum(dim=1, keepdim=True)
+        resid = torch.where(resid_sum > 0, resid / resid_sum.clamp_min(1e-30), p_all[:, i])
+        next_dist[rejected_now] = resid[rejected_now]
+        alive = ok
+    next_dist[alive] = p_all[alive, gamma]
+    extra = sample(next_dist, u_extra).squeeze(1)
+    out[torch.arange(B, device=dev), count] = extra
+    return out, count + 1
+''',
+    # the reference with min(1, p / q) written out and the bonus drawn separately
+    _spec(("accepted = u * q_of_draft < p_of_draft", "accepted = u < torch.minimum(torch.ones_like(p_of_draft), p_of_draft / q_of_draft)")),
+]
+WRONG["q6_4_speculative_step"] = [
+    ("replacement drawn from the target p instead of the residual",
+     _spec(("residual = (p_next - q_padded[rows, num_accepted]).clamp_min(0)", "residual = p_next.clone()"))),
+    ("replacement drawn from the draft q",
+     _spec(("residual = (p_next - q_padded[rows, num_accepted]).clamp_min(0)",
+            "residual = torch.where((num_accepted < gamma).unsqueeze(1), q_padded[rows, num_accepted], p_next)"))),
+    ("acceptance ratio inverted (q / p)", _spec(("accepted = u * q_of_draft < p_of_draft", "accepted = u * p_of_draft < q_of_draft"))),
+    ("no bonus token when every draft is accepted",
+     _spec(("    return new_tokens, num_accepted + 1",
+            "    all_accepted = num_accepted == gamma\n"
+            "    new_tokens[all_accepted, gamma] = -1\n"
+            "    return new_tokens, num_accepted + 1 - all_accepted.long()"))),
+    ("keeps counting accepted drafts after a rejection",
+     _spec(("num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)", "num_accepted = accepted.long().sum(dim=1)"))),
+    ("greedy drafts (argmax) with the sampling acceptance rule",
+     _spec(("torch.multinomial(q_next, 1, generator=generator)", "q_next.argmax(dim=-1, keepdim=True)"))),
+    ("target distributions taken one position too late",
+     _spec(("p = target_model(tokens)[:, prefix_len - 1:, :].double()",
+            "p = target_model(tokens)[:, prefix_len:, :].double()\n    p = torch.cat([p, p[:, -1:]], dim=1)"))),
+    ("global random state instead of the generator",
+     _spec(("u = torch.rand(batch, gamma, generator=generator, device=device, dtype=torch.float64)",
+            "u = torch.rand(batch, gamma, device=device, dtype=torch.float64)"))),
+    ("target called once per position",
+     _spec(("p = target_model(tokens)[:, prefix_len - 1:, :].double()",
+            "p = torch.stack([target_model(tokens[:, : prefix_len + i])[:, -1, :] for i in range(gamma + 1)], dim=1).double()"))),
+]
+
+_BEST = '''
+def best_gamma(alpha, cost_ratio, max_gamma):
+    best, best_speedup = 0, 1.0
+    for gamma in range(1, max_gamma + 1):
+        tokens = float(gamma + 1) if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+        speedup = tokens / (gamma * cost_ratio + 1)
+        if speedup > best_speedup:
+            best, best_speedup = gamma, speedup
+    return best
+'''
+ALTERNATIVES["b6_6_speculative_speedup"] = [
+    "def speculative_speedup(alpha, gamma, cost_ratio):\n"
+    "    return sum(alpha ** i for i in range(gamma + 1)) / (1 + gamma * cost_ratio)\n"
+]
+ALTERNATIVES["b6_6_best_gamma"] = [
+    "def best_gamma(alpha, cost_ratio, max_gamma):\n"
+    "    speedups = [sum(alpha ** i for i in range(g + 1)) / (1 + g * cost_ratio) for g in range(max_gamma + 1)]\n"
+    "    return int(max(range(max_gamma + 1), key=lambda g: (speedups[g], -g)))\n",
+    "def best_gamma(alpha, cost_ratio, max_gamma):\n"
+    "    return max(range(max_gamma + 1), key=lambda g: (speculative_speedup(alpha, g, cost_ratio), -g))\n",
+]
+WRONG["b6_6_speculative_speedup"] = [
+    ("target pass left out of the cost",
+     "def speculative_speedup(alpha, gamma, cost_ratio):\n"
+     "    tokens = float(gamma + 1) if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)\n"
+     "    return tokens / max(gamma * cost_ratio, 1e-12)\n"),
+]
+WRONG["b6_6_best_gamma"] = [
+    ("gamma = 0 never considered", _sub(_BEST, "best, best_speedup = 0, 1.0", "best, best_speedup = 1, -1.0")),
+    ("last maximum on ties", _sub(_BEST, "if speedup > best_speedup:", "if speedup >= best_speedup:")),
+]
