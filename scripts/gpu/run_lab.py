@@ -45,7 +45,7 @@ def execute(lab: str, out: Path, timeout_s: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"{lab}-teaching-"))
     shutil.copytree(REPO / "source" / lab, work, dirs_exist_ok=True)
     os.environ["EFFICIENT_AI_SCALE"] = "teaching"
-    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"  # figures become notebook outputs
     client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3", allow_errors=True,
                                      record_timing=True, resources={"metadata": {"path": str(work)}})
     start = time.perf_counter()
