@@ -204,3 +204,21 @@ def replace_cell_source(nb, gid: str, new_source: str):
             cell.source = new_source
             return result
     raise NotebookError(f"no cell with grade id {gid!r}")
+
+
+def exec_cells(path: Path, grade_ids: list[str]) -> dict:
+    """Execute the named cells of a notebook, in the order given, in one fresh namespace; return it.
+
+    Used to reuse code a lab defines (the Gemma-3 decoder layer of Lab 1, say) in tests and GPU scripts
+    instead of copying it.
+
+    Raises:
+        NotebookError: a named cell does not exist.
+    """
+    cells = cells_by_grade_id(read_notebook(path))
+    namespace: dict = {"__name__": f"{path.stem}_cells"}
+    for gid in grade_ids:
+        if gid not in cells:
+            raise NotebookError(f"{path}: no cell with grade id {gid!r}")
+        exec(compile(cells[gid].source, f"{path.name}:{gid}", "exec"), namespace)
+    return namespace

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 import types
+from pathlib import Path
 from typing import Optional
 
 import matplotlib
@@ -39,192 +40,12 @@ def _close_figures():
 # -----------------------------------------------------------------------------------------------------
 
 def _handout_layer_classes():
-    import functools
+    """The handout's Gemma-3 layer classes, as Lab 1 defines them (its locked cell ``gemma3_decoder_layer``)."""
+    from course.notebooks import exec_cells
 
-    from transformers.cache_utils import Cache
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.gemma3.configuration_gemma3 import Gemma3TextConfig
-    from transformers.utils.generic import maybe_autocast
-
-    class GELUTanh(nn.Module):
-        def __init__(self, use_gelu_tanh_python: bool = False):
-            super().__init__()
-            self.act = functools.partial(nn.functional.gelu, approximate="tanh")
-
-        def forward(self, input):
-            return self.act(input)
-
-    def rotate_half(x):
-        x1 = x[..., : x.shape[-1] // 2]
-        x2 = x[..., x.shape[-1] // 2:]
-        return torch.cat((-x2, x1), dim=-1)
-
-    def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-        cos = cos.unsqueeze(unsqueeze_dim)
-        sin = sin.unsqueeze(unsqueeze_dim)
-        q_embed = (q * cos) + (rotate_half(q) * sin)
-        k_embed = (k * cos) + (rotate_half(k) * sin)
-        return q_embed, k_embed
-
-    class Gemma3MLP(nn.Module):
-        def __init__(self, config: Gemma3TextConfig):
-            super().__init__()
-            self.config = config
-            self.hidden_size = config.hidden_size
-            self.intermediate_size = config.intermediate_size
-            self.gate_proj = nn.Linear(self.hidden_size, self.intermediate_size, bias=False)
-            self.up_proj = nn.Linear(self.hidden_size, self.intermediate_size, bias=False)
-            self.down_proj = nn.Linear(self.intermediate_size, self.hidden_size, bias=False)
-            self.act_fn = GELUTanh()
-
-        def forward(self, x):
-            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-
-    class Gemma3RMSNorm(nn.Module):
-        def __init__(self, dim: int, eps: float = 1e-6):
-            super().__init__()
-            self.eps = eps
-            self.weight = nn.Parameter(torch.zeros(dim))
-
-        def _norm(self, x):
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-
-        def forward(self, x):
-            output = self._norm(x.float())
-            output = output * (1.0 + self.weight.float())
-            return output.type_as(x)
-
-    class Gemma3Attention(nn.Module):
-        def __init__(self, config: Gemma3TextConfig, layer_idx: int):
-            super().__init__()
-            self.layer_type = config.layer_types[layer_idx] if hasattr(config, "layer_types") else None
-            self.config = config
-            self.layer_idx = layer_idx
-            self.head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
-            self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
-            self.scaling = config.query_pre_attn_scalar**-0.5
-            self.attention_dropout = self.config.attention_dropout
-            self.is_causal = True
-            self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim,
-                                    bias=config.attention_bias)
-            self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim,
-                                    bias=config.attention_bias)
-            self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim,
-                                    bias=config.attention_bias)
-            self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size,
-                                    bias=config.attention_bias)
-            self.attn_logit_softcapping = None
-            self.sliding_window = None
-            self.is_sliding = False
-            self.q_norm = Gemma3RMSNorm(dim=config.head_dim, eps=config.rms_norm_eps)
-            self.k_norm = Gemma3RMSNorm(dim=config.head_dim, eps=config.rms_norm_eps)
-
-        def forward(self, hidden_states, position_embeddings=None, attention_mask=None, use_kv_cache=True,
-                    past_key_values: Optional[Cache] = None, cache_position=None, prefill_hidden_states=None,
-                    **kwargs):
-            input_shape = hidden_states.shape[:-1]
-            hidden_shape = (*input_shape, -1, self.head_dim)
-            query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-            query_states = self.q_norm(query_states)
-            if use_kv_cache:
-                key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-                value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-                key_states = self.k_norm(key_states)
-                cos, sin = position_embeddings
-                query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
-                assert past_key_values is not None, "past_key_values should not be None when use_kv_cache is True"
-                key_cache = past_key_values.layers[self.layer_idx].keys
-                value_cache = past_key_values.layers[self.layer_idx].values
-                if key_cache is not None:
-                    key_states = torch.cat([key_cache, key_states], dim=2)
-                    value_states = torch.cat([value_cache, value_states], dim=2)
-                else:
-                    past_key_values.layers[self.layer_idx].keys = key_states
-                    past_key_values.layers[self.layer_idx].values = value_states
-            else:
-                assert prefill_hidden_states is not None
-                all_hidden_states = torch.cat([prefill_hidden_states, hidden_states], dim=1)
-                full_shape = (*all_hidden_states.shape[:-1], -1, self.head_dim)
-                key_states = self.k_proj(all_hidden_states).view(full_shape).transpose(1, 2)
-                value_states = self.v_proj(all_hidden_states).view(full_shape).transpose(1, 2)
-                key_states = self.k_norm(key_states)
-                cos, sin = position_embeddings
-                query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
-            attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
-            attn_output, _ = attention_interface(
-                self, query_states, key_states, value_states, attention_mask,
-                dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling,
-                sliding_window=self.sliding_window, **kwargs,
-            )
-            attn_output = attn_output.reshape(*input_shape, -1).contiguous()
-            return self.o_proj(attn_output)
-
-    class Gemma3RotaryEmbedding(nn.Module):
-        def __init__(self, config, device=None, layer_type=None):
-            super().__init__()
-            self.config = config
-            rope_params = self.config.rope_parameters[layer_type]
-            self.rope_type = {layer_type: rope_params["rope_type"]}
-            inv_freq, attention_scaling = self.compute_default_rope_parameters(self.config, device,
-                                                                               layer_type=layer_type)
-            self.register_buffer(f"{layer_type}_inv_freq", inv_freq, persistent=False)
-            setattr(self, f"{layer_type}_original_inv_freq", inv_freq)
-            setattr(self, f"{layer_type}_attention_scaling", attention_scaling)
-
-        @staticmethod
-        def compute_default_rope_parameters(config=None, device=None, seq_len=None, layer_type=None):
-            base = config.rope_parameters[layer_type]["rope_theta"]
-            dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float)
-                                       / dim))
-            return inv_freq, 1.0
-
-        @torch.no_grad()
-        def forward(self, x, position_ids, layer_type=None):
-            inv_freq = getattr(self, f"{layer_type}_inv_freq")
-            attention_scaling = getattr(self, f"{layer_type}_attention_scaling")
-            inv_freq_expanded = inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1).to(x.device)
-            position_ids_expanded = position_ids[:, None, :].float()
-            device_type = x.device.type if isinstance(x.device.type, str) and x.device.type != "mps" else "cpu"
-            with maybe_autocast(device_type=device_type, enabled=False):
-                freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
-                emb = torch.cat((freqs, freqs), dim=-1)
-                cos = emb.cos() * attention_scaling
-                sin = emb.sin() * attention_scaling
-            return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
-
-    class Gemma3DecoderLayer(nn.Module):
-        def __init__(self, config: Gemma3TextConfig, layer_idx: int):
-            super().__init__()
-            self.config = config
-            self.hidden_size = config.hidden_size
-            self.layer_idx = layer_idx
-            self.attention_type = "full_attention"
-            self.self_attn = Gemma3Attention(config=config, layer_idx=layer_idx)
-            self.mlp = Gemma3MLP(config)
-            self.input_layernorm = Gemma3RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
-            self.post_attention_layernorm = Gemma3RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
-            self.pre_feedforward_layernorm = Gemma3RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
-            self.post_feedforward_layernorm = Gemma3RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
-
-        def forward(self, hidden_states, position_embeddings=None, attention_mask=None, position_ids=None,
-                    past_key_values=None, cache_position=None, **kwargs):
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-            hidden_states = self.self_attn(hidden_states=hidden_states, position_embeddings=position_embeddings,
-                                           attention_mask=attention_mask, position_ids=position_ids,
-                                           past_key_values=past_key_values, cache_position=cache_position,
-                                           **kwargs)
-            hidden_states = self.post_attention_layernorm(hidden_states)
-            hidden_states = residual + hidden_states
-            residual = hidden_states
-            hidden_states = self.pre_feedforward_layernorm(hidden_states)
-            hidden_states = self.mlp(hidden_states)
-            hidden_states = self.post_feedforward_layernorm(hidden_states)
-            return residual + hidden_states
-
-    return types.SimpleNamespace(Gemma3DecoderLayer=Gemma3DecoderLayer, Gemma3RotaryEmbedding=Gemma3RotaryEmbedding,
-                                 Gemma3TextConfig=Gemma3TextConfig)
+    lab1 = Path(__file__).resolve().parent.parent / "source" / "lab1" / "lab1.ipynb"
+    namespace = exec_cells(lab1, ["setup_imports", "gemma3_decoder_layer"])
+    return types.SimpleNamespace(**{name: namespace[name] for name in ("Gemma3DecoderLayer", "Gemma3RotaryEmbedding", "Gemma3TextConfig")})
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import utils  # noqa: E402
-from course.notebooks import grade_id, read_notebook  # noqa: E402
+from course.notebooks import exec_cells  # noqa: E402
 
 RESULTS: dict = {"sections": {}, "errors": {}, "checks": []}
 
@@ -80,12 +80,7 @@ def profile_kernels(fn, *args, steps: int = 10) -> dict:
 
 def load_lab_classes() -> dict:
     """The Gemma-3 decoder-layer code cell of Lab 1, executed: the classes the notebook measures."""
-    nb = read_notebook(REPO / "source" / "lab1" / "lab1.ipynb")
-    cell = next(c for c in nb.cells if grade_id(c) == "gemma3_decoder_layer")
-    namespace: dict = {"__name__": "lab1_layer"}
-    setup = next(c for c in nb.cells if grade_id(c) == "setup_imports")
-    exec(compile(setup.source + "\n" + cell.source, "gemma3_decoder_layer", "exec"), namespace)
-    return namespace
+    return exec_cells(REPO / "source" / "lab1" / "lab1.ipynb", ["setup_imports", "gemma3_decoder_layer"])
 
 
 @section("roofline")
