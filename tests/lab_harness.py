@@ -77,10 +77,15 @@ def run_cell(source: str, namespace: dict, name: str) -> tuple[bool, str]:
     """Execute one cell's code; (passed, first line of the error)."""
     import matplotlib.pyplot as plt
 
+    import linecache
+
     sink = io.StringIO()
+    filename = f"<cell {name}>"
+    # Register the source as Jupyter does, so inspect.getsource (which Triton's @jit uses) can read it.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     try:
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            exec(compile(source, name, "exec"), namespace)
+            exec(compile(source, filename, "exec"), namespace)
         return True, ""
     except BaseException as exc:  # noqa: BLE001 - a test cell may raise anything, SystemExit included
         if isinstance(exc, KeyboardInterrupt):

@@ -1,0 +1,1630 @@
+"""Shared helpers for the Efficient AI labs.
+
+Every lab starts with ``from utils import *``. The module has five sections, in this order:
+
+1. Run settings and hardware: ``DEVICE``, ``SCALE``/``at_scale``, ``print_environment_report``, ``GPU_SPECS``,
+   ``detect_gpu``, ``get_ridge_point``, ``measure_roofline``.
+2. Model configs and helpers: ``GEMMA3_270M_CONFIG``, ``GEMMA3_PESUDO_CONFIG`` and the input, KV-cache and
+   multi-layer forward helpers used with the lab's own ``Gemma3DecoderLayer``.
+3. Measurement: ``benchmark_latency`` (ms), ``benchmark_memory`` (GB), ``default_schedule``,
+   ``count_cuda_kernels``, ``run_oom_safe``.
+4. Attention backends: ``flash_attn_func`` and ``ATTENTION_BACKEND``.
+5. Plotting: ``plot_roofline``, ``plot_gemm_torch_matmul_latency``, ``plot_latency_vs_size``,
+   ``plot_flash_attn_improvement``, ``plot_trace_timeline``.
+
+Units: time in milliseconds (ms) unless a name says otherwise (``*_s``, ``*_us``), memory in GB (1e9 bytes),
+bandwidth in TB/s (1e12 bytes/s), compute in TFLOP/s (1e12 FLOP/s), arithmetic intensity in FLOP/byte.
+
+Everything runs on CPU and on CUDA. transformers is imported only when a model helper needs it, so
+``import utils`` costs little more than ``import torch`` and matplotlib.
+"""
+
+import contextlib
+import difflib
+import gc
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import time
+from collections.abc import Mapping
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    # 1. run settings and hardware
+    "DEVICE",
+    "SCALE",
+    "at_scale",
+    "print_environment_report",
+    "GPU_SPECS",
+    "detect_gpu",
+    "get_ridge_point",
+    "measure_roofline",
+    # 2. model configs and helpers
+    "GEMMA3_270M_CONFIG",
+    "GEMMA3_PESUDO_CONFIG",
+    "create_prefill_inputs",
+    "create_decode_inputs_without_cache",
+    "create_decode_inputs_with_cache",
+    "get_position_embeddings",
+    "initialize_kv_cache",
+    "multi_layer_prefill_forward",
+    "multi_layer_decode_forward",
+    # 3. measurement
+    "benchmark_latency",
+    "benchmark_memory",
+    "default_schedule",
+    "count_cuda_kernels",
+    "run_oom_safe",
+    "record_torch_calls",
+    # 4. attention backends
+    "ATTENTION_BACKEND",
+    "flash_attn_func",
+    # 5. plotting
+    "plot_roofline",
+    "plot_gemm_torch_matmul_latency",
+    "plot_latency_vs_size",
+    "plot_flash_attn_improvement",
+    "plot_trace_timeline",
+]
+
+
+# =====================================================================================================
+# 1. Run settings and hardware
+# =====================================================================================================
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+"""torch.device: ``cuda`` when a CUDA GPU is visible, else ``cpu``. Notebooks and tests put tensors here."""
+
+_SCALES = ("teaching", "quick")
+_SCALE_ENV = "EFFICIENT_AI_SCALE"
+
+
+def _read_scale():
+    raw = os.environ.get(_SCALE_ENV, "").strip().lower()
+    if not raw:
+        return "teaching" if torch.cuda.is_available() else "quick"
+    if raw not in _SCALES:
+        raise ValueError(f"{_SCALE_ENV}={raw!r} is not a scale; use one of {', '.join(_SCALES)}")
+    return raw
+
+
+SCALE = _read_scale()
+"""str: ``"teaching"`` (full sizes, meant for a GPU) or ``"quick"`` (small sizes for CPU and grading).
+
+Default: ``"teaching"`` when CUDA is available, else ``"quick"``. The environment variable
+``EFFICIENT_AI_SCALE=teaching|quick`` overrides it (set it before starting Jupyter); the grader sets ``quick``.
+"""
+
+
+def at_scale(teaching, quick):
+    """Pick a size by the scale in effect.
+
+    Args:
+        teaching: Value used at teaching scale (GPU-sized sweeps, long sequences).
+        quick: Value used at quick scale (CPU, grading); keep it small enough for a 2-core CPU.
+
+    Returns:
+        ``teaching`` when ``utils.SCALE == "teaching"``, else ``quick`` (returned as given, not copied).
+    """
+    return teaching if SCALE == "teaching" else quick
+
+
+# Peak figures of common GPUs. Dense rates only (no 2:4 sparsity). fp16/bf16: tensor-core rate with FP32
+# accumulation (what PyTorch matmuls use); fp32: the non-tensor-core FP32 (CUDA core) rate, which is what an
+# fp32 matmul gets with TF32 disabled (PyTorch's default). Units: TFLOP/s, TB/s (1e12 B/s), GB (1e9 B);
+# sram_kb: combined L1 / shared memory per SM in KB; num_sms: streaming multiprocessors.
+GPU_SPECS = {
+    # NVIDIA A10 Tensor Core GPU datasheet (FP16/BF16 125 TFLOPS dense, 250 with sparsity); GA102: 72 SMs,
+    # 128 KB L1/shared per SM (NVIDIA Ampere GA102 GPU architecture whitepaper).
+    "A10": dict(fp16_tflops=125.0, bf16_tflops=125.0, fp32_tflops=31.2,
+                memory_bandwidth_tb_s=0.600, memory_gb=24, sram_kb=128, num_sms=72),
+    # NVIDIA RTX A6000 datasheet (38.7 TFLOPS FP32, 309.7 tensor TFLOPS with sparsity -> 154.8 dense,
+    # 768 GB/s, 48 GB); Ampere GA102 whitepaper appendix (84 SMs, 128 KB L1/shared per SM).
+    "A6000": dict(fp16_tflops=154.8, bf16_tflops=154.8, fp32_tflops=38.7,
+                  memory_bandwidth_tb_s=0.768, memory_gb=48, sram_kb=128, num_sms=84),
+    # NVIDIA A100 Tensor Core GPU datasheet (A100 40GB: 19.5 FP32, 312 BF16/FP16 dense, 1,555 GB/s);
+    # NVIDIA A100 architecture whitepaper (108 SMs, 192 KB L1/shared per SM).
+    "A100-40GB": dict(fp16_tflops=312.0, bf16_tflops=312.0, fp32_tflops=19.5,
+                      memory_bandwidth_tb_s=1.555, memory_gb=40, sram_kb=192, num_sms=108),
+    # NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column (2,039 GB/s).
+    "A100-80GB": dict(fp16_tflops=312.0, bf16_tflops=312.0, fp32_tflops=19.5,
+                      memory_bandwidth_tb_s=2.039, memory_gb=80, sram_kb=192, num_sms=108),
+    # NVIDIA A100 Tensor Core GPU datasheet, A100 80GB PCIe column (1,935 GB/s).
+    "A100-80GB-PCIe": dict(fp16_tflops=312.0, bf16_tflops=312.0, fp32_tflops=19.5,
+                           memory_bandwidth_tb_s=1.935, memory_gb=80, sram_kb=192, num_sms=108),
+    # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (67 FP32, 1,979 BF16/FP16 with sparsity ->
+    # 989.4 dense, 3.35 TB/s, 80 GB); NVIDIA H100 (Hopper) whitepaper (132 SMs, 256 KB L1/shared per SM).
+    "H100-SXM": dict(fp16_tflops=989.4, bf16_tflops=989.4, fp32_tflops=67.0,
+                     memory_bandwidth_tb_s=3.35, memory_gb=80, sram_kb=256, num_sms=132),
+    # NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe column (51 FP32, 1,513 with sparsity -> 756 dense,
+    # 2.0 TB/s, 80 GB); Hopper whitepaper (114 SMs on H100 PCIe).
+    "H100-PCIe": dict(fp16_tflops=756.0, bf16_tflops=756.0, fp32_tflops=51.0,
+                      memory_bandwidth_tb_s=2.0, memory_gb=80, sram_kb=256, num_sms=114),
+    # NVIDIA H100 Tensor Core GPU datasheet, H100 NVL column (60 FP32, 1,671 with sparsity -> 835 dense,
+    # 3.9 TB/s, 94 GB); 132 SMs.
+    "H100-NVL": dict(fp16_tflops=835.0, bf16_tflops=835.0, fp32_tflops=60.0,
+                     memory_bandwidth_tb_s=3.9, memory_gb=94, sram_kb=256, num_sms=132),
+    # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (same compute as H100 SXM, 4.8 TB/s, 141 GB).
+    "H200": dict(fp16_tflops=989.4, bf16_tflops=989.4, fp32_tflops=67.0,
+                 memory_bandwidth_tb_s=4.8, memory_gb=141, sram_kb=256, num_sms=132),
+    # NVIDIA L4 Tensor Core GPU datasheet (30.3 FP32, 242 BF16/FP16 with sparsity -> 121 dense, 300 GB/s,
+    # 24 GB); Ada Lovelace whitepaper (AD104 as in L4: 58 SMs, 128 KB L1/shared per SM).
+    "L4": dict(fp16_tflops=121.0, bf16_tflops=121.0, fp32_tflops=30.3,
+               memory_bandwidth_tb_s=0.300, memory_gb=24, sram_kb=128, num_sms=58),
+    # NVIDIA L40S datasheet (91.6 FP32, 362.05 BF16/FP16 dense, 864 GB/s, 48 GB); 142 SMs, 128 KB per SM.
+    "L40S": dict(fp16_tflops=362.05, bf16_tflops=362.05, fp32_tflops=91.6,
+                 memory_bandwidth_tb_s=0.864, memory_gb=48, sram_kb=128, num_sms=142),
+    # NVIDIA T4 Tensor Core GPU datasheet (8.1 FP32, 65 FP16 mixed precision, 320 GB/s, 16 GB); Turing
+    # whitepaper (40 SMs, 96 KB L1/shared per SM). Turing has no BF16 tensor cores: bf16 matmuls run on
+    # the FP32 units at best, so bf16_tflops is the FP32 rate.
+    "T4": dict(fp16_tflops=65.0, bf16_tflops=8.1, fp32_tflops=8.1,
+               memory_bandwidth_tb_s=0.320, memory_gb=16, sram_kb=96, num_sms=40),
+    # NVIDIA Ada Lovelace GPU architecture whitepaper, GeForce RTX 4090 column (82.6 FP32; FP16/BF16 tensor
+    # with FP32 accumulate 165.2 dense; 1,008 GB/s; 24 GB; 128 SMs; 128 KB L1/shared per SM).
+    "RTX4090": dict(fp16_tflops=165.2, bf16_tflops=165.2, fp32_tflops=82.6,
+                    memory_bandwidth_tb_s=1.008, memory_gb=24, sram_kb=128, num_sms=128),
+}
+
+# torch.cuda.get_device_name() -> GPU_SPECS key. Checked in order; the first match wins.
+_GPU_NAME_PATTERNS = [
+    (r"h200(?!.*nvl)", "H200"),
+    (r"h100.*nvl", "H100-NVL"),
+    (r"h100.*pcie", "H100-PCIe"),
+    (r"h100", "H100-SXM"),
+    (r"a100.*80\s*gb.*pcie|a100.*pcie.*80\s*gb", "A100-80GB-PCIe"),
+    (r"a100.*80\s*gb", "A100-80GB"),
+    (r"a100", "A100-40GB"),
+    (r"\ba6000\b", "A6000"),
+    (r"\ba10\b", "A10"),
+    (r"\bl40s\b", "L40S"),
+    (r"\bl4\b", "L4"),
+    (r"\bt4\b", "T4"),
+    (r"rtx\s*4090(?!\s*d\b)", "RTX4090"),
+]
+
+_DTYPE_TO_SPEC = {
+    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+    "float32": "fp32", "fp32": "fp32", "float": "fp32",
+    "float16": "fp16", "fp16": "fp16", "half": "fp16",
+    "bfloat16": "bf16", "bf16": "bf16",
+}
+
+
+def _spec_prefix(dtype):
+    key = dtype.lower() if isinstance(dtype, str) else dtype
+    if key not in _DTYPE_TO_SPEC:
+        raise ValueError(f"no GPU_SPECS peak for dtype {dtype!r}; use torch.float32, torch.float16 or torch.bfloat16")
+    return _DTYPE_TO_SPEC[key]
+
+
+def _nearest_gpu_keys(name, num_sms=None, memory_gb=None, k=2):
+    """GPU_SPECS keys closest to a device: by SM count and memory size when known, else by name."""
+    if num_sms is not None and memory_gb is not None:
+        def distance(key):
+            spec = GPU_SPECS[key]
+            return (abs(spec["num_sms"] - num_sms) / spec["num_sms"]
+                    + abs(spec["memory_gb"] - memory_gb) / spec["memory_gb"])
+        return sorted(GPU_SPECS, key=distance)[:k]
+    norm = re.sub(r"nvidia|geforce|tesla|[^a-z0-9]", "", name.lower())
+    scored = sorted(GPU_SPECS, key=lambda key: -difflib.SequenceMatcher(
+        None, norm, re.sub(r"[^a-z0-9]", "", key.lower())).ratio())
+    return scored[:k]
+
+
+def detect_gpu(default=None, name=None):
+    """Map this machine's GPU to its ``GPU_SPECS`` key.
+
+    Args:
+        default: Returned when there is no CUDA GPU or the GPU is not in ``GPU_SPECS`` (e.g. ``"A6000"``).
+        name: A device name to look up instead of ``torch.cuda.get_device_name()`` (e.g. ``"NVIDIA A10"``).
+
+    Returns:
+        str | None: The ``GPU_SPECS`` key (e.g. ``"H100-SXM"`` for ``"NVIDIA H100 80GB HBM3"``), or ``default``.
+        For an unknown GPU it prints one line naming the nearest entries (to stdout: nbgrader scores a test
+        cell that writes to stderr as failed).
+    """
+    num_sms = memory_gb = None
+    if name is None:
+        if not torch.cuda.is_available():
+            return default
+        name = torch.cuda.get_device_name()
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        num_sms, memory_gb = props.multi_processor_count, props.total_memory / 1e9
+    lowered = name.lower()
+    for pattern, key in _GPU_NAME_PATTERNS:
+        if re.search(pattern, lowered):
+            return key
+    nearest = _nearest_gpu_keys(name, num_sms, memory_gb)
+    details = f" ({num_sms} SMs, {memory_gb:.0f} GB)" if num_sms is not None else ""
+    print(f"detect_gpu: {name!r}{details} is not in GPU_SPECS; nearest entries: {', '.join(nearest)}. "
+          f"Pick one explicitly (e.g. GPU_SPECS[{nearest[0]!r}]) or add an entry from your GPU's datasheet; "
+          f"using {default!r}.")
+    return default
+
+
+def get_ridge_point(gpu_name, dtype=torch.float32):
+    """Ridge point of a GPU's roofline: the arithmetic intensity where memory-bound turns compute-bound.
+
+    Args:
+        gpu_name: A ``GPU_SPECS`` key, e.g. ``"A6000"``.
+        dtype: ``torch.float32`` (FP32 rate), ``torch.float16`` or ``torch.bfloat16`` (tensor-core rate),
+            or the same as a string (``"fp32"``, ``"bf16"``, ...).
+
+    Returns:
+        float: peak FLOP/s divided by peak bandwidth in bytes/s, in FLOP/byte (A6000, fp32: 38.7e12 / 768e9 =
+        50.4).
+    """
+    if gpu_name not in GPU_SPECS:
+        raise KeyError(f"{gpu_name!r} is not a GPU_SPECS key; known: {', '.join(GPU_SPECS)}")
+    spec = GPU_SPECS[gpu_name]
+    return spec[f"{_spec_prefix(dtype)}_tflops"] / spec["memory_bandwidth_tb_s"]
+
+
+def _dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def measure_roofline(dtypes=(torch.float32, torch.bfloat16), device=None, size=None, copy_mb=None,
+                     n_warmup=None, n_repeat=None):
+    """Measure this machine's achievable memory bandwidth and matmul rate (the empirical roofline).
+
+    Bandwidth comes from a large device-to-device copy ``dst.copy_(src)``: bytes read plus bytes written
+    (2 x buffer size) over the median copy time. Compute comes from an ``n x n @ n x n`` matmul per dtype:
+    ``2 n^3`` FLOP over the median time. fp32 matmuls use whatever ``torch.backends.cuda.matmul.allow_tf32``
+    says (off by default, so they compare with ``fp32_tflops``); the result records it.
+
+    Args:
+        dtypes: Matmul dtypes to measure.
+        device: Where to measure; default ``DEVICE``.
+        size: Matmul dimension n; default 8192 on CUDA, 512 on CPU.
+        copy_mb: Copy buffer size in MB (1e6 bytes); default 1024 on CUDA (far larger than any L2), 64 on CPU.
+        n_warmup: Untimed calls before timing; default 5 on CUDA, 1 on CPU.
+        n_repeat: Timed calls; default 20 on CUDA, 3 on CPU.
+
+    Returns:
+        dict: ``device`` ("cuda"/"cpu"), ``device_name``, ``gpu`` (GPU_SPECS key or None),
+        ``bandwidth_tb_s`` (float, TB/s), ``matmul_tflops`` (dtype name -> TFLOP/s, e.g. ``"bfloat16"``),
+        ``ridge_point`` (dtype name -> measured FLOP/byte), ``matmul_n``, ``copy_mb``, ``allow_tf32``.
+    """
+    device = torch.device(device) if device is not None else DEVICE
+    on_cuda = device.type == "cuda"
+    size = size or (8192 if on_cuda else 512)
+    copy_mb = copy_mb or (1024 if on_cuda else 64)
+    n_warmup = n_warmup if n_warmup is not None else (5 if on_cuda else 1)
+    n_repeat = n_repeat or (20 if on_cuda else 3)
+
+    n_bytes = int(copy_mb * 1e6) // 4 * 4
+    src = torch.empty(n_bytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    copy_ms = benchmark_latency(dst.copy_, src, n_warmup=n_warmup, n_repeat=n_repeat, measure_on=device)
+    bandwidth_tb_s = 2 * n_bytes / (copy_ms * 1e-3) / 1e12
+    del src, dst
+
+    matmul_tflops, ridge_point = {}, {}
+    for dtype in dtypes:
+        a = torch.randn(size, size, device=device).to(dtype)
+        b = torch.randn(size, size, device=device).to(dtype)
+        mm_ms = benchmark_latency(torch.matmul, a, b, n_warmup=n_warmup, n_repeat=n_repeat, measure_on=device)
+        tflops = 2 * size**3 / (mm_ms * 1e-3) / 1e12
+        matmul_tflops[_dtype_name(dtype)] = tflops
+        ridge_point[_dtype_name(dtype)] = tflops / bandwidth_tb_s
+        del a, b
+    if on_cuda:
+        torch.cuda.empty_cache()
+    return {
+        "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if on_cuda else (platform.processor() or "CPU"),
+        "gpu": detect_gpu() if on_cuda else None,
+        "bandwidth_tb_s": bandwidth_tb_s,
+        "matmul_tflops": matmul_tflops,
+        "ridge_point": ridge_point,
+        "matmul_n": size,
+        "copy_mb": copy_mb,
+        "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+    }
+
+
+def _find_requirements():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for folder in (here, os.path.dirname(here)):
+        path = os.path.join(folder, "requirements.txt")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _requirement_problems(path):
+    """(name, installed version, requirement string) for installed packages outside requirements.txt."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    problems = []
+    with open(path) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if not line or line.startswith("-"):
+                continue
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if req.url or (req.marker is not None and not req.marker.evaluate()):
+                continue
+            try:
+                installed = importlib.metadata.version(req.name)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+            if req.specifier and not req.specifier.contains(installed, prereleases=True):
+                problems.append((req.name, installed, str(req)))
+    return problems
+
+
+def print_environment_report(lab=None):
+    """Print what this notebook runs on; every lab's first code cell calls it. Never raises.
+
+    Prints a few lines: Python, torch and transformers versions; the GPU (name and ``GPU_SPECS`` key) or that
+    it runs on CPU; the scale in effect and how to change it; the attention backend ``flash_attn_func`` uses;
+    and each installed package whose version is outside ``requirements.txt`` (looked for beside utils.py or
+    one folder up), with the pip command that fixes it.
+
+    Args:
+        lab: Optional lab name shown in the header, e.g. ``"lab1"``.
+
+    Returns:
+        None
+    """
+    lines = [f"== Environment report{' for ' + lab if lab else ''} =="]
+    try:
+        try:
+            tf_version = importlib.metadata.version("transformers")
+        except importlib.metadata.PackageNotFoundError:
+            tf_version = "not installed"
+        lines.append(f"Python {platform.python_version()} | torch {torch.__version__} | transformers {tf_version}")
+    except Exception as exc:  # the report must never stop a notebook
+        lines.append(f"versions: could not be read ({exc})")
+    try:
+        if torch.cuda.is_available():
+            name = torch.cuda.get_device_name()
+            key = detect_gpu()
+            if key is None:
+                lines.append(f"GPU: {name} (not in GPU_SPECS: pass a GPU_SPECS key by hand where a lab asks)")
+            else:
+                spec = GPU_SPECS[key]
+                lines.append(f"GPU: {name} -> GPU_SPECS[{key!r}] (bf16 {spec['bf16_tflops']:g} TFLOP/s, "
+                             f"fp32 {spec['fp32_tflops']:g} TFLOP/s, {spec['memory_bandwidth_tb_s']:g} TB/s)")
+        else:
+            lines.append("GPU: none found, running on CPU (timings are CPU timings; GPU-only cells say so and "
+                         "move on)")
+    except Exception as exc:
+        lines.append(f"GPU: could not be queried ({exc})")
+    source = f"from {_SCALE_ENV}" if os.environ.get(_SCALE_ENV) else "default for this machine"
+    lines.append(f"Scale: {SCALE} ({source}); to change it, set {_SCALE_ENV}=teaching or quick before "
+                 f"starting Jupyter and restart the kernel")
+    lines.append(f"Attention backend: {ATTENTION_BACKEND}")
+    try:
+        path = _find_requirements()
+        if path is not None:
+            problems = _requirement_problems(path)
+            if not problems:
+                lines.append("Packages: all installed versions match requirements.txt")
+            for name, installed, requirement in problems:
+                lines.append(f"Package {name} {installed} is outside {requirement!r}: "
+                             f"pip install '{requirement}'")
+    except Exception as exc:
+        lines.append(f"Packages: could not check requirements.txt ({exc})")
+    print("\n".join(lines))
+
+
+# =====================================================================================================
+# 2. Model configs and helpers (Gemma-3; built from configs, no weights are downloaded)
+# =====================================================================================================
+
+# The real gemma-3-270m interleaves five sliding-window (512-token) layers with one global layer. The lab's
+# Gemma3DecoderLayer implements global (full) causal attention only, so both configs list every layer as
+# "full_attention": config, KV cache and layer then agree. "sdpa" is the attention function the layer looks
+# up in transformers' ALL_ATTENTION_FUNCTIONS.
+_GEMMA3_COMMON = dict(
+    vocab_size=262_144,
+    head_dim=256,
+    max_position_embeddings=32_768,
+    rms_norm_eps=1e-6,
+    query_pre_attn_scalar=256,
+    sliding_window=512,
+    hidden_activation="gelu_pytorch_tanh",
+    attention_bias=False,
+    attention_dropout=0.0,
+    attn_implementation="sdpa",
+)
+_GEMMA3_CONFIG_ARGS = {
+    # google/gemma-3-270m-it text config.
+    "GEMMA3_270M_CONFIG": dict(hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                               num_attention_heads=4, num_key_value_heads=1),
+    # A larger Gemma-3-shaped model (the handout's "pseudo" config): 8 query and 8 KV heads, 26 layers.
+    "GEMMA3_PESUDO_CONFIG": dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                                 num_attention_heads=8, num_key_value_heads=8),
+}
+
+
+def _make_gemma3_config(**overrides):
+    from transformers.models.gemma3.configuration_gemma3 import Gemma3TextConfig
+
+    args = {**_GEMMA3_COMMON, **overrides}
+    args["layer_types"] = ["full_attention"] * args["num_hidden_layers"]
+    args["rope_parameters"] = {
+        "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+    }
+    return Gemma3TextConfig(**args)
+
+
+def __getattr__(name):
+    # Module-level lazy attributes (PEP 562): the configs import transformers (seconds), so they are built on
+    # first access (``from utils import *`` accesses them) and cached as ordinary globals.
+    if name in _GEMMA3_CONFIG_ARGS:
+        config = _make_gemma3_config(**_GEMMA3_CONFIG_ARGS[name])
+        globals()[name] = config
+        return config
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_GEMMA3_CONFIG_ARGS))
+
+
+if importlib.util.find_spec("transformers") is None:
+    # Without transformers, ``from utils import *`` still works; the configs and the KV cache are unavailable.
+    __all__ = [name for name in __all__ if name not in _GEMMA3_CONFIG_ARGS]
+
+
+def create_prefill_inputs(batch_size, seq_len, hidden_size, dtype=torch.float32, device=None):
+    """Random hidden states and positions for a prefill step over a whole prompt.
+
+    Args:
+        batch_size: B.
+        seq_len: S, prompt length in tokens.
+        hidden_size: D, model width.
+        dtype: dtype of the hidden states.
+        device: Device of both tensors; default ``DEVICE``.
+
+    Returns:
+        tuple: ``hidden_states`` (B, S, D) of ``dtype``, standard normal; ``position_ids`` (B, S) int64, each
+        row ``0, 1, ..., S-1``.
+    """
+    device = device if device is not None else DEVICE
+    hidden_states = torch.randn(batch_size, seq_len, hidden_size, dtype=dtype, device=device)
+    position_ids = torch.arange(seq_len, device=device).unsqueeze(0).expand(batch_size, -1)
+    return hidden_states, position_ids
+
+
+def create_decode_inputs_without_cache(batch_size, seq_len, hidden_size, dtype=torch.float32, device=None):
+    """Inputs for one decode step that recomputes keys and values of the prompt (no KV cache).
+
+    Args:
+        batch_size: B.
+        seq_len: S, number of tokens already processed (the prompt).
+        hidden_size: D.
+        dtype: dtype of the hidden states.
+        device: Device of all tensors; default ``DEVICE``.
+
+    Returns:
+        tuple: ``decode_input`` (B, 1, D), the new token; ``position_ids`` (B, 1) int64, all equal to S (the
+        new token's position); ``prefill_hidden_states`` (B, S, D), the prompt's hidden states from which the
+        layer recomputes keys and values.
+    """
+    device = device if device is not None else DEVICE
+    decode_input = torch.randn(batch_size, 1, hidden_size, dtype=dtype, device=device)
+    position_ids = torch.full((batch_size, 1), seq_len, dtype=torch.long, device=device)
+    prefill_hidden_states = torch.randn(batch_size, seq_len, hidden_size, dtype=dtype, device=device)
+    return decode_input, position_ids, prefill_hidden_states
+
+
+def create_decode_inputs_with_cache(batch_size, seq_len, hidden_size, dtype=torch.float32, device=None):
+    """Inputs for one decode step that reads the prompt's keys and values from a KV cache.
+
+    Args:
+        batch_size: B.
+        seq_len: S, number of tokens already in the cache.
+        hidden_size: D.
+        dtype: dtype of the hidden states.
+        device: Device of all tensors; default ``DEVICE``.
+
+    Returns:
+        tuple: ``decode_input`` (B, 1, D); ``position_ids`` (B, 1) int64, all equal to S; ``cache_positions``
+        (1,) int64 ``[S]``, the cache slot the new token occupies.
+    """
+    device = device if device is not None else DEVICE
+    decode_input = torch.randn(batch_size, 1, hidden_size, dtype=dtype, device=device)
+    position_ids = torch.full((batch_size, 1), seq_len, dtype=torch.long, device=device)
+    cache_positions = torch.tensor([seq_len], dtype=torch.long, device=device)
+    return decode_input, position_ids, cache_positions
+
+
+def get_position_embeddings(hidden_states, position_ids, rotary_emb, layer_type="full_attention"):
+    """Rotary position embeddings (cos, sin) for the given positions.
+
+    Args:
+        hidden_states: (B, S, D) tensor; only its dtype and device are used.
+        position_ids: (B, S) or (1, S) int64 positions.
+        rotary_emb: A Gemma-3 rotary embedding module (the lab's ``Gemma3RotaryEmbedding`` or transformers').
+        layer_type: Which RoPE parameters to use, ``"full_attention"`` for the lab's layer.
+
+    Returns:
+        tuple: ``(cos, sin)``, each (position_ids.shape[0], S, head_dim) in ``hidden_states.dtype``.
+    """
+    with torch.no_grad():
+        return rotary_emb(hidden_states, position_ids, layer_type=layer_type)
+
+
+def initialize_kv_cache(config, max_cache_len):
+    """An empty KV cache with one slot per layer of ``config``.
+
+    The cache is a transformers ``DynamicCache`` whose ``.layers`` holds ``config.num_hidden_layers`` plain
+    ``DynamicLayer`` slots with ``.keys``/``.values`` set to None. The lab's attention fills slot i on prefill
+    and concatenates it with the new token's keys and values on decode.
+
+    Args:
+        config: A Gemma-3 text config (``num_hidden_layers`` slots are made).
+        max_cache_len: Longest sequence the cache will hold, in tokens. Kept for the handout's signature and
+            checked to be positive; a DynamicCache grows as needed, so nothing is allocated up front.
+
+    Returns:
+        transformers.cache_utils.DynamicCache with ``len(cache.layers) == config.num_hidden_layers``.
+    """
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    if int(max_cache_len) <= 0:
+        raise ValueError(f"max_cache_len must be a positive number of tokens, got {max_cache_len}")
+    cache = DynamicCache()
+    cache.layers = [DynamicLayer() for _ in range(config.num_hidden_layers)]
+    return cache
+
+
+class _CacheSlot:
+    """A view of one cache slot that the lab's attention reads at any ``layer_idx``.
+
+    The lab applies one layer object (fixed ``layer_idx``) num_layers times. Handing it this view on pass i
+    makes ``past_key_values.layers[self.layer_idx]`` resolve to slot i, so each pass reads and writes its own
+    layer's keys and values, as num_layers distinct layers would.
+    """
+
+    class _AnySlot:
+        def __init__(self, slot, n):
+            self._slot, self._n = slot, n
+
+        def __getitem__(self, index):
+            return self._slot
+
+        def __len__(self):
+            return self._n
+
+    def __init__(self, cache, index):
+        self.layers = self._AnySlot(cache.layers[index], len(cache.layers))
+
+
+def _check_cache(past_key_values, num_layers):
+    if past_key_values is None or not hasattr(past_key_values, "layers"):
+        raise ValueError("past_key_values must be the cache from initialize_kv_cache(config, max_cache_len)")
+    if len(past_key_values.layers) < num_layers:
+        raise ValueError(f"the cache has {len(past_key_values.layers)} layer slots but num_layers={num_layers}; "
+                         f"make it with initialize_kv_cache from a config with at least {num_layers} layers")
+
+
+def _mark_filled(slot):
+    # The lab's attention assigns .keys/.values directly; record what DynamicLayer.lazy_initialization would,
+    # so cache.get_seq_length(i) reports the cached length.
+    if slot.keys is not None and not getattr(slot, "is_initialized", True):
+        slot.dtype, slot.device = slot.keys.dtype, slot.keys.device
+        slot.is_initialized = True
+
+
+def multi_layer_prefill_forward(num_layers, layer, hidden_states, position_ids, position_embeddings,
+                                past_key_values):
+    """Prefill: run the prompt through ``layer`` applied ``num_layers`` times, storing each pass's keys/values.
+
+    Pass i reads and writes cache slot i (see ``_CacheSlot``), so after the call slot i holds the keys and
+    values of the prompt at layer i, each (B, num_key_value_heads, S, head_dim). A prefill starts a new
+    sequence: slots 0..num_layers-1 are emptied first, so calling it repeatedly (as a benchmark does) costs
+    the same every time. Runs under ``torch.no_grad()``.
+
+    Args:
+        num_layers: How many layers to simulate (e.g. ``config.num_hidden_layers``).
+        layer: The lab's ``Gemma3DecoderLayer`` (one object, reused for every pass).
+        hidden_states: (B, S, D) prompt hidden states from ``create_prefill_inputs``.
+        position_ids: (B, S) positions from ``create_prefill_inputs``.
+        position_embeddings: ``(cos, sin)`` from ``get_position_embeddings``.
+        past_key_values: Cache from ``initialize_kv_cache`` with at least ``num_layers`` slots.
+
+    Returns:
+        torch.Tensor: (B, S, D) hidden states after the last pass.
+    """
+    _check_cache(past_key_values, num_layers)
+    for slot in past_key_values.layers[:num_layers]:
+        slot.keys = slot.values = None
+        slot.is_initialized = False
+    with torch.no_grad():
+        for i in range(num_layers):
+            hidden_states = layer(
+                hidden_states,
+                position_embeddings=position_embeddings,
+                position_ids=position_ids,
+                past_key_values=_CacheSlot(past_key_values, i),
+                use_kv_cache=True,
+            )
+            _mark_filled(past_key_values.layers[i])
+    return hidden_states
+
+
+def multi_layer_decode_forward(num_layers, layer, hidden_states, position_ids, position_embeddings,
+                               past_key_values, cache_positions, use_kv_cache, prefill_hidden_states):
+    """Decode one token through ``layer`` applied ``num_layers`` times, with or without the KV cache.
+
+    With the cache (``use_kv_cache=True``), pass i attends over slot i's S cached keys/values plus the new
+    token's; the lab's attention does not write the new token back, so repeated calls (a benchmark) each
+    measure the same step. Without it, every pass recomputes keys and values of the S prompt tokens from
+    ``prefill_hidden_states`` (the same tensor stands in for each layer's input). Runs under
+    ``torch.no_grad()``.
+
+    Args:
+        num_layers: How many layers to simulate.
+        layer: The lab's ``Gemma3DecoderLayer``.
+        hidden_states: (B, 1, D) new-token hidden states.
+        position_ids: (B, 1) positions, all equal to S.
+        position_embeddings: ``(cos, sin)`` for the new token, from ``get_position_embeddings``.
+        past_key_values: With the cache: the cache filled by ``multi_layer_prefill_forward``; else None.
+        cache_positions: (1,) ``[S]`` from ``create_decode_inputs_with_cache``, or None without the cache.
+        use_kv_cache: Whether to read keys/values from the cache.
+        prefill_hidden_states: Without the cache: (B, S, D) prompt hidden states; else None.
+
+    Returns:
+        torch.Tensor: (B, 1, D) hidden states after the last pass.
+    """
+    if use_kv_cache:
+        _check_cache(past_key_values, num_layers)
+        empty = [i for i in range(num_layers) if past_key_values.layers[i].keys is None]
+        if empty:
+            raise ValueError(f"cache slots {empty} are empty: run multi_layer_prefill_forward with this cache "
+                             f"before decoding with use_kv_cache=True")
+    elif prefill_hidden_states is None:
+        raise ValueError("use_kv_cache=False needs prefill_hidden_states (B, S, D) to recompute keys and values")
+    with torch.no_grad():
+        for i in range(num_layers):
+            hidden_states = layer(
+                hidden_states,
+                position_embeddings=position_embeddings,
+                position_ids=position_ids,
+                past_key_values=_CacheSlot(past_key_values, i) if use_kv_cache else None,
+                cache_position=cache_positions if use_kv_cache else None,
+                use_kv_cache=use_kv_cache,
+                prefill_hidden_states=None if use_kv_cache else prefill_hidden_states,
+            )
+    return hidden_states
+
+
+# =====================================================================================================
+# 3. Measurement
+# =====================================================================================================
+
+def _tensor_device(obj, depth=0):
+    """The first device found on a tensor (or module parameter) inside obj, or None."""
+    if isinstance(obj, torch.Tensor):
+        return obj.device
+    if isinstance(obj, torch.nn.Module):
+        for p in obj.parameters():
+            return p.device
+        return None
+    if depth < 2 and isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = _tensor_device(item, depth + 1)
+            if found is not None:
+                return found
+    if depth < 2 and isinstance(obj, Mapping):
+        for item in obj.values():
+            found = _tensor_device(item, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _timing_device(fn, args, kwargs, measure_on):
+    if measure_on is not None:
+        return torch.device(measure_on)
+    found = [d for d in (_tensor_device(a) for a in (fn, *args, *kwargs.values())) if d is not None]
+    if any(d.type == "cuda" for d in found):
+        return torch.device("cuda")
+    if found:
+        return torch.device("cpu")
+    return DEVICE
+
+
+_STATS = {"median": statistics.median, "mean": statistics.fmean, "min": min}
+
+
+def benchmark_latency(fn, *args, n_warmup=10, n_repeat=100, stat="median", measure_on=None, **kwargs):
+    """Latency of ``fn(*args, **kwargs)`` in milliseconds, warmup excluded.
+
+    On CUDA each timed call sits between two CUDA events recorded on the current stream; the calls are
+    issued back to back and the device is synchronized once after warmup and once at the end, so the
+    figure is GPU time per call in steady state (as ``triton.testing.do_bench`` measures it, without its
+    L2 flush). On CPU each call is timed with ``time.perf_counter``.
+
+    Args:
+        fn: The callable to time.
+        *args: Positional arguments for fn.
+        n_warmup: Untimed calls first (compilation, cuBLAS heuristics, caches).
+        n_repeat: Timed calls.
+        stat: ``"median"`` (robust to outliers), ``"mean"`` or ``"min"`` of the timed calls.
+        measure_on: ``"cuda"`` or ``"cpu"`` timing; default: CUDA if any tensor argument (or fn's
+            parameters) is on CUDA, CPU if all are on CPU, else ``DEVICE``. (Named so that a ``device=``
+            keyword still reaches fn.)
+        **kwargs: Keyword arguments for fn.
+
+    Returns:
+        float: Latency per call in ms.
+    """
+    if stat not in _STATS:
+        raise ValueError(f"stat must be one of {', '.join(_STATS)}, got {stat!r}")
+    if n_repeat < 1:
+        raise ValueError(f"n_repeat must be at least 1, got {n_repeat}")
+    device = _timing_device(fn, args, kwargs, measure_on)
+    if device.type == "cuda":
+        for _ in range(n_warmup):
+            fn(*args, **kwargs)
+        torch.cuda.synchronize(device)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+        for start, end in zip(starts, ends):
+            start.record()
+            fn(*args, **kwargs)
+            end.record()
+        torch.cuda.synchronize(device)
+        times_ms = [start.elapsed_time(end) for start, end in zip(starts, ends)]
+    else:
+        for _ in range(n_warmup):
+            fn(*args, **kwargs)
+        times_ms = []
+        for _ in range(n_repeat):
+            t0 = time.perf_counter()
+            fn(*args, **kwargs)
+            times_ms.append((time.perf_counter() - t0) * 1e3)
+    return float(_STATS[stat](times_ms))
+
+
+def _cpu_memory_trace(fn, args, kwargs, n_repeat):
+    """Peak and final bytes above baseline of fn's CPU allocations, from the profiler's allocation records."""
+    from torch.autograd.profiler import profile as autograd_profile
+
+    with autograd_profile(use_cpu=True, profile_memory=True) as prof:
+        for _ in range(n_repeat - 1):
+            out = fn(*args, **kwargs)
+            del out
+        out = fn(*args, **kwargs)
+    records = sorted(
+        (evt.start_ns(), evt.nbytes()) for evt in prof.kineto_results.events()
+        if evt.name() == "[memory]" and evt.device_type() == torch.autograd.DeviceType.CPU
+    )
+    running = peak = 0
+    for _, nbytes in records:
+        running += nbytes
+        peak = max(peak, running)
+    del out
+    return peak, running
+
+
+_NOTED = set()
+
+
+def _note_once(key, message):
+    if key not in _NOTED:
+        _NOTED.add(key)
+        print(message)
+
+
+def benchmark_memory(fn, *args, n_warmup=3, n_repeat=10, measure_on=None, **kwargs):
+    """Peak memory of ``fn(*args, **kwargs)`` above what was allocated before it, in GB (1e9 bytes).
+
+    On CUDA it reads the caching allocator: baseline ``torch.cuda.memory_allocated()`` after warmup, then the
+    peak ``torch.cuda.max_memory_allocated()`` over ``n_repeat`` calls (each call's output is freed before
+    the next, so outputs do not pile up). On CPU there is no allocator counter, so it records every CPU
+    tensor allocation and free during the calls with the PyTorch profiler (``profile_memory=True``) and
+    replays them in time order; this counts tensor memory only (not Python objects or allocator slack).
+    An out-of-memory error is raised as usual (wrap the call in ``run_oom_safe`` to get a status instead).
+
+    Args:
+        fn: The callable to measure.
+        *args: Positional arguments for fn (already allocated: they are part of the baseline).
+        n_warmup: Untimed calls first.
+        n_repeat: Measured calls; the peak is over all of them.
+        measure_on: ``"cuda"`` or ``"cpu"``; default as in ``benchmark_latency``.
+        **kwargs: Keyword arguments for fn.
+
+    Returns:
+        tuple: ``(peak_gb, allocated_gb)``: the peak above baseline while fn ran (workspace plus output), and
+        what stayed allocated above baseline right after the last call with its output still alive (output
+        plus anything fn keeps), both in GB.
+    """
+    if n_repeat < 1:
+        raise ValueError(f"n_repeat must be at least 1, got {n_repeat}")
+    device = _timing_device(fn, args, kwargs, measure_on)
+    for _ in range(n_warmup):
+        out = fn(*args, **kwargs)
+        del out
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        baseline = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        for _ in range(n_repeat - 1):
+            out = fn(*args, **kwargs)
+            del out
+        out = fn(*args, **kwargs)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - baseline
+        allocated = torch.cuda.memory_allocated(device) - baseline
+        del out
+        return peak / 1e9, allocated / 1e9
+    _note_once("cpu-memory", "benchmark_memory: on CPU, memory comes from the profiler's record of tensor "
+                             "allocations (no CUDA allocator here).")
+    peak, allocated = _cpu_memory_trace(fn, args, kwargs, n_repeat)
+    return peak / 1e9, allocated / 1e9
+
+
+default_schedule = torch.profiler.schedule(wait=1, warmup=3, active=5, repeat=1)
+"""torch.profiler schedule for a loop of 10 ``prof.step()`` calls: step 0 is skipped, steps 1-3 warm up
+(not recorded), steps 4-8 are recorded (5 active steps), step 9 runs unprofiled. Use it as
+``profile(schedule=default_schedule)``; counts and tables then cover 5 iterations."""
+
+
+_GEMM_OPS = {
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "_int_mm", "_addmm_activation",
+    "addr", "_scaled_mm", "mkldnn_convolution", "_convolution", "convolution", "cudnn_convolution",
+    "_mkldnn_linear", "mkldnn_linear", "linear", "matmul", "einsum",  # the last three: wrappers (for colours)
+}
+_REDUCTION_OPS = {
+    "sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "_softmax", "_log_softmax", "_safe_softmax",
+    "softmax", "log_softmax", "var", "std", "var_mean", "std_mean", "prod", "cumsum", "cumprod", "logsumexp",
+    "topk", "sort", "all", "any", "norm", "linalg_vector_norm", "native_layer_norm", "_fused_rms_norm",
+    "native_group_norm", "native_batch_norm", "_batch_norm_with_update", "count_nonzero", "nansum", "median",
+    "layer_norm", "rms_norm", "group_norm", "batch_norm",
+}
+# CPU operator calls that launch no kernel of their own: views, shape queries and uninitialised buffers...
+_VIEW_OR_ALLOC_OPS = {
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "view", "_unsafe_view", "view_as",
+    "as_strided", "transpose", "t", "permute", "expand", "expand_as", "unsqueeze", "squeeze", "slice", "select",
+    "alias", "detach", "detach_", "resolve_conj", "resolve_neg", "_reshape_alias", "reshape", "unfold", "split",
+    "split_with_sizes", "chunk", "narrow", "unbind", "diagonal", "set_", "lift_fresh", "result_type",
+    "is_nonzero", "item", "_local_scalar_dense", "size", "stride", "numel", "dim", "flatten", "unflatten",
+    "movedim", "swapaxes", "_has_compatible_shallow_copy_type", "is_same_size", "broadcast_tensors", "numpy_T",
+    "mT", "mH", "adjoint", "matrix_H", "view_as_real", "view_as_complex", "_conj", "conj",
+}
+# ...and composite wrappers, whose arithmetic or copy happens in a child op (copy_, fill_, mm, _softmax,
+# native_layer_norm, ...) that is counted instead.
+_WRAPPER_OPS = {
+    "contiguous", "to", "type_as", "_to_copy", "clone", "zeros", "zeros_like", "ones", "ones_like", "full",
+    "full_like", "new_zeros", "new_ones", "new_full", "repeat", "lift_fresh_copy", "dropout", "matmul",
+    "linear", "einsum", "layer_norm", "group_norm", "batch_norm", "rms_norm", "softmax", "log_softmax",
+    "scaled_dot_product_attention", "_scaled_dot_product_attention_math",
+}
+_NO_KERNEL_OPS = _VIEW_OR_ALLOC_OPS | _WRAPPER_OPS
+
+
+def _kernel_category(name):
+    """Category of a CUDA kernel name or an ``aten::`` operator name: gemm, attention, reduction, ..."""
+    lowered = name.lower()
+    if lowered.startswith("aten::"):
+        op = lowered[len("aten::"):]
+        if "attention" in op or "flash" in op:
+            return "attention"
+        if op in _GEMM_OPS:
+            return "gemm"
+        if op in _REDUCTION_OPS:
+            return "reduction"
+        return "elementwise"
+    if lowered.startswith(("memcpy", "memset")):
+        return "memcpy/memset"
+    if "triton_poi" in lowered:
+        return "elementwise"
+    if "triton_red" in lowered or "triton_per" in lowered:
+        return "reduction"
+    if "triton_tem" in lowered:
+        return "gemm"
+    if re.search(r"flash|fmha|attention|attn|sdpa|\bmha", lowered):
+        return "attention"
+    if re.search(r"gemm|gemv|nvjet|cublas|cutlass|xmma|matmul|splitkreduce|_mm_|\bmm_", lowered):
+        return "gemm"
+    if re.search(r"reduce|softmax|norm(?!al)|argmax|argmin|cumsum|scan|topk|sort", lowered):
+        return "reduction"
+    if re.search(r"elementwise|vectorized|unrolled|pointwise|copy|fill|cat|index|gather|scatter|where", lowered):
+        return "elementwise"
+    return "other"
+
+
+_KERNEL_CATEGORIES = ("gemm", "attention", "elementwise", "reduction", "memcpy/memset", "other")
+
+
+def _profile_events(prof):
+    if hasattr(prof, "events"):
+        events = prof.events()
+        if events is None:
+            raise ValueError("the profiler recorded nothing: with a schedule, make sure the loop calls "
+                             "prof.step() enough times to reach the active steps (10 for default_schedule)")
+        return events
+    return list(prof)
+
+
+def _is_annotation(evt):
+    activity = str(getattr(evt, "activity_type", "") or "")
+    return bool(getattr(evt, "is_user_annotation", False)) or "annotation" in activity or \
+        evt.name.startswith("ProfilerStep")
+
+
+def _has_ancestor_in(evt, ids):
+    parent = evt.cpu_parent
+    while parent is not None:
+        if id(parent) in ids:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def count_cuda_kernels(prof, per_step=False):
+    """Count the device kernels a profiled region launched, by category.
+
+    On a CUDA profile it counts every device-side event (kernels, memcpy, memset) of the recorded steps;
+    user annotations (``record_function`` ranges, ``ProfilerStep#``) are not kernels and are left out.
+    Without CUDA events (a CPU run) there are no kernels, so it counts CPU operator calls instead: the
+    outermost ``aten::`` ops that compute or copy data (views, allocations and composite wrappers such as
+    ``aten::linear`` are skipped and their working child counted; ops nested inside a counted op are not
+    counted again). Each such call is roughly one kernel on a GPU (RMSNorm written as pow, mean, add, rsqrt,
+    mul counts 5). ``"device"`` says which was counted.
+
+    Args:
+        prof: A finished ``torch.profiler.profile`` (or anything with ``.events()``, or a list of
+            FunctionEvents).
+        per_step: Divide the counts by the number of recorded ``ProfilerStep`` ranges (per loop iteration).
+
+    Returns:
+        dict: one int per category (``"gemm"``, ``"attention"``, ``"elementwise"``, ``"reduction"``,
+        ``"memcpy/memset"``, ``"other"``), ``"total"`` (their sum), ``"steps"`` (recorded profiler steps,
+        0 without a schedule) and ``"device"`` (``"cuda"`` or ``"cpu"``, a str).
+    """
+    events = _profile_events(prof)
+    cuda_type = torch.autograd.DeviceType.CUDA
+    cuda_events = [e for e in events if e.device_type == cuda_type and not _is_annotation(e)]
+    activities = getattr(prof, "activities", None) or ()
+    cuda_mode = bool(cuda_events) or (torch.profiler.ProfilerActivity.CUDA in activities
+                                      and torch.cuda.is_available())
+    if cuda_mode:
+        counted = cuda_events
+    else:
+        working = [
+            e for e in events
+            if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("aten::")
+            and not _is_annotation(e) and e.name[len("aten::"):] not in _NO_KERNEL_OPS
+        ]
+        working_ids = {id(w) for w in working}
+        counted = [e for e in working if not _has_ancestor_in(e, working_ids)]
+    counts = {category: 0 for category in _KERNEL_CATEGORIES}
+    for evt in counted:
+        counts[_kernel_category(evt.name)] += 1
+    steps = sum(1 for e in events if e.name.startswith("ProfilerStep") and e.device_type != cuda_type)
+    if per_step and steps:
+        counts = {k: int(round(v / steps)) for k, v in counts.items()}
+    counts["total"] = sum(counts[c] for c in _KERNEL_CATEGORIES)
+    counts["steps"] = steps
+    counts["device"] = "cuda" if cuda_mode else "cpu"
+    return counts
+
+
+_OOM_ERRORS = (torch.OutOfMemoryError, MemoryError) if hasattr(torch, "OutOfMemoryError") else \
+    (torch.cuda.OutOfMemoryError, MemoryError)
+
+
+def _is_oom(exc):
+    if isinstance(exc, _OOM_ERRORS):
+        return True
+    # Some allocation failures surface as plain RuntimeErrors (cuBLAS workspace, older PyTorch).
+    return isinstance(exc, RuntimeError) and ("out of memory" in str(exc).lower()
+                                              or "CUBLAS_STATUS_ALLOC_FAILED" in str(exc))
+
+
+def run_oom_safe(fn, *args, **kwargs):
+    """Call ``fn(*args, **kwargs)``; report running out of memory as a status instead of raising.
+
+    After an out-of-memory error (``torch.cuda.OutOfMemoryError``, a CPU ``MemoryError``, or a RuntimeError
+    saying "out of memory") it drops the failed call's tensors and returns cached CUDA memory, so the next
+    call starts clean. Other exceptions propagate.
+
+    Args:
+        fn: The callable.
+        *args: Positional arguments for fn.
+        **kwargs: Keyword arguments for fn.
+
+    Returns:
+        tuple: ``("ok", fn's result)`` or ``("oom", None)``.
+    """
+    oom = False
+    try:
+        return "ok", fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 (re-raised below unless it is an OOM)
+        if not _is_oom(exc):
+            raise
+        oom = True
+    # Outside the except block the traceback (and the frames holding the failed call's tensors) is released.
+    if oom:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return "oom", None
+
+
+@contextlib.contextmanager
+def record_torch_calls():
+    """Record the name of every torch function and Tensor method called inside the ``with`` block.
+
+    It sees calls however they are spelled (``@``, ``torch.matmul``, ``getattr(torch, "mat" + "mul")``, an
+    imported alias, ``F.gelu``), because it hooks PyTorch's own dispatch (``TorchFunctionMode``). Tests use it
+    to check that a function was written from the operations a question allows.
+
+    Returns:
+        A context manager; ``with record_torch_calls() as called:`` binds ``called``, a ``set[str]`` filled
+        with ``func.__name__`` of each call (e.g. ``"matmul"``, ``"__matmul__"``, ``"gelu"``).
+    """
+    from torch.overrides import TorchFunctionMode
+
+    class _Recorder(TorchFunctionMode):
+        def __init__(self, names):
+            super().__init__()
+            self.names = names
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.add(getattr(func, "__name__", repr(func)))
+            return func(*args, **(kwargs or {}))
+
+    names: set = set()
+    with _Recorder(names):
+        yield names
+
+
+# =====================================================================================================
+# 4. Attention backends
+# =====================================================================================================
+
+_FLASH_ATTN_INSTALLED = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+def _describe_backend():
+    if _FLASH_ATTN_INSTALLED:
+        try:
+            version = importlib.metadata.version("flash-attn")
+        except importlib.metadata.PackageNotFoundError:
+            version = "?"
+        return f"flash-attn {version}"
+    if torch.cuda.is_available():
+        return "PyTorch SDPA flash kernel (flash-attn not installed)"
+    return "PyTorch SDPA math path on CPU (no CUDA)"
+
+
+ATTENTION_BACKEND = _describe_backend()
+"""str: What ``flash_attn_func`` runs on this machine: the flash-attn package, PyTorch's SDPA flash kernel,
+or the SDPA math path on CPU."""
+
+_TORCH_VERSION = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+
+
+def _sdpa_bshd(q, k, v, causal, softmax_scale, backends):
+    """SDPA on (B, S, H, D) inputs with the given SDPA backends; causal masks aligned bottom-right."""
+    from torch.nn.attention import sdpa_kernel
+
+    q_len, kv_len = q.shape[1], k.shape[1]
+    n_heads, n_kv_heads = q.shape[2], k.shape[2]
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    extra = {}
+    if n_kv_heads != n_heads:
+        if _TORCH_VERSION >= (2, 5):
+            extra["enable_gqa"] = True
+        else:
+            kt = kt.repeat_interleave(n_heads // n_kv_heads, dim=1)
+            vt = vt.repeat_interleave(n_heads // n_kv_heads, dim=1)
+    mask, is_causal = None, False
+    if causal and q_len == kv_len:
+        is_causal = True
+    elif causal:
+        # flash-attn's convention: query i sees keys j <= i + (kv_len - q_len).
+        rows = torch.arange(q_len, device=q.device)[:, None]
+        cols = torch.arange(kv_len, device=q.device)[None, :]
+        mask = cols <= rows + (kv_len - q_len)
+    with sdpa_kernel(backends):
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=is_causal,
+                                             scale=softmax_scale, **extra)
+    return out.transpose(1, 2).contiguous()
+
+
+def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
+    """Attention in flash-attn's layout: ``softmax(q k^T * scale) v`` per head.
+
+    Runs the flash-attn package when installed (CUDA, fp16/bf16); otherwise PyTorch's SDPA FlashAttention-2
+    kernel on CUDA (fp16/bf16 on sm80+; other dtypes, older GPUs or masked shapes use SDPA's memory-efficient
+    or math kernel), and the SDPA math path on CPU. Prints once which backend ran; ``flash_attn_func.last_backend`` names the
+    backend of the latest call.
+
+    Args:
+        q: (B, S_q, H, D) queries.
+        k: (B, S_kv, H_kv, D) keys; H must be a multiple of H_kv (grouped-query attention).
+        v: (B, S_kv, H_kv, D) values.
+        causal: Causal mask, aligned bottom-right as in flash-attn (query i sees keys j <= i + S_kv - S_q).
+        softmax_scale: Scale of the scores; default 1 / sqrt(D).
+
+    Returns:
+        torch.Tensor: (B, S_q, H, D) output, dtype and device of q.
+    """
+    from torch.nn.attention import SDPBackend
+
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"flash_attn_func expects (B, S, H, D) tensors, got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.shape[2] % k.shape[2]:
+        raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: "
+                         f"need equal B and D, k and v alike, and H a multiple of H_kv")
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    out = None
+    if q.is_cuda and half and _FLASH_ATTN_INSTALLED:
+        try:
+            from flash_attn import flash_attn_func as _flash_attn
+
+            out, backend = _flash_attn(q, k, v, causal=causal, softmax_scale=softmax_scale), "flash-attn"
+        except (ImportError, RuntimeError):  # a broken install, or a GPU the package does not support
+            out = None
+    if out is None and q.is_cuda and half and not (causal and q.shape[1] != k.shape[1]) and q.shape[3] <= 256:
+        try:
+            backend = "PyTorch SDPA flash kernel"
+            out = _sdpa_bshd(q, k, v, causal, softmax_scale, [SDPBackend.FLASH_ATTENTION])
+        except RuntimeError:  # no flash kernel for this GPU (before sm80, e.g. T4)
+            out = None
+    if out is None and q.is_cuda:
+        backend = "PyTorch SDPA memory-efficient/math kernel"
+        out = _sdpa_bshd(q, k, v, causal, softmax_scale, [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+    elif out is None:
+        backend = "PyTorch SDPA math path (CPU)"
+        out = _sdpa_bshd(q, k, v, causal, softmax_scale, [SDPBackend.MATH])
+    flash_attn_func.last_backend = backend
+    _note_once(("attention", backend), f"flash_attn_func: using {backend}")
+    return out
+
+
+flash_attn_func.last_backend = None
+
+
+# =====================================================================================================
+# 5. Plotting (matplotlib; every function returns the figure and its axes)
+# =====================================================================================================
+
+_CATEGORY_COLORS = {
+    "gemm": "tab:blue", "attention": "tab:red", "elementwise": "tab:orange", "reduction": "tab:green",
+    "memcpy/memset": "tab:purple", "other": "tab:gray", "annotation": "lightgray",
+}
+
+
+def _new_axes(ax, figsize):
+    if ax is None:
+        fig, ax = plt.subplots(figsize=figsize)
+    else:
+        fig = ax.figure
+    return fig, ax
+
+
+def _as_float(x):
+    """float(x) for numbers, 0-d tensors/arrays; NaN for None."""
+    if x is None:
+        return float("nan")
+    if isinstance(x, torch.Tensor):
+        return float(x.item())
+    return float(x)
+
+
+def plot_roofline(gpu_name, peak_tflops, peak_bandwidth_tb_s, operations, title=None, ax=None):
+    """Roofline plot (log-log) with operations placed by arithmetic intensity.
+
+    The roof is ``min(peak_tflops, peak_bandwidth_tb_s * intensity)``; the ridge point
+    ``peak_tflops / peak_bandwidth_tb_s`` (FLOP/byte) is marked, the memory-bound region (left of it) and
+    compute-bound region (right) are shaded, and each operation is drawn and labelled on the roof.
+
+    Args:
+        gpu_name: Label of the hardware (e.g. ``"A6000"``).
+        peak_tflops: Peak compute in TFLOP/s.
+        peak_bandwidth_tb_s: Peak memory bandwidth in TB/s.
+        operations: dict name -> arithmetic intensity (FLOP/byte), or name -> (intensity, measured TFLOP/s)
+            to also place a measured point below the roof.
+        title: Plot title; default names the GPU and its peaks.
+        ax: Axes to draw on; default a new figure.
+
+    Returns:
+        tuple: ``(fig, ax)``.
+    """
+    if not isinstance(operations, Mapping):
+        raise TypeError("operations must be a dict: name -> intensity (FLOP/byte) or (intensity, TFLOP/s)")
+    peak, bandwidth = float(peak_tflops), float(peak_bandwidth_tb_s)
+    ridge = peak / bandwidth
+    parsed = []
+    for name, value in operations.items():
+        if isinstance(value, (tuple, list)):
+            intensity, measured = _as_float(value[0]), _as_float(value[1])
+        else:
+            intensity, measured = _as_float(value), None
+        if not intensity > 0:
+            raise ValueError(f"arithmetic intensity of {name!r} must be positive, got {intensity}")
+        parsed.append((str(name), intensity, measured))
+
+    intensities = [ridge] + [i for _, i, _ in parsed]
+    lo, hi = min(intensities) / 8, max(intensities) * 8
+    fig, ax = _new_axes(ax, (8, 5.5))
+    x = np.logspace(math.log10(lo), math.log10(hi), 400)
+    ax.loglog(x, np.minimum(peak, bandwidth * x), color="black", lw=2, label=f"{gpu_name} roofline")
+    ax.axvspan(lo, ridge, color="tab:blue", alpha=0.08, label="memory-bound region")
+    ax.axvspan(ridge, hi, color="tab:orange", alpha=0.08, label="compute-bound region")
+    ax.axvline(ridge, color="gray", ls="--", lw=1)
+    ax.plot([ridge], [peak], marker="*", ms=14, color="gold", markeredgecolor="black", zorder=5,
+            label=f"ridge point: {ridge:.1f} FLOP/byte")
+
+    y_values = [bandwidth * lo, peak]
+    markers = "osD^vP"
+    # Neighbouring labels get different offsets (below/above the roof, near/far) so clusters stay legible.
+    offsets = [(0, -22), (0, 16), (0, -38), (0, 30)]
+    by_intensity = sorted(range(len(parsed)), key=lambda i: parsed[i][1])
+    for rank, index in enumerate(by_intensity):
+        name, intensity, measured = parsed[index]
+        attainable = min(peak, bandwidth * intensity)
+        color = plt.cm.tab10(index % 10)
+        marker = markers[index % len(markers)]
+        ax.plot([intensity], [attainable], marker=marker, ms=8, color=color, markeredgecolor="black",
+                zorder=6, ls="none", label=f"{name}: {intensity:.3g} FLOP/byte")
+        ax.annotate(name, (intensity, attainable), textcoords="offset points", xytext=offsets[rank % 4],
+                    ha="center", fontsize=8, color=color, arrowprops=dict(arrowstyle="-", color=color, lw=0.5))
+        if measured is not None and measured > 0:
+            ax.plot([intensity], [measured], marker=marker, ms=8, mfc="none", color=color, zorder=6, ls="none")
+            ax.plot([intensity, intensity], [measured, attainable], color=color, ls=":", lw=1)
+            ax.annotate(f"{name} (measured)", (intensity, measured), textcoords="offset points",
+                        xytext=(0, -14), ha="center", fontsize=8, color=color)
+            y_values.append(measured)
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(min(y_values) / 5, peak * 5)
+    ax.set_xlabel("Arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("Attainable performance (TFLOP/s)")
+    ax.set_title(title or f"Roofline: {gpu_name} ({peak:g} TFLOP/s, {bandwidth:g} TB/s)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=7)
+    return fig, ax
+
+
+def plot_gemm_torch_matmul_latency(sizes, gemm_latencies_s, matmul_latencies_s, ax=None):
+    """Latency of the tri-loop ``gemm`` against ``torch.matmul`` for square matrices.
+
+    Args:
+        sizes: Matrix sizes N (each product is (N, N) @ (N, N)).
+        gemm_latencies_s: Tri-loop gemm latency per size, in seconds.
+        matmul_latencies_s: torch.matmul latency per size, in seconds.
+        ax: Axes to draw on; default a new figure.
+
+    Returns:
+        tuple: ``(fig, ax)``; latencies are drawn in ms on a log axis, each size labelled with the speedup.
+    """
+    sizes = [int(s) for s in sizes]
+    gemm_ms = [_as_float(t) * 1e3 for t in gemm_latencies_s]
+    matmul_ms = [_as_float(t) * 1e3 for t in matmul_latencies_s]
+    if not len(sizes) == len(gemm_ms) == len(matmul_ms):
+        raise ValueError("sizes, gemm_latencies_s and matmul_latencies_s must have the same length")
+    fig, ax = _new_axes(ax, (7, 4.5))
+    ax.plot(sizes, gemm_ms, marker="o", label="tri-loop gemm")
+    ax.plot(sizes, matmul_ms, marker="s", label="torch.matmul")
+    for n, slow, fast in zip(sizes, gemm_ms, matmul_ms):
+        if fast > 0 and math.isfinite(slow):
+            ax.annotate(f"{slow / fast:,.0f}x", (n, math.sqrt(slow * fast)), ha="center", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xticks(sizes)
+    ax.set_xlabel("Matrix size N ((N, N) @ (N, N))")
+    ax.set_ylabel("Latency (ms, log scale)")
+    ax.set_title("Tri-loop gemm vs torch.matmul")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return fig, ax
+
+
+def plot_latency_vs_size(sizes, series, xlabel="Size", ylabel="Latency (ms)", title="Latency vs size",
+                         logy=True, logx=False, ax=None):
+    """Line plot of one or more latency series against a size.
+
+    Args:
+        sizes: x values (matrix size, sequence length, batch size, ...).
+        series: dict label -> list of latencies (same length as sizes; None or NaN marks a missing point,
+            e.g. out of memory, and is skipped).
+        xlabel: x-axis label, with its unit.
+        ylabel: y-axis label, with its unit (the values are drawn as given).
+        title: Plot title.
+        logy: Log-scale y axis.
+        logx: Log-scale x axis (base 2).
+        ax: Axes to draw on; default a new figure.
+
+    Returns:
+        tuple: ``(fig, ax)``.
+    """
+    xs = [_as_float(s) for s in sizes]
+    fig, ax = _new_axes(ax, (7, 4.5))
+    for label, values in series.items():
+        values = [_as_float(v) for v in values]
+        if len(values) != len(xs):
+            raise ValueError(f"series {label!r} has {len(values)} values for {len(xs)} sizes")
+        points = [(x, y) for x, y in zip(xs, values) if math.isfinite(y)]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=str(label))
+    if logy:
+        ax.set_yscale("log")
+    if logx:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return fig, ax
+
+
+def plot_flash_attn_improvement(df, title="FlashAttention vs SDPA", latency_cols=("sdpa_ms", "flash_ms"),
+                                memory_cols=("sdpa_mem_gb", "flash_mem_gb"), seq_len_col="seq_len",
+                                annotate_speedup=True, annotate_mem_reduction=True,
+                                labels=("SDPA", "FlashAttention")):
+    """Latency and peak memory of standard attention against FlashAttention over sequence length.
+
+    Args:
+        df: pandas DataFrame (or list of dicts) with one row per sequence length.
+        title: Figure title.
+        latency_cols: (baseline, flash) latency columns, in ms.
+        memory_cols: (baseline, flash) peak-memory columns, in GB; None (or absent columns) draws latency only.
+        seq_len_col: Sequence-length column, in tokens.
+        annotate_speedup: Label each flash point with baseline / flash latency.
+        annotate_mem_reduction: Label each flash point with baseline / flash memory.
+        labels: Legend names of the baseline and the flash series.
+
+    Returns:
+        tuple: ``(fig, axes)``, axes a numpy array (latency panel, then memory panel if drawn). Rows where
+        a value is None/NaN (out of memory) are left out of that series and marked "OOM".
+    """
+    import pandas as pd
+
+    df = pd.DataFrame(df)
+    panels = [("Latency (ms)", latency_cols, annotate_speedup, "{:.1f}x faster")]
+    if memory_cols is not None and all(c in df.columns for c in memory_cols):
+        panels.append(("Peak memory (GB)", memory_cols, annotate_mem_reduction, "{:.1f}x less"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
+    axes = axes[0]
+    seq = [int(s) for s in df[seq_len_col]]
+    for ax, (ylabel, (base_col, flash_col), annotate, template) in zip(axes, panels):
+        base = [_as_float(v) if v is not None and not pd.isna(v) else float("nan") for v in df[base_col]]
+        flash = [_as_float(v) if v is not None and not pd.isna(v) else float("nan") for v in df[flash_col]]
+        for values, label, marker in ((base, labels[0], "o"), (flash, labels[1], "s")):
+            points = [(s, y) for s, y in zip(seq, values) if math.isfinite(y)]
+            if points:
+                ax.plot(*zip(*points), marker=marker, label=label)
+        finite = [y for y in base + flash if math.isfinite(y) and y > 0]
+        top = max(finite) if finite else 1.0
+        for s, b, f in zip(seq, base, flash):
+            for value, label in ((b, labels[0]), (f, labels[1])):
+                if not math.isfinite(value):
+                    ax.annotate(f"{label}: OOM", (s, top), ha="center", va="bottom", fontsize=8, color="red")
+            if annotate and math.isfinite(b) and math.isfinite(f) and f > 0 and b > 0:
+                ax.annotate(template.format(b / f), (s, math.sqrt(b * f)), ha="center", va="center",
+                            fontsize=8, bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(seq)
+        ax.set_xticklabels([str(s) for s in seq], rotation=45)
+        if finite:
+            ax.set_yscale("log")
+            ax.set_ylim(min(finite) / 2, top * 3)
+        ax.set_xlabel("Sequence length (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(ylabel.split(" (")[0])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig, axes
+
+
+_GPU_TRACE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+_CPU_TRACE_CATS = {"cpu_op", "user_annotation"}
+
+
+def _trace_from_profile(prof):
+    """Chrome-trace-like events built from a profile's FunctionEvents (repeatable, unlike export_chrome_trace,
+    which a profile allows once)."""
+    cuda_type = torch.autograd.DeviceType.CUDA
+    events = []
+    for evt in _profile_events(prof):
+        if evt.name == "[memory]":
+            continue
+        name = getattr(evt, "trace_name", None) or evt.name
+        start, end = evt.time_range.start, evt.time_range.end
+        if evt.device_type == cuda_type:
+            if _is_annotation(evt):
+                continue
+            category = "gpu_memcpy" if name.startswith(("Memcpy", "Memset")) else "kernel"
+            events.append({"ph": "X", "cat": category, "name": name, "ts": start, "dur": end - start,
+                           "pid": evt.device_index, "tid": getattr(evt, "device_resource_id", 0),
+                           "args": {"device": evt.device_index,
+                                    "stream": getattr(evt, "device_resource_id", 0)}})
+        else:
+            category = "user_annotation" if _is_annotation(evt) else "cpu_op"
+            events.append({"ph": "X", "cat": category, "name": name, "ts": start, "dur": end - start,
+                           "pid": "host", "tid": evt.thread})
+    return {"traceEvents": events}
+
+
+def _load_trace(source):
+    if isinstance(source, Mapping):
+        return source
+    if hasattr(source, "events"):
+        return _trace_from_profile(source)
+    path = os.fspath(source)
+    if path.endswith(".gz"):
+        import gzip
+
+        with gzip.open(path, "rt") as f:
+            return json.load(f)
+    with open(path) as f:
+        return json.load(f)
+
+
+def _short_name(name, limit=40):
+    name = re.sub(r"^void ", "", name)
+    while True:
+        shorter = re.sub(r"<[^<>]*>", "", name)
+        if shorter == name:
+            break
+        name = shorter
+    name = re.sub(r"\(.*\)$", "", name)
+    name = re.sub(r"(^aten::|at::native::|\(anonymous namespace\)::|at::cuda::|cutlass::)", "", name)
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
+def _trace_rows(events):
+    """Group drawable events into rows: one per GPU stream, one per (CPU thread, nesting depth)."""
+    rows = {}
+    by_thread = {}
+    for e in events:
+        if e.get("cat") in _GPU_TRACE_CATS:
+            args = e.get("args", {})
+            key = (0, str(args.get("device", e.get("pid"))), str(args.get("stream", e.get("tid"))), 0)
+            rows.setdefault(key, []).append(e)
+        else:
+            by_thread.setdefault((str(e.get("pid")), str(e.get("tid"))), []).append(e)
+    for (pid, tid), thread_events in by_thread.items():
+        thread_events.sort(key=lambda e: (e["ts"], -e["dur"]))
+        open_ends = []
+        for e in thread_events:
+            while open_ends and open_ends[-1] <= e["ts"]:
+                open_ends.pop()
+            rows.setdefault((1, pid, tid, len(open_ends)), []).append(e)
+            open_ends.append(e["ts"] + e["dur"])
+    return rows
+
+
+def plot_trace_timeline(prof_or_trace_path, max_rows=12, title=None, max_depth=2, time_range_us=None,
+                        merge_below=0.002, ax=None):
+    """Draw the timeline of a profiler trace in the notebook (what chrome://tracing would show).
+
+    One row per GPU stream (kernels, memcpy, memset) and per CPU thread and nesting depth (operators and
+    ``record_function`` ranges; depth 0 is outermost, ``ProfilerStep`` ranges become dotted step lines).
+    Bars are coloured by the kernel category of ``count_cuda_kernels``; bars wide enough carry their
+    (shortened) name. Runs of events narrower than ``merge_below`` of the time span with gaps below it are
+    merged into one hatched bar, so hundreds of tiny kernels stay readable.
+
+    Args:
+        prof_or_trace_path: A finished ``torch.profiler.profile`` (read through ``prof.events()``, so it
+            still works before or after ``prof.export_chrome_trace``, which a profile allows only once), a
+            path to a Chrome trace JSON (``prof.export_chrome_trace("trace.json")``, optionally .gz), or the
+            trace already loaded as a dict.
+        max_rows: Most rows to draw (GPU streams first, then CPU rows by depth); the rest are noted.
+        title: Plot title; default says how many events are drawn.
+        max_depth: CPU nesting levels to draw (1: only outermost ops/ranges).
+        time_range_us: Optional (start, end) window in µs relative to the first drawn event.
+        merge_below: Merge threshold as a fraction of the drawn time span.
+        ax: Axes to draw on; default a new figure sized to the rows.
+
+    Returns:
+        tuple: ``(fig, ax)``; x axis is time since the first drawn event in µs (ms when the span exceeds
+        10 ms).
+    """
+    from matplotlib.patches import Patch
+
+    trace = _load_trace(prof_or_trace_path)
+    raw = trace.get("traceEvents", []) if isinstance(trace, Mapping) else trace
+    complete = [e for e in raw if e.get("ph") == "X" and "ts" in e and "dur" in e]
+    for e in complete:
+        e["ts"], e["dur"] = float(e["ts"]), float(e["dur"])
+    steps = [e for e in complete if str(e.get("name", "")).startswith("ProfilerStep")]
+    drawable = [e for e in complete if (e.get("cat") in _GPU_TRACE_CATS or e.get("cat") in _CPU_TRACE_CATS)
+                and not str(e.get("name", "")).startswith("ProfilerStep")]
+    if not drawable:
+        raise ValueError("the trace has no kernel or operator events to draw (was anything profiled?)")
+    t0 = min(e["ts"] for e in drawable + steps)
+    window = None
+    if time_range_us is not None:
+        window = (t0 + time_range_us[0], t0 + time_range_us[1])
+        drawable = [e for e in drawable if e["ts"] + e["dur"] >= window[0] and e["ts"] <= window[1]]
+        if not drawable:
+            raise ValueError(f"no events in time_range_us={time_range_us}")
+    rows = _trace_rows(drawable)
+    keys = sorted((k for k in rows if k[0] == 0 or k[3] < max_depth),
+                  key=lambda k: (k[0], k[3], -len(rows[k]), k[1], k[2]))
+    hidden_rows = max(0, len(keys) - max_rows)
+    keys = keys[:max_rows]
+
+    begin = window[0] if window else t0
+    end = window[1] if window else max(e["ts"] + e["dur"] for k in keys for e in rows[k])
+    span_us = max(end - begin, 1e-3)
+    scale, unit = (1e-3, "ms") if span_us > 10_000 else (1.0, "µs")
+    threshold = merge_below * span_us
+    fig, ax = _new_axes(ax, (12, 1.4 + 0.45 * len(keys)))
+    # Width of one 7-pt character as a fraction of the time axis, to decide which bars can hold a label.
+    axes_width_in = fig.get_figwidth() * ax.get_position().width
+    char_fraction = 7 * 0.6 / 72 / axes_width_in
+    used, n_drawn, merged_any = set(), 0, False
+    for row, key in enumerate(keys):
+        blocks = []  # [start_us, end_us, {category: busy_us}, first name, event count, mergeable]
+        for e in sorted(rows[key], key=lambda e: e["ts"]):
+            start, stop = e["ts"], e["ts"] + e["dur"]
+            category = "annotation" if e.get("cat") == "user_annotation" else _kernel_category(str(e["name"]))
+            tiny = e["dur"] < threshold
+            last = blocks[-1] if blocks else None
+            if tiny and last is not None and last[5] and start - last[1] <= threshold:
+                last[1] = max(last[1], stop)
+                last[2][category] = last[2].get(category, 0.0) + e["dur"]
+                last[4] += 1
+            else:
+                blocks.append([start, stop, {category: e["dur"]}, str(e["name"]), 1, tiny])
+        for start, stop, categories, name, count, _ in blocks:
+            category = max(categories, key=categories.get)
+            used.add(category)
+            x, width = (start - t0) * scale, max((stop - start) * scale, span_us * scale * 2e-4)
+            ax.broken_barh([(x, width)], (row - 0.4, 0.8), facecolors=_CATEGORY_COLORS[category],
+                           edgecolor="black", linewidth=0.2, hatch="///" if count > 1 else None)
+            n_drawn += count
+            merged_any |= count > 1
+            fits = int((stop - start) / span_us / char_fraction) - 1
+            label = f"{count} events" if count > 1 else _short_name(name, limit=max(fits, 1))
+            if fits >= 6 and len(label) <= fits:
+                ax.text(x + width / 2, row, label, ha="center", va="center", fontsize=7, clip_on=True)
+    for step in sorted(steps, key=lambda e: e["ts"]):
+        if begin <= step["ts"] <= end:
+            x = (step["ts"] - t0) * scale
+            ax.axvline(x, color="black", ls=":", lw=0.8)
+            ax.text(x, 1.0, str(step["name"]).replace("ProfilerStep", "step"), fontsize=7, va="bottom",
+                    transform=ax.get_xaxis_transform())
+    labels = []
+    for kind, first, second, depth in keys:
+        if kind == 0:
+            labels.append(f"GPU {first} stream {second}")
+        else:
+            labels.append(f"CPU thread {second}" + (f" depth {depth}" if depth else ""))
+    ax.set_yticks(range(len(keys)))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_ylim(len(keys) - 0.5, -0.5)
+    ax.set_xlim((begin - t0) * scale, (end - t0) * scale)
+    ax.set_xlabel(f"Time since first drawn event ({unit})")
+    ax.set_ylabel("GPU stream / CPU thread")
+    note = f", {hidden_rows} more rows not shown" if hidden_rows else ""
+    ax.set_title(title or f"Profiler timeline: {n_drawn} events{note}", pad=14)
+    handles = [Patch(facecolor=_CATEGORY_COLORS[c], label=c) for c in _CATEGORY_COLORS if c in used]
+    if merged_any:
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="merged short events"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, title="category",
+              title_fontsize=7)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig, ax

@@ -1,0 +1,564 @@
+"""Prepared answers for Lab 2: correct ones written differently, and plausible wrong ones.
+
+``ALTERNATIVES[grade_id]``: full sources for that solution cell that are correct but differ from the reference
+(other formulas, loop orders, float64 inside, other masking). They must pass every test.
+``WRONG[grade_id]``: ``(label, source)`` pairs, each a mistake a student plausibly makes. Each must fail the
+tests of its own question and no other. Most wrong answers are the reference cell with one targeted change
+(``_mutate``), so that each differs from a correct answer by exactly the mistake it names.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import jupytext
+
+_LAB = Path(__file__).resolve().parents[2] / "labs" / "lab2" / "lab2.py"
+_REFERENCE = {
+    cell.metadata["nbgrader"]["grade_id"]: cell.source
+    for cell in jupytext.read(_LAB, fmt="py:percent").cells
+    if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution")
+}
+
+
+def _mutate(cell_id: str, *replacements: tuple[str, str]) -> str:
+    """The reference source of ``cell_id`` with each ``old`` (which must occur exactly once) replaced by ``new``."""
+    source = _REFERENCE[cell_id]
+    for old, new in replacements:
+        count = source.count(old)
+        if count != 1:
+            raise ValueError(f"{cell_id}: {old!r} occurs {count} times in the reference, expected once")
+        source = source.replace(old, new)
+    return source
+
+
+ALTERNATIVES: dict[str, list[str]] = {}
+WRONG: dict[str, list[tuple[str, str]]] = {}
+
+# ----------------------------------------------------------------------------------------------- Part 1
+ALTERNATIVES["q1_1_hbm_bytes"] = [
+    '''
+def relu_matmul_hbm_bytes(n, k=None, bytes_per_element=2, fused=True):
+    k = k or n
+    a, b, product = n * k, k * n, n * n
+    kernels = [(a + b, product)]          # (elements read, elements written) per kernel
+    if not fused:
+        kernels.append((product, product))  # relu: read the product, write the output
+    return sum(read + written for read, written in kernels) * bytes_per_element
+''',
+]
+WRONG["q1_1_hbm_bytes"] = [
+    ("relu round trip counted once (only its write)",
+     _mutate("q1_1_hbm_bytes", ("relu_elements = 0 if fused else 2 * n * n", "relu_elements = 0 if fused else n * n"))),
+    ("inputs forgotten: only the n x n output is counted",
+     _mutate("q1_1_hbm_bytes", ("matmul_elements = n * k + k * n + n * n", "matmul_elements = n * n"))),
+    ("k ignored: always square",
+     _mutate("q1_1_hbm_bytes", ("k = n if k is None else k", "k = n"))),
+]
+
+ALTERNATIVES["q1_2_predicted_speedup"] = [
+    '''
+def predicted_compile_speedup(n, peak_tflops, bandwidth_tb_s, k=None, bytes_per_element=2):
+    # Same model, written with the ridge point: a kernel is compute-bound above it, memory-bound below.
+    k = n if k is None else k
+    ridge = peak_tflops / bandwidth_tb_s  # FLOP/byte
+    flops = 2.0 * n * n * k
+    mm_bytes = (2 * n * k + n * n) * bytes_per_element
+    mm_us = flops / peak_tflops / 1e6 if flops / mm_bytes >= ridge else mm_bytes / bandwidth_tb_s / 1e6
+    relu_us = 2 * n * n * bytes_per_element / bandwidth_tb_s / 1e6
+    return float((mm_us + relu_us) / mm_us)
+''',
+    '''
+def predicted_compile_speedup(n, peak_tflops, bandwidth_tb_s, k=None, bytes_per_element=2):
+    # Counting the relu's n^2 comparisons as FLOPs too (negligible, within the tolerance).
+    k = n if k is None else k
+    peak, bw = peak_tflops * 1e12, bandwidth_tb_s * 1e12
+    def t(flops, nbytes):
+        return max(flops / peak, nbytes / bw)
+    eager = t(2 * n * n * k, (2 * n * k + n * n) * bytes_per_element) + t(n * n, 2 * n * n * bytes_per_element)
+    fused = t(2 * n * n * k + n * n, (2 * n * k + n * n) * bytes_per_element)
+    return eager / fused
+''',
+]
+WRONG["q1_2_predicted_speedup"] = [
+    ("eager treated as one kernel: max over the summed FLOPs and bytes",
+     _mutate("q1_2_predicted_speedup", ("return (matmul_s + relu_s) / fused_s",
+                                        "return max(matmul_flops / peak_flop_s, (matmul_bytes + relu_bytes) / bandwidth_b_s) / fused_s"))),
+    ("memory-only model (ignores compute): bytes ratio",
+     _mutate("q1_2_predicted_speedup", ("return (matmul_s + relu_s) / fused_s", "return (matmul_bytes + relu_bytes) / matmul_bytes"))),
+    ("fraction of time saved instead of the speedup",
+     _mutate("q1_2_predicted_speedup", ("return (matmul_s + relu_s) / fused_s", "return 1.0 + relu_s / (matmul_s + relu_s)"))),
+]
+
+# ----------------------------------------------------------------------------------------------- Part 2
+ALTERNATIVES["q2_1_chain_io_bytes"] = [
+    '''
+def chain_io_bytes(seq_len, kv_head, bytes_per_element=2):
+    shapes_in = [(seq_len, kv_head), (kv_head, seq_len), (kv_head, seq_len)]
+    shape_out = (kv_head, seq_len)
+    input_bytes = sum(rows * cols for rows, cols in shapes_in) * bytes_per_element
+    return input_bytes, shape_out[0] * shape_out[1] * bytes_per_element
+''',
+]
+WRONG["q2_1_chain_io_bytes"] = [
+    ("elements instead of bytes",
+     _mutate("q2_1_chain_io_bytes", ("input_bytes = 3 * seq_len * kv_head * bytes_per_element", "input_bytes = 3 * seq_len * kv_head"),
+             ("output_bytes = kv_head * seq_len * bytes_per_element", "output_bytes = kv_head * seq_len"))),
+    ("only A and B counted as inputs",
+     _mutate("q2_1_chain_io_bytes", ("input_bytes = 3 * seq_len * kv_head * bytes_per_element",
+                                     "input_bytes = 2 * seq_len * kv_head * bytes_per_element"))),
+]
+
+ALTERNATIVES["q2_2_chain_flops"] = [
+    '''
+def chain_flops(seq_len, kv_head):
+    macs = seq_len * kv_head * seq_len + kv_head * seq_len * seq_len
+    return 2 * macs + seq_len * seq_len  # the relu's comparisons included: negligible next to the products
+''',
+]
+WRONG["q2_2_chain_flops"] = [
+    ("multiply-adds (MACs) instead of FLOPs",
+     _mutate("q2_2_chain_flops", ("return int(first + second)", "return int((first + second) // 2)"))),
+    ("only the first product",
+     _mutate("q2_2_chain_flops", ("return int(first + second)", "return int(first)"))),
+]
+
+ALTERNATIVES["q2_3_chain_intensity"] = [
+    '''
+def chain_intensity(seq_len, kv_head, bytes_per_element=2, intermediate_round_trips=0):
+    flops = 2.0 * seq_len * seq_len * kv_head * 2
+    matrices_of_seq_by_kv = 4                      # A, B, C in, the output out
+    elements = matrices_of_seq_by_kv * seq_len * kv_head + 2 * intermediate_round_trips * seq_len ** 2
+    return float(flops / (elements * bytes_per_element))
+''',
+]
+WRONG["q2_3_chain_intensity"] = [
+    ("a round trip counted as one transfer (write only)",
+     _mutate("q2_3_chain_intensity", ("intermediate_bytes = intermediate_round_trips * 2 * seq_len * seq_len * bytes_per_element",
+                                      "intermediate_bytes = intermediate_round_trips * seq_len * seq_len * bytes_per_element"))),
+    ("inputs and output forgotten once the intermediate round-trips",
+     _mutate("q2_3_chain_intensity", ("return flops / (io_bytes + intermediate_bytes)",
+                                      "return flops / (intermediate_bytes if intermediate_round_trips else io_bytes)"))),
+]
+
+ALTERNATIVES["b2_5_reassociated_cost"] = [
+    '''
+def reassociated_chain_cost(seq_len, kv_head, bytes_per_element=2):
+    flops = 4 * kv_head ** 2 * seq_len
+    elements = 4 * kv_head * seq_len + 2 * kv_head ** 2  # C, A, B read and the output written; C @ A written and read
+    return flops, elements * bytes_per_element
+''',
+]
+WRONG["b2_5_reassociated_cost"] = [
+    ("the C @ (A @ B) cost instead",
+     _mutate("b2_5_reassociated_cost", ("ca_flops = 2 * kv_head * seq_len * kv_head", "ca_flops = 2 * seq_len * seq_len * kv_head"),
+             ("cab_flops = 2 * kv_head * kv_head * seq_len", "cab_flops = 2 * kv_head * seq_len * seq_len"))),
+    ("the small C @ A intermediate never read back",
+     _mutate("b2_5_reassociated_cost", ("cab_elements = kv_head * kv_head + kv_head * seq_len + kv_head * seq_len",
+                                        "cab_elements = kv_head * seq_len + kv_head * seq_len"))),
+]
+
+# ----------------------------------------------------------------------------------------------- Part 3
+ALTERNATIVES["q3_1_einsum_attention"] = [
+    '''
+def einsum_attention(q, k, v, mask=None):
+    # matmul on (B, H, S, D) views, float64 inside, mask with the most negative float instead of -inf
+    qh, kh, vh = (t.transpose(1, 2).to(torch.float64) for t in (q, k, v))
+    scores = qh @ kh.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
+    return (torch.softmax(scores, dim=-1) @ vh).transpose(1, 2).to(q.dtype)
+''',
+    '''
+def einsum_attention(q, k, v, mask=None):
+    # explicit, stable softmax; scale the scores rather than q
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / q.shape[-1] ** 0.5
+    if mask is not None:
+        scores = scores.masked_fill(mask.logical_not(), float("-inf"))
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    return torch.einsum("bhqk,bkhd->bqhd", weights, v)
+''',
+]
+WRONG["q3_1_einsum_attention"] = [
+    ("no 1/sqrt(D) scaling",
+     _mutate("q3_1_einsum_attention", ("scale = 1.0 / math.sqrt(q.shape[-1])", "scale = 1.0"))),
+    ("softmax over the queries instead of the keys",
+     _mutate("q3_1_einsum_attention", ("weights = torch.softmax(scores, dim=-1)", "weights = torch.softmax(scores, dim=-2)"))),
+    ("the classic output einsum bhst,bshd->bshd (returns v)",
+     _mutate("q3_1_einsum_attention", ('return torch.einsum("bhst,bthd->bshd", weights, v).to(q.dtype)',
+                                       'return torch.einsum("bhst,bshd->bshd", weights, v).to(q.dtype)'))),
+    ("mask ignored",
+     _mutate("q3_1_einsum_attention", ('scores = scores.masked_fill(~mask, float("-inf"))', "pass"))),
+]
+
+ALTERNATIVES["q3_2_attention_cost"] = [
+    '''
+def attention_cost(batch, seq_len, heads, head_dim, bytes_per_element=2, score_round_trips=0):
+    per_head_macs = 2 * seq_len * seq_len * head_dim      # Q K^T and P V, multiply-adds
+    flops = 2 * per_head_macs * batch * heads
+    elements = 4 * batch * heads * seq_len * head_dim + 2 * score_round_trips * batch * heads * seq_len ** 2
+    hbm_bytes = elements * bytes_per_element
+    return dict(flops=flops, hbm_bytes=hbm_bytes, intensity=float(flops) / hbm_bytes)
+''',
+]
+WRONG["q3_2_attention_cost"] = [
+    ("FLOPs counted as multiply-adds",
+     _mutate("q3_2_attention_cost", ("flops = 2 * (2 * batch * heads * seq_len * seq_len * head_dim)",
+                                     "flops = 2 * batch * heads * seq_len * seq_len * head_dim"))),
+    ("score matrix size without the heads",
+     _mutate("q3_2_attention_cost", ("score_bytes = score_round_trips * 2 * batch * heads * seq_len * seq_len * bytes_per_element",
+                                     "score_bytes = score_round_trips * 2 * batch * seq_len * seq_len * bytes_per_element"))),
+]
+
+ALTERNATIVES["q3_3_causal_mask"] = [
+    '''
+def causal_mask(seq_len, device=None):
+    return torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device))
+''',
+    '''
+def causal_mask(seq_len, device=None):
+    return ~torch.ones(seq_len, seq_len, device=device).triu(diagonal=1).bool()
+''',
+]
+WRONG["q3_3_causal_mask"] = [
+    ("diagonal excluded (a query cannot see itself)",
+     _mutate("q3_3_causal_mask", ("return positions[None, :] <= positions[:, None]", "return positions[None, :] < positions[:, None]"))),
+    ("transposed: future keys visible",
+     _mutate("q3_3_causal_mask", ("return positions[None, :] <= positions[:, None]", "return positions[None, :] >= positions[:, None]"))),
+]
+
+ALTERNATIVES["q3_4_segment_mask"] = [
+    '''
+def segment_mask(segment_ids, causal=False):
+    batch, seq_len = segment_ids.shape
+    same = torch.eq(segment_ids.unsqueeze(-1), segment_ids.unsqueeze(-2))
+    if causal:
+        same = same & torch.ones(seq_len, seq_len, dtype=torch.bool, device=segment_ids.device).tril()
+    return same.view(batch, 1, seq_len, seq_len)
+''',
+]
+WRONG["q3_4_segment_mask"] = [
+    ("causal flag ignored",
+     _mutate("q3_4_segment_mask", ("allowed = allowed & (positions[None, :] <= positions[:, None])", "pass"))),
+    ("segment OR causal instead of AND",
+     _mutate("q3_4_segment_mask", ("allowed = allowed & (positions[None, :] <= positions[:, None])",
+                                   "allowed = allowed | (positions[None, :] <= positions[:, None])"))),
+    ("no head axis: (B, S, S)",
+     _mutate("q3_4_segment_mask", ("return allowed[:, None]", "return allowed"))),
+]
+
+ALTERNATIVES["q3_5_permutation_check"] = [
+    '''
+def is_permutation_equivariant(attn_fn, q, k, v, perm, atol=1e-5):
+    # undo the permutation on the permuted run instead of applying it to the plain run
+    perm = perm.to(q.device)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(len(perm), device=perm.device)
+    permuted_run = attn_fn(*(t.index_select(1, perm) for t in (q, k, v)))
+    return bool(torch.allclose(permuted_run.index_select(1, inverse), attn_fn(q, k, v), rtol=0.0, atol=atol))
+''',
+]
+WRONG["q3_5_permutation_check"] = [
+    ("permuted run compared with the unpermuted output",
+     _mutate("q3_5_permutation_check", ("return bool((out_of_permuted - out[:, perm]).abs().max().item() <= atol)",
+                                        "return bool((out_of_permuted - out).abs().max().item() <= atol)"))),
+    ("only the queries permuted",
+     _mutate("q3_5_permutation_check", ("out_of_permuted = attn_fn(q[:, perm], k[:, perm], v[:, perm])",
+                                        "out_of_permuted = attn_fn(q[:, perm], k, v)"))),
+    ("exact equality instead of a tolerance",
+     _mutate("q3_5_permutation_check", ("return bool((out_of_permuted - out[:, perm]).abs().max().item() <= atol)",
+                                        "return bool(torch.equal(out_of_permuted, out[:, perm]))"))),
+]
+
+# ----------------------------------------------------------------------------------------------- Part 4
+ALTERNATIVES["q4_1_1_online_update"] = [
+    '''
+def online_softmax_update(running_max, running_sum, scores_block):
+    new_max = torch.max(running_max, scores_block.max(dim=-1).values)
+    old_scale = torch.exp(running_max - new_max).nan_to_num(0.0)          # -inf - -inf = nan -> 0
+    block_terms = torch.exp(scores_block - new_max.unsqueeze(-1)).nan_to_num(0.0)
+    return new_max, running_sum * old_scale + block_terms.sum(dim=-1)
+''',
+]
+WRONG["q4_1_1_online_update"] = [
+    ("running sum not rescaled when the max grows",
+     _mutate("q4_1_1_online_update", ("new_sum = running_sum * torch.exp(running_max - shift) + ", "new_sum = running_sum + "))),
+    ("rescale factor inverted: exp(new max - old max)",
+     _mutate("q4_1_1_online_update", ("running_sum * torch.exp(running_max - shift)", "running_sum * torch.exp(shift - running_max).nan_to_num(0.0)"))),
+    ("no guard for rows of -inf (NaN)",
+     _mutate("q4_1_1_online_update", ("shift = torch.where(torch.isneginf(new_max), torch.zeros_like(new_max), new_max)", "shift = new_max"))),
+]
+
+ALTERNATIVES["q4_1_2_blockwise_lse"] = [
+    '''
+def blockwise_logsumexp(x, block_size):
+    # Self-contained (no call to online_softmax_update), NaN from -inf - -inf turned into 0 afterwards.
+    m = x.new_full(x.shape[:-1], float("-inf"))
+    l = x.new_zeros(x.shape[:-1])
+    for block in torch.split(x, block_size, dim=-1):
+        m_new = torch.max(m, block.max(dim=-1).values)
+        l = l * torch.exp(m - m_new).nan_to_num(0.0) + torch.exp(block - m_new.unsqueeze(-1)).nan_to_num(0.0).sum(-1)
+        m = m_new
+    return torch.where(l > 0, m + torch.log(l), m)
+''',
+]
+WRONG["q4_1_2_blockwise_lse"] = [
+    ("log of the running sum without the max",
+     _mutate("q4_1_2_blockwise_lse", ("return running_max + torch.log(running_sum)", "return torch.log(running_sum)"))),
+    ("running sum not rescaled when the max grows",
+     _mutate("q4_1_2_blockwise_lse", ("running_sum = running_sum * torch.exp(running_max - shift) + ", "running_sum = running_sum + "))),
+    ("last, shorter block dropped",
+     _mutate("q4_1_2_blockwise_lse", ("for start in range(0, x.shape[-1], block_size):",
+                                    "for start in range(0, x.shape[-1] - block_size + 1, block_size):"))),
+]
+
+ALTERNATIVES["q4_2_tiled_forward"] = [
+    '''
+def tiled_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
+    # One (batch, head) at a time with 2-D matmuls, float64 inside, every key tile visited (masked when causal).
+    batch, seq_q, heads, head_dim = q.shape
+    seq_kv = k.shape[1]
+    q64, k64, v64 = (t.to(torch.float64) for t in (q, k, v))
+    out = torch.zeros(batch, seq_q, heads, head_dim, dtype=q.dtype, device=q.device)
+    lse = torch.zeros(batch, heads, seq_q, dtype=torch.float64, device=q.device)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(0, seq_q, block_q):
+                qi = q64[b, i:i + block_q, h] / math.sqrt(head_dim)
+                m = torch.full((qi.shape[0],), -math.inf, dtype=torch.float64, device=q.device)
+                l = torch.zeros_like(m)
+                o = torch.zeros(qi.shape[0], head_dim, dtype=torch.float64, device=q.device)
+                for j in range(0, seq_kv, block_k):
+                    s = qi @ k64[b, j:j + block_k, h].T
+                    if causal:
+                        rows = torch.arange(i, i + qi.shape[0], device=q.device)
+                        cols = torch.arange(j, j + s.shape[1], device=q.device)
+                        s = torch.where(cols[None, :] <= rows[:, None], s, -math.inf)
+                    m_new = torch.maximum(m, s.max(dim=1).values)
+                    safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                    p = torch.exp(s - safe[:, None])
+                    correction = torch.exp(m - safe)
+                    l = l * correction + p.sum(dim=1)
+                    o = o * correction[:, None] + p @ v64[b, j:j + block_k, h]
+                    m = m_new
+                out[b, i:i + block_q, h] = (o / l[:, None]).to(q.dtype)
+                lse[b, h, i:i + block_q] = m + torch.log(l)
+    return out, lse
+''',
+]
+WRONG["q4_2_tiled_forward"] = [
+    ("running output not rescaled when the max grows",
+     _mutate("q4_2_tiled_forward", ("acc = acc * rescale[..., None] + torch.einsum(", "acc = acc + torch.einsum("))),
+    ("lse without the max",
+     _mutate("q4_2_tiled_forward", ("lse[:, :, q_start:q_end] = row_max + torch.log(row_sum)",
+                                    "lse[:, :, q_start:q_end] = torch.log(row_sum)"))),
+    ("causal mask off by one (diagonal excluded)",
+     _mutate("q4_2_tiled_forward", ("scores = scores.masked_fill(cols > rows, float(\"-inf\"))",
+                                    "scores = scores.masked_fill(cols >= rows, float(\"-inf\"))"))),
+    ("materializes the whole S x S matrix (correct values)",
+     '''
+def tiled_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
+    scores = torch.einsum("bshd,bthd->bhst", q.float(), k.float()) / math.sqrt(q.shape[-1])
+    if causal:
+        visible = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.einsum("bhst,bthd->bshd", torch.exp(scores - lse[..., None]), v.float())
+    return out.to(q.dtype), lse
+'''),
+    ("scores not scaled by 1/sqrt(D)",
+     _mutate("q4_2_tiled_forward", ("scale = 1.0 / math.sqrt(head_dim)", "scale = 1.0"))),
+]
+
+ALTERNATIVES["q4_3_triton_forward"] = [
+    '''
+@triton.jit
+def _flash_attention_forward_kernel(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_ob, stride_os, stride_oh, stride_od,
+    stride_lb, stride_lh, stride_ls,
+    num_heads, seq_len_q, seq_len_kv, head_dim, scale,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # Base-2 exponentials (as in Triton's tutorial), loads as blocks of (BLOCK_N, BLOCK_D) then transposed.
+    log2e = 1.4426950408889634
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_b = off_bh // num_heads
+    off_h = off_bh - off_b * num_heads
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    q = tl.load(Q + off_b * stride_qb + off_h * stride_qh + rows[:, None] * stride_qs + dims[None, :] * stride_qd,
+                mask=(rows[:, None] < seq_len_q) & (dims[None, :] < head_dim), other=0.0)
+    m = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    qk_scale = scale * log2e
+    for start_n in range(0, seq_len_kv, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = (cols[:, None] < seq_len_kv) & (dims[None, :] < head_dim)
+        k = tl.load(K + off_b * stride_kb + off_h * stride_kh + cols[:, None] * stride_ks + dims[None, :] * stride_kd,
+                    mask=kv_mask, other=0.0)
+        v = tl.load(V + off_b * stride_vb + off_h * stride_vh + cols[:, None] * stride_vs + dims[None, :] * stride_vd,
+                    mask=kv_mask, other=0.0)
+        s2 = tl.dot(q, tl.trans(k)) * qk_scale
+        keep = cols[None, :] < seq_len_kv
+        if CAUSAL:
+            keep = keep & (rows[:, None] >= cols[None, :])
+        s2 = tl.where(keep, s2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s2, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        correction = tl.exp2(m - m_safe)
+        p = tl.exp2(s2 - m_safe[:, None])
+        l = l * correction + tl.sum(p, 1)
+        acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    o = acc / l[:, None]
+    tl.store(O + off_b * stride_ob + off_h * stride_oh + rows[:, None] * stride_os + dims[None, :] * stride_od,
+             o.to(O.dtype.element_ty), mask=(rows[:, None] < seq_len_q) & (dims[None, :] < head_dim))
+    tl.store(LSE + off_b * stride_lb + off_h * stride_lh + rows * stride_ls, (m + tl.log2(l)) / log2e,
+             mask=rows < seq_len_q)
+
+
+def triton_attention_forward(q, k, v, causal=False):
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    batch, seq_q, heads, head_dim = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, heads, seq_q, device=q.device, dtype=torch.float32)
+    block_m, block_n = 32, 32
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    _flash_attention_forward_kernel[(triton.cdiv(seq_q, block_m), batch * heads)](
+        q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+        heads, seq_q, k.shape[1], head_dim, head_dim ** -0.5,
+        CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d)
+    return out, lse
+''',
+]
+WRONG["q4_3_triton_forward"] = [
+    ("running output not rescaled (alpha missing on acc)",
+     _mutate("q4_3_triton_forward", ("acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)", "acc = acc + tl.dot(p.to(v.dtype), v)"))),
+    ("lse stored without the max",
+     _mutate("q4_3_triton_forward", ("m_i + tl.log(l_i), mask=offs_m < seq_len_q)", "tl.log(l_i), mask=offs_m < seq_len_q)"))),
+    ("causal mask off by one (diagonal excluded)",
+     _mutate("q4_3_triton_forward", ("visible = visible & (cols[None, :] <= offs_m[:, None])", "visible = visible & (cols[None, :] < offs_m[:, None])"))),
+    ("keys past the end not masked",
+     _mutate("q4_3_triton_forward", ("visible = cols[None, :] < seq_len_kv\n", "visible = cols[None, :] >= 0\n"))),
+]
+
+ALTERNATIVES["b4_4_flash_backward"] = [
+    '''
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=64, block_k=64):
+    # Query tiles outside, key tiles inside; float64 throughout; (B, H, S, D) views.
+    scale = q.shape[-1] ** -0.5
+    qh, kh, vh, oh, doh = (t.transpose(1, 2).to(torch.float64) for t in (q, k, v, out, grad_out))
+    lse64 = lse.to(torch.float64)
+    delta = (doh * oh).sum(-1)
+    dq, dk, dv = torch.zeros_like(qh), torch.zeros_like(kh), torch.zeros_like(vh)
+    seq_q, seq_kv = qh.shape[2], kh.shape[2]
+    for i in range(0, seq_q, block_q):
+        qi, doi = qh[:, :, i:i + block_q], doh[:, :, i:i + block_q]
+        for j in range(0, seq_kv, block_k):
+            if causal and j > i + qi.shape[2] - 1:
+                break
+            kj, vj = kh[:, :, j:j + block_k], vh[:, :, j:j + block_k]
+            s = qi @ kj.transpose(-1, -2) * scale
+            if causal:
+                rows = torch.arange(i, i + qi.shape[2], device=q.device)[:, None]
+                cols = torch.arange(j, j + kj.shape[2], device=q.device)[None, :]
+                s = torch.where(cols <= rows, s, torch.tensor(-math.inf, dtype=s.dtype, device=s.device))
+            p = torch.exp(s - lse64[:, :, i:i + block_q, None])
+            dv[:, :, j:j + block_k] += p.transpose(-1, -2) @ doi
+            ds = p * (doi @ vj.transpose(-1, -2) - delta[:, :, i:i + block_q, None])
+            dq[:, :, i:i + block_q] += ds @ kj * scale
+            dk[:, :, j:j + block_k] += ds.transpose(-1, -2) @ qi * scale
+    return tuple(g.transpose(1, 2).to(t.dtype) for g, t in ((dq, q), (dk, k), (dv, v)))
+''',
+]
+WRONG["b4_4_flash_backward"] = [
+    ("softmax backward without delta (dS = P * dP)",
+     _mutate("b4_4_flash_backward", ("dscores = probs * (dprobs - delta[:, :, q_start:q_end, None])", "dscores = probs * dprobs"))),
+    ("dq and dk not scaled by 1/sqrt(D)",
+     _mutate("b4_4_flash_backward", ('dq[:, :, q_start:q_end] += torch.einsum("bhst,bthd->bhsd", dscores, k_tile) * scale',
+                                     'dq[:, :, q_start:q_end] += torch.einsum("bhst,bthd->bhsd", dscores, k_tile)'),
+             ('dk[:, :, k_start:k_end] += torch.einsum("bhst,bshd->bhtd", dscores, q_tile) * scale',
+              'dk[:, :, k_start:k_end] += torch.einsum("bhst,bshd->bhtd", dscores, q_tile)'))),
+    ("materializes the whole S x S probability matrix (correct values)",
+     '''
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=64, block_k=64):
+    cdt = torch.promote_types(q.dtype, torch.float32)
+    qc, kc, vc, oc, doc = (t.to(cdt) for t in (q, k, v, out, grad_out))
+    scores = torch.einsum("bshd,bthd->bhst", qc, kc) / math.sqrt(q.shape[-1])
+    if causal:
+        scores = scores.masked_fill(~torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    probs = torch.exp(scores - lse.to(cdt)[..., None])
+    dv = torch.einsum("bhst,bshd->bthd", probs, doc)
+    dprobs = torch.einsum("bshd,bthd->bhst", doc, vc)
+    dscores = probs * (dprobs - (doc * oc).sum(-1).transpose(1, 2)[..., None]) / math.sqrt(q.shape[-1])
+    dq = torch.einsum("bhst,bthd->bshd", dscores, kc)
+    dk = torch.einsum("bhst,bshd->bthd", dscores, qc)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+'''),
+]
+
+# ----------------------------------------------------------------------------------------------- Part 5
+ALTERNATIVES["q5_1_benchmark_attention"] = [
+    '''
+def benchmark_attention(attn_fn, batch_size, seq_len, d_model, *, dtype=torch.float32, device=DEVICE,
+                        backward=True, n_warmup=3, n_repeat=10):
+    # Own OOM handling; CUDA events on a GPU for the backward.
+    nan = float("nan")
+    device = torch.device(device)
+    oom_types = (torch.cuda.OutOfMemoryError, MemoryError)
+    try:
+        q = torch.randn(batch_size, seq_len, 1, d_model, dtype=dtype, device=device, requires_grad=backward)
+        k = torch.randn_like(q, requires_grad=backward)
+        v = torch.randn_like(q, requires_grad=backward)
+        forward_ms = benchmark_latency(attn_fn, q, k, v, n_warmup=n_warmup, n_repeat=n_repeat)
+        backward_ms = nan
+        if backward:
+            grad_out = torch.randn_like(q)
+            samples = []
+            for index in range(n_warmup + n_repeat):
+                out = attn_fn(q, k, v)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    torch.autograd.grad(out, [q, k, v], grad_out)
+                    end.record()
+                    torch.cuda.synchronize()
+                    elapsed_ms = start.elapsed_time(end)
+                else:
+                    t0 = time.perf_counter()
+                    torch.autograd.grad(out, [q, k, v], grad_out)
+                    elapsed_ms = (time.perf_counter() - t0) * 1000
+                if index >= n_warmup:
+                    samples.append(elapsed_ms)
+            backward_ms = float(statistics.median(samples))
+            step = lambda q, k, v: torch.autograd.grad(attn_fn(q, k, v), [q, k, v], grad_out)
+        else:
+            step = attn_fn
+        peak_gb = benchmark_memory(step, q, k, v, n_warmup=1, n_repeat=1)[0]
+    except oom_types:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return {"status": "oom", "forward_ms": nan, "backward_ms": nan, "peak_memory_gb": nan}
+    return {"status": "ok", "forward_ms": float(forward_ms), "backward_ms": float(backward_ms),
+            "peak_memory_gb": float(peak_gb)}
+''',
+]
+WRONG["q5_1_benchmark_attention"] = [
+    ("every exception reported as 'oom'",
+     _mutate("q5_1_benchmark_attention", ("    status, result = run_oom_safe(measure)\n",
+                                          "    try:\n        status, result = 'ok', measure()\n    except Exception:\n        status, result = 'oom', None\n"))),
+    ("(B, 1, S, D) layout: heads before the sequence",
+     _mutate("q5_1_benchmark_attention", ("shape = (batch_size, seq_len, 1, d_model)", "shape = (batch_size, 1, seq_len, d_model)"))),
+    ("backward flag ignored: always runs the backward pass",
+     _mutate("q5_1_benchmark_attention", ("        if not backward:\n            peak_gb",
+                                          "        if False:\n            peak_gb"),
+             ("requires_grad=backward)", "requires_grad=True)"))),
+]
