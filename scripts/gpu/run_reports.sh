@@ -4,6 +4,7 @@
 #   utils      scripts/gpu/check_utils_gpu.py   (benchmark_latency vs do_bench, measure_roofline, kernel counts)
 #   measure    scripts/gpu/lab1_measure.py      (Lab 1's measurements beside theory, and the report's sanity checks)
 #   labN       scripts/gpu/run_lab.py labN      (teaching-scale run of the reference notebook + autograde timing)
+#   lab2bench  scripts/gpu/lab2_bench.py        (Lab 2 cell by cell at teaching scale: its report.md, tables, figures)
 # Prepare here first: bash scripts/gpu/gather_wheels.sh   (carry: [".whl"])
 # Example device command: bash scripts/gpu/run_reports.sh utils measure lab1
 set -u
@@ -19,6 +20,7 @@ for step in "$@"; do
   case "$step" in
     utils)   python3 scripts/gpu/check_utils_gpu.py --out "$RESULTS" 2>&1 | tee "$RESULTS/utils_check.log" ;;
     measure) python3 scripts/gpu/lab1_measure.py --out "$RESULTS" 2>&1 | tee "$RESULTS/lab1_measure.log" ;;
+    lab2bench) python3 scripts/gpu/lab2_bench.py --out "$RESULTS/lab2" 2>&1 | tee "$RESULTS/lab2_bench.log" ;;
     lab*)    python3 scripts/gpu/run_lab.py "$step" --out "$RESULTS" 2>&1 | tee "$RESULTS/${step}_run.log" ;;
     *)       echo "unknown step $step" ;;
   esac
