@@ -13,9 +13,9 @@ if _REPO not in sys.path:
 
 from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor  # noqa: E402
 from nbgrader.preprocessors import (  # noqa: E402
-    AssignLatePenalties, CheckCellMetadata, Execute, GetGrades, IgnorePattern, LimitOutput, SaveAutoGrades,
+    AssignLatePenalties, CheckCellMetadata, GetGrades, IgnorePattern, LimitOutput, SaveAutoGrades,
 )
-from course.nbgrader_ext import DropTestResults, StripHiddenTests  # noqa: E402
+from course.nbgrader_ext import DropTestResults, GuardedExecute, StripHiddenTests  # noqa: E402
 
 c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this file)
 
@@ -32,12 +32,15 @@ c.Execute.interrupt_on_timeout = True
 c.IgnorePattern.enabled = True
 c.IgnorePattern.pattern = r"(?s).*"
 
-# nbgrader's autograde pipeline, with DropTestResults before scoring: a number that student code shows as a test
-# cell's result must not be read as partial credit.
+# nbgrader's autograde pipeline with two changes. GuardedExecute runs the notebook with the grading guard, keeps
+# the points earned before a dead kernel or the notebook time limit (EFFICIENT_AI_NOTEBOOK_TIMEOUT_S), and keeps
+# hidden tests out of the kernel's history (docs/SECURITY.md). DropTestResults runs before scoring: a number that
+# student code shows as a test cell's result must not be read as partial credit.
 c.Autograde.autograde_preprocessors = [
-    Execute, IgnorePattern, DropTestResults, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
+    GuardedExecute, IgnorePattern, DropTestResults, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
     AssignLatePenalties, CheckCellMetadata,
 ]
 
 # Feedback never shows hidden test source, nor what test cells printed.
 c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, StripHiddenTests]
+

@@ -1,10 +1,25 @@
 """nbgrader preprocessors of our own, named in ``nbgrader_config.py``."""
 from __future__ import annotations
 
-from nbgrader.preprocessors import NbGraderPreprocessor
-from nbgrader.utils import is_grade, is_solution
+import ast
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+
+from nbformat.notebooknode import NotebookNode
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+from nbgrader.utils import is_grade, is_locked, is_solution
 
 from .notebooks import HIDDEN_BEGIN, HIDDEN_END
+
+GUARD_SOURCE = Path(__file__).with_name("guard_kernel.py")
+GRADING_REPORT = "grading_report.json"  # written beside each autograded notebook
+DEFAULT_NOTEBOOK_TIMEOUT_S = 600
 
 
 def _is_test_cell(cell) -> bool:
@@ -58,3 +73,144 @@ class StripHiddenTests(NbGraderPreprocessor):
                 outputs.append(out)
         cell.outputs = outputs
         return cell, resources
+
+
+def _error_output(ename: str, evalue: str) -> NotebookNode:
+    return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
+
+
+class GuardedExecute(Execute):
+    """nbgrader's Execute, with the grading guard, partial credit after a dead kernel, and a notebook time limit.
+
+    - Before any notebook cell, the guard (``course/guard_kernel.py``) is installed in the fresh kernel. Around
+      every autograded test cell the grader asks it, through ``user_expressions`` (no input transformers, no
+      hooks), whether student code replaced anything the tests rely on; answers are signed with a key only the
+      grader holds. Anything replaced is put back and the test cell gets a ``GradingIntegrityError``: it scores
+      zero, and the cells after it are graded on an honest environment. A guard that no longer answers correctly
+      fails every later test cell (fail closed).
+    - Test cells run outside IPython's history, and their source is dropped from ``linecache`` afterwards, so
+      later student cells cannot read hidden tests back from ``In``, ``_ih`` or ``linecache``.
+    - A dead kernel (``os._exit``, a segfault, the out-of-memory killer) or the notebook time limit
+      (``EFFICIENT_AI_NOTEBOOK_TIMEOUT_S``, default 600 s) stops execution; the cells already run keep their
+      results, every later test cell gets an error saying why it did not run, and nbgrader scores the notebook.
+
+    What happened is written to ``grading_report.json`` beside the autograded notebook.
+    """
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._guard_key: bytes | None = None
+        self._guard_broken = ""
+        self._stopped = ""
+        self._integrity: dict[str, list[str]] = {}
+        timeout_s = float(os.environ.get("EFFICIENT_AI_NOTEBOOK_TIMEOUT_S", DEFAULT_NOTEBOOK_TIMEOUT_S))
+        self._deadline = time.monotonic() + timeout_s
+        self._timeout_s = timeout_s
+        try:
+            return super().preprocess(nb, resources, km)
+        finally:
+            self._write_report(resources)
+
+    # -- the guard protocol -------------------------------------------------------------------------------------
+    async def _async_request(self, code: str, expression: str | None) -> dict | None:
+        msg_id = self.kc.execute(code, silent=True, store_history=False, allow_stdin=False,
+                                 user_expressions={"guard": expression} if expression else None)
+        return await self.async_wait_for_reply(msg_id)
+
+    def _request(self, code: str, expression: str | None = None) -> dict | None:
+        from nbclient.util import run_sync
+
+        return run_sync(self._async_request)(code, expression)
+
+    def _guard_value(self, reply: dict | None) -> str | None:
+        try:
+            value = reply["content"]["user_expressions"]["guard"]
+            if value.get("status") != "ok":
+                return None
+            return ast.literal_eval(value["data"]["text/plain"])
+        except (KeyError, TypeError, ValueError, SyntaxError):
+            return None
+
+    def _install_guard(self) -> None:
+        source = GUARD_SOURCE.read_text() + "\n_efficient_ai_guard = _efficient_ai_guard_install()\ndel _efficient_ai_guard_install\n"
+        reply = self._request(source)
+        if not reply or reply["content"].get("status") != "ok":
+            self._guard_broken = "the grading guard could not be installed in the kernel"
+            return
+        key = self._guard_value(self._request("", "_efficient_ai_guard('key')"))
+        if not key:
+            self._guard_broken = "the grading guard could not be installed in the kernel"
+            return
+        self._guard_key = bytes.fromhex(key)
+
+    def _guard(self, command: str) -> list[str] | None:
+        """Run a guard command; its findings (a list), or None when its answer cannot be trusted."""
+        if self._guard_key is None:
+            return None
+        nonce = secrets.token_hex(16)
+        value = self._guard_value(self._request("", f"_efficient_ai_guard({command!r}, {nonce!r})"))
+        payload, _, signature = (value or "").rpartition("|")
+        expected = hmac.new(self._guard_key, f"{nonce}|{payload}".encode(), hashlib.sha256).hexdigest()
+        if not value or not hmac.compare_digest(signature, expected):
+            self._guard_key = None
+            self._guard_broken = ("the grading guard stopped answering correctly (student code removed or replaced "
+                                  "it); every later test cell scores zero")
+            return None
+        return json.loads(payload) if command in ("check", "restore") else []
+
+    # -- cells --------------------------------------------------------------------------------------------------
+    def preprocess_cell(self, cell, resources, index):
+        self._check_assign_resources(resources)
+        if self._guard_key is None and not self._guard_broken and not self._stopped:
+            self._install_guard()
+        is_test = _is_test_cell(cell)
+        is_setup = cell.cell_type == "code" and is_locked(cell) and not is_grade(cell) and not is_solution(cell)
+        if self._stopped:
+            if is_test:
+                cell.outputs = [_error_output("NotRun", self._stopped)]
+            return cell, self.resources
+        if cell.cell_type != "code":
+            return cell, self.resources
+        found: list[str] = []
+        if is_test:
+            found += self._findings_or_broken("restore")
+        elif is_setup:
+            self._guard("mark")
+        from nbclient.exceptions import DeadKernelError
+
+        try:
+            cell = self.execute_cell(cell, index, store_history=not is_test)
+        except DeadKernelError:
+            self._stopped = (f"the kernel died in cell {index} (os._exit, a segfault or the out-of-memory killer); "
+                             "cells after it were not run")
+            cell.outputs.append(_error_output("DeadKernelError", self._stopped))
+            return cell, self.resources
+        if is_test:
+            found += self._findings_or_broken("restore")
+            self._guard("forget")
+        elif is_setup:
+            self._guard("adopt")
+        if found:
+            found = sorted(set(found))
+            self._integrity[cell.metadata.get("nbgrader", {}).get("grade_id", str(index))] = found
+            cell.outputs.append(_error_output(
+                "GradingIntegrityError",
+                "this test does not count: student code changed what the tests rely on (" + "; ".join(found) +
+                "). The change was undone for the cells after this one."))
+        if time.monotonic() > self._deadline:
+            self._stopped = (f"the notebook exceeded its time limit of {self._timeout_s:.0f} s "
+                             f"(EFFICIENT_AI_NOTEBOOK_TIMEOUT_S) after cell {index}; cells after it were not run")
+        return cell, self.resources
+
+    def _findings_or_broken(self, command: str) -> list[str]:
+        findings = self._guard(command)
+        return [self._guard_broken] if findings is None else findings
+
+    def _write_report(self, resources) -> None:
+        folder = ((resources or {}).get("metadata") or {}).get("path")
+        if not folder:
+            return
+        report = {"stopped": self._stopped, "guard": self._guard_broken, "integrity": self._integrity}
+        try:
+            (Path(folder) / GRADING_REPORT).write_text(json.dumps(report, indent=1))
+        except OSError:
+            pass

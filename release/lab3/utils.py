@@ -65,6 +65,7 @@ __all__ = [
     "count_cuda_kernels",
     "run_oom_safe",
     "record_torch_calls",
+    "plain_value",
     # 4. attention backends
     "ATTENTION_BACKEND",
     "flash_attn_func",
@@ -1091,6 +1092,47 @@ def record_torch_calls():
     names: set = set()
     with _Recorder(names):
         yield names
+
+
+_PLAIN_TYPES = {  # kind -> (accepted exact types, how a message names them)
+    "int": ((int,), "a Python int"),
+    "integer": ((int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64),
+                "a Python or NumPy integer"),
+    "real": ((int, float, np.int32, np.int64, np.float16, np.float32, np.float64), "a Python or NumPy number"),
+    "tensor": ((torch.Tensor,), "a torch.Tensor"),
+    "dict": ((dict,), "a dict"),
+}
+
+
+def plain_value(value, kind, what):
+    """Return ``value`` as a plain Python ``int``/``float``, or the plain ``torch.Tensor``/``dict`` it is; else fail.
+
+    Tests pass a student's result through this before comparing it, so that an object whose comparisons lie
+    (a subclass of ``int`` whose ``__eq__`` is always true, a tensor subclass with its own ``__torch_function__``,
+    a ``dict`` subclass) fails with a clear message instead of passing. The type check is exact: subclasses are
+    refused, and ``bool`` is not a number.
+
+    Args:
+        value: what the student's code returned.
+        kind: ``"int"`` (a Python ``int``), ``"integer"`` (also a NumPy integer scalar), ``"real"`` (a Python or
+            NumPy int or float), ``"tensor"`` (a ``torch.Tensor``) or ``"dict"``.
+        what: the name shown in the message, e.g. ``"gemm_mac(x, y)"``.
+
+    Returns:
+        ``int`` for ``"int"``/``"integer"``, ``float`` for ``"real"``, the object itself otherwise.
+
+    Raises:
+        AssertionError: ``value`` is not exactly of an accepted type.
+    """
+    accepted, described = _PLAIN_TYPES[kind]
+    if type(value) not in accepted:
+        raise AssertionError(f"{what} must be {described} (not a subclass), got "
+                             f"{type(value).__module__}.{type(value).__qualname__}")
+    if kind in ("int", "integer"):
+        return int(value)
+    if kind == "real":
+        return float(value)
+    return value
 
 
 # =====================================================================================================
