@@ -17,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -817,3 +818,40 @@ def test_record_torch_calls_sees_every_spelling_of_a_call():
     with utils.record_torch_calls() as called:
         _ = a + 1.0
     assert not {"matmul", "gelu"} & called, "nothing that was not called may be recorded"
+
+
+class _AlwaysEqualInt(int):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+
+
+class _LyingTensor(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return torch.zeros(())  # every operation "agrees"
+
+
+@pytest.mark.parametrize("value, kind, expected", [
+    (3, "int", 3), (np.int64(4), "integer", 4), (7, "integer", 7), (2, "real", 2.0), (np.float32(0.5), "real", 0.5),
+    (1.25, "real", 1.25),
+])
+def test_plain_value_accepts_plain_numbers_and_converts_them(value, kind, expected):
+    got = utils.plain_value(value, kind, "x")
+    assert got == expected and type(got) is type(expected), f"plain_value({value!r}, {kind!r}) must give {expected!r}, got {got!r}"
+
+
+@pytest.mark.parametrize("value, kind", [
+    (_AlwaysEqualInt(3), "int"), (True, "int"), (np.int64(3), "int"), (True, "real"), ("3", "real"),
+    (torch.nn.Parameter(torch.zeros(2)), "tensor"), (torch.zeros(2).as_subclass(_LyingTensor), "tensor"),
+    (np.zeros(2), "tensor"), (type("D", (dict,), {})(), "dict"),
+])
+def test_plain_value_refuses_subclasses_and_other_types(value, kind):
+    with pytest.raises(AssertionError, match="must be .* got"):
+        utils.plain_value(value, kind, "answer")
+
+
+def test_plain_value_returns_the_same_tensor_and_dict():
+    t, d = torch.ones(2), {1: 2.0}
+    assert utils.plain_value(t, "tensor", "t") is t and utils.plain_value(d, "dict", "d") is d
