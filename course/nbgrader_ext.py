@@ -41,17 +41,72 @@ class DropTestResults(NbGraderPreprocessor):
         return cell, resources
 
 
-class StripHiddenTests(NbGraderPreprocessor):
-    """Keep hidden tests out of feedback HTML: their source, and anything the test cell printed.
+def hidden_test_lines(source: str) -> list[str]:
+    """The lines between the hidden-test markers of a cell's source."""
+    lines, inside = [], False
+    for line in source.splitlines():
+        stripped = line.strip()
+        if stripped == HIDDEN_BEGIN:
+            inside = True
+        elif stripped == HIDDEN_END:
+            inside = False
+        elif inside:
+            lines.append(line)
+    return lines
 
-    A hidden test region becomes a one-line note. A test cell keeps only its error's name and message (our
-    assertion messages, written for students), so a student's code cannot print the hidden test source into
-    the feedback by inspecting its caller. Instructors who want tests shown set
-    ``c.StripHiddenTests.enabled = False``.
+
+def _squeeze(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+class StripHiddenTests(NbGraderPreprocessor):
+    """Keep hidden tests out of feedback HTML: their source, and any output that quotes them.
+
+    - A hidden test region becomes a one-line note.
+    - A test cell keeps only its error's name and message (our assertion messages, written for students),
+      shortened to ``max_message_chars``; its printed output and traceback are dropped.
+    - In every cell, any output line that quotes a line of hidden test source (compared without whitespace,
+      for source lines of at least ``min_quoted_chars`` characters) is replaced by a note, so student code that
+      copied hidden test text during grading cannot print it into the feedback later.
+
+    Instructors who want tests shown set ``c.StripHiddenTests.enabled = False``.
     """
 
+    max_message_chars = 500
+    min_quoted_chars = 12
+
+    def preprocess(self, nb, resources):
+        hidden = {_squeeze(line) for cell in nb.cells if _is_test_cell(cell) for line in hidden_test_lines(cell.source)}
+        self._hidden = sorted((h for h in hidden if len(h) >= self.min_quoted_chars), key=len)
+        return super().preprocess(nb, resources)
+
+    def _redact(self, text: str) -> str:
+        if not self._hidden or not isinstance(text, str):
+            return text
+        kept = []
+        for line in text.splitlines(keepends=True):
+            squeezed = _squeeze(line)
+            if len(squeezed) >= self.min_quoted_chars and any(h in squeezed for h in self._hidden):
+                line = "[a line quoting hidden test source was removed from feedback]\n"
+            kept.append(line)
+        return "".join(kept)
+
+    def _redact_output(self, out) -> None:
+        if "text" in out:
+            out["text"] = self._redact("".join(out["text"]) if isinstance(out["text"], list) else out["text"])
+        for mime, value in list(out.get("data", {}).items()):
+            if mime.startswith("text/") or mime in ("application/json", "image/svg+xml"):
+                out["data"][mime] = self._redact("".join(value) if isinstance(value, list) else value)
+        if out.get("output_type") == "error":
+            out["evalue"] = self._redact(str(out.get("evalue", "")))
+            out["traceback"] = [self._redact(line) for line in out.get("traceback", [])]
+
     def preprocess_cell(self, cell, resources, cell_index):
+        if cell.cell_type != "code":
+            return cell, resources
         if not _is_test_cell(cell):
+            for out in cell.get("outputs", []):
+                self._redact_output(out)
             return cell, resources
         if HIDDEN_BEGIN in cell.source:
             kept, inside = [], False
@@ -69,7 +124,11 @@ class StripHiddenTests(NbGraderPreprocessor):
         outputs = []
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
-                out["traceback"] = [f"{out.get('ename', 'Error')}: {out.get('evalue', '')}"]
+                message = str(out.get("evalue", ""))
+                if len(message) > self.max_message_chars:
+                    message = message[: self.max_message_chars] + " [...]"
+                out["evalue"] = self._redact(message)
+                out["traceback"] = [f"{out.get('ename', 'Error')}: {out['evalue']}"]
                 outputs.append(out)
         cell.outputs = outputs
         return cell, resources

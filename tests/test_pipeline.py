@@ -191,11 +191,24 @@ def scale(x, factor_per_unit):
     print("UserWarning: a library warning on stderr", file=sys.stderr)
     return x * factor_per_unit'''
 PRINTING_ADD = '''import inspect
+import linecache
 
 def add(a, b):
     for frame in inspect.stack()[1:3]:
-        print(frame.frame.f_globals.get("_ih", [""])[-1])  # the source of the running test cell
+        print("".join(linecache.getlines(frame.filename)))  # the source of the running test cell
     return a + b'''
+STASHING_ADD = '''import inspect
+import linecache
+
+_seen = []
+
+def add(a, b):
+    _seen.extend("".join(linecache.getlines(frame.filename)) for frame in inspect.stack()[1:3])
+    return a + b'''
+PRINTING_SCALE = '''print("\\n".join(_seen))  # hidden test source copied while add() ran under the tests
+
+def scale(x, factor_per_unit):
+    return x * factor_per_unit'''
 
 
 def test_grading_ignores_spoofed_results_and_stderr_and_feedback_hides_tests(built_root, tmp_path):
@@ -209,6 +222,7 @@ def test_grading_ignores_spoofed_results_and_stderr_and_feedback_hides_tests(bui
         "spoofer": replace_cell_source(reference, "q1_1_add", SPOOF_ADD),
         "noisy": replace_cell_source(reference, "q1_2_scale", NOISY_SCALE),
         "printer": replace_cell_source(reference, "q1_1_add", PRINTING_ADD),
+        "stasher": replace_cell_source(replace_cell_source(reference, "q1_1_add", STASHING_ADD), "q1_2_scale", PRINTING_SCALE),
     }
     for student, nb in submissions.items():
         write_notebook(nb, course / "submitted" / student / LAB / f"{LAB}.ipynb")
@@ -216,12 +230,13 @@ def test_grading_ignores_spoofed_results_and_stderr_and_feedback_hides_tests(bui
     assert all(o.status == "ok" for o in outcomes.values()), outcomes
     assert scores["spoofer"].cells["q1_1_add_tests"].score == 0, "a result shown by student code is not partial credit"
     assert scores["noisy"].cells["q1_2_scale_tests"].score == 2, "stderr output inside a passing test costs nothing"
-    assert scores["printer"].autograded_score() == 6
-    printed = read_notebook(course / "autograded" / "printer" / LAB / f"{LAB}.ipynb")
-    assert "add(-40, 17)" in json.dumps([c.get("outputs", []) for c in printed.cells]), \
-        "control: the printer's output does carry hidden test source before feedback strips it"
+    assert scores["printer"].autograded_score() == 6 and scores["stasher"].autograded_score() == 6
+    for student in ("printer", "stasher"):
+        printed = read_notebook(course / "autograded" / student / LAB / f"{LAB}.ipynb")
+        assert "add(-40, 17)" in json.dumps([c.get("outputs", []) for c in printed.cells]), \
+            f"control: the {student}'s output does carry hidden test source before feedback strips it"
     files = generate_feedback(course, LAB)
-    assert len(files) == 3
+    assert len(files) == 4
     for html in files:
         text = html.read_text()
         assert "add(-40, 17)" not in text and "3.625" not in text, f"{html}: hidden test source leaked into feedback"
