@@ -835,7 +835,7 @@ class _LyingTensor(torch.Tensor):
 
 @pytest.mark.parametrize("value, kind, expected", [
     (3, "int", 3), (np.int64(4), "integer", 4), (7, "integer", 7), (2, "real", 2.0), (np.float32(0.5), "real", 0.5),
-    (1.25, "real", 1.25),
+    (1.25, "real", 1.25), (torch.tensor(2.5, dtype=torch.float64), "real", 2.5),
 ])
 def test_plain_value_accepts_plain_numbers_and_converts_them(value, kind, expected):
     got = utils.plain_value(value, kind, "x")
@@ -845,7 +845,7 @@ def test_plain_value_accepts_plain_numbers_and_converts_them(value, kind, expect
 @pytest.mark.parametrize("value, kind", [
     (_AlwaysEqualInt(3), "int"), (True, "int"), (np.int64(3), "int"), (True, "real"), ("3", "real"),
     (torch.nn.Parameter(torch.zeros(2)), "tensor"), (torch.zeros(2).as_subclass(_LyingTensor), "tensor"),
-    (np.zeros(2), "tensor"), (type("D", (dict,), {})(), "dict"),
+    (np.zeros(2), "tensor"), (type("D", (dict,), {})(), "dict"), (torch.ones(2), "real"),
 ])
 def test_plain_value_refuses_subclasses_and_other_types(value, kind):
     with pytest.raises(AssertionError, match="must be .* got"):
@@ -853,5 +853,9 @@ def test_plain_value_refuses_subclasses_and_other_types(value, kind):
 
 
 def test_plain_value_returns_the_same_tensor_and_dict():
+    import collections
+
     t, d = torch.ones(2), {1: 2.0}
     assert utils.plain_value(t, "tensor", "t") is t and utils.plain_value(d, "dict", "d") is d
+    for other in (collections.OrderedDict(d), collections.defaultdict(float, d)):
+        assert utils.plain_value(other, "dict", "d") is other, f"{type(other).__name__} is a correct dict answer"

@@ -19,6 +19,7 @@ Everything runs on CPU and on CUDA. transformers is imported only when a model h
 ``import utils`` costs little more than ``import torch`` and matplotlib.
 """
 
+import collections
 import contextlib
 import difflib
 import gc
@@ -1098,9 +1099,10 @@ _PLAIN_TYPES = {  # kind -> (accepted exact types, how a message names them)
     "int": ((int,), "a Python int"),
     "integer": ((int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64),
                 "a Python or NumPy integer"),
-    "real": ((int, float, np.int32, np.int64, np.float16, np.float32, np.float64), "a Python or NumPy number"),
+    "real": ((int, float, np.int32, np.int64, np.float16, np.float32, np.float64, torch.Tensor),
+             "a Python or NumPy number (or a one-element torch.Tensor)"),
     "tensor": ((torch.Tensor,), "a torch.Tensor"),
-    "dict": ((dict,), "a dict"),
+    "dict": ((dict, collections.OrderedDict, collections.defaultdict), "a dict"),
 }
 
 
@@ -1115,7 +1117,8 @@ def plain_value(value, kind, what):
     Args:
         value: what the student's code returned.
         kind: ``"int"`` (a Python ``int``), ``"integer"`` (also a NumPy integer scalar), ``"real"`` (a Python or
-            NumPy int or float), ``"tensor"`` (a ``torch.Tensor``) or ``"dict"``.
+            NumPy int or float, or a one-element ``torch.Tensor``), ``"tensor"`` (a ``torch.Tensor``) or ``"dict"``
+            (a ``dict``, ``OrderedDict`` or ``defaultdict``).
         what: the name shown in the message, e.g. ``"gemm_mac(x, y)"``.
 
     Returns:
@@ -1131,6 +1134,10 @@ def plain_value(value, kind, what):
     if kind in ("int", "integer"):
         return int(value)
     if kind == "real":
+        if type(value) is torch.Tensor:
+            if value.numel() != 1:
+                raise AssertionError(f"{what} must be a number, got a tensor of shape {tuple(value.shape)}")
+            return float(value.item())
         return float(value)
     return value
 
