@@ -56,7 +56,8 @@ def hidden_test_lines(source: str) -> list[str]:
 
 
 def _squeeze(text: str) -> str:
-    return re.sub(r"\s+", "", text)
+    """``text`` without ANSI colour codes and whitespace (how hidden-test lines are matched in outputs)."""
+    return re.sub(r"\s+", "", re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text))
 
 
 class StripHiddenTests(NbGraderPreprocessor):
@@ -153,7 +154,8 @@ class GuardedExecute(Execute):
       (``EFFICIENT_AI_NOTEBOOK_TIMEOUT_S``, default 600 s) stops execution; the cells already run keep their
       results, every later test cell gets an error saying why it did not run, and nbgrader scores the notebook.
 
-    What happened is written to ``grading_report.json`` beside the autograded notebook.
+    What happened is written to ``grading_report.json`` beside the autograded notebook. ``EFFICIENT_AI_GUARD=off``
+    turns the guard off (to compare, or to rule it out when a reference solution loses points).
     """
 
     def preprocess(self, nb, resources=None, km=None):
@@ -161,6 +163,7 @@ class GuardedExecute(Execute):
         self._guard_broken = ""
         self._stopped = ""
         self._integrity: dict[str, list[str]] = {}
+        self._guard_on = os.environ.get("EFFICIENT_AI_GUARD", "on") != "off"
         timeout_s = float(os.environ.get("EFFICIENT_AI_NOTEBOOK_TIMEOUT_S", DEFAULT_NOTEBOOK_TIMEOUT_S))
         self._deadline = time.monotonic() + timeout_s
         self._timeout_s = timeout_s
@@ -203,6 +206,8 @@ class GuardedExecute(Execute):
 
     def _guard(self, command: str) -> list[str] | None:
         """Run a guard command; its findings (a list), or None when its answer cannot be trusted."""
+        if not self._guard_on:
+            return []
         if self._guard_key is None:
             return None
         nonce = secrets.token_hex(16)
@@ -219,7 +224,7 @@ class GuardedExecute(Execute):
     # -- cells --------------------------------------------------------------------------------------------------
     def preprocess_cell(self, cell, resources, index):
         self._check_assign_resources(resources)
-        if self._guard_key is None and not self._guard_broken and not self._stopped:
+        if self._guard_key is None and not self._guard_broken and not self._stopped and self._guard_on:
             self._install_guard()
         is_test = _is_test_cell(cell)
         is_setup = cell.cell_type == "code" and is_locked(cell) and not is_grade(cell) and not is_solution(cell)
