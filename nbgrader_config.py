@@ -44,3 +44,7 @@ c.Autograde.autograde_preprocessors = [
 # Feedback never shows hidden test source, nor what test cells printed.
 c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, StripHiddenTests]
 
+# Every kernel nbgrader starts runs in a bubblewrap sandbox (EFFICIENT_AI_SANDBOX; docs/SECURITY.md).
+from course.sandbox import configure_sandbox  # noqa: E402
+
+configure_sandbox(c)

@@ -13,3 +13,13 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "$PY" -m pip install --quiet "torch==2.13.*"
 fi
 "$PY" -m pip install --quiet -r requirements.txt
+
+# Grading runs every student's kernel in a bubblewrap sandbox (course/sandbox.py); without bwrap it runs unsandboxed.
+if ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing bubblewrap (the grading sandbox)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+  else
+    echo "bubblewrap is missing: grading will not be sandboxed (Debian/Ubuntu: sudo apt-get install bubblewrap)"
+  fi
+fi
