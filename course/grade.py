@@ -1,23 +1,30 @@
 """grade: autograde every submission of a lab, then write the score table, grades.csv and a histogram.
 
-Submissions are read from ``submitted/<student>/<lab>/<lab>.ipynb`` (nbgrader's layout). Each submission is
-autograded by its own nbgrader process with a time limit, so a crash, a hang or a dead kernel costs that
+Submissions are read from ``submitted/<student>/<lab>/`` (nbgrader's layout) and graded from a staged, repaired
+copy (``course.submission``): only the notebook and ``timestamp.txt``, so files a student adds cannot shadow a
+library; repairs and suspicious code (``course.scan``) are reported as notes and flags for the TA. A submission
+with nothing to grade (no notebook, not a notebook) is recorded with zero points and its reason. Each submission
+is autograded by its own nbgrader process with a time limit, so a crash, a hang or a dead kernel costs that
 submission only; its status and reason are recorded beside whatever points the gradebook holds for it.
 """
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from .nbgrader_ext import GRADING_REPORT
 from .nbgrader_run import SubmissionScores, db_url_for, make_course_dir, read_scores, run_nbgrader
 from .notebooks import question_key, question_label, question_sort_key
 from .paths import REPO_ROOT
+from .sandbox import sandbox_mode, unavailable_reason
+from .submission import Staged, record_zero, stage_class
 
 DEFAULT_SUBMISSION_TIMEOUT_S = 900.0
 
@@ -27,9 +34,11 @@ class Outcome:
     """How autograding one submission went."""
 
     student: str
-    status: str  # "ok" or "failed"
+    status: str  # "ok", "partial" (execution stopped early; points so far recorded) or "failed"
     reason: str = ""
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # repairs made to the submission before grading
+    flags: list[str] = field(default_factory=list)  # suspicious code for a TA to review; never changes a score
 
 
 def prepare_gradebook(course_root: Path, lab: str, env: dict[str, str] | None = None) -> None:
@@ -80,9 +89,15 @@ def autograde_one(
     timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
     env: dict[str, str] | None = None,
     extra_args: list[str] | None = None,
+    submitted: Path | None = None,
 ) -> Outcome:
-    """Autograde one submission in its own nbgrader process. Never raises for a bad submission."""
+    """Autograde one submission in its own nbgrader process. Never raises for a bad submission.
+
+    ``submitted``: the folder holding ``<student>/<lab>/`` (a staging folder); default ``submitted/``.
+    """
     start = time.perf_counter()
+    if submitted is not None:
+        extra_args = [*(extra_args or []), f"--CourseDirectory.submitted_directory={submitted}"]
     result = run_nbgrader(
         course_root,
         ["autograde", lab, "--student", student, "--create", "--force", *(extra_args or [])],
@@ -95,7 +110,37 @@ def autograde_one(
         return Outcome(student, "failed", f"exceeded the per-submission time limit of {timeout_s:.0f} s", seconds)
     if not result.ok or not graded_nb.exists():
         return Outcome(student, "failed", _failure_reason(result.output), seconds)
-    return Outcome(student, "ok", "", seconds)
+    return with_grading_report(Outcome(student, "ok", "", seconds), graded_nb.parent / GRADING_REPORT)
+
+
+def sandbox_status() -> str:
+    """One line on whether grading kernels ran in the sandbox (docs/SECURITY.md)."""
+    mode = sandbox_mode()
+    if mode == "off":
+        return "sandbox: off (EFFICIENT_AI_SANDBOX=off): student code ran with the grader's rights"
+    reason = unavailable_reason()
+    if reason:
+        return f"sandbox: NOT used: {reason}. Student code ran with the grader's rights (docs/SECURITY.md)"
+    return "sandbox: every grading kernel ran in bubblewrap (no network, no view of the course folder)"
+
+
+def with_grading_report(outcome: Outcome, report_path: Path) -> Outcome:
+    """``outcome`` with what the grading run reported (``GuardedExecute``'s ``grading_report.json``).
+
+    Execution stopped early (a dead kernel, the notebook time limit) makes the status ``partial``, with the reason:
+    the points earned before are recorded. What the grading guard found becomes notes, per test cell.
+    """
+    try:
+        report = json.loads(report_path.read_text())
+    except (OSError, ValueError):
+        return outcome
+    if report.get("stopped"):
+        outcome.status, outcome.reason = "partial", report["stopped"]
+    if report.get("guard"):
+        outcome.notes.append(f"grading guard: {report['guard']}")
+    for cell, found in sorted(report.get("integrity", {}).items()):
+        outcome.notes.append(f"{cell} scored zero, student code changed what tests rely on: {'; '.join(found)}")
+    return outcome
 
 
 def uses_sqlite(course_root: Path) -> bool:
@@ -135,22 +180,22 @@ def _execute_isolated(lab: str, student: str, submitted: Path, template: Path, s
     private_env = {**env, "NBGRADER_DB_URL": f"sqlite:///{private / 'gradebook.db'}"}
     outcome = autograde_one(private, lab, student, timeout_s, env=private_env)
     executed = private / "autograded" / student / lab
-    return outcome, executed if outcome.status == "ok" else None
+    return outcome, executed if outcome.status in ("ok", "partial") else None
 
 
-def _import_executed(course_root: Path, lab: str, executed: dict[str, Path]) -> dict[str, str]:
+def _import_executed(course_root: Path, lab: str, executed: dict[str, Path], submitted: Path) -> dict[str, str]:
     """Record already-executed submissions in the shared gradebook with one serial nbgrader process.
 
     ``nbgrader autograde --no-execute`` keeps the outputs of the worker's run, restores the instructor's test
-    cells and scores the outputs: one writer, so SQLite is never written concurrently. Returns the students
-    whose import failed, with the reason.
+    cells and scores the outputs: one writer, so SQLite is never written concurrently. The timestamps come from
+    ``submitted/<student>/<lab>/timestamp.txt``. Returns the students whose import failed, with the reason.
     """
     if not executed:
         return {}
     with tempfile.TemporaryDirectory(prefix="efficient-ai-import-") as staging:
         for student, folder in executed.items():
             shutil.copytree(folder, Path(staging) / student / lab)
-            stamp = course_root / "submitted" / student / lab / "timestamp.txt"
+            stamp = submitted / student / lab / "timestamp.txt"
             if stamp.exists():
                 shutil.copy2(stamp, Path(staging) / student / lab / "timestamp.txt")
         result = run_nbgrader(
@@ -171,24 +216,28 @@ def autograde_all(
     timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
     progress: bool = True,
     workers: int = 1,
+    submitted: Path | None = None,
 ) -> dict[str, Outcome]:
     """Autograde every student's submission with one progress bar; continue past failures.
 
     With ``workers > 1`` submissions run concurrently, each worker pinned to one GPU when there are GPUs.
     A PostgreSQL gradebook is written by the workers directly (it takes concurrent writers). A SQLite gradebook
     takes one writer: workers then execute in private course copies and one serial step records the results.
+    ``submitted`` is the folder holding ``<student>/<lab>/`` (``grade_lab`` passes its staging folder); default
+    the course's ``submitted/``.
     """
     from concurrent.futures import ThreadPoolExecutor, as_completed
     from queue import Queue
 
     from tqdm import tqdm
 
+    submitted = submitted or course_root / "submitted"
     outcomes: dict[str, Outcome] = {}
     bar = tqdm(total=len(students), desc=f"autograde {lab}", unit="submission", disable=not progress)
     if workers <= 1:
         for student in students:
             bar.set_postfix_str(student)
-            outcomes[student] = autograde_one(course_root, lab, student, timeout_s)
+            outcomes[student] = autograde_one(course_root, lab, student, timeout_s, submitted=submitted)
             bar.update()
         bar.close()
         return outcomes
@@ -206,8 +255,8 @@ def autograde_all(
             env = slots.get()
             try:
                 if shared_db:
-                    return autograde_one(course_root, lab, student, timeout_s, env=env), None
-                return _execute_isolated(lab, student, course_root / "submitted", template, Path(scratch), timeout_s, env)
+                    return autograde_one(course_root, lab, student, timeout_s, env=env, submitted=submitted), None
+                return _execute_isolated(lab, student, submitted, template, Path(scratch), timeout_s, env)
             finally:
                 slots.put(env)
 
@@ -225,7 +274,7 @@ def autograde_all(
                 bar.set_postfix_str(student)
                 bar.update()
         bar.close()
-        for student, reason in _import_executed(course_root, lab, executed).items():
+        for student, reason in _import_executed(course_root, lab, executed, submitted).items():
             outcomes[student] = Outcome(student, "failed", reason, outcomes[student].seconds)
     return {student: outcomes[student] for student in students}
 
@@ -299,20 +348,20 @@ def score_table(lab: str, outcomes: dict[str, Outcome], scores: dict[str, Submis
     """Header and rows of the per-student, per-question table.
 
     Each question shows its autograded points (``4/5``) and, where it has a written or plotted part, the
-    manual points still to grade (``+2?``) or graded (``+2/2m``).
+    manual points still to grade (``+2?``) or graded (``+2/2m``); ``flags`` counts the flags for review.
     """
     keys: set[str] = set()
     for s in scores.values():
         keys |= set(question_scores(s))
     ordered = sorted(keys, key=question_sort_key)
-    header = ["student", "status", *[short_label(k) for k in ordered], "autograded", "reason"]
+    header = ["student", "status", *[short_label(k) for k in ordered], "autograded", "flags", "reason"]
     rows = []
     for student in sorted(outcomes):
         outcome, sub = outcomes[student], scores.get(student)
         per_q = question_scores(sub) if sub else {}
         cells = [per_q[key].cell() if key in per_q else "-" for key in ordered]
         auto = f"{sub.autograded_score():g}/{sub.autograded_max():g}" if sub else "0"
-        rows.append([student, outcome.status, *cells, auto, outcome.reason])
+        rows.append([student, outcome.status, *cells, auto, str(len(outcome.flags) or ""), outcome.reason])
     return header, rows
 
 
@@ -322,22 +371,35 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths]), *[line(r) for r in rows]])
 
 
+def flagged_for_review(outcomes: dict[str, Outcome], width: int = 160) -> str:
+    """A short list of the students whose code was flagged, one line each ("" when none)."""
+    lines = []
+    for student in sorted(s for s, o in outcomes.items() if o.flags):
+        line = f"  {student} ({len(outcomes[student].flags)}): " + "; ".join(outcomes[student].flags)
+        lines.append(line if len(line) <= width else line[: width - 24] + " ... (see grades.csv)")
+    if not lines:
+        return ""
+    return "\n".join(["flagged for review (flags never change a score; read the student's cells):", *lines])
+
+
 def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> None:
-    """One row per student: status, reason, every graded cell's score, autograded and total scores."""
+    """One row per student: status, reason, repair notes, flags, every graded cell's score, autograded and total
+    scores."""
     cell_ids: list[str] = []
     for s in scores.values():
         cell_ids += [gid for gid in s.cells if gid not in cell_ids]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["student", "lab", "status", "reason", *cell_ids, "autograded_score", "autograded_max", "total_score", "seconds"])
+        writer.writerow(["student", "lab", "status", "reason", "notes", "flags", *cell_ids, "autograded_score", "autograded_max", "total_score", "seconds"])
         for student in sorted(outcomes):
             sub, outcome = scores.get(student), outcomes[student]
             values = [f"{sub.cells[g].score:g}" if sub and g in sub.cells else "" for g in cell_ids]
             auto = sub.autograded_score() if sub else 0.0
             auto_max = sub.autograded_max() if sub else 0.0
             total = sum(c.score for c in sub.cells.values()) if sub else 0.0
-            writer.writerow([student, lab, outcome.status, outcome.reason, *values, f"{auto:g}", f"{auto_max:g}", f"{total:g}", f"{outcome.seconds:.1f}"])
+            writer.writerow([student, lab, outcome.status, outcome.reason, "; ".join(outcome.notes), "; ".join(outcome.flags),
+                             *values, f"{auto:g}", f"{auto_max:g}", f"{total:g}", f"{outcome.seconds:.1f}"])
 
 
 def plot_histogram(path: Path, lab: str, scores: dict[str, SubmissionScores], students: list[str]) -> None:
@@ -369,6 +431,37 @@ def already_graded(course_root: Path, lab: str, students: list[str]) -> list[str
     ]
 
 
+def grade_staged(
+    course_root: Path,
+    lab: str,
+    staged: dict[str, Staged],
+    staging: Path,
+    timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
+    progress: bool = True,
+    workers: int = 1,
+    resume: bool = False,
+) -> dict[str, Outcome]:
+    """The outcome of every staged submission, with its notes and flags: kept from an earlier run (``resume``),
+    recorded with zero points when there is nothing to grade, else autograded from ``staging``."""
+    done = set(already_graded(course_root, lab, list(staged))) if resume else set()
+    outcomes = {s: Outcome(s, "ok", "graded by an earlier run") for s in done}
+    for student, submission in staged.items():
+        if student in done or submission.gradable:
+            continue
+        outcomes[student] = Outcome(student, "failed", submission.reason)
+        if submission.zero:
+            try:
+                record_zero(course_root, lab, student, staging / student / lab)
+            except Exception as exc:  # noqa: BLE001 - reported with the submission; the others go on
+                outcomes[student].reason += f"; recording zero points failed: {exc}"
+    todo = [s for s in staged if s not in outcomes]
+    outcomes.update(autograde_all(course_root, lab, todo, timeout_s, progress, workers, submitted=staging))
+    for student, submission in staged.items():  # staging's notes first, then what grading itself reported
+        outcomes[student].notes = submission.notes + outcomes[student].notes
+        outcomes[student].flags = submission.flags + outcomes[student].flags
+    return {s: outcomes[s] for s in staged}
+
+
 def grade_lab(
     course_root: Path,
     lab: str,
@@ -381,16 +474,16 @@ def grade_lab(
 ) -> tuple[dict[str, Outcome], dict[str, SubmissionScores]]:
     """Autograde a lab's submissions and write ``grades.csv`` and ``scores.png`` into ``out_dir``.
 
-    With ``resume``, submissions already graded (autograded notebook and gradebook scores present, e.g. from a
-    run that was killed) are kept and only the others are graded.
+    Every submission is graded from its staged, repaired copy (``course.submission.stage_class``), in a
+    temporary folder. With ``resume``, submissions already graded (autograded notebook and gradebook scores
+    present, e.g. from a run that was killed) are kept and only the others are graded.
     """
     students = students if students is not None else list_students(course_root, lab)
     out_dir = out_dir or course_root / "grading" / lab
     prepare_gradebook(course_root, lab)
-    done = already_graded(course_root, lab, students) if resume else []
-    outcomes = {s: Outcome(s, "ok", "graded by an earlier run") for s in done}
-    outcomes.update(autograde_all(course_root, lab, [s for s in students if s not in done], timeout_s, progress, workers))
-    outcomes = {s: outcomes[s] for s in students}
+    with tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging:
+        staged = stage_class(course_root, lab, students, Path(staging))
+        outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume)
     scores = read_scores(course_root, lab, students)
     write_grades_csv(out_dir / "grades.csv", lab, outcomes, scores)
     plot_histogram(out_dir / "scores.png", lab, scores, students)
@@ -429,7 +522,14 @@ def main(
     outcomes, scores = grade_lab(root, lab, selected, out_dir, timeout_s, workers=workers, resume=resume)
     header, rows = score_table(lab, outcomes, scores)
     print(format_table(header, rows))
-    failed = [o for o in outcomes.values() if o.status != "ok"]
-    print(f"\n{len(outcomes)} submission(s), {len(failed)} failed (their points so far are recorded; see 'reason').")
+    failed = [o for o in outcomes.values() if o.status == "failed"]
+    partial = [o for o in outcomes.values() if o.status == "partial"]
+    noted = [o for o in outcomes.values() if o.notes]
+    print(f"\n{len(outcomes)} submission(s): {len(failed)} failed and {len(partial)} stopped early (their points so "
+          f"far are recorded; see 'reason'), {len(noted)} with notes (repairs, tampering found; see 'notes' in "
+          "grades.csv).")
+    print(sandbox_status())
+    if review := flagged_for_review(outcomes):
+        print(review)
     print(f"wrote {out_dir / 'grades.csv'} and {out_dir / 'scores.png'}")
     return 0

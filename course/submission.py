@@ -1,0 +1,490 @@
+"""submission: the staged, repaired copy of a submission that grading reads, with notes a TA can read.
+
+nbgrader autograde reads ``submitted/<student>/<lab>/`` as it is: every file there lands beside the notebook in
+the grading kernel's working folder, which comes before site-packages on ``sys.path`` (a ``numpy.py`` or a
+``torch/`` folder shadows the library), and a renamed or malformed notebook is not graded at all. Grading therefore reads a staged copy,
+``<staging>/<student>/<lab>/``, holding only ``<lab>.ipynb`` (repaired) and ``timestamp.txt``; nothing under
+``submitted/`` is ever modified, so no submission is lost.
+
+Repairs (each leaves a note): extra files ignored; a renamed notebook graded under the release name (several: the
+release name first, else the newest); duplicated nbgrader cells dropped (locked) or kept as ordinary cells
+(answers); deleted nbgrader cells restored from the instructor's notebook (an answer as its release stub);
+graded and locked cells put back in the instructor's order, each with the student's cells that followed it;
+edited locked cells, nbgrader metadata and kernelspec restored. A submission with no notebook, or with one that
+is not a notebook, has nothing to grade: it is recorded with zero points and a reason (``record_zero``).
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import filecmp
+import json
+import re
+import shutil
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+from nbformat.corpus.words import generate_corpus_id
+
+from .notebooks import NB_VERSION, NotebookError, grade_id, nbgrader_meta, read_notebook, write_notebook
+from .scan import is_locked, scan_notebook
+
+NO_NOTEBOOK = "no notebook submitted"
+TIMESTAMP = "timestamp.txt"
+JUNK = {".ipynb_checkpoints", "__pycache__", ".DS_Store", "Thumbs.db"}  # ignored without a note
+METADATA_CHECKED = {"grade": bool, "solution": bool, "locked": bool, "task": bool, "points": float}  # nbgrader's
+CELL_ID_RE = re.compile(r"^[a-zA-Z0-9-_]{1,64}$")  # nbformat 4.5
+COURSE_ID = "efficient-ai"  # nbgrader_config.py
+
+
+@dataclass
+class Staged:
+    """One submission as it will be graded.
+
+    Attributes:
+        student: the student id.
+        notebook: the staged, repaired notebook; None when there is nothing to grade.
+        reason: why there is nothing to grade (``"no notebook submitted"``, ``"not a valid notebook (...)"``).
+        zero: record zero points for it (the student's submission has nothing to grade); False when staging
+            itself failed and a TA must look.
+        notes: the repairs made, one short sentence each.
+        flags: suspicious constructs in the student's code (``course.scan``); they never change a score.
+    """
+
+    student: str
+    notebook: Path | None = None
+    reason: str = ""
+    zero: bool = True
+    notes: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+
+    @property
+    def gradable(self) -> bool:
+        return self.notebook is not None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Files: which notebook, which extras
+# ---------------------------------------------------------------------------------------------------------------
+def choose_notebook(folder: Path, lab: str) -> tuple[Path | None, str | None]:
+    """The notebook to grade among the top-level ``*.ipynb`` of a submission folder, and a note.
+
+    The release name ``<lab>.ipynb`` alone needs no note; one notebook of another name is graded under the
+    release name; of several, ``<lab>.ipynb`` is preferred, else the most recently modified one.
+    """
+    candidates = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
+    release_name = folder / f"{lab}.ipynb"
+    if not candidates:
+        return None, None
+    if len(candidates) == 1:
+        chosen = candidates[0]
+        return chosen, None if chosen == release_name else f"graded {chosen.name!r} as {lab}.ipynb"
+    if release_name in candidates:
+        chosen, why = release_name, "the release name"
+    else:
+        chosen, why = max(candidates, key=lambda p: (p.stat().st_mtime, p.name)), "the most recently modified"
+    names = ", ".join(repr(p.name) for p in candidates)
+    return chosen, f"{len(candidates)} notebooks submitted ({names}): graded {chosen.name!r}, {why}"
+
+
+def _same_as_release(path: Path, release_copy: Path) -> bool:
+    """Whether a submitted file or folder equals the instructor's copy of the same name."""
+    if path.is_file() and release_copy.is_file():
+        return filecmp.cmp(path, release_copy, shallow=False)
+    if not (path.is_dir() and release_copy.is_dir()):
+        return False
+    mine = {p.relative_to(path) for p in path.rglob("*") if p.is_file() and not JUNK & set(p.relative_to(path).parts)}
+    theirs = {p.relative_to(release_copy) for p in release_copy.rglob("*") if p.is_file()}
+    return mine == theirs and all(filecmp.cmp(path / rel, release_copy / rel, shallow=False) for rel in mine)
+
+
+def ignored_entries(folder: Path, keep: set[Path], release_dir: Path) -> list[str]:
+    """Names of the submitted files and folders grading ignores, for the note (folders end in ``/``).
+
+    Editor debris (``.ipynb_checkpoints``, ``__pycache__``, ``*.pyc``) and unchanged copies of the release's own
+    files (``utils.py``, ``assets/``) are ignored without being named.
+    """
+    names = []
+    for entry in sorted(folder.iterdir()):
+        if entry in keep or entry.name in JUNK or entry.suffix == ".pyc":
+            continue
+        if entry.suffix == ".ipynb" and entry.is_file():
+            continue  # other notebooks are named by choose_notebook's note
+        if _same_as_release(entry, release_dir / entry.name):
+            continue
+        names.append(entry.name + ("/" if entry.is_dir() else ""))
+    return names
+
+
+def _check_timestamp(path: Path) -> str | None:
+    """None when ``timestamp.txt`` is one nbgrader reads, else a note (nbgrader would fail the submission)."""
+    from nbgrader.utils import parse_utc
+
+    text = path.read_text(errors="replace").strip()
+    try:
+        if text:
+            parse_utc(text)
+            return None
+    except (ValueError, OverflowError):
+        pass
+    return f"timestamp.txt unreadable ({text[:40]!r}): graded without it, check lateness by hand"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading: anything that is a notebook at all
+# ---------------------------------------------------------------------------------------------------------------
+def load_submitted_notebook(path: Path) -> tuple[nbformat.NotebookNode, list[str]]:
+    """Read a submitted notebook leniently: every cell rebuilt from its type, source and metadata.
+
+    Outputs are dropped (nbgrader clears them before executing anyway); cell attachments are kept.
+
+    Returns:
+        The notebook (nbformat 4, valid) and notes about cells that had to be dropped.
+
+    Raises:
+        NotebookError: it is not a notebook; the message says why, for the TA.
+    """
+    try:
+        raw = json.loads(path.read_bytes().decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        raise NotebookError("not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise NotebookError(f"truncated or invalid JSON: {exc}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("cells", raw.get("worksheets")), list):
+        raise NotebookError("JSON without notebook cells")
+    if "worksheets" in raw:  # nbformat 3 and older: let nbformat convert it
+        try:
+            raw = nbformat.reads(json.dumps(raw), as_version=NB_VERSION)
+        except Exception as exc:  # noqa: BLE001 - nbformat raises several types
+            raise NotebookError(f"an old notebook format nbformat cannot convert: {exc}") from None
+    metadata = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+    nb = nbformat.v4.new_notebook(metadata=copy.deepcopy(metadata))
+    dropped = []
+    for index, cell in enumerate(raw["cells"]):
+        rebuilt = _rebuild_cell(cell)
+        if rebuilt is None:
+            dropped.append(str(index))
+        else:
+            nb.cells.append(rebuilt)
+    _ensure_valid(nb)
+    return nb, [f"unreadable cells dropped: {', '.join(dropped)}"] if dropped else []
+
+
+def _rebuild_cell(cell) -> nbformat.NotebookNode | None:
+    """A fresh cell of the same type, source, metadata, id and attachments; None if it is not a cell."""
+    if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
+        return None
+    source = cell.get("source", "")
+    if isinstance(source, list) and all(isinstance(line, str) for line in source):
+        source = "".join(source)
+    if not isinstance(source, str):
+        return None
+    metadata = copy.deepcopy(cell["metadata"]) if isinstance(cell.get("metadata"), dict) else {}
+    new = getattr(nbformat.v4, f"new_{cell['cell_type']}_cell")(source=source, metadata=metadata)
+    if isinstance(cell.get("id"), str):
+        new["id"] = cell["id"]
+    if cell["cell_type"] != "code" and isinstance(cell.get("attachments"), dict):
+        new["attachments"] = copy.deepcopy(cell["attachments"])
+    return new
+
+
+def _ensure_valid(nb) -> None:
+    """Make cell ids unique and drop cell metadata the schema rejects (nbgrader's own is kept).
+
+    Raises:
+        NotebookError: still not a valid notebook.
+    """
+    seen: set[str] = set()
+    for cell in nb.cells:
+        if not isinstance(cell.get("id"), str) or not CELL_ID_RE.match(cell["id"]) or cell["id"] in seen:
+            cell["id"] = generate_corpus_id()
+        seen.add(cell["id"])
+    try:
+        nbformat.validate(nb)
+        return
+    except nbformat.ValidationError:
+        pass
+    for cell in nb.cells:
+        cell.metadata = nbformat.from_dict({"nbgrader": cell.metadata["nbgrader"]} if "nbgrader" in cell.metadata else {})
+        cell.pop("attachments", None)
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as exc:
+        raise NotebookError(f"fails the notebook schema: {exc.message}") from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cells: duplicates, deletions, order, edits
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass
+class Instructor:
+    """The instructor's side of a lab, read once per class.
+
+    Attributes:
+        source_nb: ``source/<lab>/<lab>.ipynb``.
+        reference: its graded and locked cells as the release has them, by grade id, in notebook order:
+            locked as nbgrader locks them, solutions replaced by stubs, hidden tests and mark schemes removed.
+    """
+
+    source_nb: nbformat.NotebookNode
+    reference: dict[str, nbformat.NotebookNode]
+
+    @classmethod
+    def load(cls, course_root: Path, lab: str) -> "Instructor":
+        """Read the instructor's notebook and derive the release cells with nbgrader's own preprocessors.
+
+        Raises:
+            NotebookError: the instructor's notebook cannot be read.
+        """
+        from nbgrader.preprocessors import ClearHiddenTests, ClearMarkScheme, ClearSolutions, LockCells
+
+        source_nb = read_notebook(course_root / "source" / lab / f"{lab}.ipynb")
+        nb, resources = copy.deepcopy(source_nb), {}
+        for preprocessor in (LockCells(), ClearSolutions(), ClearHiddenTests(), ClearMarkScheme()):
+            nb, resources = preprocessor.preprocess(nb, resources)
+        return cls(source_nb, {gid: cell for cell in nb.cells if (gid := grade_id(cell))})
+
+
+def _plain(cell) -> nbformat.NotebookNode:
+    """The same cell without nbgrader metadata: an ordinary student cell."""
+    cell.metadata.pop("nbgrader", None)
+    return cell
+
+
+def _listed(what: str, ids: list[str]) -> list[str]:
+    return [f"{what}: {', '.join(ids)}"] if ids else []
+
+
+def _deduplicate(cells, reference: dict) -> tuple[list, list[str]]:
+    """Keep the first cell of each grade id. Later copies of a locked cell are dropped; later copies of an answer
+    stay where they are as ordinary cells (they ran in the student's notebook too). Unknown grade ids and
+    nbgrader metadata without a grade id become ordinary cells."""
+    kept, seen, dropped, demoted, unknown = [], set(), [], [], []
+    for cell in cells:
+        gid = grade_id(cell)
+        if gid is None or gid not in reference:
+            if gid is not None:
+                unknown.append(gid)
+            kept.append(_plain(cell) if "nbgrader" in cell.metadata else cell)
+        elif gid not in seen:
+            seen.add(gid)
+            kept.append(cell)
+        elif is_locked(reference[gid]):
+            dropped.append(gid)
+        else:
+            demoted.append(gid)
+            kept.append(_plain(cell))
+    notes = (_listed("duplicate locked cells dropped", dropped)
+             + _listed("duplicate answer cells kept as ordinary cells after the first", demoted)
+             + _listed("unknown grade ids, kept as ordinary cells", unknown))
+    return kept, notes
+
+
+def _restore_edits(cells, reference: dict) -> list[str]:
+    """Give each graded or locked cell the instructor's nbgrader metadata and cell type, and a locked cell the
+    instructor's source (nbgrader's OverwriteCells would restore most of it: this makes it visible)."""
+    metadata_notes, edited_locked, retyped = [], [], []
+    for index, cell in enumerate(cells):
+        gid = grade_id(cell)
+        if gid is None:
+            continue
+        ref = reference[gid]
+        changed = _metadata_changes(nbgrader_meta(cell), nbgrader_meta(ref))
+        if changed:
+            metadata_notes.append(f"{gid} ({', '.join(changed)})")
+        if is_locked(ref):
+            if cell.cell_type != ref.cell_type or cell.source.rstrip() != ref.source.rstrip():
+                edited_locked.append(gid)
+            cells[index] = _from_reference(ref, cell.get("id"))
+            continue
+        if cell.cell_type != ref.cell_type:
+            retyped.append(f"{gid} ({cell.cell_type} -> {ref.cell_type})")
+            cells[index] = cell = _from_reference(ref, cell.get("id"), source=cell.source)
+        cell.metadata["nbgrader"] = copy.deepcopy(ref.metadata["nbgrader"])
+    return (_listed("edited locked cells restored from the instructor's notebook", edited_locked)
+            + _listed("nbgrader metadata restored", metadata_notes)
+            + _listed("cell types restored", retyped))
+
+
+def _metadata_changes(mine: dict, theirs: dict) -> list[str]:
+    """What a student changed in a cell's nbgrader metadata: ``"points 30 -> 3"``, ``"locked False -> True"``."""
+    def value(kind, raw):
+        try:
+            return kind(raw or 0)
+        except (TypeError, ValueError):
+            return raw
+
+    changes = []
+    for key, kind in METADATA_CHECKED.items():
+        was, should = value(kind, mine.get(key)), value(kind, theirs.get(key))
+        if was != should:
+            changes.append(f"{key} {was} -> {should}")
+    return changes
+
+
+def _from_reference(ref, cell_id: str | None, source: str | None = None) -> nbformat.NotebookNode:
+    """A new cell like the instructor's release cell ``ref`` (optionally with another source)."""
+    new = getattr(nbformat.v4, f"new_{ref.cell_type}_cell")(
+        source=ref.source if source is None else source, metadata=copy.deepcopy(ref.metadata)
+    )
+    if cell_id:
+        new["id"] = cell_id
+    return new
+
+
+def _segments(cells) -> tuple[list, dict[str, list]]:
+    """Split cells into the leading ordinary cells and, per graded or locked cell, that cell with the ordinary
+    cells that follow it."""
+    head, segments, current = [], {}, None
+    for cell in cells:
+        gid = grade_id(cell)
+        if gid is not None:
+            segments[gid] = current = [cell]
+        else:
+            (head if current is None else current).append(cell)
+    return head, segments
+
+
+def _moved(order: list[str], target: list[str]) -> list[str]:
+    """The ids of ``order`` outside its longest run of matches with ``target``: the cells that were moved."""
+    matcher = difflib.SequenceMatcher(None, order, target, autojunk=False)
+    in_place = {order[block.a + i] for block in matcher.get_matching_blocks() for i in range(block.size)}
+    return [gid for gid in order if gid not in in_place]
+
+
+def repair_cells(nb, reference: dict) -> list[str]:
+    """Repair the cells of a submitted notebook in place; return the notes.
+
+    Args:
+        nb: the submitted notebook.
+        reference: the instructor's release cells by grade id, in order (``Instructor.reference``).
+
+    After it, the notebook has every graded and locked cell of the instructor's notebook exactly once, in the
+    instructor's order, with its nbgrader metadata; each carries the student's ordinary cells that followed it.
+    """
+    cells, notes = _deduplicate(list(nb.cells), reference)
+    notes += _restore_edits(cells, reference)
+    head, segments = _segments(cells)
+    order = [gid for gid in reference if gid in segments]
+    notes += _listed("cells put back in the instructor's order", _moved(list(segments), order))
+    restored, stubs = [], []
+    nb.cells = head
+    for gid, ref in reference.items():
+        if gid in segments:
+            nb.cells += segments[gid]
+            continue
+        (restored if is_locked(ref) else stubs).append(gid)
+        at = len(nb.cells)  # after the student's cells that precede it, before the next section's headings
+        while at and nb.cells[at - 1].cell_type == "markdown" and grade_id(nb.cells[at - 1]) is None:
+            at -= 1
+        nb.cells.insert(at, _from_reference(ref, ref.get("id")))
+    _ensure_valid(nb)
+    return (notes + _listed("missing cells restored from the instructor's notebook", restored)
+            + _listed("missing answer cells restored as the release stub", stubs))
+
+
+def repair_kernelspec(nb, source_nb) -> list[str]:
+    """Give the notebook the instructor's kernelspec (nbgrader's OverwriteKernelspec does the same)."""
+    theirs = source_nb.metadata.get("kernelspec")
+    mine = nb.metadata.get("kernelspec")
+    if not theirs or mine == theirs:
+        return []
+    nb.metadata["kernelspec"] = copy.deepcopy(theirs)
+    was = mine.get("name") if isinstance(mine, dict) else mine
+    return [f"kernelspec {was!r} replaced by the instructor's {theirs.get('name')!r}"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One submission, a class
+# ---------------------------------------------------------------------------------------------------------------
+def stage_submission(
+    course_root: Path, lab: str, student: str, staging_root: Path, instructor: Instructor | None = None
+) -> Staged:
+    """Write the repaired copy of ``submitted/<student>/<lab>/`` into ``staging_root/<student>/<lab>/``.
+
+    Only ``<lab>.ipynb`` and ``timestamp.txt`` are written; nothing under ``submitted/`` is changed.
+    ``instructor`` (``Instructor.load(course_root, lab)``) saves reading the instructor's notebook again.
+
+    Returns:
+        The staged submission: its notebook (None when there is nothing to grade, with the reason) and the notes.
+
+    Raises:
+        NotebookError: the instructor's notebook ``source/<lab>/<lab>.ipynb`` cannot be read.
+    """
+    folder = course_root / "submitted" / student / lab
+    dest = staging_root / student / lab
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    staged = Staged(student)
+    chosen, note = choose_notebook(folder, lab)
+    staged.notes += [note] if note else []
+    stamp = folder / TIMESTAMP
+    if stamp.is_file():
+        problem = _check_timestamp(stamp)
+        staged.notes += [problem] if problem else []
+        if problem is None:
+            shutil.copy2(stamp, dest / TIMESTAMP)
+    keep = {stamp} | ({chosen} if chosen else set())
+    staged.notes += _listed("ignored extra files", ignored_entries(folder, keep, course_root / "source" / lab))
+    if chosen is None:
+        staged.reason = NO_NOTEBOOK
+        return staged
+    instructor = instructor or Instructor.load(course_root, lab)
+    try:
+        nb, notes = load_submitted_notebook(chosen)
+    except NotebookError as exc:
+        staged.reason = f"not a valid notebook ({exc})"
+        return staged
+    staged.notes += notes + repair_kernelspec(nb, instructor.source_nb) + repair_cells(nb, instructor.reference)
+    staged.notebook = dest / f"{lab}.ipynb"
+    write_notebook(nb, staged.notebook)
+    return staged
+
+
+def stage_class(course_root: Path, lab: str, students: list[str], staging_root: Path) -> dict[str, Staged]:
+    """Stage and scan every student's submission. A failure of staging itself costs that submission only: it is
+    not graded, and its reason asks a TA to look (no zero is recorded for it).
+
+    Raises:
+        NotebookError: the instructor's notebook cannot be read (nothing could be graded).
+    """
+    instructor = Instructor.load(course_root, lab)
+    result = {}
+    for student in students:
+        try:
+            staged = stage_submission(course_root, lab, student, staging_root, instructor)
+        except Exception as exc:  # noqa: BLE001 - one submission's problem never stops the others
+            staged = Staged(student, reason=f"could not stage the submission ({type(exc).__name__}: {exc}); grade it by hand", zero=False)
+        if staged.notebook is not None:
+            try:
+                staged.flags = scan_notebook(read_notebook(staged.notebook))
+            except Exception as exc:  # noqa: BLE001 - a scan that fails must not stop grading
+                staged.flags = [f"the scan failed ({type(exc).__name__}: {exc}): read the code by hand"]
+        result[student] = staged
+    return result
+
+
+def record_zero(course_root: Path, lab: str, student: str, staged_folder: Path | None = None) -> None:
+    """Record a submission with nothing to grade: every graded cell scores zero, as nbgrader records a missing
+    notebook. The submission's timestamp (``staged_folder/timestamp.txt``) is kept; its stale autograded output,
+    if an earlier run left one, is removed so that feedback is not generated from it."""
+    from nbgrader.api import Gradebook
+    from sqlalchemy.exc import SAWarning
+
+    from .nbgrader_run import db_url_for
+
+    stamp = staged_folder / TIMESTAMP if staged_folder else None
+    extra = {"timestamp": stamp.read_text().strip()} if stamp and stamp.is_file() else {}
+    with warnings.catch_warnings(), Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
+        warnings.simplefilter("ignore", SAWarning)  # nbgrader's add_submission warns about its own session use
+        gb.update_or_create_student(student)
+        submission = gb.update_or_create_submission(lab, student, **extra)
+        for notebook in submission.notebooks:
+            for grade in notebook.grades:
+                grade.auto_score = 0
+                grade.needs_manual_grade = False
+        gb.db.commit()
+    shutil.rmtree(course_root / "autograded" / student / lab, ignore_errors=True)
