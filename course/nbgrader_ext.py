@@ -241,10 +241,12 @@ class GuardedExecute(Execute):
             self._guard("mark")
         from nbclient.exceptions import DeadKernelError
 
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        where = f"cell {index}" + (f" ({gid})" if gid else " (a cell without a grade id)")
         try:
             cell = self.execute_cell(cell, index, store_history=not is_test)
         except DeadKernelError:
-            self._stopped = (f"the kernel died in cell {index} (os._exit, a segfault or the out-of-memory killer); "
+            self._stopped = (f"the kernel died in {where} (os._exit, a segfault or the out-of-memory killer); "
                              "cells after it were not run")
             cell.outputs.append(_error_output("DeadKernelError", self._stopped))
             return cell, self.resources
@@ -255,14 +257,14 @@ class GuardedExecute(Execute):
             self._guard("adopt")
         if found:
             found = sorted(set(found))
-            self._integrity[cell.metadata.get("nbgrader", {}).get("grade_id", str(index))] = found
+            self._integrity[gid or str(index)] = found
             cell.outputs.append(_error_output(
                 "GradingIntegrityError",
                 "this test does not count: student code changed what the tests rely on (" + "; ".join(found) +
                 "). The change was undone for the cells after this one."))
         if time.monotonic() > self._deadline:
             self._stopped = (f"the notebook exceeded its time limit of {self._timeout_s:.0f} s "
-                             f"(EFFICIENT_AI_NOTEBOOK_TIMEOUT_S) after cell {index}; cells after it were not run")
+                             f"(EFFICIENT_AI_NOTEBOOK_TIMEOUT_S) after {where}; cells after it were not run")
         return cell, self.resources
 
     def _findings_or_broken(self, command: str) -> list[str]:

@@ -1,0 +1,72 @@
+"""GuardedExecute on the fixture lab: tampering found and undone, points kept after a dead kernel or the notebook
+time limit, and the TA told why (Lab 1's red team is tests/test_redteam.py)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from course import build, grade
+from course.nbgrader_run import make_course_dir
+from course.notebooks import make_submission, read_notebook, replace_cell_source, write_notebook
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fixture_lab import LAB, make_root  # noqa: E402
+
+SLOW_SCALE = "import time\ntime.sleep(15)\n\ndef scale(x, factor_per_unit):\n    return x * factor_per_unit"
+SUBMISSIONS = {
+    "patcher": ("q1_2_scale", "import math\nmath.isclose = lambda *a, **k: True\n\ndef scale(x, factor_per_unit):\n"
+                   "    return 0 if x == 0.5 else x * factor_per_unit  # wrong on the hidden test's input"),
+    "dies": ("q1_2_scale", "import os\nos._exit(1)"),
+    "slow": ("q1_2_scale", SLOW_SCALE),
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory, request):
+    root = make_root(tmp_path_factory.mktemp("guard"))
+    assert build.main([LAB], root) == 0
+    course = make_course_dir(root / "course", [LAB], root)
+    reference = make_submission(read_notebook(root / "release" / LAB / f"{LAB}.ipynb"),
+                                read_notebook(root / "source" / LAB / f"{LAB}.ipynb"))
+    write_notebook(reference, course / "submitted" / "honest" / LAB / f"{LAB}.ipynb")
+    for student, (gid, source) in SUBMISSIONS.items():
+        write_notebook(replace_cell_source(reference, gid, source), course / "submitted" / student / LAB / f"{LAB}.ipynb")
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setenv("EFFICIENT_AI_NOTEBOOK_TIMEOUT_S", "12")
+    try:
+        outcomes, scores = grade.grade_lab(course, LAB, progress=False)
+        monkeypatch.setenv("EFFICIENT_AI_GUARD", "off")
+        control_outcomes, control_scores = grade.grade_lab(course, LAB, students=["patcher"], progress=False)
+    finally:
+        monkeypatch.undo()
+    return outcomes, scores, control_scores
+
+
+def points(scores, student):
+    return {gid: cell.score for gid, cell in scores[student].cells.items() if cell.autograded}
+
+
+def test_tampering_is_found_undone_and_costs_only_its_test(graded):
+    outcomes, scores, control = graded
+    assert points(scores, "patcher") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 0, "b1_1_square_tests": 1}
+    assert any("math.isclose was replaced" in note for note in outcomes["patcher"].notes), outcomes["patcher"]
+    assert points(control, "patcher")["q1_2_scale_tests"] == 2, (
+        "control: with EFFICIENT_AI_GUARD=off the patched math.isclose does pass the hidden test")
+
+
+def test_dead_kernel_keeps_the_points_earned_before(graded):
+    outcomes, scores, _ = graded
+    assert points(scores, "dies") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 0, "b1_1_square_tests": 0}
+    assert outcomes["dies"].status == "partial" and "kernel died in cell" in outcomes["dies"].reason, outcomes["dies"]
+    assert "(q1_2_scale)" in outcomes["dies"].reason, "the reason names the cell by its grade id"
+
+
+def test_notebook_time_limit_keeps_the_points_earned_before(graded):
+    outcomes, scores, _ = graded
+    assert points(scores, "slow") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 0, "b1_1_square_tests": 0}
+    assert outcomes["slow"].status == "partial" and "time limit of 12 s" in outcomes["slow"].reason, outcomes["slow"]
+    assert points(scores, "honest") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 2, "b1_1_square_tests": 1}
+    assert outcomes["honest"].status == "ok" and not outcomes["honest"].notes, outcomes["honest"]
