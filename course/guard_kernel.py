@@ -84,7 +84,9 @@ def _efficient_ai_guard_install():  # noqa: C901 - one closure keeps the guard's
 
     def take_snapshot():
         """Called through ``user_expressions`` like every check, so both see IPython in the same phase (IPython
-        swaps ``sys.displayhook``, ``builtins.input`` and others in and out around each cell)."""
+        swaps ``sys.displayhook``, ``builtins.input`` and others in and out around each cell). Taken when the key
+        is handed out, and again after every locked cell: what instructor code changes (a library it imports
+        registering an IPython hook, say) is the environment the tests run in, not tampering."""
         state.update({
             "modules": {name: snapshot_attrs(vars(mod), ipython_managed_builtins if name == "builtins" else ())
                         for name, mod in modules.items()},
@@ -94,9 +96,9 @@ def _efficient_ai_guard_install():  # noqa: C901 - one closure keeps the guard's
             "lists": {name: (lst, list(lst)) for name, lst in lists.items()},
             "dicts": {name: (dct, dict(dct)) for name, dct in dicts.items()},
             "objects": {name: (owner, attr, getattr(owner, attr, None)) for name, (owner, attr) in objects.items()},
-            "globals": {},
-            "marked": None,
         })
+        state.setdefault("globals", {})
+        state.setdefault("marked", None)
 
     def library_wrapper(mod_name, name, original, current):
         """torch._dynamo, when torch.compile first imports it, wraps torch.manual_seed (importing it up front
@@ -185,10 +187,13 @@ def _efficient_ai_guard_install():  # noqa: C901 - one closure keeps the guard's
             state["marked"] = {name: id(value) for name, value in shell.user_ns.items()}
             payload = "marked"
         elif command == "adopt":
+            # After a locked cell: the grader restored every change before it ran, so what changed since was done
+            # by instructor code (its imports included) and becomes the reference.
             before = state["marked"] or {}
             for name, value in shell.user_ns.items():
                 if before.get(name) != id(value) and not name.startswith("_") and is_watchable(value):
                     state["globals"][name] = value
+            take_snapshot()
             payload = "adopted"
         elif command in ("check", "restore"):
             found = changes()

@@ -146,8 +146,10 @@ class GuardedExecute(Execute):
       every autograded test cell the grader asks it, through ``user_expressions`` (no input transformers, no
       hooks), whether student code replaced anything the tests rely on; answers are signed with a key only the
       grader holds. Anything replaced is put back and the test cell gets a ``GradingIntegrityError``: it scores
-      zero, and the cells after it are graded on an honest environment. A guard that no longer answers correctly
-      fails every later test cell (fail closed).
+      zero, and the cells after it are graded on an honest environment. Changes are also undone before every
+      locked (instructor) cell and charged to the next test cell; what a locked cell itself changes (a library it
+      imports registering an IPython hook, as trio does) becomes the reference. A guard that no longer answers
+      correctly fails every later test cell (fail closed).
     - Test cells run outside IPython's history, and their source is dropped from ``linecache`` afterwards, so
       later student cells cannot read hidden tests back from ``In``, ``_ih`` or ``linecache``.
     - A dead kernel (``os._exit``, a segfault, the out-of-memory killer) or the notebook time limit
@@ -163,6 +165,7 @@ class GuardedExecute(Execute):
         self._guard_broken = ""
         self._stopped = ""
         self._integrity: dict[str, list[str]] = {}
+        self._pending: list[str] = []  # tampering undone before a locked cell, charged to the next test cell
         self._guard_on = os.environ.get("EFFICIENT_AI_GUARD", "on") != "off"
         timeout_s = float(os.environ.get("EFFICIENT_AI_NOTEBOOK_TIMEOUT_S", DEFAULT_NOTEBOOK_TIMEOUT_S))
         self._deadline = time.monotonic() + timeout_s
@@ -193,7 +196,15 @@ class GuardedExecute(Execute):
             return None
 
     def _install_guard(self) -> None:
-        source = GUARD_SOURCE.read_text() + "\n_efficient_ai_guard = _efficient_ai_guard_install()\ndel _efficient_ai_guard_install\n"
+        # The guard's functions get a private copy of the builtins, taken before any student code runs: replacing
+        # builtins.type or builtins.getattr later cannot change how the guard itself works.
+        source = (
+            "import builtins as _b\n"
+            "_g = {'__builtins__': dict(vars(_b)), '__name__': '_efficient_ai_guard'}\n"
+            f"exec(compile({GUARD_SOURCE.read_text()!r}, '<grading guard>', 'exec'), _g)\n"
+            "_efficient_ai_guard = _g['_efficient_ai_guard_install']()\n"
+            "del _b, _g\n"
+        )
         reply = self._request(source)
         if not reply or reply["content"].get("status") != "ok":
             self._guard_broken = "the grading guard could not be installed in the kernel"
@@ -236,8 +247,12 @@ class GuardedExecute(Execute):
             return cell, self.resources
         found: list[str] = []
         if is_test:
-            found += self._findings_or_broken("restore")
+            found += self._pending + self._findings_or_broken("restore")
+            self._pending = []
         elif is_setup:
+            # Student changes are undone before a locked cell (and charged to the next test cell), so that what
+            # the locked cell changes can be adopted as the instructor's own.
+            self._pending += self._findings_or_broken("restore")
             self._guard("mark")
         from nbclient.exceptions import DeadKernelError
 

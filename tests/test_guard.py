@@ -13,7 +13,7 @@ from course.notebooks import make_submission, read_notebook, replace_cell_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fixture_lab import LAB, make_root  # noqa: E402
+from fixture_lab import FIXTURE, LAB, make_root  # noqa: E402
 
 SLOW_SCALE = "import time\ntime.sleep(15)\n\ndef scale(x, factor_per_unit):\n    return x * factor_per_unit"
 SUBMISSIONS = {
@@ -70,3 +70,44 @@ def test_notebook_time_limit_keeps_the_points_earned_before(graded):
     assert outcomes["slow"].status == "partial" and "time limit of 12 s" in outcomes["slow"].reason, outcomes["slow"]
     assert points(scores, "honest") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 2, "b1_1_square_tests": 1}
     assert outcomes["honest"].status == "ok" and not outcomes["honest"].notes, outcomes["honest"]
+
+
+# Like `import transformers`, which imports trio, which registers an IPython exception handler: instructor code
+# changing what the guard watches. A second locked cell sits between a student's answer and its test.
+LIBRARY_HOOK = ("import math\nget_ipython().set_custom_exc((KeyboardInterrupt,), "
+                "lambda shell, etype, value, tb, tb_offset=None: ['interrupted'])")
+INPUTS_CELL = ('# %% nbgrader={"grade": false, "grade_id": "q1_2_inputs", "locked": true, "schema_version": 3, '
+               '"solution": false, "task": false}\nSCALE_INPUTS = (2, 3)\n\n')
+
+
+@pytest.fixture(scope="module")
+def graded_with_locked_cells(tmp_path_factory):
+    text = FIXTURE.read_text()
+    text = text.replace("\nimport math\n", "\n" + LIBRARY_HOOK + "\n", 1)
+    test_header = '# %% nbgrader={"grade": true, "grade_id": "q1_2_scale_tests"'
+    assert LIBRARY_HOOK in text and test_header in text, "the fixture lab changed: update this test"
+    text = text.replace(test_header, INPUTS_CELL + test_header, 1)
+    root = make_root(tmp_path_factory.mktemp("guard-locked"), text)
+    assert build.main([LAB], root) == 0
+    course = make_course_dir(root / "course", [LAB], root)
+    reference = make_submission(read_notebook(root / "release" / LAB / f"{LAB}.ipynb"),
+                                read_notebook(root / "source" / LAB / f"{LAB}.ipynb"))
+    write_notebook(reference, course / "submitted" / "honest" / LAB / f"{LAB}.ipynb")
+    patcher_gid, patcher_source = SUBMISSIONS["patcher"]
+    write_notebook(replace_cell_source(reference, patcher_gid, patcher_source),
+                   course / "submitted" / "patcher" / LAB / f"{LAB}.ipynb")
+    return grade.grade_lab(course, LAB, progress=False)
+
+
+def test_changes_made_by_locked_cells_are_not_tampering(graded_with_locked_cells):
+    outcomes, scores = graded_with_locked_cells
+    assert points(scores, "honest") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 2, "b1_1_square_tests": 1}, (
+        "an exception handler registered by a locked cell (as importing trio does) must not cost the student points")
+    assert outcomes["honest"].notes == [], outcomes["honest"]
+
+
+def test_tampering_before_a_locked_cell_is_charged_to_the_next_test(graded_with_locked_cells):
+    outcomes, scores = graded_with_locked_cells
+    assert points(scores, "patcher") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 0, "b1_1_square_tests": 1}, (
+        "math.isclose patched before a locked cell must still cost the next test cell, and only that one")
+    assert any("math.isclose was replaced" in note for note in outcomes["patcher"].notes), outcomes["patcher"]
