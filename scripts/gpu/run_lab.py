@@ -6,6 +6,7 @@ Run from the repository root (scripts/gpu/run_reports.sh does, on the lent GPU):
 - ``<lab>_run.json``: wall time per part and per cell, cells that raised, the autograde time of one
   submission (the reference solution, graded as TAs grade it: quick scale);
 - ``<lab>_fig_NN.png``: the figures the notebook drew.
+With ``--skip-execute`` only the autograde runs, and its record is ``<lab>_autograde.json``.
 """
 from __future__ import annotations
 
@@ -120,7 +121,9 @@ def main() -> int:
     result["autograde"] = autograde_reference(args.lab)
     print(f"{args.lab}: autograde of one submission {result['autograde']['seconds']:.0f} s, "
           f"{result['autograde']['autograded_score']}/{result['autograde']['autograded_max']} autograded points", flush=True)
-    (out / f"{args.lab}_run.json").write_text(json.dumps(result, indent=1))
+    # An autograde-only run (--skip-execute) must not overwrite the teaching-scale run's record.
+    name = f"{args.lab}_autograde.json" if args.skip_execute else f"{args.lab}_run.json"
+    (out / name).write_text(json.dumps(result, indent=1))
     return 0
 
 

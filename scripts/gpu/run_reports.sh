@@ -5,6 +5,7 @@
 #   measure    scripts/gpu/lab1_measure.py      (Lab 1's measurements beside theory, and the report's sanity checks)
 #   labN       scripts/gpu/run_lab.py labN      (teaching-scale run of the reference notebook + autograde timing)
 #   lab2bench  scripts/gpu/lab2_bench.py        (Lab 2 cell by cell at teaching scale: its report.md, tables, figures)
+#   autograde  scripts/gpu/run_lab.py LAB --skip-execute for every lab (one reference submission graded as TAs grade)
 # Prepare here first: bash scripts/gpu/gather_wheels.sh   (carry: [".whl"])
 # Example device command: bash scripts/gpu/run_reports.sh utils measure lab1
 set -u
@@ -21,6 +22,7 @@ for step in "$@"; do
     utils)   python3 scripts/gpu/check_utils_gpu.py --out "$RESULTS" 2>&1 | tee "$RESULTS/utils_check.log" ;;
     measure) python3 scripts/gpu/lab1_measure.py --out "$RESULTS" 2>&1 | tee "$RESULTS/lab1_measure.log" ;;
     lab2bench) python3 scripts/gpu/lab2_bench.py --out "$RESULTS/lab2" 2>&1 | tee "$RESULTS/lab2_bench.log" ;;
+    autograde) for lab in $(ls labs); do python3 scripts/gpu/run_lab.py "$lab" --skip-execute --out "$RESULTS"; done 2>&1 | tee "$RESULTS/autograde.log" ;;
     lab*)    python3 scripts/gpu/run_lab.py "$step" --out "$RESULTS" 2>&1 | tee "$RESULTS/${step}_run.log" ;;
     *)       echo "unknown step $step" ;;
   esac
