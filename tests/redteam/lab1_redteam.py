@@ -1,0 +1,436 @@
+"""Red-team submissions of Lab 1: adversarial ones that try to earn points they should not, and faulty ones.
+
+Each entry builds one student's submission folder from the reference solution and states the exact outcome:
+the autograded test cells that must score zero (every other autograded test cell must earn full marks), or
+``ALL`` when the whole submission must score zero. ``tests/test_redteam.py`` grades all of them as one class,
+next to honest students whose grades must not change.
+
+Every adversarial answer is wrong on the question it targets, so that only its cheat could make that question
+pass; ``test_redteam.py`` shows for some of them, as a control, that they do earn the points with the grading guard
+and the sandbox off (``EFFICIENT_AI_GUARD=off``, ``EFFICIENT_AI_SANDBOX=off``).
+"""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Callable
+
+import nbformat
+
+from course.notebooks import grade_id, replace_cell_source
+
+ALL = "all"
+LAB = "lab1"
+
+
+@dataclass
+class RedTeamCase:
+    """One submission: how to build it, and which test cells must score zero."""
+
+    student: str
+    what: str
+    build: Callable  # reference notebook -> {filename: notebook or bytes or str}; {} submits nothing
+    zero: set[str] | str = field(default_factory=set)  # grade ids of test cells scoring zero, or ALL
+    feedback_must_not_contain: tuple[str, ...] = ()
+    needs_sandbox: bool = False
+
+
+def answer(nb, gid: str) -> str:
+    return next(cell.source for cell in nb.cells if grade_id(cell) == gid)
+
+
+def with_answer(gid: str, source: str | Callable[[str], str]):
+    """A builder that replaces one answer cell (``source`` may be a function of the reference answer)."""
+    def build(reference):
+        text = source(answer(reference, gid)) if callable(source) else source
+        return {f"{LAB}.ipynb": replace_cell_source(reference, gid, text)}
+    return build
+
+
+def insert_after(nb, gid: str, source: str):
+    """A copy of ``nb`` with a new student code cell after cell ``gid``."""
+    result = copy.deepcopy(nb)
+    index = next(i for i, cell in enumerate(result.cells) if grade_id(cell) == gid)
+    result.cells.insert(index + 1, nbformat.v4.new_code_cell(source))
+    return result
+
+
+def notebook_json(nb) -> str:
+    return nbformat.writes(nb)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Wrong answers that cheats try to rescue
+WRONG_GEMM = '''def gemm(A, B):
+    C = torch.zeros(A.shape[0], B.shape[1], dtype=A.dtype, device=A.device)
+    for i in range(A.shape[0]):
+        for j in range(B.shape[1]):
+            for k in range(A.shape[1]):
+                pass
+    return C
+'''
+WRONG_GEMM_MAC = "def gemm_mac(x, y):\n    return 0\n"
+WRONG_GEMM_IO = "def gemm_io(A, B):\n    return 0\n"
+WRONG_LATENCY = '''def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    for _ in range(warmup + repeat):
+        fn(*args, **kwargs)
+    return 0.0
+'''
+WRONG_ATTN_MAC = "def calc_attn_mac(B, H, L_q, L_kv, D_h):\n    return 0\n"
+# An int whose == is always true: the lying answer several cheats try to get past the exact type checks.
+LYING_INT = '''class _Equal(int):
+    def __eq__(self, other):
+        return True
+    __hash__ = int.__hash__
+'''
+WRONG_GELU = "def gelu_tanh_python(input):\n    return torch.zeros_like(input)\n"
+
+
+def zero_values(reference_source: str, name: str) -> str:
+    """The reference answer, then every value of the dict ``name`` set to zero (keys stay right)."""
+    return reference_source + f"\n{name} = {{key: 0.0 for key in {name}}}\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Adversarial: tampering with what the tests rely on (caught by the grading guard)
+ADVERSARIAL = [
+    RedTeamCase(
+        "adv01_global_recorder", "rebinds the notebook's record_torch_calls to one that records nothing, then calls matmul",
+        with_answer("q1_1_gemm", '''import contextlib
+
+@contextlib.contextmanager
+def record_torch_calls():
+    yield set()
+
+def gemm(A, B):
+    for i in range(1):
+        for j in range(1):
+            for k in range(1):
+                pass
+    return getattr(torch, "mat" + "mul")(A, B)
+'''), {"q1_1_gemm_tests"}),
+    RedTeamCase(
+        "adv02_tensor_abs", "patches torch.Tensor.abs so every error is zero",
+        with_answer("q1_1_gemm", WRONG_GEMM + "torch.Tensor.abs = lambda self: torch.zeros_like(self)\n"
+                    "torch.testing.assert_close = lambda *args, **kwargs: None\n"), {"q1_1_gemm_tests"}),
+    RedTeamCase(
+        "adv03_function_mode", "leaves a TorchFunctionMode active that makes abs() and isclose() lie",
+        with_answer("q1_1_gemm", WRONG_GEMM + '''from torch.overrides import TorchFunctionMode
+
+class _Agree(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name == "abs":
+            return torch.zeros_like(args[0])
+        if name == "isclose":
+            return torch.ones_like(args[0], dtype=torch.bool)
+        return func(*args, **(kwargs or {}))
+
+_Agree().__enter__()
+'''), {"q1_1_gemm_tests"}),
+    RedTeamCase(
+        "adv04_assert_close", "replaces torch.testing.assert_close with a no-op",
+        with_answer("q4_3_1_gelu", WRONG_GELU + "torch.testing.assert_close = lambda *args, **kwargs: None\n"
+                    "torch.Tensor.max = lambda self, *args, **kwargs: torch.zeros(())\n"), {"q4_3_1_gelu_tests"}),
+    RedTeamCase(
+        "adv05_math_isclose", "replaces math.isclose with one that always agrees",
+        with_answer("q2_1_1_intensity", lambda ref: zero_values(ref, "gemm_intensity_by_n")
+                    + "import math\nmath.isclose = lambda *args, **kwargs: True\n"), {"q2_1_1_intensity_tests"}),
+    RedTeamCase(
+        "adv06_math_global", "rebinds the notebook's global math to a fake module",
+        with_answer("q2_2_intensity", lambda ref: zero_values(ref, "gemv_intensity_by_n")
+                    + "import types\nmath = types.SimpleNamespace(isclose=lambda *args, **kwargs: True)\n"),
+        {"q2_2_intensity_tests"}),
+    RedTeamCase(
+        "adv07_plain_value", "rebinds the tests' own helper plain_value so a lying int passes",
+        with_answer("q1_3_gemm_mac", '''plain_value = lambda value, kind, what: value
+
+''' + LYING_INT + '''
+def gemm_mac(x, y):
+    return _Equal(0)
+'''), {"q1_3_gemm_mac_tests"}),
+    RedTeamCase(
+        "adv08_builtins", "replaces builtins.type so exact type checks accept anything",
+        with_answer("q1_4_gemm_io", '''import builtins
+
+''' + LYING_INT + '''
+_real_type = builtins.type
+builtins.type = lambda obj, *rest: int if _real_type(obj) is _Equal and not rest else _real_type(obj, *rest)
+
+def gemm_io(A, B):
+    return _Equal(0)
+'''), {"q1_4_gemm_io_tests"}),
+    RedTeamCase(
+        "adv09_input_transformer", "adds an input transformer that turns every later test cell into `pass`",
+        with_answer("q1_3_gemm_mac", WRONG_GEMM_MAC + '''get_ipython().input_transformers_cleanup.append(
+    lambda lines: ["pass\\n"] if any("assert" in line for line in lines) else lines)
+'''), {"q1_3_gemm_mac_tests"}),
+    RedTeamCase(
+        "adv10_ast_transformer", "adds an AST transformer that deletes every assert",
+        with_answer("q1_4_gemm_io", WRONG_GEMM_IO + '''import ast
+
+class _NoAsserts(ast.NodeTransformer):
+    def visit_Assert(self, node):
+        return ast.Pass()
+
+get_ipython().ast_transformers.append(_NoAsserts())
+'''), {"q1_4_gemm_io_tests"}),
+    RedTeamCase(
+        "adv11_pre_run_hook", "registers a pre_run_cell hook that patches math.isclose just before each cell",
+        with_answer("q3_4_2_intensity", lambda ref: zero_values(ref, "decode_mlp_intensity_by_batch") + '''
+def _before_each_cell(info):
+    import math
+    math.isclose = lambda *args, **kwargs: True
+
+get_ipython().events.register("pre_run_cell", _before_each_cell)
+'''), {"q3_4_2_intensity_tests"}),
+    RedTeamCase(
+        "adv12_hide_errors", "makes the kernel report every cell as passed (showtraceback and do_execute patched)",
+        with_answer("q1_2_latency", WRONG_LATENCY + '''_shell = get_ipython()
+_shell.showtraceback = lambda *args, **kwargs: None
+_kernel_class = type(_shell.kernel)
+_original_do_execute = _kernel_class.do_execute
+
+async def _always_ok(self, *args, **kwargs):
+    reply = await _original_do_execute(self, *args, **kwargs)
+    reply["status"] = "ok"
+    return reply
+
+_kernel_class.do_execute = _always_ok
+'''), {"q1_2_latency_tests"}),
+    RedTeamCase(
+        "adv13_partial_credit", "an int formatter and a displayed value spoof partial credit from a failing test",
+        with_answer("q3_1_2_attn_mac", '''get_ipython().display_formatter.formatters["text/plain"].for_type(int, lambda obj, p, cycle: p.text("4"))
+
+def calc_attn_mac(B, H, L_q, L_kv, D_h):
+    get_ipython().displayhook(0)
+    return 0
+'''), {"q3_1_2_attn_mac_tests"}),
+    RedTeamCase(
+        "adv14_settrace", "installs a trace function (it could rewrite the tests' frames)",
+        with_answer("q3_2_attn_io", '''import sys
+
+def calc_attn_io(B, H, L_q, L_kv, D_h):
+    return 0
+
+def _tracer(frame, event, arg):
+    return None
+
+sys.settrace(_tracer)
+'''), {"q3_2_attn_io_tests"}),
+    RedTeamCase(
+        "adv15_sys_modules", "replaces sys.modules['torch.testing'] and torch.testing with a fake",
+        with_answer("q4_3_1_gelu", WRONG_GELU + '''import sys
+import types
+
+_fake = types.SimpleNamespace(assert_close=lambda *args, **kwargs: None)
+sys.modules["torch.testing"] = _fake
+torch.testing = _fake
+'''), {"q4_3_1_gelu_tests"}),
+    # Lying results (caught by the exact types of plain_value)
+    RedTeamCase(
+        "adv16_lying_int", "returns an int subclass whose == is always true",
+        with_answer("q1_3_gemm_mac", LYING_INT + '''
+def gemm_mac(x, y):
+    return _Equal(0)
+'''), {"q1_3_gemm_mac_tests"}),
+    RedTeamCase(
+        "adv17_lying_float", "latency returns a float subclass that compares within any bounds",
+        with_answer("q1_2_latency", '''class _Anything(float):
+    def __le__(self, other):
+        return True
+    def __ge__(self, other):
+        return True
+
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    for _ in range(warmup + repeat):
+        fn(*args, **kwargs)
+    return _Anything(0.0)
+'''), {"q1_2_latency_tests"}),
+    RedTeamCase(
+        "adv18_lying_dict", "a dict subclass reads the test's expected value from the caller's frame",
+        with_answer("q3_4_3_intensity", lambda ref: ref + '''
+import sys
+
+class _Peek(dict):
+    def __getitem__(self, key):
+        frame = sys._getframe(1)
+        return frame.f_locals.get("expected", 0.0)
+
+prefill_mlp_intensity_by_len = _Peek({key: 0.0 for key in prefill_mlp_intensity_by_len})
+'''), {"q3_4_3_intensity_tests"}),
+    RedTeamCase(
+        "adv19_lying_tensor", "gemm returns a tensor subclass whose every operation returns zeros",
+        with_answer("q1_1_gemm", '''class _Zero(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        result = super().__torch_function__(func, types, args, kwargs or {})
+        if func.__name__ in ("abs", "isclose"):
+            return torch.zeros_like(result.as_subclass(torch.Tensor)) if func.__name__ == "abs" else torch.ones_like(result.as_subclass(torch.Tensor))
+        return result
+
+def gemm(A, B):
+    for i in range(1):
+        for j in range(1):
+            for k in range(1):
+                pass
+    return torch.zeros(A.shape[0], B.shape[1], dtype=A.dtype, device=A.device).as_subclass(_Zero)
+'''), {"q1_1_gemm_tests"}),
+    # The grading environment (the sandbox: no grading variables, no course folder)
+    RedTeamCase(
+        "adv20_copy_reference", "when it sees NBGRADER_EXECUTION, runs the instructor's solution from source/",
+        with_answer("q1_3_gemm_mac", WRONG_GEMM_MAC + '''import json
+import os
+
+if os.environ.get("NBGRADER_EXECUTION"):
+    for _path in ("../../../source/lab1/lab1.ipynb", "../../source/lab1/lab1.ipynb"):
+        try:
+            for _cell in json.load(open(_path))["cells"]:
+                if _cell["metadata"].get("nbgrader", {}).get("grade_id") == "q1_3_gemm_mac":
+                    exec("".join(_cell["source"]))
+        except Exception:
+            pass
+'''), {"q1_3_gemm_mac_tests"}, needs_sandbox=True),
+    RedTeamCase(
+        "zz_vandal", "tries to zero the gradebook and overwrite other students' notebooks (graded last)",
+        with_answer("q1_4_gemm_io", lambda ref: ref + '''
+import glob
+import sqlite3
+
+for _db in glob.glob("../../../gradebook.db") + glob.glob("../../../../gradebook.db"):
+    try:
+        _con = sqlite3.connect(_db)
+        _con.execute("UPDATE grade SET auto_score = 0")
+        _con.commit()
+    except Exception:
+        pass
+for _nb in glob.glob("../../*/lab1/lab1.ipynb") + glob.glob("../../../submitted/*/lab1/lab1.ipynb"):
+    try:
+        open(_nb, "w").write("{}")
+    except Exception:
+        pass
+'''), set(), needs_sandbox=True),
+    RedTeamCase(
+        "adv21_edited_utils", "submits an edited utils.py whose plain_value accepts anything",
+        lambda ref: {f"{LAB}.ipynb": replace_cell_source(ref, "q1_4_gemm_io", LYING_INT + '''
+def gemm_io(A, B):
+    return _Equal(0)
+'''), "utils.py": "from torch import *\nplain_value = lambda value, kind, what: value\n"}, {"q1_4_gemm_io_tests"}),
+    RedTeamCase(
+        "adv22_shadow_module", "submits pandas.py, imported by the setup cell, that patches math.isclose",
+        lambda ref: {f"{LAB}.ipynb": replace_cell_source(ref, "q2_1_1_intensity", zero_values(answer(ref, "q2_1_1_intensity"), "gemm_intensity_by_n")),
+                     "pandas.py": "import math\nmath.isclose = lambda *args, **kwargs: True\nDataFrame = dict\n"},
+        {"q2_1_1_intensity_tests"}),
+    # The guard itself
+    RedTeamCase(
+        "adv23_guard_deleted", "deletes the grading guard: every later test cell scores zero (fail closed)",
+        with_answer("q3_1_2_attn_mac", WRONG_ATTN_MAC + "del _efficient_ai_guard\n"),
+        {"q3_1_2_attn_mac_tests", "b3_1_attn_module_mac_tests", "q3_2_attn_io_tests", "b3_2_attn_module_io_tests",
+         "q3_4_2_intensity_tests", "q3_4_3_intensity_tests", "q4_3_1_gelu_tests"}),
+    # Smuggling hidden tests out through feedback (no points at stake: the answers are right)
+    RedTeamCase(
+        "adv24_smuggle", "copies hidden test source while graded and prints it later, raw and in an error",
+        lambda ref: {f"{LAB}.ipynb": insert_after(
+            replace_cell_source(ref, "q1_3_gemm_mac", answer(ref, "q1_3_gemm_mac") + '''
+import inspect
+import linecache
+
+_seen = []
+_plain_gemm_mac = gemm_mac
+
+def gemm_mac(x, y):
+    _seen.extend("".join(linecache.getlines(frame.filename)) for frame in inspect.stack()[1:3])
+    return _plain_gemm_mac(x, y)
+'''), "q1_4_gemm_io", 'print("\\n".join(_seen))\nprint(In[-6:])\nraise RuntimeError("".join(_seen)[:3000])\n')},
+        set(), feedback_must_not_contain=("cases = [((3, 5), (5, 7), torch.float32)", "_q1_3_hidden_tests")),
+]
+
+# ---------------------------------------------------------------------------------------------------------------
+# Faulty submissions: each is graded, with its points so far and a reason
+def dropped(gid: str):
+    def build(reference):
+        nb = copy.deepcopy(reference)
+        nb.cells = [cell for cell in nb.cells if grade_id(cell) != gid]
+        return {f"{LAB}.ipynb": nb}
+    return build
+
+
+def duplicated(gid: str):
+    def build(reference):
+        nb = copy.deepcopy(reference)
+        index = next(i for i, cell in enumerate(nb.cells) if grade_id(cell) == gid)
+        twin = copy.deepcopy(nb.cells[index])
+        twin.pop("id", None)
+        nb.cells.insert(index + 1, nbformat.from_dict(twin))
+        nbformat.validator.normalize(nb)
+        return {f"{LAB}.ipynb": nb}
+    return build
+
+
+def swapped(first: str, second: str):
+    """The answer cell and test cell of two questions moved as blocks: ``second`` now comes first."""
+    def build(reference):
+        nb = copy.deepcopy(reference)
+        ids = [grade_id(cell) for cell in nb.cells]
+        a, b = ids.index(first), ids.index(second)
+        block_b = nb.cells[b:b + 2]
+        del nb.cells[b:b + 2]
+        nb.cells[a:a] = block_b
+        return {f"{LAB}.ipynb": nb}
+    return build
+
+
+def edited_test(reference):
+    nb = replace_cell_source(reference, "q1_4_gemm_io", WRONG_GEMM_IO)
+    for cell in nb.cells:
+        if grade_id(cell) == "q1_4_gemm_io_tests":
+            cell.source = "pass"
+            cell.metadata["nbgrader"]["points"] = 50
+    return {f"{LAB}.ipynb": nb}
+
+
+def other_kernel(reference):
+    nb = copy.deepcopy(reference)
+    nb.metadata["kernelspec"] = {"name": "julia-1.9", "display_name": "Julia 1.9", "language": "julia"}
+    return {f"{LAB}.ipynb": nb}
+
+
+FROM_GEMM_IO = {"q1_4_gemm_io_tests", "q2_1_1_intensity_tests", "q2_1_2_threshold_tests", "q2_2_intensity_tests",
+                  "q3_1_1_sdpa_tests", "q3_1_2_attn_mac_tests", "b3_1_attn_module_mac_tests", "q3_2_attn_io_tests",
+                  "b3_2_attn_module_io_tests", "q3_4_2_intensity_tests", "q3_4_3_intensity_tests", "q4_3_1_gelu_tests"}
+
+FAULTY = [
+    RedTeamCase("bad01_endless_loop", "a cell of its own loops forever (cut by the cell time limit)",
+                lambda ref: {f"{LAB}.ipynb": insert_after(ref, "q1_2_latency_tests", "while True:\n    pass\n")}),
+    RedTeamCase("bad02_os_exit", "the gemm_io answer cell calls os._exit: the kernel dies there",
+                with_answer("q1_4_gemm_io", lambda ref: ref + "\nimport os\nos._exit(3)\n"), FROM_GEMM_IO),
+    RedTeamCase("bad03_segfault", "the gemm_io answer cell dereferences a null pointer",
+                with_answer("q1_4_gemm_io", lambda ref: ref + "\nimport ctypes\nctypes.string_at(0)\n"), FROM_GEMM_IO),
+    RedTeamCase("bad04_memory_hog", "a cell of its own allocates 64 GiB (more than the sandbox's cap or the machine)",
+                lambda ref: {f"{LAB}.ipynb": insert_after(ref, "q1_2_latency_tests", "_hog = bytearray(64 * 2**30)\n")}),
+    RedTeamCase("bad05_cuda_oom", "the gemm answer cell raises CUDA out-of-memory before defining gemm",
+                with_answer("q1_1_gemm", lambda ref: 'raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")\n' + ref),
+                {"q1_1_gemm_tests"}),
+    RedTeamCase("bad06_truncated", "truncated JSON", lambda ref: {f"{LAB}.ipynb": notebook_json(ref)[:5000]}, ALL),
+    RedTeamCase("bad07_renamed", "the notebook was renamed by a download", lambda ref: {f"{LAB} (1).ipynb": ref}),
+    RedTeamCase("bad08_deleted_test", "the gemm_mac test cell was deleted", dropped("q1_3_gemm_mac_tests")),
+    RedTeamCase("bad09_duplicated_test", "the gemm_io test cell appears twice", duplicated("q1_4_gemm_io_tests")),
+    RedTeamCase("bad10_reordered", "the gemm_io question was moved before the gemm_mac question",
+                swapped("q1_3_gemm_mac", "q1_4_gemm_io")),
+    RedTeamCase("bad11_kernelspec", "the kernelspec was changed to another language", other_kernel),
+    RedTeamCase("bad12_edited_test", "the gemm_io test was replaced by `pass` and given 50 points (answer wrong)",
+                edited_test, {"q1_4_gemm_io_tests"}),
+    RedTeamCase("bad13_no_notebook", "the folder holds no notebook", lambda ref: {"README.txt": "forgot to attach"}, ALL),
+]
+
+CASES = ADVERSARIAL + FAULTY
+
+
+def write_case(case: RedTeamCase, reference, folder) -> None:
+    """Write ``case``'s submission files into ``folder`` (``submitted/<student>/lab1``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, content in case.build(reference).items():
+        if isinstance(content, nbformat.NotebookNode):
+            content = nbformat.writes(content)
+        (folder / name).write_text(content if isinstance(content, str) else json.dumps(content))

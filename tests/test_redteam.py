@@ -1,0 +1,153 @@
+"""Red team: adversarial and faulty Lab 1 submissions graded as one class, next to honest students.
+
+Every case of ``tests/redteam/lab1_redteam.py`` must end with its exact per-cell scores (zero where it cheats or
+breaks, full marks on its honest questions); the honest students' grades must come out right and stay unchanged
+after a vandal is graded in the same course folder; feedback must not carry hidden test source; and, as a
+control, some cheats do earn their points when the grading guard and the sandbox are off.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from course.feedback import generate_feedback
+from course.grade import grade_lab
+from course.nbgrader_run import make_course_dir, read_scores
+from course.notebooks import grade_id, is_autograded_test, make_submission, read_notebook, write_notebook
+from course.paths import REPO_ROOT
+from course.sandbox import unavailable_reason
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "redteam"))
+
+from lab1_redteam import ALL, CASES, LAB, write_case  # noqa: E402
+
+SOURCE = read_notebook(REPO_ROOT / "source" / LAB / f"{LAB}.ipynb")
+RELEASE = read_notebook(REPO_ROOT / "release" / LAB / f"{LAB}.ipynb")
+REFERENCE = make_submission(RELEASE, SOURCE)
+TEST_POINTS = {grade_id(c): float(c.metadata["nbgrader"]["points"]) for c in SOURCE.cells if is_autograded_test(c)}
+PARTIAL_ANSWERED = {"q1_1_gemm", "q1_2_latency", "q2_1_1_intensity", "q3_1_1_sdpa"}
+PARTIAL_ZERO = {"q1_3_gemm_mac_tests", "q1_4_gemm_io_tests", "q2_1_2_threshold_tests", "q2_2_intensity_tests",
+                "q3_1_2_attn_mac_tests", "b3_1_attn_module_mac_tests", "q3_2_attn_io_tests", "b3_2_attn_module_io_tests",
+                "q3_4_2_intensity_tests", "q3_4_3_intensity_tests", "q4_3_1_gelu_tests"}
+VANDAL = "zz_vandal"
+# Short cell limit so the endless loop costs little; every honest Lab 1 cell takes a few seconds at quick scale.
+GRADING_ENV = {"EFFICIENT_AI_CELL_TIMEOUT_S": "45", "EFFICIENT_AI_SANDBOX": "on"}
+
+pytestmark = pytest.mark.skipif(
+    unavailable_reason() is not None,
+    reason=f"the red team needs the grading sandbox: {unavailable_reason()} (scripts/test.sh installs bubblewrap)",
+)
+
+
+@contextmanager
+def environment(values: dict[str, str]):
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def expected_scores(zero) -> dict[str, float]:
+    return {gid: 0.0 if zero == ALL or gid in zero else points for gid, points in TEST_POINTS.items()}
+
+
+def autograded_scores(scores, student: str) -> dict[str, float]:
+    cells = scores[student].cells if student in scores else {}
+    return {gid: cells[gid].score if gid in cells else None for gid in TEST_POINTS}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The whole class graded with 2 workers; then the vandal graded alone, in the same course folder."""
+    course = make_course_dir(tmp_path_factory.mktemp("redteam") / "course", [LAB], REPO_ROOT)
+    write_notebook(REFERENCE, course / "submitted" / "honest_full" / LAB / f"{LAB}.ipynb")
+    write_notebook(make_submission(RELEASE, SOURCE, PARTIAL_ANSWERED), course / "submitted" / "honest_partial" / LAB / f"{LAB}.ipynb")
+    for case in CASES:
+        if case.student != VANDAL:
+            write_case(case, REFERENCE, course / "submitted" / case.student / LAB)
+    with environment(GRADING_ENV):
+        outcomes, _ = grade_lab(course, LAB, progress=False, workers=2)
+        before = read_scores(course, LAB)
+        others = sorted(course.glob(f"autograded/*/{LAB}/{LAB}.ipynb"))
+        notebooks_before = {path: path.read_bytes() for path in others}
+        vandal = next(case for case in CASES if case.student == VANDAL)
+        write_case(vandal, REFERENCE, course / "submitted" / VANDAL / LAB)
+        vandal_outcome, _ = grade_lab(course, LAB, students=[VANDAL], progress=False, workers=1)
+    outcomes.update(vandal_outcome)
+    return {"course": course, "outcomes": outcomes, "before": before, "after": read_scores(course, LAB),
+            "notebooks_before": notebooks_before}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.student for case in CASES])
+def test_case_scores_exactly(graded, case):
+    got = autograded_scores(graded["after"], case.student)
+    expected = expected_scores(case.zero)
+    wrong = {gid: (got[gid], expected[gid]) for gid in TEST_POINTS if got[gid] != expected[gid]}
+    outcome = graded["outcomes"][case.student]
+    assert not wrong, (f"{case.student} ({case.what}) must score exactly as expected; (got, expected) per test "
+                       f"cell: {wrong}; outcome: {outcome}")
+
+
+def test_honest_students_score_right_and_are_untouched_by_the_others(graded):
+    assert autograded_scores(graded["after"], "honest_full") == expected_scores(set()), "the reference earns 57/57"
+    assert autograded_scores(graded["after"], "honest_partial") == expected_scores(PARTIAL_ZERO)
+    for student, scores in graded["before"].items():
+        after = {gid: cell.score for gid, cell in graded["after"][student].cells.items()}
+        assert after == {gid: cell.score for gid, cell in scores.cells.items()}, (
+            f"grading {VANDAL} after {student} must not change {student}'s grades")
+    for path, content in graded["notebooks_before"].items():
+        assert path.read_bytes() == content, f"grading {VANDAL} must not touch {path}"
+
+
+def test_failures_and_repairs_are_explained_to_the_ta(graded):
+    outcomes = graded["outcomes"]
+    for student in ("bad02_os_exit", "bad03_segfault"):
+        text = f"{outcomes[student].reason} {' '.join(outcomes[student].notes)}"
+        assert "kernel died" in text, f"{student}: the reason must say the kernel died, got {outcomes[student]}"
+    for student in ("bad06_truncated", "bad13_no_notebook"):
+        assert outcomes[student].status != "ok" and outcomes[student].reason, (
+            f"{student} must be recorded as not gradable, with a reason: {outcomes[student]}")
+    integrity = " ".join(outcomes["adv05_math_isclose"].notes + [outcomes["adv05_math_isclose"].reason])
+    assert "math.isclose" in integrity, f"the TA must see what the guard found: {outcomes['adv05_math_isclose']}"
+    for student in ("bad07_renamed", "bad08_deleted_test", "bad09_duplicated_test", "adv21_edited_utils"):
+        assert outcomes[student].notes, f"{student}: the repair must be noted for the TA, got {outcomes[student]}"
+
+
+def test_feedback_never_shows_hidden_tests(graded):
+    smugglers = [case for case in CASES if case.feedback_must_not_contain]
+    files = generate_feedback(graded["course"], LAB, [case.student for case in smugglers] + ["honest_full"])
+    assert len(files) == len(smugglers) + 1, files
+    for case in smugglers:
+        html = (graded["course"] / "feedback" / case.student / LAB / f"{LAB}.html").read_text()
+        for text in case.feedback_must_not_contain:
+            assert text not in html, f"{case.student}'s feedback must not contain hidden test source {text!r}"
+    control = (graded["course"] / "autograded" / smugglers[0].student / LAB / f"{LAB}.ipynb").read_text()
+    assert smugglers[0].feedback_must_not_contain[0] in control, (
+        "control: the smuggler did copy hidden test source into its outputs before feedback was made")
+
+
+CONTROL = ["adv01_global_recorder", "adv05_math_isclose", "adv09_input_transformer"]
+
+
+def test_control_cheats_earn_points_without_the_guard(tmp_path):
+    course = make_course_dir(tmp_path / "course", [LAB], REPO_ROOT)
+    cases = [case for case in CASES if case.student in CONTROL]
+    for case in cases:
+        write_case(case, REFERENCE, course / "submitted" / case.student / LAB)
+    with environment({**GRADING_ENV, "EFFICIENT_AI_GUARD": "off", "EFFICIENT_AI_SANDBOX": "off"}):
+        _, scores = grade_lab(course, LAB, progress=False, workers=2)
+    for case in cases:
+        got = autograded_scores(scores, case.student)
+        assert got == expected_scores(set()), (
+            f"control: without the guard {case.student}'s cheat must earn every point (else the red-team case "
+            f"proves nothing), got {got}")
