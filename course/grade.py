@@ -39,6 +39,7 @@ class Outcome:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # repairs made to the submission before grading
     flags: list[str] = field(default_factory=list)  # suspicious code for a TA to review; never changes a score
+    cuda_error: str = ""  # a sticky CUDA error that stopped the run (GuardedExecute's report), if any
 
 
 def prepare_gradebook(course_root: Path, lab: str, env: dict[str, str] | None = None) -> None:
@@ -94,7 +95,30 @@ def autograde_one(
     """Autograde one submission in its own nbgrader process. Never raises for a bad submission.
 
     ``submitted``: the folder holding ``<student>/<lab>/`` (a staging folder); default ``submitted/``.
+
+    A submission whose run hit a sticky CUDA error (a device-side assert: every later CUDA call in that kernel
+    fails) is graded once more with the GPU hidden, so it earns what it would on a CPU grader; a note says so.
     """
+    outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted)
+    cuda_error = outcome.cuda_error
+    if not cuda_error or (env or {}).get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")) == "":
+        return outcome
+    cpu = _autograde_once(course_root, lab, student, timeout_s, {**(env or {}), "CUDA_VISIBLE_DEVICES": ""},
+                          extra_args, submitted)
+    cpu.seconds += outcome.seconds
+    cpu.notes.insert(0, f"graded on the CPU: on the GPU, {cuda_error} made every later CUDA call fail")
+    return cpu
+
+
+def _autograde_once(
+    course_root: Path,
+    lab: str,
+    student: str,
+    timeout_s: float,
+    env: dict[str, str] | None,
+    extra_args: list[str] | None,
+    submitted: Path | None,
+) -> Outcome:
     start = time.perf_counter()
     if submitted is not None:
         extra_args = [*(extra_args or []), f"--CourseDirectory.submitted_directory={submitted}"]
@@ -136,6 +160,7 @@ def with_grading_report(outcome: Outcome, report_path: Path) -> Outcome:
         return outcome
     if report.get("stopped"):
         outcome.status, outcome.reason = "partial", report["stopped"]
+    outcome.cuda_error = report.get("cuda_error", "")
     if report.get("guard"):
         outcome.notes.append(f"grading guard: {report['guard']}")
     for cell, found in sorted(report.get("integrity", {}).items()):

@@ -20,6 +20,9 @@ from .notebooks import HIDDEN_BEGIN, HIDDEN_END
 GUARD_SOURCE = Path(__file__).with_name("guard_kernel.py")
 GRADING_REPORT = "grading_report.json"  # written beside each autograded notebook
 DEFAULT_NOTEBOOK_TIMEOUT_S = 600
+# How long the grader waits for the kernel to answer one of its own requests (a guard command, or the empty
+# request sent after every cell); a healthy kernel answers in milliseconds.
+KERNEL_REPLY_TIMEOUT_S = 60
 
 
 def _is_test_cell(cell) -> bool:
@@ -135,6 +138,23 @@ class StripHiddenTests(NbGraderPreprocessor):
         return cell, resources
 
 
+# Errors after which the process's CUDA context is unusable: every later CUDA call fails too.
+STICKY_CUDA_ERRORS = ("device-side assert triggered", "an illegal memory access was encountered",
+                      "unspecified launch failure", "misaligned address", "an illegal instruction was encountered")
+
+
+def sticky_cuda_error(cell) -> str:
+    """The sticky CUDA error a cell's outputs report (``STICKY_CUDA_ERRORS``), or ""."""
+    for out in cell.get("outputs", []):
+        if out.get("output_type") != "error":
+            continue
+        text = f"{out.get('ename', '')}: {out.get('evalue', '')}"
+        for needle in STICKY_CUDA_ERRORS:
+            if needle in text:
+                return needle
+    return ""
+
+
 def _error_output(ename: str, evalue: str) -> NotebookNode:
     return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
@@ -155,6 +175,9 @@ class GuardedExecute(Execute):
     - A dead kernel (``os._exit``, a segfault, the out-of-memory killer) or the notebook time limit
       (``EFFICIENT_AI_NOTEBOOK_TIMEOUT_S``, default 600 s) stops execution; the cells already run keep their
       results, every later test cell gets an error saying why it did not run, and nbgrader scores the notebook.
+    - A sticky CUDA error (a device-side assert, an illegal memory access) leaves the GPU unusable for the rest of
+      the process, so execution stops there the same way and the report names it (``cuda_error``);
+      ``course.grade`` then grades the submission again without the GPU, as a CPU grader would.
 
     What happened is written to ``grading_report.json`` beside the autograded notebook. ``EFFICIENT_AI_GUARD=off``
     turns the guard off (to compare, or to rule it out when a reference solution loses points).
@@ -164,6 +187,8 @@ class GuardedExecute(Execute):
         self._guard_key: bytes | None = None
         self._guard_broken = ""
         self._stopped = ""
+        self._cuda_error = ""
+        self._kernel_lost = ""  # "died" or "stopped answering ...", found by a request of the grader's own
         self._integrity: dict[str, list[str]] = {}
         self._pending: list[str] = []  # tampering undone before a locked cell, charged to the next test cell
         self._guard_on = os.environ.get("EFFICIENT_AI_GUARD", "on") != "off"
@@ -177,14 +202,40 @@ class GuardedExecute(Execute):
 
     # -- the guard protocol -------------------------------------------------------------------------------------
     async def _async_request(self, code: str, expression: str | None) -> dict | None:
+        from queue import Empty
+
+        from nbclient.exceptions import DeadKernelError
+        from nbclient.util import ensure_async
+
         msg_id = self.kc.execute(code, silent=True, store_history=False, allow_stdin=False,
                                  user_expressions={"guard": expression} if expression else None)
-        return await self.async_wait_for_reply(msg_id)
+        deadline = time.monotonic() + KERNEL_REPLY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=1))
+            except Empty:
+                if not await ensure_async(self.kc.is_alive()):
+                    raise DeadKernelError("Kernel died") from None
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg
+        return None
 
     def _request(self, code: str, expression: str | None = None) -> dict | None:
+        """Send the kernel a silent request; its reply, or None (and ``_kernel_lost`` set) when none came."""
+        from nbclient.exceptions import DeadKernelError
         from nbclient.util import run_sync
 
-        return run_sync(self._async_request)(code, expression)
+        if self._kernel_lost:
+            return None
+        try:
+            reply = run_sync(self._async_request)(code, expression)
+        except DeadKernelError:
+            self._kernel_lost = "died"
+            return None
+        if reply is None:
+            self._kernel_lost = f"stopped answering (no reply in {KERNEL_REPLY_TIMEOUT_S} s)"
+        return reply
 
     def _guard_value(self, reply: dict | None) -> str | None:
         try:
@@ -223,6 +274,8 @@ class GuardedExecute(Execute):
             return None
         nonce = secrets.token_hex(16)
         value = self._guard_value(self._request("", f"_efficient_ai_guard({command!r}, {nonce!r})"))
+        if self._kernel_lost:
+            return []  # the kernel itself is gone or mute: execution stops there (preprocess_cell)
         payload, _, signature = (value or "").rpartition("|")
         expected = hmac.new(self._guard_key, f"{nonce}|{payload}".encode(), hashlib.sha256).hexdigest()
         if not value or not hmac.compare_digest(signature, expected):
@@ -258,6 +311,11 @@ class GuardedExecute(Execute):
 
         gid = cell.metadata.get("nbgrader", {}).get("grade_id")
         where = f"cell {index}" + (f" ({gid})" if gid else " (a cell without a grade id)")
+        if self._kernel_lost:
+            self._stop_lost_kernel(f"before {where}")
+            if is_test:
+                cell.outputs = [_error_output("NotRun", self._stopped)]
+            return cell, self.resources
         try:
             cell = self.execute_cell(cell, index, store_history=not is_test)
         except DeadKernelError:
@@ -270,6 +328,14 @@ class GuardedExecute(Execute):
             self._guard("forget")
         elif is_setup:
             self._guard("adopt")
+        else:
+            # Student code can leave the kernel unable to answer (replacing builtins.type breaks ipykernel's
+            # message handler): ask now, so a kernel in that state costs one wait, not one per remaining cell.
+            self._request("")
+        if self._kernel_lost:
+            self._stop_lost_kernel(f"after {where}")
+            if is_test and not found:
+                found = ["the kernel stopped answering after this test cell"]
         if found:
             found = sorted(set(found))
             self._integrity[gid or str(index)] = found
@@ -277,10 +343,23 @@ class GuardedExecute(Execute):
                 "GradingIntegrityError",
                 "this test does not count: student code changed what the tests rely on (" + "; ".join(found) +
                 "). The change was undone for the cells after this one."))
-        if time.monotonic() > self._deadline:
+        cuda_error = sticky_cuda_error(cell)
+        if cuda_error:
+            self._cuda_error = f"{cuda_error} in {where}"
+            self._stopped = (f"a CUDA error that leaves the GPU unusable ({cuda_error}) in {where}; "
+                             "cells after it were not run")
+        elif time.monotonic() > self._deadline:
             self._stopped = (f"the notebook exceeded its time limit of {self._timeout_s:.0f} s "
                              f"(EFFICIENT_AI_NOTEBOOK_TIMEOUT_S) after {where}; cells after it were not run")
         return cell, self.resources
+
+    def _stop_lost_kernel(self, when: str) -> None:
+        if self._kernel_lost == "died":
+            self._stopped = (f"the kernel died {when} (os._exit, a segfault or the out-of-memory killer); "
+                             "cells after it were not run")
+        else:
+            self._stopped = (f"the kernel {self._kernel_lost} {when}: student code broke it (replacing "
+                             "builtins.type does, for one); cells after it were not run")
 
     def _findings_or_broken(self, command: str) -> list[str]:
         findings = self._guard(command)
@@ -290,7 +369,8 @@ class GuardedExecute(Execute):
         folder = ((resources or {}).get("metadata") or {}).get("path")
         if not folder:
             return
-        report = {"stopped": self._stopped, "guard": self._guard_broken, "integrity": self._integrity}
+        report = {"stopped": self._stopped, "guard": self._guard_broken, "integrity": self._integrity,
+                  "cuda_error": self._cuda_error}
         try:
             (Path(folder) / GRADING_REPORT).write_text(json.dumps(report, indent=1))
         except OSError:

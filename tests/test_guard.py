@@ -21,6 +21,10 @@ SUBMISSIONS = {
                    "    return 0 if x == 0.5 else x * factor_per_unit  # wrong on the hidden test's input"),
     "dies": ("q1_2_scale", "import os\nos._exit(1)"),
     "slow": ("q1_2_scale", SLOW_SCALE),
+    # What a device-side assert looks like to the grader; it happens only while a GPU is visible.
+    "cuda_assert": ("q1_2_scale", "import os\nif os.environ.get('CUDA_VISIBLE_DEVICES') != '':\n"
+                                  "    raise RuntimeError('CUDA error: device-side assert triggered')\n\n"
+                                  "def scale(x, factor_per_unit):\n    return x * factor_per_unit"),
 }
 
 
@@ -62,6 +66,16 @@ def test_dead_kernel_keeps_the_points_earned_before(graded):
     assert points(scores, "dies") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 0, "b1_1_square_tests": 0}
     assert outcomes["dies"].status == "partial" and "kernel died in cell" in outcomes["dies"].reason, outcomes["dies"]
     assert "(q1_2_scale)" in outcomes["dies"].reason, "the reason names the cell by its grade id"
+
+
+def test_a_sticky_cuda_error_is_graded_again_without_the_gpu(graded):
+    outcomes, scores, _ = graded
+    assert points(scores, "cuda_assert") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 2, "b1_1_square_tests": 1}, (
+        "after a device-side assert the submission is graded again with CUDA hidden, and earns its CPU score")
+    note = (outcomes["cuda_assert"].notes or [""])[0]
+    assert note.startswith("graded on the CPU: on the GPU, device-side assert triggered in cell") and (
+        "(q1_2_scale)" in note), f"the TA must be told why and where: {outcomes['cuda_assert']}"
+    assert outcomes["cuda_assert"].status == "ok", outcomes["cuda_assert"]
 
 
 def test_notebook_time_limit_keeps_the_points_earned_before(graded):

@@ -6,6 +6,7 @@
 #   labN       scripts/gpu/run_lab.py labN      (teaching-scale run of the reference notebook + autograde timing)
 #   lab2bench  scripts/gpu/lab2_bench.py        (Lab 2 cell by cell at teaching scale: its report.md, tables, figures)
 #   autograde  scripts/gpu/run_lab.py LAB --skip-execute for every lab (one reference submission graded as TAs grade)
+#   cudafaults scripts/gpu/check_cuda_faults.py (a device-side assert and a CUDA OOM in a submission, graded on the GPU)
 # Prepare here first: bash scripts/gpu/gather_wheels.sh   (carry: [".whl"])
 # Example device command: bash scripts/gpu/run_reports.sh utils measure lab1
 set -u
@@ -22,6 +23,7 @@ for step in "$@"; do
     utils)   python3 scripts/gpu/check_utils_gpu.py --out "$RESULTS" 2>&1 | tee "$RESULTS/utils_check.log" ;;
     measure) python3 scripts/gpu/lab1_measure.py --out "$RESULTS" 2>&1 | tee "$RESULTS/lab1_measure.log" ;;
     lab2bench) python3 scripts/gpu/lab2_bench.py --out "$RESULTS/lab2" 2>&1 | tee "$RESULTS/lab2_bench.log" ;;
+    cudafaults) python3 scripts/gpu/check_cuda_faults.py --out "$RESULTS" 2>&1 | tee "$RESULTS/cuda_faults.log" ;;
     autograde) for lab in $(ls labs); do python3 scripts/gpu/run_lab.py "$lab" --skip-execute --out "$RESULTS"; done 2>&1 | tee "$RESULTS/autograde.log" ;;
     lab*)    python3 scripts/gpu/run_lab.py "$step" --out "$RESULTS" 2>&1 | tee "$RESULTS/${step}_run.log" ;;
     *)       echo "unknown step $step" ;;

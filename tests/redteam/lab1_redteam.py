@@ -86,6 +86,12 @@ LYING_INT = '''class _Equal(int):
 '''
 WRONG_GELU = "def gelu_tanh_python(input):\n    return torch.zeros_like(input)\n"
 
+# Every test from Question 1.4 on: what a submission loses when its kernel dies or goes mute in the gemm_io answer
+# (the tests before it keep their points).
+FROM_GEMM_IO = {"q1_4_gemm_io_tests", "q2_1_1_intensity_tests", "q2_1_2_threshold_tests", "q2_2_intensity_tests",
+                "q3_1_1_sdpa_tests", "q3_1_2_attn_mac_tests", "b3_1_attn_module_mac_tests", "q3_2_attn_io_tests",
+                "b3_2_attn_module_io_tests", "q3_4_2_intensity_tests", "q3_4_3_intensity_tests", "q4_3_1_gelu_tests"}
+
 
 def zero_values(reference_source: str, name: str) -> str:
     """The reference answer, then every value of the dict ``name`` set to zero (keys stay right)."""
@@ -151,7 +157,7 @@ def gemm_mac(x, y):
     return _Equal(0)
 '''), {"q1_3_gemm_mac_tests"}),
     RedTeamCase(
-        "adv08_builtins", "replaces builtins.type so exact type checks accept anything",
+        "adv08_builtins", "replaces builtins.type so exact type checks accept anything (the kernel goes mute)",
         with_answer("q1_4_gemm_io", '''import builtins
 
 ''' + LYING_INT + '''
@@ -160,7 +166,7 @@ builtins.type = lambda obj, *rest: int if _real_type(obj) is _Equal and not rest
 
 def gemm_io(A, B):
     return _Equal(0)
-'''), {"q1_4_gemm_io_tests"}),
+'''), FROM_GEMM_IO),  # a lambda for builtins.type breaks ipykernel's message handler: the kernel goes mute
     RedTeamCase(
         "adv09_input_transformer", "adds an input transformer that turns every later test cell into `pass`",
         with_answer("q1_3_gemm_mac", WRONG_GEMM_MAC + '''get_ipython().input_transformers_cleanup.append(
@@ -396,9 +402,6 @@ def other_kernel(reference):
     return {f"{LAB}.ipynb": nb}
 
 
-FROM_GEMM_IO = {"q1_4_gemm_io_tests", "q2_1_1_intensity_tests", "q2_1_2_threshold_tests", "q2_2_intensity_tests",
-                  "q3_1_1_sdpa_tests", "q3_1_2_attn_mac_tests", "b3_1_attn_module_mac_tests", "q3_2_attn_io_tests",
-                  "b3_2_attn_module_io_tests", "q3_4_2_intensity_tests", "q3_4_3_intensity_tests", "q4_3_1_gelu_tests"}
 
 FAULTY = [
     RedTeamCase("bad01_endless_loop", "a cell of its own loops forever (cut by the cell time limit)",
