@@ -202,7 +202,23 @@ def autograde_report(results: Path) -> str:
         f"step of `scripts/gpu/run_reports.sh`; torch {runs[0].get('torch')}): the reference solution of each lab, "
         "graded by `course.grade` as TAs grade (quick scale, grading guard on). Target: at most 120 s per submission "
         "on an H100.", "",
-        table(["lab", "status", "seconds", "autograded points"], rows), ""])
+        table(["lab", "status", "seconds", "autograded points"], rows), "", *cuda_faults_section(results)])
+
+
+def cuda_faults_section(results: Path) -> list[str]:
+    """Lab 1 submissions that break the GPU, graded there (``cuda_faults.json`` of check_cuda_faults.py)."""
+    path = results / "cuda_faults.json"
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    rows = [[student, entry["status"], entry["seconds"], sum(entry["scores"].values()),
+             "; ".join(entry["notes"]) or entry["reason"] or "-"] for student, entry in data["students"].items()]
+    return ["## Submissions that break the GPU", "",
+            "`scripts/gpu/check_cuda_faults.py`: Lab 1's reference, and the reference with its gemm answer cell "
+            "starting with an out-of-bounds index on `DEVICE` (a device-side assert on the GPU) or a 4 TiB "
+            "allocation (CUDA out-of-memory). On a CPU grader both lose Question 1.1 (5 points) and nothing else.", "",
+            table(["submission", "status", "seconds", "autograded points", "note"], rows), "",
+            *[f"- {'PASS' if ok else 'FAIL'}: {check}" for check, ok in data["checks"].items()], ""]
 
 
 def main() -> int:
