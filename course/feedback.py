@@ -18,12 +18,14 @@ def generate_feedback(course_root: Path, lab: str, students: list[str] | None = 
     Raises:
         RuntimeError: nbgrader failed (its output tail is in the message).
     """
-    args = ["generate_feedback", lab, "--force"]
-    for student in students or []:
-        args += ["--student", student]
-    result = run_nbgrader(course_root, args)
-    if not result.ok:
-        raise RuntimeError(f"nbgrader generate_feedback {lab} failed:\n{result.tail(20)}")
+    # nbgrader takes one --student (a name or a glob) per run: one run for everyone, or one per named student.
+    for student in students or [None]:
+        args = ["generate_feedback", lab, "--force", *(["--student", student] if student else [])]
+        result = run_nbgrader(course_root, args)
+        if not result.ok:
+            raise RuntimeError(f"nbgrader generate_feedback {lab} failed:\n{result.tail(20)}")
+    if students:
+        return sorted(path for student in students for path in (course_root / "feedback" / student / lab).glob("*.html"))
     return sorted((course_root / "feedback").glob(f"*/{lab}/*.html"))
 
 

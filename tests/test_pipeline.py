@@ -241,3 +241,7 @@ def test_grading_ignores_spoofed_results_and_stderr_and_feedback_hides_tests(bui
         text = html.read_text()
         assert "add(-40, 17)" not in text and "3.625" not in text, f"{html}: hidden test source leaked into feedback"
         assert "hidden tests ran here" in text
+    shutil.rmtree(course / "feedback")
+    named = generate_feedback(course, LAB, ["printer", "stasher"])
+    assert [path.relative_to(course / "feedback").parts[0] for path in named] == ["printer", "stasher"], (
+        f"feedback for two named students (`course feedback LAB --student A --student B`) must make exactly theirs: {named}")

@@ -114,7 +114,7 @@ def gemm(A, B):
         for j in range(1):
             for k in range(1):
                 pass
-    return getattr(torch, "mat" + "mul")(A, B)
+    return getattr(torch, "".join(["mat", "mul"]))(A, B)  # "mat" + "mul" would be folded to a constant
 '''), {"q1_1_gemm_tests"}),
     RedTeamCase(
         "adv02_tensor_abs", "patches torch.Tensor.abs so every error is zero",
