@@ -433,6 +433,7 @@ def plot_histogram(path: Path, lab: str, scores: dict[str, SubmissionScores], st
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     totals = [sum(c.score for c in scores[s].cells.values()) if s in scores else 0.0 for s in students]
     max_total = max((sum(c.max_score for c in s.cells.values()) for s in scores.values()), default=1.0)
@@ -440,6 +441,7 @@ def plot_histogram(path: Path, lab: str, scores: dict[str, SubmissionScores], st
     ax.hist(totals, bins=min(20, max(5, len(totals))), range=(0, max_total), color="#4C72B0", edgecolor="white")
     ax.set_xlabel(f"total score (points, out of {max_total:g}; manual answers count once graded)")
     ax.set_ylabel("students")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of students
     ax.set_title(f"{lab}: score distribution ({len(totals)} submissions)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
