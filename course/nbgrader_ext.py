@@ -319,8 +319,8 @@ class GuardedExecute(Execute):
         try:
             cell = self.execute_cell(cell, index, store_history=not is_test)
         except DeadKernelError:
-            self._stopped = (f"the kernel died in {where} (os._exit, a segfault or the out-of-memory killer); "
-                             "cells after it were not run")
+            self._kernel_lost = "died"
+            self._stop_lost_kernel(f"in {where}")
             cell.outputs.append(_error_output("DeadKernelError", self._stopped))
             return cell, self.resources
         if is_test:

@@ -41,12 +41,11 @@ def main() -> int:
 
     from course.grade import grade_lab
     from course.nbgrader_run import make_course_dir
-    from course.notebooks import make_submission, read_notebook, replace_cell_source, write_notebook
+    from course.notebooks import grade_id, make_submission, read_notebook, replace_cell_source, write_notebook
 
     source = read_notebook(REPO / "source" / LAB / f"{LAB}.ipynb")
     reference = make_submission(read_notebook(REPO / "release" / LAB / f"{LAB}.ipynb"), source)
-    gemm_answer = next(cell.source for cell in reference.cells
-                       if cell.metadata.get("nbgrader", {}).get("grade_id") == "q1_1_gemm")
+    gemm_answer = next(cell.source for cell in reference.cells if grade_id(cell) == "q1_1_gemm")
     course = make_course_dir(Path(tempfile.mkdtemp(prefix="cuda-faults-")), [LAB], REPO)
     write_notebook(reference, course / "submitted" / "reference" / LAB / f"{LAB}.ipynb")
     for student, first_line in BROKEN_FIRST_LINES.items():
