@@ -1,21 +1,43 @@
 """nbgrader settings for Efficient AI Labs (read by every nbgrader command run from this folder).
 
 The gradebook is SQLite in this folder by default; set NBGRADER_DB_URL (e.g. postgresql://...) to use a
-shared database instead. Cell and notebook time limits can be raised with EFFICIENT_AI_CELL_TIMEOUT_S.
+shared database instead. The time limit of one cell is EFFICIENT_AI_CELL_TIMEOUT_S (default 120 s), that of a
+whole notebook EFFICIENT_AI_NOTEBOOK_TIMEOUT_S (default 600 s).
+
+This file needs the course tooling (the `course` package: `pip install -e REPO`, which scripts/install.sh runs).
+When it cannot be loaded, every nbgrader command stops with an error instead of going on with nbgrader's stock
+settings (those would show hidden tests in feedback and grade without the guard, the sandbox or our checks).
 """
 import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_REPO = os.environ.get("EFFICIENT_AI_REPO", _HERE)
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
+if os.path.isdir(os.path.join(_HERE, "course")) and _HERE not in sys.path:
+    sys.path.insert(0, _HERE)  # the repository itself: its `course` package, installed or not
 
-from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor  # noqa: E402
-from nbgrader.preprocessors import (  # noqa: E402
-    AssignLatePenalties, CheckCellMetadata, GetGrades, IgnorePattern, LimitOutput, SaveAutoGrades,
-)
-from course.nbgrader_ext import DropTestResults, GuardedExecute, StripHiddenTests  # noqa: E402
+
+def _refuse(exc: BaseException) -> None:
+    """Stop nbgrader: traitlets only logs an Exception raised by a config file and goes on without it."""
+    message = (
+        f"nbgrader_config.py in {_HERE} could not load the Efficient AI course settings ({type(exc).__name__}: "
+        f"{exc}). Refusing to run nbgrader with its stock settings, which would show hidden tests in feedback and "
+        "grade without the course's guard and sandbox. Install the course tooling into this Python environment "
+        "(pip install -e PATH_TO_THE_COURSE_REPOSITORY, or bash scripts/install.sh there) and run again."
+    )
+    print(f"ERROR: {message}", file=sys.stderr)
+    raise SystemExit(message)
+
+
+try:
+    from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
+    from nbgrader.preprocessors import (
+        AssignLatePenalties, CheckCellMetadata, GetGrades, IgnorePattern, LimitOutput, SaveAutoGrades,
+    )
+
+    from course.nbgrader_ext import DropTestResults, GuardedExecute, StripHiddenTests
+    from course.sandbox import configure_sandbox
+except Exception as exc:  # noqa: BLE001  (any failure to load the course's extensions stops nbgrader)
+    _refuse(exc)
 
 c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this file)
 
@@ -45,6 +67,4 @@ c.Autograde.autograde_preprocessors = [
 c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, StripHiddenTests]
 
 # Every kernel nbgrader starts runs in a bubblewrap sandbox (EFFICIENT_AI_SANDBOX; docs/SECURITY.md).
-from course.sandbox import configure_sandbox  # noqa: E402
-
 configure_sandbox(c)
