@@ -35,6 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("lab")
     p.add_argument("--student", action="append", help="only this student (repeatable)")
     p.add_argument("--exchange", help="nbgrader exchange folder to release feedback into (optional)")
+    p.add_argument("--force", action="store_true", help="generate feedback even where written answers are ungraded")
     p.add_argument("--course-dir", type=Path, default=REPO_ROOT, help="nbgrader course folder (default: this repository)")
 
     p = sub.add_parser("demo", help="build, grade a demo class (reference, blank, partial) and print the table")
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "feedback":
         from . import feedback
 
-        return feedback.main(args.lab, args.course_dir.resolve(), args.student, args.exchange)
+        return feedback.main(args.lab, args.course_dir.resolve(), args.student, args.exchange, args.force)
     if args.command == "demo":
         from . import demo
 

@@ -21,6 +21,7 @@ from .paths import REPO_ROOT, lab_text_path
 
 SUPPORT_FILES = ("utils.py",)
 SUPPORT_DIRS = ("assets",)
+SET_ASIDE_DIR = "build-set-aside"  # files found in release/labN/ that the build did not write (ignored by git)
 
 
 class BuildError(Exception):
@@ -56,8 +57,13 @@ def _write_if_changed(path: Path, text: str, changed: list[Path]) -> None:
     changed.append(path)
 
 
-def sync_tree(src: Path, dest: Path, changed: list[Path]) -> None:
-    """Make ``dest`` a copy of ``src``: copy new or different files, remove files ``src`` lacks."""
+def sync_tree(src: Path, dest: Path, changed: list[Path], set_aside: Path | None = None) -> None:
+    """Make ``dest`` a copy of ``src``: copy new or different files, remove files ``src`` lacks.
+
+    Args:
+        set_aside: where files ``src`` lacks are moved (same relative path) instead of being deleted, with a
+            printed line for each; None deletes them (folders only the build writes).
+    """
     dest.mkdir(parents=True, exist_ok=True)
     for item in sorted(src.rglob("*")):
         if item.is_dir() or "__pycache__" in item.parts:
@@ -72,7 +78,13 @@ def sync_tree(src: Path, dest: Path, changed: list[Path]) -> None:
             continue
         counterpart = src / item.relative_to(dest)
         if item.is_file() and not counterpart.exists():
-            item.unlink()
+            if set_aside is None:
+                item.unlink()
+            else:
+                kept = set_aside / item.relative_to(dest)
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(item, kept)
+                print(f"build: {item} is not part of the release: moved to {kept} (work in a copy of the release)")
             changed.append(item)
         elif item.is_dir() and not counterpart.exists() and not any(item.iterdir()):
             item.rmdir()
@@ -107,7 +119,8 @@ def generate_release(lab: str, source_dir: Path, release_dir: Path) -> list[Path
         generated = course / "release" / lab
         if not result.ok or not (generated / f"{lab}.ipynb").exists():
             raise BuildError(f"nbgrader generate_assignment {lab} failed:\n{result.tail(25)}")
-        sync_tree(generated, release_dir, changed)
+        # A student (or instructor) may have worked inside release/: set such files aside, never delete them.
+        sync_tree(generated, release_dir, changed, set_aside=release_dir.parent.parent / SET_ASIDE_DIR / lab)
     return changed
 
 

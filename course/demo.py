@@ -90,4 +90,15 @@ def main(lab: str = "lab1", root: Path = REPO_ROOT, course: Path | None = None) 
         print(f"UNEXPECTED: {problem}")
     if not problems:
         print("demo: every submission earned exactly the autograded points expected of it.")
+        print(next_steps(lab, course, root))
     return 1 if problems else 0
+
+
+def next_steps(lab: str, course: Path, root: Path) -> str:
+    """Copy-paste commands for the demo class: grade written answers, then feedback (the TA's next steps)."""
+    where = course.relative_to(root) if course.is_relative_to(root) else course
+    return (
+        "\nNext steps with the demo class:\n"
+        f"  (cd {where} && jupyter lab)   # then Nbgrader > Formgrader: grade the written answers of {lab}\n"
+        f"  python -m course feedback {lab} --course-dir {where}   # feedback/<student>/{lab}/{lab}.html"
+    )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .nbgrader_run import run_nbgrader
+from .nbgrader_run import read_scores, run_nbgrader
 from .paths import REPO_ROOT
 
 
@@ -29,6 +29,19 @@ def generate_feedback(course_root: Path, lab: str, students: list[str] | None = 
     return sorted((course_root / "feedback").glob(f"*/{lab}/*.html"))
 
 
+def ungraded_answers(course_root: Path, lab: str, students: list[str] | None = None) -> dict[str, list[str]]:
+    """Cells still waiting for a TA's score (written answers, plots), by student; students with none are left out.
+
+    nbgrader shows such a cell as 0 points in feedback, which reads as a grade.
+    """
+    waiting = {}
+    for student, scores in read_scores(course_root, lab, students).items():
+        cells = sorted(gid for gid, cell in scores.cells.items() if cell.needs_manual_grade)
+        if cells:
+            waiting[student] = cells
+    return waiting
+
+
 def release_feedback(course_root: Path, lab: str, exchange: Path) -> None:
     exchange.mkdir(parents=True, exist_ok=True)
     result = run_nbgrader(course_root, ["release_feedback", lab, f"--Exchange.root={exchange}"])
@@ -36,7 +49,17 @@ def release_feedback(course_root: Path, lab: str, exchange: Path) -> None:
         raise RuntimeError(f"nbgrader release_feedback {lab} failed:\n{result.tail(20)}")
 
 
-def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None, exchange: str | None = None) -> int:
+def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None, exchange: str | None = None,
+         force: bool = False) -> int:
+    waiting = ungraded_answers(root, lab, students)
+    if waiting:
+        cells = sum(len(c) for c in waiting.values())
+        print(f"feedback {lab}: {len(waiting)} submission(s) still have {cells} cell(s) waiting for a TA's score "
+              f"(feedback would show them as 0 points), e.g. {next(iter(waiting))}: "
+              f"{', '.join(next(iter(waiting.values()))[:4])}. Grade them in JupyterLab (Nbgrader > Formgrader) "
+              + ("; generating feedback anyway (--force)." if force else "first, or pass --force."))
+        if not force:
+            return 1
     try:
         files = generate_feedback(root, lab, students)
         if exchange:

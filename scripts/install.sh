@@ -12,7 +12,7 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   echo "installing torch 2.13 (for a specific CUDA build see pytorch.org, then rerun this script)"
   "$PY" -m pip install --quiet "torch==2.13.*"
 fi
-"$PY" -m pip install --quiet -r requirements.txt
+"$PY" -m pip install --quiet -r requirements-course.txt  # requirements.txt (students) + grading tools
 # The course tooling as a package (pyproject.toml), so nbgrader finds our extensions from any course folder.
 # -I: without this folder on sys.path, so only an installed `course` that is this checkout's counts.
 if ! "$PY" -I -c 'import course, os, sys; sys.exit(os.path.dirname(os.path.dirname(os.path.realpath(course.__file__))) != os.path.realpath(sys.argv[1]))' "$PWD" 2>/dev/null; then

@@ -75,6 +75,17 @@ def test_build_follows_an_edit(root):
     assert changed == {f"source/{LAB}/{LAB}.ipynb", f"release/{LAB}/{LAB}.ipynb"}
 
 
+def test_build_sets_aside_files_it_did_not_write(root, capsys):
+    """A student who worked inside release/ loses nothing to a rebuild, and is told where the files went."""
+    work = root / "release" / LAB / "my_answers.ipynb"
+    work.write_text("{}")
+    build.build_lab(LAB, root)
+    kept = root / build.SET_ASIDE_DIR / LAB / "my_answers.ipynb"
+    assert not work.exists(), "the release must hold only what the build writes"
+    assert kept.read_text() == "{}", "a file the build did not write must be moved aside, never deleted"
+    assert str(kept) in capsys.readouterr().out, "the build must say where it moved the file"
+
+
 def test_clean_fixture_passes_lint(root):
     assert lint.lint_lab(LAB, root, check_fresh=True) == []
 
@@ -245,3 +256,28 @@ def test_grading_ignores_spoofed_results_and_stderr_and_feedback_hides_tests(bui
     named = generate_feedback(course, LAB, ["printer", "stasher"])
     assert [path.relative_to(course / "feedback").parts[0] for path in named] == ["printer", "stasher"], (
         f"feedback for two named students (`course feedback LAB --student A --student B`) must make exactly theirs: {named}")
+
+
+def test_feedback_waits_for_written_answers_to_be_graded(built_root, tmp_path, capsys):
+    """Ungraded written answers would read as 0 points in feedback: `course feedback` refuses without --force."""
+    from nbgrader.api import Gradebook
+
+    from course import feedback
+    from course.nbgrader_run import db_url_for
+
+    course = make_course_dir(tmp_path / "course", [LAB], built_root)
+    source_nb = read_notebook(built_root / "source" / LAB / f"{LAB}.ipynb")
+    reference = make_submission(read_notebook(built_root / "release" / LAB / f"{LAB}.ipynb"), source_nb)
+    write_notebook(reference, course / "submitted" / "alice" / LAB / f"{LAB}.ipynb")
+    grade.grade_lab(course, LAB, progress=False)
+    assert feedback.ungraded_answers(course, LAB) == {"alice": ["q1_3_answer"]}
+    assert feedback.main(LAB, course) == 1, "feedback must refuse while a written answer is ungraded"
+    assert "--force" in capsys.readouterr().out, "the refusal must say how to go on anyway"
+    assert not (course / "feedback").exists(), "nothing is generated when feedback refuses"
+    with Gradebook(db_url_for(course), course_id="efficient-ai") as gb:  # what the formgrader does for a TA
+        cell = gb.find_grade("q1_3_answer", LAB, LAB, "alice")
+        cell.manual_score, cell.needs_manual_grade = 2.0, False  # as nbgrader's formgrader API sets them
+        gb.db.commit()
+    assert feedback.ungraded_answers(course, LAB) == {}
+    assert feedback.main(LAB, course) == 0
+    assert (course / "feedback" / "alice" / LAB / f"{LAB}.html").exists()
