@@ -808,12 +808,12 @@ plt.show()
 # The code below is a compact version of the Hugging Face implementation. The `record_function` blocks only
 # name regions for the profiler (Part 4). You do not need to understand every line now; we take it apart below.
 # Two details of this teaching version: the attention takes a flag `use_kv_cache`; with it, the first call
-# stores the keys and values of layer `layer_idx` in `past_key_values`, and later calls append their new keys
-# and values to the stored ones. Without it, it recomputes keys and values for all earlier tokens
+# stores the keys and values of layer `layer_idx` in `past_key_values` (a cache whose memory is allocated once,
+# for the longest sequence), and later calls write their new keys and values into it in place and attend over
+# everything cached so far. Without it, it recomputes keys and values for all earlier tokens
 # (`prefill_hidden_states`) at every step.
 
 # %% nbgrader={"grade": false, "grade_id": "gemma3_decoder_layer", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.gemma3.configuration_gemma3 import Gemma3TextConfig
 
@@ -911,7 +911,7 @@ class Gemma3Attention(nn.Module):
         self.k_norm = Gemma3RMSNorm(dim=self.head_dim, eps=config.rms_norm_eps)
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, use_kv_cache=True,
-                past_key_values: Optional[Cache] = None, cache_position=None, prefill_hidden_states=None, **kwargs):
+                past_key_values: Optional[KVCache] = None, cache_position=None, prefill_hidden_states=None, **kwargs):
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
         with record_function("q_proj"):
@@ -927,12 +927,9 @@ class Gemma3Attention(nn.Module):
             key_states = self.k_norm(key_states)
             query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
             assert past_key_values is not None, "use_kv_cache=True needs past_key_values"
-            cache = past_key_values.layers[self.layer_idx]
-            if cache.keys is not None:  # decode: attend over the cached tokens plus the new one(s)
-                key_states = torch.cat([cache.keys, key_states], dim=2)
-                value_states = torch.cat([cache.values, value_states], dim=2)
-            else:  # prefill: store this layer's keys and values
-                cache.keys, cache.values = key_states, value_states
+            # Prefill: store this layer's keys and values in the preallocated cache. Decode: write the new
+            # token's key and value into the cache in place, and attend over the cached tokens plus the new one.
+            key_states, value_states = past_key_values.layers[self.layer_idx].update(key_states, value_states)
         else:
             assert prefill_hidden_states is not None, "use_kv_cache=False needs prefill_hidden_states"
             all_hidden_states = torch.cat([prefill_hidden_states, hidden_states], dim=1)
@@ -995,7 +992,7 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = Gemma3RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, position_ids=None,
-                past_key_values: Optional[Cache] = None, cache_position=None, **kwargs):
+                past_key_values: Optional[KVCache] = None, cache_position=None, **kwargs):
         residual = hidden_states
         with record_function("input_norm"):
             hidden_states = self.input_layernorm(hidden_states)
