@@ -1508,63 +1508,94 @@ print(f"{num_layers} layers, batch {prefill_batch_size}, prompt {prefill_seq_len
 prefill_input, prefill_position_ids = create_prefill_inputs(
     prefill_batch_size, prefill_seq_len, hidden_size, dtype=MODEL_DTYPE, device=DEVICE)
 prefill_position_embeddings = get_position_embeddings(prefill_input, prefill_position_ids, rotary_emb)
-past_key_values = initialize_kv_cache(config=GEMMA3_PESUDO_CONFIG, max_cache_len=prefill_seq_len)
+# The cache holds the prompt and the one token each sequence decodes below.
+past_key_values = initialize_kv_cache(config=GEMMA3_PESUDO_CONFIG, max_cache_len=prefill_seq_len + 1)
 prefill_latency_s = latency(
     multi_layer_prefill_forward, num_layers, layer=layer, hidden_states=prefill_input,
     position_ids=prefill_position_ids, position_embeddings=prefill_position_embeddings,
     past_key_values=past_key_values, warmup=timing_warmup, repeat=timing_repeat)
 print(f"prefill ({prefill_seq_len} tokens x {prefill_batch_size} sequences): {prefill_latency_s * 1e3:.2f} ms")
 
+# %% [markdown]
+# A decode step launches many small kernels (about 90 per layer here). Launched one by one from Python
+# ("eager"), the CPU's launch work can take longer than the GPU's work, and then the measured time says more
+# about the CPU than about the step. So we time each decode step twice: eagerly, and replayed as a **CUDA
+# graph** (`capture_cuda_graph` records the step's kernels once; a replay launches all of them with one call,
+# see Section 4.4). The graph time is what the GPU needs for the step: the number to hold against the roofline.
+# On a CPU there are no CUDA graphs and both columns show the eager time.
+
 # %%
 # One decode step without a KV cache: keys and values of all earlier tokens are recomputed.
 decode_input, decode_position_ids, prefill_hidden_states = create_decode_inputs_without_cache(
     prefill_batch_size, prefill_seq_len, hidden_size, dtype=MODEL_DTYPE, device=DEVICE)
 decode_position_embeddings = get_position_embeddings(decode_input, decode_position_ids, rotary_emb)
-decode_no_cache_latency_s = latency(
+decode_no_cache_ms = benchmark_eager_and_graphed(
     multi_layer_decode_forward, num_layers, layer=layer, hidden_states=decode_input,
     position_ids=decode_position_ids, position_embeddings=decode_position_embeddings, past_key_values=None,
     cache_positions=None, use_kv_cache=False, prefill_hidden_states=prefill_hidden_states,
-    warmup=timing_warmup, repeat=timing_repeat)
-print(f"decode step without KV cache: {decode_no_cache_latency_s * 1e3:.2f} ms")
+    n_warmup=timing_warmup, n_repeat=timing_repeat)
+decode_no_cache_latency_s = decode_no_cache_ms["measured_ms"] / 1e3
+
+
+def show_decode_times(name, times_ms):
+    graph = "no CUDA graphs on a CPU" if times_ms["graph_ms"] is None else f"CUDA graph {times_ms['graph_ms']:8.2f} ms"
+    print(f"decode step {name}: eager {times_ms['eager_ms']:8.2f} ms, {graph}")
+
+
+show_decode_times("without KV cache", decode_no_cache_ms)
 
 # %%
-# One decode step with the KV cache filled by the prefill above.
+# One decode step with the KV cache filled by the prefill above: the new token's key and value are written
+# into the cache in place (position prefill_seq_len), and attention reads the whole cache once.
 decode_input, decode_position_ids, decode_cache_positions = create_decode_inputs_with_cache(
     prefill_batch_size, prefill_seq_len, hidden_size, dtype=MODEL_DTYPE, device=DEVICE)
 decode_position_embeddings = get_position_embeddings(decode_input, decode_position_ids, rotary_emb)
-decode_cache_latency_s = latency(
+decode_cache_ms = benchmark_eager_and_graphed(
     multi_layer_decode_forward, num_layers, layer=layer, hidden_states=decode_input,
     position_ids=decode_position_ids, position_embeddings=decode_position_embeddings,
     past_key_values=past_key_values, cache_positions=decode_cache_positions, use_kv_cache=True,
-    prefill_hidden_states=None, warmup=timing_warmup, repeat=timing_repeat)
-print(f"decode step with KV cache:    {decode_cache_latency_s * 1e3:.2f} ms "
-      f"({decode_no_cache_latency_s / decode_cache_latency_s:.2f}x faster than without)")
+    prefill_hidden_states=None, n_warmup=timing_warmup, n_repeat=timing_repeat)
+decode_cache_latency_s = decode_cache_ms["measured_ms"] / 1e3
+show_decode_times("with KV cache   ", decode_cache_ms)
 
 # %%
 kv_width = GEMMA3_PESUDO_CONFIG.num_key_value_heads * GEMMA3_PESUDO_CONFIG.head_dim
 prompt_tokens = prefill_batch_size * prefill_seq_len
+element_bytes = torch.finfo(MODEL_DTYPE).bits / 8
 kv_recompute_gflop = num_layers * 2 * (2 * prompt_tokens * hidden_size * kv_width) / 1e9  # k_proj and v_proj
-kv_cache_gb = num_layers * 2 * prompt_tokens * kv_width * torch.finfo(MODEL_DTYPE).bits / 8 / 1e9
+kv_cache_gb = num_layers * 2 * prompt_tokens * kv_width * element_bytes / 1e9
+weights_gb = num_layers * sum(p.numel() for p in layer.parameters()) * element_bytes / 1e9
+# Roofline of the cached step: read every weight and the whole cache once. Without the cache the step must
+# also recompute the keys and values of every prompt token (compute-bound at this size).
+predicted_cache_ms = (weights_gb + kv_cache_gb) / peak_bandwidth_tb_s
+# (GFLOP / (TFLOP/s) and GB / (TB/s) are both milliseconds.) The recomputed keys and values are as large as the
+# cache and attention reads them too, so the step without the cache moves at least as many bytes.
+predicted_no_cache_ms = max(kv_recompute_gflop / peak_bf16_tflops, predicted_cache_ms)
 print(f"prefill: {prefill_latency_s / prompt_tokens * 1e6:10.2f} us per token")
 print(f"decode:  {decode_cache_latency_s / prefill_batch_size * 1e6:10.2f} us per token (with the KV cache)")
 print(f"the KV cache holds {kv_cache_gb:.3g} GB and saves {kv_recompute_gflop:.4g} GFLOP of key/value "
       f"projections per decode step")
+print(f"roofline on {gpu_name}: with the cache >= {predicted_cache_ms:.2f} ms (read {weights_gb:.2f} GB of weights "
+      f"and {kv_cache_gb:.2f} GB of cache), without >= {predicted_no_cache_ms:.2f} ms")
+print(f"KV-cache speedup: predicted {predicted_no_cache_ms / predicted_cache_ms:.1f}x, measured "
+      f"{decode_no_cache_latency_s / decode_cache_latency_s:.1f}x (CUDA graphs where available), "
+      f"eager {decode_no_cache_ms['eager_ms'] / decode_cache_ms['eager_ms']:.1f}x")
 
 # %% [markdown]
-# What the numbers say (on two H100 machines at teaching scale we measured about 290 ms for the prefill, and for
-# one decode step 75 to 81 ms without the cache and 46 to 77 ms with it; the decode times depend on the host
-# CPU, for the reason given below):
-# - **Per token, decode is about a thousand times more expensive than prefill** (about 9 µs per prompt token
-#   against 6 to 10 ms per generated token on an H100). Prefill works on 32768 tokens at once: large GEMMs that
-#   keep the GPU busy. A decode step works on 8 tokens: tiny GEMVs, and about 90 kernels per layer that each do
+# What the numbers say (measured on an H100 at teaching scale: see the course's GPU report; yours will differ):
+# - **Per token, decode is far more expensive than prefill** (about 9 µs per prompt token against about half
+#   a millisecond per generated token on an H100). Prefill works on 32768 tokens at once: large GEMMs that keep
+#   the GPU busy. A decode step works on 8 tokens: tiny GEMVs, and about 90 kernels per layer that each do
 #   almost nothing. Section 3.4 explains this with the roofline; Part 4 shows the kernels.
 # - **The KV cache** saves recomputing the keys and values of every earlier token: about 8 TFLOP per decode
-#   step here, a cost that grows with the context length, paid with memory (7 GB of cache). On a fast GPU this
-#   saved work takes only about 10 ms, and even that shows only partly, because both decode steps are dominated
-#   by the time the CPU needs to launch 26 x 90 small kernels from Python (and this teaching version copies the
-#   whole cache with `torch.cat` at every step, where real inference engines write into a pre-allocated cache in
-#   place). On a slower GPU, with longer contexts, or once launch overhead is removed (CUDA Graphs, Part 4), the
-#   cache's advantage is much larger.
+#   step here, a cost that grows with the context length, paid with memory (7 GB of cache). The cached step
+#   only has to read the weights (1.7 GB) and the cache (7 GB) once, so its roofline is a few milliseconds on a
+#   fast GPU. Replayed as a CUDA graph it comes close to that, and the measured speedup of the cache is of the
+#   order the roofline predicts.
+# - **Launch overhead**: run eagerly, the same steps take longer, most visibly the cached one: the CPU needs
+#   more time to launch 26 x 90 small kernels from Python than the GPU needs to run them, so the eager time
+#   measures the CPU. This is why inference engines replay decode steps as CUDA graphs, and why we hold the
+#   graph times against the roofline.
 
 # %%
 del prefill_input, prefill_position_ids, prefill_position_embeddings, prefill_hidden_states

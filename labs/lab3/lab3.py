@@ -1617,17 +1617,23 @@ del _b4_5_hidden_tests
 # # Part 5: Predictions against measurements
 #
 # Time to check the counts on real hardware. We build a GPT-2-shaped model from `GPT2Config` with random
-# weights (nothing is downloaded; at quick scale the model is tiny) and time the decoder stack
-# (`model.transformer`: the LM head is outside our counts) in two ways:
+# weights (nothing is downloaded; at quick scale the model is tiny) and time its decoder stack (embeddings,
+# blocks, final layer norm: the LM head is outside our counts) with `gpt2_decoder_forward` from `utils.py`,
+# which runs the model's own weights with the attention written out as Part 2 counts it (scores, scale,
+# softmax, $AV$, each written to memory), in two ways:
 # - **without a cache**: a forward pass over all $N$ tokens of $B$ sequences (this is also what *prefill*
 #   costs: processing a prompt of $N$ tokens);
-# - **with a cache**: first a prefill of $N - 1$ tokens fills a `DynamicCache`, then we time one decode step of
-#   one new token per sequence. Before every timed step the cache is reset to its $N - 1$ entries, so every
-#   step sees the same cache.
+# - **with a cache**: first a prefill of $N - 1$ tokens fills a KV cache whose memory is allocated once for
+#   $N$ tokens (`initialize_kv_cache`), then we time one decode step of one new token per sequence: it writes
+#   its key and value into the cache in place and reads the $N$ cached keys and values once, as Part 4
+#   assumes. A repeated step overwrites the same position, so every timed step is the same step.
 #
-# The model uses the "eager" attention implementation, which writes the attention matrices to memory as our
-# counts assume. At teaching scale it is GPT-2 XL in fp16; a case that does not fit in your GPU's memory is
-# reported as out of memory and skipped.
+# A decode step of GPT-2 XL launches hundreds of small kernels. Launched one by one from Python ("eager"), the
+# CPU's launch work takes longer than the GPU's work, and the time measures the CPU. So every case is timed
+# twice: eagerly, and replayed as a **CUDA graph** (`benchmark_eager_and_graphed`: the kernels are recorded
+# once and relaunched with a single call, as inference engines do for decoding). The graph time is the one to
+# compare with the roofline; on a CPU there are no graphs and both are the eager time. At teaching scale the
+# model is GPT-2 XL in fp16; a case that does not fit in your GPU's memory is reported as out of memory.
 
 # %%
 GPT2_MEASURE = dict(
@@ -1651,27 +1657,37 @@ def build_gpt2(n_layer, n_embd, n_head, vocab_size, dtype=MEASURE_DTYPE, device=
 
 @torch.no_grad()
 def measure_gpt2_ms(model, B, N, n_warmup, n_repeat):
-    """Latency (ms) of the decoder stack: a forward pass over B x N tokens, and one cached decode step.
+    """Latency of the decoder stack over B x N tokens, and of one cached decode step, eager and as CUDA graphs.
 
     Returns:
-        tuple: (no_cache_ms, cache_ms); cache_ms times one new token per sequence with N - 1 cached tokens.
+        tuple: (no_cache, cache), each a dict with ``eager_ms``, ``graph_ms`` (None on a CPU) and
+        ``measured_ms`` (the graph time where there is one) in ms; ``cache`` times one new token per sequence
+        with N - 1 cached tokens and also holds ``kernels_per_step``, the kernels that step launches.
     """
-    body = model.transformer
     tokens = torch.randint(model.config.vocab_size, (B, N), device=DEVICE,
                            generator=torch.Generator(device=DEVICE).manual_seed(0))
-    no_cache_ms = benchmark_latency(lambda: body(input_ids=tokens, use_cache=False),
-                                    n_warmup=n_warmup, n_repeat=n_repeat, measure_on=DEVICE)
-    cache = DynamicCache(config=model.config)
-    body(input_ids=tokens[:, :-1], past_key_values=cache, use_cache=True)  # prefill N - 1 tokens
-    filled = [(layer.keys, layer.values) for layer in cache.layers]
+    repeats = dict(n_warmup=n_warmup, n_repeat=n_repeat)
+    no_cache = benchmark_eager_and_graphed(gpt2_decoder_forward, model, tokens, **repeats)
+    cache = initialize_kv_cache(model.config, max_cache_len=N)
+    gpt2_decoder_forward(model, tokens[:, :-1], cache)  # prefill N - 1 tokens
+    new_token = tokens[:, -1:]
+    cached = benchmark_eager_and_graphed(gpt2_decoder_forward, model, new_token, cache, **repeats)
+    cached["kernels_per_step"] = kernels_per_call(gpt2_decoder_forward, model, new_token, cache)
+    return no_cache, cached
 
-    def decode_step():
-        for layer, (keys, values) in zip(cache.layers, filled):  # back to N - 1 cached tokens
-            layer.keys, layer.values = keys, values
-        return body(input_ids=tokens[:, -1:], past_key_values=cache, use_cache=True)
 
-    cache_ms = benchmark_latency(decode_step, n_warmup=n_warmup, n_repeat=n_repeat, measure_on=DEVICE)
-    return no_cache_ms, cache_ms
+def kernels_per_call(fn, *args):
+    """Kernels one call of fn launches (on a CPU: operator calls, roughly one kernel each on a GPU)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if DEVICE.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities, schedule=default_schedule) as prof:
+        for _ in range(10):  # default_schedule records steps 4 to 8
+            fn(*args)
+            prof.step()
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
+    return count_cuda_kernels(prof, per_step=True)["total"]
 
 
 # %%
@@ -1684,16 +1700,22 @@ print(f"GPT-2-shaped model: {MEASURED_SHAPE}, {MEASURE_DTYPE}, "
 gpt2_measured = []
 for B, N in GPT2_MEASURE["cases"]:
     status, result = run_oom_safe(measure_gpt2_ms, gpt2_model, B, N, GPT2_MEASURE["n_warmup"], GPT2_MEASURE["n_repeat"])
-    no_cache_ms, cache_ms = result if status == "ok" else (float("nan"), float("nan"))
-    gpt2_measured.append({"B": B, "N": N, "measured_no_cache_ms": no_cache_ms, "measured_cache_ms": cache_ms})
-    print(f"B = {B:3d}, N = {N:5d}: without cache {no_cache_ms:9.3f} ms, one cached decode step {cache_ms:8.3f} ms"
-          + ("" if status == "ok" else "  (out of memory)"))
+    row = {"B": B, "N": N}
+    for kind, times in zip(("no_cache", "cache"), result if status == "ok" else ({}, {})):
+        row[f"measured_{kind}_ms"] = times.get("measured_ms", float("nan"))
+        row[f"eager_{kind}_ms"] = times.get("eager_ms", float("nan"))
+    row["kernels_cache"] = result[1]["kernels_per_step"] if status == "ok" else None
+    gpt2_measured.append(row)
+    print(f"B = {B:3d}, N = {N:5d}: without cache {row['measured_no_cache_ms']:9.3f} ms (eager {row['eager_no_cache_ms']:9.3f}), "
+          f"one cached decode step {row['measured_cache_ms']:7.3f} ms (eager {row['eager_cache_ms']:7.3f}, "
+          f"{row['kernels_cache']} kernels)" + ("" if status == "ok" else "  (out of memory)"))
 gpt2_measured = pd.DataFrame(gpt2_measured)
-with torch.no_grad():
-    _one_token = torch.zeros(1, 1, dtype=torch.long, device=DEVICE)
-    one_token_ms = benchmark_latency(lambda: gpt2_model.transformer(input_ids=_one_token, use_cache=False),
-                                     n_warmup=GPT2_MEASURE["n_warmup"], n_repeat=GPT2_MEASURE["n_repeat"], measure_on=DEVICE)
-print(f"A forward pass over a single token takes {one_token_ms:.3f} ms: every pass pays at least this much")
+print("measured = CUDA graph replay" if DEVICE.type == "cuda" else "measured = eager (no CUDA graphs on a CPU)")
+_one_token = torch.zeros(1, 1, dtype=torch.long, device=DEVICE)
+one_token_ms = benchmark_eager_and_graphed(gpt2_decoder_forward, gpt2_model, _one_token,
+                                           n_warmup=GPT2_MEASURE["n_warmup"], n_repeat=GPT2_MEASURE["n_repeat"])
+print(f"A forward pass over a single token takes {one_token_ms['measured_ms']:.3f} ms "
+      f"(eager {one_token_ms['eager_ms']:.3f} ms): every pass pays at least this much")
 
 # The device's peaks: the datasheet when the GPU is in GPU_SPECS, otherwise measured on this machine.
 _gpu_key = detect_gpu()
@@ -1738,16 +1760,22 @@ for B, N in GPT2_MEASURE["cases"]:
 comparison = pd.DataFrame(gpt2_predicted).merge(gpt2_measured, on=["B", "N"])
 for kind in ("no_cache", "cache"):
     comparison[f"measured/predicted {kind}"] = comparison[f"measured_{kind}_ms"] / comparison[f"predicted_{kind}_ms"]
-print(comparison.to_string(index=False, float_format=lambda x: f"{x:,.4g}"))
+comparison["cache speedup predicted"] = comparison["predicted_no_cache_ms"] / comparison["predicted_cache_ms"]
+comparison["cache speedup measured"] = comparison["measured_no_cache_ms"] / comparison["measured_cache_ms"]
+comparison["cache speedup eager"] = comparison["eager_no_cache_ms"] / comparison["eager_cache_ms"]
+with pd.option_context("display.width", 250):
+    print(comparison.to_string(index=False, float_format=lambda x: f"{x:,.4g}"))
 
 case_labels = [f"({B}, {N})" for B, N in zip(comparison["B"], comparison["N"])]
 positions = np.arange(len(case_labels))
 fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
 for ax, kind, title in zip(axes, ("no_cache", "cache"),
                            ("Without cache: a forward pass over B x N tokens", "With cache: one decode step (B tokens)")):
-    ax.bar(positions - 0.2, comparison[f"predicted_{kind}_ms"], width=0.4, label="predicted: roofline of your counts")
-    ax.bar(positions + 0.2, comparison[f"measured_{kind}_ms"], width=0.4, label="measured")
-    ax.axhline(one_token_ms, color="gray", linestyle=":", label="measured: forward pass over one token")
+    ax.bar(positions - 0.27, comparison[f"predicted_{kind}_ms"], width=0.27, label="predicted: roofline of your counts")
+    ax.bar(positions, comparison[f"measured_{kind}_ms"], width=0.27,
+           label="measured (CUDA graph)" if DEVICE.type == "cuda" else "measured")
+    ax.bar(positions + 0.27, comparison[f"eager_{kind}_ms"], width=0.27, label="measured eagerly")
+    ax.axhline(one_token_ms["measured_ms"], color="gray", linestyle=":", label="measured: forward pass over one token")
     ax.set_xticks(positions)
     ax.set_xticklabels(case_labels)
     ax.set_xlabel("(B, N)")
