@@ -1582,20 +1582,25 @@ print(f"KV-cache speedup: predicted {predicted_no_cache_ms / predicted_cache_ms:
       f"eager {decode_no_cache_ms['eager_ms'] / decode_cache_ms['eager_ms']:.1f}x")
 
 # %% [markdown]
-# What the numbers say (measured on an H100 at teaching scale: see the course's GPU report; yours will differ):
-# - **Per token, decode is far more expensive than prefill** (about 9 µs per prompt token against about half
-#   a millisecond per generated token on an H100). Prefill works on 32768 tokens at once: large GEMMs that keep
-#   the GPU busy. A decode step works on 8 tokens: tiny GEMVs, and about 90 kernels per layer that each do
-#   almost nothing. Section 3.4 explains this with the roofline; Part 4 shows the kernels.
+# What the numbers say (one H100 at teaching scale, from the course's GPU report; yours will differ):
+# - **Per token, decode is far more expensive than prefill** (about 9 µs per prompt token against about 1 ms
+#   per generated token). Prefill works on 32768 tokens at once: large GEMMs that keep the GPU busy. A decode
+#   step works on 8 tokens: tiny GEMVs, and 86 kernels per layer that each do almost nothing. Section 3.4
+#   explains this with the roofline; Part 4 shows the kernels.
 # - **The KV cache** saves recomputing the keys and values of every earlier token: about 8 TFLOP per decode
-#   step here, a cost that grows with the context length, paid with memory (7 GB of cache). The cached step
-#   only has to read the weights (1.7 GB) and the cache (7 GB) once, so its roofline is a few milliseconds on a
-#   fast GPU. Replayed as a CUDA graph it comes close to that, and the measured speedup of the cache is of the
-#   order the roofline predicts.
-# - **Launch overhead**: run eagerly, the same steps take longer, most visibly the cached one: the CPU needs
-#   more time to launch 26 x 90 small kernels from Python than the GPU needs to run them, so the eager time
-#   measures the CPU. This is why inference engines replay decode steps as CUDA graphs, and why we hold the
-#   graph times against the roofline.
+#   step here, a cost that grows with the context length, paid with memory (7 GB of cache). Replayed as a CUDA
+#   graph the cached step took 8.2 ms against a roofline of 2.6 ms (reading 1.7 GB of weights and 7 GB of cache
+#   once), and was 8.8x faster than the step without the cache (predicted: 3.1x; the step without the cache
+#   took 72 ms against 8.1 ms predicted, because its RMSNorm in float32 and its RoPE make several extra passes
+#   over the recomputed keys of all 32768 tokens).
+# - **Why 8.2 ms and not 2.6**: attention over the cache takes about 0.1 ms per layer (it reads the cache at
+#   about 2.5 TB/s), but each of the other 85 kernels of a layer costs a few microseconds even when nothing
+#   launches it from Python: 26 x 86 = 2236 kernels at about 3.6 µs on average. Fewer, fused kernels
+#   (`torch.compile`, Part 4) are what would close the gap.
+# - **Launch overhead**: run eagerly, the same cached step took 55 ms: the CPU needs longer to launch 2236
+#   kernels from Python than the GPU needs to run them, so the eager time measures the CPU, and the cache
+#   looks almost useless (1.3x). This is why inference engines replay decode steps as CUDA graphs, and why we
+#   hold the graph times against the roofline.
 
 # %%
 del prefill_input, prefill_position_ids, prefill_position_embeddings, prefill_hidden_states
@@ -1903,13 +1908,14 @@ print(prof_decode.key_averages().table(sort_by=PROFILER_SORT_KEY, row_limit=15))
 print(f"per decode step of one layer: {count_cuda_kernels(prof_decode, per_step=True)}")
 plot_trace_timeline(prof_decode, title="One decode step of the Gemma-3 decoder layer (KV cache)")
 plt.show()
-# Reading it (H100, teaching scale): one decode step of one layer launches about 86 kernels, 70 of them
-# elementwise (RMSNorms in float32, RoPE, residual additions). On the GPU, about three quarters of the time
-# goes to `aten::cat`, which copies the whole KV cache (8 x 4096 tokens) to append one token; attention over
-# the cache (one cuDNN/flash kernel) takes about a tenth, and the projections of 8 tokens very little. Yet the
-# step's wall time (about 3 ms per layer) is far above its GPU time (about 1 ms): the GPU idles between tiny
-# kernels while Python launches the next one. The decode step is launch-bound and memory-bound, not
-# compute-bound.
+# Reading it (H100, teaching scale): one decode step of one layer launches 86 kernels, 70 of them
+# elementwise (RMSNorms in float32, RoPE, residual additions). On the GPU the largest single part is attention
+# over the KV cache (one cuDNN/flash kernel, about 0.1 ms, about a third of the GPU time): it reads the whole
+# cache (8 x 4097 tokens) once. The new token's key and value are written into the preallocated cache in
+# place, so nothing copies the cache. The projections of 8 tokens take little, and the elementwise kernels
+# each do almost nothing, yet together they take most of the rest. The step's wall time (about 3 ms per layer,
+# its CPU time) is far above its GPU time (about 0.3 ms): the GPU idles between tiny kernels while Python
+# launches the next one. The decode step is launch-bound and memory-bound, not compute-bound.
 ### END SOLUTION
 
 # %%
@@ -2228,11 +2234,12 @@ if mlp_cudagraph is not None:
     plt.show()
     # The kernels are those of max-autotune-no-cudagraphs plus one `_foreach_copy_` that copies the input into
     # the graph's static buffer. On the CPU side the per-kernel launch calls are replaced by a single
-    # `cudaGraphLaunch` per step, and the kernels run back to back on the GPU. Here (an H100, 4 x 1024 tokens)
-    # the latency does not improve (we measured 0.23 to 0.37 ms, against 0.15 to 0.22 ms without graphs): the
-    # MLP has only 4 kernels, so there is little launch work to save, while the input copy and the Python and
-    # Dynamo work per call (guards, the graph manager) remain. CUDA Graphs pay off when a call launches many
-    # short kernels, such as a decode step (about 90 per layer).
+    # `cudaGraphLaunch` per step, and the kernels run back to back on the GPU. For this MLP (an H100,
+    # 4 x 1024 tokens) the latency changes little: we measured 0.178 ms with graphs against 0.205 ms compiled in
+    # one run, and 0.210 against 0.188 in another: with 4 or 5 kernels of tens of microseconds each there is
+    # little launch work to save, and the input copy and the Dynamo work per call remain. CUDA Graphs pay off
+    # when a call launches many short kernels: the decode step of Section 3.3 (2236 kernels) took 55 ms eagerly
+    # and 8.2 ms replayed as a CUDA graph.
 else:
     print("profiling the CUDA-Graph MLP: skipped (it needs an NVIDIA GPU at teaching scale)")
 ### END SOLUTION

@@ -1793,44 +1793,44 @@ plt.show()
 #
 # Compare your predictions with the measurements (at teaching scale, on a GPU). Which cases are predicted well
 # and which are not, and by how much? Give at least three concrete reasons for the gaps, tied to specific
-# cases: think about what the roofline assumes about overlap and peaks, what runs that we did not count, what
-# every forward pass costs whatever its size (the single-token line), and what `DynamicCache` does on every
-# step. Does the cache deliver the speedups you predicted in Part 4, and where?
+# cases: think about what the roofline assumes about overlap and peaks, what runs that we did not count, how
+# many kernels a step launches and what each one costs even inside a CUDA graph (the single-token line), and
+# what the eager times add. Does the cache deliver the speedups you predicted in Part 4, and where?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
-# (Model answer from GPT-2 XL in fp16 on an H100 SXM with transformers 5; your numbers will differ.) Only the
-# largest pass is predicted within a small factor: without a cache, $(64, 1024)$ measures about 1,260 ms against
-# 355 ms predicted (3.5x). Everything else is far off: the passes without a cache at $(1, 32)$, $(1, 1024)$
-# and $(64, 32)$ and all cached decode steps except $(64, 1024)$ take about the same time as a forward pass
-# over a single token (27 to 40 ms on the H100 machines we tried, depending on their CPUs): 4x to 40x their
-# predictions (0.9-6 ms).
+# (Model answer from GPT-2 XL in fp16 on an H100 SXM, CUDA-graph times; your numbers will differ.) The cached
+# decode step with the most bytes is predicted well: at $(64, 1024)$ it takes 11.6 ms against 7.1 ms predicted
+# (1.6x), reading 3 GB of weights and 20 GB of cache. The other cached steps take 3.8 to 5.0 ms against 0.9 to
+# 1.1 ms (about 4.3x), and the passes without a cache are 3.5x to 4.6x their predictions (4.2 ms against 0.92 at
+# $(1, 32)$, 1,400 ms against 356 at $(64, 1024)$).
 #
-# 1. **A fixed cost per pass.** A forward pass launches hundreds of small kernels (about 20 per layer, 48
-#    layers) from Python code; the CPU needs more than half a millisecond per layer to issue them, and the GPU
-#    waits. Below that much GPU work the time does not depend on $B$ or $N$ at all, so the small cases
-#    and every batch-1 decode step are bound by launch overhead, not by bandwidth (the roofline lower bound of
-#    about 0.9 ms for reading 3 GB of weights is never approached). CUDA Graphs or `torch.compile` remove it.
-# 2. **Work we did not count.** Eager attention writes and reads the $N \times N$ matrices more often than our
-#    six passes (separate scaling, a materialised mask, a softmax in higher precision, a dtype cast), and layer
-#    norms, GELU, biases and residual additions each move the activations once more: this is most of the 3.5x
-#    at $(64, 1024)$, where the $HBN^2$ traffic dominates.
-# 3. **Peaks are not reached and do not overlap perfectly**: real kernels reach perhaps 60-80 % of the
-#    datasheet FLOP/s and 80-90 % of its bandwidth, and the roofline's $\max$ assumes perfect overlap.
-# 4. **`DynamicCache` copies the cache**: each step concatenates the new key and value onto the old tensors,
-#    reading and writing the whole cache (about 20 GB at $(64, 1024)$) on top of the read we counted; with the
-#    fixed cost this explains 73 ms measured against 7 ms predicted.
+# 1. **A floor per kernel.** A decode step launches about 1,100 to 1,250 kernels (23 to 26 per layer, 48
+#    layers). Even replayed as a CUDA graph each costs a few microseconds, however little it does (3.8 ms /
+#    1,109 kernels = 3.4 µs at $(1, 32)$), so any pass costs about 3.5 ms (the single-token line) and the small
+#    steps, whose bytes would take under 1 ms, sit on that floor, not on the bandwidth roof.
+# 2. **Launch overhead when run eagerly.** Launched one by one from Python, the same steps take 35 to 49 ms
+#    whatever $B$ and $N$: the CPU needs tens of microseconds per kernel, the GPU waits, and the cache then
+#    seems to do nothing (eager speedup about 1x except at $(64, 1024)$). CUDA graphs remove this.
+# 3. **Work we did not count.** The attention writes and reads the $N \times N$ scores more often than our six
+#    passes (a separate scale and a mask pass), and GPT-2's GELU runs as about seven elementwise kernels over
+#    the $(B, N, 4D)$ activations; layer norms, biases and residual additions each move the activations once
+#    more. This is most of the 4x at $(64, 1024)$ without a cache.
+# 4. **Peaks are not reached and do not overlap perfectly**: kernels reach perhaps 60-80 % of the datasheet
+#    FLOP/s and 80-90 % of its bandwidth, and the roofline's $\max$ assumes perfect overlap (the 1.6x at
+#    $(64, 1024)$ with the cache).
 #
-# The cache therefore pays off only where the pass without it is large: at $(64, 1024)$ it gives about 17x
-# (1,258 ms to 73 ms) against the 50x the roofline predicts on this GPU; in the three other cases both versions
-# hit the same fixed cost and the cache gives nothing measurable, although it saves 10x to 100x of the FLOPs.
+# The cache delivers speedups of the predicted order: 1.1x at $(1, 32)$ (predicted 1.0x: both steps read the
+# same weights), 5.5x at $(1, 1024)$ (6.6x), 4.7x at $(64, 32)$ (5.4x) and 121x at $(64, 1024)$ (50x; more than
+# predicted because the pass without the cache makes the uncounted extra passes over its $N \times N$ scores).
 # === BEGIN MARK SCHEME ===
 # 4 points in total (judge against the student's own table; a teaching-scale run on a GPU is expected):
-# - 1 point: says which cases are close and which far off, with measured/predicted ratios.
-# - 2 points: at least three valid reasons tied to cases: fixed per-pass cost (kernel launches / Python
-#   overhead) dominating small passes and batch-1 decode; uncounted work (eager attention's extra passes over
-#   N x N matrices, mask, softmax upcast, layer norm, GELU, residuals, biases); peaks not reached / imperfect
-#   overlap; DynamicCache concatenation copying the cache every step. (1 point for one or two reasons.)
-# - 1 point: compares the measured cache speedups with Part 4 and explains where and why they differ.
+# - 1 point: says which cases are close and which far off, with measured/predicted ratios (CUDA-graph times).
+# - 2 points: at least three valid reasons tied to cases: a per-kernel cost (hundreds of kernels per step) that
+#   dominates small steps even in a CUDA graph; launch overhead in the eager times; uncounted work (extra
+#   passes over the N x N scores, GELU as several kernels, layer norms, residuals, biases); peaks not reached /
+#   imperfect overlap. (1 point for one or two reasons.)
+# - 1 point: compares the measured cache speedups with Part 4 (same order of magnitude with CUDA graphs) and
+#   explains where and why they differ (or why the eager speedups are near 1x).
 # A quick-scale (CPU) run only: at most 2 points unless the student explains why CPU numbers differ.
 # === END MARK SCHEME ===
 
