@@ -308,12 +308,11 @@ def test_position_embeddings(tiny_model, tiny_config):
 
 
 def test_initialize_kv_cache(tiny_config):
-    from transformers.cache_utils import DynamicCache
-
     cache = utils.initialize_kv_cache(tiny_config, max_cache_len=16)
-    assert isinstance(cache, DynamicCache)
+    assert isinstance(cache, utils.KVCache)
     assert len(cache.layers) == tiny_config.num_hidden_layers
-    assert all(slot.keys is None and slot.values is None for slot in cache.layers)
+    assert all(slot.keys is None and slot.values is None and slot.max_cache_len == 16 for slot in cache.layers)
+    assert all(slot.key_buffer is None for slot in cache.layers), "buffers are allocated by the prefill"
     assert cache.layers[0] is not cache.layers[1]
     with pytest.raises(ValueError):
         utils.initialize_kv_cache(tiny_config, max_cache_len=0)
@@ -342,11 +341,15 @@ def test_prefill_fills_one_slot_per_layer(tiny_model, tiny_config):
     for i in range(n_layers):
         assert cache.layers[i].keys.shape == kv_shape and cache.layers[i].values.shape == kv_shape
         assert cache.get_seq_length(i) == S
+        assert cache.layers[i].key_buffer.shape == (B, cfg.num_key_value_heads, S, cfg.head_dim), (
+            "the prefill allocates max_cache_len positions")
     assert not torch.allclose(cache.layers[0].keys, cache.layers[1].keys), "each pass stores its own layer's keys"
     assert cache.layers[2].keys is None, "slots beyond num_layers stay empty"
     first_keys = cache.layers[1].keys.clone()
+    buffer_address = cache.layers[1].key_buffer.data_ptr()
     utils.multi_layer_prefill_forward(n_layers, layer, hidden, pos, emb, cache)
     assert cache.layers[1].keys.shape == kv_shape, "a repeated prefill restarts the sequence (no growth)"
+    assert cache.layers[1].key_buffer.data_ptr() == buffer_address, "a repeated prefill reuses the buffers"
     torch.testing.assert_close(cache.layers[1].keys, first_keys)
 
     other_prompt, _ = utils.create_prefill_inputs(B, S, cfg.hidden_size, device=CPU)
@@ -364,33 +367,58 @@ def test_decode_with_cache_equals_full_prefill_last_token(tiny_model, tiny_confi
     layer, rotary = tiny_model
     B, S, n_layers, D = 2, 6, 3, tiny_config.hidden_size
     torch.manual_seed(1)
-    tokens = torch.randn(B, S + 1, D)
+    tokens = torch.randn(B, S + 2, D)
 
-    _, pos_full = utils.create_prefill_inputs(B, S + 1, D, device=CPU)
-    full_cache = utils.initialize_kv_cache(tiny_config, S + 1)
-    reference = utils.multi_layer_prefill_forward(
-        n_layers, layer, tokens, pos_full, utils.get_position_embeddings(tokens, pos_full, rotary), full_cache)
+    def full_prefill(length):
+        _, positions = utils.create_prefill_inputs(B, length, D, device=CPU)
+        cache = utils.initialize_kv_cache(tiny_config, length)
+        prompt = tokens[:, :length]
+        out = utils.multi_layer_prefill_forward(n_layers, layer, prompt, positions,
+                                                utils.get_position_embeddings(prompt, positions, rotary), cache)
+        return out, cache
 
+    def decode(cache, position):
+        _, dec_pos, cache_pos = utils.create_decode_inputs_with_cache(B, position, D, device=CPU)
+        new = tokens[:, position:position + 1]
+        return utils.multi_layer_decode_forward(n_layers, layer=layer, hidden_states=new, position_ids=dec_pos,
+                                                position_embeddings=utils.get_position_embeddings(new, dec_pos, rotary),
+                                                past_key_values=cache, cache_positions=cache_pos, use_kv_cache=True,
+                                                prefill_hidden_states=None)
+
+    reference, full_cache = full_prefill(S + 1)
     _, pos = utils.create_prefill_inputs(B, S, D, device=CPU)
-    cache = utils.initialize_kv_cache(tiny_config, S)
+    cache = utils.initialize_kv_cache(tiny_config, S + 2)
     prompt = tokens[:, :S]
     utils.multi_layer_prefill_forward(n_layers, layer, prompt, pos, utils.get_position_embeddings(prompt, pos, rotary),
                                       cache)
-    _, dec_pos, cache_pos = utils.create_decode_inputs_with_cache(B, S, D, device=CPU)
-    new = tokens[:, S:]
-    dec_emb = utils.get_position_embeddings(new, dec_pos, rotary)
+    buffers = [(slot.key_buffer.data_ptr(), slot.value_buffer.data_ptr()) for slot in cache.layers]
     calls, handle = _count_calls(layer)
-    out = utils.multi_layer_decode_forward(n_layers, layer=layer, hidden_states=new, position_ids=dec_pos,
-                                           position_embeddings=dec_emb, past_key_values=cache,
-                                           cache_positions=cache_pos, use_kv_cache=True, prefill_hidden_states=None)
+    out = decode(cache, S)
     handle.remove()
     assert len(calls) == n_layers
     assert out.shape == (B, 1, D)
     torch.testing.assert_close(out, reference[:, S:], rtol=1e-4, atol=1e-5,
                                msg="decode with the cache must reproduce the last token of a full prefill")
-    again = utils.multi_layer_decode_forward(n_layers, layer, new, dec_pos, dec_emb, cache, cache_pos, True, None)
+    for i in range(n_layers):
+        slot = cache.layers[i]
+        torch.testing.assert_close(slot.key_buffer[:, :, S], full_cache.layers[i].keys[:, :, S], rtol=1e-4, atol=1e-5,
+                                   msg=f"after a decode step, layer {i}'s cache holds the new token's key at position S")
+        torch.testing.assert_close(slot.value_buffer[:, :, S], full_cache.layers[i].values[:, :, S], rtol=1e-4,
+                                   atol=1e-5, msg=f"layer {i}'s cache holds the new token's value at position S")
+    assert [(s.key_buffer.data_ptr(), s.value_buffer.data_ptr()) for s in cache.layers] == buffers, (
+        "a decode step writes into the preallocated buffers in place")
+    again = decode(cache, S)
     torch.testing.assert_close(again, out, msg="repeated decode steps measure the same step")
     assert all(cache.get_seq_length(i) == S for i in range(n_layers)), "decode does not grow the cache"
+
+    cache.advance()  # keep token S; the next step decodes token S + 1
+    assert all(cache.get_seq_length(i) == S + 1 for i in range(n_layers))
+    reference2, _ = full_prefill(S + 2)
+    torch.testing.assert_close(decode(cache, S + 1), reference2[:, S + 1:], rtol=1e-4, atol=1e-5,
+                               msg="after advance(), the next decode step reproduces a full prefill's next token")
+    with pytest.raises(ValueError, match="max_cache_len"):
+        cache.advance()  # the cache is full (S + 2 tokens): one more token does not fit
+        decode(cache, S + 1)
 
 
 def test_decode_without_cache(tiny_model, tiny_config):
@@ -425,6 +453,62 @@ def test_decode_helpers_reject_misuse(tiny_model, tiny_config):
     with pytest.raises(ValueError, match="layer slots"):
         utils.multi_layer_prefill_forward(tiny_config.num_hidden_layers + 1, layer, hidden, ppos,
                                           utils.get_position_embeddings(hidden, ppos, rotary), empty_cache)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50, n_positions=32, bos_token_id=0,
+                        eos_token_id=0, attn_implementation="eager")
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(config).eval()
+
+
+def test_gpt2_decoder_forward_matches_transformers(tiny_gpt2):
+    tokens = torch.randint(50, (3, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = tiny_gpt2.transformer(input_ids=tokens, use_cache=False).last_hidden_state
+    out = utils.gpt2_decoder_forward(tiny_gpt2, tokens)
+    assert out.shape == (3, 9, 32)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5,
+                               msg="without a cache, gpt2_decoder_forward is GPT-2's decoder stack")
+
+
+def test_gpt2_decode_step_with_cache(tiny_gpt2):
+    B, N = 3, 9
+    tokens = torch.randint(50, (B, N), generator=torch.Generator().manual_seed(3))
+    reference = utils.gpt2_decoder_forward(tiny_gpt2, tokens)
+    full_cache = utils.initialize_kv_cache(tiny_gpt2.config, N)
+    utils.gpt2_decoder_forward(tiny_gpt2, tokens, full_cache)
+
+    cache = utils.initialize_kv_cache(tiny_gpt2.config, N)
+    prefill = utils.gpt2_decoder_forward(tiny_gpt2, tokens[:, :-1], cache)
+    torch.testing.assert_close(prefill, reference[:, :-1], rtol=1e-5, atol=1e-5, msg="a prefill is a forward pass")
+    assert all(cache.get_seq_length(i) == N - 1 for i in range(2))
+    step = utils.gpt2_decoder_forward(tiny_gpt2, tokens[:, -1:], cache)
+    assert step.shape == (B, 1, 32)
+    torch.testing.assert_close(step, reference[:, -1:], rtol=1e-5, atol=1e-5,
+                               msg="a cached decode step equals the last token of a forward pass without the cache")
+    for i in range(2):
+        torch.testing.assert_close(cache.layers[i].key_buffer[:, :, N - 1], full_cache.layers[i].keys[:, :, N - 1],
+                                   rtol=1e-5, atol=1e-5, msg="the cache holds the new token's key after the step")
+        torch.testing.assert_close(cache.layers[i].value_buffer[:, :, N - 1],
+                                   full_cache.layers[i].values[:, :, N - 1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(utils.gpt2_decoder_forward(tiny_gpt2, tokens[:, -1:], cache), step,
+                               msg="a repeated step measures the same step")
+    with pytest.raises(ValueError, match="max_cache_len"):
+        cache.advance()
+        utils.gpt2_decoder_forward(tiny_gpt2, tokens[:, -1:], cache)
+
+
+def test_cuda_graph_helpers_on_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    x = torch.randn(8)
+    assert utils.capture_cuda_graph(torch.sin, x) is None, "no graph off CUDA"
+    result = utils.benchmark_eager_and_graphed(torch.sin, x, n_warmup=1, n_repeat=3)
+    assert result["graph_ms"] is None and result["eager_ms"] > 0
+    assert result["measured_ms"] == result["eager_ms"], "off CUDA the measured time is the eager time"
 
 
 # -----------------------------------------------------------------------------------------------------

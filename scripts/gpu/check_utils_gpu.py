@@ -249,7 +249,7 @@ def check_helpers(report, device, smoke):
     full = utils.multi_layer_prefill_forward(n_layers, layer, tokens, pos_full,
                                              utils.get_position_embeddings(tokens, pos_full, rotary),
                                              utils.initialize_kv_cache(config, S + 1))
-    cache = utils.initialize_kv_cache(config, S)
+    cache = utils.initialize_kv_cache(config, S + 1)
     _, pos = utils.create_prefill_inputs(B, S, config.hidden_size, device=device)
     utils.multi_layer_prefill_forward(n_layers, layer, tokens[:, :S], pos,
                                       utils.get_position_embeddings(tokens[:, :S], pos, rotary), cache)
@@ -275,7 +275,7 @@ def handout_part_3_3(report, device, smoke):
     reps = dict(n_warmup=1, n_repeat=2) if smoke else dict(n_warmup=3, n_repeat=10)
     hidden = config.hidden_size
     prefill, pos = utils.create_prefill_inputs(batch, seq, hidden, dtype=dtype, device=device)
-    cache = utils.initialize_kv_cache(config, max_cache_len=seq)
+    cache = utils.initialize_kv_cache(config, max_cache_len=seq + 1)
     prefill_ms = utils.benchmark_latency(utils.multi_layer_prefill_forward, num_layers, layer=layer,
                                          hidden_states=prefill, position_ids=pos,
                                          position_embeddings=utils.get_position_embeddings(prefill, pos, rotary),

@@ -155,6 +155,14 @@ def decoder_layer_costs(cfg, batch: int, q_len: int, kv_len: int, recompute_kv: 
     return flops, bytes_moved
 
 
+def eager_and_graphed(fn, *args, **kwargs) -> dict:
+    """``utils.benchmark_eager_and_graphed`` of one step, plus the kernels the step launches (eager profile)."""
+    times = utils.benchmark_eager_and_graphed(fn, *args, n_warmup=3, n_repeat=20, **kwargs)
+    kernels = profile_kernels(lambda: fn(*args, **kwargs))
+    times["kernels_per_step"], times["elementwise_kernels_per_step"] = kernels["total"], kernels["elementwise"]
+    return times
+
+
 @section("prefill_decode")
 def prefill_decode(ceilings):
     ns = load_lab_classes()
@@ -167,36 +175,40 @@ def prefill_decode(ceilings):
     with torch.no_grad():
         x, pos = utils.create_prefill_inputs(batch, seq_len, hidden, dtype=torch.bfloat16, device="cuda")
         emb = utils.get_position_embeddings(x, pos, rotary, layer_type="full_attention")
-        cache = utils.initialize_kv_cache(config=cfg, max_cache_len=seq_len)
+        cache = utils.initialize_kv_cache(config=cfg, max_cache_len=seq_len + 1)
         ms = utils.benchmark_latency(utils.multi_layer_prefill_forward, layers, layer=layer, hidden_states=x,
                                      position_ids=pos, position_embeddings=emb, past_key_values=cache,
                                      n_warmup=2, n_repeat=5)
         f, b = decoder_layer_costs(cfg, batch, seq_len, seq_len, True)
         out["prefill"] = with_ratio(ms, predicted_ms(layers * f, layers * b, ceilings, "bfloat16"))
-        cache = utils.initialize_kv_cache(config=cfg, max_cache_len=seq_len)
-        utils.multi_layer_prefill_forward(layers, layer=layer, hidden_states=x, position_ids=pos,
-                                          position_embeddings=emb, past_key_values=cache)
+        kernels = profile_kernels(lambda: utils.multi_layer_prefill_forward(layers, layer, x, pos, emb, cache))
+        out["prefill"]["kernels_per_step"], out["prefill"]["elementwise_kernels_per_step"] = kernels["total"], kernels["elementwise"]
         del x, emb
         dx, dpos, prefill_hidden = utils.create_decode_inputs_without_cache(batch, seq_len, hidden, dtype=torch.bfloat16, device="cuda")
         demb = utils.get_position_embeddings(dx, dpos, rotary, layer_type="full_attention")
-        ms = utils.benchmark_latency(utils.multi_layer_decode_forward, layers, layer=layer, hidden_states=dx,
-                                     position_ids=dpos, position_embeddings=demb, past_key_values=None,
-                                     cache_positions=None, use_kv_cache=False, prefill_hidden_states=prefill_hidden,
-                                     n_warmup=3, n_repeat=10)
+        times = eager_and_graphed(utils.multi_layer_decode_forward, layers, layer=layer, hidden_states=dx,
+                                  position_ids=dpos, position_embeddings=demb, past_key_values=None,
+                                  cache_positions=None, use_kv_cache=False, prefill_hidden_states=prefill_hidden)
         f, b = decoder_layer_costs(cfg, batch, 1, seq_len + 1, True)
-        out["decode_without_cache"] = with_ratio(ms, predicted_ms(layers * f, layers * b, ceilings, "bfloat16"))
+        out["decode_without_cache"] = {**with_ratio(times["measured_ms"], predicted_ms(layers * f, layers * b, ceilings, "bfloat16")),
+                                       **times}
         del prefill_hidden
         dx, dpos, cache_pos = utils.create_decode_inputs_with_cache(batch, seq_len, hidden, dtype=torch.bfloat16, device="cuda")
         demb = utils.get_position_embeddings(dx, dpos, rotary, layer_type="full_attention")
-        ms = utils.benchmark_latency(utils.multi_layer_decode_forward, layers, layer=layer, hidden_states=dx,
-                                     position_ids=dpos, position_embeddings=demb, past_key_values=cache,
-                                     cache_positions=cache_pos, use_kv_cache=True, prefill_hidden_states=None,
-                                     n_warmup=3, n_repeat=20)
+        times = eager_and_graphed(utils.multi_layer_decode_forward, layers, layer=layer, hidden_states=dx,
+                                  position_ids=dpos, position_embeddings=demb, past_key_values=cache,
+                                  cache_positions=cache_pos, use_kv_cache=True, prefill_hidden_states=None)
         f, b = decoder_layer_costs(cfg, batch, 1, seq_len + 1, False)
-        out["decode_with_cache"] = with_ratio(ms, predicted_ms(layers * f, layers * b, ceilings, "bfloat16"))
-    speedup = out["decode_without_cache"]["measured_ms"] / out["decode_with_cache"]["measured_ms"]
+        out["decode_with_cache"] = {**with_ratio(times["measured_ms"], predicted_ms(layers * f, layers * b, ceilings, "bfloat16")),
+                                    **times}
+    no_cache, cached = out["decode_without_cache"], out["decode_with_cache"]
+    speedup = no_cache["measured_ms"] / cached["measured_ms"]
     out["kv_cache_speedup"] = speedup
+    out["kv_cache_speedup_eager"] = no_cache["eager_ms"] / cached["eager_ms"]
+    out["kv_cache_speedup_predicted"] = no_cache["predicted_ms"] / cached["predicted_ms"]
     check("KV-cache decode beats decode without cache", speedup > 1.0, f"{speedup:.1f}x faster with the cache")
+    check("KV-cache decode step (CUDA graph) within 2x of its roofline", cached["measured_over_predicted"] <= 2.0,
+          f"{cached['measured_ms']:.2f} ms against {cached['predicted_ms']:.2f} ms predicted")
     return out
 
 

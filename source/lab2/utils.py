@@ -4,9 +4,11 @@ Every lab starts with ``from utils import *``. The module has five sections, in 
 
 1. Run settings and hardware: ``DEVICE``, ``SCALE``/``at_scale``, ``print_environment_report``, ``GPU_SPECS``,
    ``detect_gpu``, ``get_ridge_point``, ``measure_roofline``.
-2. Model configs and helpers: ``GEMMA3_270M_CONFIG``, ``GEMMA3_PESUDO_CONFIG`` and the input, KV-cache and
-   multi-layer forward helpers used with the lab's own ``Gemma3DecoderLayer``.
-3. Measurement: ``benchmark_latency`` (ms), ``benchmark_memory`` (GB), ``default_schedule``,
+2. Model configs and helpers: ``GEMMA3_270M_CONFIG``, ``GEMMA3_PESUDO_CONFIG`` and the input, KV-cache
+   (preallocated, written in place) and multi-layer forward helpers used with the lab's own
+   ``Gemma3DecoderLayer``; ``gpt2_decoder_forward`` for Lab 3's GPT-2 with the same cache.
+3. Measurement: ``benchmark_latency`` (ms), ``capture_cuda_graph``, ``benchmark_eager_and_graphed`` (ms),
+   ``benchmark_memory`` (GB), ``default_schedule``,
    ``count_cuda_kernels``, ``run_oom_safe``.
 4. Attention backends: ``flash_attn_func`` and ``ATTENTION_BACKEND``.
 5. Plotting: ``plot_roofline``, ``plot_gemm_torch_matmul_latency``, ``plot_latency_vs_size``,
@@ -59,9 +61,14 @@ __all__ = [
     "initialize_kv_cache",
     "multi_layer_prefill_forward",
     "multi_layer_decode_forward",
+    "KVCache",
+    "KVCacheLayer",
+    "gpt2_decoder_forward",
     # 3. measurement
     "benchmark_latency",
     "benchmark_memory",
+    "capture_cuda_graph",
+    "benchmark_eager_and_graphed",
     "default_schedule",
     "count_cuda_kernels",
     "run_oom_safe",
@@ -565,28 +572,134 @@ def get_position_embeddings(hidden_states, position_ids, rotary_emb, layer_type=
         return rotary_emb(hidden_states, position_ids, layer_type=layer_type)
 
 
-def initialize_kv_cache(config, max_cache_len):
-    """An empty KV cache with one slot per layer of ``config``.
+class KVCacheLayer:
+    """One layer's KV cache: key and value buffers allocated once, written in place.
 
-    The cache is a transformers ``DynamicCache`` whose ``.layers`` holds ``config.num_hidden_layers`` plain
-    ``DynamicLayer`` slots with ``.keys``/``.values`` set to None. The lab's attention fills slot i on prefill
-    and concatenates it with the new token's keys and values on decode.
+    The first ``update`` (a prefill) allocates two ``(B, H_kv, max_cache_len, head_dim)`` buffers, writes the
+    prompt's keys and values at positions ``0..S-1`` and sets ``length = S``. Every later ``update`` (a decode
+    step) writes the new tokens' keys and values in place at positions ``length, length+1, ...`` (the step's
+    ``cache_position``) and returns views of the filled prefix, positions ``0..length+q-1``: nothing is
+    copied or concatenated, so a step reads the cache once, as an inference engine's static cache does.
+    ``length`` only moves on ``advance``: a decode step called again (as a benchmark or a CUDA graph replay
+    does) overwrites the same slot and measures the same step.
+
+    Attributes:
+        max_cache_len: Positions the buffers hold, in tokens.
+        length: Tokens committed to the cache (0 when empty).
+        key_buffer, value_buffer: The whole buffers, or None before the first update.
+    """
+
+    def __init__(self, max_cache_len):
+        self.max_cache_len = int(max_cache_len)
+        self.key_buffer = self.value_buffer = None
+        self.length = 0
+
+    @property
+    def keys(self):
+        """(B, H_kv, length, head_dim) view of the committed keys, or None when the cache is empty."""
+        return None if self.length == 0 else self.key_buffer[:, :, :self.length]
+
+    @property
+    def values(self):
+        """(B, H_kv, length, head_dim) view of the committed values, or None when the cache is empty."""
+        return None if self.length == 0 else self.value_buffer[:, :, :self.length]
+
+    def reset(self):
+        """Empty the cache (a new sequence starts); the buffers are kept for reuse."""
+        self.length = 0
+
+    def advance(self, num_tokens=1):
+        """Commit the last decode step's ``num_tokens`` tokens, so the next step writes after them."""
+        if self.length + num_tokens > self.max_cache_len:
+            raise ValueError(f"cannot advance to {self.length + num_tokens} tokens: max_cache_len is "
+                             f"{self.max_cache_len}")
+        self.length += num_tokens
+
+    def _allocate(self, key_states, value_states):
+        batch, heads, _, head_dim = key_states.shape
+        shape = (batch, heads, self.max_cache_len, head_dim)
+        if self.key_buffer is None or self.key_buffer.shape != shape or self.key_buffer.dtype != key_states.dtype \
+                or self.key_buffer.device != key_states.device:
+            self.key_buffer = self.value_buffer = None  # free the old buffers before allocating new ones
+            self.key_buffer = torch.empty(shape, dtype=key_states.dtype, device=key_states.device)
+            self.value_buffer = torch.empty(shape, dtype=value_states.dtype, device=value_states.device)
+
+    def update(self, key_states, value_states):
+        """Write new keys/values (B, H_kv, q, head_dim) in place; return the keys/values to attend over.
+
+        Args:
+            key_states: (B, H_kv, q, head_dim) keys of the q new tokens (the whole prompt on a prefill).
+            value_states: Values, same shape.
+
+        Returns:
+            tuple: (keys, values), each a (B, H_kv, length + q, head_dim) view of the buffers: the cached
+            tokens followed by the new ones.
+
+        Raises:
+            ValueError: The new tokens do not fit in ``max_cache_len`` positions.
+        """
+        new_tokens = key_states.shape[2]
+        end = self.length + new_tokens
+        if end > self.max_cache_len:
+            raise ValueError(
+                f"the KV cache holds max_cache_len={self.max_cache_len} tokens, but {self.length} cached plus "
+                f"{new_tokens} new ones need {end}: make it with initialize_kv_cache(config, max_cache_len) "
+                f"large enough for the prompt and every decoded token (a decode step after an S-token prompt "
+                f"needs max_cache_len >= S + 1)")
+        if self.length == 0:
+            self._allocate(key_states, value_states)
+            self.key_buffer[:, :, :end].copy_(key_states)
+            self.value_buffer[:, :, :end].copy_(value_states)
+            self.length = end
+        else:
+            self.key_buffer[:, :, self.length:end].copy_(key_states)
+            self.value_buffer[:, :, self.length:end].copy_(value_states)
+        return self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+
+
+class KVCache:
+    """A preallocated KV cache: one ``KVCacheLayer`` per layer, in ``.layers`` (see ``initialize_kv_cache``)."""
+
+    def __init__(self, num_layers, max_cache_len):
+        self.layers = [KVCacheLayer(max_cache_len) for _ in range(num_layers)]
+
+    def get_seq_length(self, layer_idx=0):
+        """Tokens committed to layer ``layer_idx``'s cache."""
+        return self.layers[layer_idx].length
+
+    def reset(self):
+        """Empty every layer (the buffers are kept)."""
+        for layer in self.layers:
+            layer.reset()
+
+    def advance(self, num_tokens=1):
+        """Commit the last decode step's tokens in every layer."""
+        for layer in self.layers:
+            layer.advance(num_tokens)
+
+
+def initialize_kv_cache(config, max_cache_len):
+    """An empty, preallocated KV cache with one slot per layer of ``config``.
+
+    Slot i (``cache.layers[i]``, a ``KVCacheLayer``) allocates its key and value buffers of ``max_cache_len``
+    positions on the first write (the prefill, which fixes batch size, heads, dtype and device); a decode step
+    then writes its new token into the buffers in place and attends over the filled prefix. Repeated decode
+    steps overwrite the same position (a benchmark measures the same step) until ``cache.advance()``.
 
     Args:
-        config: A Gemma-3 text config (``num_hidden_layers`` slots are made).
-        max_cache_len: Longest sequence the cache will hold, in tokens. Kept for the handout's signature and
-            checked to be positive; a DynamicCache grows as needed, so nothing is allocated up front.
+        config: A model config with ``num_hidden_layers`` (Gemma-3, GPT-2).
+        max_cache_len: Positions per slot, in tokens: the prompt plus every token to decode (a prompt of S
+            tokens and one decode step need ``S + 1``).
 
     Returns:
-        transformers.cache_utils.DynamicCache with ``len(cache.layers) == config.num_hidden_layers``.
-    """
-    from transformers.cache_utils import DynamicCache, DynamicLayer
+        KVCache with ``len(cache.layers) == config.num_hidden_layers``, every slot empty.
 
+    Raises:
+        ValueError: ``max_cache_len`` is not a positive number of tokens.
+    """
     if int(max_cache_len) <= 0:
         raise ValueError(f"max_cache_len must be a positive number of tokens, got {max_cache_len}")
-    cache = DynamicCache()
-    cache.layers = [DynamicLayer() for _ in range(config.num_hidden_layers)]
-    return cache
+    return KVCache(config.num_hidden_layers, int(max_cache_len))
 
 
 class _CacheSlot:
@@ -619,14 +732,6 @@ def _check_cache(past_key_values, num_layers):
                          f"make it with initialize_kv_cache from a config with at least {num_layers} layers")
 
 
-def _mark_filled(slot):
-    # The lab's attention assigns .keys/.values directly; record what DynamicLayer.lazy_initialization would,
-    # so cache.get_seq_length(i) reports the cached length.
-    if slot.keys is not None and not getattr(slot, "is_initialized", True):
-        slot.dtype, slot.device = slot.keys.dtype, slot.keys.device
-        slot.is_initialized = True
-
-
 def multi_layer_prefill_forward(num_layers, layer, hidden_states, position_ids, position_embeddings,
                                 past_key_values):
     """Prefill: run the prompt through ``layer`` applied ``num_layers`` times, storing each pass's keys/values.
@@ -649,8 +754,7 @@ def multi_layer_prefill_forward(num_layers, layer, hidden_states, position_ids, 
     """
     _check_cache(past_key_values, num_layers)
     for slot in past_key_values.layers[:num_layers]:
-        slot.keys = slot.values = None
-        slot.is_initialized = False
+        slot.reset()
     with torch.no_grad():
         for i in range(num_layers):
             hidden_states = layer(
@@ -660,7 +764,6 @@ def multi_layer_prefill_forward(num_layers, layer, hidden_states, position_ids, 
                 past_key_values=_CacheSlot(past_key_values, i),
                 use_kv_cache=True,
             )
-            _mark_filled(past_key_values.layers[i])
     return hidden_states
 
 
@@ -668,9 +771,11 @@ def multi_layer_decode_forward(num_layers, layer, hidden_states, position_ids, p
                                past_key_values, cache_positions, use_kv_cache, prefill_hidden_states):
     """Decode one token through ``layer`` applied ``num_layers`` times, with or without the KV cache.
 
-    With the cache (``use_kv_cache=True``), pass i attends over slot i's S cached keys/values plus the new
-    token's; the lab's attention does not write the new token back, so repeated calls (a benchmark) each
-    measure the same step. Without it, every pass recomputes keys and values of the S prompt tokens from
+    With the cache (``use_kv_cache=True``), pass i writes the new token's key and value into slot i's buffers
+    in place (position S) and attends over positions 0..S; the slot's length stays S until
+    ``past_key_values.advance()``, so repeated calls (a benchmark, a CUDA graph replay) each measure the same
+    step. Nothing in this call synchronizes with the GPU, so it can be captured as a CUDA graph
+    (``capture_cuda_graph``). Without it, every pass recomputes keys and values of the S prompt tokens from
     ``prefill_hidden_states`` (the same tensor stands in for each layer's input). Runs under
     ``torch.no_grad()``.
 
@@ -708,6 +813,78 @@ def multi_layer_decode_forward(num_layers, layer, hidden_states, position_ids, p
                 prefill_hidden_states=None if use_kv_cache else prefill_hidden_states,
             )
     return hidden_states
+
+
+def _gpt2_attention(block, hidden_states, slot, layer_idx):
+    """Eager multi-head attention of one GPT-2 block (its own weights), optionally through a cache slot."""
+    attn, config = block.attn, block.attn.config
+    batch, new_tokens, width = hidden_states.shape
+    heads = config.n_head
+    head_dim = width // heads
+    shape = (batch, new_tokens, heads, head_dim)
+    query, key, value = (t.view(shape).transpose(1, 2) for t in attn.c_attn(hidden_states).split(width, dim=2))
+    if slot is not None:
+        key, value = slot.update(key, value)
+    scale = head_dim ** -0.5 if getattr(config, "scale_attn_weights", True) else 1.0
+    if getattr(config, "scale_attn_by_inverse_layer_idx", False):
+        scale /= layer_idx + 1
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    if new_tokens > 1:  # causal mask among the new tokens; a single new token attends to every position
+        kv_len = key.shape[2]
+        query_pos = torch.arange(kv_len - new_tokens, kv_len, device=scores.device)[:, None]
+        key_pos = torch.arange(kv_len, device=scores.device)[None, :]
+        scores = scores.masked_fill(key_pos > query_pos, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, value).transpose(1, 2).reshape(batch, new_tokens, width)
+    return attn.c_proj(out)
+
+
+def gpt2_decoder_forward(model, input_ids, past_key_values=None):
+    """The decoder stack of a transformers GPT-2 model, with eager attention and an optional KV cache.
+
+    Runs the model's own modules (``model.transformer``: token and position embeddings, every block, the
+    final layer norm) with the attention written out as Lab 3 counts it: ``Q K^T`` times the scale, a mask
+    only where new tokens must not see later ones, softmax, ``A V``, each a kernel that writes its result.
+    - ``past_key_values=None``: a forward pass over all N tokens (no cache).
+    - An empty cache (``initialize_kv_cache``): the same pass, a prefill, storing every layer's keys and
+      values in the cache.
+    - A cache holding S tokens: a decode step; the q new tokens (positions S..S+q-1) write their keys and
+      values into the cache in place and attend over positions 0..S+q-1. Call ``past_key_values.advance(q)``
+      to keep them; otherwise a repeated call measures the same step.
+    Nothing synchronizes with the GPU, so a call can be captured as a CUDA graph (``capture_cuda_graph``).
+    Runs under ``torch.no_grad()``.
+
+    Args:
+        model: A ``GPT2LMHeadModel`` or ``GPT2Model`` (its ``.transformer``, or itself, holds the blocks).
+        input_ids: (B, q) int64 token ids.
+        past_key_values: None, or a cache from ``initialize_kv_cache(model.config, max_cache_len)``.
+
+    Returns:
+        torch.Tensor: (B, q, D) hidden states after the final layer norm.
+
+    Raises:
+        ValueError: The cache has fewer slots than the model has layers, or the positions exceed
+            ``n_positions``.
+    """
+    body = getattr(model, "transformer", model)
+    num_layers = len(body.h)
+    if past_key_values is not None:
+        _check_cache(past_key_values, num_layers)
+        start = past_key_values.get_seq_length(0)
+    else:
+        start = 0
+    new_tokens = input_ids.shape[1]
+    if start + new_tokens > body.config.n_positions:
+        raise ValueError(f"positions {start}..{start + new_tokens - 1} exceed the model's n_positions="
+                         f"{body.config.n_positions}")
+    with torch.no_grad():
+        positions = torch.arange(start, start + new_tokens, device=input_ids.device)
+        hidden_states = body.wte(input_ids) + body.wpe(positions)
+        for i, block in enumerate(body.h):
+            slot = past_key_values.layers[i] if past_key_values is not None else None
+            hidden_states = hidden_states + _gpt2_attention(block, block.ln_1(hidden_states), slot, i)
+            hidden_states = hidden_states + block.mlp(block.ln_2(hidden_states))
+        return body.ln_f(hidden_states)
 
 
 # =====================================================================================================
@@ -797,6 +974,75 @@ def benchmark_latency(fn, *args, n_warmup=10, n_repeat=100, stat="median", measu
             fn(*args, **kwargs)
             times_ms.append((time.perf_counter() - t0) * 1e3)
     return float(_STATS[stat](times_ms))
+
+
+def capture_cuda_graph(fn, *args, n_warmup=3, **kwargs):
+    """Record ``fn(*args, **kwargs)`` once as a CUDA graph; return a function that replays it.
+
+    A replay launches every recorded kernel with one call (``cudaGraphLaunch``): the CPU's per-kernel launch
+    work, which bounds small steps such as a decode step, disappears. The replay reuses the recorded tensors:
+    it reads the inputs' memory as it is at replay time and rewrites the recorded output tensor, which the
+    replay function returns. ``fn`` must not synchronize with the GPU (``.item()``, printing a CUDA tensor,
+    data-dependent shapes); it is called ``n_warmup`` times on a side stream first, as CUDA graph capture
+    requires.
+
+    Args:
+        fn: The callable to record.
+        *args: Positional arguments for fn.
+        n_warmup: Calls before recording (lazy initialization, cuBLAS handles and workspaces).
+        **kwargs: Keyword arguments for fn.
+
+    Returns:
+        A function of no arguments that replays the graph and returns the recorded output, or None when
+        CUDA is not available (a graph cannot mean anything on a CPU).
+    """
+    if not torch.cuda.is_available():
+        return None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(n_warmup):
+            fn(*args, **kwargs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = fn(*args, **kwargs)
+
+    def replay():
+        graph.replay()
+        return output
+
+    replay.graph = graph
+    return replay
+
+
+def benchmark_eager_and_graphed(fn, *args, n_warmup=3, n_repeat=10, **kwargs):
+    """Latency in ms of ``fn(*args, **kwargs)`` launched eagerly and replayed as a CUDA graph.
+
+    Both are medians of ``n_repeat`` timed calls after ``n_warmup`` untimed ones (``benchmark_latency``). The
+    eager time includes the CPU's work to launch every kernel; the graph time is what the GPU needs once that
+    work is gone, the number to hold against a roofline prediction. The graph is released before returning.
+
+    Args:
+        fn: The callable (it must not synchronize with the GPU; see ``capture_cuda_graph``).
+        *args: Positional arguments for fn.
+        n_warmup: Untimed calls of each version.
+        n_repeat: Timed calls of each version.
+        **kwargs: Keyword arguments for fn.
+
+    Returns:
+        dict: ``eager_ms``; ``graph_ms`` (None off CUDA, where graphs do not exist); ``measured_ms``, the
+        graph time where there is one, else the eager time.
+    """
+    device = _timing_device(fn, args, kwargs, None)
+    eager_ms = benchmark_latency(fn, *args, n_warmup=n_warmup, n_repeat=n_repeat, measure_on=device, **kwargs)
+    graph_ms = None
+    if device.type == "cuda":
+        replay = capture_cuda_graph(fn, *args, n_warmup=1, **kwargs)
+        graph_ms = benchmark_latency(replay, n_warmup=n_warmup, n_repeat=n_repeat, measure_on=device)
+        del replay
+        torch.cuda.empty_cache()
+    return {"eager_ms": eager_ms, "graph_ms": graph_ms, "measured_ms": eager_ms if graph_ms is None else graph_ms}
 
 
 def _cpu_memory_trace(fn, args, kwargs, n_repeat):
