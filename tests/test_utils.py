@@ -280,6 +280,12 @@ def test_gemma3_configs(name, fields):
     assert getattr(utils, name) is config, "configs are built once and cached"
 
 
+def test_gemma3_pseudo_config_has_both_spellings():
+    assert utils.GEMMA3_PSEUDO_CONFIG is utils.GEMMA3_PESUDO_CONFIG, (
+        "GEMMA3_PSEUDO_CONFIG (correct spelling) and GEMMA3_PESUDO_CONFIG (the handout's) must be the same config")
+    assert {"GEMMA3_PSEUDO_CONFIG", "GEMMA3_PESUDO_CONFIG"} <= set(utils.__all__), "both are public names"
+
+
 def test_input_helpers_shapes_and_positions():
     B, S, D = 3, 7, 16
     hidden, pos = utils.create_prefill_inputs(B, S, D, dtype=torch.bfloat16, device=CPU)

@@ -11,7 +11,7 @@ Checks, each reported as a row of a table and in ``<out>/check_utils_gpu.json``:
 4. ``benchmark_memory`` on a known 1 GiB allocation, ``run_oom_safe`` on a real out-of-memory error (memory is
    back afterwards), ``flash_attn_func`` against a float64 reference (bf16 tolerance), and the KV-cache contract
    of the Gemma-3 helpers on CUDA (prefill S tokens + decode 1 == prefill S+1 tokens, fp32).
-5. For information: the Lab 1 Part 3.3 latencies (GEMMA3_PESUDO_CONFIG, batch 8, 4096 tokens, bf16) and two
+5. For information: the Lab 1 Part 3.3 latencies (GEMMA3_PSEUDO_CONFIG, batch 8, 4096 tokens, bf16) and two
    figures (``roofline_measured.png``, ``mlp_timeline.png``).
 
 Usage (from the repository root): ``python scripts/gpu/check_utils_gpu.py --out results/`` (default: $OUT or ".").
@@ -266,7 +266,7 @@ def check_helpers(report, device, smoke):
 def handout_part_3_3(report, device, smoke):
     print("5. Lab 1 Part 3.3 latencies (information)", flush=True)
     handout = load_handout_layer_classes()
-    config = utils.GEMMA3_PESUDO_CONFIG
+    config = utils.GEMMA3_PSEUDO_CONFIG
     batch, seq = (1, 64) if smoke else (8, 4096)
     num_layers = 2 if smoke else config.num_hidden_layers
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -166,7 +166,7 @@ def eager_and_graphed(fn, *args, **kwargs) -> dict:
 @section("prefill_decode")
 def prefill_decode(ceilings):
     ns = load_lab_classes()
-    cfg = utils.GEMMA3_PESUDO_CONFIG
+    cfg = utils.GEMMA3_PSEUDO_CONFIG
     batch, seq_len, layers = 8, 4096, cfg.num_hidden_layers
     layer = ns["Gemma3DecoderLayer"](cfg, 5).to(device="cuda", dtype=torch.bfloat16)
     rotary = ns["Gemma3RotaryEmbedding"](cfg, layer_type="full_attention").to("cuda")

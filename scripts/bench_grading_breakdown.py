@@ -1,0 +1,204 @@
+"""Where the time of grading one submission goes, step by step, on this machine at quick scale.
+
+Usage: ``python scripts/bench_grading_breakdown.py [--lab lab1] [--repeat 3] [--tag cpu-2core]``.
+
+Grades the lab's reference solution with plain ``nbgrader autograde`` (the course's settings, guard and sandbox on)
+in a fresh SQLite course folder, ``--repeat`` times, and splits each run's wall time by the timestamps nbclient
+records on every cell (``metadata.execution``; the benchmark keeps them by turning ClearMetadataPreprocessor off):
+
+- ``start-up``: from launching ``nbgrader autograde`` to the first cell starting: Python and nbgrader start-up, the
+  course settings (sandbox probe), nbgrader's copying and checks, the kernel's start and the guard's installation;
+- ``cells: <part>``: the cells of each part of the notebook (the setup part holds the imports), as the kernel ran them;
+- ``between cells``: the grader's own requests around cells (guard checks, liveness requests);
+- ``after the last cell``: scoring, gradebook writes and writing the autograded notebook, until nbgrader exits.
+
+Separately, ``kernel start`` and ``imports`` are measured in a kernel started alone with the same kernelspec (time to
+the kernel's first reply, then ``import torch`` and ``from utils import *`` timed inside it), and ``nbgrader start-up``
+as ``nbgrader autograde`` of a lab with no submission to grade. Writes ``reports/grading-breakdown-<tag>.md``/``.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from course.grade import prepare_gradebook  # noqa: E402
+from course.nbgrader_run import make_course_dir, nbgrader_env  # noqa: E402
+from course.notebooks import make_submission, read_notebook, write_notebook  # noqa: E402
+
+STUDENT = "bench"
+
+
+def _stamp_s(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _part_of(cell, current: str) -> str:
+    """The part a cell belongs to: the last level-2 heading (``## Part 2 ...``) seen, else ``current``."""
+    if cell.cell_type == "markdown":
+        for line in cell.source.splitlines():
+            if line.startswith("## "):
+                return line[3:].strip()[:60]
+    return current
+
+
+def split_run(notebook: Path, started_s: float, ended_s: float) -> dict[str, float]:
+    """Seconds of one autograde run by step, from the executed notebook's cell timestamps."""
+    nb = read_notebook(notebook)
+    steps: dict[str, float] = {}
+    part, first_start, previous_end, between = "before the first part", None, None, 0.0
+    for cell in nb.cells:
+        part = _part_of(cell, part)
+        timing = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" not in timing or "shell.execute_reply" not in timing:
+            continue
+        start, end = _stamp_s(timing["iopub.execute_input"]), _stamp_s(timing["shell.execute_reply"])
+        first_start = start if first_start is None else first_start
+        if previous_end is not None:
+            between += max(0.0, start - previous_end)
+        steps[f"cells: {part}"] = steps.get(f"cells: {part}", 0.0) + (end - start)
+        previous_end = end
+    if first_start is None:
+        raise RuntimeError(f"{notebook}: no cell carries execution timestamps (was ClearMetadataPreprocessor on?)")
+    return {"start-up (nbgrader, settings, kernel start, guard)": first_start - started_s, **steps,
+            "between cells (guard checks, grader requests)": between, "after the last cell (scoring, gradebook)":
+            ended_s - previous_end, "total": ended_s - started_s}
+
+
+def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=nbgrader_env(),
+                          capture_output=True, text=True)
+
+
+def autograde_run(course: Path, lab: str) -> dict[str, float]:
+    shutil.rmtree(course / "autograded", ignore_errors=True)
+    started = time.time()
+    result = nbgrader(course, "autograde", lab, "--student", STUDENT, "--force",
+                      "--ClearMetadataPreprocessor.enabled=False")
+    ended = time.time()
+    if result.returncode != 0:
+        raise RuntimeError(f"nbgrader autograde failed:\n{result.stderr[-3000:]}")
+    return split_run(course / "autograded" / STUDENT / lab / f"{lab}.ipynb", started, ended)
+
+
+def startup_run(course: Path, lab: str) -> float:
+    """Seconds of ``nbgrader autograde`` with nothing to grade: Python, nbgrader and the course settings."""
+    started = time.perf_counter()
+    nbgrader(course, "autograde", lab, "--student", "nobody-submitted-this")
+    return time.perf_counter() - started
+
+
+KERNEL_PROBE = r'''
+import json, os, sys, time
+from course.nbgrader_run import nbgrader_env
+os.environ.update(nbgrader_env())
+os.chdir(sys.argv[1])
+from traitlets.config import Config
+from course.sandbox import configure_sandbox
+c = Config()
+c.CourseDirectory.root = sys.argv[1]
+configure_sandbox(c)
+from jupyter_client.manager import start_new_kernel
+kernel_name = c.Execute.get("kernel_name", "python3")
+started = time.perf_counter()
+km, kc = start_new_kernel(kernel_name=kernel_name, **({"transport": c.KernelManager.transport, "ip": c.KernelManager.ip}
+                                                       if "KernelManager" in c else {}))
+ready = time.perf_counter()
+times = {"kernel start (to its first reply)": ready - started}
+for label, code in (("imports: import torch", "import torch"), ("imports: from utils import *", "from utils import *")):
+    t = time.perf_counter()
+    reply = kc.execute_interactive(code, timeout=600)
+    times[label] = time.perf_counter() - t
+    if reply["content"]["status"] != "ok":
+        times[label + " (FAILED)"] = times.pop(label)
+kc.stop_channels(); km.shutdown_kernel(now=True)
+print("RESULT " + json.dumps({"kernel_name": kernel_name, "times": times}))
+'''
+
+
+def kernel_run(course: Path, lab: str) -> dict:
+    """Kernel start and imports, in a kernel started with the course's kernelspec from ``source/<lab>``'s files."""
+    work = course / "kernel-probe"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(course / "source" / lab, work, ignore=shutil.ignore_patterns("*.ipynb"))
+    result = subprocess.run([sys.executable, "-c", KERNEL_PROBE, str(work)], cwd=work, env=nbgrader_env(),
+                            capture_output=True, text=True, timeout=900)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        raise RuntimeError(f"kernel probe failed:\n{result.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def machine_description() -> str:
+    gpu = "no GPU"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {gpu}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lab", default="lab1")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tag", default="cpu", help="names the report: reports/grading-breakdown-<tag>.md")
+    parser.add_argument("--out", type=Path, default=REPO / "reports")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-breakdown-") as tmp:
+        course = make_course_dir(Path(tmp) / "course", [args.lab], REPO)
+        nb = make_submission(read_notebook(REPO / "release" / args.lab / f"{args.lab}.ipynb"),
+                             read_notebook(REPO / "source" / args.lab / f"{args.lab}.ipynb"))
+        write_notebook(nb, course / "submitted" / STUDENT / args.lab / f"{args.lab}.ipynb")
+        prepare_gradebook(course, args.lab)
+        runs = []
+        for index in range(args.repeat):
+            run = autograde_run(course, args.lab)
+            run["nbgrader start-up alone (no submission)"] = startup_run(course, args.lab)
+            probe = kernel_run(course, args.lab)
+            run.update(probe["times"])
+            runs.append(run)
+            print(f"run {index + 1}: total {run['total']:.1f} s ({probe['kernel_name']})", flush=True)
+    steps = list(dict.fromkeys(key for run in runs for key in run))
+    medians = {step: statistics.median(run.get(step, 0.0) for run in runs) for step in steps}
+    machine = machine_description()
+    lines = [
+        f"# Where one {args.lab} autograde spends its time ({args.tag})", "",
+        f"Measured by `scripts/bench_grading_breakdown.py --lab {args.lab} --repeat {args.repeat} --tag {args.tag}` "
+        f"on {machine}: plain `nbgrader autograde` of the reference solution at quick scale, guard and sandbox as "
+        "configured, split by the cell timestamps nbclient records. Medians of the runs, in seconds.", "",
+        "| step | median (s) | share of total |", "| --- | --- | --- |",
+    ]
+    total = medians["total"]
+    for step in steps:
+        share = f"{100 * medians[step] / total:.0f} %" if step in runs[0] and step != "total" and not step.startswith(
+            ("kernel start", "imports", "nbgrader start-up alone")) else ""
+        lines.append(f"| {step} | {medians[step]:.2f} | {share} |")
+    lines += ["", "Rows without a share are measured separately (a kernel started alone; nbgrader with nothing to "
+              "grade) and are contained in the start-up and setup rows above."]
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"grading-breakdown-{args.tag}"
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    stem.with_suffix(".json").write_text(json.dumps({"machine": machine, "lab": args.lab, "runs": runs,
+                                                     "medians_s": medians}, indent=1))
+    print(f"wrote {stem.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
