@@ -710,6 +710,7 @@ assert set(gemm_intensity_by_n) == {1024, 2048, 4096, 8192}, (
 check_real_by_key(gemm_intensity_by_n, "gemm_intensity_by_n",
                   {n: (2 * n ** 3) / (4 * 3 * n ** 2) for n in (1024, 2048, 4096, 8192)},
                   "FLOPs / bytes = 2N^3 / (4 * 3N^2) FLOP/byte (fp32, read A and B, write C)")
+None  # a test cell never ends in an expression with a value
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -836,6 +837,7 @@ assert set(gemv_intensity_by_n) == {1024, 2048, 4096, 8192}, (
 check_real_by_key(gemv_intensity_by_n, "gemv_intensity_by_n",
                   {n: (2 * n ** 2) / (4 * (n ** 2 + 2 * n)) for n in (1024, 2048, 4096, 8192)},
                   "2N^2 / (4 (N^2 + N + N)) FLOP/byte (fp32, read A and x, write y)")
+None  # a test cell never ends in an expression with a value
 ### END HIDDEN TESTS
 
 # %% [markdown]
