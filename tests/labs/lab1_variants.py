@@ -182,7 +182,39 @@ def _latency(warmup="warmup", kwargs="**kwargs", result="sum(times) / len(times)
     return _LATENCY_BODY.format(warmup=warmup, kwargs=kwargs, result=result)
 
 
+LATENCY_WARMUP_TIMED = '''
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    synchronize_device()
+    start_s = time.perf_counter()
+    for _ in range(warmup):
+        fn(*args, **kwargs)
+    for _ in range(repeat):
+        fn(*args, **kwargs)
+    synchronize_device()
+    return (time.perf_counter() - start_s) / repeat
+'''
+
+LATENCY_WARMUP_AVERAGED = '''
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    times = []
+    for call in range(warmup + repeat):
+        synchronize_device()
+        t0 = time.perf_counter()
+        fn(*args, **kwargs)
+        synchronize_device()
+        times.append(time.perf_counter() - t0)
+    return sum(times) / len(times)
+'''
+
 LATENCY_WRONG = [
+    ("times the warm-up calls too (one timer around everything, divided by repeat)", LATENCY_WARMUP_TIMED),
+    ("averages over the warm-up and the timed calls", LATENCY_WARMUP_AVERAGED),
+    ("returns a made-up constant", '''
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    for _ in range(warmup + repeat):
+        fn(*args, **kwargs)
+    return 0.001
+'''),
     ("returns milliseconds", _latency(result="sum(times) / len(times) * 1000")),
     ("returns the total of all timed calls", _latency(result="sum(times)")),
     ("drops the keyword arguments", _latency(kwargs="")),
@@ -252,6 +284,10 @@ def gemm_io(A, B):
 GEMM_AI_ALTERNATIVES = ['''
 gemm_intensity_by_n = {n: n / 6 for n in roofline_sizes}
 ''', '''
+sizes = torch.tensor(roofline_sizes, dtype=torch.float32)
+intensities = (2 * sizes ** 3) / (4 * 3 * sizes ** 2)
+gemm_intensity_by_n = {n: intensities[i] for i, n in enumerate(roofline_sizes)}  # float32 one-element tensors
+''', '''
 gemm_intensity_by_n = {}
 for n in roofline_sizes:
     a_meta = torch.empty(n, n, device="meta")
@@ -271,31 +307,50 @@ gemm_intensity_by_n = {n: 2 * n ** 3 / (2 * 3 * n ** 2) for n in roofline_sizes}
 ]
 
 THRESHOLD_ALTERNATIVES = ['''
-ridge = get_ridge_point("A6000", torch.float32)
-gemm_compute_bound_n_a6000 = 1
-while gemm_compute_bound_n_a6000 / 6 < ridge:
-    gemm_compute_bound_n_a6000 += 1
+def gemm_compute_bound_n(gpu_name):
+    ridge = get_ridge_point(gpu_name, torch.float32)
+    n = 1
+    while n / 6 < ridge:
+        n += 1
+    return n
 ''', '''
-spec = GPU_SPECS["A6000"]
-gemm_compute_bound_n_a6000 = int(math.ceil(6 * (spec["fp32_tflops"] * 1e12) / (spec["memory_bandwidth_tb_s"] * 1e12)))
+def gemm_compute_bound_n(gpu_name):
+    spec = GPU_SPECS[gpu_name]
+    return int(math.ceil(6 * (spec["fp32_tflops"] * 1e12) / (spec["memory_bandwidth_tb_s"] * 1e12)))
+''', '''
+def gemm_compute_bound_n(gpu_name):
+    spec = GPU_SPECS[gpu_name]
+    ridge = np.float64(spec["fp32_tflops"]) / np.float64(spec["memory_bandwidth_tb_s"])
+    return np.int64(np.ceil(6 * ridge))  # a NumPy integer is accepted
 ''']
 
+_THRESHOLD_BODY = '''
+def gemm_compute_bound_n(gpu_name):
+    spec = GPU_SPECS[{gpu}]
+    return {expr}
+'''
+
+
+def _threshold(expr, gpu="gpu_name"):
+    return _THRESHOLD_BODY.format(expr=expr, gpu=gpu)
+
+
 THRESHOLD_WRONG = [
-    ("uses the bf16 peak", '''
-gemm_compute_bound_n_a6000 = math.ceil(6 * GPU_SPECS["A6000"]["bf16_tflops"] / GPU_SPECS["A6000"]["memory_bandwidth_tb_s"])
+    ("typed the A6000 number", '''
+def gemm_compute_bound_n(gpu_name):
+    return 303
 '''),
-    ("forgets writing C (AI = N/4)", '''
-gemm_compute_bound_n_a6000 = math.ceil(4 * get_ridge_point("A6000", torch.float32))
+    ("always the A6000, whatever GPU is asked", _threshold('math.ceil(6 * spec["fp32_tflops"] / spec["memory_bandwidth_tb_s"])',
+                                                         gpu='"A6000"')),
+    ("the GPU this notebook runs on, not the one asked", '''
+def gemm_compute_bound_n(gpu_name):
+    return math.ceil(6 * get_ridge_point(detect_gpu(default="A6000"), torch.float32))
 '''),
-    ("counts MACs (AI = N/12)", '''
-gemm_compute_bound_n_a6000 = math.ceil(12 * get_ridge_point("A6000", torch.float32))
-'''),
-    ("rounds down", '''
-gemm_compute_bound_n_a6000 = math.floor(6 * get_ridge_point("A6000", torch.float32))
-'''),
-    ("the exact real threshold, not an integer", '''
-gemm_compute_bound_n_a6000 = 6 * get_ridge_point("A6000", torch.float32)
-'''),
+    ("uses the bf16 peak", _threshold('math.ceil(6 * spec["bf16_tflops"] / spec["memory_bandwidth_tb_s"])')),
+    ("forgets writing C (AI = N/4)", _threshold('math.ceil(4 * spec["fp32_tflops"] / spec["memory_bandwidth_tb_s"])')),
+    ("counts MACs (AI = N/12)", _threshold('math.ceil(12 * spec["fp32_tflops"] / spec["memory_bandwidth_tb_s"])')),
+    ("rounds down", _threshold('math.floor(6 * spec["fp32_tflops"] / spec["memory_bandwidth_tb_s"])')),
+    ("the exact real threshold, not an integer", _threshold('6 * spec["fp32_tflops"] / spec["memory_bandwidth_tb_s"]')),
 ]
 
 GEMV_AI_ALTERNATIVES = ['''
@@ -305,9 +360,16 @@ gemv_intensity_by_n = {}
 for n in roofline_sizes:
     matrix, vector = torch.empty(n, n, device="meta"), torch.empty(n, 1, device="meta")
     gemv_intensity_by_n[n] = 2 * gemm_mac(matrix, vector) / gemm_io(matrix, vector)
+''', '''
+sizes = torch.tensor(roofline_sizes, dtype=torch.float32)
+intensities = (2 * sizes * sizes) / (4 * (sizes * sizes + 2 * sizes))  # float32, vectorised
+gemv_intensity_by_n = dict(zip(roofline_sizes, intensities.tolist()))
 ''']
 
 GEMV_AI_WRONG = [
+    ("forgets writing y", '''
+gemv_intensity_by_n = {n: 2 * n * n / (4 * (n * n + n)) for n in roofline_sizes}
+'''),
     ("ignores the vectors' bytes", '''
 gemv_intensity_by_n = {n: 2 * n * n / (4 * n * n) for n in roofline_sizes}
 '''),
@@ -546,9 +608,16 @@ for b in decode_batch_sizes:
     flops = 2 * 3 * b * D * I + 9 * b * I
     io = 2 * (3 * b * D + 3 * D * I + 8 * b * I)
     decode_mlp_intensity_by_batch[b] = flops / io
+''', _DECODE_HEAD + '''
+batch = torch.tensor(decode_batch_sizes, dtype=torch.float32)
+intensity = (6 * batch * D * I + 9 * batch * I) / (2 * (3 * batch * D + 3 * D * I + 8 * batch * I))
+decode_mlp_intensity_by_batch = {b: intensity[k] for k, b in enumerate(decode_batch_sizes)}
 ''']
 
 DECODE_AI_WRONG = [
+    ("leaves out the 9I elementwise FLOPs (GeLU and product)", _DECODE_HEAD + '''
+decode_mlp_intensity_by_batch = {b: calc_mlp_mac(b, 1, D, I) * 2 / calc_mlp_io(b, 1, D, I) for b in decode_batch_sizes}
+'''),
     ("MACs instead of FLOPs", _DECODE_HEAD + '''
 decode_mlp_intensity_by_batch = {b: calc_mlp_mac(b, 1, D, I) / calc_mlp_io(b, 1, D, I) for b in decode_batch_sizes}
 '''),
@@ -577,9 +646,16 @@ prefill_mlp_intensity_by_len = {}
 for L in prefill_lengths:
     tokens = prefill_sweep_batch * L
     prefill_mlp_intensity_by_len[L] = calc_mlp_flops(1, tokens, D, I) / calc_mlp_io(tokens, 1, D, I)
+''', _PREFILL_HEAD + '''
+tokens = prefill_sweep_batch * torch.tensor(prefill_lengths, dtype=torch.float32)
+intensity = (6 * tokens * D * I + 9 * tokens * I) / (2 * (3 * tokens * D + 3 * D * I + 8 * tokens * I))
+prefill_mlp_intensity_by_len = {L: float(intensity[k]) for k, L in enumerate(prefill_lengths)}
 ''']
 
 PREFILL_AI_WRONG = [
+    ("leaves out the 9I elementwise FLOPs (GeLU and product)", _PREFILL_HEAD + '''
+prefill_mlp_intensity_by_len = {L: 6 * 32 * L * D * I / calc_mlp_io(32, L, D, I) for L in prefill_lengths}
+'''),
     ("batch 8 instead of 32", _PREFILL_HEAD + '''
 prefill_mlp_intensity_by_len = {L: calc_mlp_flops(8, L, D, I) / calc_mlp_io(8, L, D, I) for L in prefill_lengths}
 '''),
