@@ -505,6 +505,7 @@ if SCALE == "quick":
 # (`bytes_per_element`: 2 for fp16/bf16, 4 for fp32).
 #
 # **FLOPs.**
+#
 # 1. One FLOP is one scalar addition, subtraction, multiplication, division, exponential or comparison.
 # 2. A matrix product $(M \times K)(K \times N)$ costs $2MKN$ FLOPs: each of the $MN$ outputs takes $K$
 #    multiplications and $K$ additions (we count the first addition into a zero accumulator, so the exact
@@ -520,6 +521,7 @@ if SCALE == "quick":
 #    result is written, and the rest is small next to the matmuls.
 #
 # **Bytes.**
+#
 # 7. Each operation reads every input tensor from memory once and writes its output once, $n$ bytes per
 #    element. Nothing stays on chip between two operations: if three operations need $X$, $X$ is read three
 #    times. Weights and biases are inputs like any other; constants ($\sqrt{d}$, $-\infty$) are free; a
@@ -1806,6 +1808,7 @@ plt.show()
 # A quick-scale (CPU) run only: at most 2 points unless the student explains why CPU numbers differ.
 # === END MARK SCHEME ===
 
+# %% [markdown]
 # # Part 6: Speculative decoding
 #
 # ## The bottleneck of decoding one sequence
@@ -2351,6 +2354,7 @@ else:
 #   (lossless), whatever the draft.
 # === END MARK SCHEME ===
 
+# %% [markdown]
 # #### Bonus 6.6 (6 points)
 #
 # Let a draft pass cost $c$ times a target pass (the cost ratio), and suppose each step costs $\gamma$ draft
