@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .notebooks import (
+    HEADING_RE,
     HIDDEN_BEGIN,
     HIDDEN_END,
     MARK_SCHEME_BEGIN,
@@ -26,6 +27,7 @@ from .notebooks import (
     is_solution,
     nbgrader_meta,
     question_key,
+    question_key_from_heading,
     question_label,
     question_sort_key,
     read_notebook,
@@ -37,6 +39,8 @@ GRADE_ID_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 TABLE_ROW_RE = re.compile(r"^\|\s*\**(?P<kind>Question|Bonus)\s+(?P<number>\d+(?:\.\d+)*)\**\s*\|(?P<rest>.*)\|\s*$")
 MARKERS = (SOLUTION_BEGIN, SOLUTION_END, HIDDEN_BEGIN, HIDDEN_END, MARK_SCHEME_BEGIN, MARK_SCHEME_END)
 MIN_LEAK_LINE_CHARS = 16  # shorter lines (``return out``) appear in stubs and prose too often to count as leaks
+MARKDOWN_HEADING_RE = re.compile(r"^ {0,3}#{1,6}\s+\S")
+ORDERED_ITEM_RE = re.compile(r"^ {0,3}(?P<number>\d{1,9})[.)](?: |$)")
 
 
 @dataclass(frozen=True)
@@ -217,6 +221,72 @@ def check_markers(lab: str, nb) -> list[Problem]:
     return problems
 
 
+def check_question_statements(lab: str, source_nb, release_nb) -> list[Problem]:
+    """Every question statement reaches students.
+
+    The release replaces a solution cell's text with a stub, so a question heading (or any heading) that sits
+    inside a written-answer cell, typically after a forgotten ``# %% [markdown]`` line, vanishes from the
+    student's notebook. Flag such headings, and every question heading of the source missing from the release.
+    """
+    problems = []
+    for index, cell in enumerate(source_nb.cells):
+        if cell.cell_type != "markdown" or not is_solution(cell):
+            continue
+        for line in cell.source.splitlines():
+            if not MARKDOWN_HEADING_RE.match(line):
+                continue
+            match = HEADING_RE.match(line.strip())
+            what = question_label(question_key_from_heading(match["kind"], match["number"])) if match else "a heading"
+            problems.append(Problem(
+                lab, _where(index, cell),
+                f"{what} ({line.strip()[:50]!r}) sits inside a solution cell, whose text the release replaces with a "
+                "stub: start a new markdown cell (`# %% [markdown]`) before it"))
+    released = {heading.key for heading in find_headings(release_nb)}
+    for heading in find_headings(source_nb):
+        if heading.key not in released:
+            problems.append(Problem(
+                lab, "release", f"{question_label(heading.key)} has no heading in the release notebook: students do "
+                "not see the question"))
+    return problems
+
+
+def _rendered_list_lines(markdown: str) -> set[int]:
+    """Line numbers (0-based) that CommonMark renders inside a list, a code block or an HTML block."""
+    from markdown_it import MarkdownIt
+
+    covered: set[int] = set()
+    for token in MarkdownIt("commonmark").parse(markdown):
+        if token.map and token.type in ("ordered_list_open", "bullet_list_open", "fence", "code_block", "html_block"):
+            covered |= set(range(*token.map))
+    return covered
+
+
+def check_numbered_lists(lab: str, nb) -> list[Problem]:
+    """Numbered items render as a list: ``7.`` and ``8.`` right after a line of text are one run-on paragraph.
+
+    CommonMark lets only a list that starts at 1 interrupt a paragraph. An item ``k.`` that is followed in the
+    same cell by an item ``k+1.`` is meant as a list; flag it when it does not render as one.
+    """
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        lines = cell.source.splitlines()
+        numbers = {int(m["number"]) for line in lines if (m := ORDERED_ITEM_RE.match(line))}
+        covered = None
+        for number, line in enumerate(lines):
+            match = ORDERED_ITEM_RE.match(line)
+            if not match or int(match["number"]) + 1 not in numbers:
+                continue
+            covered = _rendered_list_lines(cell.source) if covered is None else covered
+            if number not in covered:
+                problems.append(Problem(
+                    lab, _where(index, cell),
+                    f"the numbered item {line.strip()[:40]!r} renders as running text, not as a list (a list that "
+                    "does not start at 1 needs a blank line before it)"))
+    return problems
+
+
 def _region_lines(source: str, begin: str, end: str) -> list[str]:
     lines, inside = [], False
     for line in source.splitlines():
@@ -311,6 +381,8 @@ def lint_lab(lab: str, root: Path = REPO_ROOT, check_fresh: bool = True) -> list
     problems += check_readme_total(lab, source_nb, root / "README.md")
     problems += check_grade_id_lock(lab, source_nb, root / "labs" / lab / "grade_ids.lock")
     problems += check_release_leaks(lab, source_nb, release_nb)
+    problems += check_question_statements(lab, source_nb, release_nb)
+    problems += check_numbered_lists(lab, source_nb)
     if check_fresh:
         problems += check_up_to_date(lab, root)
     return problems

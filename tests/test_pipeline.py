@@ -15,7 +15,7 @@ from course.notebooks import make_submission, read_notebook, write_notebook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fixture_lab import LAB, README, REPO, make_root  # noqa: E402
+from fixture_lab import FIXTURE, LAB, README, REPO, make_root  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +146,45 @@ def test_lint_flags_solution_and_hidden_test_leaks(root):
     problems = problems_of(root)
     assert any("shows a line of the solution or hidden tests: 'assert add(-40, 17) == -23" in p for p in problems), problems
     assert any("contains the delimiter '### END SOLUTION'" in p for p in problems), problems
+
+
+def test_lint_flags_a_question_swallowed_by_an_answer_cell(tmp_path):
+    """A forgotten `# %% [markdown]` line puts the next question's statement into the answer cell above it; the
+    release replaces that cell with a stub, so students never see the question."""
+    text = FIXTURE.read_text()
+    marker = "# %% [markdown]\n# #### Bonus 1.1 (1 points)"
+    assert marker in text
+    root = make_root(tmp_path / "repo", text.replace(marker, "# #### Bonus 1.1 (1 points)"))
+    assert build.main([LAB], root) == 0
+    problems = problems_of(root)
+    assert any("(q1_3_answer): Bonus 1.1 ('#### Bonus 1.1 (1 points)') sits inside a solution cell" in p for p in problems), problems
+    assert f"{LAB}: release: Bonus 1.1 has no heading in the release notebook: students do not see the question" in problems, problems
+
+
+def test_lint_flags_a_heading_missing_from_the_release(root):
+    path = root / "release" / LAB / f"{LAB}.ipynb"
+    nb = read_notebook(path)
+    heading = next(c for c in nb.cells if "#### Question 1.2" in c.source)
+    heading.source = heading.source.replace("#### Question 1.2 (2 points)", "Question 1.2")
+    write_notebook(nb, path)
+    assert problems_of(root) == [f"{LAB}: release: Question 1.2 has no heading in the release notebook: students do not see the question"]
+
+
+@pytest.mark.parametrize(
+    "text, flagged",
+    [
+        ("Rules.\n\n**Bytes.**\n7. Read once.\n8. Write once.", True),
+        ("Rules.\n\n**Bytes.**\n\n7. Read once.\n8. Write once.", False),
+        ("Steps:\n1. Read once.\n2. Write once.", False),
+        ("A sentence that wraps before a number\n64. That is not a list item.", False),
+        ("```\n7. in a code block\n8. also\n```", False),
+    ],
+    ids=["list-after-text", "blank-line-before", "starts-at-1", "wrapped-number", "code-block"],
+)
+def test_lint_flags_a_numbered_list_that_renders_as_text(root, text, flagged):
+    edit_source(root, lambda nb: nb.cells.insert(2, nbformat.v4.new_markdown_cell(text)))
+    problems = [p for p in problems_of(root) if "renders as running text" in p]
+    assert bool(problems) == flagged, problems
 
 
 def test_lint_flags_a_renamed_grade_id(root):

@@ -61,6 +61,15 @@ WRONG["q1_1_causal_attention"] = [
     ("mask applied after the softmax without renormalising",
      _attention('    scores = scores.masked_fill(~allowed, float("-inf"))\n    return torch.softmax(scores, dim=-1) @ v',
                 "    return (torch.softmax(scores, dim=-1) * allowed) @ v")),
+    ("softmax without subtracting the row maximum (exp overflows beyond 88.7 in float32)",
+     _attention('    scores = scores.masked_fill(~allowed, float("-inf"))\n    return torch.softmax(scores, dim=-1) @ v',
+                "    weights = scores.exp().masked_fill(~allowed, 0.0)\n"
+                "    return (weights / weights.sum(dim=-1, keepdim=True)) @ v")),
+    ("softmax without the row maximum, computed in float64 (overflows beyond 709.8)",
+     _attention('    scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)\n', "    scores = q.double() @ k.double().transpose(-2, -1) / math.sqrt(head_dim)\n")
+     .replace('    scores = scores.masked_fill(~allowed, float("-inf"))\n    return torch.softmax(scores, dim=-1) @ v',
+              "    weights = scores.exp().masked_fill(~allowed, 0.0)\n"
+              "    return ((weights / weights.sum(dim=-1, keepdim=True)) @ v.double()).to(q.dtype)")),
 ]
 
 # --------------------------------------------------------------------------------------------------------------
@@ -73,6 +82,9 @@ ALTERNATIVES["q2_1_matmul_bytes"] = [
 ]
 WRONG["q2_1_matmul_flops"] = [
     ("forgets the factor 2", "def matmul_flops(M, K, N):\n    return M * K * N\n"),
+    ("tampering: a wrong count as an int subclass whose == is always true",
+     "class _LyingInt(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n\n\n"
+     "def matmul_flops(M, K, N):\n    return _LyingInt(M * K * N)\n"),
     ("exact count MN(2K-1) instead of the stated convention", "def matmul_flops(M, K, N):\n    return M * N * (2 * K - 1)\n"),
 ]
 WRONG["q2_1_matmul_bytes"] = [
@@ -231,6 +243,10 @@ WRONG["q2_7_roofline_estimate"] = [
     ("times added instead of overlapped", _roofline("max(t_compute_s, t_memory_s)", "t_compute_s + t_memory_s")),
     ("intensity inverted (bytes per FLOP)", _roofline('"intensity_flop_per_byte": flops / bytes_moved',
                                                       '"intensity_flop_per_byte": bytes_moved / flops')),
+    ("a tie (T_compute == T_memory) called compute-bound", _roofline("if t_compute_s > t_memory_s", "if t_compute_s >= t_memory_s")),
+    ("tampering: bound as a str subclass that equals anything",
+     "class _AnyLabel(str):\n    def __eq__(self, other):\n        return True\n    __hash__ = str.__hash__\n\n"
+     + _roofline('"compute" if t_compute_s > t_memory_s else "memory"', '_AnyLabel("memory")')),
 ]
 
 # --------------------------------------------------------------------------------------------------------------
@@ -307,6 +323,7 @@ WRONG["q3_2_roofline_table"] = [
     ("B and N swapped in the calls", _table("flops_fn(B, N), bytes_fn(B, N)", "flops_fn(N, B), bytes_fn(N, B)")),
     ("bound reversed", _table('"compute" if t_compute_s > t_memory_s else "memory"', '"memory" if t_compute_s > t_memory_s else "compute"')),
     ("memory time divided by the peak FLOP/s", _table("nbytes / bandwidth_bytes_per_s", "nbytes / peak_flops_per_s")),
+    ("a tie (T_compute == T_memory) called compute-bound", _table("if t_compute_s > t_memory_s", "if t_compute_s >= t_memory_s")),
 ]
 
 # --------------------------------------------------------------------------------------------------------------
@@ -440,6 +457,66 @@ WRONG["b4_5_max_batch_in_memory"] = [
      "def max_batch_in_memory(N, D, H, num_kv_heads, num_layers, bytes_per_element, memory_bytes, weight_bytes):\n"
      "    per_sequence = 2 * num_layers * N * num_kv_heads * (D // H) * bytes_per_element\n"
      "    return int(memory_bytes // per_sequence)\n"),
+]
+
+# --------------------------------------------------------------------------------------------------------------
+# Part 5: predictions (each replacement defines the function and the list the next cell plots)
+# --------------------------------------------------------------------------------------------------------------
+_PREDICTED_LIST = '''
+
+gpt2_predicted = [
+    {"B": B, "N": N, **predict_gpt2_latencies_ms(B, N, **MEASURED_SHAPE, bytes_per_element=MEASURED_BYTES_PER_ELEMENT,
+                                                 peak_flops_per_s=DEVICE_PEAK_FLOPS_PER_S,
+                                                 bandwidth_bytes_per_s=DEVICE_BANDWIDTH_BYTES_PER_S)}
+    for B, N in GPT2_MEASURE["cases"]
+]
+'''
+_PREDICT = '''
+def predict_gpt2_latencies_ms(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
+    def roofline_ms(flops, nbytes):
+        return max(flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s) * 1e3
+
+    return {
+        "predicted_no_cache_ms": roofline_ms(gpt2_forward_flops(B, N, D, H, num_layers),
+                                             gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element)),
+        "predicted_cache_ms": roofline_ms(gpt2_decode_flops(B, N, D, H, num_layers),
+                                          gpt2_decode_bytes(B, N, D, H, num_layers, bytes_per_element)),
+    }
+'''
+ALTERNATIVES["q5_1_predictions"] = [
+    # self-contained: the counts written out, times in seconds first, numpy for the maximum
+    '''
+def predict_gpt2_latencies_ms(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
+    L, n = num_layers, bytes_per_element
+    seconds = {
+        "predicted_no_cache_ms": (L * B * N * (24 * D * D + 4 * N * D + 5 * H * N + 5 * D),
+                                  L * n * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D)),
+        "predicted_cache_ms": (L * B * (24 * D * D + 4 * N * D + 4 * H * N + 5 * D),
+                               L * n * (B * (20 * D + 2 * N * D + 4 * H * N) + 12 * D * D + 5 * D)),
+    }
+    return {key: float(np.max([flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s])) * 1000
+            for key, (flops, nbytes) in seconds.items()}
+''' + _PREDICTED_LIST,
+    # through roofline_estimate (Question 2.7) and the student's own counts
+    '''
+def predict_gpt2_latencies_ms(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
+    shape = dict(B=B, N=N, D=D, H=H, num_layers=num_layers)
+    full = roofline_estimate(gpt2_forward_flops(**shape), gpt2_forward_bytes(**shape, bytes_per_element=bytes_per_element),
+                             peak_flops_per_s, bandwidth_bytes_per_s)
+    step = roofline_estimate(gpt2_decode_flops(**shape), gpt2_decode_bytes(**shape, bytes_per_element=bytes_per_element),
+                             peak_flops_per_s, bandwidth_bytes_per_s)
+    return dict(predicted_no_cache_ms=full["t_roofline_s"] / 1e-3, predicted_cache_ms=step["t_roofline_s"] / 1e-3)
+''' + _PREDICTED_LIST,
+]
+WRONG["q5_1_predictions"] = [
+    ("seconds instead of milliseconds", _sub(_PREDICT, "nbytes / bandwidth_bytes_per_s) * 1e3", "nbytes / bandwidth_bytes_per_s)") + _PREDICTED_LIST),
+    ("compute and memory times added instead of overlapped",
+     _sub(_PREDICT, "max(flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s)", "(flops / peak_flops_per_s + nbytes / bandwidth_bytes_per_s)")
+     + _PREDICTED_LIST),
+    ("cached step priced as a forward pass over one token (cache reads left out)",
+     _sub(_sub(_PREDICT, "gpt2_decode_flops(B, N, D, H, num_layers)", "gpt2_forward_flops(B, 1, D, H, num_layers)"),
+          "gpt2_decode_bytes(B, N, D, H, num_layers, bytes_per_element)", "gpt2_forward_bytes(B, 1, D, H, num_layers, bytes_per_element)")
+     + _PREDICTED_LIST),
 ]
 
 # --------------------------------------------------------------------------------------------------------------
@@ -595,6 +672,25 @@ WRONG["q6_4_speculative_step"] = [
     ("global random state instead of the generator",
      _spec(("u = torch.rand(batch, gamma, generator=generator, device=device, dtype=torch.float64)",
             "u = torch.rand(batch, gamma, device=device, dtype=torch.float64)"))),
+    ("greedy bonus token (argmax of p_{gamma+1})",
+     _spec(("    extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)\n",
+            "    extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)\n"
+            "    extra = torch.where(num_accepted == gamma, p_next.argmax(dim=1), extra)\n"))),
+    ("bonus token drawn from p_gamma (one position early)",
+     _spec(("p_next = p[rows, num_accepted]", "p_next = p[rows, num_accepted.clamp_max(gamma - 1)]"))),
+    ("bonus token drawn from the draft's last distribution q_gamma",
+     _spec(("    extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)\n",
+            "    residual = torch.where((num_accepted == gamma).unsqueeze(1), q[:, -1], residual)\n"
+            "    extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)\n"))),
+    ("global random state re-seeded from the generator's seed",
+     _spec(("    batch, prefix_len = prefix.shape\n", "    torch.manual_seed(generator.initial_seed())\n    batch, prefix_len = prefix.shape\n"),
+           (", generator=generator", ""))),
+    ("Python loop over the rows to count the accepted drafts",
+     _spec(("    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)\n",
+            "    num_accepted = torch.zeros(batch, dtype=torch.long, device=device)\n"
+            "    for row in range(batch):\n"
+            "        while num_accepted[row] < gamma and accepted[row, num_accepted[row]]:\n"
+            "            num_accepted[row] += 1\n"))),
     ("target called once per position",
      _spec(("p = target_model(tokens)[:, prefix_len - 1:, :].double()",
             "p = torch.stack([target_model(tokens[:, : prefix_len + i])[:, -1, :] for i in range(gamma + 1)], dim=1).double()"))),
