@@ -110,11 +110,14 @@ from course.sandbox import configure_sandbox
 c = Config()
 c.CourseDirectory.root = sys.argv[1]
 configure_sandbox(c)
-from jupyter_client.manager import start_new_kernel
+from jupyter_client.manager import KernelManager
 kernel_name = c.Execute.get("kernel_name", "python3")
 started = time.perf_counter()
-km, kc = start_new_kernel(kernel_name=kernel_name, **({"transport": c.KernelManager.transport, "ip": c.KernelManager.ip}
-                                                       if "KernelManager" in c else {}))
+km = KernelManager(kernel_name=kernel_name, config=c)
+km.start_kernel()
+kc = km.client()
+kc.start_channels()
+kc.wait_for_ready(timeout=600)
 ready = time.perf_counter()
 times = {"kernel start (to its first reply)": ready - started}
 for label, code in (("imports: import torch", "import torch"), ("imports: from utils import *", "from utils import *")):

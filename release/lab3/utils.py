@@ -4,7 +4,7 @@ Every lab starts with ``from utils import *``. The module has five sections, in 
 
 1. Run settings and hardware: ``DEVICE``, ``SCALE``/``at_scale``, ``print_environment_report``, ``GPU_SPECS``,
    ``detect_gpu``, ``get_ridge_point``, ``measure_roofline``.
-2. Model configs and helpers: ``GEMMA3_270M_CONFIG``, ``GEMMA3_PESUDO_CONFIG`` and the input, KV-cache
+2. Model configs and helpers: ``GEMMA3_270M_CONFIG``, ``GEMMA3_PESUDO_CONFIG`` (also ``GEMMA3_PSEUDO_CONFIG``) and the input, KV-cache
    (preallocated, written in place) and multi-layer forward helpers used with the lab's own
    ``Gemma3DecoderLayer``; ``gpt2_decoder_forward`` for Lab 3's GPT-2 with the same cache.
 3. Measurement: ``benchmark_latency`` (ms), ``capture_cuda_graph``, ``benchmark_eager_and_graphed`` (ms),
@@ -54,6 +54,7 @@ __all__ = [
     # 2. model configs and helpers
     "GEMMA3_270M_CONFIG",
     "GEMMA3_PESUDO_CONFIG",
+    "GEMMA3_PSEUDO_CONFIG",
     "create_prefill_inputs",
     "create_decode_inputs_without_cache",
     "create_decode_inputs_with_cache",
@@ -462,6 +463,11 @@ _GEMMA3_CONFIG_ARGS = {
 }
 
 
+# The handout spells the larger config "PESUDO"; students who follow it keep that name, new code uses the correct
+# spelling. Both names are the same object.
+_GEMMA3_CONFIG_ALIASES = {"GEMMA3_PSEUDO_CONFIG": "GEMMA3_PESUDO_CONFIG"}
+
+
 def _make_gemma3_config(**overrides):
     from transformers.models.gemma3.configuration_gemma3 import Gemma3TextConfig
 
@@ -477,6 +483,9 @@ def _make_gemma3_config(**overrides):
 def __getattr__(name):
     # Module-level lazy attributes (PEP 562): the configs import transformers (seconds), so they are built on
     # first access (``from utils import *`` accesses them) and cached as ordinary globals.
+    if name in _GEMMA3_CONFIG_ALIASES:
+        config = globals()[name] = __getattr__(_GEMMA3_CONFIG_ALIASES[name])
+        return config
     if name in _GEMMA3_CONFIG_ARGS:
         config = _make_gemma3_config(**_GEMMA3_CONFIG_ARGS[name])
         globals()[name] = config
@@ -485,12 +494,12 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_GEMMA3_CONFIG_ARGS))
+    return sorted(set(globals()) | set(_GEMMA3_CONFIG_ARGS) | set(_GEMMA3_CONFIG_ALIASES))
 
 
 if importlib.util.find_spec("transformers") is None:
     # Without transformers, ``from utils import *`` still works; the configs and the KV cache are unavailable.
-    __all__ = [name for name in __all__ if name not in _GEMMA3_CONFIG_ARGS]
+    __all__ = [name for name in __all__ if name not in _GEMMA3_CONFIG_ARGS and name not in _GEMMA3_CONFIG_ALIASES]
 
 
 def create_prefill_inputs(batch_size, seq_len, hidden_size, dtype=torch.float32, device=None):
