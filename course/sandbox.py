@@ -400,35 +400,42 @@ def launch(argv: list[str]) -> None:
     Args:
         argv: the kernelspec's arguments after this file: ``[--unsandboxed] -f CONNECTION_FILE`` and any extra
             kernel arguments.
-
-    Raises:
-        SystemExit: sandboxed, and the connection file does not ask for ipc transport (the kernel has no TCP).
     """
     sandboxed = "--unsandboxed" not in argv
     argv = [a for a in argv if a != "--unsandboxed"]
-    position = argv.index("-f") + 1
-    connection_file = os.path.abspath(argv[position])
-    cwd = os.getcwd()
+    connection_file = os.path.abspath(argv[argv.index("-f") + 1])
     hidden = [*os.environ.get(HIDE_ENV, "").split(os.pathsep), os.path.expanduser("~"), tempfile.gettempdir(),
               os.path.dirname(connection_file)]
     kernel_dir = tempfile.mkdtemp(prefix="kernel-", dir=os.environ.get(RUNTIME_ENV) or None)
     files = os.path.join(kernel_dir, "files")
-    on_path = prepare_files(cwd, os.environ.get(SOURCE_ENV), hidden, files)
-    if not sandboxed:
-        boot = [*(["--on-path"] if on_path else []), "--files", files, "--work", os.path.join(kernel_dir, "work")]
-        command = [sys.executable, "-I", BOOT_SCRIPT, *boot, "--", *argv]
-        os.execv(command[0], command)
+    on_path = ["--on-path"] if prepare_files(os.getcwd(), os.environ.get(SOURCE_ENV), hidden, files) else []
+    if sandboxed:
+        _exec_sandboxed(argv, connection_file, kernel_dir, on_path, hidden)
+    command = [sys.executable, "-I", BOOT_SCRIPT, *on_path, "--files", files, "--work",
+               os.path.join(kernel_dir, "work"), "--", *argv]
+    os.execv(command[0], command)
+
+
+def _exec_sandboxed(argv: list[str], connection_file: str, kernel_dir: str, on_path: list[str],
+                    hidden: list[str]) -> None:
+    """Replace this process with the kernel in bwrap, in cgroups of its own, with its limits.
+
+    Raises:
+        SystemExit: the connection file does not ask for ipc transport (the kernel has no TCP).
+    """
     with open(connection_file) as handle:
         info = json.load(handle)
     if info.get("transport") != "ipc" or not os.path.isabs(info.get("ip", "")):
         raise SystemExit("sandbox: the kernel needs ipc transport with an absolute ip (see configure_sandbox)")
     kernel_uid = KERNEL_UID_BASE + os.getpid() if _is_root() else None
     _write_passwd(kernel_dir, os.getuid() if kernel_uid is None else kernel_uid)
-    shutil.copyfile(connection_file, os.path.join(kernel_dir, "connection.json"))
-    argv[position] = CONNECTION_PATH
-    boot = [*(["--on-path"] if on_path else []), "--files", FILES_DIR, "--work", WORK_DIR,
-            *(["--uid", str(kernel_uid)] if kernel_uid is not None else []), "--", *argv]
-    command = bwrap_command(boot, files, os.path.join(kernel_dir, "connection.json"), os.path.dirname(info["ip"]),
+    private_connection = os.path.join(kernel_dir, "connection.json")
+    shutil.copyfile(connection_file, private_connection)
+    kernel_args = list(argv)
+    kernel_args[argv.index("-f") + 1] = CONNECTION_PATH
+    boot = [*on_path, "--files", FILES_DIR, "--work", WORK_DIR,
+            *(["--uid", str(kernel_uid)] if kernel_uid is not None else []), "--", *kernel_args]
+    command = bwrap_command(boot, os.path.join(kernel_dir, "files"), private_connection, os.path.dirname(info["ip"]),
                             kernel_dir, hidden)
     join_kernel_cgroup(_max_processes())
     _set_limits(kernel_uid)
