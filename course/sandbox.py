@@ -1,22 +1,31 @@
-"""Sandboxed grading kernels: every notebook nbgrader executes runs its kernel inside bubblewrap (``bwrap``).
+"""Grading kernels: started isolated from student files, and sandboxed in bubblewrap (``bwrap``) where it works.
 
 ``configure_sandbox(c)`` (called at the end of ``nbgrader_config.py``) points nbgrader's ``Execute`` at a kernelspec
-whose argv is this file, and switches the Jupyter client to ZMQ ``ipc`` transport (the kernel has no network, so
-its sockets are files in a private folder shared with the sandbox). Run as that kernelspec's argv, this file
-(``python -I sandbox.py -f CONNECTION_FILE ...``) starts ``python -m ipykernel_launcher`` inside bwrap with:
+whose argv runs this file, ``python -I sandbox.py [--unsandboxed] -f CONNECTION_FILE``. Every kernel then starts
+through ``course/kernel_boot.py`` with ``python -I`` in a private working folder holding a copy of the lab's
+instructor files (the non-notebook files of the course's ``source/<lab>/``: ``utils.py``, ``assets/``), with only
+those files added to ``sys.path``: no file a student submits can shadow a module, on any route to a grade.
 
-- the whole filesystem read-only, with empty read-only folders over the course folder, the repository, the
-  SQLite gradebook's folder, the Jupyter runtime folder (other kernels' keys), /root, /home, $HOME, /run,
-  /var/lib/postgresql and the temp folders; the Python installation bound back read-only;
-- the notebook's folder as a writable private copy without its notebooks (nbgrader wrote the hidden tests into
-  the one being graded; what the kernel writes there is discarded, so nbgrader never follows a file the student
-  replaced), a private size-capped /tmp as HOME and TMPDIR, /dev kept for GPUs;
-- no network, its own PID and IPC namespaces, an environment reduced to ``ENV_KEEP``, uid/gid 65534 when grading
-  runs as root (bwrap's user namespace otherwise), address-space and file-size limits.
+Sandboxed (the default where bwrap works), the kernel sees an allow-list of the file system:
 
-``EFFICIENT_AI_SANDBOX``: ``auto`` (default; unsandboxed with one warning per nbgrader process when bwrap does not
-work here), ``on`` (refuse to run without it) or ``off``. ``EFFICIENT_AI_SANDBOX_MEMORY_GB``: the kernel's
-address-space cap (default 8; 0 for none; not applied when CUDA devices are present). Needs bubblewrap 0.7 or
+- read-only: ``/usr`` and the ``/bin``, ``/sbin``, ``/lib*`` links or folders, a few files of ``/etc`` (``ETC_KEEP``),
+  the Python installation, ``/sys``; its own ``/proc`` (PID namespace) and a minimal ``/dev`` plus NVIDIA devices;
+- ``/run/efficient-ai/``: the instructor files (on ``sys.path``), the boot script and the connection file, read-only;
+- ``/tmp``: a private tmpfs of ``EFFICIENT_AI_SANDBOX_SCRATCH_MB`` (HOME, TMPDIR, and the working folder
+  ``/tmp/work``), a private 256 MiB ``/dev/shm``, and the folder of its ZMQ ``ipc`` sockets (it has no network);
+
+nothing else: not the course, the gradebook, other submissions, home folders or another checkout anywhere on the
+machine. Run as root, the kernel becomes a uid of its own (``KERNEL_UID_BASE`` + the launcher's PID) after binding its
+sockets, with a cap on its processes and threads (RLIMIT_NPROC, counted per uid); where a cgroup hierarchy is
+writable, each kernel also gets a cgroup of its own (``pids.max``; equal CPU weight, so a CPU or fork flood gets one
+kernel's share, not the machine). Plus address-space and file-size caps, its own PID and IPC namespaces, no
+network, an environment reduced to ``ENV_KEEP``.
+
+``EFFICIENT_AI_SANDBOX``: ``auto`` (default; without a working bwrap, kernels start isolated but unsandboxed, with
+one warning per nbgrader process), ``on`` (refuse to run without the sandbox) or ``off`` (isolated start only).
+``EFFICIENT_AI_SANDBOX_MEMORY_GB``: address-space cap (default 8; 0 for none; not applied when CUDA devices are
+present). ``EFFICIENT_AI_SANDBOX_SCRATCH_MB``: size of the private ``/tmp`` (default 1024).
+``EFFICIENT_AI_SANDBOX_MAX_PROCESSES``: processes and threads of one kernel (default 1024). Needs bubblewrap 0.7 or
 newer, not setuid, run by root or with unprivileged user namespaces allowed.
 """
 from __future__ import annotations
@@ -33,15 +42,41 @@ import tempfile
 
 MODE_ENV = "EFFICIENT_AI_SANDBOX"
 MEMORY_ENV = "EFFICIENT_AI_SANDBOX_MEMORY_GB"
-HIDE_ENV = "EFFICIENT_AI_SANDBOX_HIDE"  # set by the kernelspec: course-specific folders the kernel must not see
+SCRATCH_ENV = "EFFICIENT_AI_SANDBOX_SCRATCH_MB"
+PROCESSES_ENV = "EFFICIENT_AI_SANDBOX_MAX_PROCESSES"
+# Set by the kernelspec for the launcher: course folders hidden even inside an allowed tree, and the course's
+# source folder (instructor files come from its <lab>/).
+HIDE_ENV = "EFFICIENT_AI_SANDBOX_HIDE"
+SOURCE_ENV = "EFFICIENT_AI_SANDBOX_SOURCE"
+RUNTIME_ENV = "EFFICIENT_AI_SANDBOX_RUNTIME"  # the nbgrader process's private folder: kernels' folders go there
 KERNEL_NAME = "efficient-ai-sandbox"
 PROCESS_DIR_PREFIX = "efficient-ai-kernels-"
+BOOT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_boot.py")
 DEFAULT_MEMORY_GB = 8.0
+DEFAULT_SCRATCH_MB = 1024
+DEFAULT_MAX_PROCESSES = 1024
 FILE_SIZE_CAP_BYTES = 1 << 30  # largest file the kernel may write
-TMP_SIZE_BYTES = 1 << 30  # private /tmp (HOME, TMPDIR): RAM-backed, so capped
 SHM_SIZE_BYTES = 256 << 20  # private /dev/shm
-NOBODY_ID = 65534
-SYSTEM_HIDDEN_DIRS = ("/tmp", "/var/tmp", "/root", "/home", "/run", "/var/lib/postgresql")
+HIDDEN_TMPFS_BYTES = 1 << 20  # the empty folder laid over a course folder inside an allowed tree
+KERNEL_UID_BASE = 2_000_000_000  # + the launcher's PID (at most 2**22): a uid no one else uses, for RLIMIT_NPROC
+KERNEL_NICE = 5  # kernels yield to the grader's own processes (nbgrader, the ZMQ client)
+CGROUP_PARENT = "efficient-ai"
+CGROUP_PREFIX = "kernel-"
+INSTRUCTOR_FILES_IGNORE = ("*.ipynb", ".ipynb_checkpoints", "__pycache__", "*.pyc")
+
+# Inside the sandbox.
+RUN_DIR = "/run/efficient-ai"
+FILES_DIR = RUN_DIR + "/files"
+BOOT_PATH = RUN_DIR + "/kernel_boot.py"
+CONNECTION_PATH = RUN_DIR + "/connection.json"
+SCRATCH_DIR = "/tmp"
+WORK_DIR = SCRATCH_DIR + "/work"
+SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_KEEP = (
+    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime",
+    "/etc/timezone", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/hosts", "/etc/os-release", "/etc/fonts",
+    "/etc/mime.types",
+)
 ENV_KEEP = (
     "PATH", "LANG", "LANGUAGE", "TZ", "EFFICIENT_AI_SCALE", "MPLBACKEND", "PYTHONUNBUFFERED", "PYTHONHASHSEED",
     "PYTHONDONTWRITEBYTECODE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME", "NVIDIA_VISIBLE_DEVICES",
@@ -49,11 +84,6 @@ ENV_KEEP = (
     "PYTORCH_CUDA_ALLOC_CONF", "CC", "CXX",
 )
 ENV_KEEP_PREFIXES = ("LC_",)
-# Run as root inside bwrap (no user namespace: one would map its uids to host root), drop to nobody, then exec.
-_DROP_TO_NOBODY = (
-    "import os, sys; os.setgroups([]); os.setresgid({0}, {0}, {0}); os.setresuid({0}, {0}, {0}); "
-    "os.execv(sys.argv[1], sys.argv[1:])"
-).format(NOBODY_ID)
 
 _process_dir: str | None = None  # this nbgrader process's private folder (kernelspec, ipc sockets, kernels)
 _warned = False
@@ -70,8 +100,40 @@ def _is_root() -> bool:
 
 
 def _namespace_args() -> list[str]:
-    args = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--die-with-parent", "--new-session"]
+    args = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session"]
     return args if _is_root() else ["--unshare-user", *args]
+
+
+def _parent_dirs(destinations: list[str], under: str = "/") -> list[str]:
+    """bwrap arguments making every folder between ``under`` and each destination with mode 0755, parents first.
+
+    bwrap would make them with mode 0700, which the kernel's own uid could not pass through.
+    """
+    parents = set()
+    for path in destinations:
+        parent = os.path.dirname(path)
+        while parent != os.path.dirname(parent) and parent != under and _inside(parent, under):
+            parents.add(parent)
+            parent = os.path.dirname(parent)
+    args = []
+    for folder in sorted(parents, key=lambda p: (p.count("/"), p)):
+        args += ["--perms", "0755", "--dir", folder]
+    return args
+
+
+def _system_args() -> list[str]:
+    """bwrap arguments that show the system's programs and libraries, read-only (links stay links)."""
+    args = _parent_dirs([p for p in ETC_KEEP if os.path.exists(p)])
+    for tree in SYSTEM_TREES:
+        if os.path.islink(tree):
+            args += ["--symlink", os.readlink(tree), tree]
+        elif os.path.isdir(tree):
+            args += ["--ro-bind", tree, tree]
+    for path in ETC_KEEP:
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    return args
 
 
 def unavailable_reason() -> str | None:
@@ -81,8 +143,8 @@ def unavailable_reason() -> str | None:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-    probe = [bwrap, *_namespace_args(), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-             "--perms", "01777", "--size", "65536", "--tmpfs", "/tmp", "true"]  # --size: bubblewrap 0.7 or newer
+    probe = [bwrap, *_namespace_args(), *_system_args(), "--proc", "/proc", "--dev", "/dev",
+             "--perms", "01777", "--size", "65536", "--tmpfs", "/tmp", "--remount-ro", "/", "true"]  # --size: 0.7+
     try:
         result = subprocess.run(probe, capture_output=True, text=True, timeout=30)
         version = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
@@ -105,11 +167,11 @@ def _sqlite_folder(db_url: str | None) -> str | None:
 
 
 def configure_sandbox(c) -> None:
-    """Make nbgrader's ``Execute`` run every kernel in the sandbox (nothing changes with EFFICIENT_AI_SANDBOX=off).
+    """Make nbgrader's ``Execute`` start every kernel isolated, and sandboxed unless EFFICIENT_AI_SANDBOX says no.
 
-    Writes a kernelspec into a private folder of this process (on JUPYTER_PATH), selects it with
-    ``c.Execute.kernel_name`` (the notebook's own kernelspec is ignored) and sets ``ipc`` transport on
-    ``c.KernelManager``. Commands that run no kernel are unaffected.
+    Writes a kernelspec into a private folder of this process (on JUPYTER_PATH) and selects it with
+    ``c.Execute.kernel_name`` (the notebook's own kernelspec is ignored); sandboxed, it also sets ``ipc`` transport
+    on ``c.KernelManager``. Commands that run no kernel are unaffected.
 
     Args:
         c: the traitlets config object of ``nbgrader_config.py``.
@@ -117,29 +179,53 @@ def configure_sandbox(c) -> None:
     Raises:
         SystemExit: EFFICIENT_AI_SANDBOX=on and bwrap does not work here (traitlets would only log an Exception).
     """
-    global _process_dir, _warned
+    global _warned
     mode = sandbox_mode()
-    if mode == "off":
-        return
-    reason = unavailable_reason()
-    if reason is not None:
-        if mode == "on":
-            raise SystemExit(f"EFFICIENT_AI_SANDBOX=on, but grading kernels cannot be sandboxed: {reason}.")
-        if not _warned:
-            _warned = True
-            print(
-                f"WARNING: grading is NOT sandboxed: {reason}. Student code runs with this account's rights and can "
-                "read source/, the gradebook and other submissions. Install bubblewrap to fix this; set "
-                f"{MODE_ENV}=on to refuse grading without a sandbox, or {MODE_ENV}=off to silence this warning.",
-                file=sys.stderr,
-            )
-        return
+    reason = None if mode == "off" else unavailable_reason()
+    if reason is not None and mode == "on":
+        raise SystemExit(f"EFFICIENT_AI_SANDBOX=on, but grading kernels cannot be sandboxed: {reason}.")
+    if reason is not None and not _warned:
+        _warned = True
+        print(
+            f"WARNING: grading is NOT sandboxed: {reason}. Student code runs with this account's rights and can "
+            "read source/, the gradebook and other submissions. Install bubblewrap to fix this; set "
+            f"{MODE_ENV}=on to refuse grading without a sandbox, or {MODE_ENV}=off to silence this warning.",
+            file=sys.stderr,
+        )
+    sandboxed = mode != "off" and reason is None
     c.Execute.kernel_name = KERNEL_NAME  # first: should anything below fail, no kernel starts (not an open one)
+    process_dir = _ensure_process_dir(sandboxed)
     course = c.get("CourseDirectory", {})
+    root = course.get("root") or os.getcwd()
     hidden = [
-        os.getcwd(), course.get("root"), _sqlite_folder(course.get("db_url")), os.environ.get("EFFICIENT_AI_REPO"),
+        os.getcwd(), root, _sqlite_folder(course.get("db_url")), os.environ.get("EFFICIENT_AI_REPO"),
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), tempfile.gettempdir(),
     ]
+    spec = {
+        "argv": [sys.executable, "-I", os.path.abspath(__file__), *([] if sandboxed else ["--unsandboxed"]),
+                 "-f", "{connection_file}"],
+        "display_name": "Python 3 (isolated grading)" + (", sandboxed" if sandboxed else ""),
+        "language": "python",
+        "env": {
+            HIDE_ENV: os.pathsep.join(sorted({os.path.abspath(p) for p in hidden if p})),
+            SOURCE_ENV: os.path.join(os.path.abspath(root), course.get("source_directory") or "source"),
+            RUNTIME_ENV: process_dir,
+        },
+    }
+    if sandboxed:
+        spec["interrupt_mode"] = "message"  # the kernel has its own session (bwrap --new-session): no SIGINT
+    spec_dir = os.path.join(process_dir, "kernels", KERNEL_NAME)
+    os.makedirs(spec_dir, exist_ok=True)
+    with open(os.path.join(spec_dir, "kernel.json"), "w") as handle:
+        json.dump(spec, handle, indent=1)
+    if sandboxed:
+        c.KernelManager.transport = "ipc"
+        c.KernelManager.ip = os.path.join(process_dir, "ipc", "kernel")
+
+
+def _ensure_process_dir(sandboxed: bool) -> str:
+    """This nbgrader process's private folder (made once, removed at exit), put first on JUPYTER_PATH."""
+    global _process_dir
     if _process_dir is None:
         _remove_stale_process_dirs()
         # Short path under /tmp: ipc socket paths must stay under about 100 characters.
@@ -147,22 +233,10 @@ def configure_sandbox(c) -> None:
         atexit.register(shutil.rmtree, _process_dir, True)
         os.makedirs(os.path.join(_process_dir, "ipc"))
         os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [_process_dir, os.environ.get("JUPYTER_PATH")]))
-        if _memory_cap_bytes() and _cuda_devices():
+        if sandboxed and _memory_cap_bytes() and _cuda_devices():
             print("sandbox: CUDA devices present, so the kernel's address-space cap is not applied "
                   "(CUDA reserves far more virtual memory than it uses)", file=sys.stderr)
-    spec_dir = os.path.join(_process_dir, "kernels", KERNEL_NAME)
-    os.makedirs(spec_dir, exist_ok=True)
-    spec = {
-        "argv": [sys.executable, "-I", os.path.abspath(__file__), "-f", "{connection_file}"],
-        "display_name": "Python 3 (sandboxed grading)",
-        "language": "python",
-        "interrupt_mode": "message",  # the kernel has its own session (bwrap --new-session): no SIGINT reaches it
-        "env": {HIDE_ENV: os.pathsep.join(sorted({os.path.abspath(p) for p in hidden if p}))},
-    }
-    with open(os.path.join(spec_dir, "kernel.json"), "w") as handle:
-        json.dump(spec, handle, indent=1)
-    c.KernelManager.transport = "ipc"
-    c.KernelManager.ip = os.path.join(_process_dir, "ipc", "kernel")
+    return _process_dir
 
 
 def _remove_stale_process_dirs() -> None:
@@ -176,21 +250,45 @@ def _remove_stale_process_dirs() -> None:
             pass
 
 
+def _env_number(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    try:
+        return float(value) if value else default
+    except ValueError:
+        raise SystemExit(f"sandbox: {name} must be a number, got {value!r}") from None
+
+
 def _memory_cap_bytes() -> int:
-    return int(float(os.environ.get(MEMORY_ENV, DEFAULT_MEMORY_GB)) * (1 << 30))
+    return int(_env_number(MEMORY_ENV, DEFAULT_MEMORY_GB) * (1 << 30))
+
+
+def _scratch_bytes() -> int:
+    return int(_env_number(SCRATCH_ENV, DEFAULT_SCRATCH_MB) * (1 << 20))
+
+
+def _max_processes() -> int:
+    return int(_env_number(PROCESSES_ENV, DEFAULT_MAX_PROCESSES))
 
 
 def _cuda_devices() -> list[str]:
-    return glob.glob("/dev/nvidia[0-9]*")
+    return sorted(glob.glob("/dev/nvidia[0-9]*"))
 
 
-def _set_limits() -> None:
-    """Resource limits of this process, inherited by bwrap and the kernel."""
+def _nvidia_devices() -> list[str]:
+    """Every NVIDIA device node (GPUs, nvidiactl, nvidia-uvm, nvidia-caps/): what CUDA opens."""
+    return sorted(glob.glob("/dev/nvidia*"))
+
+
+def _set_limits(kernel_uid: int | None) -> None:
+    """Resource limits of this process, inherited by bwrap and the kernel; a lower CPU priority."""
     memory_bytes = _memory_cap_bytes()
     if memory_bytes and not _cuda_devices():
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_CAP_BYTES, FILE_SIZE_CAP_BYTES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if kernel_uid is not None:  # counted per uid: only meaningful for a uid of the kernel's own (root is exempt)
+        resource.setrlimit(resource.RLIMIT_NPROC, (_max_processes(), _max_processes()))
+    os.nice(KERNEL_NICE)
 
 
 def _python_dirs() -> list[str]:
@@ -200,110 +298,221 @@ def _python_dirs() -> list[str]:
     return sorted(dirs)
 
 
+def _outermost(paths: list[str]) -> list[str]:
+    return [p for p in paths if not any(p != o and _inside(p, o) for o in paths)]
+
+
 def _kernel_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES)}
     # glibc reserves 64 MiB of address space per malloc arena (up to 8 per core): keep the cap meaningful.
-    env.update(HOME="/tmp", TMPDIR="/tmp", USER="nobody", LOGNAME="nobody", MALLOC_ARENA_MAX="4",
+    env.update(HOME=SCRATCH_DIR, TMPDIR=SCRATCH_DIR, USER="kernel", LOGNAME="kernel", MALLOC_ARENA_MAX="4",
                JPY_PARENT_PID="1")  # the sandbox's init: ipykernel then neither polls its parent nor prints a banner
     return env
 
 
-def bwrap_command(kernel_argv: list[str], cwd: str, work_dir: str, writable: list[str], hidden: list[str]) -> list[str]:
-    """The bwrap command line that runs ``kernel_argv`` sandboxed.
+def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_dir: str, passwd_dir: str,
+                  hidden: list[str]) -> list[str]:
+    """The bwrap command line that runs ``python -I kernel_boot.py BOOT_ARGS`` sandboxed (the allow-list).
 
     Args:
-        kernel_argv: the kernel's command line.
-        cwd: the kernel's working folder as it sees it (the notebook's folder).
-        work_dir: a private copy of ``cwd``, bound writable on ``cwd``.
-        writable: private folders bound writable at their own paths (connection file, ipc sockets).
-        hidden: folders replaced by empty read-only ones (system temp folders become a private writable /tmp).
+        boot_args: arguments of ``course/kernel_boot.py`` (its options, ``--``, the kernel's arguments).
+        files: the private copy of the instructor files, shown read-only at ``FILES_DIR``.
+        connection_file: the private copy of the kernel's connection file, shown read-only at ``CONNECTION_PATH``.
+        ipc_dir: the folder of the kernel's ipc sockets, writable at its own path (the grader connects there).
+        passwd_dir: a folder holding the ``passwd`` and ``group`` files shown in ``/etc``.
+        hidden: course folders laid over with an empty folder should an allowed tree hold them.
     """
-    args = [shutil.which("bwrap") or "bwrap", *_namespace_args(), "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev",
-            "--perms", "01777", "--size", str(SHM_SIZE_BYTES), "--tmpfs", "/dev/shm", "--proc", "/proc"]
-    hidden = sorted({os.path.realpath(h) for h in hidden if os.path.isdir(h)})
-    outermost = [h for h in hidden if not any(h != o and _inside(h, o) for o in hidden)]
-    for folder in outermost:
-        if folder == "/tmp":
-            args += ["--perms", "01777", "--size", str(TMP_SIZE_BYTES), "--tmpfs", folder]
-        else:
-            args += ["--size", str(1 << 20), "--tmpfs", folder]
-    python_dirs = [d for d in _python_dirs() if any(_inside(d, h) for h in outermost)]
-    # bwrap would create the folders leading to a mount point inside an empty folder with mode 0700.
-    for folder in _folders_leading_to([*python_dirs, *writable, cwd], outermost):
-        args += ["--perms", "0755", "--dir", folder]
+    python_dirs = _outermost([d for d in _python_dirs() if not any(_inside(d, t) for t in SYSTEM_TREES)])
+    args = [shutil.which("bwrap") or "bwrap", *_namespace_args(), *_system_args(),
+            *_parent_dirs([*python_dirs, FILES_DIR, BOOT_PATH, CONNECTION_PATH])]
+    for name in ("passwd", "group"):
+        args += ["--ro-bind", os.path.join(passwd_dir, name), f"/etc/{name}"]
     for folder in python_dirs:
         args += ["--ro-bind", folder, folder]
-    for folder in hidden:  # hidden again inside the Python installation (a venv that holds a course, say)
-        if any(_inside(folder, p) for p in python_dirs):
-            args += ["--size", str(1 << 20), "--tmpfs", folder]
-    for folder in writable:
-        args += ["--bind", folder, folder]
-    args += ["--bind", work_dir, cwd, "--chdir", cwd]
-    for folder in outermost:
-        if folder != "/tmp":
-            args += ["--remount-ro", folder]
-    args += ["--clearenv"]
+    args += ["--ro-bind", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev"]
+    for device in _nvidia_devices():
+        args += ["--dev-bind", device, device]
+    args += ["--perms", "01777", "--size", str(SHM_SIZE_BYTES), "--tmpfs", "/dev/shm",
+             "--perms", "01777", "--size", str(_scratch_bytes()), "--tmpfs", SCRATCH_DIR,
+             *_parent_dirs([ipc_dir], SCRATCH_DIR), "--bind", ipc_dir, ipc_dir,
+             "--ro-bind", files, FILES_DIR, "--ro-bind", BOOT_SCRIPT, BOOT_PATH,
+             "--ro-bind", connection_file, CONNECTION_PATH]
+    allowed = [*SYSTEM_TREES, *python_dirs]
+    for folder in _outermost(sorted({os.path.realpath(h) for h in hidden if h and os.path.isdir(h)})):
+        if any(_inside(folder, tree) for tree in allowed):  # a course inside the Python installation, say
+            args += ["--size", str(HIDDEN_TMPFS_BYTES), "--tmpfs", folder, "--remount-ro", folder]
+    args += ["--remount-ro", "/", "--clearenv"]
     for key, value in sorted(_kernel_env().items()):
         args += ["--setenv", key, value]
-    prefix = [sys.executable, "-I", "-c", _DROP_TO_NOBODY] if _is_root() else []
-    return [*args, "--", *prefix, *kernel_argv]
+    return [*args, "--chdir", "/", "--", sys.executable, "-I", BOOT_PATH, *boot_args]
 
 
-def _folders_leading_to(paths: list[str], roots: list[str]) -> list[str]:
-    """The folders strictly between one of ``roots`` and each of ``paths``, parents first."""
-    folders = set()
-    for path in paths:
-        parent = os.path.dirname(path)
-        while parent != os.path.dirname(parent):
-            if any(_inside(parent, root) and parent != root for root in roots):
-                folders.add(parent)
-            parent = os.path.dirname(parent)
-    return sorted(folders)
+def _instructor_files(cwd: str, source_root: str | None) -> str | None:
+    """The course's ``source/<lab>/`` for a kernel started in ``.../<lab>/`` (nbgrader's layout), if there is one."""
+    if not source_root:
+        return None
+    folder = os.path.join(source_root, os.path.basename(os.path.abspath(cwd)))
+    return folder if os.path.isdir(folder) else None
 
 
-def _give_to_nobody(folder: str) -> None:
-    """chown -R to uid/gid 65534, never following a symlink (the tree may hold a student's links)."""
+def prepare_files(cwd: str, source_root: str | None, hidden: list[str], dest: str) -> bool:
+    """Fill ``dest`` with the files the kernel works with; whether they are the instructor's (then on sys.path).
+
+    The instructor's files of the lab (never a notebook: nbgrader wrote hidden tests into the one being graded) when
+    the course has them; else the kernel's folder without notebooks (nothing when it holds a course, the repository
+    or a home folder). A student's symlinks are copied as links, never followed.
+    """
+    instructor = _instructor_files(cwd, source_root)
+    ignore = shutil.ignore_patterns(*INSTRUCTOR_FILES_IGNORE)
+    if instructor is not None:
+        shutil.copytree(instructor, dest, ignore=ignore)
+        _make_readable(dest)  # the kernel reads them as another uid
+        return True
+    if any(_inside(os.path.realpath(h), cwd) for h in hidden if h):
+        os.mkdir(dest)
+        print(f"sandbox: the kernel's folder {cwd} holds private files, so the kernel starts in an empty copy",
+              file=sys.stderr)
+    else:
+        shutil.copytree(cwd, dest, symlinks=True, ignore=shutil.ignore_patterns("*.ipynb"))
+    return False
+
+
+def _make_readable(folder: str) -> None:
+    """chmod a+rX over a tree of the instructor's files (no symlinks in it: copytree followed them)."""
     for parent, dirs, files in os.walk(folder):
-        for name in [".", *dirs, *files]:
-            os.chown(os.path.join(parent, name), NOBODY_ID, NOBODY_ID, follow_symlinks=False)
+        os.chmod(parent, os.stat(parent).st_mode | 0o555)
+        for name in files:
+            path = os.path.join(parent, name)
+            os.chmod(path, os.stat(path).st_mode | 0o444)
+
+
+def _write_passwd(folder: str, uid: int) -> None:
+    with open(os.path.join(folder, "passwd"), "w") as handle:
+        handle.write(f"root:x:0:0:root:/root:/usr/sbin/nologin\nkernel:x:{uid}:{uid}:grading kernel:"
+                     f"{SCRATCH_DIR}:/usr/sbin/nologin\n")
+    with open(os.path.join(folder, "group"), "w") as handle:
+        handle.write(f"root:x:0:\nkernel:x:{uid}:\n")
 
 
 def launch(argv: list[str]) -> None:
-    """Start ``python -m ipykernel_launcher ARGV`` sandboxed; replaces this process with bwrap.
+    """Start the kernel: replaces this process with bwrap (sandboxed) or with the boot script (``--unsandboxed``).
 
     Args:
-        argv: the kernelspec's arguments after this file: ``-f CONNECTION_FILE`` and any extra kernel arguments.
+        argv: the kernelspec's arguments after this file: ``[--unsandboxed] -f CONNECTION_FILE`` and any extra
+            kernel arguments.
+    """
+    sandboxed = "--unsandboxed" not in argv
+    argv = [a for a in argv if a != "--unsandboxed"]
+    connection_file = os.path.abspath(argv[argv.index("-f") + 1])
+    hidden = [*os.environ.get(HIDE_ENV, "").split(os.pathsep), os.path.expanduser("~"), tempfile.gettempdir(),
+              os.path.dirname(connection_file)]
+    kernel_dir = tempfile.mkdtemp(prefix="kernel-", dir=os.environ.get(RUNTIME_ENV) or None)
+    files = os.path.join(kernel_dir, "files")
+    on_path = ["--on-path"] if prepare_files(os.getcwd(), os.environ.get(SOURCE_ENV), hidden, files) else []
+    if sandboxed:
+        _exec_sandboxed(argv, connection_file, kernel_dir, on_path, hidden)
+    command = [sys.executable, "-I", BOOT_SCRIPT, *on_path, "--files", files, "--work",
+               os.path.join(kernel_dir, "work"), "--", *argv]
+    os.execv(command[0], command)
+
+
+def _exec_sandboxed(argv: list[str], connection_file: str, kernel_dir: str, on_path: list[str],
+                    hidden: list[str]) -> None:
+    """Replace this process with the kernel in bwrap, in cgroups of its own, with its limits.
 
     Raises:
-        SystemExit: the connection file does not ask for ipc transport (a sandboxed kernel has no TCP).
+        SystemExit: the connection file does not ask for ipc transport (the kernel has no TCP).
     """
-    position = argv.index("-f") + 1
-    connection_file = os.path.abspath(argv[position])
     with open(connection_file) as handle:
         info = json.load(handle)
     if info.get("transport") != "ipc" or not os.path.isabs(info.get("ip", "")):
         raise SystemExit("sandbox: the kernel needs ipc transport with an absolute ip (see configure_sandbox)")
-    ipc_dir = os.path.dirname(info["ip"])
-    kernel_dir = tempfile.mkdtemp(prefix="kernel-", dir=os.path.dirname(ipc_dir))
-    cwd = os.getcwd()
-    hidden = [*os.environ.get(HIDE_ENV, "").split(os.pathsep), *SYSTEM_HIDDEN_DIRS, os.path.expanduser("~"),
-              tempfile.gettempdir(), os.path.dirname(connection_file)]
-    work_dir = os.path.join(kernel_dir, "work")
-    if any(_inside(os.path.realpath(h), cwd) for h in hidden if h):  # never copy a course, repository or home
-        os.mkdir(work_dir)
-        print(f"sandbox: the kernel's folder {cwd} holds private files, so the kernel starts in an empty copy",
-              file=sys.stderr)
-    else:  # without notebooks: the one being graded already holds the hidden tests
-        shutil.copytree(cwd, work_dir, symlinks=True, ignore=shutil.ignore_patterns("*.ipynb"))
-    argv[position] = os.path.join(kernel_dir, "connection.json")
-    shutil.copyfile(connection_file, argv[position])
-    if _is_root():
-        _give_to_nobody(kernel_dir)
-        os.chown(ipc_dir, NOBODY_ID, NOBODY_ID)
-    command = bwrap_command([sys.executable, "-m", "ipykernel_launcher", *argv], cwd, work_dir,
-                            [ipc_dir, kernel_dir], hidden)
-    _set_limits()
+    kernel_uid = KERNEL_UID_BASE + os.getpid() if _is_root() else None
+    _write_passwd(kernel_dir, os.getuid() if kernel_uid is None else kernel_uid)
+    private_connection = os.path.join(kernel_dir, "connection.json")
+    shutil.copyfile(connection_file, private_connection)
+    kernel_args = list(argv)
+    kernel_args[argv.index("-f") + 1] = CONNECTION_PATH
+    boot = [*on_path, "--files", FILES_DIR, "--work", WORK_DIR,
+            *(["--uid", str(kernel_uid)] if kernel_uid is not None else []), "--", *kernel_args]
+    command = bwrap_command(boot, os.path.join(kernel_dir, "files"), private_connection, os.path.dirname(info["ip"]),
+                            kernel_dir, hidden)
+    join_kernel_cgroup(_max_processes())
+    _set_limits(kernel_uid)
     os.execv(command[0], command)
+
+
+# cgroups: one per kernel, where a hierarchy with the cpu and pids controllers is writable (cgroup v2, or v1).
+def _cgroup_bases() -> list[tuple[str, str]]:
+    """(folder of this process's cgroup, "v1" or "v2") for each hierarchy that can hold kernel cgroups."""
+    try:
+        with open("/proc/self/mountinfo") as handle:
+            mounts = [line.split() for line in handle]
+        with open("/proc/self/cgroup") as handle:
+            own = [line.rstrip("\n").split(":", 2) for line in handle]
+    except OSError:
+        return []
+    bases = []
+    for fields in mounts:
+        dash = fields.index("-")
+        fstype, root, point, options = fields[dash + 1], fields[3], fields[4], set(fields[dash + 3].split(","))
+        for _, controllers, path in own:
+            names = set(controllers.split(",")) if controllers else set()
+            if (fstype == "cgroup2" and not controllers) or (fstype == "cgroup" and names & {"cpu", "pids"} & options):
+                relative = os.path.relpath(path, root) if _inside(path, root) else None
+                if relative is not None:
+                    bases.append((os.path.normpath(os.path.join(point, relative)), "v2" if fstype == "cgroup2" else "v1"))
+    return bases
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+def _kernel_cgroup(base: str, version: str, max_processes: int) -> str | None:
+    """A fresh cgroup for this kernel under ``base``/efficient-ai, with its limits; None where that is not allowed."""
+    parent = os.path.join(base, CGROUP_PARENT)
+    try:
+        if version == "v2":
+            available = set(open(os.path.join(base, "cgroup.controllers")).read().split())
+            if not {"cpu", "pids"} <= available:
+                return None
+            _write(os.path.join(base, "cgroup.subtree_control"), "+cpu +pids")
+        os.makedirs(parent, exist_ok=True)
+        if version == "v2":
+            _write(os.path.join(parent, "cgroup.subtree_control"), "+cpu +pids")
+        for stale in glob.glob(os.path.join(parent, CGROUP_PREFIX + "*")):
+            try:
+                os.rmdir(stale)  # only an empty cgroup goes: its kernel is gone
+            except OSError:
+                pass
+        group = os.path.join(parent, f"{CGROUP_PREFIX}{os.getpid()}")
+        os.makedirs(group, exist_ok=True)
+        if os.path.exists(os.path.join(group, "pids.max")):
+            _write(os.path.join(group, "pids.max"), str(max_processes))
+        return group
+    except OSError:
+        return None
+
+
+def join_kernel_cgroup(max_processes: int) -> list[str]:
+    """Move this process (soon the kernel) into cgroups of its own: a pids cap and an equal CPU share.
+
+    Best effort: where no cgroup hierarchy is writable (a container without cgroup delegation), nothing changes
+    and RLIMIT_NPROC alone caps processes. Returns the cgroups joined.
+    """
+    joined = []
+    for base, version in _cgroup_bases():
+        group = _kernel_cgroup(base, version, max_processes)
+        if group is None:
+            continue
+        try:
+            _write(os.path.join(group, "cgroup.procs"), str(os.getpid()))
+            joined.append(group)
+        except OSError:
+            pass
+    return joined
 
 
 if __name__ == "__main__":
