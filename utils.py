@@ -52,9 +52,9 @@ __all__ = [
     "get_ridge_point",
     "measure_roofline",
     # 2. model configs and helpers
-    "GEMMA3_270M_CONFIG",
-    "GEMMA3_PESUDO_CONFIG",
-    "GEMMA3_PSEUDO_CONFIG",
+    "GEMMA3_270M_CONFIG",  # noqa: F822  (built on first access by __getattr__)
+    "GEMMA3_PESUDO_CONFIG",  # noqa: F822
+    "GEMMA3_PSEUDO_CONFIG",  # noqa: F822
     "create_prefill_inputs",
     "create_decode_inputs_without_cache",
     "create_decode_inputs_with_cache",
