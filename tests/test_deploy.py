@@ -190,6 +190,12 @@ def gradebook_scores(course: Path, db_url: str) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
+def lab_root(tmp_path_factory) -> Path:
+    """The fixture lab built once for this module's classes."""
+    return built_root(tmp_path_factory.mktemp("deploy") / "root")
+
+
+@pytest.fixture(scope="module")
 def slurm():
     """A single-node Slurm cluster on 127.0.0.1 for this module (Debian's slurm-wlm and munge packages)."""
     missing = missing_programs()
@@ -204,11 +210,10 @@ def slurm():
     cluster.stop()
 
 
-def test_slurm_job_array_grades_the_whole_class(slurm, postgres, tmp_path):
+def test_slurm_job_array_grades_the_whole_class(slurm, postgres, lab_root, tmp_path):
     """sbatch --array=0-1 --wait from the course folder: two shards, one gradebook, every student's score."""
-    root = built_root(tmp_path / "root")
     course = tmp_path / "course"
-    expected = make_class(root, course, size=4)
+    expected = make_class(lab_root, course, size=4)
     db_url = postgres.create_database("gradebook_slurm")
     result = slurm.sbatch(["--array=0-1", "--wait", str(SLURM), LAB], cwd=course, env=grading_env(db_url),
                           timeout_s=GRADING_TIMEOUT_S)
@@ -221,11 +226,24 @@ def test_slurm_job_array_grades_the_whole_class(slurm, postgres, tmp_path):
     assert gradebook_scores(course, db_url) == expected
 
 
-def test_k8s_job_command_grades_its_shard(postgres, tmp_path):
-    """The Job's container command, run as its pod with index 1 of 2 would run it, grades exactly that shard."""
-    root = built_root(tmp_path / "root")
+def test_slurm_script_refuses_to_grade_where_bwrap_is_missing(postgres, lab_root, tmp_path):
+    """On a node without bubblewrap the task fails before grading anyone, instead of grading unsandboxed."""
     course = tmp_path / "course"
-    expected = make_class(root, course, size=4)
+    make_class(lab_root, course, size=1)
+    db_url = postgres.create_database("gradebook_unsandboxed")
+    env = {**grading_env(db_url), "PATH": os.path.dirname(sys.executable), "EFFICIENT_AI_SANDBOX": "auto",
+           "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "1"}
+    result = subprocess.run(["/bin/bash", str(SLURM), LAB], cwd=course, env=env, capture_output=True, text=True,
+                            timeout=GRADING_TIMEOUT_S)
+    assert result.returncode != 0
+    assert "EFFICIENT_AI_SANDBOX=on, but grading kernels cannot be sandboxed" in result.stdout + result.stderr
+    assert gradebook_scores(course, db_url) == {}
+
+
+def test_k8s_job_command_grades_its_shard(postgres, lab_root, tmp_path):
+    """The Job's container command, run as its pod with index 1 of 2 would run it, grades exactly that shard."""
+    course = tmp_path / "course"
+    expected = make_class(lab_root, course, size=3)
     db_url = postgres.create_database("gradebook_k8s")
     container = k8s_container(k8s_job())
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
