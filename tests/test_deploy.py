@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +31,9 @@ CONTAINERFILE = REPO / "deploy" / "Containerfile"
 BUILD_IMAGE = REPO / "deploy" / "build_image.sh"
 SHARD_COMMAND = 'python -m course grade "$LAB" --shard "{shard}" --workers "$WORKERS" --resume --course-dir "$COURSE_DIR"'
 GRADING_TIMEOUT_S = 600
+IMAGE_ENV = "EFFICIENT_AI_TEST_IMAGE"  # a built grading image to check the sandbox in (not in CI: ~10 min, 3.5 GB)
+PODMAN_ARGS_ENV = "EFFICIENT_AI_PODMAN_ARGS"  # extra `podman run` flags this host needs (runtime, ulimits)
+SANDBOX_PROBE = "from course.sandbox import unavailable_reason as r; print(r() or 'sandbox ok')"
 SCALARS = {"str": (str, int, float), "int": (int,), "bool": (bool,), "float": (int, float), "object": (object,),
            "datetime": (str,)}
 
@@ -112,7 +117,6 @@ def test_k8s_manifest_is_an_indexed_job_whose_shards_cover_the_class():
 
 
 def test_k8s_manifest_has_only_fields_of_the_kubernetes_api():
-    pytest.importorskip("kubernetes", reason="pip install -r requirements.txt (the Kubernetes client's schema)")
     assert api_problems(k8s_job(), "V1Job") == []
     typo = {"spec": {"completionz": 2, "template": {"spec": {"containers": [{"name": "x", "env": [{"name": "A", "value": True}]}]}}}}
     assert api_problems(typo, "V1Job") == [".spec.completionz: not a field of V1JobSpec",
@@ -172,6 +176,38 @@ def test_containerfile_installs_the_project_its_requirements_and_bubblewrap():
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".git", "submitted", "autograded", "grading", "feedback"} <= set(ignored), "class data stays out of the image"
     subprocess.run(["bash", "-n", str(BUILD_IMAGE)], check=True)
+
+
+def podman_security_args(job: dict) -> list[str]:
+    """``podman run`` flags doing what the Job's pod and container securityContext ask of the runtime."""
+    pod, container = k8s_pod(job), k8s_container(job)
+    pod_context, context = pod["securityContext"], container["securityContext"]
+    args = ["--user", f"{pod_context['runAsUser']}:{pod_context['runAsGroup']}"]
+    if pod.get("hostUsers") is False:  # the pod's own user namespace: container root is an unprivileged host uid
+        args += ["--uidmap", "0:200000:65536", "--gidmap", "0:200000:65536"]
+    for profile, option in (("seccompProfile", "seccomp"), ("appArmorProfile", "apparmor")):
+        if pod_context.get(profile, {}).get("type") == "Unconfined":
+            args += ["--security-opt", f"{option}=unconfined"]
+    if context.get("procMount") == "Unmasked":
+        args += ["--security-opt", "unmask=ALL"]
+    if context.get("allowPrivilegeEscalation") is False:
+        args += ["--security-opt", "no-new-privileges"]
+    return args + [f"--cap-drop={cap}" for cap in context.get("capabilities", {}).get("drop", [])]
+
+
+def test_grading_image_sandboxes_under_the_jobs_security_context():
+    """In the built image, bwrap works with the Job's settings and not in a default container (so they matter)."""
+    image, podman = os.environ.get(IMAGE_ENV), shutil.which("podman")
+    if not image or not podman:
+        pytest.skip(f"set {IMAGE_ENV} to an image built by deploy/build_image.sh (and install podman): building "
+                    "it takes minutes and gigabytes, so CI does not")
+    job = k8s_job()
+    run = [podman, "run", "--rm", *shlex.split(os.environ.get(PODMAN_ARGS_ENV, ""))]
+    probe = ["python", "-c", SANDBOX_PROBE]
+    as_job = subprocess.run([*run, *podman_security_args(job), image, *probe], capture_output=True, text=True, timeout=300)
+    assert as_job.stdout.strip() == "sandbox ok", as_job.stdout + as_job.stderr
+    default = subprocess.run([*run, image, *probe], capture_output=True, text=True, timeout=300)
+    assert default.returncode == 0 and default.stdout.strip() != "sandbox ok", default.stdout + default.stderr
 
 
 def grading_env(db_url: str) -> dict[str, str]:
