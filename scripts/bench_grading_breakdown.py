@@ -133,8 +133,8 @@ print("RESULT " + json.dumps({"kernel_name": kernel_name, "times": times}))
 
 def kernel_run(course: Path, lab: str) -> dict:
     """Kernel start and imports, in a kernel started with the course's kernelspec from ``source/<lab>``'s files."""
-    work = course / "kernel-probe"
-    shutil.rmtree(work, ignore_errors=True)
+    work = course / "kernel-probe" / lab  # the kernel finds the lab's instructor files by its folder's name
+    shutil.rmtree(work.parent, ignore_errors=True)
     shutil.copytree(course / "source" / lab, work, ignore=shutil.ignore_patterns("*.ipynb"))
     result = subprocess.run([sys.executable, "-c", KERNEL_PROBE, str(work)], cwd=work, env=nbgrader_env(),
                             capture_output=True, text=True, timeout=900)
