@@ -16,6 +16,7 @@ from nbgrader.preprocessors import (  # noqa: E402
     AssignLatePenalties, CheckCellMetadata, GetGrades, IgnorePattern, LimitOutput, SaveAutoGrades,
 )
 from course.nbgrader_ext import DropTestResults, GuardedExecute, StripHiddenTests  # noqa: E402
+from course.sanitize import SanitizeNotebook, clean_html, markdown2html  # noqa: E402
 
 c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this file)
 
@@ -38,11 +39,18 @@ c.IgnorePattern.pattern = r"(?s).*"
 # student code shows as a test cell's result must not be read as partial credit.
 c.Autograde.autograde_preprocessors = [
     GuardedExecute, IgnorePattern, DropTestResults, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
-    AssignLatePenalties, CheckCellMetadata,
+    AssignLatePenalties, CheckCellMetadata, SanitizeNotebook,
 ]
 
 # Feedback never shows hidden test source, nor what test cells printed.
-c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, StripHiddenTests]
+c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, StripHiddenTests, SanitizeNotebook]
+
+# Nothing a student writes runs script in a browser (course/sanitize.py): SanitizeNotebook, last in autograde,
+# makes the autograded notebook safe; every HTML export (the formgrader's page of a submission, feedback) runs it
+# again and renders Markdown and HTML through the course's sanitizing filters.
+c.HTMLExporter.preprocessors = [SanitizeNotebook]
+c.HTMLExporter.sanitize_html = True
+c.HTMLExporter.filters = {"markdown2html": markdown2html, "clean_html": clean_html}
 
 # Every kernel nbgrader starts runs in a bubblewrap sandbox (EFFICIENT_AI_SANDBOX; docs/SECURITY.md).
 from course.sandbox import configure_sandbox  # noqa: E402
