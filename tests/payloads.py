@@ -6,10 +6,16 @@ formgrader's API. A browser test reads the marker, the title, the file and the g
 """
 from __future__ import annotations
 
-import base64
 import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import nbformat
+from nbconvert import HTMLExporter
+from traitlets.config import Config
 
 from course.notebooks import make_submission, read_notebook, replace_cell_source
+from course.sanitize import SanitizeNotebook, clean_html, markdown2html
 
 # A 1x1 red PNG.
 PNG_BASE64 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
@@ -90,5 +96,81 @@ def payload_names() -> list[str]:
     return sorted({part.split("`")[0] for part in text.split("concat([`")[1:]})
 
 
-def svg_base64(name: str) -> str:
-    return base64.b64encode(svg_with_script(name).encode()).decode()
+
+
+def outputs_notebook() -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("x")
+    cell.execution_count = '1]<img src=x onerror="window.__pwned=1">'
+    cell.outputs = [
+        nbformat.v4.new_output("display_data", {"text/html": '<img src=x onerror="window.__pwned=1"><b>ok</b>'}),
+        nbformat.v4.new_output("display_data", {"application/javascript": attack_js("js"), "text/plain": "<JS>"}),
+        nbformat.v4.new_output("display_data", {"image/svg+xml": svg_with_script("svg")}),
+        nbformat.v4.new_output("display_data", {"text/markdown": "<script>window.__pwned=1</script>"}),
+        nbformat.v4.new_output("display_data", {"application/vnd.jupyter.widget-view+json": {"model_id": "m"}}),
+        nbformat.v4.new_output("display_data", {"image/png": PNG_BASE64},
+                               metadata={"image/png": {"width": '1 onerror="window.__pwned=1"', "height": 20}}),
+        nbformat.v4.new_output("display_data", {"image/png": '" onerror="window.__pwned=1'}),
+        nbformat.v4.new_output("display_data", {"text/latex": f"${MATH_TEXT}$"}),
+        nbformat.v4.new_output("stream", name="stdout", text="<script>printed</script>"),
+    ]
+    nb.cells = [cell, nbformat.v4.new_markdown_cell(markdown_answer())]
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    return nb
+
+
+
+class _Scripts(HTMLParser):
+    """The text of every script element and event-handler attribute of a page."""
+
+    def __init__(self):
+        super().__init__()
+        self.texts: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag, attrs):
+        self._in_script = tag == "script"
+        self.texts += [value or "" for name, value in attrs if name.startswith("on") or
+                       (name in ("href", "src") and (value or "").strip().lower().startswith("javascript:"))]
+
+    def handle_data(self, data):
+        if self._in_script:
+            self.texts.append(data)
+
+    def handle_endtag(self, tag):
+        self._in_script = False
+
+
+def student_script(page: str) -> list[str]:
+    """Script in ``page`` that came from the payloads (they all mention ``__pwned``)."""
+    parser = _Scripts()
+    parser.feed(page)
+    return [text[:80] for text in parser.texts if "__pwned" in text]
+
+
+def export(nb, template: str, course_exporter: bool) -> str:
+    """``nb`` as nbgrader renders it with ``template``: with the course's exporter settings, or stock nbconvert."""
+    import nbgrader.server_extensions.formgrader.handlers as handlers
+
+    config = Config()
+    if course_exporter:  # what nbgrader_config.py sets
+        config.HTMLExporter.preprocessors = [SanitizeNotebook]
+        config.HTMLExporter.sanitize_html = True
+        config.HTMLExporter.filters = {"markdown2html": markdown2html, "clean_html": clean_html}
+    config.HTMLExporter.template_name = template
+    config.HTMLExporter.extra_template_basedirs = [handlers.template_path]
+    config.HTMLExporter.extra_template_paths = [str(Path(handlers.static_path, "node_modules", "bootstrap", "dist", "css"))]
+    resources = {"nbgrader": {"notebook": "lab0", "score": 1, "max_score": 2, "late_penalty": 0},
+                 "index": 0, "total": 1, "base_url": "", "assignment_id": "lab0", "notebook_id": "lab0",
+                 "submission_id": "s", "student": "ada", "notebook_path": "lab0.ipynb"}
+    return HTMLExporter(config=config).from_notebook_node(nb, resources=resources)[0]
+
+
+def graded_payload_notebook():
+    nb = outputs_notebook()
+    nb.cells[1].metadata["nbgrader"] = {"grade_id": "q1_3_answer", "grade": True, "solution": True, "points": 2,
+                                        "schema_version": 3, "locked": False, "score": 0, "comment": None}
+    nb.cells[0].execution_count = None  # stock nbconvert writes it raw: the control below is about the rest
+    return nb
+
+

@@ -12,17 +12,16 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbconvert import HTMLExporter
-from traitlets.config import Config
 
 from course.sanitize import (
-    SanitizeNotebook, clean_html, html_problems, markdown2html, render_markdown, sanitize_markdown, sanitize_notebook,
-    sanitize_output,
+    clean_html, html_problems, render_markdown, sanitize_markdown, sanitize_notebook, sanitize_output,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from payloads import MATH_TEXT, PNG_BASE64, attack_js, markdown_answer, svg_with_script  # noqa: E402
+from payloads import (  # noqa: E402
+    MATH_TEXT, PNG_BASE64, export, graded_payload_notebook, outputs_notebook, student_script,
+)
 
 HONEST_MARKDOWN = "\n".join([
     "# Answer", "", "The speedup is $\\frac{t_1}{t_2} < 2$ and", "",
@@ -121,27 +120,6 @@ def test_clean_html_keeps_tables_and_images_and_drops_script():
         assert executable_parts(clean_html(bad)) == [] and "data:text" not in clean_html(bad), bad
 
 
-def outputs_notebook() -> nbformat.NotebookNode:
-    nb = nbformat.v4.new_notebook()
-    cell = nbformat.v4.new_code_cell("x")
-    cell.execution_count = '1]<img src=x onerror="window.x=1">'
-    cell.outputs = [
-        nbformat.v4.new_output("display_data", {"text/html": '<img src=x onerror="window.x=1"><b>ok</b>'}),
-        nbformat.v4.new_output("display_data", {"application/javascript": attack_js("js"), "text/plain": "<JS>"}),
-        nbformat.v4.new_output("display_data", {"image/svg+xml": svg_with_script("svg")}),
-        nbformat.v4.new_output("display_data", {"text/markdown": "<script>window.x=1</script>"}),
-        nbformat.v4.new_output("display_data", {"application/vnd.jupyter.widget-view+json": {"model_id": "m"}}),
-        nbformat.v4.new_output("display_data", {"image/png": PNG_BASE64},
-                               metadata={"image/png": {"width": '1 onerror="window.x=1"', "height": 20}}),
-        nbformat.v4.new_output("display_data", {"image/png": '" onerror="window.x=1'}),
-        nbformat.v4.new_output("display_data", {"text/latex": f"${MATH_TEXT}$"}),
-        nbformat.v4.new_output("stream", name="stdout", text="<script>printed</script>"),
-    ]
-    nb.cells = [cell, nbformat.v4.new_markdown_cell(markdown_answer())]
-    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
-    return nb
-
-
 def test_outputs_keep_only_safe_types():
     nb = sanitize_notebook(outputs_notebook())
     outputs = nb.cells[0].outputs
@@ -184,60 +162,6 @@ def test_grade_ids_and_cell_ids_that_break_out_of_attributes_are_dropped():
     nb.cells = [cell]
     sanitize_notebook(nb)
     assert re.match(r"^[A-Za-z0-9_-]+$", nb.cells[0].id) and "nbgrader" not in nb.cells[0].metadata
-
-
-class _Scripts(HTMLParser):
-    """The text of every script element and event-handler attribute of a page."""
-
-    def __init__(self):
-        super().__init__()
-        self.texts: list[str] = []
-        self._in_script = False
-
-    def handle_starttag(self, tag, attrs):
-        self._in_script = tag == "script"
-        self.texts += [value or "" for name, value in attrs if name.startswith("on") or
-                       (name in ("href", "src") and (value or "").strip().lower().startswith("javascript:"))]
-
-    def handle_data(self, data):
-        if self._in_script:
-            self.texts.append(data)
-
-    def handle_endtag(self, tag):
-        self._in_script = False
-
-
-def student_script(page: str) -> list[str]:
-    """Script in ``page`` that came from the payloads (they all mention ``__pwned``)."""
-    parser = _Scripts()
-    parser.feed(page)
-    return [text[:80] for text in parser.texts if "__pwned" in text]
-
-
-def export(nb, template: str, course_exporter: bool) -> str:
-    """``nb`` as nbgrader renders it with ``template``: with the course's exporter settings, or stock nbconvert."""
-    import nbgrader.server_extensions.formgrader.handlers as handlers
-
-    config = Config()
-    if course_exporter:  # what nbgrader_config.py sets
-        config.HTMLExporter.preprocessors = [SanitizeNotebook]
-        config.HTMLExporter.sanitize_html = True
-        config.HTMLExporter.filters = {"markdown2html": markdown2html, "clean_html": clean_html}
-    config.HTMLExporter.template_name = template
-    config.HTMLExporter.extra_template_basedirs = [handlers.template_path]
-    config.HTMLExporter.extra_template_paths = [str(Path(handlers.static_path, "node_modules", "bootstrap", "dist", "css"))]
-    resources = {"nbgrader": {"notebook": "lab0", "score": 1, "max_score": 2, "late_penalty": 0},
-                 "index": 0, "total": 1, "base_url": "", "assignment_id": "lab0", "notebook_id": "lab0",
-                 "submission_id": "s", "student": "ada", "notebook_path": "lab0.ipynb"}
-    return HTMLExporter(config=config).from_notebook_node(nb, resources=resources)[0]
-
-
-def graded_payload_notebook():
-    nb = outputs_notebook()
-    nb.cells[1].metadata["nbgrader"] = {"grade_id": "q1_3_answer", "grade": True, "solution": True, "points": 2,
-                                        "schema_version": 3, "locked": False, "score": 0, "comment": None}
-    nb.cells[0].execution_count = None  # stock nbconvert writes it raw: the control below is about the rest
-    return nb
 
 
 @pytest.mark.parametrize("template", ["feedback", "formgrade"])
