@@ -101,16 +101,16 @@ def payload_names() -> list[str]:
 def outputs_notebook() -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("x")
-    cell.execution_count = '1]<img src=x onerror="window.__pwned=1">'
+    cell.execution_count = f'1]<img src=x onerror="{attack_js("execution_count")}">'
     cell.outputs = [
-        nbformat.v4.new_output("display_data", {"text/html": '<img src=x onerror="window.__pwned=1"><b>ok</b>'}),
+        nbformat.v4.new_output("display_data", {"text/html": f'<img src=x onerror="{attack_js("html")}"><b>ok</b>'}),
         nbformat.v4.new_output("display_data", {"application/javascript": attack_js("js"), "text/plain": "<JS>"}),
         nbformat.v4.new_output("display_data", {"image/svg+xml": svg_with_script("svg")}),
-        nbformat.v4.new_output("display_data", {"text/markdown": "<script>window.__pwned=1</script>"}),
+        nbformat.v4.new_output("display_data", {"text/markdown": f"<script>{attack_js('markdown')}</script>"}),
         nbformat.v4.new_output("display_data", {"application/vnd.jupyter.widget-view+json": {"model_id": "m"}}),
         nbformat.v4.new_output("display_data", {"image/png": PNG_BASE64},
-                               metadata={"image/png": {"width": '1 onerror="window.__pwned=1"', "height": 20}}),
-        nbformat.v4.new_output("display_data", {"image/png": '" onerror="window.__pwned=1'}),
+                               metadata={"image/png": {"width": "1 onerror=" + attack_js("png_width").replace(" ", "/**/"), "height": 20}}),
+        nbformat.v4.new_output("display_data", {"image/png": f'" onerror="{attack_js("png_data")}'}),
         nbformat.v4.new_output("display_data", {"text/latex": f"${MATH_TEXT}$"}),
         nbformat.v4.new_output("stream", name="stdout", text="<script>printed</script>"),
     ]

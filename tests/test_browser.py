@@ -72,8 +72,9 @@ def server(graded, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser(graded, tmp_path_factory):
+def browser(graded, server, tmp_path_factory):
     driver = start_chromium(tmp_path_factory.mktemp("chromium-profile"))
+    server.login(driver)
     yield driver
     driver.quit()
 
