@@ -30,7 +30,8 @@ import bleach
 from bleach.css_sanitizer import CSSSanitizer
 from jinja2 import pass_context
 from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
-from nbgrader.preprocessors import NbGraderPreprocessor
+from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool
 
 HEADINGS = ("h1", "h2", "h3", "h4", "h5", "h6")
 ALLOWED_TAGS = frozenset({
@@ -54,6 +55,7 @@ SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # nbformat's cell id pattern; al
 # Output types shown as they are (after the checks below); everything else becomes a note.
 TEXT_TYPES = ("text/plain", "text/latex")
 RASTER_TYPES = ("image/png", "image/jpeg", "image/gif")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 BASE64 = re.compile(r"^[A-Za-z0-9+/=\s]*$")
 
 
@@ -303,8 +305,10 @@ def sanitize_output(out) -> dict:
     if kind in ("display_data", "execute_result"):
         data = out.get("data") if isinstance(out.get("data"), dict) else {}
         kept, dropped = _sanitize_data(data)
-        if dropped or not kept:
-            kept["text/plain"] = (kept.get("text/plain", "") + "\n" if kept.get("text/plain") else "") + _note(dropped or ["empty"])
+        # A widget with a text fallback (tqdm's bar) just shows its text; anything else removed is said once.
+        noted = [mime for mime in dropped if mime != WIDGET_VIEW or not kept]
+        if noted or not kept:
+            kept["text/plain"] = (kept.get("text/plain", "") + "\n" if kept.get("text/plain") else "") + _note(noted or ["empty"])
         clean = {"output_type": kind, "data": kept, "metadata": _image_metadata(out.get("metadata"))}
         if kind == "execute_result":
             clean["execution_count"] = _count(out.get("execution_count"))
@@ -357,8 +361,10 @@ def sanitize_notebook(nb):
     return nb
 
 
-class SanitizeNotebook(NbGraderPreprocessor):
-    """nbgrader preprocessor: ``sanitize_notebook`` (see the module docstring)."""
+class SanitizeNotebook(Preprocessor):
+    """nbconvert/nbgrader preprocessor: ``sanitize_notebook`` (see the module docstring); on unless configured off."""
+
+    enabled = Bool(True).tag(config=True)
 
     def preprocess(self, nb, resources):
         from nbformat import from_dict

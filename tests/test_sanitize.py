@@ -137,6 +137,12 @@ def test_outputs_keep_only_safe_types():
     nbformat.validate(nb)
 
 
+def test_a_widget_with_a_text_fallback_shows_its_text_without_a_note():
+    bar = {"output_type": "display_data", "metadata": {},
+           "data": {"application/vnd.jupyter.widget-view+json": {"model_id": "m"}, "text/plain": "100%|##| 3/3"}}
+    assert sanitize_output(bar)["data"] == {"text/plain": "100%|##| 3/3"}
+
+
 def test_unknown_output_type_becomes_a_note():
     assert "removed" in sanitize_output({"output_type": "evil", "data": {}})["text"]
 
