@@ -35,6 +35,7 @@ try:
     )
 
     from course.nbgrader_ext import DropTestResults, GuardedExecute, StripHiddenTests
+    from course.sanitize import SanitizeNotebook, clean_html, markdown2html
     from course.sandbox import configure_sandbox
 except Exception as exc:  # noqa: BLE001  (any failure to load the course's extensions stops nbgrader)
     _refuse(exc)
@@ -60,11 +61,18 @@ c.IgnorePattern.pattern = r"(?s).*"
 # student code shows as a test cell's result must not be read as partial credit.
 c.Autograde.autograde_preprocessors = [
     GuardedExecute, IgnorePattern, DropTestResults, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
-    AssignLatePenalties, CheckCellMetadata,
+    AssignLatePenalties, CheckCellMetadata, SanitizeNotebook,
 ]
 
 # Feedback never shows hidden test source, nor what test cells printed.
-c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, StripHiddenTests]
+c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, StripHiddenTests, SanitizeNotebook]
+
+# Nothing a student writes runs script in a browser (course/sanitize.py): SanitizeNotebook, last in autograde,
+# makes the autograded notebook safe; every HTML export (the formgrader's page of a submission, feedback) runs it
+# again and renders Markdown and HTML through the course's sanitizing filters.
+c.HTMLExporter.preprocessors = [SanitizeNotebook]
+c.HTMLExporter.sanitize_html = True
+c.HTMLExporter.filters = {"markdown2html": markdown2html, "clean_html": clean_html}
 
 # Every kernel nbgrader starts runs in a bubblewrap sandbox (EFFICIENT_AI_SANDBOX; docs/SECURITY.md).
 configure_sandbox(c)

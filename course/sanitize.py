@@ -1,0 +1,374 @@
+"""sanitize: nothing a student writes runs script where a TA or another student looks at it.
+
+Two layers, both named in ``nbgrader_config.py``:
+
+- ``SanitizeNotebook`` (an nbgrader preprocessor) rewrites the notebook itself. It runs last in autograde, so the
+  autograded notebook the formgrader shows (and feedback is made from) is already safe, and again in
+  ``generate_feedback``. Markdown cells keep their source unless rendering it yields raw HTML or anything outside
+  the allow-list below; then the cell becomes the sanitized rendering (answers, math, tables and images still
+  show). Outputs keep only text, PNG/JPEG/GIF images, LaTeX, sanitized HTML and Markdown; SVG is shown as an
+  image (an SVG loaded as an image never runs script); JavaScript, widget views and every other type are replaced
+  by a note. Widget state, forged execution counts, cell ids and grade ids that could break out of an HTML
+  attribute are dropped.
+- ``markdown2html`` and ``clean_html`` replace nbconvert's filters of the same name in every HTML export
+  (``c.HTMLExporter.filters``): the formgrader's and the feedback templates render Markdown through them, so a
+  notebook that skipped the first layer is still rendered safely.
+
+What is allowed is an allow-list (tags, attributes, URL schemes, CSS properties); everything else is escaped
+(a ``<script>`` shows as text, so the TA sees the attempt) or dropped.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import html
+import re
+import secrets
+from html.parser import HTMLParser
+
+import bleach
+from bleach.css_sanitizer import CSSSanitizer
+from jinja2 import pass_context
+from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
+from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool
+
+HEADINGS = ("h1", "h2", "h3", "h4", "h5", "h6")
+ALLOWED_TAGS = frozenset({
+    "a", "abbr", "b", "blockquote", "br", "caption", "cite", "code", "col", "colgroup", "dd", "del", "details",
+    "dfn", "div", "dl", "dt", "em", "figcaption", "figure", "hr", "i", "img", "input", "ins", "kbd", "li", "mark",
+    "ol", "p", "pre", "q", "s", "samp", "small", "span", "strike", "strong", "sub", "summary", "sup", "table",
+    "tbody", "td", "tfoot", "th", "thead", "tr", "tt", "u", "ul", "var", *HEADINGS,
+})
+ALLOWED_CSS_PROPERTIES = frozenset({
+    "text-align", "vertical-align", "color", "background-color", "font-weight", "font-style", "text-decoration",
+    "white-space", "border", "border-collapse", "border-bottom", "border-top", "padding", "padding-left",
+    "padding-right",
+})
+# Classes that a script of the page acts on (mermaid renders diagrams from them): never from a student.
+SCRIPTED_CLASS = re.compile(r"mermaid", re.IGNORECASE)
+CLASS_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+LINK_SCHEMES = ("http", "https", "mailto")
+IMAGE_DATA_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp", "image/svg+xml")
+NUMBER = re.compile(r"^\d{1,5}(\.\d{1,3})?%?$")
+SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # nbformat's cell id pattern; also nbgrader's grade ids
+# Output types shown as they are (after the checks below); everything else becomes a note.
+TEXT_TYPES = ("text/plain", "text/latex")
+RASTER_TYPES = ("image/png", "image/jpeg", "image/gif")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+BASE64 = re.compile(r"^[A-Za-z0-9+/=\s]*$")
+
+
+def _scheme(url: str) -> str:
+    """The URL's scheme in lower case ("" for a relative URL), the way a browser reads it (controls ignored)."""
+    squeezed = re.sub(r"[\x00-\x20\x7f]", "", html.unescape(url))
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.\-]*):", squeezed)
+    return match.group(1).lower() if match else ""
+
+
+def _safe_link(url: str) -> bool:
+    return _scheme(url) in ("", *LINK_SCHEMES)
+
+
+def _safe_image(url: str) -> bool:
+    scheme = _scheme(url)
+    if scheme == "data":
+        squeezed = re.sub(r"[\x00-\x20\x7f]", "", html.unescape(url)).lower()
+        return any(squeezed.startswith(f"data:{kind};") or squeezed.startswith(f"data:{kind},")
+                   for kind in IMAGE_DATA_TYPES)
+    return scheme in ("", "https", "http")
+
+
+def attribute_allowed(tag: str, name: str, value: str) -> bool:
+    """Whether ``name="value"`` may stay on a ``tag`` a student wrote (the attribute allow-list)."""
+    if name == "class":
+        tokens = value.split()
+        return all(CLASS_TOKEN.match(t) and not SCRIPTED_CLASS.search(t) for t in tokens)
+    if name == "title":
+        return True
+    if name == "style":
+        return tag in ("span", "div", "p", "td", "th", "tr", "table", "code", "pre")  # CSS sanitized by bleach
+    if name == "id":
+        return tag in HEADINGS
+    if tag == "a":
+        return name == "href" and _safe_link(value)
+    if tag == "img":
+        if name == "src":
+            return _safe_image(value)
+        return name == "alt" or (name in ("width", "height") and bool(NUMBER.match(value.strip())))
+    if tag == "input":  # Markdown task lists: a disabled checkbox and nothing else
+        return (name == "type" and value.lower() == "checkbox") or name in ("disabled", "checked")
+    if tag in ("td", "th"):
+        return (name == "align" and value.lower() in ("left", "right", "center")) or (
+            name in ("colspan", "rowspan") and value.isdigit())
+    if tag == "ol":
+        return name == "start" and value.lstrip("-").isdigit()
+    if tag == "table":
+        return name == "border" and value.isdigit()
+    if tag == "details":
+        return name == "open"
+    return False
+
+
+_CLEANER = bleach.Cleaner(
+    tags=ALLOWED_TAGS, attributes=attribute_allowed, protocols=[*LINK_SCHEMES, "data"], strip=False,
+    strip_comments=True, css_sanitizer=CSSSanitizer(allowed_css_properties=ALLOWED_CSS_PROPERTIES),
+)
+_STYLE_BLOCK = re.compile(r"<style\b[^>]*>.*?</style\s*>", re.IGNORECASE | re.DOTALL)
+
+
+def clean_html(text) -> str:
+    """Sanitize an HTML fragment: allowed tags and attributes stay, other tags are escaped (shown as text).
+
+    ``<style>`` blocks (pandas tables carry one) are dropped first so their CSS does not show as text; the
+    result then goes through the cleaner, which is what makes it safe.
+    """
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    return _CLEANER.clean(_STYLE_BLOCK.sub("", text))
+
+
+class _Checker(HTMLParser):
+    """Finds anything in rendered HTML outside the allow-list (a tag, an attribute, a comment, a declaration)."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.problems: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in ALLOWED_TAGS:
+            self.problems.append(f"<{tag}>")
+        for name, value in attrs:
+            if name == "style" or not attribute_allowed(tag, name, value or ""):
+                self.problems.append(f"<{tag} {name}>")
+
+    handle_startendtag = handle_starttag
+
+    def handle_endtag(self, tag):
+        if tag not in ALLOWED_TAGS:
+            self.problems.append(f"</{tag}>")
+
+    def handle_comment(self, data):
+        self.problems.append("<!-- -->")
+
+    def handle_decl(self, decl):
+        self.problems.append("<!declaration>")
+
+    def unknown_decl(self, data):
+        self.problems.append("<![...]>")
+
+    def handle_pi(self, data):
+        self.problems.append("<?...>")
+
+
+def html_problems(rendered: str) -> list[str]:
+    """What in ``rendered`` is outside the allow-list (empty: it may be shown as it is)."""
+    checker = _Checker()
+    checker.feed(rendered)
+    checker.close()
+    return checker.problems
+
+
+class _RecordingRenderer(IPythonRenderer):
+    """nbconvert's Markdown renderer, noting whether the source held raw HTML (passed through unescaped)."""
+
+    raw_html = False
+
+    def block_html(self, text):
+        self.raw_html = True
+        return super().block_html(text)
+
+    def inline_html(self, text):
+        self.raw_html = True
+        return super().inline_html(text)
+
+
+def _render(source: str, attachments: dict | None) -> tuple[str, bool]:
+    """Markdown rendered as nbconvert's HTML exporter renders it, and whether it passed raw HTML through."""
+    renderer = _RecordingRenderer(escape=False, attachments=attachments or {})
+    return MarkdownWithMath(renderer=renderer).render(source), renderer.raw_html
+
+
+FROZEN_START, FROZEN_END = '<div class="sanitized-html">', "</div>"
+
+
+def _freeze(fragment: str) -> str:
+    """Markdown that renders as exactly ``fragment``: one HTML block on one line (a blank line would end it)."""
+    one_line = fragment.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "&#10;")
+    return FROZEN_START + one_line + FROZEN_END
+
+
+def _is_frozen(source: str) -> bool:
+    """Whether ``source`` is already what ``_freeze`` makes of sanitized HTML (so sanitizing twice is a no-op)."""
+    if "\n" in source or not (source.startswith(FROZEN_START) and source.endswith(FROZEN_END)):
+        return False
+    inner = source[len(FROZEN_START):-len(FROZEN_END)].replace("&#10;", "\n")
+    return _freeze(clean_html(inner)) == source
+
+
+def render_markdown(source: str, attachments: dict | None = None) -> str:
+    """Markdown to HTML, safe to show: nbconvert's rendering when it stays inside the allow-list, else sanitized."""
+    try:
+        rendered, raw_html = _render(source, attachments)
+    except Exception:  # a missing attachment, a renderer bug: show the source as text
+        return f"<pre>{html.escape(source)}</pre>"
+    if not raw_html and not html_problems(rendered):
+        return rendered
+    return clean_html(rendered)
+
+
+def sanitize_markdown(source: str, attachments: dict | None = None) -> str:
+    """Markdown source that renders safely: ``source`` itself when it does, else its sanitized rendering."""
+    try:
+        rendered, raw_html = _render(source, attachments)
+    except Exception:
+        rendered, raw_html = None, True
+    if rendered is not None and (not raw_html or _is_frozen(source)) and not html_problems(rendered):
+        return source
+    body = clean_html(rendered) if rendered is not None else f"<pre>{html.escape(source)}</pre>"
+    frozen = _freeze(body)
+    if not html_problems(_render(frozen, None)[0]):
+        return frozen
+    return _freeze(f"<pre>{html.escape(source)}</pre>")  # nothing but escaped text: always safe
+
+
+@pass_context
+def markdown2html(context, source: str) -> str:
+    """Jinja filter replacing nbconvert's ``markdown2html`` in HTML exports (``render_markdown``)."""
+    cell = context.get("cell") or {}
+    return render_markdown(source, cell.get("attachments") if hasattr(cell, "get") else None)
+
+
+def _text(value) -> str:
+    return "".join(value) if isinstance(value, list) else str(value)
+
+
+def _is_base64(value: str) -> bool:
+    if not BASE64.match(value):
+        return False
+    try:
+        base64.b64decode(re.sub(r"\s", "", value), validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True
+
+
+def _note(kinds) -> str:
+    return f"[{', '.join(sorted(kinds))} output removed: it could run script in the viewer's browser]"
+
+
+def _sanitize_data(data: dict) -> tuple[dict, list[str]]:
+    """Allowed output data (sanitized) and the mime types dropped."""
+    kept, dropped = {}, []
+    for mime, value in data.items():
+        if mime in TEXT_TYPES:
+            kept[mime] = _text(value)
+        elif mime in RASTER_TYPES and isinstance(value, str) and _is_base64(value):
+            kept[mime] = value
+        elif mime == "text/html":
+            kept[mime] = clean_html(_text(value))
+        elif mime == "text/markdown":
+            kept[mime] = sanitize_markdown(_text(value))
+        elif mime == "image/svg+xml" and "text/html" not in data:
+            encoded = base64.b64encode(_text(value).encode()).decode()
+            kept["text/html"] = f'<img src="data:image/svg+xml;base64,{encoded}" alt="SVG output">'
+        elif mime != "image/svg+xml":
+            dropped.append(mime)
+    return kept, dropped
+
+
+def _image_metadata(metadata) -> dict:
+    """Only numeric width and height of images survive (templates write them into attributes)."""
+    kept = {}
+    for mime in RASTER_TYPES:
+        values = (metadata or {}).get(mime)
+        if isinstance(values, dict):
+            sizes = {k: v for k, v in values.items()
+                     if k in ("width", "height") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if sizes:
+                kept[mime] = sizes
+    return kept
+
+
+def _count(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def sanitize_output(out) -> dict:
+    """One code cell output, safe to render."""
+    kind = out.get("output_type")
+    if kind == "stream":
+        return {"output_type": "stream", "name": out.get("name") if out.get("name") in ("stdout", "stderr") else "stdout",
+                "text": _text(out.get("text", ""))}
+    if kind == "error":
+        return {"output_type": "error", "ename": _text(out.get("ename", "")), "evalue": _text(out.get("evalue", "")),
+                "traceback": [_text(line) for line in out.get("traceback") or []]}
+    if kind in ("display_data", "execute_result"):
+        data = out.get("data") if isinstance(out.get("data"), dict) else {}
+        kept, dropped = _sanitize_data(data)
+        # A widget with a text fallback (tqdm's bar) just shows its text; anything else removed is said once.
+        noted = [mime for mime in dropped if mime != WIDGET_VIEW or not kept]
+        if noted or not kept:
+            kept["text/plain"] = (kept.get("text/plain", "") + "\n" if kept.get("text/plain") else "") + _note(noted or ["empty"])
+        clean = {"output_type": kind, "data": kept, "metadata": _image_metadata(out.get("metadata"))}
+        if kind == "execute_result":
+            clean["execution_count"] = _count(out.get("execution_count"))
+        return clean
+    return {"output_type": "stream", "name": "stdout", "text": _note([f"an unknown ({str(kind)[:40]!r})"])}
+
+
+def _sanitize_attachments(attachments) -> dict:
+    kept = {}
+    for name, bundle in (attachments or {}).items():
+        if isinstance(bundle, dict):
+            images = {m: v for m, v in bundle.items()
+                      if m in ("image/png", "image/jpeg", "image/gif", "image/svg+xml") and isinstance(v, str) and _is_base64(v)}
+            if images:
+                kept[str(name)] = images
+    return kept
+
+
+def sanitize_cell(cell) -> None:
+    """Make one cell safe to render, in place."""
+    if not SAFE_ID.match(str(cell.get("id", "x"))):
+        cell["id"] = secrets.token_hex(8)
+    metadata = cell.setdefault("metadata", {})
+    grade_id = (metadata.get("nbgrader") or {}).get("grade_id")
+    if grade_id is not None and not SAFE_ID.match(str(grade_id)):
+        metadata.pop("nbgrader")  # templates write grade ids into HTML unescaped
+    if isinstance(metadata.get("tags"), list):
+        metadata["tags"] = [str(tag) for tag in metadata["tags"]]
+    if cell.get("cell_type") == "markdown":
+        if "attachments" in cell:
+            cell["attachments"] = _sanitize_attachments(cell["attachments"])
+        cell["source"] = sanitize_markdown(_text(cell.get("source", "")), cell.get("attachments"))
+    elif cell.get("cell_type") == "raw":
+        kind = str(metadata.get("raw_mimetype") or metadata.get("format") or "").lower()
+        if not kind or "html" in kind:  # what HTML exports paste into the page
+            cell["source"] = clean_html(_text(cell.get("source", "")))
+    elif cell.get("cell_type") == "code":
+        cell["execution_count"] = _count(cell.get("execution_count"))
+        cell["outputs"] = [sanitize_output(out) for out in cell.get("outputs") or []]
+
+
+def sanitize_notebook(nb):
+    """Make a notebook safe to render in any browser, in place; returns it. Safe content is left unchanged."""
+    metadata = nb.setdefault("metadata", {})
+    metadata.pop("widgets", None)  # widget state renders through the widget manager's script
+    if "title" in metadata and not isinstance(metadata["title"], str):
+        metadata.pop("title")
+    for cell in nb.get("cells", []):
+        sanitize_cell(cell)
+    return nb
+
+
+class SanitizeNotebook(Preprocessor):
+    """nbconvert/nbgrader preprocessor: ``sanitize_notebook`` (see the module docstring); on unless configured off."""
+
+    enabled = Bool(True).tag(config=True)
+
+    def preprocess(self, nb, resources):
+        from nbformat import from_dict
+
+        sanitized = sanitize_notebook(nb)
+        nb.cells = [from_dict(cell) for cell in sanitized.cells]
+        return nb, resources
