@@ -1004,6 +1004,9 @@ def capture_cuda_graph(fn, *args, n_warmup=3, **kwargs):
         for _ in range(n_warmup):
             fn(*args, **kwargs)
     torch.cuda.current_stream().wait_stream(side)
+    # The graph allocates from a private pool: hand the blocks cached by earlier calls back to the device first, so
+    # a step that fits in memory eagerly also fits when recorded.
+    torch.cuda.empty_cache()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         output = fn(*args, **kwargs)
