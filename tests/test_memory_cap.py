@@ -76,6 +76,8 @@ def test_oom_lines_finds_rows_reported_out_of_memory():
         {"output_type": "stream", "text": ["B = 64, N = 1024: nan  (out of memory)\n", "done\n"]},
         {"output_type": "execute_result", "data": {"text/plain": "{('eager', 'oom'): 2}"}},
         {"output_type": "display_data", "data": {"image/png": "OOM"}},
+        {"output_type": "stream", "text": "forward_ms (rows: d_model, seq_len; OOM = out of memory, - = no backward)\n"
+                                          "forward_ms ('nan' = out of memory or no backward)\n"},
     ]}
     assert run_lab.oom_lines(cell) == [" 16384    oom", "B = 64, N = 1024: nan  (out of memory)",
                                        "{('eager', 'oom'): 2}"]

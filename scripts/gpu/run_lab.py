@@ -36,6 +36,13 @@ from memory_cap import CAP_ENV, cap_from_env  # noqa: E402
 PART_RE = re.compile(r"^#\s+(Part\s+\d+[^\n]*)", re.MULTILINE)
 # Output lines where a lab reports a size that did not fit (a row marked OOM, "(out of memory)", status 'oom').
 OOM_LINE_RE = re.compile(r"\bOOM\b|out of memory|'oom'", re.IGNORECASE)
+# A legend explaining the notation ("OOM = out of memory", "'nan' = out of memory") reports nothing.
+OOM_LEGEND_RE = re.compile(r"\bOOM\s*=|=\s*out of memory", re.IGNORECASE)
+
+
+def reports_oom(line: str) -> bool:
+    """Whether a printed line reports a size that ran out of memory (not a legend of the notation)."""
+    return bool(OOM_LINE_RE.search(line)) and not OOM_LEGEND_RE.search(line)
 
 
 def cell_seconds(cell) -> float:
@@ -54,7 +61,7 @@ def oom_lines(cell) -> list[str]:
         text = output.get("text", "") if output.get("output_type") == "stream" else \
             output.get("data", {}).get("text/plain", "")
         text = "".join(text) if isinstance(text, list) else text
-        lines += [line.rstrip() for line in text.splitlines() if OOM_LINE_RE.search(line)]
+        lines += [line.rstrip() for line in text.splitlines() if reports_oom(line)]
     return lines
 
 
