@@ -680,6 +680,23 @@ def test_run_oom_safe():
         utils.run_oom_safe(bug)
 
 
+def test_mark_oom_shows_oom_only_where_an_oom_row_has_no_number():
+    import pandas as pd
+
+    table = pd.DataFrame([
+        {"seq_len": 8192, "status": "ok", "peak_gb": 4.32851, "backward_ms": float("nan"), "note": "x"},
+        {"seq_len": 16384, "status": "oom", "peak_gb": float("nan"), "backward_ms": None, "note": "y"},
+        {"seq_len": 32768, "status": "OOM", "peak_gb": 8.58993, "backward_ms": float("nan"), "note": None},
+    ])
+    shown = utils.mark_oom(table, float_format=lambda v: f"{v:.2f}")
+    assert shown.to_dict("list") == {
+        "seq_len": [8192, 16384, 32768], "status": ["ok", "oom", "OOM"], "peak_gb": ["4.33", "OOM", "8.59"],
+        "backward_ms": ["-", "OOM", "OOM"], "note": ["x", "y", "OOM"]}
+    assert table["peak_gb"].isna().tolist() == [False, True, False], "the table itself must not change"
+    with pytest.raises(KeyError, match="status"):
+        utils.mark_oom(table.drop(columns="status"))
+
+
 # -----------------------------------------------------------------------------------------------------
 # Attention backends
 # -----------------------------------------------------------------------------------------------------

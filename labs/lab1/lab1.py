@@ -1575,8 +1575,8 @@ del _b3_2_hidden_tests
 #
 # The cells below time the three cases for a Gemma-3-shaped model (`GEMMA3_PESUDO_CONFIG`: hidden size 1152,
 # 26 layers), applying one decoder layer object once per layer. At teaching scale the sizes are those of the
-# course (batch 8, 4096-token prompts, all 26 layers; this needs a GPU with about 20 GB of free memory: on a
-# smaller GPU, reduce `prefill_batch_size` or `prefill_seq_len`). At quick scale they are tiny, and the model
+# course (batch 8, 4096-token prompts, all 26 layers; this fits on a 16 GB GPU such as a T4: about 7 GB of
+# it is the KV cache). At quick scale they are tiny, and the model
 # runs in `float32` because CPUs are slow at `bfloat16`. There is no question in this section, but read the
 # numbers (and the comments after them) carefully: they set up Section 3.4 and Part 4.
 
@@ -2445,7 +2445,7 @@ for seq_len in memory_seq_lens:
     if status == "oom":
         break
 sdpa_memory_df = pd.DataFrame(sdpa_memory_rows)
-print(sdpa_memory_df.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+print(mark_oom(sdpa_memory_df, float_format=lambda v: f"{v:.4f}").to_string(index=False))
 
 # %% [markdown]
 # #### Question 5.1 (10 points)

@@ -2274,9 +2274,9 @@ for d_model in attn_d_models:
                                    "scores_gb": scores_gb, "memory_ratio": result["peak_memory_gb"] / scores_gb})
 attention_df = pd.DataFrame(attention_rows)
 for column in ("forward_ms", "backward_ms", "peak_memory_gb", "memory_ratio"):
-    print(f"\n{column} (rows: d_model, seq_len; 'nan' = out of memory or no backward)")
-    print(attention_df.pivot_table(index=["d_model", "seq_len"], columns="impl", values=column, dropna=False)
-          .to_string(float_format=lambda x: f"{x:.3f}"))
+    print(f"\n{column} (rows: d_model, seq_len; OOM = out of memory, - = no backward)")
+    print(mark_oom(attention_df, float_format=lambda x: f"{x:.3f}")
+          .pivot(index=["d_model", "seq_len"], columns="impl", values=column).to_string())
 print("\nstatus:", attention_df.groupby(["impl", "status"]).size().to_dict())
 
 # %%
@@ -2467,7 +2467,7 @@ for size, config in model_sizes.items():
 transformer_df = pd.DataFrame(transformer_rows).set_index("size")
 print(f"batch {lm_batch} x context {lm_context}, vocab {lm_vocab}, "
       + ("bf16 autocast" if DEVICE.type == "cuda" else "float32 (CPU)"))
-print(transformer_df.to_string(float_format=lambda x: f"{x:.2f}"))
+print(mark_oom(transformer_df, float_format=lambda x: f"{x:.2f}").to_string())
 
 # %%
 if run_compiled:

@@ -9,7 +9,7 @@ Every lab starts with ``from utils import *``. The module has five sections, in 
    ``Gemma3DecoderLayer``; ``gpt2_decoder_forward`` for Lab 3's GPT-2 with the same cache.
 3. Measurement: ``benchmark_latency`` (ms), ``capture_cuda_graph``, ``benchmark_eager_and_graphed`` (ms),
    ``benchmark_memory`` (GB), ``default_schedule``,
-   ``count_cuda_kernels``, ``run_oom_safe``.
+   ``count_cuda_kernels``, ``run_oom_safe``, ``mark_oom``.
 4. Attention backends: ``flash_attn_func`` and ``ATTENTION_BACKEND``.
 5. Plotting: ``plot_roofline``, ``plot_gemm_torch_matmul_latency``, ``plot_latency_vs_size``,
    ``plot_flash_attn_improvement``, ``plot_trace_timeline``.
@@ -73,6 +73,7 @@ __all__ = [
     "default_schedule",
     "count_cuda_kernels",
     "run_oom_safe",
+    "mark_oom",
     "record_torch_calls",
     "plain_value",
     # 4. attention backends
@@ -1013,6 +1014,9 @@ def capture_cuda_graph(fn, *args, n_warmup=3, **kwargs):
         for _ in range(n_warmup):
             fn(*args, **kwargs)
     torch.cuda.current_stream().wait_stream(side)
+    # The graph allocates from a private pool: hand the blocks cached by earlier calls back to the device first, so
+    # a step that fits in memory eagerly also fits when recorded.
+    torch.cuda.empty_cache()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         output = fn(*args, **kwargs)
@@ -1320,6 +1324,44 @@ def run_oom_safe(fn, *args, **kwargs):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return "oom", None
+
+
+def mark_oom(table, status_col="status", float_format=lambda value: f"{value:.4g}"):
+    """A copy of a results table for printing, with the cells an out-of-memory row could not fill shown as "OOM".
+
+    Sweeps record a row per size with ``run_oom_safe``'s status; a row whose status is ``"oom"`` has no numbers
+    (None or NaN), and printing NaN hides why. Here every number is formatted with ``float_format``, a missing
+    value in an ``"oom"`` row becomes ``"OOM"`` and any other missing value ``"-"``. The status column and
+    columns that are not numbers are kept as they are.
+
+    Args:
+        table: A pandas DataFrame with a status column.
+        status_col: The column holding ``"ok"``/``"oom"``.
+        float_format: Formats one float (units are the column's own).
+
+    Returns:
+        A new DataFrame of strings (the same index and columns), ready for ``to_string`` or ``pivot``.
+
+    Raises:
+        KeyError: the table has no column ``status_col``.
+    """
+    if status_col not in table.columns:
+        raise KeyError(f"mark_oom needs the status column {status_col!r} ('ok' or 'oom' per row); "
+                       f"the table has {list(table.columns)}")
+    oom_rows = table[status_col].astype(str).str.lower() == "oom"
+    shown = table.copy().astype(object)
+
+    def cell(value, oom):
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "OOM" if oom else "-"
+        if isinstance(value, (float, np.floating)):
+            return float_format(float(value))
+        return value
+
+    for column in table.columns:
+        if column != status_col:
+            shown[column] = [cell(value, oom) for value, oom in zip(table[column].tolist(), oom_rows.tolist())]
+    return shown
 
 
 @contextlib.contextmanager

@@ -7,6 +7,11 @@ Run from the repository root (scripts/gpu/run_reports.sh does, on the lent GPU):
   submission (the reference solution, graded as TAs grade it: quick scale);
 - ``<lab>_fig_NN.png``: the figures the notebook drew.
 With ``--skip-execute`` only the autograde runs, and its record is ``<lab>_autograde.json``.
+
+``--gpu-memory-gb GB`` (default: ``EFFICIENT_AI_GPU_MEMORY_GB``) caps the kernel's CUDA allocator at GB
+(``scripts/gpu/memory_cap.py``) to show how the lab runs on a smaller GPU; the files are then named
+``<lab>-capNgb_*`` and the record also holds the cap, the highest reservation seen after a cell and every output
+line that reports running out of memory. ``--skip-autograde`` leaves the autograde out.
 """
 from __future__ import annotations
 
@@ -24,8 +29,20 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from memory_cap import CAP_ENV, cap_from_env  # noqa: E402
 
 PART_RE = re.compile(r"^#\s+(Part\s+\d+[^\n]*)", re.MULTILINE)
+# Output lines where a lab reports a size that did not fit (a row marked OOM, "(out of memory)", status 'oom').
+OOM_LINE_RE = re.compile(r"\bOOM\b|out of memory|'oom'", re.IGNORECASE)
+# A legend explaining the notation ("OOM = out of memory", "'nan' = out of memory") reports nothing.
+OOM_LEGEND_RE = re.compile(r"\bOOM\s*=|=\s*out of memory", re.IGNORECASE)
+
+
+def reports_oom(line: str) -> bool:
+    """Whether a printed line reports a size that ran out of memory (not a legend of the notation)."""
+    return bool(OOM_LINE_RE.search(line)) and not OOM_LEGEND_RE.search(line)
 
 
 def cell_seconds(cell) -> float:
@@ -37,26 +54,60 @@ def cell_seconds(cell) -> float:
     return (parse(end) - parse(start)).total_seconds()
 
 
-def execute(lab: str, out: Path, timeout_s: int) -> dict:
+def oom_lines(cell) -> list[str]:
+    """The lines of a cell's printed output that report running out of memory."""
+    lines = []
+    for output in cell.get("outputs", []):
+        text = output.get("text", "") if output.get("output_type") == "stream" else \
+            output.get("data", {}).get("text/plain", "")
+        text = "".join(text) if isinstance(text, list) else text
+        lines += [line.rstrip() for line in text.splitlines() if reports_oom(line)]
+    return lines
+
+
+def cap_kernel_memory(cap_gb: float, work: Path) -> Path:
+    """Make kernels started from now on cap their CUDA memory at cap_gb; return where they record peaks."""
+    from memory_cap import write_startup_file
+
+    record = work / "gpu_memory_peaks.json"
+    ipython_dir = work / ".ipython"
+    write_startup_file(ipython_dir, cap_gb, record)
+    os.environ["IPYTHONDIR"] = str(ipython_dir)
+    return record
+
+
+def peak_reserved_gb(record: Path, nb) -> dict:
+    """The highest reservation after any cell (GB) and the cell after which it was first seen."""
+    if not record.exists():
+        return {"peak_reserved_gb": None, "peak_cell_index": None}
+    peaks = json.loads(record.read_text())["peak_reserved_bytes_after_cell"]
+    count, peak = max(peaks, key=lambda item: item[1])
+    index = next((i for i, cell in enumerate(nb.cells) if cell.get("execution_count") == count), None)
+    return {"peak_reserved_gb": peak / 1e9, "peak_cell_index": index}
+
+
+def execute(lab: str, out: Path, timeout_s: int, cap_gb: float | None = None, prefix: str | None = None) -> dict:
     import nbclient
 
     from course.notebooks import grade_id, read_notebook, write_notebook
 
+    prefix = prefix or lab
     nb = read_notebook(REPO / "source" / lab / f"{lab}.ipynb")
-    work = Path(tempfile.mkdtemp(prefix=f"{lab}-teaching-"))
+    work = Path(tempfile.mkdtemp(prefix=f"{prefix}-teaching-"))
     shutil.copytree(REPO / "source" / lab, work, dirs_exist_ok=True)
     os.environ["EFFICIENT_AI_SCALE"] = "teaching"
     os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"  # figures become notebook outputs
+    record = cap_kernel_memory(cap_gb, work) if cap_gb else None
     client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3", allow_errors=True,
                                      record_timing=True, resources={"metadata": {"path": str(work)}})
     start = time.perf_counter()
     client.execute()
     total_s = time.perf_counter() - start
-    write_notebook(nb, out / f"{lab}_executed.ipynb")
+    write_notebook(nb, out / f"{prefix}_executed.ipynb")
 
     parts: dict[str, float] = {}
     part = "Setup"
-    cells, errors, figures = [], [], 0
+    cells, errors, figures, ooms = [], [], 0, []
     for index, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
             match = PART_RE.search(cell.source)
@@ -66,14 +117,19 @@ def execute(lab: str, out: Path, timeout_s: int) -> dict:
         seconds = cell_seconds(cell)
         parts[part] = parts.get(part, 0.0) + seconds
         cells.append({"index": index, "grade_id": grade_id(cell), "part": part, "seconds": seconds})
+        ooms += [{"index": index, "grade_id": grade_id(cell), "part": part, "line": line} for line in oom_lines(cell)]
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
                 errors.append({"index": index, "grade_id": grade_id(cell), "error": f"{output['ename']}: {output['evalue']}"[:500]})
             png = output.get("data", {}).get("image/png") if output.get("output_type") in ("display_data", "execute_result") else None
             if png:
                 figures += 1
-                (out / f"{lab}_fig_{figures:02d}.png").write_bytes(base64.b64decode(png))
-    return {"total_s": total_s, "parts_s": parts, "cells": cells, "errors": errors, "figures": figures}
+                (out / f"{prefix}_fig_{figures:02d}.png").write_bytes(base64.b64decode(png))
+    result = {"total_s": total_s, "parts_s": parts, "cells": cells, "errors": errors, "figures": figures,
+              "oom_lines": ooms}
+    if record is not None:
+        result.update(peak_reserved_gb(record, nb))
+    return result
 
 
 def autograde_reference(lab: str) -> dict:
@@ -99,30 +155,41 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--cell-timeout-s", type=int, default=900)
     parser.add_argument("--skip-execute", action="store_true")
+    parser.add_argument("--skip-autograde", action="store_true")
+    parser.add_argument("--gpu-memory-gb", type=float, default=None,
+                        help=f"cap the kernel's CUDA allocator at this many GB (default: ${CAP_ENV})")
     args = parser.parse_args()
+    cap_gb = args.gpu_memory_gb if args.gpu_memory_gb is not None else cap_from_env()
+    prefix = f"{args.lab}-cap{cap_gb:g}gb" if cap_gb else args.lab
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result: dict = {"lab": args.lab}
+    result: dict = {"lab": args.lab, "gpu_memory_cap_gb": cap_gb}
     try:
         import torch
 
         result["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         result["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            result["device_memory_gb"] = torch.cuda.get_device_properties(0).total_memory / 1e9
     except Exception as exc:  # noqa: BLE001
         result["device"] = f"unknown ({exc})"
     if not args.skip_execute:
-        result["teaching_run"] = execute(args.lab, out, args.cell_timeout_s)
-        print(f"{args.lab}: teaching-scale run {result['teaching_run']['total_s']:.0f} s, "
+        result["teaching_run"] = execute(args.lab, out, args.cell_timeout_s, cap_gb, prefix)
+        print(f"{prefix}: teaching-scale run {result['teaching_run']['total_s']:.0f} s, "
               f"{len(result['teaching_run']['errors'])} cell(s) raised", flush=True)
         for part, seconds in result["teaching_run"]["parts_s"].items():
             print(f"  {part}: {seconds:.1f} s")
         for error in result["teaching_run"]["errors"]:
             print(f"  ERROR cell {error['index']} ({error['grade_id']}): {error['error']}")
-    result["autograde"] = autograde_reference(args.lab)
-    print(f"{args.lab}: autograde of one submission {result['autograde']['seconds']:.0f} s, "
-          f"{result['autograde']['autograded_score']}/{result['autograde']['autograded_max']} autograded points", flush=True)
+        for oom in result["teaching_run"]["oom_lines"]:
+            print(f"  OOM cell {oom['index']}: {oom['line']}")
+    if not args.skip_autograde:
+        result["autograde"] = autograde_reference(args.lab)
+        print(f"{args.lab}: autograde of one submission {result['autograde']['seconds']:.0f} s, "
+              f"{result['autograde']['autograded_score']}/{result['autograde']['autograded_max']} autograded points",
+              flush=True)
     # An autograde-only run (--skip-execute) must not overwrite the teaching-scale run's record.
-    name = f"{args.lab}_autograde.json" if args.skip_execute else f"{args.lab}_run.json"
+    name = f"{prefix}_autograde.json" if args.skip_execute else f"{prefix}_run.json"
     (out / name).write_text(json.dumps(result, indent=1))
     return 0
 

@@ -7,8 +7,13 @@
 #   lab2bench  scripts/gpu/lab2_bench.py        (Lab 2 cell by cell at teaching scale: its report.md, tables, figures)
 #   autograde  scripts/gpu/run_lab.py LAB --skip-execute for every lab (one reference submission graded as TAs grade)
 #   cudafaults scripts/gpu/check_cuda_faults.py (a device-side assert and a CUDA OOM in a submission, graded on the GPU)
+#   capped     scripts/gpu/run_lab.py LAB --skip-autograde for every lab at once, each kernel's CUDA memory capped at
+#              $EFFICIENT_AI_GPU_MEMORY_GB (space-separated caps run one after another); report:
+#              scripts/gpu/make_memory_report.py. The labs share the GPU, so these runs' times are not benchmarks.
+# EFFICIENT_AI_GPU_MEMORY_GB=GB (decimal GB) also caps the labN steps (scripts/gpu/memory_cap.py).
 # Prepare here first: bash scripts/gpu/gather_wheels.sh   (carry: [".whl"])
 # Example device command: bash scripts/gpu/run_reports.sh utils measure lab1
+#   or: EFFICIENT_AI_GPU_MEMORY_GB=15 bash scripts/gpu/run_reports.sh capped
 set -u
 cd "$(dirname "$0")/../.."
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -25,6 +30,14 @@ for step in "$@"; do
     lab2bench) python3 scripts/gpu/lab2_bench.py --out "$RESULTS/lab2" 2>&1 | tee "$RESULTS/lab2_bench.log" ;;
     cudafaults) python3 scripts/gpu/check_cuda_faults.py --out "$RESULTS" 2>&1 | tee "$RESULTS/cuda_faults.log" ;;
     autograde) for lab in $(ls labs); do python3 scripts/gpu/run_lab.py "$lab" --skip-execute --out "$RESULTS"; done 2>&1 | tee "$RESULTS/autograde.log" ;;
+    capped)  for cap in ${EFFICIENT_AI_GPU_MEMORY_GB:?capped needs EFFICIENT_AI_GPU_MEMORY_GB, e.g. 15}; do
+               for lab in $(ls labs); do
+                 EFFICIENT_AI_GPU_MEMORY_GB=$cap python3 scripts/gpu/run_lab.py "$lab" --skip-autograde --out "$RESULTS" \
+                   > "$RESULTS/${lab}-cap${cap}gb.log" 2>&1 &
+               done
+               wait
+               tail -n 30 "$RESULTS"/*-cap"${cap}"gb.log
+             done ;;
     lab*)    python3 scripts/gpu/run_lab.py "$step" --out "$RESULTS" 2>&1 | tee "$RESULTS/${step}_run.log" ;;
     *)       echo "unknown step $step" ;;
   esac
