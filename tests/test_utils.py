@@ -4,6 +4,7 @@ Run from the repository root: ``MPLBACKEND=Agg python -m pytest tests/test_utils
 """
 
 import json
+import inspect
 import math
 import os
 import sys
@@ -83,7 +84,11 @@ def test_all_names_exist_and_functions_have_docstrings_with_units_or_shapes():
     assert len(set(utils.__all__)) == len(utils.__all__), "__all__ lists a name twice"
     for name in utils.__all__:
         obj = getattr(utils, name)
-        if callable(obj) and not isinstance(obj, torch.device) and name != "default_schedule":
+        if inspect.isclass(obj):
+            doc = obj.__doc__ or ""
+            assert "Args:" in doc and "Attributes:" in doc, (
+                f"utils.{name} needs a Google-style class docstring with Args: and Attributes:")
+        elif callable(obj) and not isinstance(obj, torch.device) and name != "default_schedule":
             doc = obj.__doc__ or ""
             assert "Returns:" in doc, f"utils.{name} needs a Google-style docstring with Returns:"
 

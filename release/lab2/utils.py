@@ -52,9 +52,9 @@ __all__ = [
     "get_ridge_point",
     "measure_roofline",
     # 2. model configs and helpers
-    "GEMMA3_270M_CONFIG",
-    "GEMMA3_PESUDO_CONFIG",
-    "GEMMA3_PSEUDO_CONFIG",
+    "GEMMA3_270M_CONFIG",  # noqa: F822  (built on first access by __getattr__)
+    "GEMMA3_PESUDO_CONFIG",  # noqa: F822
+    "GEMMA3_PSEUDO_CONFIG",  # noqa: F822
     "create_prefill_inputs",
     "create_decode_inputs_without_cache",
     "create_decode_inputs_with_cache",
@@ -593,6 +593,9 @@ class KVCacheLayer:
     ``length`` only moves on ``advance``: a decode step called again (as a benchmark or a CUDA graph replay
     does) overwrites the same slot and measures the same step.
 
+    Args:
+        max_cache_len: Positions the buffers will hold, in tokens.
+
     Attributes:
         max_cache_len: Positions the buffers hold, in tokens.
         length: Tokens committed to the cache (0 when empty).
@@ -668,7 +671,15 @@ class KVCacheLayer:
 
 
 class KVCache:
-    """A preallocated KV cache: one ``KVCacheLayer`` per layer, in ``.layers`` (see ``initialize_kv_cache``)."""
+    """A preallocated KV cache: one ``KVCacheLayer`` per layer, in ``.layers`` (see ``initialize_kv_cache``).
+
+    Args:
+        num_layers: Decoder layers, one ``KVCacheLayer`` each.
+        max_cache_len: Positions each layer's buffers hold, in tokens.
+
+    Attributes:
+        layers: list of ``KVCacheLayer``, index = layer index.
+    """
 
     def __init__(self, num_layers, max_cache_len):
         self.layers = [KVCacheLayer(max_cache_len) for _ in range(num_layers)]
