@@ -239,7 +239,6 @@ class GuardedExecute(Execute):
     - A sticky CUDA error (a device-side assert, an illegal memory access) leaves the GPU unusable for the rest of
       the process, so execution stops there the same way and the report names it (``cuda_error``);
       ``course.grade`` then grades the submission again without the GPU, as a CPU grader would.
-
     - Cell metadata that changes how a cell runs (``neutralise_cell_metadata``: the ``skip-execution`` and
       ``raises-exception`` tags, nbgrader flags without a grade id) is removed before any cell runs, on every route
       to a grade; widget messages are ignored (an output widget could swallow a test cell's error), and a test
@@ -272,11 +271,21 @@ class GuardedExecute(Execute):
     ).tag(config=True)
 
     def preprocess(self, nb, resources=None, km=None):
-        self._neutralised = {}
+        self._reset_state()
         for index, cell in enumerate(nb.cells):
             removed = neutralise_cell_metadata(cell, self.skip_cells_with_tag)
             if removed:
                 self._neutralised[_where(cell, index)] = removed
+        try:
+            return super().preprocess(nb, resources, km)
+        finally:
+            if self._zmq_context is not None:
+                self._zmq_context.destroy(linger=0)
+            self._write_report(resources)
+
+    def _reset_state(self) -> None:
+        """What one notebook's run records, reset before it starts."""
+        self._neutralised: dict[str, list[str]] = {}  # cell -> execution-affecting metadata removed from it
         self._student_code_ran = False  # whether any cell that is not the instructor's has started
         self._running_test = False
         self._kept_bytes: dict[int, int] = {}
@@ -295,12 +304,6 @@ class GuardedExecute(Execute):
         timeout_s = float(os.environ.get("EFFICIENT_AI_NOTEBOOK_TIMEOUT_S", DEFAULT_NOTEBOOK_TIMEOUT_S))
         self._deadline = time.monotonic() + timeout_s
         self._timeout_s = timeout_s
-        try:
-            return super().preprocess(nb, resources, km)
-        finally:
-            if self._zmq_context is not None:
-                self._zmq_context.destroy(linger=0)
-            self._write_report(resources)
 
     async def async_start_new_kernel_client(self):
         """nbclient's kernel client, on ZeroMQ sockets that drop any message over ``max_message_bytes`` unread."""
@@ -557,10 +560,10 @@ class GuardedExecute(Execute):
             self._shorten_error(content)
         else:
             room = self._output_room(cell_index)
-            size = _approx_bytes(content)
+            text = content.get("text") if msg.get("msg_type") == "stream" else None
+            size = len(text) if isinstance(text, str) else _approx_bytes(content)
             if size > room:
-                text = content.get("text")
-                if msg.get("msg_type") != "stream" or not isinstance(text, str) or room <= 0:
+                if not isinstance(text, str) or room <= 0:
                     self._drop(outs, cell_index, size)
                     return None
                 content["text"] = text[:room]
@@ -568,10 +571,8 @@ class GuardedExecute(Execute):
                 self._kept_bytes[cell_index] = self._kept_bytes.get(cell_index, 0) + room
                 self._drop(outs, cell_index, size - room)
                 return out
-        out = super().output(outs, msg, display_id, cell_index)
-        if out is not None:
-            self._kept_bytes[cell_index] = self._kept_bytes.get(cell_index, 0) + _approx_bytes(content)
-        return out
+            self._kept_bytes[cell_index] = self._kept_bytes.get(cell_index, 0) + size
+        return super().output(outs, msg, display_id, cell_index)
 
     def _output_room(self, cell_index: int) -> int:
         notebook_left = self.max_notebook_output_bytes - sum(self._kept_bytes.values())
