@@ -13,9 +13,12 @@ if _REPO not in sys.path:
 
 from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor  # noqa: E402
 from nbgrader.preprocessors import (  # noqa: E402
-    AssignLatePenalties, CheckCellMetadata, GetGrades, IgnorePattern, LimitOutput, SaveAutoGrades,
+    AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds, GetGrades, IgnorePattern, LimitOutput,
+    OverwriteCells, OverwriteKernelspec, SaveAutoGrades,
 )
-from course.nbgrader_ext import DropTestResults, GuardedExecute, StripHiddenTests  # noqa: E402
+from course.nbgrader_ext import (  # noqa: E402
+    DropTestResults, GuardedExecute, NeutraliseCellMetadata, StripHiddenTests,
+)
 
 c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this file)
 
@@ -32,9 +35,17 @@ c.Execute.interrupt_on_timeout = True
 c.IgnorePattern.enabled = True
 c.IgnorePattern.pattern = r"(?s).*"
 
+# nbgrader's sanitize step with one addition: cell metadata that changes how a cell runs (the skip-execution and
+# raises-exception tags, nbgrader flags on a cell whose made-up grade id OverwriteCells removed) is removed, so plain
+# `nbgrader autograde` and the formgrader's Autograde button grade a submission as `course grade` does
+# (GuardedExecute removes the same again before any cell runs; docs/SECURITY.md).
+c.Autograde.sanitize_preprocessors = [
+    ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells, NeutraliseCellMetadata, CheckCellMetadata,
+]
+
 # nbgrader's autograde pipeline with two changes. GuardedExecute runs the notebook with the grading guard, keeps
-# the points earned before a dead kernel or the notebook time limit (EFFICIENT_AI_NOTEBOOK_TIMEOUT_S), and keeps
-# hidden tests out of the kernel's history (docs/SECURITY.md). DropTestResults runs before scoring: a number that
+# the points earned before a dead kernel or the notebook time limit (EFFICIENT_AI_NOTEBOOK_TIMEOUT_S), keeps
+# hidden tests out of the kernel's history, and caps the output it keeps (docs/SECURITY.md). DropTestResults runs before scoring: a number that
 # student code shows as a test cell's result must not be read as partial credit.
 c.Autograde.autograde_preprocessors = [
     GuardedExecute, IgnorePattern, DropTestResults, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,

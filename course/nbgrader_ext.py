@@ -195,6 +195,28 @@ def neutralise_cell_metadata(cell, skip_tag: str) -> list[str]:
     return removed
 
 
+NEUTRALISED_KEY = "efficient_ai_neutralised"  # notebook metadata: what the sanitize step removed, for the report
+
+
+class NeutraliseCellMetadata(NbGraderPreprocessor):
+    """nbgrader's sanitize step, after ``OverwriteCells``: ``neutralise_cell_metadata`` on every cell.
+
+    It runs before ``CheckCellMetadata``, which would otherwise reject a student cell whose made-up grade id
+    ``OverwriteCells`` deleted (nbgrader's stock pipeline then fails the whole submission, where ``course grade``
+    grades it with that cell as the student's own). What was removed is kept in the notebook's metadata
+    (``NEUTRALISED_KEY``, replaced on every run) for ``GuardedExecute``'s report.
+    """
+
+    def preprocess(self, nb, resources):
+        removed = {}
+        for index, cell in enumerate(nb.cells):
+            found = neutralise_cell_metadata(cell, "skip-execution")
+            if found:
+                removed[_where(cell, index)] = found
+        nb.metadata[NEUTRALISED_KEY] = removed
+        return nb, resources
+
+
 def _approx_bytes(value) -> int:
     """Roughly how many bytes a message's content takes (strings by length, containers summed)."""
     if isinstance(value, str):
@@ -272,6 +294,9 @@ class GuardedExecute(Execute):
 
     def preprocess(self, nb, resources=None, km=None):
         self._reset_state()
+        earlier = nb.metadata.pop(NEUTRALISED_KEY, None)  # found by NeutraliseCellMetadata in the sanitize step
+        if isinstance(earlier, dict):
+            self._neutralised.update({str(k): [str(x) for x in v] for k, v in earlier.items() if isinstance(v, list)})
         for index, cell in enumerate(nb.cells):
             removed = neutralise_cell_metadata(cell, self.skip_cells_with_tag)
             if removed:
