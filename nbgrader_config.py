@@ -1,7 +1,8 @@
 """nbgrader settings for Efficient AI Labs (read by every nbgrader command run from this folder).
 
 The gradebook is SQLite in this folder by default; set NBGRADER_DB_URL (e.g. postgresql://...) to use a
-shared database instead. Cell and notebook time limits can be raised with EFFICIENT_AI_CELL_TIMEOUT_S.
+shared database instead. Cell and notebook time limits can be raised with EFFICIENT_AI_CELL_TIMEOUT_S, the wait for
+a cell's output after its reply with EFFICIENT_AI_OUTPUT_WAIT_S.
 """
 import os
 import sys
@@ -30,6 +31,10 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
 # Time limit of one cell while autograding (seconds). Grading runs at quick scale (EFFICIENT_AI_SCALE=quick).
 c.Execute.timeout = int(os.environ.get("EFFICIENT_AI_CELL_TIMEOUT_S", "120"))
 c.Execute.interrupt_on_timeout = True
+# How long nbclient waits for a cell's output to finish arriving after the kernel's reply (seconds; nbclient's default
+# is 4). A cell whose output has not arrived by then counts as failed and the submission is partial: on a busy
+# machine 4 s is too short for an honest kernel.
+c.Execute.iopub_timeout = int(os.environ.get("EFFICIENT_AI_OUTPUT_WAIT_S", "20"))
 
 # A warning on stderr (PyTorch writes many) is not a failed test: errors are recorded as error outputs.
 c.IgnorePattern.enabled = True

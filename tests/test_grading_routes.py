@@ -31,7 +31,8 @@ from fixture_lab import LAB, REPO, built_root  # noqa: E402
 
 FULL = {"q1_1_add_tests": 3.0, "q1_2_scale_tests": 2.0, "b1_1_square_tests": 1.0}
 CELL_TIMEOUT_S = "5"
-# Defines scale, then outlives the interrupt at the cell time limit by more than nbclient's 4 s wait for output.
+OUTPUT_WAIT_S = "4"  # nbclient's own default; the course's is longer (busy machines)
+# Defines scale, then outlives the interrupt at the cell time limit by more than the wait for its output.
 LATE_SCALE = ("import time\n\ndef scale(x, factor_per_unit):\n    return x * factor_per_unit\n\ntry:\n"
               "    time.sleep(120)\nexcept KeyboardInterrupt:\n    time.sleep(10)")
 # A student cell posing as an instructor cell: the guard would adopt what it patches.
@@ -88,7 +89,7 @@ def graded(root, notebooks, tmp_path_factory):
     course = make_course_dir(tmp_path_factory.mktemp("routes") / "course", [LAB], root)
     for student, (make, _) in CHEATS.items():
         write_notebook(make(*notebooks), course / "submitted" / student / LAB / f"{LAB}.ipynb")
-    env = {"EFFICIENT_AI_CELL_TIMEOUT_S": CELL_TIMEOUT_S}
+    env = {"EFFICIENT_AI_CELL_TIMEOUT_S": CELL_TIMEOUT_S, "EFFICIENT_AI_OUTPUT_WAIT_S": OUTPUT_WAIT_S}
     grade.prepare_gradebook(course, LAB)
     plain = run_nbgrader(course, ["autograde", LAB, "--create", "--force"], env=env)
     assert plain.ok, plain.tail(30)
@@ -96,7 +97,8 @@ def graded(root, notebooks, tmp_path_factory):
     write_notebook(replace_cell_source(notebooks[0], "q1_2_scale", LATE_SCALE),
                    course / "submitted" / "late" / LAB / f"{LAB}.ipynb")
     monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setenv("EFFICIENT_AI_CELL_TIMEOUT_S", CELL_TIMEOUT_S)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     try:
         outcomes, scores = grade.grade_lab(course, LAB, progress=False)
     finally:
