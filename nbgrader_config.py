@@ -2,7 +2,8 @@
 
 The gradebook is SQLite in this folder by default; set NBGRADER_DB_URL (e.g. postgresql://...) to use a
 shared database instead. The time limit of one cell is EFFICIENT_AI_CELL_TIMEOUT_S (default 120 s), that of a
-whole notebook EFFICIENT_AI_NOTEBOOK_TIMEOUT_S (default 600 s).
+whole notebook EFFICIENT_AI_NOTEBOOK_TIMEOUT_S (default 600 s), the wait for a cell's output after
+its reply EFFICIENT_AI_OUTPUT_WAIT_S (default 20 s).
 
 This file needs the course tooling (the `course` package: `pip install -e REPO`, which scripts/install.sh runs).
 When it cannot be loaded, every nbgrader command stops with an error instead of going on with nbgrader's stock
@@ -31,10 +32,11 @@ def _refuse(exc: BaseException) -> None:
 try:
     from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
     from nbgrader.preprocessors import (
-        AssignLatePenalties, CheckCellMetadata, GetGrades, IgnorePattern, LimitOutput, SaveAutoGrades,
+        AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds, GetGrades, IgnorePattern, LimitOutput,
+        OverwriteCells, OverwriteKernelspec, SaveAutoGrades,
     )
 
-    from course.nbgrader_ext import DropTestResults, GuardedExecute, StripHiddenTests
+    from course.nbgrader_ext import DropTestResults, GuardedExecute, NeutraliseCellMetadata, StripHiddenTests
     from course.sanitize import SanitizeNotebook, clean_html, markdown2html
     from course.sandbox import configure_sandbox
 except Exception as exc:  # noqa: BLE001  (any failure to load the course's extensions stops nbgrader)
@@ -50,14 +52,26 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
 # Time limit of one cell while autograding (seconds). Grading runs at quick scale (EFFICIENT_AI_SCALE=quick).
 c.Execute.timeout = int(os.environ.get("EFFICIENT_AI_CELL_TIMEOUT_S", "120"))
 c.Execute.interrupt_on_timeout = True
+# How long nbclient waits for a cell's output to finish arriving after the kernel's reply (seconds; nbclient's default
+# is 4). A cell whose output has not arrived by then counts as failed and the submission is partial: on a busy
+# machine 4 s is too short for an honest kernel.
+c.Execute.iopub_timeout = int(os.environ.get("EFFICIENT_AI_OUTPUT_WAIT_S", "20"))
 
 # A warning on stderr (PyTorch writes many) is not a failed test: errors are recorded as error outputs.
 c.IgnorePattern.enabled = True
 c.IgnorePattern.pattern = r"(?s).*"
 
+# nbgrader's sanitize step with one addition: cell metadata that changes how a cell runs (the skip-execution and
+# raises-exception tags, nbgrader flags on a cell whose made-up grade id OverwriteCells removed) is removed, so plain
+# `nbgrader autograde` and the formgrader's Autograde button grade a submission as `course grade` does
+# (GuardedExecute removes the same again before any cell runs; docs/SECURITY.md).
+c.Autograde.sanitize_preprocessors = [
+    ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells, NeutraliseCellMetadata, CheckCellMetadata,
+]
+
 # nbgrader's autograde pipeline with two changes. GuardedExecute runs the notebook with the grading guard, keeps
-# the points earned before a dead kernel or the notebook time limit (EFFICIENT_AI_NOTEBOOK_TIMEOUT_S), and keeps
-# hidden tests out of the kernel's history (docs/SECURITY.md). DropTestResults runs before scoring: a number that
+# the points earned before a dead kernel or the notebook time limit (EFFICIENT_AI_NOTEBOOK_TIMEOUT_S), keeps
+# hidden tests out of the kernel's history, and caps the output it keeps (docs/SECURITY.md). DropTestResults runs before scoring: a number that
 # student code shows as a test cell's result must not be read as partial credit.
 c.Autograde.autograde_preprocessors = [
     GuardedExecute, IgnorePattern, DropTestResults, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,

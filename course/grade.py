@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -23,8 +24,9 @@ from .nbgrader_ext import GRADING_REPORT
 from .nbgrader_run import SubmissionScores, db_url_for, make_course_dir, read_scores, run_nbgrader
 from .notebooks import question_key, question_label, question_sort_key
 from .paths import REPO_ROOT
+from .quoting import escape_controls
 from .sandbox import sandbox_mode, unavailable_reason
-from .submission import Staged, record_zero, stage_class
+from .submission import Staged, clear_autograded_scores, record_zero, stage_class
 
 DEFAULT_SUBMISSION_TIMEOUT_S = 900.0
 
@@ -40,6 +42,7 @@ class Outcome:
     notes: list[str] = field(default_factory=list)  # repairs made to the submission before grading
     flags: list[str] = field(default_factory=list)  # suspicious code for a TA to review; never changes a score
     cuda_error: str = ""  # a sticky CUDA error that stopped the run (GuardedExecute's report), if any
+    retry: str = ""  # what went wrong that a busy machine can explain: the submission is graded once more
 
 
 def prepare_gradebook(course_root: Path, lab: str, env: dict[str, str] | None = None) -> None:
@@ -68,19 +71,42 @@ def list_students(course_root: Path, lab: str) -> list[str]:
     return sorted(p.name for p in submitted.iterdir() if (p / lab).is_dir())
 
 
+# Why an nbgrader process failed, by what its output shows; the first match wins.
+FAILURE_REASONS = (
+    ("DeadKernelError", "the kernel died (os._exit, a segfault or the out-of-memory killer)"),
+    ("Kernel died", "the kernel died (os._exit, a segfault or the out-of-memory killer)"),
+    ("Kernel didn't respond", "the kernel did not start in time (a busy machine, or a broken environment)"),
+    ("CellTimeoutError", "nbclient stopped waiting for a cell's output (CellTimeoutError)"),
+    ("No submitted file", "no notebook named as the release in the submission"),
+    ("NotJSONError", "the notebook is not valid JSON"),
+    ("not valid JSON", "the notebook is not valid JSON"),
+)
+# Failures a busy machine can cause: the submission is graded once more before the failure is recorded.
+BUSY_MACHINE_NEEDLES = ("Kernel didn't respond", "Timeout waiting for IOPub output", "Timeout waiting for kernel_info")
+# An exception line of a Python traceback: ``ValueError: ...``, ``nbclient.exceptions.CellTimeoutError: ...``.
+EXCEPTION_LINE_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b(?::.*)?$")
+MAX_REASON_CHARS = 500
+
+
 def _failure_reason(result_output: str) -> str:
-    for needle, reason in (
-        ("DeadKernelError", "the kernel died (os._exit, a segfault or the out-of-memory killer)"),
-        ("Kernel died", "the kernel died (os._exit, a segfault or the out-of-memory killer)"),
-        ("CellTimeoutError", "a cell exceeded the per-cell time limit"),
-        ("No submitted file", "no notebook named as the release in the submission"),
-        ("NotJSONError", "the notebook is not valid JSON"),
-        ("not valid JSON", "the notebook is not valid JSON"),
-    ):
+    """What a TA reads for a failed nbgrader process: a known cause, else the whole line that names the error
+    (the last exception line of a traceback, else the last line logged as an error, else the last line).
+    Control characters are escaped; the line is cut at ``MAX_REASON_CHARS``."""
+    for needle, reason in FAILURE_REASONS:
         if needle in result_output:
             return reason
-    lines = [line for line in result_output.strip().splitlines() if "ERROR" in line or "Error" in line]
-    return (lines[-1] if lines else result_output.strip().splitlines()[-1:] or ["nbgrader failed"])[0][:300]
+    lines = [line.strip() for line in result_output.strip().splitlines() if line.strip()]
+    for candidates in ([line for line in lines if EXCEPTION_LINE_RE.match(line)],
+                       [line for line in lines if "ERROR" in line or "Error" in line],
+                       lines):
+        if candidates:
+            return _whole_line(candidates[-1])
+    return "nbgrader failed without output"
+
+
+def _whole_line(line: str) -> str:
+    line = escape_controls(line)
+    return line if len(line) <= MAX_REASON_CHARS else line[:MAX_REASON_CHARS] + " [...]"
 
 
 def autograde_one(
@@ -98,8 +124,18 @@ def autograde_one(
 
     A submission whose run hit a sticky CUDA error (a device-side assert: every later CUDA call in that kernel
     fails) is graded once more with the GPU hidden, so it earns what it would on a CPU grader; a note says so.
+    A run that went wrong in a way a busy machine can explain (``Outcome.retry``: a kernel that stopped answering
+    or did not start, output that did not arrive in time) is graded once more; the second run's grade is kept,
+    and a note says what the first run saw.
     """
     outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted)
+    if outcome.retry:
+        first = outcome
+        outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted)
+        outcome.seconds += first.seconds
+        if outcome.retry:
+            outcome.reason = f"{outcome.reason} (the same in two runs: {first.retry})"
+        outcome.notes.insert(0, f"graded twice: the first run was not kept ({first.retry})")
     cuda_error = outcome.cuda_error
     if not cuda_error or (env or {}).get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")) == "":
         return outcome
@@ -133,7 +169,9 @@ def _autograde_once(
     if result.timed_out:
         return Outcome(student, "failed", f"exceeded the per-submission time limit of {timeout_s:.0f} s", seconds)
     if not result.ok or not graded_nb.exists():
-        return Outcome(student, "failed", _failure_reason(result.output), seconds)
+        busy = next((needle for needle in BUSY_MACHINE_NEEDLES if needle in result.output), "")
+        reason = _failure_reason(result.output)
+        return Outcome(student, "failed", reason, seconds, retry=reason if busy else "")
     return with_grading_report(Outcome(student, "ok", "", seconds), graded_nb.parent / GRADING_REPORT)
 
 
@@ -158,13 +196,21 @@ def with_grading_report(outcome: Outcome, report_path: Path) -> Outcome:
         report = json.loads(report_path.read_text())
     except (OSError, ValueError):
         return outcome
-    if report.get("stopped"):
-        outcome.status, outcome.reason = "partial", report["stopped"]
+    stopped = [report["stopped"]] if report.get("stopped") else []
+    if stopped or report.get("output_missed"):
+        outcome.status, outcome.reason = "partial", "; ".join(report.get("output_missed", []) + stopped)
     outcome.cuda_error = report.get("cuda_error", "")
+    outcome.retry = report.get("retry", "")
     if report.get("guard"):
         outcome.notes.append(f"grading guard: {report['guard']}")
     for cell, found in sorted(report.get("integrity", {}).items()):
         outcome.notes.append(f"{cell} scored zero, student code changed what tests rely on: {'; '.join(found)}")
+    for cell, removed in report.get("neutralised", {}).items():
+        outcome.notes.append(f"{cell}: removed before grading, it changes how cells run: {', '.join(removed)}")
+    caps = report.get("output_caps_bytes") or [0, 0]
+    for cell, size in report.get("output_dropped_bytes", {}).items():
+        outcome.notes.append(f"{cell}: {size / 2**20:.1f} MiB of output dropped (the grader keeps "
+                             f"{caps[0] / 2**20:g} MiB per cell, {caps[1] / 2**20:g} MiB per notebook)")
     return outcome
 
 
@@ -387,7 +433,7 @@ def score_table(lab: str, outcomes: dict[str, Outcome], scores: dict[str, Submis
         cells = [per_q[key].cell() if key in per_q else "-" for key in ordered]
         auto = f"{sub.autograded_score():g}/{sub.autograded_max():g}" if sub else "0"
         rows.append([student, outcome.status, *cells, auto, str(len(outcome.flags) or ""), outcome.reason])
-    return header, rows
+    return header, [[escape_controls(value) for value in row] for row in rows]
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:
@@ -400,7 +446,7 @@ def flagged_for_review(outcomes: dict[str, Outcome], width: int = 160) -> str:
     """A short list of the students whose code was flagged, one line each ("" when none)."""
     lines = []
     for student in sorted(s for s, o in outcomes.items() if o.flags):
-        line = f"  {student} ({len(outcomes[student].flags)}): " + "; ".join(outcomes[student].flags)
+        line = escape_controls(f"  {student} ({len(outcomes[student].flags)}): " + "; ".join(outcomes[student].flags))
         lines.append(line if len(line) <= width else line[: width - 24] + " ... (see grades.csv)")
     if not lines:
         return ""
@@ -419,12 +465,21 @@ def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores:
         writer.writerow(["student", "lab", "status", "reason", "notes", "flags", *cell_ids, "autograded_score", "autograded_max", "total_score", "seconds"])
         for student in sorted(outcomes):
             sub, outcome = scores.get(student), outcomes[student]
-            values = [f"{sub.cells[g].score:g}" if sub and g in sub.cells else "" for g in cell_ids]
+            values = [_csv_score(sub.cells[g]) if sub and g in sub.cells else "" for g in cell_ids]
             auto = sub.autograded_score() if sub else 0.0
             auto_max = sub.autograded_max() if sub else 0.0
             total = sum(c.score for c in sub.cells.values()) if sub else 0.0
-            writer.writerow([student, lab, outcome.status, outcome.reason, "; ".join(outcome.notes), "; ".join(outcome.flags),
-                             *values, f"{auto:g}", f"{auto_max:g}", f"{total:g}", f"{outcome.seconds:.1f}"])
+            quoted = [escape_controls(text) for text in
+                      (student, outcome.status, outcome.reason, "; ".join(outcome.notes), "; ".join(outcome.flags))]
+            writer.writerow([quoted[0], lab, *quoted[1:], *values, f"{auto:g}", f"{auto_max:g}", f"{total:g}",
+                             f"{outcome.seconds:.1f}"])
+
+
+def _csv_score(cell) -> str:
+    """A cell's score for grades.csv; empty for an autograded cell with no score (cleared after a failed run)."""
+    if cell.autograded and cell.auto_score is None and cell.manual_score is None:
+        return ""
+    return f"{cell.score:g}"
 
 
 def plot_histogram(path: Path, lab: str, scores: dict[str, SubmissionScores], students: list[str]) -> None:
@@ -458,6 +513,17 @@ def already_graded(course_root: Path, lab: str, students: list[str]) -> list[str
     ]
 
 
+def mark_earlier_scores_stale(course_root: Path, lab: str, outcome: Outcome) -> None:
+    """After a failed run, clear what an earlier run recorded for the submission (``clear_autograded_scores``) and
+    say so in the reason, so that neither the gradebook nor ``grades.csv`` shows old scores as current."""
+    try:
+        if clear_autograded_scores(course_root, lab, outcome.student):
+            outcome.reason += ("; the scores of an earlier run were cleared (the formgrader lists its cells for "
+                               "manual grading)")
+    except Exception as exc:  # noqa: BLE001 - reported with the submission; the others go on
+        outcome.reason += f"; clearing the scores of an earlier run failed ({exc}): they are NOT current"
+
+
 def grade_staged(
     course_root: Path,
     lab: str,
@@ -483,6 +549,9 @@ def grade_staged(
                 outcomes[student].reason += f"; recording zero points failed: {exc}"
     todo = [s for s in staged if s not in outcomes]
     outcomes.update(autograde_all(course_root, lab, todo, timeout_s, progress, workers, submitted=staging))
+    for student, submission in staged.items():
+        if student not in done and outcomes[student].status == "failed" and not (submission.zero and not submission.gradable):
+            mark_earlier_scores_stale(course_root, lab, outcomes[student])
     for student, submission in staged.items():  # staging's notes first, then what grading itself reported
         outcomes[student].notes = submission.notes + outcomes[student].notes
         outcomes[student].flags = submission.flags + outcomes[student].flags

@@ -11,9 +11,11 @@ import secrets
 import time
 from pathlib import Path
 
+from nbclient.util import run_sync
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from nbgrader.utils import is_grade, is_locked, is_solution
+from traitlets import Integer
 
 from .notebooks import HIDDEN_BEGIN, HIDDEN_END
 
@@ -23,6 +25,9 @@ DEFAULT_NOTEBOOK_TIMEOUT_S = 600
 # How long the grader waits for the kernel to answer one of its own requests (a guard command, or the empty
 # request sent after every cell); a healthy kernel answers in milliseconds.
 KERNEL_REPLY_TIMEOUT_S = 60
+# Cell tags nbclient acts on besides ``Execute.skip_cells_with_tag``: ``raises-exception`` lets a cell's error pass.
+EXECUTION_TAGS = ("raises-exception",)
+MIB = 1024 * 1024
 
 
 def _is_test_cell(cell) -> bool:
@@ -159,6 +164,84 @@ def _error_output(ename: str, evalue: str) -> NotebookNode:
     return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
 
+def neutralise_cell_metadata(cell, skip_tag: str) -> list[str]:
+    """Remove from one cell the metadata that changes how it is executed or trusted; what was removed, in words.
+
+    - The tags nbclient acts on: ``skip_tag`` (``Execute.skip_cells_with_tag``, "skip-execution": the cell is not
+      run, so a test cell would pass unrun) and ``raises-exception`` (the cell's error does not count as one).
+    - nbgrader metadata without a grade id. nbgrader's sanitize step (``OverwriteCells``) restores the cells whose
+      grade id is in the gradebook and deletes any other grade id, but leaves the flags: a student cell marked
+      ``locked`` would be run as an instructor cell (the grading guard adopts what those change), one marked
+      ``grade`` as a test cell. Without a grade id a cell is the student's own.
+
+    The same cell from any route (``course grade``, plain ``nbgrader autograde``, the formgrader) is then run the
+    same way.
+    """
+    removed = []
+    tags = cell.metadata.get("tags")
+    if isinstance(tags, list):
+        bad = [tag for tag in tags if tag in (skip_tag, *EXECUTION_TAGS)]
+        if bad:
+            cell.metadata["tags"] = [tag for tag in tags if tag not in bad]
+            removed += [f"tag {tag!r}" for tag in bad]
+    elif tags is not None:
+        del cell.metadata["tags"]
+        removed.append("malformed tags")
+    meta = cell.metadata.get("nbgrader")
+    if meta is not None and (not isinstance(meta, dict) or not meta.get("grade_id")):
+        if not isinstance(meta, dict) or any(meta.get(key) for key in ("grade", "locked", "solution", "task")):
+            removed.append("nbgrader metadata without a grade id")
+        del cell.metadata["nbgrader"]
+    return removed
+
+
+NEUTRALISED_KEY = "efficient_ai_neutralised"  # notebook metadata: what the sanitize step removed, for the report
+
+
+class NeutraliseCellMetadata(NbGraderPreprocessor):
+    """nbgrader's sanitize step, after ``OverwriteCells``: ``neutralise_cell_metadata`` on every cell.
+
+    It runs before ``CheckCellMetadata``, which would otherwise reject a student cell whose made-up grade id
+    ``OverwriteCells`` deleted (nbgrader's stock pipeline then fails the whole submission, where ``course grade``
+    grades it with that cell as the student's own). What was removed is kept in the notebook's metadata
+    (``NEUTRALISED_KEY``, replaced on every run) for ``GuardedExecute``'s report.
+    """
+
+    def preprocess(self, nb, resources):
+        removed = {}
+        for index, cell in enumerate(nb.cells):
+            found = neutralise_cell_metadata(cell, "skip-execution")
+            if found:
+                removed[_where(cell, index)] = found
+        nb.metadata[NEUTRALISED_KEY] = removed
+        return nb, resources
+
+
+def _approx_bytes(value) -> int:
+    """Roughly how many bytes a message's content takes (strings by length, containers summed)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(str(key)) + _approx_bytes(item) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return sum(_approx_bytes(item) for item in value)
+    return 8
+
+
+def _format_bytes(count: int) -> str:
+    return f"{count / MIB:.1f} MiB" if count >= MIB else f"{count / 1024:.0f} KiB"
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f" [... {len(text) - limit} characters dropped by the grader]"
+
+
+def _where(cell, index: int) -> str:
+    """How reasons name a cell: ``cell 7 (q1_2_scale)``."""
+    gid = (cell.metadata.get("nbgrader") or {}).get("grade_id") if isinstance(cell.metadata.get("nbgrader"), dict) else None
+    return f"cell {index}" + (f" ({gid})" if gid else " (a cell without a grade id)")
+
+
 class GuardedExecute(Execute):
     """nbgrader's Execute, with the grading guard, partial credit after a dead kernel, and a notebook time limit.
 
@@ -178,12 +261,63 @@ class GuardedExecute(Execute):
     - A sticky CUDA error (a device-side assert, an illegal memory access) leaves the GPU unusable for the rest of
       the process, so execution stops there the same way and the report names it (``cuda_error``);
       ``course.grade`` then grades the submission again without the GPU, as a CPU grader would.
+    - Cell metadata that changes how a cell runs (``neutralise_cell_metadata``: the ``skip-execution`` and
+      ``raises-exception`` tags, nbgrader flags without a grade id) is removed before any cell runs, on every route
+      to a grade; widget messages are ignored (an output widget could swallow a test cell's error), and a test
+      cell ignores ``clear_output`` (a student thread could clear its error).
+    - Output is capped while it arrives: each cell keeps at most ``max_cell_output_bytes`` and the notebook
+      ``max_notebook_output_bytes``; the rest is dropped with a note in the cell (errors are always kept,
+      shortened). A kernel message larger than ``max_message_bytes`` is dropped by ZeroMQ before it is read.
+    - A cell whose output did not finish arriving (nbclient's ``CellTimeoutError``, after an interrupt at the cell
+      time limit or a flood of output) counts as failed; grading goes on while the kernel still answers, and the
+      report makes the submission ``partial``.
+    - A kernel that dies or stops answering before any student code ran is not blamed on the student: the reason
+      says so, and the report asks ``course.grade`` to grade the submission again (``retry``); so does anything a
+      busy machine can explain (no reply, output that did not arrive in time).
 
     What happened is written to ``grading_report.json`` beside the autograded notebook. ``EFFICIENT_AI_GUARD=off``
     turns the guard off (to compare, or to rule it out when a reference solution loses points).
     """
 
+    max_cell_output_bytes = Integer(
+        1 * MIB, help="Output one cell may keep (bytes); the rest is dropped with a note. Errors are always kept."
+    ).tag(config=True)
+    max_notebook_output_bytes = Integer(
+        16 * MIB, help="Output the whole notebook may keep (bytes); later output is dropped with a note."
+    ).tag(config=True)
+    max_error_bytes = Integer(
+        64 * 1024, help="Size an error output (message and traceback) is shortened to (bytes)."
+    ).tag(config=True)
+    max_message_bytes = Integer(
+        8 * MIB, help="Largest kernel message the grader reads (bytes); ZeroMQ drops a larger one unread."
+    ).tag(config=True)
+
     def preprocess(self, nb, resources=None, km=None):
+        self._reset_state()
+        earlier = nb.metadata.pop(NEUTRALISED_KEY, None)  # found by NeutraliseCellMetadata in the sanitize step
+        if isinstance(earlier, dict):
+            self._neutralised.update({str(k): [str(x) for x in v] for k, v in earlier.items() if isinstance(v, list)})
+        for index, cell in enumerate(nb.cells):
+            removed = neutralise_cell_metadata(cell, self.skip_cells_with_tag)
+            if removed:
+                self._neutralised[_where(cell, index)] = removed
+        try:
+            return super().preprocess(nb, resources, km)
+        finally:
+            if self._zmq_context is not None:
+                self._zmq_context.destroy(linger=0)
+            self._write_report(resources)
+
+    def _reset_state(self) -> None:
+        """What one notebook's run records, reset before it starts."""
+        self._neutralised: dict[str, list[str]] = {}  # cell -> execution-affecting metadata removed from it
+        self._student_code_ran = False  # whether any cell that is not the instructor's has started
+        self._running_test = False
+        self._kept_bytes: dict[int, int] = {}
+        self._dropped_bytes: dict[int, int] = {}
+        self._output_missed: list[str] = []
+        self._retry = ""  # what a busy machine could explain: course.grade grades the submission again
+        self._zmq_context = None
         self._guard_key: bytes | None = None
         self._guard_broken = ""
         self._stopped = ""
@@ -195,13 +329,26 @@ class GuardedExecute(Execute):
         timeout_s = float(os.environ.get("EFFICIENT_AI_NOTEBOOK_TIMEOUT_S", DEFAULT_NOTEBOOK_TIMEOUT_S))
         self._deadline = time.monotonic() + timeout_s
         self._timeout_s = timeout_s
+
+    async def async_start_new_kernel_client(self):
+        """nbclient's kernel client, on ZeroMQ sockets that drop any message over ``max_message_bytes`` unread."""
+        import zmq
+        import zmq.asyncio
+
+        context = zmq.asyncio.Context()
+        context.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        self._zmq_context = context
+        make_client = self.km.client
+        self.km.client = lambda **kwargs: make_client(context=context, **kwargs)
         try:
-            return super().preprocess(nb, resources, km)
+            return await super().async_start_new_kernel_client()
         finally:
-            self._write_report(resources)
+            del self.km.client
+
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)  # nbclient binds the sync name to its own
 
     # -- the guard protocol -------------------------------------------------------------------------------------
-    async def _async_request(self, code: str, expression: str | None) -> dict | None:
+    async def _async_request(self, code: str, expression: str | None, timeout_s: float) -> dict | None:
         from queue import Empty
 
         from nbclient.exceptions import DeadKernelError
@@ -209,7 +356,7 @@ class GuardedExecute(Execute):
 
         msg_id = self.kc.execute(code, silent=True, store_history=False, allow_stdin=False,
                                  user_expressions={"guard": expression} if expression else None)
-        deadline = time.monotonic() + KERNEL_REPLY_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
                 msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=1))
@@ -221,20 +368,21 @@ class GuardedExecute(Execute):
                 return msg
         return None
 
-    def _request(self, code: str, expression: str | None = None) -> dict | None:
-        """Send the kernel a silent request; its reply, or None (and ``_kernel_lost`` set) when none came."""
+    def _request(self, code: str, expression: str | None = None, timeout_s: float = KERNEL_REPLY_TIMEOUT_S) -> dict | None:
+        """Send the kernel a silent request; its reply, or None (and ``_kernel_lost`` set) when none came within
+        ``timeout_s`` seconds."""
         from nbclient.exceptions import DeadKernelError
         from nbclient.util import run_sync
 
         if self._kernel_lost:
             return None
         try:
-            reply = run_sync(self._async_request)(code, expression)
+            reply = run_sync(self._async_request)(code, expression, timeout_s)
         except DeadKernelError:
             self._kernel_lost = "died"
             return None
         if reply is None:
-            self._kernel_lost = f"stopped answering (no reply in {KERNEL_REPLY_TIMEOUT_S} s)"
+            self._kernel_lost = f"stopped answering (no reply in {timeout_s:.0f} s)"
         return reply
 
     def _guard_value(self, reply: dict | None) -> str | None:
@@ -256,7 +404,8 @@ class GuardedExecute(Execute):
             "_efficient_ai_guard = _g['_efficient_ai_guard_install']()\n"
             "del _b, _g\n"
         )
-        reply = self._request(source)
+        # Installing the guard imports what it watches (torch, numpy): on a busy machine that takes as long as a cell.
+        reply = self._request(source, timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
         if not reply or reply["content"].get("status") != "ok":
             self._guard_broken = "the grading guard could not be installed in the kernel"
             return
@@ -307,15 +456,18 @@ class GuardedExecute(Execute):
             # the locked cell changes can be adopted as the instructor's own.
             self._pending += self._findings_or_broken("restore")
             self._guard("mark")
-        from nbclient.exceptions import DeadKernelError
+        from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
         gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-        where = f"cell {index}" + (f" ({gid})" if gid else " (a cell without a grade id)")
+        where = _where(cell, index)
         if self._kernel_lost:
             self._stop_lost_kernel(f"before {where}")
             if is_test:
                 cell.outputs = [_error_output("NotRun", self._stopped)]
             return cell, self.resources
+        self._running_test = is_test
+        if not (is_test or is_setup) and cell.source.strip():
+            self._student_code_ran = True
         try:
             cell = self.execute_cell(cell, index, store_history=not is_test)
         except DeadKernelError:
@@ -323,6 +475,10 @@ class GuardedExecute(Execute):
             self._stop_lost_kernel(f"in {where}")
             cell.outputs.append(_error_output("DeadKernelError", self._stopped))
             return cell, self.resources
+        except CellTimeoutError:
+            self._output_did_not_arrive(cell, where)
+        finally:
+            self._running_test = False
         if is_test:
             found += self._findings_or_broken("restore")
             self._guard("forget")
@@ -354,12 +510,145 @@ class GuardedExecute(Execute):
         return cell, self.resources
 
     def _stop_lost_kernel(self, when: str) -> None:
-        if self._kernel_lost == "died":
-            self._stopped = (f"the kernel died {when} (os._exit, a segfault or the out-of-memory killer); "
-                             "cells after it were not run")
+        """Stop execution after the kernel died or went mute, worded by what was observed."""
+        if not self._student_code_ran:
+            cause = ("before any student code ran, so not because of the submission (a machine too busy or short of "
+                     "memory, or a kernel that failed to start)")
+            self._retry = self._retry or f"the kernel {self._kernel_lost} {when}, before any student code ran"
+        elif self._kernel_lost == "died":
+            cause = "(os._exit, a segfault or the out-of-memory killer)"
         else:
-            self._stopped = (f"the kernel {self._kernel_lost} {when}: student code broke it (replacing "
-                             "builtins.type does, for one); cells after it were not run")
+            cause = ("after student code ran: student code can break it (replacing builtins.type does), and so can a "
+                     "machine too busy to answer")
+            self._retry = self._retry or f"the kernel {self._kernel_lost} {when}"
+        self._stopped = f"the kernel {self._kernel_lost} {when} {cause}; cells after it were not run"
+
+    def _output_did_not_arrive(self, cell, where: str) -> None:
+        """nbclient's ``CellTimeoutError``: the kernel replied, but the cell's output did not finish arriving within
+        ``iopub_timeout`` (a cell interrupted at the time limit that kept running, output dropped for its size, or a
+        busy machine). The cell counts as failed; the guard's next request tells whether the kernel still answers."""
+        reason = (f"the output of {where} had not finished arriving {self.iopub_timeout} s after the kernel's reply "
+                  "(nbclient's CellTimeoutError); it counts as failed")
+        self._output_missed.append(reason)
+        self._retry = self._retry or reason
+        cell.outputs.append(_error_output("CellTimeoutError", reason))
+        self._reopen_channels()
+
+    def _reopen_channels(self) -> None:
+        """Connect the shell and output channels to the kernel again, and wait until output arrives on them.
+
+        ZeroMQ closes a channel that received a message over ``max_message_bytes`` and does not reopen it; a fresh
+        subscription misses what the kernel sent before it took effect, so the kernel is asked for a status until
+        one arrives. A kernel that sends none within ``KERNEL_REPLY_TIMEOUT_S`` counts as no longer answering.
+        """
+        from nbclient.exceptions import DeadKernelError
+
+        for name in ("_iopub_channel", "_shell_channel"):
+            channel = getattr(self.kc, name, None)
+            if channel is not None:
+                channel.close()
+                setattr(self.kc, name, None)
+        try:
+            arrived = run_sync(self._async_output_arrives)(KERNEL_REPLY_TIMEOUT_S)
+        except DeadKernelError:
+            self._kernel_lost = "died"
+            return
+        if not arrived:
+            self._kernel_lost = f"stopped answering (no output in {KERNEL_REPLY_TIMEOUT_S} s)"
+
+    async def _async_output_arrives(self, timeout_s: float) -> bool:
+        from queue import Empty
+
+        from nbclient.exceptions import DeadKernelError
+        from nbclient.util import ensure_async
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            msg_id = self.kc.execute("", silent=True, store_history=False, allow_stdin=False)
+            retry_at = min(deadline, time.monotonic() + 2)
+            while time.monotonic() < retry_at:
+                try:
+                    msg = await ensure_async(self.kc.iopub_channel.get_msg(timeout=0.5))
+                except Empty:
+                    if not await ensure_async(self.kc.is_alive()):
+                        raise DeadKernelError("Kernel died") from None
+                    continue
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    return True
+        return False
+
+    # -- output: capped while it arrives ------------------------------------------------------------------------
+    def output(self, outs, msg, display_id, cell_index):
+        """Keep an output while the cell's and the notebook's budgets last (nbclient's ``output`` otherwise)."""
+        content = msg.get("content") or {}
+        if msg.get("msg_type") == "error":
+            self._shorten_error(content)
+        else:
+            room = self._output_room(cell_index)
+            text = content.get("text") if msg.get("msg_type") == "stream" else None
+            size = len(text) if isinstance(text, str) else _approx_bytes(content)
+            if size > room:
+                if not isinstance(text, str) or room <= 0:
+                    self._drop(outs, cell_index, size)
+                    return None
+                content["text"] = text[:room]
+                out = super().output(outs, msg, display_id, cell_index)
+                self._kept_bytes[cell_index] = self._kept_bytes.get(cell_index, 0) + room
+                self._drop(outs, cell_index, size - room)
+                return out
+            self._kept_bytes[cell_index] = self._kept_bytes.get(cell_index, 0) + size
+        return super().output(outs, msg, display_id, cell_index)
+
+    def _output_room(self, cell_index: int) -> int:
+        notebook_left = self.max_notebook_output_bytes - sum(self._kept_bytes.values())
+        return max(0, min(self.max_cell_output_bytes - self._kept_bytes.get(cell_index, 0), notebook_left))
+
+    def _drop(self, outs, cell_index: int, size: int) -> None:
+        """Count ``size`` dropped bytes; the first drop in a cell leaves a note there."""
+        first = cell_index not in self._dropped_bytes
+        self._dropped_bytes[cell_index] = self._dropped_bytes.get(cell_index, 0) + size
+        if first:
+            outs.append(NotebookNode(output_type="stream", name="stdout", text=(
+                f"\n[the grader dropped the rest of this cell's output: it keeps "
+                f"{_format_bytes(self.max_cell_output_bytes)} per cell and "
+                f"{_format_bytes(self.max_notebook_output_bytes)} per notebook]\n")))
+
+    def _shorten_error(self, content: dict) -> None:
+        """Shorten an error's message and traceback in place to about ``max_error_bytes``."""
+        limit = self.max_error_bytes
+        content["ename"] = _shorten(str(content.get("ename", "Error")), 200)
+        content["evalue"] = _shorten(str(content.get("evalue", "")), limit // 4)
+        lines = [_shorten(str(line), limit // 8) for line in content.get("traceback") or []]
+        kept, size = [], 0
+        for line in reversed(lines):  # the end of a traceback says the most
+            size += len(line)
+            if size > limit // 2:
+                kept.append(f"[... {len(lines) - len(kept)} traceback lines dropped by the grader]")
+                break
+            kept.append(line)
+        content["traceback"] = kept[::-1]
+
+    def on_cell_executed(self, **kwargs):
+        reply = kwargs.get("execute_reply") or {}
+        if isinstance(reply.get("content"), dict) and reply["content"].get("status") == "error":
+            self._shorten_error(reply["content"])
+        return super().on_cell_executed(**kwargs)
+
+    def _update_display_id(self, display_id, msg):
+        size = _approx_bytes(msg.get("content") or {})
+        if size > self.max_cell_output_bytes or sum(self._kept_bytes.values()) + size > self.max_notebook_output_bytes:
+            return  # an update too large to keep is dropped (the output it would replace stays)
+        super()._update_display_id(display_id, msg)
+
+    def clear_output(self, outs, msg, cell_index):
+        if self._running_test:
+            return  # a test cell never clears its output: student code (a thread) could clear its error
+        super().clear_output(outs, msg, cell_index)
+
+    def handle_comm_msg(self, outs, msg, cell_index):
+        """Ignore widget (comm) messages: grading needs no widget state, and an output widget would capture the
+        outputs of the cell it names, a test cell's error included."""
+        return None
 
     def _findings_or_broken(self, command: str) -> list[str]:
         findings = self._guard(command)
@@ -369,8 +658,11 @@ class GuardedExecute(Execute):
         folder = ((resources or {}).get("metadata") or {}).get("path")
         if not folder:
             return
+        dropped = {_where(self.nb.cells[i], i): size for i, size in self._dropped_bytes.items()} if self._dropped_bytes else {}
         report = {"stopped": self._stopped, "guard": self._guard_broken, "integrity": self._integrity,
-                  "cuda_error": self._cuda_error}
+                  "cuda_error": self._cuda_error, "output_missed": self._output_missed, "retry": self._retry,
+                  "neutralised": self._neutralised, "output_dropped_bytes": dropped,
+                  "output_caps_bytes": [self.max_cell_output_bytes, self.max_notebook_output_bytes]}
         try:
             (Path(folder) / GRADING_REPORT).write_text(json.dumps(report, indent=1))
         except OSError:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .notebooks import grade_id, nbgrader_meta
+from .quoting import escape_controls
 
 SUSPICIOUS_RE = re.compile(
     r"^(?:ctypes|inspect|importlib|builtins|ipykernel|jupyter_client|nbclient|nbconvert|nbformat|nbgrader"
@@ -368,7 +369,8 @@ def cell_label(cell, index: int) -> str:
 
 
 def scan_notebook(nb) -> list[str]:
-    """Flags for every student code cell of a notebook, in cell order: ``"<grade id or cell N>: <what>"``.
+    """Flags for every student code cell of a notebook, in cell order: ``"<grade id or cell N>: <what>"``, with
+    control characters in quoted student text escaped (``course.quoting``).
 
     Locked cells are read only to follow names (their imports) and to know which names they protect.
     """
@@ -390,5 +392,5 @@ def scan_notebook(nb) -> list[str]:
         if locked:
             continue
         found = [tree] if isinstance(tree, str) else CellScan(context).run(tree)
-        flags += [f"{label}: {text}" for text in found]
+        flags += [escape_controls(f"{label}: {text}") for text in found]
     return flags

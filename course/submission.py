@@ -29,6 +29,7 @@ import nbformat
 from nbformat.corpus.words import generate_corpus_id
 
 from .notebooks import NB_VERSION, NotebookError, grade_id, nbgrader_meta, read_notebook, write_notebook
+from .quoting import escape_controls
 from .scan import is_locked, scan_notebook
 
 NO_NOTEBOOK = "no notebook submitted"
@@ -406,6 +407,8 @@ def stage_submission(
 
     Only ``<lab>.ipynb`` and ``timestamp.txt`` are written; nothing under ``submitted/`` is changed.
     ``instructor`` (``Instructor.load(course_root, lab)``) saves reading the instructor's notebook again.
+    Student text quoted in the notes and the reason (file names, grade ids, metadata values) has its control
+    characters escaped (``course.quoting``).
 
     Returns:
         The staged submission: its notebook (None when there is nothing to grade, with the reason) and the notes.
@@ -413,6 +416,13 @@ def stage_submission(
     Raises:
         NotebookError: the instructor's notebook ``source/<lab>/<lab>.ipynb`` cannot be read.
     """
+    staged = _stage(course_root, lab, student, staging_root, instructor)
+    staged.notes = [escape_controls(note) for note in staged.notes]
+    staged.reason = escape_controls(staged.reason)
+    return staged
+
+
+def _stage(course_root: Path, lab: str, student: str, staging_root: Path, instructor: Instructor | None) -> Staged:
     folder = course_root / "submitted" / student / lab
     dest = staging_root / student / lab
     if dest.exists():
@@ -457,12 +467,13 @@ def stage_class(course_root: Path, lab: str, students: list[str], staging_root: 
         try:
             staged = stage_submission(course_root, lab, student, staging_root, instructor)
         except Exception as exc:  # noqa: BLE001 - one submission's problem never stops the others
-            staged = Staged(student, reason=f"could not stage the submission ({type(exc).__name__}: {exc}); grade it by hand", zero=False)
+            staged = Staged(student, reason=escape_controls(
+                f"could not stage the submission ({type(exc).__name__}: {exc}); grade it by hand"), zero=False)
         if staged.notebook is not None:
             try:
                 staged.flags = scan_notebook(read_notebook(staged.notebook))
             except Exception as exc:  # noqa: BLE001 - a scan that fails must not stop grading
-                staged.flags = [f"the scan failed ({type(exc).__name__}: {exc}): read the code by hand"]
+                staged.flags = [escape_controls(f"the scan failed ({type(exc).__name__}: {exc}): read the code by hand")]
         result[student] = staged
     return result
 
@@ -471,20 +482,62 @@ def record_zero(course_root: Path, lab: str, student: str, staged_folder: Path |
     """Record a submission with nothing to grade: every graded cell scores zero, as nbgrader records a missing
     notebook. The submission's timestamp (``staged_folder/timestamp.txt``) is kept; its stale autograded output,
     if an earlier run left one, is removed so that feedback is not generated from it."""
-    from nbgrader.api import Gradebook
+    stamp = staged_folder / TIMESTAMP if staged_folder else None
+    extra = {"timestamp": stamp.read_text().strip()} if stamp and stamp.is_file() else {}
+
+    def zero(grade) -> bool:
+        grade.auto_score = 0
+        grade.needs_manual_grade = False
+        return True
+
+    _edit_grades(course_root, lab, student, zero, create=True, **extra)
+
+
+def clear_autograded_scores(course_root: Path, lab: str, student: str) -> bool:
+    """After a failed grading run, make an earlier run's scores of this submission stop looking current.
+
+    In the gradebook every automatic score of the submission is cleared and the cell is marked as needing a
+    manual grade (the formgrader lists it for a TA; manual scores a TA gave are kept); the earlier autograded
+    notebook is removed, so feedback is not generated from it and ``--resume`` grades it again.
+
+    Returns:
+        Whether the gradebook held automatic scores of this submission.
+    """
+    def clear(grade) -> bool:
+        had_score = grade.auto_score is not None
+        grade.auto_score = None
+        grade.needs_manual_grade = True
+        return had_score
+
+    return any(_edit_grades(course_root, lab, student, clear, create=False))
+
+
+def _edit_grades(course_root: Path, lab: str, student: str, edit, create: bool, **submission_fields) -> list:
+    """Apply ``edit`` to every grade of one submission in the gradebook and commit; ``edit``'s results.
+
+    With ``create``, the student and the submission are created (nbgrader's ``update_or_create_*``); without it,
+    a submission that is not in the gradebook is left alone (an empty list is returned). The submission's
+    autograded output, if any, is removed either way.
+    """
+    from nbgrader.api import Gradebook, MissingEntry
     from sqlalchemy.exc import SAWarning
 
     from .nbgrader_run import db_url_for
 
-    stamp = staged_folder / TIMESTAMP if staged_folder else None
-    extra = {"timestamp": stamp.read_text().strip()} if stamp and stamp.is_file() else {}
+    results = []
     with warnings.catch_warnings(), Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
         warnings.simplefilter("ignore", SAWarning)  # nbgrader's add_submission warns about its own session use
-        gb.update_or_create_student(student)
-        submission = gb.update_or_create_submission(lab, student, **extra)
-        for notebook in submission.notebooks:
-            for grade in notebook.grades:
-                grade.auto_score = 0
-                grade.needs_manual_grade = False
-        gb.db.commit()
+        submission = None
+        if create:
+            gb.update_or_create_student(student)
+            submission = gb.update_or_create_submission(lab, student, **submission_fields)
+        else:
+            try:
+                submission = gb.find_submission(lab, student)
+            except MissingEntry:
+                pass
+        if submission is not None:
+            results = [edit(grade) for notebook in submission.notebooks for grade in notebook.grades]
+            gb.db.commit()
     shutil.rmtree(course_root / "autograded" / student / lab, ignore_errors=True)
+    return results

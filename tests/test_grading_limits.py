@@ -1,0 +1,201 @@
+"""Grading limits without nbgrader: execution-affecting metadata, output caps, failure reasons, busy-machine
+wording and retries, and control characters in what a TA reads (tests/test_grading_routes.py grades for real)."""
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from course import grade  # noqa: E402
+from course.nbgrader_ext import GuardedExecute, neutralise_cell_metadata  # noqa: E402
+from course.nbgrader_run import CellScore, SubmissionScores  # noqa: E402
+from course.quoting import escape_controls  # noqa: E402
+from course.scan import scan_notebook  # noqa: E402
+
+ESC_HIDE = "\x1b[8m"  # "conceal": a terminal shows nothing of what follows
+MIB = 2**20
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cell metadata that changes how a cell runs
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tags, kept, removed", [
+    (["skip-execution"], [], ["tag 'skip-execution'"]),
+    (["raises-exception", "hide-input"], ["hide-input"], ["tag 'raises-exception'"]),
+    (["hide-input"], ["hide-input"], []),
+])
+def test_execution_tags_are_removed_and_other_tags_kept(tags, kept, removed):
+    cell = nbformat.v4.new_code_cell("assert False", metadata={"tags": list(tags)})
+    assert neutralise_cell_metadata(cell, "skip-execution") == removed
+    assert cell.metadata["tags"] == kept
+
+
+def test_nbgrader_flags_without_a_grade_id_make_a_student_cell():
+    fake_locked = nbformat.v4.new_code_cell("import math", metadata={"nbgrader": {"locked": True, "grade": False}})
+    assert neutralise_cell_metadata(fake_locked, "skip-execution") == ["nbgrader metadata without a grade id"]
+    assert "nbgrader" not in fake_locked.metadata, "a locked flag without a grade id must not make an instructor cell"
+    real = nbformat.v4.new_code_cell("import math", metadata={"nbgrader": {"locked": True, "grade_id": "setup"}})
+    assert neutralise_cell_metadata(real, "skip-execution") == [] and real.metadata["nbgrader"]["locked"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Output caps, applied as messages arrive
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def executor():
+    ex = GuardedExecute(max_cell_output_bytes=1000, max_notebook_output_bytes=2500, max_error_bytes=4000)
+    ex._reset_state()
+    ex.clear_before_next_output = False  # set by nbclient when a cell starts
+    return ex
+
+
+def message(msg_type: str, **content) -> dict:
+    return {"msg_type": msg_type, "header": {"msg_type": msg_type}, "parent_header": {"msg_id": "m"},
+            "content": content, "metadata": {}}
+
+
+def stream(text: str) -> dict:
+    return message("stream", name="stdout", text=text)
+
+
+def kept_text(outs) -> str:
+    return "".join(out.get("text", "") for out in outs if out.output_type == "stream")
+
+
+def test_a_cell_keeps_its_cap_and_a_note(executor):
+    outs = []
+    for _ in range(50):
+        executor.output(outs, stream("x" * 300), None, 0)
+    text = kept_text(outs)
+    assert text.count("x") == 1000, "the cell keeps exactly its cap of output"
+    assert "the grader dropped the rest of this cell's output" in text and text.count("grader dropped") == 1
+    assert executor._dropped_bytes[0] == 50 * 300 - 1000
+
+
+def test_the_notebook_cap_holds_across_cells_and_errors_are_always_kept(executor):
+    cells = [[] for _ in range(4)]
+    for index, outs in enumerate(cells):
+        executor.output(outs, stream("y" * 900), None, index)
+        executor.output(outs, message("display_data", data={"text/plain": "z" * 900}, metadata={}), None, index)
+    assert sum(kept_text(outs).count("y") for outs in cells) + sum(
+        len(o.data["text/plain"]) for outs in cells for o in outs if o.output_type == "display_data") <= 2500
+    huge = message("error", ename="AssertionError", evalue="e" * MIB, traceback=["line"] * 100_000)
+    executor.output(cells[3], huge, None, 3)
+    errors = [out for out in cells[3] if out.output_type == "error"]
+    assert len(errors) == 1, "an error is kept even when the budget is spent: it decides the test's score"
+    assert len(errors[0].evalue) < 2000 and sum(map(len, errors[0].traceback)) < 4000
+    assert errors[0].traceback[0].startswith("[... ") and "dropped by the grader" in errors[0].traceback[0]
+
+
+def test_a_test_cell_ignores_clear_output_and_widget_messages(executor):
+    outs = [nbformat.v4.new_output("error", ename="AssertionError", evalue="wrong", traceback=[])]
+    executor._running_test = True
+    executor.clear_output(outs, message("clear_output", wait=False), 0)
+    assert len(outs) == 1, "student code (a thread) must not clear a test cell's error"
+    executor.handle_comm_msg(outs, message("comm_open", comm_id="c", target_name="jupyter.widget",
+                                           data={"state": {"_model_name": "OutputModel", "msg_id": "m"}}), 0)
+    assert not executor.output_hook_stack["m"], "an output widget must not capture a cell's outputs"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reasons a TA reads
+# ---------------------------------------------------------------------------------------------------------------
+NBGRADER_LOG = """[AutogradeApp | INFO] Autograding /course/autograded/ada/lab0/lab0.ipynb
+[AutogradeApp | ERROR] There was an error processing assignment: /course/submitted/ada/lab0
+[AutogradeApp | ERROR] Traceback (most recent call last):
+  File "/venv/nbgrader/converters/base.py", line 388, in convert_notebooks
+    self.convert_single_notebook(notebook_filename)
+sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) disk I/O error [SQL: UPDATE grade SET auto_score=?]
+[AutogradeApp | ERROR] There was an error processing assignment 'lab0' for student 'ada'
+[AutogradeApp | ERROR] Please see the error log (.nbgrader.log) for details on the specific errors on the above failures.
+"""
+
+
+def test_a_failure_reason_is_the_whole_error_line():
+    reason = grade._failure_reason(NBGRADER_LOG)
+    assert reason == ("sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) disk I/O error "
+                      "[SQL: UPDATE grade SET auto_score=?]"), reason
+
+
+@pytest.mark.parametrize("output, expected", [
+    ("[AutogradeApp | ERROR] [x] the grader ran out of disk", "[AutogradeApp | ERROR] [x] the grader ran out of disk"),
+    ("no error word here\nlast line", "last line"),
+    ("", "nbgrader failed without output"),
+    ("ValueError: " + "v" * 2000, "ValueError: " + "v" * (grade.MAX_REASON_CHARS - 12) + " [...]"),
+    (f"RuntimeError: hidden{ESC_HIDE}text", "RuntimeError: hidden\\x1b[8mtext"),
+])
+def test_failure_reasons_keep_whole_lines(output, expected):
+    assert grade._failure_reason(output) == expected
+
+
+def lost_kernel_reason(student_code_ran: bool, lost: str) -> tuple[str, str]:
+    ex = GuardedExecute()
+    ex._reset_state()
+    ex._student_code_ran, ex._kernel_lost = student_code_ran, lost
+    ex._stop_lost_kernel("before cell 1 (setup_imports)")
+    return ex._stopped, ex._retry
+
+
+@pytest.mark.parametrize("lost", ["stopped answering (no reply in 60 s)", "died"])
+def test_a_kernel_lost_before_student_code_is_not_blamed_and_is_retried(lost):
+    stopped, retry = lost_kernel_reason(False, lost)
+    assert "before any student code ran, so not because of the submission" in stopped and "student code broke" not in stopped
+    assert retry, "course.grade must grade it again"
+
+
+def test_a_mute_kernel_after_student_code_names_both_causes_and_is_retried():
+    stopped, retry = lost_kernel_reason(True, "stopped answering (no reply in 60 s)")
+    assert "student code can break it" in stopped and "machine too busy" in stopped and retry
+    stopped, retry = lost_kernel_reason(True, "died")
+    assert "os._exit, a segfault or the out-of-memory killer" in stopped and not retry
+
+
+def test_a_run_a_busy_machine_explains_is_graded_once_more(monkeypatch):
+    runs = [grade.Outcome("ada", "partial", "the kernel stopped answering", 5.0, retry="no reply in 60 s"),
+            grade.Outcome("ada", "ok", "", 4.0)]
+    monkeypatch.setattr(grade, "_autograde_once", lambda *args: runs.pop(0))
+    outcome = grade.autograde_one(Path("."), "lab0", "ada")
+    assert outcome.status == "ok" and outcome.seconds == 9.0 and not runs
+    assert outcome.notes == ["graded twice: the first run was not kept (no reply in 60 s)"]
+
+
+def test_the_same_trouble_twice_is_recorded_as_seen_twice(monkeypatch):
+    runs = [grade.Outcome("ada", "partial", "kernel mute", retry="mute") for _ in range(2)]
+    monkeypatch.setattr(grade, "_autograde_once", lambda *args: runs.pop(0))
+    outcome = grade.autograde_one(Path("."), "lab0", "ada")
+    assert outcome.status == "partial" and outcome.reason == "kernel mute (the same in two runs: mute)" and not runs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Control characters
+# ---------------------------------------------------------------------------------------------------------------
+def test_escape_controls():
+    assert escape_controls("plain text, ünïcode and emoji 🙂") == "plain text, ünïcode and emoji 🙂"
+    assert escape_controls(f"a{ESC_HIDE}b\r\n\t\x07\x9b\u202eevil\u2066") == "a\\x1b[8mb\\r\\n\\t\\x07\\x9b\\u202eevil\\u2066"
+    assert escape_controls(escape_controls(f"x{ESC_HIDE}")) == escape_controls(f"x{ESC_HIDE}"), "idempotent"
+
+
+def test_scan_flags_escape_student_text():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(f"%pip install x{ESC_HIDE}hidden")])
+    flags = scan_notebook(nb)
+    assert flags and all(ESC_HIDE not in flag for flag in flags) and "\\x1b[8mhidden" in flags[0], flags
+
+
+def test_table_csv_and_review_escape_student_text(tmp_path):
+    who = f"eve{ESC_HIDE}"
+    outcome = grade.Outcome(who, "failed", f"boom{ESC_HIDE}", notes=[f"ignored extra files: a{ESC_HIDE}.py"],
+                            flags=[f"cell 3: %pip x{ESC_HIDE}"])
+    scores = {who: SubmissionScores(who, {"q1_tests": CellScore("q1_tests", 3, None, None, True, True)})}
+    header, rows = grade.score_table("lab0", {who: outcome}, scores)
+    printed = grade.format_table(header, rows) + grade.flagged_for_review({who: outcome})
+    assert "\x1b" not in printed and printed.count("\\x1b[8m") == 4, printed
+    grade.write_grades_csv(tmp_path / "grades.csv", "lab0", {who: outcome}, scores)
+    text = (tmp_path / "grades.csv").read_text()
+    row = list(csv.DictReader(text.splitlines()))[0]
+    assert "\x1b" not in text and row["student"] == "eve\\x1b[8m" and row["notes"].endswith("a\\x1b[8m.py")
+    assert row["q1_tests"] == "", "an autograded cell without a score (cleared after a failed run) is blank"
