@@ -21,7 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .nbgrader_ext import GRADING_REPORT
-from .nbgrader_run import SubmissionScores, db_url_for, make_course_dir, read_scores, run_nbgrader
+from .nbgrader_run import (
+    SubmissionScores,
+    available_cpus,
+    db_url_for,
+    make_course_dir,
+    read_scores,
+    run_nbgrader,
+    worker_envs,
+)
 from .notebooks import question_key, question_label, question_sort_key
 from .paths import REPO_ROOT
 from .quoting import escape_controls
@@ -291,7 +299,8 @@ def autograde_all(
 ) -> dict[str, Outcome]:
     """Autograde every student's submission with one progress bar; continue past failures.
 
-    With ``workers > 1`` submissions run concurrently, each worker pinned to one GPU when there are GPUs.
+    With ``workers > 1`` submissions run concurrently, each worker pinned to one GPU when there are GPUs and to an
+    equal share of the CPUs, with thread pools sized to it (``course.nbgrader_run.worker_envs``).
     A PostgreSQL gradebook is written by the workers directly (it takes concurrent writers). A SQLite gradebook
     takes one writer: workers then execute in private course copies and one serial step records the results.
     ``submitted`` is the folder holding ``<student>/<lab>/`` (``grade_lab`` passes its staging folder); default
@@ -313,10 +322,9 @@ def autograde_all(
         bar.close()
         return outcomes
 
-    gpus = visible_gpus()
     slots: Queue = Queue()
-    for index in range(workers):
-        slots.put({"CUDA_VISIBLE_DEVICES": gpus[index % len(gpus)]} if gpus else {})
+    for env in worker_envs(workers, visible_gpus(), available_cpus()):
+        slots.put(env)
     shared_db = not uses_sqlite(course_root)
     executed: dict[str, Path] = {}
     with tempfile.TemporaryDirectory(prefix="efficient-ai-workers-") as scratch:
@@ -595,6 +603,9 @@ def main(
     shard: str | None = None,
     resume: bool = False,
 ) -> int:
+    if sandbox_mode() == "on" and (reason := unavailable_reason()):
+        print(f"grade {lab}: EFFICIENT_AI_SANDBOX=on, but grading kernels cannot be sandboxed here: {reason}")
+        return 2
     if not (root / "source" / lab / f"{lab}.ipynb").exists():
         print(f"grade {lab}: {root / 'source' / lab / (lab + '.ipynb')} is missing (build the lab, or check --course-dir)")
         return 2

@@ -21,7 +21,6 @@ This file must stay self-contained: it runs in the student's kernel, where the `
 
 
 def _efficient_ai_guard_install():  # noqa: C901 - one closure keeps the guard's state out of the namespace
-    import builtins
     import hashlib
     import hmac
     import importlib

@@ -14,6 +14,9 @@ from pathlib import Path
 
 from .paths import REPO_ROOT
 
+CPUS_ENV = "EFFICIENT_AI_CPUS"  # CPUs one grading job may use ("0,1,2"): set per worker by course.grade
+THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
 GRADING_ENV = {
     "EFFICIENT_AI_SCALE": "quick",  # grading always runs at quick scale: same score on CPU and GPU
     "MPLBACKEND": "Agg",
@@ -64,14 +67,18 @@ def run_nbgrader(
         env: extra environment variables.
     """
     cmd = [sys.executable, "-m", "nbgrader", *args]
+    full_env = nbgrader_env(env)
+    cpus = _parse_cpus(full_env.get(CPUS_ENV, ""))
     proc = subprocess.Popen(
         cmd,
         cwd=course_root,
-        env=nbgrader_env(env),
+        env=full_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # lets us kill the kernel too when the time limit is exceeded
+        # nbgrader and the kernel it starts (which inherits it) run on this job's CPUs only.
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity") else None,
     )
     try:
         output, _ = proc.communicate(timeout=timeout_s)
@@ -80,6 +87,43 @@ def run_nbgrader(
         _kill_group(proc)
         output, _ = proc.communicate()
         return NbgraderResult(-9, output or "", timed_out=True)
+
+
+def _parse_cpus(text: str) -> set[int]:
+    """CPU numbers from ``"0,1,5"`` (empty: no restriction)."""
+    return {int(part) for part in text.split(",") if part.strip().isdigit()}
+
+
+def worker_envs(workers: int, gpus: list[str], cpus: list[int]) -> list[dict[str, str]]:
+    """The environment of each of ``workers`` concurrent grading jobs: its GPU, its CPUs and its thread counts.
+
+    Each worker gets one GPU (round robin) when there are GPUs, and an equal, disjoint share of the CPUs this process
+    may use, with PyTorch, OpenMP and BLAS thread pools sized to that share, so concurrent kernels do not fight over
+    cores. One worker keeps every CPU and the libraries' own thread defaults.
+
+    Args:
+        workers: concurrent grading jobs (>= 1).
+        gpus: GPU ids visible to grading (empty on a CPU server).
+        cpus: CPU numbers this process may use (``os.sched_getaffinity(0)``).
+
+    Returns:
+        One dict of environment variables per worker.
+    """
+    envs: list[dict[str, str]] = [{} for _ in range(workers)]
+    for index, env in enumerate(envs):
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
+        if workers > 1 and cpus:
+            share = max(1, len(cpus) // workers)
+            mine = cpus[(index * share) % len(cpus):][:share] or cpus[:share]
+            env[CPUS_ENV] = ",".join(map(str, mine))
+            env.update({name: str(len(mine)) for name in THREAD_ENVS})
+    return envs
+
+
+def available_cpus() -> list[int]:
+    """CPU numbers this process may run on, sorted."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -17,4 +17,6 @@ if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; the
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
 fi
 export MPLBACKEND=Agg
+# Lint first (pyproject.toml [tool.ruff]): a few seconds, and the suite does not start on code that fails it.
+"${PYTHON:-python3}" -m ruff check --quiet
 "${PYTHON:-python3}" -m pytest tests "$@"

@@ -12,9 +12,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from pg_server import free_port
 
 from course.nbgrader_run import nbgrader_env
-from pg_server import free_port
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMEDRIVER_CANDIDATES = ("/usr/bin/chromedriver",)

@@ -75,9 +75,9 @@ def affected_tests(cell_id: str, sources: dict[str, str], tests: list[tuple[str,
 
 def run_cell(source: str, namespace: dict, name: str) -> tuple[bool, str]:
     """Execute one cell's code; (passed, first line of the error)."""
-    import matplotlib.pyplot as plt
-
     import linecache
+
+    import matplotlib.pyplot as plt
 
     sink = io.StringIO()
     filename = f"<cell {name}>"

@@ -35,7 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from browser import JupyterServer, require_browser, start_chromium, wait_for  # noqa: E402
 from fixture_lab import LAB, built_root  # noqa: E402
 from payloads import (  # noqa: E402
-    ANSWER_GID, MATH_TEXT, TABLE_CELL_TEXT, export, markdown_answer, outputs_notebook, payload_submission,
+    ANSWER_GID,
+    MATH_TEXT,
+    TABLE_CELL_TEXT,
+    export,
+    markdown_answer,
+    outputs_notebook,
+    payload_submission,
 )
 
 HIDDEN_TEST_LINES = ("add(-40, 17)", "scale(0.5, 7.25)", "square(-9)")

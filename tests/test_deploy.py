@@ -21,9 +21,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from course.nbgrader_run import read_scores  # noqa: E402
 from fixture_lab import LAB, REPO, built_root, make_class  # noqa: E402
 from slurm_cluster import SlurmCluster, missing_programs  # noqa: E402
+
+from course.nbgrader_run import read_scores  # noqa: E402
 
 SLURM = REPO / "deploy" / "slurm" / "grade_array.sbatch"
 K8S = REPO / "deploy" / "k8s" / "grade-job.yaml"

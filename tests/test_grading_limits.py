@@ -199,3 +199,17 @@ def test_table_csv_and_review_escape_student_text(tmp_path):
     row = list(csv.DictReader(text.splitlines()))[0]
     assert "\x1b" not in text and row["student"] == "eve\\x1b[8m" and row["notes"].endswith("a\\x1b[8m.py")
     assert row["q1_tests"] == "", "an autograded cell without a score (cleared after a failed run) is blank"
+
+
+def test_workers_get_disjoint_cpu_shares_and_matching_thread_counts():
+    from course.nbgrader_run import THREAD_ENVS, worker_envs
+
+    envs = worker_envs(4, [], list(range(16)))
+    shares = [set(map(int, env["EFFICIENT_AI_CPUS"].split(","))) for env in envs]
+    assert all(len(share) == 4 for share in shares), f"16 CPUs over 4 workers must be 4 each: {shares}"
+    assert set().union(*shares) == set(range(16)), "together the workers use every CPU, each CPU once"
+    assert all(env[name] == "4" for env in envs for name in THREAD_ENVS), "thread pools follow the worker's share"
+    assert worker_envs(1, [], list(range(16))) == [{}], "one worker keeps every CPU and the libraries' defaults"
+    gpu_envs = worker_envs(3, ["0", "1"], [0, 1])
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in gpu_envs] == ["0", "1", "0"], "one GPU per worker, round robin"
+    assert all(env["EFFICIENT_AI_CPUS"] in ("0", "1") for env in gpu_envs), "more workers than CPUs still get one"

@@ -13,7 +13,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +21,6 @@ from course.grade import grade_lab
 from course.nbgrader_run import make_course_dir
 from course.notebooks import (
     autograded_points_by_question,
-    grade_id,
-    is_autograded_test,
     make_submission,
     question_key,
     question_sort_key,
@@ -154,6 +151,6 @@ def test_demo_round_exact_scores(tmp_path, capsys):
     _, answered = demo.partial_answer_ids(src)
     partial = sum(points for q, points in autograded_points_by_question(src).items() if q in answered)
     assert 0 < partial < total
-    assert f"demo-reference  ok" in out and f"{total:g}/{total:g}" in out, out
+    assert "demo-reference  ok" in out and f"{total:g}/{total:g}" in out, out
     assert f"{partial:g}/{total:g}" in out, out
     assert (tmp_path / "demo" / "grading" / "lab1" / "grades.csv").exists()

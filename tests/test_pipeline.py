@@ -15,7 +15,7 @@ from course.notebooks import make_submission, read_notebook, write_notebook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fixture_lab import FIXTURE, LAB, README, REPO, make_root  # noqa: E402
+from fixture_lab import FIXTURE, LAB, README, make_root  # noqa: E402
 
 
 @pytest.fixture(scope="module")

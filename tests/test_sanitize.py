@@ -14,13 +14,23 @@ import nbformat
 import pytest
 
 from course.sanitize import (
-    clean_html, html_problems, render_markdown, sanitize_markdown, sanitize_notebook, sanitize_output,
+    clean_html,
+    html_problems,
+    render_markdown,
+    sanitize_markdown,
+    sanitize_notebook,
+    sanitize_output,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from payloads import (  # noqa: E402
-    MATH_TEXT, PNG_BASE64, export, graded_payload_notebook, outputs_notebook, student_script,
+    MATH_TEXT,
+    PNG_BASE64,
+    export,
+    graded_payload_notebook,
+    outputs_notebook,
+    student_script,
 )
 
 HONEST_MARKDOWN = "\n".join([

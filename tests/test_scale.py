@@ -15,9 +15,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fixture_lab import LAB, REPO, built_root, make_class  # noqa: E402
+
 from course import grade  # noqa: E402
 from course.nbgrader_run import read_scores  # noqa: E402
-from fixture_lab import LAB, REPO, built_root, make_class  # noqa: E402
 
 CLASS_SIZE = 12  # the PostgreSQL run grades a class of 12 with 2 workers
 SMALL_CLASS = 6  # the other runs use the first 6 students (each answers a different subset)

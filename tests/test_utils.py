@@ -3,15 +3,14 @@
 Run from the repository root: ``MPLBACKEND=Agg python -m pytest tests/test_utils.py -q``.
 """
 
-import json
 import inspect
+import json
 import math
 import os
 import sys
 import time
 import types
 from pathlib import Path
-from typing import Optional
 
 import matplotlib
 

@@ -94,7 +94,7 @@ import pandas as pd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel
 
 sys.path.insert(0, ".")  # utils.py sits beside the notebook (and at the repository root when run as a script)
 from utils import *

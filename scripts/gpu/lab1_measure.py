@@ -183,7 +183,7 @@ def prefill_decode(ceilings):
         out["prefill"] = with_ratio(ms, predicted_ms(layers * f, layers * b, ceilings, "bfloat16"))
         kernels = profile_kernels(lambda: utils.multi_layer_prefill_forward(layers, layer, x, pos, emb, cache))
         out["prefill"]["kernels_per_step"], out["prefill"]["elementwise_kernels_per_step"] = kernels["total"], kernels["elementwise"]
-        del x, emb
+        x = emb = None  # frees the GPU memory (the lambda above holds the cells)
         dx, dpos, prefill_hidden = utils.create_decode_inputs_without_cache(batch, seq_len, hidden, dtype=torch.bfloat16, device="cuda")
         demb = utils.get_position_embeddings(dx, dpos, rotary, layer_type="full_attention")
         times = eager_and_graphed(utils.multi_layer_decode_forward, layers, layer=layer, hidden_states=dx,

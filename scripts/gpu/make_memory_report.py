@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from run_lab import reports_oom  # noqa: E402
+
 RUN_RE = re.compile(r"^(?P<lab>lab\d+)-cap(?P<cap>[0-9.]+)gb_run\.json$")
 # What each cap imitates: the cards whose memory, less the CUDA context, it approximates (memory_cap.py).
 CARD_CLASSES = [(16.5, "16 GB cards (T4)"), (25.0, "24 GB cards (L4, A10, RTX 4090)")]
