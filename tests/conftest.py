@@ -1,15 +1,34 @@
-"""Shared fixtures: a throw-away PostgreSQL server for the grading-at-scale tests."""
+"""Shared fixtures (a throw-away PostgreSQL server for the grading-at-scale tests) and the markers of each module.
+
+Markers (declared in pyproject.toml) let a developer run the quick loop: ``python -m pytest -m "not slow"``
+(seconds to a few minutes) while the whole suite is what CI runs.
+"""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
+from pg_server import PostgresServer, find_pg_bin
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# What each test module needs: a module that grades whole labs or many submissions is slow.
+MODULE_MARKERS = {
+    "test_browser": ("browser", "slow"),
+    "test_course_dir": ("slow",),
+    "test_deploy": ("slurm", "postgres", "slow"),
+    "test_grading_routes": ("sandbox", "slow"),
+    "test_labs": ("slow",),
+    "test_pipeline": ("slow",),
+    "test_redteam": ("sandbox", "slow"),
+    "test_sandbox": ("sandbox", "slow"),
+    "test_scale": ("postgres", "slow"),
+}
 
-from pg_server import PostgresServer, find_pg_bin  # noqa: E402
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name in MODULE_MARKERS.get(Path(str(item.fspath)).stem, ()):
+            item.add_marker(getattr(pytest.mark, name))
 
 
 @pytest.fixture(scope="session")

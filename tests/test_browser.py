@@ -18,20 +18,11 @@ them, and fail under CI=1.
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
-
-from course.feedback import generate_feedback
-from course.grade import grade_lab
-from course.nbgrader_run import db_url_for, make_course_dir, read_scores
-from course.notebooks import make_submission, read_notebook, write_notebook
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from browser import JupyterServer, require_browser, start_chromium, wait_for  # noqa: E402
 from fixture_lab import LAB, built_root  # noqa: E402
 from payloads import (  # noqa: E402
@@ -43,6 +34,11 @@ from payloads import (  # noqa: E402
     outputs_notebook,
     payload_submission,
 )
+
+from course.feedback import generate_feedback
+from course.grade import grade_lab
+from course.nbgrader_run import db_url_for, make_course_dir, read_scores
+from course.notebooks import make_submission, read_notebook, write_notebook
 
 HIDDEN_TEST_LINES = ("add(-40, 17)", "scale(0.5, 7.25)", "square(-9)")
 # After a page has loaded, how long its scripts (a payload's requests included) are given before the checks.

@@ -17,14 +17,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixture_lab import LAB, built_root  # noqa: E402
 
 from course.nbgrader_ext import GRADING_REPORT, hidden_test_lines
 from course.nbgrader_run import make_course_dir
 from course.notebooks import make_submission, read_notebook, write_notebook
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fixture_lab import LAB, built_root  # noqa: E402
 
 CONFIG_FAILURE = "Exception while loading config file"
 

@@ -18,9 +18,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from fixture_lab import LAB, REPO, built_root, make_class  # noqa: E402
 from slurm_cluster import SlurmCluster, missing_programs  # noqa: E402
 

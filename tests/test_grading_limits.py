@@ -3,13 +3,10 @@ wording and retries, and control characters in what a TA reads (tests/test_gradi
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from course import grade  # noqa: E402
 from course.nbgrader_ext import GuardedExecute, neutralise_cell_metadata  # noqa: E402

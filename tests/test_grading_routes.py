@@ -17,13 +17,9 @@ import csv
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import nbformat
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from fixture_lab import LAB, REPO, built_root  # noqa: E402
 
 from course import grade  # noqa: E402

@@ -2,18 +2,12 @@
 time limit, and the TA told why (Lab 1's red team is tests/test_redteam.py)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from fixture_lab import FIXTURE, LAB, make_root  # noqa: E402
 
 from course import build, grade
 from course.nbgrader_run import make_course_dir
 from course.notebooks import make_submission, read_notebook, replace_cell_source, write_notebook
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fixture_lab import FIXTURE, LAB, make_root  # noqa: E402
 
 SLOW_SCALE = "import time\ntime.sleep(15)\n\ndef scale(x, factor_per_unit):\n    return x * factor_per_unit"
 SUBMISSIONS = {

@@ -3,19 +3,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from fixture_lab import FIXTURE, LAB, README, make_root  # noqa: E402
 
 from course import build, check, grade, lint
 from course.nbgrader_run import make_course_dir
 from course.notebooks import make_submission, read_notebook, write_notebook
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fixture_lab import FIXTURE, LAB, README, make_root  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -12,21 +12,17 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from fixture_lab import LAB, POINTS, REPO, built_root  # noqa: E402
 from traitlets.config import Config
 
 from course import sandbox
 from course.grade import grade_lab, prepare_gradebook
 from course.nbgrader_run import make_course_dir, read_scores, run_nbgrader
 from course.notebooks import grade_id, make_submission, read_notebook, write_notebook
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fixture_lab import LAB, POINTS, REPO, built_root  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install bubblewrap)"

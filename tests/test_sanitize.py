@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import copy
 import re
-import sys
 from html.parser import HTMLParser
-from pathlib import Path
 
 import nbformat
 import pytest
+from payloads import (  # noqa: E402
+    MATH_TEXT,
+    PNG_BASE64,
+    export,
+    graded_payload_notebook,
+    outputs_notebook,
+    student_script,
+)
 
 from course.sanitize import (
     clean_html,
@@ -20,17 +26,6 @@ from course.sanitize import (
     sanitize_markdown,
     sanitize_notebook,
     sanitize_output,
-)
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from payloads import (  # noqa: E402
-    MATH_TEXT,
-    PNG_BASE64,
-    export,
-    graded_payload_notebook,
-    outputs_notebook,
-    student_script,
 )
 
 HONEST_MARKDOWN = "\n".join([

@@ -9,12 +9,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from fixture_lab import LAB, REPO, built_root, make_class  # noqa: E402
 
 from course import grade  # noqa: E402

@@ -9,14 +9,10 @@ import copy
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from fixture_lab import LAB, built_root  # noqa: E402
 
 from course import grade  # noqa: E402

@@ -6,8 +6,6 @@ Run from the repository root: ``MPLBACKEND=Agg python -m pytest tests/test_utils
 import inspect
 import json
 import math
-import os
-import sys
 import time
 import types
 from pathlib import Path
@@ -21,8 +19,6 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import utils  # noqa: E402
 

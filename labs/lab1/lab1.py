@@ -2255,13 +2255,16 @@ else:
 # Now the MLP, compiled with `mode="max-autotune-no-cudagraphs"`: Inductor also benchmarks several GEMM
 # implementations (cuBLAS and its own Triton templates) and keeps the fastest, but does not use CUDA Graphs.
 #
-# **Without a GPU**, set `compile_mlp_on_cpu = True` in the cell below before you run it: the MLP is then
+# **Without a GPU**, set `compile_mlp_on_cpu = True` in the first cell below before you run both: the MLP is then
 # compiled at quick scale for your CPU (Inductor writes C++ kernels instead of Triton ones; the first compile
 # takes one to two minutes), and you answer Question 4.4.1 from that profile. The grader never compiles,
 # whatever you leave in this cell.
 
 # %%
 compile_mlp_on_cpu = False  # a CPU-only student sets this to True (see above)
+
+# %% nbgrader={"grade": false, "grade_id": "compile_mlp", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# Locked: the grader never compiles (NBGRADER_EXECUTION is set while nbgrader runs the notebook).
 if SCALE == "teaching" or (compile_mlp_on_cpu and not os.environ.get("NBGRADER_EXECUTION")):
     compiled_mlp = torch.compile(mlp, mode="max-autotune-no-cudagraphs" if DEVICE.type == "cuda" else None)
     with torch.no_grad():
