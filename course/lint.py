@@ -177,6 +177,13 @@ def check_readme_total(lab: str, nb, readme: Path) -> list[Problem]:
     return [Problem(lab, "README.md", f"no row '| Lab {number} | ... | {expected} |' in the labs table")]
 
 
+def _shows_nothing(expr: ast.expr) -> bool:
+    """An expression statement whose value IPython displays as nothing: ``None``, or a ``print(...)`` call."""
+    if isinstance(expr, ast.Constant) and expr.value is None:
+        return True
+    return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "print"
+
+
 def check_test_cells(lab: str, nb) -> list[Problem]:
     """Autograded test cells parse, and do not end in an expression (nbgrader reads a number there as partial credit)."""
     problems = []
@@ -189,7 +196,7 @@ def check_test_cells(lab: str, nb) -> list[Problem]:
             problems.append(Problem(lab, _where(index, cell), f"test cell does not parse: {exc.msg} (line {exc.lineno})"))
             continue
         last = tree.body[-1] if tree.body else None
-        if isinstance(last, ast.Expr) and not (isinstance(last.value, ast.Constant) and last.value.value is None):
+        if isinstance(last, ast.Expr) and not _shows_nothing(last.value):
             problems.append(
                 Problem(lab, _where(index, cell), "test cell ends in an expression; nbgrader would read its value as partial credit (assign it: `_ = ...`)")
             )

@@ -186,6 +186,7 @@ torch.testing.assert_close(
     _C.cpu(), torch.tensor([[1.0, 2.0, 8.0], [3.0, 4.0, 18.0], [5.0, 6.0, 28.0]]),
     msg=lambda m: f"gemm(A, B) must equal the matrix product for a (3, 2) @ (2, 3) example: {m}")
 del _A, _B, _C
+print("Question 1.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q1_1_hidden_tests():
     import dis
@@ -419,6 +420,7 @@ assert all(call == (7, 5) for call in _calls), "latency must pass *args and **kw
 assert isinstance(_result, (float, int)) and not isinstance(_result, bool), (
     f"latency must return a Python float (seconds), got {type(_result).__name__}")
 del _calls, _result
+print("Question 1.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q1_2_hidden_tests():
     warmup, repeat = 3, 10
@@ -560,6 +562,7 @@ assert gemm_mac(torch.empty(512, 512, device=DEVICE), torch.empty(512, 512, devi
     "gemm_mac of (512, 512) @ (512, 512) must be 134217728")
 assert gemm_mac(torch.empty(512, 256, device=DEVICE), torch.empty(256, 512, device=DEVICE)) == 67108864, (
     "gemm_mac of (512, 256) @ (256, 512) must be 67108864")
+print("Question 1.3: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q1_3_hidden_tests():
     cases = [((3, 5), (5, 7), torch.float32), ((11, 2), (2, 13), torch.float32), ((6, 17), (17, 1), torch.float32),
@@ -619,6 +622,7 @@ assert gemm_io(torch.empty(512, 256, device=DEVICE), torch.empty(256, 512, devic
     "gemm_io of float32 (512, 256) @ (256, 512) must be 2097152 bytes")
 assert gemm_io(torch.empty(128, 256, device=DEVICE), torch.empty(256, 512, device=DEVICE)) == 917504, (
     "gemm_io of float32 (128, 256) @ (256, 512) must be 917504 bytes")
+print("Question 1.4: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q1_4_hidden_tests():
     cases = [((16, 16), (16, 16), torch.float32), ((64, 128), (128, 32), torch.float32),
@@ -706,6 +710,7 @@ print({n: round(ai, 1) for n, ai in gemm_intensity_by_n.items()})
 assert isinstance(gemm_intensity_by_n, dict), "gemm_intensity_by_n must be a dict {N: FLOP/byte}"
 assert set(gemm_intensity_by_n) == {1024, 2048, 4096, 8192}, (
     f"gemm_intensity_by_n must have the keys 1024, 2048, 4096, 8192, got {sorted(gemm_intensity_by_n)}")
+print("Question 2.1.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 check_real_by_key(gemm_intensity_by_n, "gemm_intensity_by_n",
                   {n: (2 * n ** 3) / (4 * 3 * n ** 2) for n in (1024, 2048, 4096, 8192)},
@@ -771,6 +776,7 @@ _n = gemm_compute_bound_n("A6000")
 assert isinstance(_n, (int, np.integer)) and not isinstance(_n, bool), (
     f"gemm_compute_bound_n('A6000') must return an int, got {type(_n).__name__}")
 del _n
+print("Question 2.1.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q2_1_2_hidden_tests():
     for name in sorted(GPU_SPECS):
@@ -833,6 +839,7 @@ print({n: round(ai, 4) for n, ai in gemv_intensity_by_n.items()})
 assert isinstance(gemv_intensity_by_n, dict), "gemv_intensity_by_n must be a dict {N: FLOP/byte}"
 assert set(gemv_intensity_by_n) == {1024, 2048, 4096, 8192}, (
     f"gemv_intensity_by_n must have the keys 1024, 2048, 4096, 8192, got {sorted(gemv_intensity_by_n)}")
+print("Question 2.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 check_real_by_key(gemv_intensity_by_n, "gemv_intensity_by_n",
                   {n: (2 * n ** 2) / (4 * (n ** 2 + 2 * n)) for n in (1024, 2048, 4096, 8192)},
@@ -1218,6 +1225,7 @@ torch.testing.assert_close(scaled_dot_product_attention(_q, _k, _v, attn_mask=_c
                            F.scaled_dot_product_attention(_q, _k, _v, attn_mask=_causal), rtol=1e-4, atol=1e-5,
                            msg=lambda m: f"boolean causal mask (True = attend): must match PyTorch: {m}")
 del _gen, _q, _k, _v, _out, _causal
+print("Question 3.1.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q3_1_1_hidden_tests():
     def reference(q, k, v, mask=None):
@@ -1301,6 +1309,7 @@ def calc_attn_mac(B, H, L_q, L_kv, D_h):
 
 # %% nbgrader={"grade": true, "grade_id": "q3_1_2_attn_mac_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 assert calc_attn_mac(1, 4, 173, 256, 128) == 45350912, "calc_attn_mac(1, 4, 173, 256, 128) must be 45350912"
+print("Question 3.1.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 for _case in [(1, 1, 1, 1, 1), (2, 3, 4, 6, 5), (4, 8, 16, 32, 64), (3, 2, 1, 37, 11), (2, 6, 9, 5, 7)]:
     _expected = 2 * _case[0] * _case[1] * _case[2] * _case[3] * _case[4]
@@ -1359,6 +1368,7 @@ def calc_attn_module_mac(batch_size, query_len, kv_len, gemma_config):
 
 # %% nbgrader={"grade": true, "grade_id": "b3_1_attn_module_mac_tests", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # The tests of this bonus are hidden: check your function on inputs of your own.
+print("Bonus 3.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _b3_1_hidden_tests():
     import copy
@@ -1460,6 +1470,7 @@ def calc_attn_io(B, H, L_q, L_kv, D_h):
 
 # %% nbgrader={"grade": true, "grade_id": "q3_2_attn_io_tests", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 assert calc_attn_io(1, 2, 3, 4, 5) == 1232, "calc_attn_io(1, 2, 3, 4, 5) must be 1232 bytes"
+print("Question 3.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 for _case in [(1, 1, 1, 1, 1), (4, 8, 16, 32, 64), (2, 6, 3, 5, 7), (3, 4, 1, 257, 32), (1, 12, 100, 100, 64)]:
     _B, _H, _Lq, _Lkv, _D = _case
@@ -1528,6 +1539,7 @@ def calc_attn_module_io(batch_size, query_len, kv_len, gemma_config):
 
 # %% nbgrader={"grade": true, "grade_id": "b3_2_attn_module_io_tests", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # The tests of this bonus are hidden: check your function on inputs of your own.
+print("Bonus 3.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _b3_2_hidden_tests():
     import copy
@@ -1771,6 +1783,7 @@ print({b: round(ai, 2) for b, ai in decode_mlp_intensity_by_batch.items()})
 assert isinstance(decode_mlp_intensity_by_batch, dict), "decode_mlp_intensity_by_batch must be a dict {B: FLOP/byte}"
 assert set(decode_mlp_intensity_by_batch) == {1, 4, 16, 64}, (
     f"decode_mlp_intensity_by_batch must have the keys 1, 4, 16, 64, got {sorted(decode_mlp_intensity_by_batch)}")
+print("Question 3.4.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q3_4_2_hidden_tests():
     d, i = GEMMA3_270M_CONFIG.hidden_size, GEMMA3_270M_CONFIG.intermediate_size
@@ -1848,6 +1861,7 @@ print({length: round(ai, 2) for length, ai in prefill_mlp_intensity_by_len.items
 assert isinstance(prefill_mlp_intensity_by_len, dict), "prefill_mlp_intensity_by_len must be a dict {L: FLOP/byte}"
 assert set(prefill_mlp_intensity_by_len) == {64, 256, 1024, 4096}, (
     f"prefill_mlp_intensity_by_len must have the keys 64, 256, 1024, 4096, got {sorted(prefill_mlp_intensity_by_len)}")
+print("Question 3.4.3: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q3_4_3_hidden_tests():
     d, i, b = GEMMA3_270M_CONFIG.hidden_size, GEMMA3_270M_CONFIG.intermediate_size, 32
@@ -2093,6 +2107,7 @@ assert tuple(_out.shape) == (101,) and _out.dtype == _x.dtype, "gelu_tanh_python
 torch.testing.assert_close(_out, F.gelu(_x, approximate="tanh"), rtol=1e-5, atol=2e-6,
                            msg=lambda m: f"gelu_tanh_python must match F.gelu(x, approximate='tanh'): {m}")
 del _x, _out
+print("Question 4.3.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q4_3_1_hidden_tests():
     def reference(x):

@@ -194,6 +194,7 @@ _w = torch.softmax(torch.tensor([0.0, 1.0]) / math.sqrt(2.0), dim=0).to(DEVICE)
 torch.testing.assert_close(_out[1], _w[0] * _v[0] + _w[1] * _v[1],
                            msg=lambda m: f"row 1 attends to rows 0 and 1 with weights softmax([0, 1] / sqrt(2)): {m}")
 del _q, _v, _out, _w
+print("Question 1.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q1_1_hidden_tests():
     from torch.overrides import TorchFunctionMode
@@ -583,6 +584,7 @@ def matmul_bytes(M, K, N, bytes_per_element):
 # %% nbgrader={"grade": true, "grade_id": "q2_1_matmul_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 _check_count(matmul_flops, (2, 3, 4), 48, "A multiply-add is 2 FLOPs (rule 2).")
 _check_count(matmul_bytes, (2, 3, 4, 4), 104, "Read A and B once, write C once (rule 7).")
+print("Question 2.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q2_1_hidden_tests():
     for M, K, N in [(7, 11, 13), (1, 1600, 6400), (4096, 3, 1), (65536, 4096, 4096)]:
@@ -630,6 +632,7 @@ def qkv_projection_bytes(B, N, D, bytes_per_element):
 # %% nbgrader={"grade": true, "grade_id": "q2_2_qkv_projection_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 _check_count(qkv_projection_flops, (1, 2, 3), 108, "Three (B N x D)(D x D) matmuls (rules 2, 8).")
 _check_count(qkv_projection_bytes, (1, 2, 3, 2), 126, "Each projection reads X and its weight and writes its output.")
+print("Question 2.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q2_2_hidden_tests():
     for B, N, D in [(3, 7, 20), (16, 1024, 1600), (1, 1, 4096)]:
@@ -682,6 +685,7 @@ def qk_scores_bytes(B, N, d, bytes_per_element):
 # %% nbgrader={"grade": true, "grade_id": "q2_3_1_qk_scores_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 _check_count(qk_scores_flops, (1, 2, 3), 28, "B batched (N x d)(d x N) products, plus one FLOP per score to scale.")
 _check_count(qk_scores_bytes, (1, 2, 3, 2), 32, "Read Q and K, write the scaled scores once (rules 7, 8).")
+print("Question 2.3.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q2_3_1_hidden_tests():
     for B, N, d in [(3, 7, 5), (16, 4096, 64), (2, 1, 128), (5, 33, 1)]:
@@ -730,6 +734,7 @@ def causal_mask_bytes(B, N, bytes_per_element):
 # %% nbgrader={"grade": true, "grade_id": "q2_3_2_causal_mask_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 _check_count(causal_mask_flops, (1, 3), 9, "One comparison per score (rule 4).")
 _check_count(causal_mask_bytes, (1, 3, 2), 36, "Read every score once and write every masked score once (rule 7).")
+print("Question 2.3.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q2_3_2_hidden_tests():
     for B, N in [(3, 7), (16, 4096), (1, 1), (25, 513)]:
@@ -776,6 +781,7 @@ def softmax_bytes(B, N, bytes_per_element):
 # %% nbgrader={"grade": true, "grade_id": "q2_3_3_softmax_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 _check_count(softmax_flops, (1, 2), 12, "Exponential, addition into the row sum and division: 3 FLOPs per element (rule 5).")
 _check_count(softmax_bytes, (1, 2, 4), 32, "Read the masked scores once, write the probabilities once (rule 7).")
+print("Question 2.3.3: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q2_3_3_hidden_tests():
     for B, N in [(3, 7), (16, 4096), (1, 1), (25, 513)]:
@@ -823,6 +829,7 @@ def attention_value_bytes(B, N, d, bytes_per_element):
 # %% nbgrader={"grade": true, "grade_id": "q2_3_4_attention_value_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 _check_count(attention_value_flops, (1, 2, 3), 24, "B batched (N x N)(N x d) products (rule 2).")
 _check_count(attention_value_bytes, (1, 2, 3, 2), 32, "Read A and V, write O once (rule 7).")
+print("Question 2.3.4: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q2_3_4_hidden_tests():
     for B, N, d in [(3, 7, 5), (16, 4096, 64), (2, 1, 128), (5, 33, 1)]:
@@ -875,6 +882,7 @@ def mha_bytes(B, N, D, H, bytes_per_element):
 # %% nbgrader={"grade": true, "grade_id": "q2_4_mha_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 _check_count(mha_flops, (1, 2, 4, 2), 104, "H heads, each: scores, mask, softmax and A V with d = D // H.")
 _check_count(mha_bytes, (1, 2, 4, 2, 2), 160, "H heads, each: scores, mask, softmax and A V with d = D // H.")
+print("Question 2.4: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q2_4_hidden_tests():
     for B, N, D, H in [(3, 7, 20, 4), (16, 16384, 4096, 16), (2, 5, 1600, 25), (1, 1, 64, 1), (4, 9, 12, 12)]:
@@ -925,6 +933,7 @@ def output_projection_bytes(B, N, D, bytes_per_element):
 # %% nbgrader={"grade": true, "grade_id": "q2_5_output_projection_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 _check_count(output_projection_flops, (1, 2, 3), 36, "One (B N x D)(D x D) matmul (rule 2).")
 _check_count(output_projection_bytes, (1, 2, 3, 2), 42, "Read O and W_O, write the result (rule 7).")
+print("Question 2.5: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q2_5_hidden_tests():
     for B, N, D in [(3, 7, 20), (16, 1024, 1600), (1, 1, 4096)]:
@@ -978,6 +987,7 @@ def mlp_bytes(B, N, D, bytes_per_element):
 # %% nbgrader={"grade": true, "grade_id": "q2_6_mlp_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 _check_count(mlp_flops, (1, 1, 2), 74, "Two matmuls (2 FLOPs per multiply-add) plus one FLOP per bias addition.")
 _check_count(mlp_bytes, (1, 1, 2, 2), 124, "Each matmul reads its input, weight and bias once and writes its output once.")
+print("Question 2.6: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q2_6_hidden_tests():
     for B, N, D in [(3, 7, 20), (16, 16384, 4096), (1, 1, 1600), (2, 5, 3)]:
@@ -1042,6 +1052,7 @@ _check_close(_est.get("t_compute_s"), 0.04, "t_compute_s for 4e12 FLOPs at 100e1
 _check_close(_est.get("t_memory_s"), 0.005, "t_memory_s for 1e10 bytes at 2e12 bytes/s")
 _check_label(_est.get("bound"), "compute", "bound when T_compute > T_memory")
 del _est
+print("Question 2.7: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q2_7_hidden_tests():
     cases = [(3.1e9, 2.9e9, 65e12, 300e9), (7.0e13, 8.3e11, 312e12, 2.039e12), (1.2e15, 2.1e12, 989e12, 3.35e12),
@@ -1178,6 +1189,7 @@ def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):
 # %% nbgrader={"grade": true, "grade_id": "q3_1_gpt2_forward_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
 _check_count(gpt2_forward_flops, (1, 2, 4, 2, 1), 912, "One layer: projections, MHA, output projection, MLP.")
 _check_count(gpt2_forward_bytes, (1, 2, 4, 2, 1, 2), 872, "One layer: projections, MHA, output projection, MLP.")
+print("Question 3.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q3_1_hidden_tests():
     def flops(B, N, D, H, L):
@@ -1242,6 +1254,7 @@ _check_close(_table[(2, 3)]["t_compute_s"], 0.6, "t_compute_s of 60 FLOPs at 100
 _check_label(plain_value(_table[(2, 3)], "dict", "row (2, 3)")["bound"], "compute",
              "bound of 0.6 s of compute against 0.5 s of memory traffic")
 del _table
+print("Question 3.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q3_2_hidden_tests():
     def check(cases, flops_fn, bytes_fn, peak, bw):
@@ -1383,6 +1396,7 @@ def kv_cache_bytes_total(B, N, D, num_layers, bytes_per_element):
 # %% nbgrader={"grade": true, "grade_id": "q4_1_kv_cache_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 _check_count(kv_cache_bytes_per_layer, (1, 3, 4, 2), 48, "Keys and values, N tokens, D numbers per token, n bytes each.")
 _check_count(kv_cache_bytes_total, (1, 3, 4, 5, 2), 240, "Every layer has its own cache.")
+print("Question 4.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q4_1_hidden_tests():
     for B, N, D, L, n in [(1, 1024, 1600, 48, 2), (64, 1024, 1600, 48, 2), (3, 7, 20, 5, 4), (7, 1, 12, 1, 2)]:
@@ -1446,6 +1460,7 @@ def gpt2_decode_bytes(B, N, D, H, num_layers, bytes_per_element):
 # %% nbgrader={"grade": true, "grade_id": "q4_2_gpt2_decode_tests", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
 _check_count(gpt2_decode_flops, (1, 2, 4, 2, 1), 452, "One layer, one new token attending to N = 2 positions.")
 _check_count(gpt2_decode_bytes, (1, 2, 4, 2, 1, 2), 648, "One layer, one new token attending to N = 2 positions.")
+print("Question 4.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q4_2_hidden_tests():
     def flops(B, N, D, H, L):
@@ -1502,6 +1517,7 @@ _speedup = plain_value(_speedup, "real", "kv_cache_speedup(64, 32, 1600, 25, 48,
 assert 5 < _speedup < 10, (
     f"GPT-2 XL, B = 64, N = 32 on the T4: the cache saves 93 ms of compute for a 13 ms memory-bound step; got {_speedup!r}")
 del _speedup
+print("Question 4.3: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q4_3_hidden_tests():
     def roof(flops, nbytes, peak, bw):
@@ -1610,6 +1626,7 @@ def max_batch_in_memory(N, D, H, num_kv_heads, num_layers, bytes_per_element, me
 # %% nbgrader={"grade": true, "grade_id": "b4_5_gqa_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 _check_count(kv_cache_bytes_gqa, (1, 3, 8, 4, 2, 1, 2), 48, "K and V of num_kv_heads heads of width D // H.")
 _check_count(max_batch_in_memory, (3, 8, 4, 2, 1, 2, 1000, 500), 10, "Whole sequences only (round down).")
+print("Bonus 4.5: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _b4_5_hidden_tests():
     def cache(B, N, D, H, G, L, n):
@@ -1800,6 +1817,7 @@ _check_close(_pred["predicted_no_cache_ms"],
              "predicted_no_cache_ms for (1, 2, 4, 2, 1, 2) at 1000 FLOP/s and 100 bytes/s (the roofline of your "
              "gpt2_forward_* counts, in ms)", rel=1e-6)
 del _pred
+print("Question 5.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q5_1_hidden_tests():
     def reference_ms(B, N, D, H, L, n, peak, bw):
@@ -1967,6 +1985,7 @@ assert {"weights_s", "kv_cache_s", "other_memory_s", "compute_s"} <= set(_parts)
     f"decode_time_breakdown_s must return a dict with weights_s, kv_cache_s, other_memory_s, compute_s; got {_parts!r}")
 _check_close(_parts["weights_s"], 4.24, "weights_s for D = 4, one layer, fp16, 100 bytes/s (12 D^2 + 5 D elements)")
 del _parts
+print("Question 6.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q6_1_hidden_tests():
     for B, N, D, H, L, n, peak, bw in [(1, 1024, 1600, 25, 48, 2, 65e12, 300e9), (64, 1024, 1600, 25, 48, 2, 65e12, 300e9),
@@ -2070,6 +2089,7 @@ def expected_tokens_per_pass(alpha, gamma):
 # %% nbgrader={"grade": true, "grade_id": "q6_3_expected_tokens_per_pass_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 _check_close(expected_tokens_per_pass(0.5, 2), 1.75, "expected_tokens_per_pass(0.5, 2) = 1 + 0.5 + 0.25")
 _check_close(expected_tokens_per_pass(0.0, 4), 1.0, "expected_tokens_per_pass(0, 4): every draft rejected, one token")
+print("Question 6.3: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q6_3_hidden_tests():
     for alpha, gamma in [(0.8, 5), (0.3, 1), (0.95, 16), (0.6, 0), (0.999999, 3), (0.25, 7)]:
@@ -2203,6 +2223,7 @@ assert _draft_calls == [(6, 3), (6, 4), (6, 5)] and _target_calls == [(6, 6)], (
 _new, _num = speculative_step(_prefix, _toy_model(_P), _toy_model(_P), 3, _gen)  # draft == target
 assert bool((_num == 4).all()), f"when the draft equals the target every draft is accepted: num_new must be gamma + 1, got {_num.tolist()}"
 del _gen, _P, _prefix, _draft_calls, _target_calls, _out, _new, _num
+print("Question 6.4: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q6_4_hidden_tests():
     """Hidden tests of speculative_step: format and calls, exact edge cases, then a statistical test.
@@ -2603,6 +2624,7 @@ def best_gamma(alpha, cost_ratio, max_gamma):
 # %% nbgrader={"grade": true, "grade_id": "b6_6_speculative_speedup_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
 _check_close(speculative_speedup(0.5, 2, 0.25), 1.75 / 1.5, "speculative_speedup(0.5, 2, 0.25)")
 assert best_gamma(0.0, 0.1, 5) == 0, "with alpha = 0 every draft is wasted: the best gamma is 0"
+print("Bonus 6.6: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _b6_6_hidden_tests():
     def speedup(alpha, gamma, c):
