@@ -28,6 +28,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=1, help="submissions graded at once (one per GPU or CPU core)")
     p.add_argument("--shard", help="grade only shard i of n (i/n, from 0): for cluster job arrays")
     p.add_argument("--resume", action="store_true", help="keep submissions an earlier (killed) run already graded")
+    p.add_argument("--report", action="store_true",
+                   help="grade nothing: rewrite grading/LAB/grades.csv and scores.png from the gradebook (manual points included)")
     p.add_argument("--course-dir", type=Path, default=REPO_ROOT,
                    help="nbgrader course folder holding nbgrader_config.py, source/ and submitted/ (default: this repository)")
 
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import grade
 
         return grade.main(args.lab, args.course_dir.resolve(), args.student, args.timeout_s,
-                          workers=args.workers, shard=args.shard, resume=args.resume)
+                          workers=args.workers, shard=args.shard, resume=args.resume, report_only=args.report)
     if args.command == "feedback":
         from . import feedback
 

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from . import build
-from .grade import format_table, grade_lab, score_table
+from .grade import TABLE_LEGEND, format_table, grade_lab, score_table
 from .nbgrader_run import SubmissionScores, make_course_dir
 from .notebooks import (
     autograded_points_by_question,
@@ -84,6 +84,7 @@ def main(lab: str = "lab1", root: Path = REPO_ROOT, course: Path | None = None) 
     header, rows = score_table(lab, outcomes, scores)
     print()
     print(format_table(header, rows))
+    print(TABLE_LEGEND)
     print(f"\ngrades.csv and scores.png are in {course / 'grading' / lab}")
     problems = mismatches(expected, scores)
     for problem in problems:

@@ -444,6 +444,13 @@ def score_table(lab: str, outcomes: dict[str, Outcome], scores: dict[str, Submis
     return header, [[escape_controls(value) for value in row] for row in rows]
 
 
+TABLE_LEGEND = (
+    "Per question: 4/5 = autograded points earned/possible; +2? = 2 points of written answers or plots still to grade "
+    "(in JupyterLab, Nbgrader > Formgrader); +1.5/2m = manual points graded; - = the question is not in this "
+    "submission's gradebook entry."
+)
+
+
 def format_table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)] if rows else [len(h) for h in header]
     line = lambda values: "  ".join(str(v).ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
@@ -481,6 +488,42 @@ def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores:
                       (student, outcome.status, outcome.reason, "; ".join(outcome.notes), "; ".join(outcome.flags))]
             writer.writerow([quoted[0], lab, *quoted[1:], *values, f"{auto:g}", f"{auto_max:g}", f"{total:g}",
                              f"{outcome.seconds:.1f}"])
+
+
+def previous_outcomes(path: Path, lab: str) -> dict[str, Outcome]:
+    """The students of an existing ``grades.csv`` of ``lab``, with the status, reason, notes and flags it recorded.
+
+    Grading some students (``--student``) updates their rows and keeps everyone else's from here.
+    """
+    if not path.exists():
+        return {}
+    kept: dict[str, Outcome] = {}
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row.get("lab") != lab or not row.get("student"):
+                continue
+            split = lambda text: [part for part in (text or "").split("; ") if part]  # noqa: E731
+            try:
+                seconds = float(row.get("seconds") or 0.0)
+            except ValueError:
+                seconds = 0.0
+            kept[row["student"]] = Outcome(row["student"], row.get("status") or "ok", row.get("reason") or "", seconds,
+                                           split(row.get("notes")), split(row.get("flags")))
+    return kept
+
+
+def write_reports(course_root: Path, lab: str, out_dir: Path, outcomes: dict[str, Outcome]) -> dict[str, SubmissionScores]:
+    """Write ``grades.csv`` and ``scores.png`` from the gradebook: ``outcomes``' students updated, others kept.
+
+    Manual points a TA entered in the formgrader are read from the gradebook, so running this after grading the
+    written answers brings ``grades.csv`` up to date. Returns every listed student's scores.
+    """
+    csv_path = out_dir / "grades.csv"
+    everyone = {**previous_outcomes(csv_path, lab), **outcomes}
+    scores = read_scores(course_root, lab, sorted(everyone))
+    write_grades_csv(csv_path, lab, everyone, scores)
+    plot_histogram(out_dir / "scores.png", lab, scores, sorted(everyone))
+    return scores
 
 
 def _csv_score(cell) -> str:
@@ -588,10 +631,8 @@ def grade_lab(
     with tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging:
         staged = stage_class(course_root, lab, students, Path(staging))
         outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume)
-    scores = read_scores(course_root, lab, students)
-    write_grades_csv(out_dir / "grades.csv", lab, outcomes, scores)
-    plot_histogram(out_dir / "scores.png", lab, scores, students)
-    return outcomes, scores
+    scores = write_reports(course_root, lab, out_dir, outcomes)
+    return outcomes, {student: scores[student] for student in students if student in scores}
 
 
 def main(
@@ -602,7 +643,10 @@ def main(
     workers: int = 1,
     shard: str | None = None,
     resume: bool = False,
+    report_only: bool = False,
 ) -> int:
+    if report_only:
+        return report_main(lab, root)
     if sandbox_mode() == "on" and (reason := unavailable_reason()):
         print(f"grade {lab}: EFFICIENT_AI_SANDBOX=on, but grading kernels cannot be sandboxed here: {reason}")
         return 2
@@ -629,6 +673,7 @@ def main(
     outcomes, scores = grade_lab(root, lab, selected, out_dir, timeout_s, workers=workers, resume=resume)
     header, rows = score_table(lab, outcomes, scores)
     print(format_table(header, rows))
+    print(TABLE_LEGEND)
     failed = [o for o in outcomes.values() if o.status == "failed"]
     partial = [o for o in outcomes.values() if o.status == "partial"]
     noted = [o for o in outcomes.values() if o.notes]
@@ -639,4 +684,22 @@ def main(
     if review := flagged_for_review(outcomes):
         print(review)
     print(f"wrote {out_dir / 'grades.csv'} and {out_dir / 'scores.png'}")
+    return 0
+
+
+def report_main(lab: str, root: Path = REPO_ROOT) -> int:
+    """``course grade LAB --report``: rewrite ``grades.csv`` and ``scores.png`` from the gradebook, grading nothing.
+
+    Run it after grading written answers in the formgrader: their points then appear in ``grades.csv``.
+    """
+    out_dir = root / "grading" / lab
+    outcomes = previous_outcomes(out_dir / "grades.csv", lab)
+    if not outcomes:
+        print(f"grade {lab} --report: {out_dir / 'grades.csv'} lists nobody yet: grade the lab first")
+        return 2
+    scores = write_reports(root, lab, out_dir, {})
+    header, rows = score_table(lab, outcomes, scores)
+    print(format_table(header, rows))
+    print(TABLE_LEGEND)
+    print(f"wrote {out_dir / 'grades.csv'} and {out_dir / 'scores.png'} from the gradebook (manual points included)")
     return 0

@@ -35,6 +35,8 @@ from .scan import is_locked, scan_notebook
 NO_NOTEBOOK = "no notebook submitted"
 TIMESTAMP = "timestamp.txt"
 JUNK = {".ipynb_checkpoints", "__pycache__", ".DS_Store", "Thumbs.db"}  # ignored without a note
+# What nbgrader's exchange (`nbgrader collect`) writes beside every submission: normal, so no note either.
+EXCHANGE_FILES = {TIMESTAMP, "submission_secret.txt"}
 METADATA_CHECKED = {"grade": bool, "solution": bool, "locked": bool, "task": bool, "points": float}  # nbgrader's
 CELL_ID_RE = re.compile(r"^[a-zA-Z0-9-_]{1,64}$")  # nbformat 4.5
 COURSE_ID = "efficient-ai"  # nbgrader_config.py
@@ -109,7 +111,7 @@ def ignored_entries(folder: Path, keep: set[Path], release_dir: Path) -> list[st
     """
     names = []
     for entry in sorted(folder.iterdir()):
-        if entry in keep or entry.name in JUNK or entry.suffix == ".pyc":
+        if entry in keep or entry.name in JUNK or entry.name in EXCHANGE_FILES or entry.suffix == ".pyc":
             continue
         if entry.suffix == ".ipynb" and entry.is_file():
             continue  # other notebooks are named by choose_notebook's note

@@ -1,6 +1,7 @@
 """The course pipeline on a tiny fixture lab: build idempotence, every lint rule, check and grade."""
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
@@ -316,3 +317,15 @@ def test_feedback_waits_for_written_answers_to_be_graded(built_root, tmp_path, c
     assert feedback.ungraded_answers(course, LAB) == {}
     assert feedback.main(LAB, course) == 0
     assert (course / "feedback" / "alice" / LAB / f"{LAB}.html").exists()
+
+    # The TA's grades.csv: `course grade LAB --report` brings in the manual points; grading one more student
+    # (`--student bob`) updates bob's row and keeps alice's.
+    csv_path = course / "grading" / LAB / "grades.csv"
+    assert grade.main(LAB, course, report_only=True) == 0
+    rows = {row["student"]: row for row in csv.DictReader(csv_path.open())}
+    assert rows["alice"]["q1_3_answer"] == "2", f"--report must write the TA's manual points: {rows['alice']}"
+    write_notebook(reference, course / "submitted" / "bob" / LAB / f"{LAB}.ipynb")
+    grade.grade_lab(course, LAB, ["bob"], progress=False)
+    rows = {row["student"]: row for row in csv.DictReader(csv_path.open())}
+    assert sorted(rows) == ["alice", "bob"], f"grading one student must keep the others' rows: {sorted(rows)}"
+    assert rows["alice"]["q1_3_answer"] == "2" and rows["alice"]["status"] == "ok", rows["alice"]

@@ -215,6 +215,7 @@ def test_extra_files_are_never_staged_and_submitted_is_never_changed(course, not
     where = folder(course, "ada")
     submit(course, "ada", notebooks[0])
     (where / "timestamp.txt").write_text("2024-03-01 10:00:00.000000 UTC")
+    (where / "submission_secret.txt").write_text("0123abcd")  # nbgrader's exchange writes it: normal, not named
     (where / "math.py").write_text("def isclose(*args, **kwargs):\n    return False\n")
     (where / "sitecustomize.py").write_text("import os\n")
     (where / "numpy").mkdir()
