@@ -1625,12 +1625,12 @@ decode_no_cache_ms = benchmark_eager_and_graphed(
 decode_no_cache_latency_s = decode_no_cache_ms["measured_ms"] / 1e3
 
 
-def show_decode_times(name, times_ms):
-    graph = "no CUDA graphs on a CPU" if times_ms["graph_ms"] is None else f"CUDA graph {times_ms['graph_ms']:8.2f} ms"
-    print(f"decode step {name}: eager {times_ms['eager_ms']:8.2f} ms, {graph}")
+def show_decode_times(name, launched_ms, graph_ms, launched="eager   "):
+    graph = "no CUDA graphs on a CPU" if graph_ms is None else f"CUDA graph {graph_ms:8.2f} ms"
+    print(f"decode step {name}: {launched} {launched_ms:8.2f} ms, {graph}")
 
 
-show_decode_times("without KV cache", decode_no_cache_ms)
+show_decode_times("without KV cache", decode_no_cache_ms["eager_ms"], decode_no_cache_ms["graph_ms"])
 
 # %%
 # One decode step with the KV cache filled by the prefill above: the new token's key and value are written
@@ -1638,13 +1638,38 @@ show_decode_times("without KV cache", decode_no_cache_ms)
 decode_input, decode_position_ids, decode_cache_positions = create_decode_inputs_with_cache(
     prefill_batch_size, prefill_seq_len, hidden_size, dtype=MODEL_DTYPE, device=DEVICE)
 decode_position_embeddings = get_position_embeddings(decode_input, decode_position_ids, rotary_emb)
+decode_cache_kwargs = dict(
+    layer=layer, hidden_states=decode_input, position_ids=decode_position_ids,
+    position_embeddings=decode_position_embeddings, past_key_values=past_key_values,
+    cache_positions=decode_cache_positions, use_kv_cache=True, prefill_hidden_states=None)
 decode_cache_ms = benchmark_eager_and_graphed(
-    multi_layer_decode_forward, num_layers, layer=layer, hidden_states=decode_input,
-    position_ids=decode_position_ids, position_embeddings=decode_position_embeddings,
-    past_key_values=past_key_values, cache_positions=decode_cache_positions, use_kv_cache=True,
-    prefill_hidden_states=None, n_warmup=timing_warmup, n_repeat=timing_repeat)
+    multi_layer_decode_forward, num_layers, **decode_cache_kwargs, n_warmup=timing_warmup, n_repeat=timing_repeat)
 decode_cache_latency_s = decode_cache_ms["measured_ms"] / 1e3
-show_decode_times("with KV cache   ", decode_cache_ms)
+show_decode_times("with KV cache   ", decode_cache_ms["eager_ms"], decode_cache_ms["graph_ms"])
+
+# %% [markdown]
+# Even replayed as a graph, the cached step runs about 86 kernels per layer, most of them tiny elementwise
+# passes (RMSNorms in `float32`, RoPE, residuals, GeLU) that each cost a few microseconds of GPU time however
+# they are launched. `torch.compile` fuses such chains of operations into a few generated kernels (Section
+# 4.3 shows it on GeLU). The next cell compiles the whole multi-layer step once (about a minute on a GPU), then
+# times the compiled step launched from Python and replayed as a CUDA graph
+# (`benchmark_compiled_and_graphed`), and counts the kernels one step launches (`count_kernels_per_call`).
+# Compiling on a CPU takes minutes, so there the cell skips it.
+
+# %%
+decode_kernels = {"eager": count_kernels_per_call(multi_layer_decode_forward, num_layers, **decode_cache_kwargs)["total"]}
+if DEVICE.type == "cuda":
+    decode_compiled_ms = benchmark_compiled_and_graphed(
+        multi_layer_decode_forward, num_layers, **decode_cache_kwargs, n_warmup=timing_warmup, n_repeat=timing_repeat)
+    decode_kernels["compiled"] = decode_compiled_ms["kernels"]["total"]
+    print(f"torch.compile of the {num_layers}-layer step: {decode_compiled_ms['compile_s']:.0f} s (first call, once)")
+    show_decode_times("compiled        ", decode_compiled_ms["compiled_ms"], decode_compiled_ms["graph_ms"],
+                      launched="compiled")
+else:
+    decode_compiled_ms = None
+    print("torch.compile skipped on a CPU (compiling the step takes minutes there); the GPU report has its numbers")
+print("kernels per decode step with the KV cache:", ", ".join(f"{name} {count}" for name, count in decode_kernels.items()),
+      "(operator calls on a CPU)" if DEVICE.type == "cpu" else "")
 
 # %%
 kv_width = GEMMA3_PESUDO_CONFIG.num_key_value_heads * GEMMA3_PESUDO_CONFIG.head_dim
@@ -1668,6 +1693,10 @@ print(f"roofline on {gpu_name}: with the cache >= {predicted_cache_ms:.2f} ms (r
 print(f"KV-cache speedup: predicted {predicted_no_cache_ms / predicted_cache_ms:.1f}x, measured "
       f"{decode_no_cache_latency_s / decode_cache_latency_s:.1f}x (CUDA graphs where available), "
       f"eager {decode_no_cache_ms['eager_ms'] / decode_cache_ms['eager_ms']:.1f}x")
+cached_steps_ms = {"eager": decode_cache_ms["eager_ms"], "CUDA graph": decode_cache_ms["graph_ms"],
+                   "compiled + CUDA graph": None if decode_compiled_ms is None else decode_compiled_ms["graph_ms"]}
+print("cached step, measured / roofline:", ", ".join(
+    f"{name} {ms / predicted_cache_ms:.1f}x" for name, ms in cached_steps_ms.items() if ms is not None))
 
 # %% [markdown]
 # What the numbers say (one H100 at teaching scale, from the course's GPU report; yours will differ):
@@ -1692,7 +1721,7 @@ print(f"KV-cache speedup: predicted {predicted_no_cache_ms / predicted_cache_ms:
 
 # %%
 del prefill_input, prefill_position_ids, prefill_position_embeddings, prefill_hidden_states
-del decode_input, decode_position_ids, decode_position_embeddings, decode_cache_positions
+del decode_input, decode_position_ids, decode_position_embeddings, decode_cache_positions, decode_cache_kwargs
 if DEVICE.type == "cuda":
     torch.cuda.empty_cache()
 
