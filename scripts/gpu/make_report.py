@@ -44,7 +44,9 @@ def run_section(run: dict, lab: str) -> list[str]:
         out.append(f"\n- cell {error['index']} ({error['grade_id']}): `{error['error']}`")
     out += ["", f"Autograde of one submission (the reference solution, quick scale, as TAs grade): "
             f"**{fmt(ag.get('seconds'))} s**, {fmt(ag.get('autograded_score'))}/{fmt(ag.get('autograded_max'))} "
-            f"autograded points (target: at most 120 s on an H100).", ""]
+            f"autograded points (target: at most 120 s on an H100)."
+            + (f" The grading **{ag['status']}**: {ag.get('reason') or 'no reason recorded'}." if ag.get("status") not in (None, "ok") else ""),
+            ""]
     return out
 
 
