@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import re
+import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,15 +212,19 @@ def exec_cells(path: Path, grade_ids: list[str]) -> dict:
     """Execute the named cells of a notebook, in the order given, in one fresh namespace; return it.
 
     Used to reuse code a lab defines (the Gemma-3 decoder layer of Lab 1, say) in tests and GPU scripts
-    instead of copying it.
+    instead of copying it. The namespace is that of a module registered in ``sys.modules`` as
+    ``<notebook stem>_cells`` (a later call replaces it), so tools that import a function's module by name
+    (``torch.compile``, pickle) work on the cells' code as they do on a notebook's ``__main__``.
 
     Raises:
         NotebookError: a named cell does not exist.
     """
     cells = cells_by_grade_id(read_notebook(path))
-    namespace: dict = {"__name__": f"{path.stem}_cells"}
+    missing = [gid for gid in grade_ids if gid not in cells]
+    if missing:
+        raise NotebookError(f"{path}: no cell with grade id {missing[0]!r}")
+    module = types.ModuleType(f"{path.stem}_cells")
+    sys.modules[module.__name__] = module
     for gid in grade_ids:
-        if gid not in cells:
-            raise NotebookError(f"{path}: no cell with grade id {gid!r}")
-        exec(compile(cells[gid].source, f"{path.name}:{gid}", "exec"), namespace)
-    return namespace
+        exec(compile(cells[gid].source, f"{path.name}:{gid}", "exec"), module.__dict__)
+    return module.__dict__

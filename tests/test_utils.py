@@ -517,6 +517,32 @@ def test_cuda_graph_helpers_on_cpu(monkeypatch):
     assert result["measured_ms"] == result["eager_ms"], "off CUDA the measured time is the eager time"
 
 
+def test_count_kernels_per_call_counts_one_call():
+    x = torch.randn(16)
+    counts = utils.count_kernels_per_call(lambda t: torch.relu(t + 1.0), x)
+    assert counts["device"] == "cpu" and counts["steps"] == 5, counts
+    assert counts["total"] == 2, f"one add and one relu per call, got {counts}"
+
+
+def test_benchmark_compiled_and_graphed_refuses_modes_that_record_graphs():
+    for mode in ("reduce-overhead", "max-autotune"):
+        with pytest.raises(ValueError, match="records CUDA graphs"):
+            utils.benchmark_compiled_and_graphed(torch.sin, torch.randn(4), mode=mode)
+
+
+def test_benchmark_compiled_and_graphed_on_cpu_fuses_the_step():
+    x = torch.randn(64)
+
+    def step(t):
+        return torch.cos(torch.sin(t)) * 2.0 + 1.0
+
+    eager_kernels = utils.count_kernels_per_call(step, x)["total"]
+    result = utils.benchmark_compiled_and_graphed(step, x, n_warmup=1, n_repeat=2)
+    assert result["graph_ms"] is None and result["measured_ms"] == result["compiled_ms"] > 0
+    assert result["compile_s"] > 0
+    assert result["kernels"]["total"] < eager_kernels == 4, (result["kernels"], eager_kernels)
+
+
 # -----------------------------------------------------------------------------------------------------
 # Measurement
 # -----------------------------------------------------------------------------------------------------

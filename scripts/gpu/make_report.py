@@ -44,7 +44,9 @@ def run_section(run: dict, lab: str) -> list[str]:
         out.append(f"\n- cell {error['index']} ({error['grade_id']}): `{error['error']}`")
     out += ["", f"Autograde of one submission (the reference solution, quick scale, as TAs grade): "
             f"**{fmt(ag.get('seconds'))} s**, {fmt(ag.get('autograded_score'))}/{fmt(ag.get('autograded_max'))} "
-            f"autograded points (target: at most 120 s on an H100).", ""]
+            f"autograded points (target: at most 120 s on an H100)."
+            + (f" The grading **{ag['status']}**: {ag.get('reason') or 'no reason recorded'}." if ag.get("status") not in (None, "ok") else ""),
+            ""]
     return out
 
 
@@ -74,7 +76,7 @@ def why_decode_row(name: str, entry: dict) -> str:
     if not kernels or graph_ms is None:
         return f"- {name}: no CUDA-graph measurement in this run."
     ratio = entry["measured_over_predicted"]
-    launch = (f"eagerly it takes {fmt(eager_ms)} ms, {fmt(eager_ms - graph_ms)} ms more than the graph replay: the "
+    launch = (f"launched from Python without a graph it takes {fmt(eager_ms)} ms, {fmt(eager_ms - graph_ms)} ms more than the graph replay: the "
               f"CPU's work to launch {kernels} kernels one by one ({fmt((eager_ms - graph_ms) * 1e3 / kernels)} µs each)")
     if ratio <= 2:
         return f"- {name}: within 2× of its roofline as a CUDA graph ({fmt(ratio)}×); {launch}."
@@ -84,16 +86,35 @@ def why_decode_row(name: str, entry: dict) -> str:
             f"{launch}.")
 
 
+DECODE_ROWS = (("decode_without_cache", "decode without KV cache (CUDA graph)"),
+               ("decode_with_cache", "decode with KV cache (CUDA graph)"),
+               ("decode_with_cache_compiled", "decode with KV cache (torch.compile + CUDA graph)"))
+
+
+def compiled_decode_note(p: dict) -> list[str]:
+    """How compiling changed the cached decode step: compile time and kernels per step, or nothing."""
+    compiled, graphed = p.get("decode_with_cache_compiled"), p["decode_with_cache"]
+    if not compiled:
+        return []
+    return [f"Compiled with `torch.compile` (mode {compiled.get('compile_mode')}, first call {fmt(compiled['compile_s'])} s, "
+            f"once) the cached step runs {compiled['kernels_per_step']} kernels instead of {graphed['kernels_per_step']} "
+            f"({compiled['elementwise_kernels_per_step']} elementwise instead of {graphed['elementwise_kernels_per_step']}); "
+            f"its \"no graph\" column is the compiled code launched from Python."]
+
+
 def prefill_decode_section(p: dict) -> list[str]:
-    """Lab 1 §3.3: prefill and the two decode steps beside their rooflines, decode eager and as a CUDA graph."""
+    """Lab 1 §3.3: prefill and the decode steps beside their rooflines, decode eager, as a CUDA graph and compiled."""
     rows = [measured_vs_predicted("prefill (eager)", p["prefill"]) + [None, p["prefill"].get("kernels_per_step")]]
-    for key, name in (("decode_without_cache", "decode without KV cache"), ("decode_with_cache", "decode with KV cache")):
+    decode_rows = [(key, name) for key, name in DECODE_ROWS if key in p]
+    for key, name in decode_rows:
         entry = p[key]
-        rows.append(measured_vs_predicted(f"{name} (CUDA graph)", entry) + [entry.get("eager_ms"), entry.get("kernels_per_step")])
+        rows.append(measured_vs_predicted(name, entry) + [entry.get("eager_ms"), entry.get("kernels_per_step")])
     out = [f"## Gemma-3 decoder layer ×{p['layers']} (pseudo config, bf16, batch {p['batch']}, sequence {p['seq_len']})", "",
-           "Decode steps are measured replayed as a CUDA graph (`utils.benchmark_eager_and_graphed`), the eager time beside "
-           "them; the KV cache is preallocated and the new token written into it in place.", "",
-           table(["stage", "measured (ms)", "predicted (ms)", "bound", "measured/predicted", "eager (ms)", "kernels per step"], rows),
+           "Decode steps are measured replayed as a CUDA graph (`utils.benchmark_eager_and_graphed`, "
+           "`utils.benchmark_compiled_and_graphed`), the time launched from Python without a graph beside them; the KV "
+           "cache is preallocated and the new token written into it in place.", "",
+           table(["stage", "measured (ms)", "predicted (ms)", "bound", "measured/predicted", "no graph (ms)", "kernels per step"], rows),
+           "", *compiled_decode_note(p),
            "", f"KV-cache speedup of one decode step: **{fmt(p['kv_cache_speedup'])}×** measured with CUDA graphs "
            f"(predicted {fmt(p.get('kv_cache_speedup_predicted'))}×; eager {fmt(p.get('kv_cache_speedup_eager'))}×).", ""]
     ratio = p["prefill"]["measured_over_predicted"]
@@ -102,8 +123,8 @@ def prefill_decode_section(p: dict) -> list[str]:
                    f"FLOPs at the matmul ceiling, while the step also runs {p['prefill'].get('elementwise_kernels_per_step')} "
                    f"elementwise kernels (of {p['prefill'].get('kernels_per_step')}), RMSNorms in float32, RoPE, GeLU "
                    f"and residuals, each a pass over activations of {p['batch']}×{p['seq_len']} tokens that it does not count.")
-    out += [why_decode_row(name, p[key]) for key, name in (("decode_without_cache", "decode without KV cache"),
-                                                           ("decode_with_cache", "decode with KV cache"))]
+    out += [why_decode_row(name.split(" (")[0] + (" compiled" if "compile" in name else ""), p[key])
+            for key, name in decode_rows]
     return out + [""]
 
 

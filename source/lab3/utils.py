@@ -8,8 +8,8 @@ Every lab starts with ``from utils import *``. The module has five sections, in 
    (preallocated, written in place) and multi-layer forward helpers used with the lab's own
    ``Gemma3DecoderLayer``; ``gpt2_decoder_forward`` for Lab 3's GPT-2 with the same cache.
 3. Measurement: ``benchmark_latency`` (ms), ``capture_cuda_graph``, ``benchmark_eager_and_graphed`` (ms),
-   ``benchmark_memory`` (GB), ``default_schedule``,
-   ``count_cuda_kernels``, ``run_oom_safe``, ``mark_oom``.
+   ``benchmark_compiled_and_graphed`` (ms), ``benchmark_memory`` (GB), ``default_schedule``,
+   ``count_cuda_kernels``, ``count_kernels_per_call``, ``run_oom_safe``, ``mark_oom``.
 4. Attention backends: ``flash_attn_func`` and ``ATTENTION_BACKEND``.
 5. Plotting: ``plot_roofline``, ``plot_gemm_torch_matmul_latency``, ``plot_latency_vs_size``,
    ``plot_flash_attn_improvement``, ``plot_trace_timeline``.
@@ -70,8 +70,10 @@ __all__ = [
     "benchmark_memory",
     "capture_cuda_graph",
     "benchmark_eager_and_graphed",
+    "benchmark_compiled_and_graphed",
     "default_schedule",
     "count_cuda_kernels",
+    "count_kernels_per_call",
     "run_oom_safe",
     "mark_oom",
     "record_torch_calls",
@@ -1069,6 +1071,51 @@ def benchmark_eager_and_graphed(fn, *args, n_warmup=3, n_repeat=10, **kwargs):
     return {"eager_ms": eager_ms, "graph_ms": graph_ms, "measured_ms": eager_ms if graph_ms is None else graph_ms}
 
 
+_GRAPHING_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+
+
+def benchmark_compiled_and_graphed(fn, *args, mode=None, n_warmup=3, n_repeat=10, **kwargs):
+    """Compile ``fn`` with ``torch.compile``, then time it launched from Python and replayed as a CUDA graph.
+
+    Compiling fuses chains of small operations (norms, RoPE, residuals, activations) into a few generated
+    kernels, so a step launches far fewer kernels; replaying the compiled step as a CUDA graph
+    (``capture_cuda_graph``) then removes the CPU's launch work for the kernels that remain. The first call
+    compiles (seconds to minutes, once per process); it is timed on its own and left out of the latencies.
+
+    Args:
+        fn: The callable to compile (it must not synchronize with the GPU; see ``capture_cuda_graph``).
+        *args: Positional arguments for fn.
+        mode: ``torch.compile`` mode: None (default) or ``"max-autotune-no-cudagraphs"`` (tunes the matrix
+            kernels, compiles longer). Modes that record CUDA graphs of their own are refused: the graph here
+            is recorded by ``capture_cuda_graph``.
+        n_warmup: Untimed calls of each version, after the compiling call.
+        n_repeat: Timed calls of each version.
+        **kwargs: Keyword arguments for fn.
+
+    Returns:
+        dict: ``compile_s``, seconds of the first (compiling) call; ``compiled_ms``, the compiled step
+        launched from Python; ``graph_ms``, the compiled step replayed as a CUDA graph (None off CUDA);
+        ``measured_ms``, the graph time where there is one, else ``compiled_ms``; ``kernels``,
+        ``count_kernels_per_call`` of the compiled step (kernels per call, by category).
+
+    Raises:
+        ValueError: ``mode`` records CUDA graphs itself (``"reduce-overhead"``, ``"max-autotune"``).
+    """
+    if mode in _GRAPHING_COMPILE_MODES:
+        raise ValueError(f"mode={mode!r} records CUDA graphs inside torch.compile; use mode=None or "
+                         f"'max-autotune-no-cudagraphs': benchmark_compiled_and_graphed records the graph itself")
+    device = _timing_device(fn, args, kwargs, None)
+    compiled = torch.compile(fn, mode=mode)
+    start = time.perf_counter()
+    compiled(*args, **kwargs)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    compile_s = time.perf_counter() - start
+    times = benchmark_eager_and_graphed(compiled, *args, n_warmup=n_warmup, n_repeat=n_repeat, **kwargs)
+    return {"compile_s": compile_s, "compiled_ms": times["eager_ms"], "graph_ms": times["graph_ms"],
+            "measured_ms": times["measured_ms"], "kernels": count_kernels_per_call(compiled, *args, **kwargs)}
+
+
 def _cpu_memory_trace(fn, args, kwargs, n_repeat):
     """Peak and final bytes above baseline of fn's CPU allocations, from the profiler's allocation records."""
     from torch.autograd.profiler import profile as autograd_profile
@@ -1293,6 +1340,36 @@ def count_cuda_kernels(prof, per_step=False):
     counts["steps"] = steps
     counts["device"] = "cuda" if cuda_mode else "cpu"
     return counts
+
+
+def count_kernels_per_call(fn, *args, **kwargs):
+    """Kernels that one call of ``fn(*args, **kwargs)`` launches, by category.
+
+    Profiles 10 calls under ``default_schedule`` (5 recorded) and counts with
+    ``count_cuda_kernels(prof, per_step=True)``. A function that replays a CUDA graph counts the kernels the
+    graph runs. Where fn runs on the CPU, operator calls are counted instead (see ``count_cuda_kernels``).
+
+    Args:
+        fn: The callable to profile.
+        *args: Positional arguments for fn.
+        **kwargs: Keyword arguments for fn.
+
+    Returns:
+        dict: kernels per call in each category (``"gemm"``, ``"attention"``, ``"elementwise"``,
+        ``"reduction"``, ``"memcpy/memset"``, ``"other"``), ``"total"``, ``"steps"`` (calls recorded) and
+        ``"device"``, as ``count_cuda_kernels`` returns them.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    on_cuda = _timing_device(fn, args, kwargs, None).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    with profile(activities=activities, schedule=default_schedule) as prof:
+        for _ in range(10):
+            fn(*args, **kwargs)
+            prof.step()
+        if on_cuda:
+            torch.cuda.synchronize()
+    return count_cuda_kernels(prof, per_step=True)
 
 
 _OOM_ERRORS = (torch.OutOfMemoryError, MemoryError) if hasattr(torch, "OutOfMemoryError") else \
