@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -37,6 +35,9 @@ sys.path.insert(0, str(REPO))
 from course.grade import prepare_gradebook  # noqa: E402
 from course.nbgrader_run import make_course_dir, nbgrader_env  # noqa: E402
 from course.notebooks import make_submission, read_notebook, write_notebook  # noqa: E402
+
+sys.path.insert(0, str(REPO / "scripts"))
+from bench_grading_throughput import machine_description  # noqa: E402
 
 STUDENT = "bench"
 
@@ -142,18 +143,6 @@ def kernel_run(course: Path, lab: str) -> dict:
     if not lines:
         raise RuntimeError(f"kernel probe failed:\n{result.stderr[-3000:]}")
     return json.loads(lines[-1][len("RESULT "):])
-
-
-def machine_description() -> str:
-    gpu = "no GPU"
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            gpu = torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
-    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {gpu}"
 
 
 def main() -> int:

@@ -40,12 +40,26 @@ def grade_class(lab: str, submissions: int, workers: int) -> dict:
             "autograde_seconds": [outcomes[s].seconds for s in sorted(outcomes)]}
 
 
+def machine_description() -> str:
+    """CPU architecture and cores, Python version, and the GPU grading can see (or "no GPU")."""
+    gpu = "no GPU"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    except ImportError:
+        pass
+    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {gpu}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--lab", default="lab1")
     parser.add_argument("--submissions", type=int, default=8)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--out", type=Path, default=REPO / "reports")
+    parser.add_argument("--tag", default="", help="names the report grading-throughput-<tag>.md (default: no tag)")
     args = parser.parse_args()
     rows = []
     for workers in args.workers:
@@ -53,10 +67,10 @@ def main() -> int:
         rows.append(row)
         print(f"workers={workers}: {row['seconds']:.0f} s, {row['submissions_per_minute']:.2f} submissions/min, failed={row['failed']}", flush=True)
     base = rows[0]["submissions_per_minute"]
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    machine = machine_description()
     lines = [
         f"# Grading throughput: {args.lab} at quick scale", "",
-        f"Measured by `scripts/bench_grading_throughput.py` on {machine}, no GPU: {args.submissions} copies of the "
+        f"Measured by `scripts/bench_grading_throughput.py` on {machine}: {args.submissions} copies of the "
         f"reference solution graded into a fresh SQLite course per run (gradebook preparation included).", "",
         "| workers | wall time (s) | submissions / min | speedup | per submission (s) |", "| --- | --- | --- | --- | --- |",
     ]
@@ -67,9 +81,10 @@ def main() -> int:
               "results; that step and the per-run gradebook preparation are the serial part that keeps the "
               "speedup under the worker count. A PostgreSQL gradebook (NBGRADER_DB_URL) skips that step."]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "grading-throughput.md").write_text("\n".join(lines) + "\n")
-    (args.out / "grading-throughput.json").write_text(json.dumps({"machine": machine, "lab": args.lab, "rows": rows}, indent=1))
-    print(f"wrote {args.out / 'grading-throughput.md'}")
+    stem = args.out / ("grading-throughput" + (f"-{args.tag}" if args.tag else ""))
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    stem.with_suffix(".json").write_text(json.dumps({"machine": machine, "lab": args.lab, "rows": rows}, indent=1))
+    print(f"wrote {stem.with_suffix('.md')}")
     return 0
 
 

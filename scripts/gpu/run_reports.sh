@@ -7,6 +7,8 @@
 #   lab2bench  scripts/gpu/lab2_bench.py        (Lab 2 cell by cell at teaching scale: its report.md, tables, figures)
 #   autograde  scripts/gpu/run_lab.py LAB --skip-execute for every lab (one reference submission graded as TAs grade)
 #   cudafaults scripts/gpu/check_cuda_faults.py (a device-side assert and a CUDA OOM in a submission, graded on the GPU)
+#   breakdown  scripts/bench_grading_breakdown.py (where one Lab 1 autograde's time goes) and
+#              scripts/bench_grading_throughput.py (submissions per minute against workers)
 #   capped     scripts/gpu/run_lab.py LAB --skip-autograde for every lab at once, each kernel's CUDA memory capped at
 #              $EFFICIENT_AI_GPU_MEMORY_GB (space-separated caps run one after another); report:
 #              scripts/gpu/make_memory_report.py. The labs share the GPU, so these runs' times are not benchmarks.
@@ -16,8 +18,13 @@
 #   or: EFFICIENT_AI_GPU_MEMORY_GB=15 bash scripts/gpu/run_reports.sh capped
 set -u
 cd "$(dirname "$0")/../.."
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+# The carried wheels go into a virtual environment over the image's packages (torch, transformers, triton): grading
+# kernels start with `python -I`, which ignores PYTHONPATH, so what they import must be installed, not on a path.
+VENV=/opt/efficient-ai-gpu-venv
+python3 -m venv --system-site-packages "$VENV" 2>/dev/null || { VENV="$HOME/.efficient-ai-gpu-venv"; python3 -m venv --system-site-packages "$VENV" || exit 1; }
+"$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 1
+export PATH="$VENV/bin:$PATH" PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+echo "python: $(command -v python3); bwrap: $(command -v bwrap || echo 'not installed: grading kernels start isolated, unsandboxed')"
 RESULTS=/tmp/results
 mkdir -p "$RESULTS"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$RESULTS/gpu.csv" 2>&1
@@ -29,6 +36,9 @@ for step in "$@"; do
     measure) python3 scripts/gpu/lab1_measure.py --out "$RESULTS" 2>&1 | tee "$RESULTS/lab1_measure.log" ;;
     lab2bench) python3 scripts/gpu/lab2_bench.py --out "$RESULTS/lab2" 2>&1 | tee "$RESULTS/lab2_bench.log" ;;
     cudafaults) python3 scripts/gpu/check_cuda_faults.py --out "$RESULTS" 2>&1 | tee "$RESULTS/cuda_faults.log" ;;
+    breakdown) { python3 scripts/bench_grading_breakdown.py --lab lab1 --repeat 2 --tag h100 --out "$RESULTS/reports"
+                 python3 scripts/bench_grading_throughput.py --lab lab1 --submissions ${EFFICIENT_AI_BENCH_SUBMISSIONS:-8} \
+                   --workers ${EFFICIENT_AI_BENCH_WORKERS:-1 4 8} --tag h100 --out "$RESULTS/reports"; } 2>&1 | tee "$RESULTS/breakdown.log" ;;
     autograde) for lab in $(ls labs); do python3 scripts/gpu/run_lab.py "$lab" --skip-execute --out "$RESULTS"; done 2>&1 | tee "$RESULTS/autograde.log" ;;
     capped)  for cap in ${EFFICIENT_AI_GPU_MEMORY_GB:?capped needs EFFICIENT_AI_GPU_MEMORY_GB, e.g. 15}; do
                for lab in $(ls labs); do
