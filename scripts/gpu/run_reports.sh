@@ -18,12 +18,12 @@
 #   or: EFFICIENT_AI_GPU_MEMORY_GB=15 bash scripts/gpu/run_reports.sh capped
 set -u
 cd "$(dirname "$0")/../.."
-# The carried wheels go into a virtual environment over the image's packages (torch, transformers, triton): grading
-# kernels start with `python -I`, which ignores PYTHONPATH, so what they import must be installed, not on a path.
-VENV=/opt/efficient-ai-gpu-venv
-python3 -m venv --system-site-packages "$VENV" 2>/dev/null || { VENV="$HOME/.efficient-ai-gpu-venv"; python3 -m venv --system-site-packages "$VENV" || exit 1; }
-"$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 1
-export PATH="$VENV/bin:$PATH" PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+# The carried wheels are installed into the image's own Python environment (where torch, transformers and triton
+# are): grading kernels start with `python -I`, which ignores PYTHONPATH, so what they import must be installed.
+python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl 2>/dev/null \
+  || python3 -m pip install -q --no-index --no-deps --no-compile --break-system-packages .whl/*.whl || exit 1
+export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+python3 -I -c "import torch, nbgrader, ipykernel, matplotlib; print('python -I imports torch, nbgrader, ipykernel and matplotlib')" || exit 1
 echo "python: $(command -v python3); bwrap: $(command -v bwrap || echo 'not installed: grading kernels start isolated, unsandboxed')"
 RESULTS=/tmp/results
 mkdir -p "$RESULTS"
