@@ -2033,7 +2033,7 @@ def _q4_3_hidden_tests():
         if layout == "sbhd":  # batch strided by H x D
             return t.permute(1, 0, 2, 3).contiguous().permute(1, 0, 2, 3)
         if layout == "padded":  # rows longer than head_dim
-            wide = torch.zeros(*t.shape[:-1], t.shape[-1] + 5, dtype=t.dtype)
+            wide = torch.zeros(*t.shape[:-1], t.shape[-1] + 5, dtype=t.dtype, device=t.device)
             wide[..., :t.shape[-1]] = t
             return wide[..., :t.shape[-1]]
         return t.contiguous()
@@ -2043,9 +2043,10 @@ def _q4_3_hidden_tests():
         k = torch.randn(b, s_kv, h, d, generator=gen) * scale
         v = torch.randn(b, s_kv, h, d, generator=gen)
         want_out, want_lse = reference(q, k, v, causal)
-        qd, kd, vd = (stored_as(t, layout).to(DEVICE) for t, layout in zip((q, k, v), layouts))
-        out = stored_as(torch.full((b, s_q, h, d), float("nan")), layouts[3]).to(DEVICE)
-        lse = torch.full((b, s_q, h), float("nan")).to(DEVICE).permute(0, 2, 1)  # (B, H, S_q), stride H along S_q
+        # Layouts are made on DEVICE: copying a strided tensor to another device may make it contiguous.
+        qd, kd, vd = (stored_as(t.to(DEVICE), layout) for t, layout in zip((q, k, v), layouts))
+        out = stored_as(torch.full((b, s_q, h, d), float("nan"), device=DEVICE), layouts[3])
+        lse = torch.full((b, s_q, h), float("nan"), device=DEVICE).permute(0, 2, 1)  # (B, H, S_q), stride H along S_q
         launch_flash_attention_forward(qd, kd, vd, out, lse, causal=causal, block_m=block_m, block_n=block_n)
         where = (f"q {(b, s_q, h, d)}, k/v {(b, s_kv, h, d)}, causal={causal}, BLOCK_M={block_m}, BLOCK_N={block_n}, "
                  f"layouts of q, k, v, out: {', '.join(layouts)}")
