@@ -2051,8 +2051,9 @@ def _q4_3_hidden_tests():
         where = (f"q {(b, s_q, h, d)}, k/v {(b, s_kv, h, d)}, causal={causal}, BLOCK_M={block_m}, BLOCK_N={block_n}, "
                  f"layouts of q, k, v, out: {', '.join(layouts)}")
         assert not torch.isnan(out).any() and not torch.isnan(lse).any(), (
-            f"your kernel must write every element of O and LSE (the test filled them with NaN) for {where}: "
-            f"{int(torch.isnan(out).sum())} of O and {int(torch.isnan(lse).sum())} of LSE were not written")
+            f"your kernel must write a number into every element of O and LSE (the test filled them with NaN before "
+            f"launching it) for {where}: {int(torch.isnan(out).sum())} of O and {int(torch.isnan(lse).sum())} of LSE "
+            f"are still NaN (not written, or computed as NaN: a row with no visible key divides 0 by 0)")
         err = (out.cpu().double() - want_out).abs().max().item()
         assert err < 2e-2, (
             f"your kernel must compute attention for {where}: max abs error {err!r} against a float64 reference "
