@@ -87,6 +87,23 @@ WRONG["q1_2_predicted_speedup"] = [
      _mutate("q1_2_predicted_speedup", ("return (matmul_s + relu_s) / fused_s", "return (matmul_bytes + relu_bytes) / matmul_bytes"))),
     ("fraction of time saved instead of the speedup",
      _mutate("q1_2_predicted_speedup", ("return (matmul_s + relu_s) / fused_s", "return 1.0 + relu_s / (matmul_s + relu_s)"))),
+    ("tampering: a float subclass that reads the expected value from the test's frame and lies in subtraction",
+     '''
+import inspect
+
+
+class _Speedup(float):
+    def __float__(self):
+        caller = inspect.currentframe().f_back
+        return float(caller.f_locals["want"]) if "want" in caller.f_locals else 1.0
+
+    def __sub__(self, other):
+        return 0.0
+
+
+def predicted_compile_speedup(n, peak_tflops, bandwidth_tb_s, k=None, bytes_per_element=2):
+    return _Speedup(1.0)
+'''),
 ]
 
 # ----------------------------------------------------------------------------------------------- Part 2
@@ -159,6 +176,8 @@ WRONG["b2_5_reassociated_cost"] = [
 
 # ----------------------------------------------------------------------------------------------- Part 3
 ALTERNATIVES["q3_1_einsum_attention"] = [
+    _mutate("q3_1_einsum_attention", ("weights = torch.softmax(scores, dim=-1)",
+                                      "weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)")),
     '''
 def einsum_attention(q, k, v, mask=None):
     # matmul on (B, H, S, D) views, float64 inside, mask with the most negative float instead of -inf
@@ -189,6 +208,9 @@ WRONG["q3_1_einsum_attention"] = [
                                        'return torch.einsum("bhst,bshd->bshd", weights, v).to(q.dtype)'))),
     ("mask ignored",
      _mutate("q3_1_einsum_attention", ('scores = scores.masked_fill(~mask, float("-inf"))', "pass"))),
+    ("softmax in bfloat16 (as a fused kernel would)",
+     _mutate("q3_1_einsum_attention", ("weights = torch.softmax(scores, dim=-1)",
+                                       "weights = torch.softmax(scores.to(torch.bfloat16), dim=-1).to(v.dtype)"))),
 ]
 
 ALTERNATIVES["q3_2_attention_cost"] = [
@@ -199,12 +221,18 @@ def attention_cost(batch, seq_len, heads, head_dim, bytes_per_element=2, score_r
     elements = 4 * batch * heads * seq_len * head_dim + 2 * score_round_trips * batch * heads * seq_len ** 2
     hbm_bytes = elements * bytes_per_element
     return dict(flops=flops, hbm_bytes=hbm_bytes, intensity=float(flops) / hbm_bytes)
+
+
+kernels_touching_scores = ["einsum", "masked_fill", "softmax", "einsum"]
+einsum_round_trips = len(kernels_touching_scores) - 1  # each kernel but the last writes what the next one reads
 ''',
 ]
 WRONG["q3_2_attention_cost"] = [
     ("FLOPs counted as multiply-adds",
      _mutate("q3_2_attention_cost", ("flops = 2 * (2 * batch * heads * seq_len * seq_len * head_dim)",
                                      "flops = 2 * batch * heads * seq_len * seq_len * head_dim"))),
+    ("round trips counted as kernels (4)",
+     _mutate("q3_2_attention_cost", ("einsum_round_trips = 3", "einsum_round_trips = 4"))),
     ("score matrix size without the heads",
      _mutate("q3_2_attention_cost", ("score_bytes = score_round_trips * 2 * batch * heads * seq_len * seq_len * bytes_per_element",
                                      "score_bytes = score_round_trips * 2 * batch * seq_len * seq_len * bytes_per_element"))),
@@ -265,6 +293,9 @@ WRONG["q3_5_permutation_check"] = [
     ("only the queries permuted",
      _mutate("q3_5_permutation_check", ("out_of_permuted = attn_fn(q[:, perm], k[:, perm], v[:, perm])",
                                         "out_of_permuted = attn_fn(q[:, perm], k, v)"))),
+    ("torch.allclose with its default relative tolerance",
+     _mutate("q3_5_permutation_check", ("return bool((out_of_permuted - out[:, perm]).abs().max().item() <= atol)",
+                                        "return bool(torch.allclose(out_of_permuted, out[:, perm], atol=atol))"))),
     ("exact equality instead of a tolerance",
      _mutate("q3_5_permutation_check", ("return bool((out_of_permuted - out[:, perm]).abs().max().item() <= atol)",
                                         "return bool(torch.equal(out_of_permuted, out[:, perm]))"))),
@@ -292,6 +323,14 @@ WRONG["q4_1_1_online_update"] = [
 ALTERNATIVES["q4_1_2_blockwise_lse"] = [
     '''
 def blockwise_logsumexp(x, block_size):
+    # Merge the log-sum-exp of each block into the running one: log(e^a + e^b) is the online update in log space.
+    lse = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
+    for block in x.split(block_size, dim=-1):
+        lse = torch.logaddexp(lse, torch.logsumexp(block, dim=-1))
+    return lse
+''',
+    '''
+def blockwise_logsumexp(x, block_size):
     # Self-contained (no call to online_softmax_update), NaN from -inf - -inf turned into 0 afterwards.
     m = x.new_full(x.shape[:-1], float("-inf"))
     l = x.new_zeros(x.shape[:-1])
@@ -310,6 +349,26 @@ WRONG["q4_1_2_blockwise_lse"] = [
     ("last, shorter block dropped",
      _mutate("q4_1_2_blockwise_lse", ("for start in range(0, x.shape[-1], block_size):",
                                     "for start in range(0, x.shape[-1] - block_size + 1, block_size):"))),
+    ("no max subtracted: log of the sum of exp, block by block (overflows and underflows)", """
+def blockwise_logsumexp(x, block_size):
+    total = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    for start in range(0, x.shape[-1], block_size):
+        total = total + torch.exp(x[..., start:start + block_size]).sum(dim=-1)
+    return torch.log(total)
+"""),
+    ("torch.logsumexp on whole rows (not block by block)", '''
+def blockwise_logsumexp(x, block_size):
+    return torch.logsumexp(x, dim=-1)
+'''),
+    ("the max of the whole row first, then blocks (not block by block)", '''
+def blockwise_logsumexp(x, block_size):
+    row_max = x.amax(dim=-1)
+    shift = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)
+    total = torch.zeros_like(shift)
+    for start in range(0, x.shape[-1], block_size):
+        total = total + torch.exp(x[..., start:start + block_size] - shift[..., None]).sum(dim=-1)
+    return shift + torch.log(total)
+'''),
 ]
 
 ALTERNATIVES["q4_2_tiled_forward"] = [
@@ -368,6 +427,58 @@ def tiled_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
 '''),
     ("scores not scaled by 1/sqrt(D)",
      _mutate("q4_2_tiled_forward", ("scale = 1.0 / math.sqrt(head_dim)", "scale = 1.0"))),
+    ("tampering: the S x S matrix computed with the dispatch modes (the probe) switched off", '''
+from torch.utils._python_dispatch import _disable_current_modes
+
+
+def tiled_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
+    with _disable_current_modes():
+        cdt = torch.promote_types(q.dtype, torch.float32)
+        scores = torch.einsum("bshd,bthd->bhst", q.to(cdt), k.to(cdt)) / math.sqrt(q.shape[-1])
+        if causal:
+            visible = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril()
+            scores = scores.masked_fill(~visible, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        out = torch.einsum("bhst,bthd->bshd", torch.exp(scores - lse[..., None]), v.to(cdt))
+    return out.to(q.dtype), lse
+'''),
+    ("tampering: the probe's method patched while the function runs, restored afterwards", '''
+def tiled_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
+    original = LargestTensorProbe.__torch_dispatch__
+    LargestTensorProbe.__torch_dispatch__ = lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {}))
+    try:
+        cdt = torch.promote_types(q.dtype, torch.float32)
+        scores = torch.einsum("bshd,bthd->bhst", q.to(cdt), k.to(cdt)) / math.sqrt(q.shape[-1])
+        if causal:
+            visible = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril()
+            scores = scores.masked_fill(~visible, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        out = torch.einsum("bhst,bthd->bshd", torch.exp(scores - lse[..., None]), v.to(cdt))
+    finally:
+        LargestTensorProbe.__torch_dispatch__ = original
+    return out.to(q.dtype), lse
+'''),
+    ("tampering: the probe class replaced by one that records nothing", '''
+class LargestTensorProbe(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.largest_numel, self.largest_op, self.op_names = 0, None, set()
+        self.largest_input_numel, self.largest_input_op, self.num_ops = 0, None, 10_000
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def tiled_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
+    cdt = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.einsum("bshd,bthd->bhst", q.to(cdt), k.to(cdt)) / math.sqrt(q.shape[-1])
+    if causal:
+        visible = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.einsum("bhst,bthd->bshd", torch.exp(scores - lse[..., None]), v.to(cdt))
+    return out.to(q.dtype), lse
+'''),
 ]
 
 ALTERNATIVES["q4_3_triton_forward"] = [
@@ -422,19 +533,6 @@ def _flash_attention_forward_kernel(
     tl.store(LSE + off_b * stride_lb + off_h * stride_lh + rows * stride_ls, (m + tl.log2(l)) / log2e,
              mask=rows < seq_len_q)
 
-
-def triton_attention_forward(q, k, v, causal=False):
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    batch, seq_q, heads, head_dim = q.shape
-    out = torch.empty_like(q)
-    lse = torch.empty(batch, heads, seq_q, device=q.device, dtype=torch.float32)
-    block_m, block_n = 32, 32
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    _flash_attention_forward_kernel[(triton.cdiv(seq_q, block_m), batch * heads)](
-        q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
-        heads, seq_q, k.shape[1], head_dim, head_dim ** -0.5,
-        CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d)
-    return out, lse
 ''',
 ]
 WRONG["q4_3_triton_forward"] = [
@@ -446,6 +544,42 @@ WRONG["q4_3_triton_forward"] = [
      _mutate("q4_3_triton_forward", ("visible = visible & (cols[None, :] <= offs_m[:, None])", "visible = visible & (cols[None, :] < offs_m[:, None])"))),
     ("keys past the end not masked",
      _mutate("q4_3_triton_forward", ("visible = cols[None, :] < seq_len_kv\n", "visible = cols[None, :] >= 0\n"))),
+    ("head offset from the shape (h * head_dim) instead of the head stride: right only for contiguous (B, S, H, D)",
+     _mutate("q4_3_triton_forward", ("Q + b * stride_qb + h * stride_qh", "Q + b * stride_qb + h * head_dim"),
+             ("K + b * stride_kb + h * stride_kh", "K + b * stride_kb + h * head_dim"),
+             ("V + b * stride_vb + h * stride_vh", "V + b * stride_vb + h * head_dim"),
+             ("O + b * stride_ob + h * stride_oh", "O + b * stride_ob + h * head_dim"))),
+    ("head_dim assumed contiguous (stride_d ignored) and lse assumed contiguous",
+     _mutate("q4_3_triton_forward", ("offs_d[None, :] * stride_qd", "offs_d[None, :]"),
+             ("offs_d[:, None] * stride_kd", "offs_d[:, None]"),
+             ("offs_d[None, :] * stride_vd", "offs_d[None, :]"),
+             ("offs_d[None, :] * stride_od", "offs_d[None, :]"),
+             ("offs_m * stride_ls", "offs_m"))),
+    ("an empty kernel, and attention in PyTorch in a wrapper of one's own", '''
+@triton.jit
+def _flash_attention_forward_kernel(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_ob, stride_os, stride_oh, stride_od,
+    stride_lb, stride_lh, stride_ls,
+    num_heads, seq_len_q, seq_len_kv, head_dim, scale,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pass
+
+
+def triton_attention_forward(q, k, v, causal=False):
+    cdt = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.einsum("bshd,bthd->bhst", q.to(cdt), k.to(cdt)) / math.sqrt(q.shape[-1])
+    if causal:
+        visible = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.einsum("bhst,bthd->bshd", torch.exp(scores - lse[..., None]), v.to(cdt))
+    return out.to(q.dtype), lse
+'''),
 ]
 
 ALTERNATIVES["b4_4_flash_backward"] = [
@@ -478,6 +612,25 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
 ''',
 ]
 WRONG["b4_4_flash_backward"] = [
+    ("tampering: the S x S probabilities computed with the dispatch modes (the probe) switched off", '''
+from torch.utils._python_dispatch import _disable_current_modes
+
+
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=64, block_k=64):
+    with _disable_current_modes():
+        cdt = torch.promote_types(q.dtype, torch.float32)
+        qc, kc, vc, oc, doc = (t.to(cdt) for t in (q, k, v, out, grad_out))
+        scores = torch.einsum("bshd,bthd->bhst", qc, kc) / math.sqrt(q.shape[-1])
+        if causal:
+            scores = scores.masked_fill(~torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril(), float("-inf"))
+        probs = torch.exp(scores - lse.to(cdt)[..., None])
+        dv = torch.einsum("bhst,bshd->bthd", probs, doc)
+        dprobs = torch.einsum("bshd,bthd->bhst", doc, vc)
+        dscores = probs * (dprobs - (doc * oc).sum(-1).transpose(1, 2)[..., None]) / math.sqrt(q.shape[-1])
+        dq = torch.einsum("bhst,bthd->bshd", dscores, kc)
+        dk = torch.einsum("bhst,bshd->bthd", dscores, qc)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+'''),
     ("softmax backward without delta (dS = P * dP)",
      _mutate("b4_4_flash_backward", ("dscores = probs * (dprobs - delta[:, :, q_start:q_end, None])", "dscores = probs * dprobs"))),
     ("dq and dk not scaled by 1/sqrt(D)",
@@ -561,4 +714,33 @@ WRONG["q5_1_benchmark_attention"] = [
      _mutate("q5_1_benchmark_attention", ("        if not backward:\n            peak_gb",
                                           "        if False:\n            peak_gb"),
              ("requires_grad=backward)", "requires_grad=True)"))),
+]
+WRONG["q5_1_benchmark_attention"] += [
+    ("backward timed together with its forward call",
+     _mutate("q5_1_benchmark_attention", ("            out = attn_fn(q, k, v)\n            synchronize()\n            start_s = time.perf_counter()\n",
+                                          "            start_s = time.perf_counter()\n            out = attn_fn(q, k, v)\n"))),
+    ("peak memory of the forward pass only, even with backward=True",
+     _mutate("q5_1_benchmark_attention", ("peak_gb, _ = benchmark_memory(forward_backward, q, k, v, n_warmup=1, n_repeat=1)",
+                                          "peak_gb, _ = benchmark_memory(attn_fn, q, k, v, n_warmup=1, n_repeat=1)"))),
+    ("peak memory in GiB (2^30 bytes) instead of GB",
+     _mutate("q5_1_benchmark_attention", ('"peak_memory_gb": float(peak_gb)}', '"peak_memory_gb": float(peak_gb * 1e9 / 2**30)}'))),
+    ("fabricated numbers: the passes run, but the reported numbers are made up", '''
+def benchmark_attention(attn_fn, batch_size, seq_len, d_model, *, dtype=torch.float32, device=DEVICE,
+                        backward=True, n_warmup=3, n_repeat=10):
+    shape = (batch_size, seq_len, 1, d_model)
+
+    def run():
+        q, k, v = (torch.randn(shape, dtype=dtype, device=device, requires_grad=backward) for _ in range(3))
+        for _ in range(n_warmup + n_repeat):
+            out = attn_fn(q, k, v)
+            if backward:
+                torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+    status, _ = run_oom_safe(run)
+    if status != "ok":
+        return {"status": "oom", "forward_ms": float("nan"), "backward_ms": float("nan"), "peak_memory_gb": float("nan")}
+    scores_gb = batch_size * seq_len * seq_len * torch.finfo(dtype).bits / 8 / 1e9
+    return {"status": "ok", "forward_ms": 1.0, "backward_ms": 2.0 if backward else float("nan"),
+            "peak_memory_gb": 4 * scores_gb}
+'''),
 ]
