@@ -191,6 +191,7 @@ assert relu_matmul_hbm_bytes(2048) == 4 * _fused, (
 assert relu_matmul_hbm_bytes(1024, bytes_per_element=4) == 2 * _fused, "fp32 (4 bytes) must move twice the bytes of bf16 (2)"
 assert relu_matmul_hbm_bytes(1024, k=1024) == _fused, "k=None must mean k = n (square matrices)"
 del _fused, _unfused
+print("Question 1.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q1_1_hidden_tests():
     cases = [(1024, None, 2), (1000, None, 4), (8192, None, 2), (4096, 64, 2), (300, 7, 4), (16384, 128, 2), (5, 3, 1)]
@@ -277,6 +278,7 @@ assert 1.0 <= _large < 1.1, (
     f"a large square matmul is compute-bound: the relu round trip becomes a small fraction of the time, so the "
     f"speedup must approach 1 (between 1.0 and 1.1 at n=16384 on an H100), got {_large}")
 del _h100, _small, _large
+print("Question 1.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q1_2_hidden_tests():
     def expected(n, peak, bw, k, b):
@@ -501,6 +503,7 @@ assert all(isinstance(x, int) for x in _io), f"chain_io_bytes must return ints, 
 assert chain_io_bytes(20_000, 128) == tuple(2 * x for x in _io), "inputs and output grow linearly with SEQ"
 assert _io[0] > _io[1] > 0, "three inputs of SEQ x KV_HEAD outweigh one output of KV_HEAD x SEQ"
 del _io
+print("Question 2.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q2_1_hidden_tests():
     for seq, kv, b in [(10_000, 128, 2), (4096, 64, 4), (333, 17, 2), (1, 1, 1), (65536, 256, 2)]:
@@ -547,6 +550,7 @@ assert isinstance(_flops, int), f"chain_flops must return an int, got {type(_flo
 assert math.isclose(chain_flops(20_000, 128), 4 * _flops, rel_tol=1e-3), "both products grow with SEQ^2"
 assert math.isclose(chain_flops(10_000, 256), 2 * _flops, rel_tol=1e-3), "both products grow linearly with KV_HEAD"
 del _flops
+print("Question 2.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q2_2_hidden_tests():
     for seq, kv in [(10_000, 128), (4096, 64), (1000, 300), (65536, 128), (777, 96)]:
@@ -605,6 +609,7 @@ assert math.isclose(_ideal, 10_000 / 2, rel_tol=1e-3), f"the ideal intensity in 
 assert 0.9 * 128 < _one_trip < 128, (
     f"with one round trip of the SEQ x SEQ intermediate the intensity drops to just under KV_HEAD = 128, got {_one_trip}")
 del _ideal, _one_trip
+print("Question 2.3: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q2_3_hidden_tests():
     for seq, kv, b, trips in [(10_000, 128, 2, 0), (10_000, 128, 2, 1), (10_000, 128, 2, 2), (4096, 64, 4, 1),
@@ -764,6 +769,7 @@ _cost = reassociated_chain_cost(10_000, 128)
 assert isinstance(_cost, tuple) and len(_cost) == 2, f"reassociated_chain_cost must return (flops, hbm_bytes), got {_cost!r}"
 assert all(isinstance(x, int) for x in _cost), "reassociated_chain_cost must return two ints"
 del _cost
+print("Bonus 2.5: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _b2_5_hidden_tests():
     for seq, kv, b in [(10_000, 128, 2), (4096, 64, 4), (999, 33, 2), (1, 1, 1), (65536, 256, 2)]:
@@ -904,6 +910,7 @@ _want = F.scaled_dot_product_attention(_q.transpose(1, 2), _k.transpose(1, 2), _
 torch.testing.assert_close(einsum_attention(_q, _k, _v, mask=_mask), _want, atol=1e-4, rtol=1e-4, msg=lambda m: (
     f"einsum_attention(q, k, v, mask) with a (S, S) boolean mask (True = attend) must equal SDPA with attn_mask: {m}"))
 del _gen, _q, _k, _v, _out, _want, _mask
+print("Question 3.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q3_1_hidden_tests():
     def reference(q, k, v, mask=None):
@@ -1038,6 +1045,7 @@ assert attention_cost(8, 4096, 16, 64, score_round_trips=2)["intensity"] < 64, (
     "with the S x S matrix going through HBM the intensity falls below head_dim")
 assert type(einsum_round_trips) is int, f"einsum_round_trips must be an int, got {type(einsum_round_trips).__name__}"
 del _cost
+print("Question 3.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q3_2_hidden_tests():
     for b, s, h, d, nb, trips in [(8, 4096, 16, 64, 2, 0), (1, 1000, 1, 128, 2, 1), (4, 2048, 8, 32, 4, 2),
@@ -1102,6 +1110,7 @@ assert isinstance(_mask, torch.Tensor) and _mask.dtype == torch.bool and tuple(_
 assert _mask[0].tolist() == [True, False, False, False], (
     f"row 0 (the first query) may attend to key 0 only, got {_mask[0].tolist()}")
 del _mask
+print("Question 3.3: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q3_3_hidden_tests():
     for s in (1, 2, 5, 17, 64):
@@ -1160,6 +1169,7 @@ assert isinstance(_mask, torch.Tensor) and _mask.dtype == torch.bool and tuple(_
 assert _mask[0, 0, 3].tolist() == [False, False, True, True, True], (
     f"token 3 (segment 1) must see exactly the tokens of segment 1, got {_mask[0, 0, 3].tolist()}")
 del _ids, _mask
+print("Question 3.4: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q3_4_hidden_tests():
     gen = torch.Generator().manual_seed(3_4)
@@ -1270,6 +1280,7 @@ assert _result is True, "attention without a mask is permutation-equivariant: ex
 _result = is_permutation_equivariant(lambda q, k, v: torch.cumsum(v, dim=1), _q, _k, _v, _perm)
 assert _result is False, "a running sum over the sequence depends on the order of the tokens: expected False"
 del _gen, _q, _k, _v, _perm, _result
+print("Question 3.5: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q3_5_hidden_tests():
     gen = torch.Generator().manual_seed(3_5)
@@ -1402,6 +1413,7 @@ _m, _l = online_softmax_update(torch.full((1,), float("-inf"), device=DEVICE), t
 assert _m.item() == float("-inf") and _l.item() == 0.0, (
     f"a row that has seen only -inf must stay (-inf, 0) (no NaN), got ({_m.item()}, {_l.item()})")
 del _x, _m, _l, _want
+print("Question 4.1.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q4_1_1_hidden_tests():
     gen = torch.Generator().manual_seed(4_1)
@@ -1593,6 +1605,7 @@ _got = blockwise_logsumexp(_x, 2)
 assert isinstance(_got, torch.Tensor) and tuple(_got.shape) == (2,), f"blockwise_logsumexp of (2, 5) must have shape (2,), got {getattr(_got, 'shape', _got)}"
 torch.testing.assert_close(_got, torch.logsumexp(_x, dim=-1), msg=lambda m: f"blockwise_logsumexp(x, 2) must equal torch.logsumexp(x, -1): {m}")
 del _x, _got
+print("Question 4.1.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q4_1_2_hidden_tests():
     gen = torch.Generator().manual_seed(4_11)
@@ -1771,6 +1784,7 @@ assert _probe.largest_numel <= _limit, (
     f"q (1, 128, 2, 4) with 32 x 32 tiles the largest tensor may have at most {_limit:,} elements, but it "
     f"created one of {_probe.largest_numel:,} ({_probe.largest_op}). Loop over query tiles and, inside, key tiles.")
 del _gen, _q, _k, _v, _causal, _out, _lse, _want, _scores, _probe, _limit
+print("Question 4.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q4_2_hidden_tests():
     gen = torch.Generator().manual_seed(4_2)
@@ -2008,6 +2022,7 @@ _want = F.scaled_dot_product_attention(_q.transpose(1, 2), _k.transpose(1, 2), _
 torch.testing.assert_close(_out.cpu(), _want, atol=2e-2, rtol=2e-2, msg=lambda m: (
     f"triton_attention_forward(q, k, v) must equal attention for q, k, v of shape (1, 37, 2, 16): {m}"))
 del _gen, _q, _k, _v, _out, _lse, _want
+print("Question 4.3: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q4_3_hidden_tests():
     kernel = _flash_attention_forward_kernel
@@ -2184,6 +2199,7 @@ _got = flash_attention_backward(*(t.to(DEVICE) for t in (_q, _k, _v, _out, _lse,
 for _name, _g, _w in zip(("dq", "dk", "dv"), _got, _want):
     torch.testing.assert_close(_g.cpu(), _w, msg=lambda m: f"flash_attention_backward's {_name} must equal autograd's: {m}")
 del _gen, _q, _k, _v, _do, _out, _lse, _want, _got, _name, _g, _w
+print("Bonus 4.4: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _b4_4_hidden_tests():
     gen = torch.Generator().manual_seed(4_4)
@@ -2386,6 +2402,7 @@ _result = benchmark_attention(_oom_attention, 2, 16, 8, n_warmup=1, n_repeat=2)
 assert _result["status"] == "oom" and all(math.isnan(_result[_key]) for _key in ("forward_ms", "backward_ms", "peak_memory_gb")), (
     f"an out-of-memory error must give status 'oom' and NaN numbers instead of raising, got {_result}")
 del _result
+print("Question 5.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q5_1_hidden_tests():
     seen = {"forward": 0, "backward": 0, "shapes": set(), "requires_grad": set(), "dtypes": set()}
