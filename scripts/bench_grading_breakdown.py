@@ -109,7 +109,7 @@ os.chdir(sys.argv[1])
 from traitlets.config import Config
 from course.sandbox import configure_sandbox
 c = Config()
-c.CourseDirectory.root = sys.argv[1]
+c.CourseDirectory.root = sys.argv[2]  # the course: the kernel's instructor files come from its source/<lab>/
 configure_sandbox(c)
 from jupyter_client.manager import KernelManager
 kernel_name = c.Execute.get("kernel_name", "python3")
@@ -137,7 +137,7 @@ def kernel_run(course: Path, lab: str) -> dict:
     work = course / "kernel-probe" / lab  # the kernel finds the lab's instructor files by its folder's name
     shutil.rmtree(work.parent, ignore_errors=True)
     shutil.copytree(course / "source" / lab, work, ignore=shutil.ignore_patterns("*.ipynb"))
-    result = subprocess.run([sys.executable, "-c", KERNEL_PROBE, str(work)], cwd=work, env=nbgrader_env(),
+    result = subprocess.run([sys.executable, "-c", KERNEL_PROBE, str(work), str(course)], cwd=work, env=nbgrader_env(),
                             capture_output=True, text=True, timeout=900)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
