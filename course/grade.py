@@ -490,6 +490,11 @@ def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores:
                              f"{outcome.seconds:.1f}"])
 
 
+def _split_joined(text: str | None) -> list[str]:
+    """The items of a ``"; "``-joined ``grades.csv`` field (notes, flags)."""
+    return [part for part in (text or "").split("; ") if part]
+
+
 def previous_outcomes(path: Path, lab: str) -> dict[str, Outcome]:
     """The students of an existing ``grades.csv`` of ``lab``, with the status, reason, notes and flags it recorded.
 
@@ -502,13 +507,12 @@ def previous_outcomes(path: Path, lab: str) -> dict[str, Outcome]:
         for row in csv.DictReader(handle):
             if row.get("lab") != lab or not row.get("student"):
                 continue
-            split = lambda text: [part for part in (text or "").split("; ") if part]  # noqa: E731
             try:
                 seconds = float(row.get("seconds") or 0.0)
             except ValueError:
                 seconds = 0.0
             kept[row["student"]] = Outcome(row["student"], row.get("status") or "ok", row.get("reason") or "", seconds,
-                                           split(row.get("notes")), split(row.get("flags")))
+                                           _split_joined(row.get("notes")), _split_joined(row.get("flags")))
     return kept
 
 
