@@ -77,6 +77,7 @@ __all__ = [
     "run_oom_safe",
     "mark_oom",
     "record_torch_calls",
+    "kernel_side",
     "plain_value",
     # 4. attention backends
     "ATTENTION_BACKEND",
@@ -1450,6 +1451,22 @@ def mark_oom(table, status_col="status", float_format=lambda value: f"{value:.4g
         if column != status_col:
             shown[column] = [cell(value, oom) for value, oom in zip(table[column].tolist(), oom_rows.tolist())]
     return shown
+
+
+def kernel_side(fn):
+    """Mark a function of a test that must run in the notebook's kernel, next to the student's code.
+
+    Graded tests run in the grader's own process (docs/AUTHORING.md, "the grading boundary"); a probe that has to
+    run beside the student's code (a timing, which torch functions a call used, a callback the student's code
+    calls) is written as a ``kernel_side`` function. When grading, its source is sent to the kernel, it runs there
+    and its return value comes back as plain data (numbers, strings, containers, tensors): it must use only its
+    arguments and the notebook's names, never variables of the function around it. In a plain notebook (the
+    student's, the instructor's) it is an ordinary function.
+
+    Returns:
+        ``fn`` itself.
+    """
+    return fn
 
 
 @contextlib.contextmanager

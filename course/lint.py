@@ -203,6 +203,80 @@ def check_test_cells(lab: str, nb) -> list[Problem]:
     return problems
 
 
+def _bound_names(tree: ast.Module, folder: Path) -> set[str]:
+    """Names a cell binds at its top level (definitions, assignments, imports; ``*`` imports resolved)."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*" and isinstance(node, ast.ImportFrom):
+                    names |= _star_names(node.module or "", folder)
+                else:
+                    names.add(alias.asname or alias.name.split(".")[0])
+        else:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+    return names
+
+
+def _star_names(module: str, folder: Path) -> set[str]:
+    import importlib
+    import sys
+
+    saved = list(sys.path)
+    sys.path.insert(0, str(folder))
+    try:
+        mod = importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - a module lint cannot import binds nothing it can see
+        return set()
+    finally:
+        sys.path[:] = saved
+    return set(getattr(mod, "__all__", [n for n in vars(mod) if not n.startswith("_")]))
+
+
+def check_test_boundary(lab: str, nb, folder: Path = REPO_ROOT) -> list[Problem]:
+    """Every name a test cell reads is the grader's (an instructor import, a ``test-helpers`` cell) or the
+    student's (bound in a cell students edit): never instructor data kept in the kernel, where student code could
+    change it (course/boundary.py)."""
+    import builtins
+
+    from .boundary import HELPERS_TAG, global_reads
+
+    grader, student, kernel_only = set(), set(), {}
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        meta = nbgrader_meta(cell)
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue  # check_test_cells reports test cells that do not parse
+        if is_autograded_test(cell):
+            reads = global_reads(compile(cell.source, "<test>", "exec")) - grader - set(dir(builtins))
+            for name in sorted(reads - student):
+                where = (f"a locked cell ({kernel_only[name]}) defines it in the kernel, where student code can change "
+                         "it: define it in a cell tagged test-helpers or in utils.py") if name in kernel_only else \
+                    "no cell before defines it"
+                problems.append(Problem(lab, _where(index, cell), f"the test reads {name!r}, but {where}"))
+            continue
+        bound = _bound_names(tree, folder)
+        if meta.get("locked") and not meta.get("solution"):
+            if HELPERS_TAG in (cell.metadata.get("tags") or []):
+                grader |= bound
+            else:
+                imported = _bound_names(ast.Module(body=[n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))],
+                                                   type_ignores=[]), folder)
+                grader |= imported
+                kernel_only.update({name: _where(index, cell) for name in bound - imported})
+        else:
+            student |= bound
+    return problems
+
+
 def check_markers(lab: str, nb) -> list[Problem]:
     """Solution/hidden-test/mark-scheme delimiters come in ordered pairs and sit in the right kind of cell."""
     problems = []
@@ -385,6 +459,7 @@ def lint_lab(lab: str, root: Path = REPO_ROOT, check_fresh: bool = True) -> list
     problems += check_points(lab, source_nb)
     problems += check_points_table(lab, source_nb)
     problems += check_test_cells(lab, source_nb)
+    problems += check_test_boundary(lab, source_nb, root)
     problems += check_readme_total(lab, source_nb, root / "README.md")
     problems += check_grade_id_lock(lab, source_nb, root / "labs" / lab / "grade_ids.lock")
     problems += check_release_leaks(lab, source_nb, release_nb)

@@ -17,6 +17,7 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from nbgrader.utils import is_grade, is_locked, is_solution
 from traitlets import Integer
 
+from . import boundary
 from .notebooks import HIDDEN_BEGIN, HIDDEN_END
 
 GUARD_SOURCE = Path(__file__).with_name("guard_kernel.py")
@@ -28,6 +29,8 @@ KERNEL_REPLY_TIMEOUT_S = 60
 # Cell tags nbclient acts on besides ``Execute.skip_cells_with_tag``: ``raises-exception`` lets a cell's error pass.
 EXECUTION_TAGS = ("raises-exception",)
 MIB = 1024 * 1024
+# A kernel that dies or stops answering is replaced by a fresh one (earlier cells run again) at most this often.
+MAX_KERNEL_RESTARTS = 3
 
 
 def _is_test_cell(cell) -> bool:
@@ -326,6 +329,10 @@ class GuardedExecute(Execute):
         self._integrity: dict[str, list[str]] = {}
         self._pending: list[str] = []  # tampering undone before a locked cell, charged to the next test cell
         self._guard_on = os.environ.get("EFFICIENT_AI_GUARD", "on") != "off"
+        self._grader: boundary.GraderSide | None = None  # runs the test cells (course/boundary.py)
+        self._boundary_ready = False
+        self._replayable: list[int] = []  # code cells (not tests) that ran without losing the kernel
+        self._restarts: list[str] = []  # why each fresh kernel was started
         timeout_s = float(os.environ.get("EFFICIENT_AI_NOTEBOOK_TIMEOUT_S", DEFAULT_NOTEBOOK_TIMEOUT_S))
         self._deadline = time.monotonic() + timeout_s
         self._timeout_s = timeout_s
@@ -437,8 +444,10 @@ class GuardedExecute(Execute):
     # -- cells --------------------------------------------------------------------------------------------------
     def preprocess_cell(self, cell, resources, index):
         self._check_assign_resources(resources)
-        if self._guard_key is None and not self._guard_broken and not self._stopped and self._guard_on:
-            self._install_guard()
+        if self._grader is None:
+            self._grader = boundary.GraderSide(self._instructor_folder(resources), boundary.KernelLink(self._ask))
+        if not self._stopped and not self._kernel_lost:
+            self._install_kernel_side()
         is_test = _is_test_cell(cell)
         is_setup = cell.cell_type == "code" and is_locked(cell) and not is_grade(cell) and not is_solution(cell)
         if self._stopped:
@@ -447,58 +456,11 @@ class GuardedExecute(Execute):
             return cell, self.resources
         if cell.cell_type != "code":
             return cell, self.resources
-        found: list[str] = []
-        if is_test:
-            found += self._pending + self._findings_or_broken("restore")
-            self._pending = []
-        elif is_setup:
-            # Student changes are undone before a locked cell (and charged to the next test cell), so that what
-            # the locked cell changes can be adopted as the instructor's own.
-            self._pending += self._findings_or_broken("restore")
-            self._guard("mark")
-        from nbclient.exceptions import CellTimeoutError, DeadKernelError
-
-        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
         where = _where(cell, index)
-        if self._kernel_lost:
-            self._stop_lost_kernel(f"before {where}")
-            if is_test:
-                cell.outputs = [_error_output("NotRun", self._stopped)]
-            return cell, self.resources
-        self._running_test = is_test
-        if not (is_test or is_setup) and cell.source.strip():
-            self._student_code_ran = True
-        try:
-            cell = self.execute_cell(cell, index, store_history=not is_test)
-        except DeadKernelError:
-            self._kernel_lost = "died"
-            self._stop_lost_kernel(f"in {where}")
-            cell.outputs.append(_error_output("DeadKernelError", self._stopped))
-            return cell, self.resources
-        except CellTimeoutError:
-            self._output_did_not_arrive(cell, where)
-        finally:
-            self._running_test = False
         if is_test:
-            found += self._findings_or_broken("restore")
-            self._guard("forget")
-        elif is_setup:
-            self._guard("adopt")
+            self._grade_test_cell(cell, index, where)
         else:
-            # Student code can leave the kernel unable to answer (replacing builtins.type breaks ipykernel's
-            # message handler): ask now, so a kernel in that state costs one wait, not one per remaining cell.
-            self._request("")
-        if self._kernel_lost:
-            self._stop_lost_kernel(f"after {where}")
-            if is_test and not found:
-                found = ["the kernel stopped answering after this test cell"]
-        if found:
-            found = sorted(set(found))
-            self._integrity[gid or str(index)] = found
-            cell.outputs.append(_error_output(
-                "GradingIntegrityError",
-                "this test does not count: student code changed what the tests rely on (" + "; ".join(found) +
-                "). The change was undone for the cells after this one."))
+            self._run_notebook_cell(cell, index, where, is_setup)
         cuda_error = sticky_cuda_error(cell)
         if cuda_error:
             self._cuda_error = f"{cuda_error} in {where}"
@@ -508,6 +470,193 @@ class GuardedExecute(Execute):
             self._stopped = (f"the notebook exceeded its time limit of {self._timeout_s:.0f} s "
                              f"(EFFICIENT_AI_NOTEBOOK_TIMEOUT_S) after {where}; cells after it were not run")
         return cell, self.resources
+
+    def _install_kernel_side(self) -> None:
+        """The grading guard and the boundary's server, in a kernel that has neither yet."""
+        if self._guard_key is None and not self._guard_broken and self._guard_on:
+            self._install_guard()
+        if not self._boundary_ready and not self._kernel_lost:
+            self._install_boundary()
+
+    def _run_notebook_cell(self, cell, index: int, where: str, is_setup: bool) -> None:
+        """Run a cell that is not a test in the kernel (student code, or a locked instructor cell)."""
+        from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+        if is_setup:
+            # Student changes are undone before a locked cell (and charged to the next test cell), so that what
+            # the locked cell changes can be adopted as the instructor's own.
+            self._pending += self._findings_or_broken("restore")
+            self._guard("mark")
+            self._grader.run_locked_cell(cell.source, cell.metadata.get("tags"))
+        elif cell.source.strip():
+            self._student_code_ran = True
+        try:
+            self.execute_cell(cell, index, store_history=True)
+        except DeadKernelError:
+            self._kernel_lost = "died"
+            cell.outputs.append(_error_output("DeadKernelError", f"the kernel died in {where}"))
+            self._recover(f"in {where}")
+            return
+        except CellTimeoutError:
+            self._output_did_not_arrive(cell, where)
+        if is_setup:
+            self._guard("adopt")
+        else:
+            # Student code can leave the kernel unable to answer (replacing builtins.type breaks ipykernel's
+            # message handler): ask now, so a kernel in that state costs one wait, not one per remaining cell.
+            self._request("")
+        if self._kernel_lost:
+            self._recover(f"after {where}")
+        else:
+            self._replayable.append(index)
+
+    def _grade_test_cell(self, cell, index: int, where: str) -> None:
+        """Run a test cell in the grader (course/boundary.py); its outputs are the grader's, never the kernel's."""
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        found = self._pending + self._findings_or_broken("restore")
+        self._pending = []
+        cell.outputs = []
+        cell.execution_count = None
+        if self._kernel_lost:
+            self._recover(f"before {where}")
+        if self._stopped:
+            cell.outputs = [_error_output("NotRun", self._stopped)]
+            return
+        self._running_test = True
+        self._test_deadline = time.monotonic() + (self.timeout or KERNEL_REPLY_TIMEOUT_S)
+        try:
+            printed, error = self._grader.run_test_cell(cell.source, gid or str(index))
+        except boundary.KernelLost:
+            printed, error = "", ("DeadKernelError" if self._kernel_lost == "died" else "TimeoutError",
+                                  f"the kernel {self._kernel_lost} while this test cell was running; the grader "
+                                  "started a fresh kernel for the cells after it")
+        finally:
+            self._running_test = False
+        if printed:
+            cell.outputs.append(NotebookNode(output_type="stream", name="stdout",
+                                             text=_shorten(printed, self.max_cell_output_bytes)))
+        if error:
+            cell.outputs.append(_error_output(error[0], _shorten(error[1], self.max_error_bytes)))
+        if self._kernel_lost:
+            self._recover(f"in {where}")
+        else:
+            found += self._findings_or_broken("restore")
+            self._guard("forget")
+        if found:
+            found = sorted(set(found))
+            self._integrity[gid or str(index)] = found
+            cell.outputs.append(_error_output(
+                "GradingIntegrityError",
+                "this test does not count: student code changed what the tests rely on (" + "; ".join(found) +
+                "). The change was undone for the cells after this one."))
+
+    def _instructor_folder(self, resources) -> Path | None:
+        """The lab's instructor files (``source/<lab>/``): the grader imports ``utils`` from there."""
+        course = self.config.get("CourseDirectory", {})
+        root = Path(course.get("root") or os.getcwd())
+        lab = ((resources or {}).get("nbgrader") or {}).get("assignment")
+        folder = root / (course.get("source_directory") or "source") / str(lab) if lab else None
+        return folder if folder is not None and folder.is_dir() else None
+
+    # -- the boundary: requests of the grader's tests ------------------------------------------------------------
+    def _install_boundary(self) -> None:
+        source = (
+            "import builtins as _b\n"
+            "_g = {'__builtins__': dict(vars(_b)), '__name__': '_efficient_ai_boundary'}\n"
+            f"exec(compile({boundary.KERNEL_SOURCE.read_text()!r}, '<grading boundary>', 'exec'), _g)\n"
+            f"_efficient_ai_boundary = _g['_efficient_ai_boundary_install']({boundary.MAX_ANSWER_BYTES})\n"
+            "del _b, _g\n"
+        )
+        reply = self._request(source, timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
+        self._boundary_ready = bool(reply) and reply["content"].get("status") == "ok"
+
+    def _ask(self, payload: str) -> str | None:
+        """One request to the kernel's boundary server; its answer text, or None when the kernel is lost.
+
+        A request still running at the test cell's time limit is interrupted (the server answers with the
+        interruption); a kernel that does not answer even then counts as lost."""
+        from nbclient.exceptions import DeadKernelError
+
+        if self._kernel_lost:
+            return None
+        expression = f"_efficient_ai_boundary({payload!r})"
+        left_s = max(1.0, getattr(self, "_test_deadline", time.monotonic() + KERNEL_REPLY_TIMEOUT_S) - time.monotonic())
+        try:
+            reply = run_sync(self._async_boundary_request)(expression, left_s)
+        except DeadKernelError:
+            self._kernel_lost = "died"
+            return None
+        if reply is None:
+            self._kernel_lost = f"stopped answering (no reply in {left_s:.0f} s, nor after an interrupt)"
+            return None
+        return self._guard_value(reply)
+
+    async def _async_boundary_request(self, expression: str, timeout_s: float) -> dict | None:
+        from queue import Empty
+
+        from nbclient.exceptions import DeadKernelError
+        from nbclient.util import ensure_async
+
+        msg_id = self.kc.execute("", silent=True, store_history=False, allow_stdin=False,
+                                 user_expressions={"guard": expression})
+        deadline = time.monotonic() + timeout_s
+        interrupted = False
+        while True:
+            if time.monotonic() > deadline:
+                if interrupted:
+                    return None
+                await ensure_async(self.km.interrupt_kernel())
+                interrupted, deadline = True, time.monotonic() + 10
+            try:
+                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=1))
+            except Empty:
+                if not await ensure_async(self.kc.is_alive()):
+                    raise DeadKernelError("Kernel died") from None
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg
+
+    # -- a lost kernel: a fresh one, and the cells before ----------------------------------------------------------
+    def _recover(self, when: str) -> None:
+        """After the kernel died or went mute: start a fresh kernel and run the earlier cells (not the tests) again,
+        so a crash costs only the cell it happened in. Gives up (``_stop_lost_kernel``) after
+        ``MAX_KERNEL_RESTARTS`` fresh kernels, past the notebook's time limit, or when the earlier cells lose the
+        fresh kernel too."""
+        lost = self._kernel_lost
+        if len(self._restarts) >= MAX_KERNEL_RESTARTS or time.monotonic() > self._deadline:
+            self._stop_lost_kernel(when)
+            return
+        self._restarts.append(f"the kernel {lost} {when}")
+        try:
+            run_sync(self._async_fresh_kernel)()
+        except Exception as exc:  # noqa: BLE001 - a kernel that cannot start again stops grading here
+            self._stop_lost_kernel(f"{when} (a fresh kernel could not start: {type(exc).__name__})")
+            return
+        self._kernel_lost = ""
+        self._guard_key, self._boundary_ready = None, False
+        self._install_kernel_side()
+        for earlier in list(self._replayable):
+            cell = self.nb.cells[earlier]
+            is_setup = is_locked(cell) and not is_grade(cell) and not is_solution(cell)
+            if is_setup:
+                self._pending += self._findings_or_broken("restore")
+                self._guard("mark")
+            self._request(cell.source, timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
+            if is_setup:
+                self._guard("adopt")
+            if self._kernel_lost:
+                self._stop_lost_kernel(f"while the earlier cells ran again in a fresh kernel, {when}")
+                return
+
+    async def _async_fresh_kernel(self) -> None:
+        from nbclient.util import ensure_async
+
+        try:
+            self.kc.stop_channels()
+        except Exception:  # noqa: BLE001, S110 - channels of a dead kernel may already be closed
+            pass
+        await ensure_async(self.km.restart_kernel(now=True))
+        await self.async_start_new_kernel_client()
 
     def _stop_lost_kernel(self, when: str) -> None:
         """Stop execution after the kernel died or went mute, worded by what was observed."""
@@ -662,6 +811,7 @@ class GuardedExecute(Execute):
         report = {"stopped": self._stopped, "guard": self._guard_broken, "integrity": self._integrity,
                   "cuda_error": self._cuda_error, "output_missed": self._output_missed, "retry": self._retry,
                   "neutralised": self._neutralised, "output_dropped_bytes": dropped,
+                  "kernel_restarts": self._restarts,
                   "output_caps_bytes": [self.max_cell_output_bytes, self.max_notebook_output_bytes]}
         try:
             (Path(folder) / GRADING_REPORT).write_text(json.dumps(report, indent=1))

@@ -187,10 +187,13 @@ def test_ta_grades_by_hand_and_generates_feedback_in_the_formgrader(graded, serv
     assert len(rows) == 2, f"the gradebook must list both submissions, shows {len(rows)} rows"
 
     open_and_settle(browser, server.url(f"/formgrader/submissions/{submission_id(course, 'ada')}/"), "Question 1.3")
+    from selenium.webdriver.common.keys import Keys
+
     box = browser.find_element("css selector", f"input.score#{ANSWER_GID}")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", box)
     box.clear()
-    box.send_keys(str(MANUAL_SCORE))
-    browser.find_element("css selector", f"textarea#{ANSWER_GID}-comment").click()  # leaving the box saves it
+    # Tab leaves the box, which saves it (a click on the comment box can land on a page still laying out).
+    box.send_keys(str(MANUAL_SCORE), Keys.TAB)
     deadline = time.monotonic() + 30
     while grades_of(course, "ada")[ANSWER_GID][1] != MANUAL_SCORE and time.monotonic() < deadline:
         time.sleep(0.5)

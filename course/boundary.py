@@ -1,0 +1,363 @@
+"""The grader half of the grading boundary: hidden tests run here, in the nbgrader process, never in the kernel.
+
+The kernel that runs a student's notebook is untrusted (docs/SECURITY.md). ``GuardedExecute`` therefore runs the
+code of every autograded test cell (public and hidden tests alike) here, in a namespace of the grader's own:
+
+- the imports of the notebook's locked (instructor) cells, made here from the instructor's files (``utils.py`` of
+  ``source/<lab>/``), and the whole of every locked cell tagged ``test-helpers`` (helpers the tests call);
+- every other global name a test cell reads is looked up in the kernel when the cell starts: plain data (numbers,
+  strings, lists, dicts, tensors, arrays) arrives by value, anything else (a student's function, class, module
+  instance) as a ``Remote`` handle whose calls, attributes and items are requests to the kernel that answer with
+  plain data or another handle;
+- ``kernel_side`` functions (probes a test needs run next to the student's code: timings, which torch functions
+  were called) are sent to the kernel as source and run there; their results come back as data.
+
+Every expected value and every comparison is computed here, so nothing in the kernel can read, replace or forge a
+verdict: the kernel's replies are decoded by a strict decoder (``decode``) that builds only plain Python values,
+``torch.Tensor``, ``numpy`` arrays and scalars. The cell's outputs (what it printed, its error) are written by the
+grader, never copied from the kernel, and nbgrader scores them as usual.
+"""
+from __future__ import annotations
+
+import ast
+import base64
+import builtins
+import contextlib
+import dis
+import inspect
+import io
+import json
+import linecache
+import math
+import pickle
+import sys
+import textwrap
+from pathlib import Path
+
+KERNEL_SOURCE = Path(__file__).with_name("boundary_kernel.py")
+HELPERS_TAG = "test-helpers"  # a locked cell with this tag also runs in the grader (helpers hidden tests call)
+REF_TAG = "__efficient_ai_ref__"
+MAX_ANSWER_BYTES = 4 * 1024 * 1024  # raw bytes of tensors and strings in one answer (ZeroMQ caps a message at 8 MiB)
+# Dunder names a Remote forwards to the kernel; others (``__array__``, ``__length_hint__``...) are probed by
+# libraries and answered locally as missing.
+FORWARDED_DUNDERS = {"__name__", "__qualname__", "__doc__", "__module__", "__wrapped__", "__defaults__",
+                     "__kwdefaults__", "__annotations__"}
+
+
+class BoundaryError(Exception):
+    """The kernel did not answer a grader's request with valid data (no answer, a malformed one, a dead kernel)."""
+
+
+class StudentError(Exception):
+    """Student code raised an exception whose type is not a built-in one; ``str()`` names its type."""
+
+
+class KernelLost(BoundaryError):
+    """The kernel died or stopped answering while a test cell was running."""
+
+
+# -- answers: strict decoding of the kernel's data ----------------------------------------------------------
+def _torch():
+    import torch
+
+    return torch
+
+
+def _decode_tensor(doc: dict):
+    torch = _torch()
+    dtype = getattr(torch, str(doc["dtype"]), None)
+    if not isinstance(dtype, torch.dtype):
+        raise BoundaryError(f"unknown tensor dtype {doc['dtype']!r}")
+    shape = [int(n) for n in doc["shape"]]
+    raw = base64.b64decode(doc["data"], validate=True)
+    count = math.prod(shape)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if len(raw) != count * itemsize:
+        raise BoundaryError(f"a tensor of shape {shape} and dtype {dtype} cannot hold {len(raw)} bytes")
+    tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape).clone() if raw \
+        else torch.empty(shape, dtype=dtype)
+    device = str(doc.get("device", "cpu"))
+    if device.startswith("cuda") and torch.cuda.is_available():
+        tensor = tensor.to(device)
+    return tensor
+
+
+def _decode_numpy(doc: dict, scalar: bool):
+    import numpy as np
+
+    dtype = np.dtype(str(doc["dtype"]))
+    if dtype.kind not in "biufc":
+        raise BoundaryError(f"unsupported array dtype {dtype}")
+    raw = base64.b64decode(doc["data"], validate=True)
+    if scalar:
+        if len(raw) != dtype.itemsize:
+            raise BoundaryError("a NumPy scalar of the wrong size")
+        return np.frombuffer(raw, dtype=dtype)[0]
+    shape = [int(n) for n in doc["shape"]]
+    if len(raw) != math.prod(shape) * dtype.itemsize:
+        raise BoundaryError(f"an array of shape {shape} and dtype {dtype} cannot hold {len(raw)} bytes")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+
+def decode(doc, link: "KernelLink"):
+    """Build the grader's own value from one JSON value of an answer; only plain types, never code."""
+    if doc is None or type(doc) in (bool, int, float, str):
+        return doc
+    if type(doc) is not dict or "$" not in doc:
+        raise BoundaryError(f"malformed answer element of type {type(doc).__name__}")
+    tag = doc["$"]
+    if tag in ("list", "tuple", "set", "frozenset"):
+        items = [decode(item, link) for item in doc["items"]]
+        return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
+    if tag == "dict":
+        return {decode(key, link): decode(value, link) for key, value in doc["items"]}
+    if tag == "float":
+        if doc["repr"] not in ("inf", "-inf", "nan"):
+            raise BoundaryError(f"malformed float {doc['repr']!r}")
+        return float(doc["repr"])
+    if tag == "tensor":
+        return _decode_tensor(doc)
+    if tag in ("ndarray", "npscalar"):
+        return _decode_numpy(doc, scalar=tag == "npscalar")
+    if tag == "dtype":
+        dtype = getattr(_torch(), str(doc["name"]), None)
+        if not isinstance(dtype, _torch().dtype):
+            raise BoundaryError(f"unknown dtype {doc['name']!r}")
+        return dtype
+    if tag == "device":
+        return _torch().device(str(doc["name"]))
+    if tag == "size":
+        return _torch().Size(int(n) for n in doc["items"])
+    if tag == "handle":
+        return Remote(link, int(doc["id"]), str(doc["kind"]), str(doc["type"]))
+    raise BoundaryError(f"unknown answer tag {tag!r}")
+
+
+def _raise_student_error(kind: str, message: str, trace: str):
+    text = message + (f"\n\nwhere it was raised (your code):\n{trace}" if trace else "")
+    cls = getattr(builtins, kind, None)
+    if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, OSError):
+        try:
+            error = cls(text)
+        except Exception:  # noqa: BLE001 - an exception type whose constructor wants other arguments
+            error = StudentError(f"{kind}: {text}")
+    else:
+        error = StudentError(f"{kind}: {text}")
+    error.student_traceback = trace
+    raise error
+
+
+# -- requests ---------------------------------------------------------------------------------------------------
+def _mark_refs(value):
+    kind = type(value)
+    if kind is Remote:
+        return (REF_TAG, object.__getattribute__(value, "_id"))
+    if kind in (list, tuple):
+        return kind(_mark_refs(item) for item in value)
+    if kind is dict:
+        return {key: _mark_refs(item) for key, item in value.items()}
+    return value
+
+
+class KernelLink:
+    """Requests to the kernel's boundary server; ``ask`` sends one and returns the answer text (or None)."""
+
+    def __init__(self, ask):
+        self._ask = ask
+
+    def request(self, *request):
+        try:
+            payload = base64.b64encode(pickle.dumps(_mark_refs(request), protocol=4)).decode()
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise TypeError(
+                "a hidden test can pass student code only data (numbers, strings, containers, tensors, picklable "
+                "objects) or the student's own objects; run code that must call back into the test in a "
+                f"kernel_side function ({exc})") from None
+        text = self._ask(payload)
+        if text is None:
+            raise KernelLost("the kernel did not answer the grader's request")
+        try:
+            answer = json.loads(text)
+        except (TypeError, ValueError):
+            raise BoundaryError("the kernel's answer is not valid JSON") from None
+        if type(answer) is not dict:
+            raise BoundaryError("the kernel's answer is not a JSON object")
+        if "error" in answer:
+            error = answer["error"]
+            if type(error) is not list or len(error) != 3 or not all(type(e) is str for e in error):
+                raise BoundaryError("the kernel's error answer is malformed")
+            _raise_student_error(*error)
+        if "ok" not in answer:
+            raise BoundaryError("the kernel's answer holds no value")
+        return decode(answer["ok"], self)
+
+    def export(self, names: list[str]) -> dict:
+        found = self.request("export", sorted(names))
+        if type(found) is not dict:
+            raise BoundaryError("the kernel's export answer is not a dict")
+        return {name: value for name, value in found.items() if name in names}
+
+    def release(self) -> None:
+        self.request("release")
+
+
+class Remote:
+    """A student's object that stays in the kernel: calling it, reading its attributes or items asks the kernel."""
+
+    __slots__ = ("_link", "_id", "_kind", "_type")
+
+    def __init__(self, link: KernelLink, handle: int, kind: str, type_name: str):
+        object.__setattr__(self, "_link", link)
+        object.__setattr__(self, "_id", handle)
+        object.__setattr__(self, "_kind", kind)
+        object.__setattr__(self, "_type", type_name)
+
+    def __call__(self, *args, **kwargs):
+        link = object.__getattribute__(self, "_link")
+        return link.request("call", ("handle", object.__getattribute__(self, "_id")), args, kwargs)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__") and name not in FORWARDED_DUNDERS:
+            raise AttributeError(name)
+        link = object.__getattribute__(self, "_link")
+        return link.request("getattr", object.__getattribute__(self, "_id"), name)
+
+    def __setattr__(self, name, value):
+        raise TypeError("a hidden test cannot set attributes of a student's object from the grader")
+
+    def __getitem__(self, key):
+        link = object.__getattribute__(self, "_link")
+        return link.request("getitem", object.__getattribute__(self, "_id"), key)
+
+    def __repr__(self) -> str:
+        return f"<student {object.__getattribute__(self, '_kind')} of type {object.__getattribute__(self, '_type')}>"
+
+
+# -- kernel_side --------------------------------------------------------------------------------------------------
+def _function_source(fn) -> str:
+    source = textwrap.dedent(inspect.getsource(fn))
+    tree = ast.parse(source)
+    node = tree.body[0]
+    if not isinstance(node, ast.FunctionDef):
+        raise TypeError("kernel_side decorates a plain function (def), not a lambda or a class")
+    node.decorator_list = []
+    return ast.unparse(tree)
+
+
+def make_kernel_side(link: KernelLink):
+    """The grader's ``kernel_side``: the decorated function runs in the kernel; its result comes back as data."""
+
+    def kernel_side(fn):
+        if fn.__code__.co_freevars:
+            raise TypeError(
+                f"kernel_side function {fn.__name__} uses variables of the function around it "
+                f"({', '.join(fn.__code__.co_freevars)}): it runs in the kernel, so pass them as arguments")
+        source = _function_source(fn)
+
+        def run_in_kernel(*args, **kwargs):
+            return link.request("define", source, fn.__name__, args, kwargs)
+
+        run_in_kernel.__name__ = fn.__name__
+        run_in_kernel.__wrapped__ = fn
+        return run_in_kernel
+
+    return kernel_side
+
+
+# -- the grader's namespace ---------------------------------------------------------------------------------------
+def _code_objects(code):
+    yield code
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            yield from _code_objects(const)
+
+
+def global_reads(code) -> set[str]:
+    """Global names a compiled cell reads (module level and inside its functions), minus those it binds itself."""
+    reads, binds = set(), set()
+    for obj in _code_objects(code):
+        for ins in dis.get_instructions(obj):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"):
+                reads.add(ins.argval)
+            elif ins.opname in ("STORE_NAME", "STORE_GLOBAL", "DELETE_NAME", "DELETE_GLOBAL") and obj is code:
+                binds.add(ins.argval)
+    return reads - binds
+
+
+@contextlib.contextmanager
+def _instructor_imports(folder: Path | None):
+    """``sys.path`` for the grader's own imports: the instructor's files first, never the current folder (a
+    submission's files sit there)."""
+    saved = list(sys.path)
+    sys.path[:] = ([str(folder)] if folder else []) + [p for p in saved if p not in ("", ".") and Path(p).is_absolute()
+                                                       and Path(p).resolve() != Path.cwd().resolve()]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
+class GraderSide:
+    """One notebook's grader-side namespace and the test cells run in it."""
+
+    def __init__(self, instructor_folder: Path | None, link: KernelLink):
+        self.folder = instructor_folder
+        self.link = link
+        self.kernel_side = make_kernel_side(link)
+        self.base: dict = {"__builtins__": builtins, "__name__": "__grader__", "kernel_side": self.kernel_side}
+        self.problems: list[str] = []
+
+    def run_locked_cell(self, source: str, tags) -> None:
+        """Take a locked cell's imports (or the whole cell when tagged ``test-helpers``) into the grader."""
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            return
+        if HELPERS_TAG in (tags or ()):
+            nodes = tree.body
+        else:
+            nodes = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+        if "utils" in sys.modules and self.folder and not _from_folder(sys.modules["utils"], self.folder):
+            del sys.modules["utils"]  # another course's copy: this lab's tests use its own instructor files
+        with _instructor_imports(self.folder):
+            for node in nodes:
+                module = ast.Module(body=[node], type_ignores=[])
+                try:
+                    exec(compile(module, "<instructor cell>", "exec"), self.base)
+                except Exception as exc:  # noqa: BLE001 - an import the grader cannot make leaves its names remote
+                    self.problems.append(f"{ast.unparse(node)[:80]}: {type(exc).__name__}: {exc}")
+                self.base["kernel_side"] = self.kernel_side  # `from utils import *` brings the local one
+
+    def run_test_cell(self, source: str, label: str) -> tuple[str, tuple[str, str] | None]:
+        """Run one test cell here; what it printed and its error (type name, message), or None when it passed."""
+        filename = f"<test cell {label}>"
+        try:
+            code = compile(source, filename, "exec")
+        except SyntaxError as exc:
+            return "", ("SyntaxError", f"the test cell does not compile: {exc}")
+        link = self.link
+        namespace = dict(self.base)
+        printed = io.StringIO()
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        try:
+            wanted = sorted(name for name in global_reads(code) if name not in namespace and not hasattr(builtins, name))
+            if wanted:
+                namespace.update(link.export(wanted))
+            with contextlib.redirect_stdout(printed), _instructor_imports(self.folder):
+                exec(code, namespace)
+        except KernelLost:
+            raise
+        except BoundaryError as exc:
+            return printed.getvalue(), ("GradingBoundaryError", f"the kernel's answer could not be read: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a failed test, in any form, is that cell's failure
+            return printed.getvalue(), (type(exc).__name__, str(exc))
+        finally:
+            linecache.cache.pop(filename, None)
+            with contextlib.suppress(BoundaryError):
+                link.release()
+        return printed.getvalue(), None
+
+
+def _from_folder(module, folder: Path) -> bool:
+    path = getattr(module, "__file__", None)
+    return bool(path) and Path(path).resolve().parent == folder.resolve()
