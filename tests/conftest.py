@@ -20,6 +20,7 @@ MODULE_MARKERS = {
     "test_labs": ("slow",),
     "test_pipeline": ("slow",),
     "test_redteam": ("sandbox", "slow"),
+    "test_redteam_boundary": ("slow",),
     "test_sandbox": ("sandbox", "slow"),
     "test_scale": ("postgres", "slow"),
 }

@@ -28,7 +28,7 @@ def lab_cases(lab: str) -> list:
         return []
 
 
-def test_points(lab: str) -> dict[str, float]:
+def autograded_points(lab: str) -> dict[str, float]:
     source = read_notebook(REPO_ROOT / "source" / lab / f"{lab}.ipynb")
     return {grade_id(c): float(c.metadata["nbgrader"]["points"]) for c in source.cells if is_autograded_test(c)}
 
@@ -50,7 +50,7 @@ def graded(request, tmp_path_factory):
 
 def test_each_attack_scores_zero_where_it_aims_and_full_marks_elsewhere(graded):
     lab, cases, scores = graded
-    points = test_points(lab)
+    points = autograded_points(lab)
     for case in cases:
         cells = scores[case.student].cells if case.student in scores else {}
         got = {gid: cells[gid].score if gid in cells else None for gid in points}
