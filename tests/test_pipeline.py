@@ -280,8 +280,9 @@ def test_grading_ignores_spoofed_results_and_stderr_and_feedback_hides_tests(bui
     assert scores["printer"].autograded_score() == 6 and scores["stasher"].autograded_score() == 6
     for student in ("printer", "stasher"):
         printed = read_notebook(course / "autograded" / student / LAB / f"{LAB}.ipynb")
-        assert "add(-40, 17)" in json.dumps([c.get("outputs", []) for c in printed.cells]), \
-            f"control: the {student}'s output does carry hidden test source before feedback strips it"
+        assert "add(-40, 17)" not in json.dumps([c.get("outputs", []) for c in printed.cells]), (
+            f"hidden tests run in the grader, so the {student}'s code, reading the frames that call it, cannot "
+            "copy their source into its outputs")
     files = generate_feedback(course, LAB)
     assert len(files) == 4
     for html in files:
