@@ -358,6 +358,15 @@ class GraderSide:
         return printed.getvalue(), None
 
 
+def warm_imports() -> None:
+    """Import what test cells use (torch, numpy, matplotlib) ahead of the first test cell; errors wait for it."""
+    for name in ("numpy", "torch", "matplotlib.pyplot"):
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001, S112 - the test cell that needs a missing module reports it
+            continue
+
+
 def _from_folder(module, folder: Path) -> bool:
     path = getattr(module, "__file__", None)
     return bool(path) and Path(path).resolve().parent == folder.resolve()

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import secrets
+import threading
 import time
 from pathlib import Path
 
@@ -297,6 +298,8 @@ class GuardedExecute(Execute):
 
     def preprocess(self, nb, resources=None, km=None):
         self._reset_state()
+        # The grader runs the test cells with torch of its own: import it while the kernel starts, not after.
+        threading.Thread(target=boundary.warm_imports, name="grader-imports", daemon=True).start()
         earlier = nb.metadata.pop(NEUTRALISED_KEY, None)  # found by NeutraliseCellMetadata in the sanitize step
         if isinstance(earlier, dict):
             self._neutralised.update({str(k): [str(x) for x in v] for k, v in earlier.items() if isinstance(v, list)})
