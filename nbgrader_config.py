@@ -36,6 +36,7 @@ try:
         OverwriteCells, OverwriteKernelspec, SaveAutoGrades,
     )
 
+    from course.paths import COURSE_ID
     from course.nbgrader_ext import DropTestResults, GuardedExecute, NeutraliseCellMetadata, StripHiddenTests
     from course.sanitize import SanitizeNotebook, clean_html, markdown2html
     from course.sandbox import configure_sandbox
@@ -44,7 +45,7 @@ except Exception as exc:  # noqa: BLE001  (any failure to load the course's exte
 
 c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this file)
 
-c.CourseDirectory.course_id = "efficient-ai"
+c.CourseDirectory.course_id = COURSE_ID
 c.CourseDirectory.root = _HERE
 c.CourseDirectory.db_url = os.environ.get("NBGRADER_DB_URL", "sqlite:///" + os.path.join(_HERE, "gradebook.db"))
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "trace*.json"]

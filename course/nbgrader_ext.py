@@ -19,7 +19,7 @@ from nbgrader.utils import is_grade, is_locked, is_solution
 from traitlets import Integer
 
 from . import boundary
-from .notebooks import HIDDEN_BEGIN, HIDDEN_END
+from .notebooks import HIDDEN_BEGIN, HIDDEN_END, is_autograded_test
 
 GUARD_SOURCE = Path(__file__).with_name("guard_kernel.py")
 GRADING_REPORT = "grading_report.json"  # written beside each autograded notebook
@@ -34,10 +34,6 @@ MIB = 1024 * 1024
 MAX_KERNEL_RESTARTS = 3
 
 
-def _is_test_cell(cell) -> bool:
-    return cell.cell_type == "code" and is_grade(cell) and not is_solution(cell)
-
-
 class DropTestResults(NbGraderPreprocessor):
     """Remove ``execute_result`` outputs from autograded test cells before nbgrader scores them.
 
@@ -48,7 +44,7 @@ class DropTestResults(NbGraderPreprocessor):
     """
 
     def preprocess_cell(self, cell, resources, cell_index):
-        if _is_test_cell(cell):
+        if is_autograded_test(cell):
             cell.outputs = [out for out in cell.get("outputs", []) if out.get("output_type") != "execute_result"]
         return cell, resources
 
@@ -89,7 +85,7 @@ class StripHiddenTests(NbGraderPreprocessor):
     min_quoted_chars = 12
 
     def preprocess(self, nb, resources):
-        hidden = {_squeeze(line) for cell in nb.cells if _is_test_cell(cell) for line in hidden_test_lines(cell.source)}
+        hidden = {_squeeze(line) for cell in nb.cells if is_autograded_test(cell) for line in hidden_test_lines(cell.source)}
         self._hidden = sorted((h for h in hidden if len(h) >= self.min_quoted_chars), key=len)
         return super().preprocess(nb, resources)
 
@@ -117,7 +113,7 @@ class StripHiddenTests(NbGraderPreprocessor):
     def preprocess_cell(self, cell, resources, cell_index):
         if cell.cell_type != "code":
             return cell, resources
-        if not _is_test_cell(cell):
+        if not is_autograded_test(cell):
             for out in cell.get("outputs", []):
                 self._redact_output(out)
             return cell, resources
@@ -451,7 +447,7 @@ class GuardedExecute(Execute):
             self._grader = boundary.GraderSide(self._instructor_folder(resources), boundary.KernelLink(self._ask))
         if not self._stopped and not self._kernel_lost:
             self._install_kernel_side()
-        is_test = _is_test_cell(cell)
+        is_test = is_autograded_test(cell)
         is_setup = cell.cell_type == "code" and is_locked(cell) and not is_grade(cell) and not is_solution(cell)
         if self._stopped:
             if is_test:

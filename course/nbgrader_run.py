@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .paths import REPO_ROOT
+from .paths import COURSE_ID, REPO_ROOT
 
 CPUS_ENV = "EFFICIENT_AI_CPUS"  # CPUs one grading job may use ("0,1,2"): set per worker by course.grade
 THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -191,7 +191,7 @@ def read_scores(course_root: Path, lab: str, students: list[str] | None = None) 
     from nbgrader.api import Gradebook, MissingEntry
 
     result: dict[str, SubmissionScores] = {}
-    with Gradebook(db_url_for(course_root), course_id="efficient-ai") as gb:
+    with Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
         try:
             assignment = gb.find_assignment(lab)
         except MissingEntry:

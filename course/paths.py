@@ -7,6 +7,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 """The repository root: it holds labs/, source/, release/, utils.py, assets/ and nbgrader_config.py."""
 
+COURSE_ID = "efficient-ai"
+"""nbgrader's course id: ``nbgrader_config.py`` sets it, and the gradebook is opened with it."""
+
 LAB_NAME_RE = re.compile(r"^lab\d+$")
 
 

@@ -29,6 +29,7 @@ import nbformat
 from nbformat.corpus.words import generate_corpus_id
 
 from .notebooks import NB_VERSION, NotebookError, grade_id, nbgrader_meta, read_notebook, write_notebook
+from .paths import COURSE_ID
 from .quoting import escape_controls
 from .scan import is_locked, scan_notebook
 
@@ -39,7 +40,6 @@ JUNK = {".ipynb_checkpoints", "__pycache__", ".DS_Store", "Thumbs.db"}  # ignore
 EXCHANGE_FILES = {TIMESTAMP, "submission_secret.txt"}
 METADATA_CHECKED = {"grade": bool, "solution": bool, "locked": bool, "task": bool, "points": float}  # nbgrader's
 CELL_ID_RE = re.compile(r"^[a-zA-Z0-9-_]{1,64}$")  # nbformat 4.5
-COURSE_ID = "efficient-ai"  # nbgrader_config.py
 
 
 @dataclass
