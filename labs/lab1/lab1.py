@@ -88,8 +88,9 @@ from utils import *
 
 print_environment_report("lab1")
 
-# %% nbgrader={"grade": false, "grade_id": "test_helpers", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# Used by the test cells below: run this cell, and do not redefine what it defines.
+# %% nbgrader={"grade": false, "grade_id": "test_helpers", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["test-helpers"]
+# Used by the test cells below: run this cell, and do not redefine what it defines. When grading, the tests run
+# outside your kernel with the grader's own copy of this cell.
 REAL_REL_TOL = 1e-5
 """float: relative tolerance of the tests on real-valued answers (float32 arithmetic, about 1e-7 per operation, passes)."""
 
@@ -189,55 +190,81 @@ del _A, _B, _C
 print("Question 1.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q1_1_hidden_tests():
-    import dis
-    import inspect
     forbidden = {
         "matmul", "mm", "bmm", "einsum", "tensordot", "addmm", "addmv", "addbmm", "baddbmm", "addr", "dot",
         "vdot", "inner", "outer", "ger", "mv", "linear", "bilinear", "chain_matmul", "multi_dot", "matrix_power",
         "__matmul__", "__rmatmul__", "__imatmul__", "_scaled_mm", "sum", "nansum",
     }
-    # 1. Static check of gemm's compiled code (works whether or not its source text is available).
-    def code_objects(code):
-        yield code
-        for const in code.co_consts:
-            if inspect.iscode(const):
-                yield from code_objects(const)
 
-    for code in code_objects(gemm.__code__):
-        for ins in dis.get_instructions(code):
-            if ins.opname == "BINARY_MATRIX_MULTIPLY" or (ins.opname == "BINARY_OP" and ins.argrepr.startswith("@")):
+    @kernel_side
+    def gemm_bytecode():
+        """In the kernel: gemm's compiled code as data (best effort: it reads the kernel's gemm).
+
+        Returns:
+            list: one list per code object (gemm's own first, then the code objects nested in it), of
+            (opname, argval, argrepr, offset) per instruction; argval is a str, an int, ("code", index into this
+            list) for a nested code object, or None.
+        """
+        import dis
+        import inspect
+
+        codes = [gemm.__code__]
+        for code in codes:  # grows while it is walked: every code object nested in one already listed
+            codes += [const for const in code.co_consts if inspect.iscode(const)]
+        index = {id(code): i for i, code in enumerate(codes)}
+
+        def plain(value):
+            if inspect.iscode(value):
+                return ("code", index[id(value)])
+            return value if type(value) in (str, int) else None
+
+        return [[(ins.opname, plain(ins.argval), ins.argrepr, ins.offset) for ins in dis.get_instructions(code)]
+                for code in codes]
+
+    @kernel_side
+    def gemm_recorded(A, B):
+        """In the kernel: gemm(A, B) and the sorted names of the torch functions it called (best effort)."""
+        with record_torch_calls() as called:
+            out = gemm(A, B)
+        return out, sorted(called)
+
+    # 1. Static check of gemm's compiled code (works whether or not its source text is available).
+    listing = gemm_bytecode()
+    for instructions in listing:
+        for opname, argval, argrepr, _ in instructions:
+            if opname == "BINARY_MATRIX_MULTIPLY" or (opname == "BINARY_OP" and argrepr.startswith("@")):
                 raise AssertionError("gemm must not use the @ operator")
-            name = ins.argval if isinstance(ins.argval, str) else None
+            name = argval if isinstance(argval, str) else None
             if name is None:
                 continue
-            if ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "STORE_ATTR") and name in forbidden:
+            if opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "STORE_ATTR") and name in forbidden:
                 raise AssertionError(f"gemm must not use .{name} (a library product or reduction)")
-            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS") \
+            if opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS") \
                     and name in forbidden - {"sum"}:  # local variables may have any name; built-in sum() is fine
                 raise AssertionError(f"gemm must not call {name}()")
-            if ins.opname in ("IMPORT_NAME", "IMPORT_FROM") and name.split(".")[-1] in forbidden:
+            if opname in ("IMPORT_NAME", "IMPORT_FROM") and name.split(".")[-1] in forbidden:
                 raise AssertionError(f"gemm must not import {name}")
-            if ins.opname in ("LOAD_CONST", "RETURN_CONST") and name in forbidden:
+            if opname in ("LOAD_CONST", "RETURN_CONST") and name in forbidden:
                 raise AssertionError(f"gemm must not look up {name!r} (getattr of a product routine)")
 
-    def loop_depth(code):
-        """Deepest loop nesting: each backward jump closes a loop that spans [jump target, jump]."""
-        instrs = list(dis.get_instructions(code))
+    def loop_depth(which):
+        """Deepest loop nesting of listing[which]: each backward jump closes a loop spanning [jump target, jump]."""
+        instructions = listing[which]
         spans = {}
-        for ins in instrs:
-            if "JUMP" in ins.opname and isinstance(ins.argval, int) and ins.argval < ins.offset:
-                spans[ins.argval] = max(spans.get(ins.argval, ins.offset), ins.offset)  # `continue` joins its loop
+        for opname, argval, _, offset in instructions:
+            if "JUMP" in opname and type(argval) is int and argval < offset:
+                spans[argval] = max(spans.get(argval, offset), offset)  # `continue` joins its loop
 
         def depth_at(offset):
             return sum(1 for start, stop in spans.items() if start <= offset <= stop)
 
-        best = max((depth_at(ins.offset) for ins in instrs), default=0)
-        for ins in instrs:  # generator expressions are separate code objects, created inside the outer loops
-            if ins.opname == "LOAD_CONST" and inspect.iscode(ins.argval):
-                best = max(best, depth_at(ins.offset) + loop_depth(ins.argval))
+        best = max((depth_at(offset) for _, _, _, offset in instructions), default=0)
+        for opname, argval, _, offset in instructions:  # generator expressions are separate code objects,
+            if opname == "LOAD_CONST" and type(argval) is tuple and argval[0] == "code":  # made inside the loops
+                best = max(best, depth_at(offset) + loop_depth(argval[1]))
         return best
 
-    depth = loop_depth(gemm.__code__)
+    depth = loop_depth(0)
     assert depth >= 3, (
         "gemm must compute C with three nested loops (over i, j and k) written inside gemm itself; "
         f"found a loop nesting depth of {depth}")
@@ -253,9 +280,8 @@ def _q1_1_hidden_tests():
         A_dev, B_dev = A.to(device=DEVICE, dtype=dtype), B.to(device=DEVICE, dtype=dtype)
         if transpose_b:
             B_dev = B.t().contiguous().to(device=DEVICE, dtype=dtype).t()
-        with record_torch_calls() as called:
-            out = gemm(A_dev, B_dev)
-        used = sorted(called & forbidden)
+        out, called = gemm_recorded(A_dev, B_dev)
+        used = sorted(set(called) & forbidden)
         assert not used, f"gemm must not call library products or reductions; it called torch {used}"
         out = plain_value(out, "tensor", "gemm(A, B)")
         where = f"A {tuple(shape_a)}, B {tuple(shape_b)}, {dtype}"
@@ -273,7 +299,6 @@ def _q1_1_hidden_tests():
     check((1, 1), (1, 1), torch.float32, 14)
     check((5, 6), (6, 4), torch.float64, 15)
     check((4, 9), (9, 5), torch.float32, 16, transpose_b=True)
-
 
 _q1_1_hidden_tests()
 del _q1_1_hidden_tests
@@ -413,71 +438,95 @@ def latency(fn, *args, warmup=10, repeat=100, **kwargs):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q1_2_latency_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-_calls = []
-_result = latency(lambda x, scale=1: _calls.append((x, scale)), 7, warmup=2, repeat=3, scale=5)
+@kernel_side
+def _latency_calls():
+    """In the kernel: latency of a function that records its calls; (the calls, latency's result)."""
+    calls = []
+    result = latency(lambda x, scale=1: calls.append((x, scale)), 7, warmup=2, repeat=3, scale=5)
+    return calls, result
+
+
+_calls, _result = _latency_calls()
 assert len(_calls) == 5, f"latency(fn, warmup=2, repeat=3) must call fn exactly 5 times, it called it {len(_calls)} times"
 assert all(call == (7, 5) for call in _calls), "latency must pass *args and **kwargs through to fn unchanged"
 assert isinstance(_result, (float, int)) and not isinstance(_result, bool), (
     f"latency must return a Python float (seconds), got {type(_result).__name__}")
-del _calls, _result
+del _latency_calls, _calls, _result
 print("Question 1.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q1_2_hidden_tests():
     warmup, repeat = 3, 10
     warmup_s, timed_s = 0.02, 0.002  # warm-up calls sleep 10x longer: counting them moves the mean far up
-    calls, timed_intervals_s, gpu_events = [], [], []
-    warmup_end_s = None
 
-    def probe(tag, *, factor):
-        """Sleeps warmup_s during the first `warmup` calls, then about timed_s per call, recording each call."""
-        nonlocal warmup_end_s
-        calls.append((tag, factor))
-        if len(calls) <= warmup:
-            time.sleep(warmup_s)
-            warmup_end_s = time.perf_counter()
-        elif DEVICE.type == "cuda":  # GPU work only, left queued: timing without synchronisation sees ~0 s
+    @kernel_side
+    def run_latency(warmup, repeat, warmup_s, timed_s):
+        """In the kernel, next to the student's latency: time a probe with it and measure what the probe saw.
+
+        The probe sleeps warmup_s seconds in each of its first `warmup` calls, then about timed_s per call (on
+        CUDA as queued GPU work only, so timing without synchronisation sees about 0 s), recording every call.
+
+        Returns:
+            dict: "result" (what latency returned), "calls" (the probe's arguments, one (tag, factor) per call),
+            "timed_s" (the duration of each timed call, seconds), "after_warmup_s" (the time latency spent after
+            the end of its last warm-up call, seconds), "default_calls" (calls made by latency(fn, repeat=2)).
+        """
+        calls, timed_intervals_s, gpu_events = [], [], []
+        warmup_end_s = [None]
+        gpu_cycles = 0
+        if DEVICE.type == "cuda":  # GPU clock cycles that take about timed_s
+            torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            torch.cuda._sleep(gpu_cycles)
+            torch.cuda._sleep(1_000_000)
             end.record()
-            gpu_events.append((start, end))
-        else:
-            start_s = time.perf_counter()
-            time.sleep(timed_s)
-            timed_intervals_s.append(time.perf_counter() - start_s)
+            torch.cuda.synchronize()
+            gpu_cycles = int(1_000_000 * timed_s * 1e3 / max(start.elapsed_time(end), 1e-3))
 
-    gpu_cycles = 0
-    if DEVICE.type == "cuda":  # GPU clock cycles that take about timed_s
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(1_000_000)
-        end.record()
-        torch.cuda.synchronize()
-        gpu_cycles = int(1_000_000 * timed_s * 1e3 / max(start.elapsed_time(end), 1e-3))
+        def probe(tag, *, factor):
+            calls.append((tag, factor))
+            if len(calls) <= warmup:
+                time.sleep(warmup_s)
+                warmup_end_s[0] = time.perf_counter()
+            elif DEVICE.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                torch.cuda._sleep(gpu_cycles)
+                end.record()
+                gpu_events.append((start, end))
+            else:
+                start_s = time.perf_counter()
+                time.sleep(timed_s)
+                timed_intervals_s.append(time.perf_counter() - start_s)
 
-    result = latency(probe, "t", warmup=warmup, repeat=repeat, factor=2.5)
-    returned_s = time.perf_counter()
+        result = latency(probe, "t", warmup=warmup, repeat=repeat, factor=2.5)
+        returned_s = time.perf_counter()
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
+            timed_intervals_s = [start.elapsed_time(end) / 1e3 for start, end in gpu_events]
+        after_warmup_s = None if warmup_end_s[0] is None else returned_s - warmup_end_s[0]
+        default_calls = []
+        latency(lambda tag, *, factor: default_calls.append((tag, factor)), "d", factor=1.0, repeat=2)
+        return {"result": result, "calls": calls, "timed_s": timed_intervals_s, "after_warmup_s": after_warmup_s,
+                "default_calls": len(default_calls)}
+
+    run = run_latency(warmup, repeat, warmup_s, timed_s)
+    calls = run["calls"]
     assert len(calls) == warmup + repeat, (
         f"latency(fn, warmup={warmup}, repeat={repeat}) must call fn exactly {warmup + repeat} times, "
         f"it called it {len(calls)} times")
     assert all(call == ("t", 2.5) for call in calls), "latency must forward *args and **kwargs to fn unchanged"
-    result = plain_value(result, "real", "latency(fn, ...)")
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
-        timed_intervals_s = [start.elapsed_time(end) / 1e3 for start, end in gpu_events]
-    lower_s = sum(timed_intervals_s) / repeat  # each timed call took at least this long, on average
-    upper_s = (returned_s - warmup_end_s) / repeat  # all that latency did after the warm-up, per timed call
+    result = plain_value(run["result"], "real", "latency(fn, ...)")
+    lower_s = sum(plain_value(t, "real", "a probe's timed interval") for t in run["timed_s"]) / repeat
+    upper_s = plain_value(run["after_warmup_s"], "real", "the time after the warm-up") / repeat
+    # lower_s: each timed call took at least this long, on average; upper_s: all that latency did after the
+    # warm-up, per timed call.
     assert lower_s * (1 - 1e-3) <= result <= upper_s * (1 + 1e-3) + 1e-6, (
         f"latency must return the mean time of ONE timed call in SECONDS, warm-up excluded: the {repeat} timed "
         f"calls took {lower_s!r} s each on average (the {warmup} warm-up calls {warmup_s} s each), and latency "
         f"spent {upper_s!r} s per timed call after the warm-up, so the result must lie between these two; "
         f"got {result!r} (milliseconds, a total, warm-up included, or timing without synchronisation is off)")
-
-    calls.clear()
-    latency(lambda tag, *, factor: calls.append((tag, factor)), "d", factor=1.0, repeat=2)
-    assert len(calls) == 12, f"latency's default warmup must be 10: with repeat=2 expected 12 calls, got {len(calls)}"
-
+    assert run["default_calls"] == 12, (
+        f"latency's default warmup must be 10: with repeat=2 expected 12 calls, got {run['default_calls']}")
 
 _q1_2_hidden_tests()
 del _q1_2_hidden_tests
@@ -1236,6 +1285,14 @@ def _q3_1_1_hidden_tests():
             scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
         return torch.softmax(scores, dim=-1) @ v
 
+    @kernel_side
+    def attention_recorded(q, k, v, mask):
+        """In the kernel: the student's attention (attn_mask passed only when there is one), and the sorted names
+        of the torch functions it called (best effort)."""
+        with record_torch_calls() as called:
+            out = scaled_dot_product_attention(q, k, v) if mask is None else scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return out, sorted(called)
+
     def check(shape_q, shape_kv, dtype, seed, mask_kind=None, q_scale=1.0):
         gen = torch.Generator().manual_seed(seed)
         q = (torch.randn(*shape_q, generator=gen, dtype=torch.float64) * q_scale).to(DEVICE, dtype)
@@ -1248,8 +1305,7 @@ def _q3_1_1_hidden_tests():
         elif mask_kind == "float":
             mask = (torch.randn(shape_q[0], 1, L_q, L_kv, generator=gen, dtype=torch.float64) * 2).to(DEVICE, dtype)
         where = f"q {tuple(shape_q)}, k/v {tuple(shape_kv)}, {dtype}, mask={mask_kind}" + (f", q scaled x{q_scale}" if q_scale != 1 else "")
-        with record_torch_calls() as called:
-            out = scaled_dot_product_attention(q, k, v) if mask is None else scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out, called = attention_recorded(q, k, v, mask)
         banned = sorted(n for n in called if "scaled_dot_product" in n or "multi_head_attention" in n or "flash" in n)
         assert not banned, f"implement attention yourself; scaled_dot_product_attention called {banned}"
         out = plain_value(out, "tensor", "scaled_dot_product_attention(q, k, v)")
@@ -2157,9 +2213,15 @@ def _q4_3_1_hidden_tests():
         (torch.randn(3, 17, 29, generator=gen, dtype=torch.float64) * 2).to(DEVICE, torch.float64),
         torch.linspace(-12, 12, 2401, dtype=torch.float64).to(DEVICE, torch.float32),
     ]
-    for x in inputs:
+    @kernel_side
+    def gelu_recorded(x):
+        """In the kernel: gelu_tanh_python(x) and the sorted names of the torch functions it called (best effort)."""
         with record_torch_calls() as called:
             out = gelu_tanh_python(x)
+        return out, sorted(called)
+
+    for x in inputs:
+        out, called = gelu_recorded(x)
         banned = sorted(n for n in called if "gelu" in n.lower())
         assert not banned, f"write GeLU from elementwise operations; gelu_tanh_python called {banned}"
         where = f"input of shape {tuple(x.shape)} and dtype {x.dtype}"
