@@ -922,6 +922,14 @@ def _q3_1_hidden_tests():
 
     gen = torch.Generator().manual_seed(3_1)
 
+    @kernel_side
+    def call_keeping_inputs(fn, *args, **kwargs):
+        """fn(*args, **kwargs) in the kernel; (its result, whether every tensor argument kept its values)."""
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        copies = [t.clone() for t in tensors]
+        result = fn(*args, **kwargs)
+        return result, all(torch.equal(t, c) for t, c in zip(tensors, copies))
+
     def check(b, s_q, s_kv, h, d, dtype, mask_shape=None, scale=1.0, noncontiguous=False):
         q = (torch.randn(b, s_q, h, d, generator=gen, dtype=torch.float64) * scale)
         k = (torch.randn(b, s_kv, h, d, generator=gen, dtype=torch.float64) * scale)
@@ -936,16 +944,14 @@ def _q3_1_hidden_tests():
         else:
             qd, kd, vd = (t.to(DEVICE, dtype) for t in (q, k, v))
         md = None if mask is None else mask.to(DEVICE)
-        copies = [t.clone() for t in (qd, kd, vd)]
-        out = einsum_attention(qd, kd, vd, mask=md)
+        out, unchanged = call_keeping_inputs(einsum_attention, qd, kd, vd, mask=md)
         where = (f"q {tuple(q.shape)}, k/v {tuple(k.shape)}, {dtype}, mask "
                  f"{'None' if mask is None else tuple(mask.shape)}")
         out = plain_value(out, "tensor", f"einsum_attention for {where}")
         assert tuple(out.shape) == (b, s_q, h, d), (
             f"einsum_attention for {where} must return shape {(b, s_q, h, d)}, got {getattr(out, 'shape', out)}")
         assert out.dtype == dtype, f"einsum_attention for {where} must return q's dtype {dtype}, got {out.dtype}"
-        assert all(torch.equal(a, c) for a, c in zip((qd, kd, vd), copies)), (
-            f"einsum_attention must not modify q, k or v in place ({where})")
+        assert unchanged is True, f"einsum_attention must not modify q, k, v or the mask in place ({where})"
         err = (out.detach().to("cpu", torch.float64) - want).abs().max().item()
         tol = 1e-5 if dtype == torch.float64 else 1e-4
         assert err <= tol, (
@@ -1266,20 +1272,29 @@ def is_permutation_equivariant(attn_fn, q, k, v, perm, atol=1e-5):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q3_5_permutation_check_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-def _plain_attention(q, k, v):
-    weights = torch.softmax(torch.einsum("bshd,bthd->bhst", q, k) / math.sqrt(q.shape[-1]), dim=-1)
-    return torch.einsum("bhst,bthd->bshd", weights, v)
+@kernel_side
+def _example_attention_functions():
+    """Two attn_fn to check (made in the kernel, where is_permutation_equivariant calls them)."""
+    def plain_attention(q, k, v):
+        weights = torch.softmax(torch.einsum("bshd,bthd->bhst", q, k) / math.sqrt(q.shape[-1]), dim=-1)
+        return torch.einsum("bhst,bthd->bshd", weights, v)
+
+    def running_sum(q, k, v):
+        return torch.cumsum(v, dim=1)
+
+    return plain_attention, running_sum
 
 
+_plain_attention, _running_sum = _example_attention_functions()
 _gen = torch.Generator().manual_seed(5)
 _q, _k, _v = (torch.randn(2, 6, 2, 4, generator=_gen).to(DEVICE) for _ in range(3))
 _perm = torch.tensor([3, 0, 5, 1, 4, 2], device=DEVICE)
 _result = is_permutation_equivariant(_plain_attention, _q, _k, _v, _perm)
 assert isinstance(_result, bool), f"is_permutation_equivariant must return a Python bool, got {type(_result).__name__}"
 assert _result is True, "attention without a mask is permutation-equivariant: expected True"
-_result = is_permutation_equivariant(lambda q, k, v: torch.cumsum(v, dim=1), _q, _k, _v, _perm)
+_result = is_permutation_equivariant(_running_sum, _q, _k, _v, _perm)
 assert _result is False, "a running sum over the sequence depends on the order of the tokens: expected False"
-del _gen, _q, _k, _v, _perm, _result
+del _running_sum, _gen, _q, _k, _v, _perm, _result
 print("Question 3.5: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q3_5_hidden_tests():
@@ -1290,36 +1305,48 @@ def _q3_5_hidden_tests():
     positions = torch.arange(s, device=DEVICE, dtype=q.dtype)[None, :, None, None]
     mask = torch.ones(s, s, dtype=torch.bool, device=DEVICE).tril()
 
-    def causal(q, k, v):
-        scores = torch.einsum("bshd,bthd->bhst", q, k) / math.sqrt(q.shape[-1])
-        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-        return torch.einsum("bhst,bthd->bshd", weights, v)
+    @kernel_side
+    def attention_functions(plain_attention, positions, mask):
+        """The attn_fn to check, made in the kernel (where is_permutation_equivariant calls them)."""
+        def causal(q, k, v):
+            scores = torch.einsum("bshd,bthd->bhst", q, k) / math.sqrt(q.shape[-1])
+            weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+            return torch.einsum("bhst,bthd->bshd", weights, v)
 
-    def keys_with_positions(q, k, v):  # a positional encoding added to the keys only
-        return _plain_attention(q, k + 0.7 * torch.sin(positions), v)
+        def keys_with_positions(q, k, v):  # a positional encoding added to the keys only
+            return plain_attention(q, k + 0.7 * torch.sin(positions), v)
 
-    def plain_with_rounding_noise(q, k, v):  # equal to plain attention up to 1e-7: must count as equivariant
-        return _plain_attention(q, k, v) + 1e-7 * torch.cos(positions)
+        def plain_with_rounding_noise(q, k, v):  # equal to plain attention up to 1e-7: must count as equivariant
+            return plain_attention(q, k, v) + 1e-7 * torch.cos(positions)
 
-    def mean_over_sequence(q, k, v):  # every output is the mean value: equivariant
-        return v.mean(dim=1, keepdim=True).expand_as(v) + 0 * q
+        def mean_over_sequence(q, k, v):  # every output is the mean value: equivariant
+            return v.mean(dim=1, keepdim=True).expand_as(v) + 0 * q
 
+        def reversed_sequence(q, k, v):
+            return v.flip(dims=[1])
+
+        # Outputs between 1000 and 3000 (exactly equivariant), plus a position-dependent offset: only the absolute
+        # difference may decide, not one relative to the outputs' size.
+        def values_in_thousands_plus(offset):
+            return lambda q, k, v: 1000.0 * (2.0 + torch.tanh(v)) + offset * torch.cos(positions.to(v.dtype))
+
+        return {"causal": causal, "keys_with_positions": keys_with_positions,
+                "plain_with_rounding_noise": plain_with_rounding_noise, "mean_over_sequence": mean_over_sequence,
+                "reversed_sequence": reversed_sequence, "thousands_plus_3e-5": values_in_thousands_plus(3e-5),
+                "thousands_plus_2e-6": values_in_thousands_plus(2e-6)}
+
+    fns = attention_functions(_plain_attention, positions, mask)
     cases = [
         (_plain_attention, True, "attention without a mask"),
-        (causal, False, "causal attention"),
-        (keys_with_positions, False, "attention whose keys carry a positional encoding"),
-        (plain_with_rounding_noise, True, "attention plus a 1e-7 perturbation (within atol)"),
-        (mean_over_sequence, True, "the mean over the sequence"),
-        (lambda q, k, v: v.flip(dims=[1]), False, "reversing the sequence"),
+        (fns["causal"], False, "causal attention"),
+        (fns["keys_with_positions"], False, "attention whose keys carry a positional encoding"),
+        (fns["plain_with_rounding_noise"], True, "attention plus a 1e-7 perturbation (within atol)"),
+        (fns["mean_over_sequence"], True, "the mean over the sequence"),
+        (fns["reversed_sequence"], False, "reversing the sequence"),
     ]
-    # Outputs between 1000 and 3000 (float64, exactly equivariant), plus a position-dependent offset: only the
-    # absolute difference may decide, not one relative to the outputs' size.
-    def values_in_thousands_plus(offset):
-        return lambda q, k, v: 1000.0 * (2.0 + torch.tanh(v)) + offset * torch.cos(positions.to(v.dtype))
-
-    float64_cases = [
-        (values_in_thousands_plus(3e-5), False, "outputs in the thousands plus an offset of up to 3e-5 (above atol=1e-5)"),
-        (values_in_thousands_plus(2e-6), True, "outputs in the thousands plus an offset of up to 2e-6 (within atol=1e-5)"),
+    float64_cases = [  # float64 inputs: exactly equivariant up to the offset
+        (fns["thousands_plus_3e-5"], False, "outputs in the thousands plus an offset of up to 3e-5 (above atol=1e-5)"),
+        (fns["thousands_plus_2e-6"], True, "outputs in the thousands plus an offset of up to 2e-6 (within atol=1e-5)"),
     ]
     inputs64 = tuple(t.double() for t in (q, k, v))
     for (fn, expected, name), inputs in [(case, (q, k, v)) for case in cases] + [(case, inputs64) for case in float64_cases]:
@@ -1328,7 +1355,7 @@ def _q3_5_hidden_tests():
         assert got is expected, (
             f"is_permutation_equivariant must compare attn_fn(q[:, perm], k[:, perm], v[:, perm]) with "
             f"attn_fn(q, k, v)[:, perm] within atol: for {name} expected {expected}, got {got}")
-    assert is_permutation_equivariant(plain_with_rounding_noise, q, k, v, perm, atol=1e-9) is False, (
+    assert is_permutation_equivariant(fns["plain_with_rounding_noise"], q, k, v, perm, atol=1e-9) is False, (
         "atol is the largest absolute difference counted as equal: a 1e-7 difference with atol=1e-9 is not equal")
 
 
@@ -1470,7 +1497,7 @@ del _q4_1_1_hidden_tests
 # code allocates. (It refuses to measure when the probe was changed or switched off during the call: such a
 # measurement could not be trusted.)
 
-# %% nbgrader={"grade": false, "grade_id": "memory_probe", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "memory_probe", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["test-helpers"]
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -1497,6 +1524,11 @@ class LargestTensorProbe(TorchDispatchMode):
         self.largest_numel, self.largest_op = 0, None
         self.largest_input_numel, self.largest_input_op = 0, None
         self.num_ops, self.op_names = 0, set()
+
+    def summary(self):
+        """What the probe saw, as plain data: a dict of the attributes above."""
+        return {name: getattr(self, name) for name in ("largest_numel", "largest_op", "largest_input_numel",
+                                                       "largest_input_op", "num_ops", "op_names")}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -1610,10 +1642,16 @@ print("Question 4.1.2: public tests passed")
 def _q4_1_2_hidden_tests():
     gen = torch.Generator().manual_seed(4_11)
 
+    @kernel_side
+    def probed(fn, *args, **kwargs):
+        """run_with_probe in the kernel, next to the student's code: (fn's result, what the probe saw, as a dict)."""
+        result, probe = run_with_probe(fn, *args, **kwargs)
+        return result, probe.summary()
+
     def check(x, block, tol, probe=False):
         want = torch.logsumexp(x.double(), dim=-1)  # float64, and stable
         if probe:
-            got, seen = run_with_probe(blockwise_logsumexp, x.to(DEVICE), block)
+            got, seen = probed(blockwise_logsumexp, x.to(DEVICE), block)
         else:
             got, seen = blockwise_logsumexp(x.to(DEVICE), block), None
         largest = x[torch.isfinite(x)].abs().max().item()
@@ -1634,10 +1672,11 @@ def _q4_1_2_hidden_tests():
             rows = x[..., 0].numel()
             limit = 2 * rows * min(block, x.shape[-1])
             blocks = -(-x.shape[-1] // block)
-            assert seen.num_ops >= blocks, (
-                f"{where}: the probe saw {seen.num_ops} PyTorch operations for {blocks} blocks; compute every block "
+            assert seen["num_ops"] >= blocks, (
+                f"{where}: the probe saw {seen['num_ops']} PyTorch operations for {blocks} blocks; compute every block "
                 f"with PyTorch operations")
-            worst_numel, worst_op = max((seen.largest_input_numel, seen.largest_input_op), (seen.largest_numel, seen.largest_op))
+            worst_numel, worst_op = max((seen["largest_input_numel"], seen["largest_input_op"]),
+                                       (seen["largest_numel"], seen["largest_op"]))
             assert worst_numel <= limit, (
                 f"{where} must work block by block: no operation may read or create more than 2 x {rows} rows x "
                 f"{block} = {limit} elements, but {worst_op} has {worst_numel}")
@@ -1773,16 +1812,25 @@ for _causal in (False, True):
         _scores = _scores.masked_fill(~torch.ones(70, 70, dtype=torch.bool, device=DEVICE).tril(), float("-inf"))
     torch.testing.assert_close(_lse.float(), torch.logsumexp(_scores, dim=-1), atol=1e-4, rtol=1e-4, msg=lambda m: (
         f"lse (causal={_causal}) must be the log-sum-exp of the scaled scores over the visible keys: {m}"))
+
+
+@kernel_side
+def _run_with_probe(fn, *args, **kwargs):
+    """run_with_probe in the kernel, next to the student's code: (fn's result, what the probe saw, as a dict)."""
+    result, probe = run_with_probe(fn, *args, **kwargs)
+    return result, probe.summary()
+
+
 # Memory: S = 128, tiles of 32 x 32. Nothing larger than max(2 x q, 2 x B x H x 32 x 32) elements is allowed.
 _q = torch.randn(1, 128, 2, 4, generator=_gen).to(DEVICE)
-_, _probe = run_with_probe(tiled_attention_forward, _q, _q, _q, causal=False, block_q=32, block_k=32)
+_, _probe = _run_with_probe(tiled_attention_forward, _q, _q, _q, causal=False, block_q=32, block_k=32)
 _limit = 2 * max(_q.numel(), 1 * 2 * 32 * 32)
-assert not any("scaled_dot_product" in _name for _name in _probe.op_names), (
+assert not any("scaled_dot_product" in _name for _name in _probe["op_names"]), (
     "tiled_attention_forward must compute the tiles itself, not call scaled_dot_product_attention")
-assert _probe.largest_numel <= _limit, (
+assert _probe["largest_numel"] <= _limit, (
     f"tiled_attention_forward must never hold more than one block_q x block_k tile of scores per (batch, head): for "
     f"q (1, 128, 2, 4) with 32 x 32 tiles the largest tensor may have at most {_limit:,} elements, but it "
-    f"created one of {_probe.largest_numel:,} ({_probe.largest_op}). Loop over query tiles and, inside, key tiles.")
+    f"created one of {_probe['largest_numel']:,} ({_probe['largest_op']}). Loop over query tiles and, inside, key tiles.")
 del _gen, _q, _k, _v, _causal, _out, _lse, _want, _scores, _probe, _limit
 print("Question 4.2: public tests passed")
 ### BEGIN HIDDEN TESTS
@@ -1832,19 +1880,19 @@ def _q4_2_hidden_tests():
 
     for causal, block_q, block_k in [(True, 32, 32), (False, 16, 64)]:
         q = torch.randn(1, 128, 2, 4, generator=gen).to(DEVICE)
-        _, probe = run_with_probe(tiled_attention_forward, q, q, q, causal=causal, block_q=block_q, block_k=block_k)
+        _, probe = _run_with_probe(tiled_attention_forward, q, q, q, causal=causal, block_q=block_q, block_k=block_k)
         limit = 2 * max(q.numel(), 2 * block_q * block_k)
         pairs = sum(1 for i in range(0, 128, block_q) for j in range(0, 128, block_k) if not causal or j < i + block_q)
-        assert not any("scaled_dot_product" in name for name in probe.op_names), (
+        assert not any("scaled_dot_product" in name for name in probe["op_names"]), (
             "tiled_attention_forward must not call scaled_dot_product_attention")
-        assert probe.num_ops >= pairs, (
+        assert probe["num_ops"] >= pairs, (
             f"tiled_attention_forward(causal={causal}, block_q={block_q}, block_k={block_k}) on q (1, 128, 2, 4): the "
-            f"probe saw {probe.num_ops} PyTorch operations for {pairs} (query tile, key tile) pairs; compute every "
+            f"probe saw {probe['num_ops']} PyTorch operations for {pairs} (query tile, key tile) pairs; compute every "
             f"tile with PyTorch operations")
-        assert probe.largest_numel <= limit, (
+        assert probe["largest_numel"] <= limit, (
             f"tiled_attention_forward(causal={causal}, block_q={block_q}, block_k={block_k}) on q (1, 128, 2, 4) must "
-            f"hold at most one tile of scores per (batch, head): it created a tensor of {probe.largest_numel:,} "
-            f"elements ({probe.largest_op}); the limit is {limit:,}")
+            f"hold at most one tile of scores per (batch, head): it created a tensor of {probe['largest_numel']:,} "
+            f"elements ({probe['largest_op']}); the limit is {limit:,}")
 
 
 _q4_2_hidden_tests()
@@ -1966,7 +2014,7 @@ def _flash_attention_forward_kernel(
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": false, "grade_id": "triton_launcher", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "triton_launcher", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["test-helpers"]
 def launch_flash_attention_forward(q, k, v, out, lse, causal=False, block_m=64, block_n=64):
     """Launch `_flash_attention_forward_kernel` over a grid of (query tiles, batch x heads); writes out and lse.
 
@@ -2012,10 +2060,15 @@ def triton_attention_forward(q, k, v, causal=False):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q4_3_triton_forward_tests", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
-assert TRITON_AVAILABLE, TRITON_MISSING
+@kernel_side
+def _triton_attention_forward(q, k, v, causal=False):
+    """triton_attention_forward, run in the kernel (where the Triton kernel is); without Triton it raises ImportError."""
+    return triton_attention_forward(q, k, v, causal=causal)
+
+
 _gen = torch.Generator().manual_seed(43)
 _q, _k, _v = (torch.randn(1, 37, 2, 16, generator=_gen) for _ in range(3))
-_out, _lse = triton_attention_forward(_q.to(DEVICE), _k.to(DEVICE), _v.to(DEVICE))
+_out, _lse = _triton_attention_forward(_q.to(DEVICE), _k.to(DEVICE), _v.to(DEVICE))
 assert tuple(_out.shape) == (1, 37, 2, 16) and tuple(_lse.shape) == (1, 2, 37), (
     f"triton_attention_forward must return out (1, 37, 2, 16) and lse (1, 2, 37), got {tuple(_out.shape)}, {tuple(_lse.shape)}")
 _want = F.scaled_dot_product_attention(_q.transpose(1, 2), _k.transpose(1, 2), _v.transpose(1, 2)).transpose(1, 2)
@@ -2025,10 +2078,17 @@ del _gen, _q, _k, _v, _out, _lse, _want
 print("Question 4.3: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q4_3_hidden_tests():
-    kernel = _flash_attention_forward_kernel
-    assert isinstance(kernel, triton.runtime.jit.KernelInterface) and type(kernel).__module__.startswith("triton."), (
-        f"_flash_attention_forward_kernel must be a @triton.jit kernel, got {type(kernel).__module__}."
-        f"{type(kernel).__qualname__}")
+    @kernel_side
+    def triton_kernel_type(kernel):
+        """(whether kernel is a @triton.jit kernel, the name of its type), looked at in the kernel."""
+        import triton
+
+        kind = type(kernel)
+        return (isinstance(kernel, triton.runtime.jit.KernelInterface) and kind.__module__.startswith("triton."),
+                f"{kind.__module__}.{kind.__qualname__}")
+
+    is_jit, kind = triton_kernel_type(_flash_attention_forward_kernel)
+    assert is_jit is True, f"_flash_attention_forward_kernel must be a @triton.jit kernel, got {kind}"
     gen = torch.Generator().manual_seed(4_3)
 
     def reference(q, k, v, causal):
@@ -2039,30 +2099,38 @@ def _q4_3_hidden_tests():
             scores = scores.masked_fill(~visible, float("-inf"))
         return torch.einsum("bhst,bthd->bshd", torch.softmax(scores, dim=-1), v), torch.logsumexp(scores, dim=-1)
 
-    def stored_as(t, layout):
-        """The values of t (B, S, H, D) in a tensor of another memory layout, viewed as (B, S, H, D)."""
-        if layout == "bhsd":  # heads before the sequence
-            return t.transpose(1, 2).contiguous().transpose(1, 2)
-        if layout == "bsdh":  # head_dim strided by H
-            return t.permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2)
-        if layout == "sbhd":  # batch strided by H x D
-            return t.permute(1, 0, 2, 3).contiguous().permute(1, 0, 2, 3)
-        if layout == "padded":  # rows longer than head_dim
-            wide = torch.zeros(*t.shape[:-1], t.shape[-1] + 5, dtype=t.dtype, device=t.device)
-            wide[..., :t.shape[-1]] = t
-            return wide[..., :t.shape[-1]]
-        return t.contiguous()
+    @kernel_side
+    def launch_in_layouts(q, k, v, layouts, causal, block_m, block_n):
+        """Launch the kernel through launch_flash_attention_forward on q, k, v and into an output stored in the
+        layouts named (q, k, v, out), out and lse filled with NaN first; returns (out, lse)."""
+        def stored_as(t, layout):
+            """The values of t (B, S, H, D) in a tensor of another memory layout, viewed as (B, S, H, D)."""
+            if layout == "bhsd":  # heads before the sequence
+                return t.transpose(1, 2).contiguous().transpose(1, 2)
+            if layout == "bsdh":  # head_dim strided by H
+                return t.permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2)
+            if layout == "sbhd":  # batch strided by H x D
+                return t.permute(1, 0, 2, 3).contiguous().permute(1, 0, 2, 3)
+            if layout == "padded":  # rows longer than head_dim
+                wide = torch.zeros(*t.shape[:-1], t.shape[-1] + 5, dtype=t.dtype, device=t.device)
+                wide[..., :t.shape[-1]] = t
+                return wide[..., :t.shape[-1]]
+            return t.contiguous()
+
+        # Layouts are made on DEVICE: copying a strided tensor to another device may make it contiguous.
+        qd, kd, vd = (stored_as(t.to(DEVICE), layout) for t, layout in zip((q, k, v), layouts))
+        b, s_q, h, _ = q.shape
+        out = stored_as(torch.full(q.shape, float("nan"), device=DEVICE), layouts[3])
+        lse = torch.full((b, s_q, h), float("nan"), device=DEVICE).permute(0, 2, 1)  # (B, H, S_q), stride H along S_q
+        launch_flash_attention_forward(qd, kd, vd, out, lse, causal=causal, block_m=block_m, block_n=block_n)
+        return out, lse
 
     def check(b, s_q, s_kv, h, d, causal, block_m, block_n, layouts=("bshd",) * 4, scale=1.0):
         q = torch.randn(b, s_q, h, d, generator=gen) * scale
         k = torch.randn(b, s_kv, h, d, generator=gen) * scale
         v = torch.randn(b, s_kv, h, d, generator=gen)
         want_out, want_lse = reference(q, k, v, causal)
-        # Layouts are made on DEVICE: copying a strided tensor to another device may make it contiguous.
-        qd, kd, vd = (stored_as(t.to(DEVICE), layout) for t, layout in zip((q, k, v), layouts))
-        out = stored_as(torch.full((b, s_q, h, d), float("nan"), device=DEVICE), layouts[3])
-        lse = torch.full((b, s_q, h), float("nan"), device=DEVICE).permute(0, 2, 1)  # (B, H, S_q), stride H along S_q
-        launch_flash_attention_forward(qd, kd, vd, out, lse, causal=causal, block_m=block_m, block_n=block_n)
+        out, lse = launch_in_layouts(q, k, v, layouts, causal, block_m, block_n)
         where = (f"q {(b, s_q, h, d)}, k/v {(b, s_kv, h, d)}, causal={causal}, BLOCK_M={block_m}, BLOCK_N={block_n}, "
                  f"layouts of q, k, v, out: {', '.join(layouts)}")
         assert not torch.isnan(out).any() and not torch.isnan(lse).any(), (
@@ -2204,6 +2272,12 @@ print("Bonus 4.4: public tests passed")
 def _b4_4_hidden_tests():
     gen = torch.Generator().manual_seed(4_4)
 
+    @kernel_side
+    def probed(fn, *args, **kwargs):
+        """run_with_probe in the kernel, next to the student's code: (fn's result, what the probe saw, as a dict)."""
+        result, probe = run_with_probe(fn, *args, **kwargs)
+        return result, probe.summary()
+
     def check(b, s_q, s_kv, h, d, causal, block_q, block_k, dtype):
         q = torch.randn(b, s_q, h, d, generator=gen, dtype=torch.float64)
         k = torch.randn(b, s_kv, h, d, generator=gen, dtype=torch.float64)
@@ -2239,16 +2313,16 @@ def _b4_4_hidden_tests():
         lse = torch.logsumexp(scores, dim=-1)
         out = torch.einsum("bhst,bthd->bshd", torch.softmax(scores, dim=-1), q)
         del scores
-    _, probe = run_with_probe(flash_attention_backward, q, q, q, out, lse, torch.ones_like(q), causal=True,
+    _, probe = probed(flash_attention_backward, q, q, q, out, lse, torch.ones_like(q), causal=True,
                               block_q=32, block_k=32)
     limit = 2 * max(q.numel(), 2 * 32 * 32)
     pairs = 4 * 5 // 2  # causal 128 x 128 in 32 x 32 tiles: the tiles on and below the diagonal
-    assert probe.num_ops >= pairs, (
+    assert probe["num_ops"] >= pairs, (
         f"flash_attention_backward(causal=True) on q (1, 128, 2, 4) with 32 x 32 tiles: the probe saw "
-        f"{probe.num_ops} PyTorch operations for {pairs} tile pairs; compute every tile with PyTorch operations")
-    assert probe.largest_numel <= limit, (
+        f"{probe['num_ops']} PyTorch operations for {pairs} tile pairs; compute every tile with PyTorch operations")
+    assert probe["largest_numel"] <= limit, (
         f"flash_attention_backward must recompute one tile of P at a time: for q (1, 128, 2, 4) with 32 x 32 tiles it "
-        f"created a tensor of {probe.largest_numel:,} elements ({probe.largest_op}); the limit is {limit:,}")
+        f"created a tensor of {probe['largest_numel']:,} elements ({probe['largest_op']}); the limit is {limit:,}")
 
 
 _b4_4_hidden_tests()
@@ -2381,41 +2455,90 @@ def benchmark_attention(attn_fn, batch_size, seq_len, d_model, *, dtype=torch.fl
 
 
 # %% nbgrader={"grade": true, "grade_id": "q5_1_benchmark_attention_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
-def _toy_attention(q, k, v):
-    weights = torch.softmax(torch.einsum("bshd,bthd->bhst", q, k) / math.sqrt(q.shape[-1]), dim=-1)
-    return torch.einsum("bhst,bthd->bshd", weights, v)
+@kernel_side
+def _example_attention_functions():
+    """Two attn_fn to benchmark (made in the kernel, where benchmark_attention calls them): a plain attention, and
+    one that runs out of memory."""
+    def toy_attention(q, k, v):
+        weights = torch.softmax(torch.einsum("bshd,bthd->bhst", q, k) / math.sqrt(q.shape[-1]), dim=-1)
+        return torch.einsum("bhst,bthd->bshd", weights, v)
+
+    def oom_attention(q, k, v):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated by the test)")
+
+    return toy_attention, oom_attention
 
 
+_toy_attention, _oom_attention = _example_attention_functions()
 _result = benchmark_attention(_toy_attention, 2, 16, 8, n_warmup=1, n_repeat=2)
 assert isinstance(_result, dict) and {"status", "forward_ms", "backward_ms", "peak_memory_gb"} <= set(_result), (
     f"benchmark_attention must return a dict with status, forward_ms, backward_ms, peak_memory_gb; got {_result!r}")
 assert _result["status"] == "ok", f"a run that fits in memory must have status 'ok', got {_result['status']!r}"
 assert all(isinstance(_result[_key], float) and _result[_key] > 0 for _key in ("forward_ms", "backward_ms")), (
     f"forward_ms and backward_ms must be positive floats, got {_result}")
-
-
-def _oom_attention(q, k, v):
-    raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated by the test)")
-
-
 _result = benchmark_attention(_oom_attention, 2, 16, 8, n_warmup=1, n_repeat=2)
 assert _result["status"] == "oom" and all(math.isnan(_result[_key]) for _key in ("forward_ms", "backward_ms", "peak_memory_gb")), (
     f"an out-of-memory error must give status 'oom' and NaN numbers instead of raising, got {_result}")
-del _result
+del _oom_attention, _result
 print("Question 5.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q5_1_hidden_tests():
-    seen = {"forward": 0, "backward": 0, "shapes": set(), "requires_grad": set(), "dtypes": set()}
+    # A function whose costs are known: the forward sleeps forward_s and allocates forward_bytes for a moment; the
+    # backward sleeps backward_s and allocates backward_bytes. Each reported number must match them. The bounds
+    # allow for a loaded machine (a sleep can last much longer than asked, never shorter): the forward is ten times
+    # longer than the backward, so a backward timed together with its forward lands above the backward's bound.
+    forward_s, backward_s, forward_bytes, backward_bytes = 0.15, 0.015, 4_000_000, 16_000_000
 
-    def recording_attention(q, k, v):
-        seen["forward"] += 1
-        seen["shapes"].add((tuple(q.shape), tuple(k.shape), tuple(v.shape)))
-        seen["requires_grad"].add((q.requires_grad, k.requires_grad, v.requires_grad))
-        seen["dtypes"].add(q.dtype)
-        out = _toy_attention(q, k, v)
-        if out.requires_grad:
-            out.register_hook(lambda grad: seen.__setitem__("backward", seen["backward"] + 1))
-        return out
+    @kernel_side
+    def attention_functions(toy_attention, forward_s, backward_s, forward_bytes, backward_bytes):
+        """The attn_fn to benchmark, made in the kernel (where benchmark_attention calls them); "recorded" returns
+        what "recording" saw so far."""
+        seen = {"forward": 0, "backward": 0, "shapes": set(), "requires_grad": set(), "dtypes": set()}
+
+        def recording(q, k, v):
+            seen["forward"] += 1
+            seen["shapes"].add((tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+            seen["requires_grad"].add((q.requires_grad, k.requires_grad, v.requires_grad))
+            seen["dtypes"].add(q.dtype)
+            out = toy_attention(q, k, v)
+            if out.requires_grad:
+                out.register_hook(lambda grad: seen.__setitem__("backward", seen["backward"] + 1))
+            return out
+
+        class KnownCost(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v):
+                scratch = torch.ones(forward_bytes // 8, dtype=torch.float64, device=q.device)
+                time.sleep(forward_s)
+                return q + k + v * scratch[0].to(v.dtype)
+
+            @staticmethod
+            def backward(ctx, grad_out):
+                scratch = torch.ones(backward_bytes // 8, dtype=torch.float64, device=grad_out.device)
+                time.sleep(backward_s)
+                grad = grad_out * scratch[0].to(grad_out.dtype)
+                return grad, grad, grad
+
+        def known_cost(q, k, v):
+            return KnownCost.apply(q, k, v)
+
+        def oom_in_backward(q, k, v):
+            out = toy_attention(q, k, v)
+
+            def fail(grad):
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory in backward (simulated by the test)")
+
+            out.register_hook(fail)
+            return out
+
+        def host_out_of_memory(q, k, v):
+            raise MemoryError("host out of memory (simulated by the test)")
+
+        def broken(q, k, v):
+            raise ValueError("a bug, not a lack of memory")
+
+        return {"recording": recording, "recorded": lambda: dict(seen), "known_cost": known_cost,
+                "oom_in_backward": oom_in_backward, "host_out_of_memory": host_out_of_memory, "broken": broken}
 
     def checked(result, what):
         """The result as a plain dict with an exact str status and exact float numbers."""
@@ -2427,9 +2550,11 @@ def _q5_1_hidden_tests():
             assert type(result[key]) is float, f"{what}: {key} must be a Python float, got {type(result[key]).__name__}"
         return result
 
+    fns = attention_functions(_toy_attention, forward_s, backward_s, forward_bytes, backward_bytes)
     batch, seq, d = 3, 40, 8
-    result = checked(benchmark_attention(recording_attention, batch, seq, d, dtype=torch.float64, n_warmup=1, n_repeat=3),
+    result = checked(benchmark_attention(fns["recording"], batch, seq, d, dtype=torch.float64, n_warmup=1, n_repeat=3),
                      "benchmark_attention(attn_fn, 3, 40, 8, dtype=torch.float64)")
+    seen = fns["recorded"]()
     assert result["status"] == "ok", f"expected status 'ok', got {result}"
     assert seen["shapes"] == {((batch, seq, 1, d),) * 3}, (
         f"q, k and v must have shape (batch_size, seq_len, 1, d_model) = {(batch, seq, 1, d)}, got {seen['shapes']}")
@@ -2443,41 +2568,19 @@ def _q5_1_hidden_tests():
         f"peak_memory_gb must measure the forward and backward pass (benchmark_memory), in GB: this attention holds at "
         f"least one {batch} x {seq} x {seq} float64 matrix ({scores_gb!r} GB), got {result['peak_memory_gb']!r}")
 
-    seen.update(forward=0, backward=0, shapes=set(), requires_grad=set(), dtypes=set())
-    result = checked(benchmark_attention(recording_attention, 2, 24, 4, backward=False, n_warmup=1, n_repeat=2),
+    fns = attention_functions(_toy_attention, forward_s, backward_s, forward_bytes, backward_bytes)  # a new record
+    result = checked(benchmark_attention(fns["recording"], 2, 24, 4, backward=False, n_warmup=1, n_repeat=2),
                      "benchmark_attention(..., backward=False)")
+    seen = fns["recorded"]()
     assert result["status"] == "ok" and seen["backward"] == 0, "with backward=False no backward pass may run"
     assert seen["requires_grad"] == {(False, False, False)}, "with backward=False, q, k, v must not require gradients"
     assert math.isnan(result["backward_ms"]), f"with backward=False, backward_ms must be NaN, got {result['backward_ms']}"
     assert math.isfinite(result["forward_ms"]) and math.isfinite(result["peak_memory_gb"]), (
         f"with backward=False, forward_ms and peak_memory_gb are still measured, got {result}")
 
-    # A function whose costs are known: the forward sleeps forward_s and allocates forward_bytes for a moment; the
-    # backward sleeps backward_s and allocates backward_bytes. Each reported number must match them. The bounds
-    # allow for a loaded machine (a sleep can last much longer than asked, never shorter): the forward is ten times
-    # longer than the backward, so a backward timed together with its forward lands above the backward's bound.
-    forward_s, backward_s, forward_bytes, backward_bytes = 0.15, 0.015, 4_000_000, 16_000_000
-
-    class KnownCost(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v):
-            scratch = torch.ones(forward_bytes // 8, dtype=torch.float64, device=q.device)
-            time.sleep(forward_s)
-            return q + k + v * scratch[0].to(v.dtype)
-
-        @staticmethod
-        def backward(ctx, grad_out):
-            scratch = torch.ones(backward_bytes // 8, dtype=torch.float64, device=grad_out.device)
-            time.sleep(backward_s)
-            grad = grad_out * scratch[0].to(grad_out.dtype)
-            return grad, grad, grad
-
-    def known_cost(q, k, v):
-        return KnownCost.apply(q, k, v)
-
     what = (f"benchmark_attention(f, 2, 16, 8) of a function f whose forward takes {forward_s * 1e3:g} ms and allocates "
             f"{forward_bytes:,} bytes, and whose backward takes {backward_s * 1e3:g} ms and allocates {backward_bytes:,} bytes")
-    result = checked(benchmark_attention(known_cost, 2, 16, 8, n_warmup=1, n_repeat=2), what)
+    result = checked(benchmark_attention(fns["known_cost"], 2, 16, 8, n_warmup=1, n_repeat=2), what)
     assert result["status"] == "ok", f"{what}: expected status 'ok', got {result['status']!r}"
     low, high = 0.9 * forward_s * 1e3, 5 * forward_s * 1e3
     assert low <= result["forward_ms"] < high, (
@@ -2492,31 +2595,16 @@ def _q5_1_hidden_tests():
         f"{what}: peak_memory_gb must be the peak of one forward and backward pass in GB (1e9 bytes), between {low!r} "
         f"and {high!r}; got {result['peak_memory_gb']!r}")
 
-    def oom_in_backward(q, k, v):
-        out = _toy_attention(q, k, v)
-
-        def fail(grad):
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory in backward (simulated by the test)")
-
-        out.register_hook(fail)
-        return out
-
-    result = checked(benchmark_attention(oom_in_backward, 2, 16, 8, n_warmup=1, n_repeat=2), "benchmark_attention")
+    result = checked(benchmark_attention(fns["oom_in_backward"], 2, 16, 8, n_warmup=1, n_repeat=2), "benchmark_attention")
     assert result["status"] == "oom" and all(math.isnan(result[key]) for key in ("forward_ms", "backward_ms", "peak_memory_gb")), (
         f"an out-of-memory error in the backward pass must also give status 'oom' with NaN numbers, got {result}")
 
-    def host_out_of_memory(q, k, v):
-        raise MemoryError("host out of memory (simulated by the test)")
-
-    result = checked(benchmark_attention(host_out_of_memory, 2, 16, 8, n_warmup=1, n_repeat=2), "benchmark_attention")
+    result = checked(benchmark_attention(fns["host_out_of_memory"], 2, 16, 8, n_warmup=1, n_repeat=2), "benchmark_attention")
     assert result["status"] == "oom" and all(math.isnan(result[key]) for key in ("forward_ms", "backward_ms", "peak_memory_gb")), (
         f"a MemoryError must also give status 'oom' with NaN numbers, got {result}")
 
-    def broken(q, k, v):
-        raise ValueError("a bug, not a lack of memory")
-
     try:
-        benchmark_attention(broken, 2, 16, 8, n_warmup=1, n_repeat=2)
+        benchmark_attention(fns["broken"], 2, 16, 8, n_warmup=1, n_repeat=2)
     except ValueError:
         pass
     else:

@@ -211,6 +211,9 @@ WRONG["q3_1_einsum_attention"] = [
     ("softmax in bfloat16 (as a fused kernel would)",
      _mutate("q3_1_einsum_attention", ("weights = torch.softmax(scores, dim=-1)",
                                        "weights = torch.softmax(scores.to(torch.bfloat16), dim=-1).to(v.dtype)"))),
+    ("right output, but q scaled in place (the caller's tensor changes)",
+     _mutate("q3_1_einsum_attention", ('torch.einsum("bshd,bthd->bhst", q * scale, k)',
+                                       'torch.einsum("bshd,bthd->bhst", q.mul_(scale), k)'))),
 ]
 
 ALTERNATIVES["q3_2_attention_cost"] = [
