@@ -102,7 +102,7 @@ from utils import *
 print_environment_report("lab3")
 
 
-# %% nbgrader={"grade": false, "grade_id": "test_helpers", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "test_helpers", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["test-helpers"]
 def _check_count(fn, args, expected, hint=""):
     """Test helper: ``fn(*args)`` must return exactly the integer ``expected``, as a Python ``int``.
 
@@ -132,6 +132,16 @@ def _check_close(got, expected, what, rel=1e-9):
 def _check_label(got, expected, what):
     """Test helper: ``got`` must be exactly the string ``expected`` (a ``str``, not a subclass)."""
     assert type(got) is str and got == expected, f"{what} must be the string {expected!r}, got {got!r}"
+
+
+def _polynomial(terms):
+    """Test helper: the function ``(B, N) -> sum(c * B**i * N**j for c, i, j in terms)`` (exact for ints).
+
+    Tests describe the FLOP and byte functions they give a student's function by their terms, so that the same
+    function can be built by the grader (for the expected values) and next to the student's code (to call it).
+    """
+    terms = [tuple(term) for term in terms]
+    return lambda B, N: sum(c * B ** i * N ** j for c, i, j in terms)
 
 
 # %% [markdown]
@@ -197,16 +207,13 @@ del _q, _v, _out, _w
 print("Question 1.1: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q1_1_hidden_tests():
-    from torch.overrides import TorchFunctionMode
-
-    class _Recorder(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.names = set()
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.names.add(getattr(func, "__name__", repr(func)))
-            return func(*args, **(kwargs or {}))
+    @kernel_side
+    def torch_calls(q, k, v):
+        """Names of the torch functions one call causal_self_attention(q, k, v) makes (best effort: measured where
+        the student's code runs)."""
+        with record_torch_calls() as called:
+            causal_self_attention(q, k, v)
+        return sorted(called)
 
     def reference(q, k, v):
         q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
@@ -221,11 +228,9 @@ def _q1_1_hidden_tests():
         k = (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(DEVICE, dtype)
         v = torch.randn(*shape, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
         where = f"inputs of shape {tuple(shape)}, {dtype}" + (f", scores scaled x{scale ** 2:g}" if scale != 1 else "")
-        with _Recorder() as recorder:
-            out = causal_self_attention(q, k, v)
-        banned = sorted(n for n in recorder.names if "scaled_dot_product" in n or "multi_head_attention" in n)
+        banned = sorted(n for n in torch_calls(q, k, v) if "scaled_dot_product" in n or "multi_head_attention" in n)
         assert not banned, f"build the mask and the softmax yourself; your code called {banned}"
-        out = plain_value(out, "tensor", f"causal_self_attention(q, k, v) for {where}")
+        out = plain_value(causal_self_attention(q, k, v), "tensor", f"causal_self_attention(q, k, v) for {where}")
         assert tuple(out.shape) == tuple(shape), (
             f"for {where} the output must have shape {tuple(shape)}, got {getattr(out, 'shape', out)}")
         assert out.dtype == dtype and out.device == q.device, (
@@ -1247,7 +1252,16 @@ def roofline_table(cases, flops_fn, bytes_fn, peak_flops_per_s, bandwidth_bytes_
 
 
 # %% nbgrader={"grade": true, "grade_id": "q3_2_roofline_table_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-_table = roofline_table([(2, 3)], lambda B, N: 10 * B * N, lambda B, N: B + N, 100.0, 10.0)
+@kernel_side
+def _roofline_table_of_polynomials(cases, flops_terms, bytes_terms, peak_flops_per_s, bandwidth_bytes_per_s):
+    """roofline_table(cases, flops_fn, bytes_fn, ...) where flops_fn and bytes_fn are the polynomials in (B, N) of
+    the given terms (see _polynomial); the functions are built next to your code, which calls them."""
+    return roofline_table(cases, _polynomial(flops_terms), _polynomial(bytes_terms), peak_flops_per_s,
+                          bandwidth_bytes_per_s)
+
+
+# flops_fn(B, N) = 10 B N, bytes_fn(B, N) = B + N
+_table = _roofline_table_of_polynomials([(2, 3)], [(10, 1, 1)], [(1, 1, 0), (1, 0, 1)], 100.0, 10.0)
 _table = plain_value(_table, "dict", "roofline_table([(2, 3)], ...)")
 assert set(_table) == {(2, 3)}, f"roofline_table must return a dict keyed by (B, N), got {_table!r}"
 _check_close(_table[(2, 3)]["t_compute_s"], 0.6, "t_compute_s of 60 FLOPs at 100 FLOP/s")
@@ -1257,8 +1271,10 @@ del _table
 print("Question 3.2: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q3_2_hidden_tests():
-    def check(cases, flops_fn, bytes_fn, peak, bw):
-        table = plain_value(roofline_table(cases, flops_fn, bytes_fn, peak, bw), "dict", f"roofline_table({cases}, ...)")
+    def check(cases, flops_terms, bytes_terms, peak, bw):
+        flops_fn, bytes_fn = _polynomial(flops_terms), _polynomial(bytes_terms)
+        table = plain_value(_roofline_table_of_polynomials(cases, flops_terms, bytes_terms, peak, bw), "dict",
+                            f"roofline_table({cases}, ...)")
         assert all(type(key) is tuple for key in table) and set(table) == set(cases), (
             f"roofline_table must map each (B, N) tuple in {cases} to its row; got keys {list(table)}")
         for B, N in cases:
@@ -1273,17 +1289,16 @@ def _q3_2_hidden_tests():
             _check_label(row["bound"], expected, f"{where}: bound")
         return table
 
-    # Asymmetric in B and N, so swapped arguments are caught.
-    check([(1, 5), (7, 2), (3, 3), (40, 1)], lambda B, N: 3 * B * N * N + 11 * B, lambda B, N: 2 * B + 5 * N * N, 50.0, 20.0)
-    check([(2, 9), (9, 2)], lambda B, N: B ** 3 * N, lambda B, N: B * N ** 3, 1e3, 1e3)
-    check([(1, 4), (2, 2)], lambda B, N: 8 * B * N, lambda B, N: 2 * B * N, 4.0, 1.0)  # ties: 'memory'
+    # Functions as terms (c, i, j) of c B^i N^j. Asymmetric in B and N, so swapped arguments are caught.
+    check([(1, 5), (7, 2), (3, 3), (40, 1)], [(3, 1, 2), (11, 1, 0)], [(2, 1, 0), (5, 0, 2)], 50.0, 20.0)
+    check([(2, 9), (9, 2)], [(1, 3, 1)], [(1, 1, 3)], 1e3, 1e3)
+    check([(1, 4), (2, 2)], [(8, 1, 1)], [(2, 1, 1)], 4.0, 1.0)  # ties: 'memory'
 
-    def ref_flops(B, N, D=1600, H=25, L=48):
-        return L * (24 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D)
-
-    def ref_bytes(B, N, D=1600, H=25, L=48, n=2):
-        return L * n * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D)
-
+    # GPT-2 XL (D = 1600, H = 25, L = 48, fp16) without a cache:
+    # FLOPs L (24 B N D^2 + 4 B N^2 D + 5 H B N^2 + 5 B N D), bytes L n (22 B N D + 12 D^2 + 6 H B N^2 + 5 D).
+    D, H, L, n = 1600, 25, 48, 2
+    ref_flops = [(L * (24 * D * D + 5 * D), 1, 1), (L * (4 * D + 5 * H), 1, 2)]
+    ref_bytes = [(L * n * 22 * D, 1, 1), (L * n * (12 * D * D + 5 * D), 0, 0), (L * n * 6 * H, 1, 2)]
     table = check([(1, 32), (1, 1024), (64, 32), (64, 1024)], ref_flops, ref_bytes, 65e12, 300e9)
     bounds = {case: row["bound"] for case, row in table.items()}
     assert bounds == {(1, 32): "memory", (1, 1024): "memory", (64, 32): "compute", (64, 1024): "memory"}, (
@@ -2186,13 +2201,43 @@ def speculative_step(prefix, draft_model, target_model, gamma, generator):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q6_4_speculative_step_tests", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
-def _toy_model(table, counter=None):
-    """Toy LM: the next-token distribution depends on the last token only (row `token` of `table`)."""
-    def model(tokens):
-        if counter is not None:
-            counter.append(tuple(tokens.shape))
-        return table[tokens]
-    return model
+def _toy_model(table):
+    """Toy LM: the next-token distribution depends on the last token only: int64 (B, S) -> table[tokens] (B, S, V).
+
+    A ``functools.partial`` (not a function of the test) so that the test can hand it to your code."""
+    import functools
+    import operator
+
+    return functools.partial(operator.getitem, table)
+
+
+@kernel_side
+def _speculative_step_observed(prefix, draft_model, target_model, gamma, generator, global_seed=None):
+    """speculative_step(prefix, draft_model, target_model, gamma, generator), run next to your code with what the
+    tests check about how it ran (best effort).
+
+    Returns:
+        dict: ``out`` (what speculative_step returned), ``draft_calls`` and ``target_calls`` (the shape of each
+        model call, in order), ``global_states`` (the global random states before and after the call, after
+        ``torch.manual_seed(global_seed)`` unless it is None) and ``generator_state`` (the generator's state after).
+    """
+    calls = {"draft": [], "target": []}
+
+    def recorded(model, name):
+        def call(tokens):
+            calls[name].append(tuple(tokens.shape))
+            return model(tokens)
+        return call
+
+    def global_states():
+        return [torch.get_rng_state()] + (torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [])
+
+    if global_seed is not None:
+        torch.manual_seed(global_seed)
+    before = global_states()
+    out = speculative_step(prefix, recorded(draft_model, "draft"), recorded(target_model, "target"), gamma, generator)
+    return {"out": out, "draft_calls": calls["draft"], "target_calls": calls["target"],
+            "global_states": [before, global_states()], "generator_state": generator.get_state()}
 
 
 def _check_speculative_format(prefix, out, gamma, vocab):
@@ -2214,15 +2259,14 @@ def _check_speculative_format(prefix, out, gamma, vocab):
 _gen = torch.Generator(device=DEVICE).manual_seed(0)
 _P = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.1, 0.4, 0.4], [0.25, 0.25, 0.25, 0.25], [0.0, 0.6, 0.0, 0.4]], device=DEVICE)
 _prefix = torch.randint(4, (6, 3), generator=_gen, device=DEVICE)
-_draft_calls, _target_calls = [], []
-_out = speculative_step(_prefix, _toy_model(_P.flip(1), _draft_calls), _toy_model(_P, _target_calls), 3, _gen)
-_check_speculative_format(_prefix, _out, 3, 4)
-assert _draft_calls == [(6, 3), (6, 4), (6, 5)] and _target_calls == [(6, 6)], (
+_run = _speculative_step_observed(_prefix, _toy_model(_P.flip(1)), _toy_model(_P), 3, _gen)
+_check_speculative_format(_prefix, _run["out"], 3, 4)
+assert _run["draft_calls"] == [(6, 3), (6, 4), (6, 5)] and _run["target_calls"] == [(6, 6)], (
     f"draft_model must be called gamma times on (B, T), (B, T + 1), ... and target_model once on (B, T + gamma); "
-    f"got draft calls {_draft_calls} and target calls {_target_calls}")
+    f"got draft calls {_run['draft_calls']} and target calls {_run['target_calls']}")
 _new, _num = speculative_step(_prefix, _toy_model(_P), _toy_model(_P), 3, _gen)  # draft == target
 assert bool((_num == 4).all()), f"when the draft equals the target every draft is accepted: num_new must be gamma + 1, got {_num.tolist()}"
-del _gen, _P, _prefix, _draft_calls, _target_calls, _out, _new, _num
+del _gen, _P, _prefix, _run, _new, _num
 print("Question 6.4: public tests passed")
 ### BEGIN HIDDEN TESTS
 def _q6_4_hidden_tests():
@@ -2236,8 +2280,10 @@ def _q6_4_hidden_tests():
     delta = 1e-6, so each check fails with probability at most delta / K and, by the union bound, any of
     them with probability at most delta. Conditional checks (the second token given the first, among rows that
     emitted two tokens) are valid because, given the selected rows, those tokens are independent draws from
-    the conditional target distribution; m is then the observed count. On top of this, the generator's seed
-    is fixed, so a given implementation gets the same verdict on every run (on CPU). The wrong
+    the conditional target distribution; m is then the observed count. The rows come from several calls (a
+    result crossing the grading boundary has a size cap), each with its own generator, so they stay independent.
+    On top of this, the generators' seeds are fixed, so a given implementation gets the same verdict on every
+    run (on CPU). The wrong
     implementations this test is meant to catch (sampling the replacement from p or q instead of the residual,
     wrong acceptance ratio, no bonus token, a bonus token that is greedy, taken one position early or drawn
     from the draft, continuing after a rejection, greedy drafts, off-by-one target positions) deviate from the
@@ -2270,8 +2316,10 @@ def _q6_4_hidden_tests():
         _check_speculative_format(prefix[:50], out, gamma, V)
         assert bool((out[1] == gamma + 1).all()), f"draft == target, gamma = {gamma}: all drafts accepted plus the bonus token"
     # --- 2. the method: vectorised over the batch (no Python loop over the B rows) ---
-    def python_lines(batch):
-        """Lines of Python run outside installed libraries (the student's code and these tests) by one call."""
+    @kernel_side
+    def python_lines(batch, vocab, draft_model, target_model):
+        """Lines of Python run outside installed libraries (the student's code) by one call with B = batch
+        (best effort: counted where the student's code runs)."""
         import os
         import site
         import sys
@@ -2291,69 +2339,84 @@ def _q6_4_hidden_tests():
                 user_files[filename] = not os.path.realpath(filename).startswith(library_dirs)
             return count_lines if user_files[filename] else None
 
-        small_prefix = torch.randint(V, (batch, 2), generator=torch.Generator().manual_seed(batch)).to(DEVICE)
+        small_prefix = torch.randint(vocab, (batch, 2), generator=torch.Generator().manual_seed(batch)).to(DEVICE)
         previous = sys.gettrace()
         sys.settrace(on_call)
         try:
-            speculative_step(small_prefix, _toy_model(draft_table), _toy_model(table), 3,
-                             torch.Generator(device=DEVICE).manual_seed(1))
+            speculative_step(small_prefix, draft_model, target_model, 3, torch.Generator(device=DEVICE).manual_seed(1))
         finally:
             sys.settrace(previous)
         return count[0]
 
     table = torch.softmax(torch.randn(V, V, generator=torch.Generator().manual_seed(3)), dim=1).to(DEVICE)
     draft_table = table.flip(0)
-    few_rows, many_rows = python_lines(2), python_lines(2000)
+    few_rows, many_rows = (python_lines(batch, V, _toy_model(draft_table), _toy_model(table)) for batch in (2, 2000))
     assert many_rows <= 2 * few_rows + 100, (
         f"speculative_step must be vectorised over the batch: it ran {few_rows} lines of Python for B = 2 and "
         f"{many_rows} for B = 2000. Replace the loop over the rows by tensor operations (a loop over the gamma "
         "positions is fine)")
 
     # --- 3. calls, and randomness from the generator only: the global random state stays untouched, the
-    # generator advances, its state alone fixes the result, and a second call draws new numbers ---
-    def global_rng_states():
-        return [torch.get_rng_state()] + (torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [])
+    # generator advances, its state alone fixes the result, and a second call draws new numbers. The states are
+    # read next to the student's code (the generator it gets there is a copy of the one built here) and compared
+    # here ---
+    def generator_in(state):
+        generator = torch.Generator(device=DEVICE)
+        generator.set_state(state)
+        return generator
 
-    def run(generator, global_seed):
-        torch.manual_seed(global_seed)
-        before = global_rng_states()
-        draft_calls, target_calls = [], []
-        out = speculative_step(prefix[:300], _toy_model(draft_table, draft_calls), _toy_model(table, target_calls), 5,
-                               generator)
+    def run(state, global_seed):
+        """speculative_step from a generator in ``state``: its output and the generator's state after it."""
+        observed = _speculative_step_observed(prefix[:300], _toy_model(draft_table), _toy_model(table), 5,
+                                              generator_in(state), global_seed)
+        draft_calls, target_calls = observed["draft_calls"], observed["target_calls"]
         assert draft_calls == [(300, 2 + i) for i in range(5)] and target_calls == [(300, 7)], (
             f"draft_model must be called gamma = 5 times on growing prefixes and target_model once on (B, T + gamma); "
             f"got draft {draft_calls}, target {target_calls}")
-        assert all(torch.equal(a, b) for a, b in zip(before, global_rng_states())), (
+        before, after = observed["global_states"]
+        assert len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after)), (
             "speculative_step changed the global random state (torch.manual_seed, or torch.rand / torch.multinomial "
             "without generator=...): all randomness must come from `generator`")
-        _check_speculative_format(prefix[:300], out, 5, V)
-        return out
+        _check_speculative_format(prefix[:300], observed["out"], 5, V)
+        return observed["out"], observed["generator_state"]
 
-    generator = torch.Generator(device=DEVICE).manual_seed(99)
-    start_state = generator.get_state()
-    first = run(generator, 11)
-    assert not torch.equal(generator.get_state(), start_state), (
+    start_state = torch.Generator(device=DEVICE).manual_seed(99).get_state()
+    first, advanced_state = run(start_state, 11)
+    assert not torch.equal(advanced_state, start_state), (
         "the generator did not advance: draw every random number from `generator`")
-    same_state = torch.Generator(device=DEVICE)
-    same_state.set_state(start_state)
-    replay = run(same_state, 12)
+    replay, _ = run(start_state, 12)
     assert torch.equal(first[0], replay[0]) and torch.equal(first[1], replay[1]), (
         "a generator in the same state must give the same tokens, whatever the global seed: take all randomness "
         "from `generator`, from its current state (do not re-seed anything from it)")
-    second = run(generator, 11)
+    second, _ = run(advanced_state, 11)
     assert not torch.equal(first[0], second[0]), (
         "a second call with the same generator (now advanced) returned the same 300 x 6 tokens: draw from the "
         "generator's current state, do not re-seed anything from its seed")
 
     # --- 4. statistical test: context-independent toy models, known acceptance rate alpha ---
-    M = 100_000
+    M, CHUNK = 100_000, 25_000
+
+    def sample_rows(make_prefix, draft, target, gamma, seed):
+        """M rows of speculative_step (draft and target: tables of toy models), in calls of CHUNK rows (a result
+        crosses the grading boundary, which caps its size), each from its own seeded generator, so the rows stay
+        independent. Returns the prefixes, new tokens and num_new of all rows, on the CPU."""
+        prefixes, tokens, counts = [], [], []
+        for start in range(0, M, CHUNK):
+            gen = torch.Generator(device=DEVICE).manual_seed(seed + start)
+            prefix = make_prefix(min(CHUNK, M - start), gen)
+            out = speculative_step(prefix, _toy_model(draft), _toy_model(target), gamma, gen)
+            _check_speculative_format(prefix, out, gamma, V)
+            prefixes.append(prefix.cpu())
+            tokens.append(out[0].cpu())
+            counts.append(out[1].cpu())
+        return torch.cat(prefixes), torch.cat(tokens), torch.cat(counts)
+
     p = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0], device=DEVICE)
     q = torch.tensor([0.1, 0.2, 0.3, 0.2, 0.2], device=DEVICE)
     alpha = torch.minimum(p, q).sum().item()  # 0.6
     gamma = 4
-    gen = torch.Generator(device=DEVICE).manual_seed(2024)
-    out_tokens, num_new = speculative_step(torch.zeros(M, 3, dtype=torch.long, device=DEVICE),
-                                           _toy_model(q.expand(V, V)), _toy_model(p.expand(V, V)), gamma, gen)
+    _, out_tokens, num_new = sample_rows(lambda rows, gen: torch.zeros(rows, 3, dtype=torch.long, device=DEVICE),
+                                         q.expand(V, V), p.expand(V, V), gamma, 2024)
     freq = torch.bincount(out_tokens[:, 0], minlength=V).double().cpu() / M
     worst = (freq - p.double().cpu()).abs().max().item()
     assert worst <= threshold(M), (
@@ -2386,10 +2449,9 @@ def _q6_4_hidden_tests():
                       [0.10, 0.60, 0.10, 0.10, 0.10],
                       [0.30, 0.10, 0.30, 0.10, 0.20],
                       [0.05, 0.30, 0.05, 0.30, 0.30]], device=DEVICE)
-    gen = torch.Generator(device=DEVICE).manual_seed(2025)
-    prefix = torch.randint(V, (M, 4), generator=gen, device=DEVICE)
-    out_tokens, num_new = speculative_step(prefix, _toy_model(Q), _toy_model(P), 3, gen)
-    out_tokens, num_new, last, P_cpu = out_tokens.cpu(), num_new.cpu(), prefix[:, -1].cpu(), P.double().cpu()
+    prefix, out_tokens, num_new = sample_rows(lambda rows, gen: torch.randint(V, (rows, 4), generator=gen, device=DEVICE),
+                                              Q, P, 3, 2025)
+    last, P_cpu = prefix[:, -1], P.double().cpu()
     # position k's token given the token before it (the prefix's last token for k = 0), among rows emitting it
     for k, previous in enumerate([last, out_tokens[:, 0], out_tokens[:, 1], out_tokens[:, 2]]):  # k = 3: bonus
         emitted = num_new >= k + 1
