@@ -306,14 +306,24 @@ class GraderSide:
         self.kernel_side = make_kernel_side(link)
         self.base: dict = {"__builtins__": builtins, "__name__": "__grader__", "kernel_side": self.kernel_side}
         self.problems: list[str] = []
+        self._pending: list[tuple[str, list[str]]] = []  # locked cells not yet taken into the grader
 
     def run_locked_cell(self, source: str, tags) -> None:
-        """Take a locked cell's imports (or the whole cell when tagged ``test-helpers``) into the grader."""
+        """Take a locked cell's imports (or the whole cell when tagged ``test-helpers``) into the grader, before the
+        next test cell runs (so the grader's imports overlap with the kernel's work on the cells in between)."""
+        self._pending.append((source, list(tags or ())))
+
+    def _take_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        for source, tags in pending:
+            self._take_locked_cell(source, tags)
+
+    def _take_locked_cell(self, source: str, tags: list[str]) -> None:
         try:
             tree = ast.parse(source)
         except SyntaxError:
             return
-        if HELPERS_TAG in (tags or ()):
+        if HELPERS_TAG in tags:
             nodes = tree.body
         else:
             nodes = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
@@ -336,6 +346,7 @@ class GraderSide:
         except SyntaxError as exc:
             return "", ("SyntaxError", f"the test cell does not compile: {exc}")
         link = self.link
+        self._take_pending()
         namespace = dict(self.base)
         printed = io.StringIO()
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)

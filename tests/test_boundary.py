@@ -152,9 +152,9 @@ def test_test_cells_use_the_graders_helpers_and_the_students_answers():
     grader.run_locked_cell("def check(value, expected):\n    assert value == expected, f'{value} != {expected}'\n",
                            [boundary.HELPERS_TAG])
     grader.run_locked_cell("import math\nMAGIC = 3\n", [])  # a plain locked cell: only its imports reach the grader
-    assert "math" in grader.base and "MAGIC" not in grader.base
     printed, error = grader.run_test_cell("check(add(2, 2), 4)\n", "t")
     assert error == ("AssertionError", "0 != 4"), f"the grader's check must judge the student's add: {error}"
+    assert "math" in grader.base and "MAGIC" not in grader.base
     printed, error = grader.run_test_cell("print('ok')\n", "t")
     assert (printed, error) == ("ok\n", None)
 
