@@ -300,13 +300,15 @@ def _instructor_imports(folder: Path | None):
 class GraderSide:
     """One notebook's grader-side namespace and the test cells run in it."""
 
-    def __init__(self, instructor_folder: Path | None, link: KernelLink):
+    def __init__(self, instructor_folder: Path | None, link: KernelLink, needed: set[str] | None = None):
         self.folder = instructor_folder
         self.link = link
         self.kernel_side = make_kernel_side(link)
         self.base: dict = {"__builtins__": builtins, "__name__": "__grader__", "kernel_side": self.kernel_side}
         self.problems: list[str] = []
         self._pending: list[tuple[str, list[str]]] = []  # locked cells not yet taken into the grader
+        self.needed = needed  # names the notebook's test cells read (None: all): other imports are not made here
+        self._cells = 0
 
     def run_locked_cell(self, source: str, tags) -> None:
         """Take a locked cell's imports (or the whole cell when tagged ``test-helpers``) into the grader, before the
@@ -323,20 +325,31 @@ class GraderSide:
             tree = ast.parse(source)
         except SyntaxError:
             return
+        self._cells += 1
+        filename = f"<test-helpers cell {self._cells}>"
         if HELPERS_TAG in tags:
             nodes = tree.body
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # kernel_side source
         else:
-            nodes = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+            nodes = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+                     and self._wanted(node)]
         if "utils" in sys.modules and self.folder and not _from_folder(sys.modules["utils"], self.folder):
             del sys.modules["utils"]  # another course's copy: this lab's tests use its own instructor files
         with _instructor_imports(self.folder):
             for node in nodes:
                 module = ast.Module(body=[node], type_ignores=[])
                 try:
-                    exec(compile(module, "<instructor cell>", "exec"), self.base)
+                    exec(compile(module, filename, "exec"), self.base)
                 except Exception as exc:  # noqa: BLE001 - an import the grader cannot make leaves its names remote
                     self.problems.append(f"{ast.unparse(node)[:80]}: {type(exc).__name__}: {exc}")
                 self.base["kernel_side"] = self.kernel_side  # `from utils import *` brings the local one
+
+    def _wanted(self, node) -> bool:
+        """An import whose names some test cell reads (a ``*`` import always)."""
+        if self.needed is None:
+            return True
+        names = {alias.asname or alias.name.split(".")[0] for alias in node.names}
+        return "*" in names or bool(names & self.needed)
 
     def run_test_cell(self, source: str, label: str) -> tuple[str, tuple[str, str] | None]:
         """Run one test cell here; what it printed and its error (type name, message), or None when it passed."""
@@ -369,9 +382,22 @@ class GraderSide:
         return printed.getvalue(), None
 
 
-def warm_imports() -> None:
-    """Import what test cells use (torch, numpy, matplotlib) ahead of the first test cell; errors wait for it."""
-    for name in ("numpy", "torch", "matplotlib.pyplot"):
+def names_tests_read(nb) -> set[str]:
+    """Global names the autograded test cells of ``nb`` read."""
+    needed: set[str] = set()
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader") if isinstance(cell.metadata.get("nbgrader"), dict) else {}
+        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+            try:
+                needed |= global_reads(compile(cell.source, "<test>", "exec"))
+            except SyntaxError:
+                continue
+    return needed
+
+
+def warm_imports(needed: set[str]) -> None:
+    """Import the heavy libraries test cells use ahead of the first test cell; errors wait for that cell."""
+    for name in [m for m in ("numpy", "torch") if m in needed or "DEVICE" in needed]:
         try:
             __import__(name)
         except Exception:  # noqa: BLE001, S112 - the test cell that needs a missing module reports it

@@ -211,6 +211,9 @@ def with_grading_report(outcome: Outcome, report_path: Path) -> Outcome:
     outcome.retry = report.get("retry", "")
     if report.get("guard"):
         outcome.notes.append(f"grading guard: {report['guard']}")
+    for restart in report.get("kernel_restarts", []):
+        outcome.notes.append(f"{restart}: a fresh kernel was started and the earlier cells were run again in it; "
+                             "only that cell's question lost its points")
     for cell, found in sorted(report.get("integrity", {}).items()):
         outcome.notes.append(f"{cell} scored zero, student code changed what tests rely on: {'; '.join(found)}")
     for cell, removed in report.get("neutralised", {}).items():
