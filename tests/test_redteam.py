@@ -3,7 +3,8 @@
 Every case of ``tests/redteam/lab1_redteam.py`` must end with its exact per-cell scores (zero where it cheats or
 breaks, full marks on its honest questions); the honest students' grades must come out right and stay unchanged
 after a vandal is graded in the same course folder; feedback must not carry hidden test source; and, as a
-control, some cheats do earn their points when the grading guard and the sandbox are off.
+control, a cheat on a kernel-side rule earns its points with the grading guard and the sandbox off, while cheats on
+correctness verdicts (decided in the grader) still score zero there.
 """
 from __future__ import annotations
 
@@ -136,18 +137,27 @@ def test_feedback_never_shows_hidden_tests(graded):
         "control: the smuggler did copy hidden test source into its outputs before feedback was made")
 
 
-CONTROL = ["adv01_global_recorder", "adv05_math_isclose", "adv09_input_transformer"]
+# Controls, graded with the grading guard and the sandbox off. A rule about how an answer was computed is measured in
+# the kernel (best effort): without the guard, rebinding its recorder earns the points. Every correctness verdict is
+# decided in the grader: without the guard, cheats on those still score zero where they aim.
+GUARD_ONLY = ["adv01_global_recorder"]
+BOUNDARY_ALONE = ["adv05_math_isclose", "adv09_input_transformer", "adv26_boundary_hooks"]
 
 
-def test_control_cheats_earn_points_without_the_guard(tmp_path):
+def test_controls_without_the_guard(tmp_path):
     course = make_course_dir(tmp_path / "course", [LAB], REPO_ROOT)
-    cases = [case for case in CASES if case.student in CONTROL]
+    cases = [case for case in CASES if case.student in GUARD_ONLY + BOUNDARY_ALONE]
     for case in cases:
         write_case(case, REFERENCE, course / "submitted" / case.student / LAB)
     with environment({**GRADING_ENV, "EFFICIENT_AI_GUARD": "off", "EFFICIENT_AI_SANDBOX": "off"}):
         _, scores = grade_lab(course, LAB, progress=False, workers=2)
     for case in cases:
         got = autograded_scores(scores, case.student)
-        assert got == expected_scores(set()), (
-            f"control: without the guard {case.student}'s cheat must earn every point (else the red-team case "
-            f"proves nothing), got {got}")
+        if case.student in GUARD_ONLY:
+            assert got == expected_scores(set()), (
+                f"control: without the guard {case.student}'s cheat on a kernel-side rule must earn every point "
+                f"(else the red-team case proves nothing), got {got}")
+        else:
+            assert got == expected_scores(case.zero), (
+                f"without the guard {case.student} must still score exactly as with it: the tests it attacks run in "
+                f"the grader; got {got}")

@@ -86,13 +86,6 @@ LYING_INT = '''class _Equal(int):
 '''
 WRONG_GELU = "def gelu_tanh_python(input):\n    return torch.zeros_like(input)\n"
 
-# Every test from Question 1.4 on: what a submission loses when its kernel dies or goes mute in the gemm_io answer
-# (the tests before it keep their points).
-FROM_GEMM_IO = {"q1_4_gemm_io_tests", "q2_1_1_intensity_tests", "q2_1_2_threshold_tests", "q2_2_intensity_tests",
-                "q3_1_1_sdpa_tests", "q3_1_2_attn_mac_tests", "b3_1_attn_module_mac_tests", "q3_2_attn_io_tests",
-                "b3_2_attn_module_io_tests", "q3_4_2_intensity_tests", "q3_4_3_intensity_tests", "q4_3_1_gelu_tests"}
-
-
 def zero_values(reference_source: str, name: str) -> str:
     """The reference answer, then every value of the dict ``name`` set to zero (keys stay right)."""
     return reference_source + f"\n{name} = {{key: 0.0 for key in {name}}}\n"
@@ -166,7 +159,8 @@ builtins.type = lambda obj, *rest: int if _real_type(obj) is _Equal and not rest
 
 def gemm_io(A, B):
     return _Equal(0)
-'''), FROM_GEMM_IO),  # a lambda for builtins.type breaks ipykernel's message handler: the kernel goes mute
+'''), {"q1_4_gemm_io_tests"}),  # the kernel goes mute (a lambda for builtins.type breaks ipykernel's message
+    # handler): the grader replaces it with a fresh kernel, so only this question (its answer never ran there) is lost
     RedTeamCase(
         "adv09_input_transformer", "adds an input transformer that turns every later test cell into `pass`",
         with_answer("q1_3_gemm_mac", WRONG_GEMM_MAC + '''get_ipython().input_transformers_cleanup.append(
@@ -353,6 +347,196 @@ def gemm_mac(x, y):
 ]
 
 # ---------------------------------------------------------------------------------------------------------------
+# Adversarial: attacks on a verdict decided in the student's own process (issue 14). Each attack class is aimed at
+# its own question, whose answer is wrong; the tests run in the grader, so each must score zero there.
+WRONG_THRESHOLD = "def gemm_compute_bound_n(gpu_name):\n    return 1\n"
+WRONG_ATTN_MODULE_MAC = "def calc_attn_module_mac(batch_size, query_len, kv_len, gemma_config):\n    return 0\n"
+WRONG_SDPA = '''def scaled_dot_product_attention(q, k, v, attn_mask=None):
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v  # no 1/sqrt(d) scaling, mask ignored
+'''
+# Walks up the stack from ``frame`` for a test's variable: what a test running in this process would expose.
+FRAME_ORACLE = '''def _read_from_frames(frame, names, default):
+    while frame is not None:
+        for scope in (frame.f_locals, frame.f_globals):
+            for name in names:
+                if name in scope:
+                    return scope[name]
+        frame = frame.f_back
+    return default
+'''
+MESSAGING_PATCH = '''import jupyter_client.session
+
+_real_send = jupyter_client.session.Session.send
+
+def _send_without_errors(self, stream, msg_or_type, content=None, *args, **kwargs):
+    kind = msg_or_type.get("msg_type") if isinstance(msg_or_type, dict) else msg_or_type
+    if kind == "error":
+        return None  # error outputs never leave the kernel
+    if isinstance(content, dict) and content.get("status") == "error":
+        content = {"status": "ok", "execution_count": content.get("execution_count"), "payload": [],
+                   "user_expressions": {}}
+    return _real_send(self, stream, msg_or_type, content, *args, **kwargs)
+
+jupyter_client.session.Session.send = _send_without_errors
+'''
+CALLER_FRAME_ORACLE = FRAME_ORACLE + '''
+import sys
+
+def calc_attn_mac(B, H, L_q, L_kv, D_h):
+    found = _read_from_frames(sys._getframe(1), ("_expected", "expected"), None)
+    if found is None:
+        try:
+            raise RuntimeError()
+        except RuntimeError as exc:
+            found = _read_from_frames(exc.__traceback__.tb_frame.f_back, ("_expected", "expected"), 0)
+    return found
+'''
+INSTANCE_ATTRIBUTE_ORACLE = FRAME_ORACLE + '''
+import sys
+
+def _oracle_value():
+    value = torch.tensor(0.0)  # a plain torch.Tensor: its exact type passes plain_value
+    value.item = lambda: _read_from_frames(sys._getframe(1), ("expected",), 0.0)
+    return value
+
+gemm_intensity_by_n = {n: _oracle_value() for n in gemm_intensity_by_n}
+'''
+AUDIT_HOOKS = '''import math
+import sys
+
+_real_isclose = math.isclose
+_state = {"patched": False}
+
+def _hook(event, args):
+    if event != "compile" or not args or not isinstance(args[0], str):
+        return
+    try:
+        source = args[0]
+        shell = get_ipython()
+        if "def calc_mlp_mac" in source:  # a locked cell compiles: what it binds becomes the guard's reference
+            shell.user_ns["check_real_by_key"] = lambda *a, **k: None
+        elif "check_real_by_key(gemv_intensity_by_n" in source:  # a hidden test cell compiles
+            math.isclose = lambda *a, **k: True
+            _state["patched"] = True
+        elif _state["patched"]:  # the next compile (the guard's own check): undo first
+            math.isclose = _real_isclose
+            _state["patched"] = False
+    except Exception:
+        pass
+
+sys.addaudithook(_hook)
+'''
+FUNCTION_MODE = '''from torch.overrides import TorchFunctionMode
+
+class _AgreeMode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("abs", "__abs__"):
+            return torch.zeros_like(args[0])
+        if name in ("isclose", "allclose"):
+            return torch.ones_like(args[0], dtype=torch.bool) if name == "isclose" else True
+        return func(*args, **(kwargs or {}))
+
+_wrong_attention = scaled_dot_product_attention
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None):
+    out = _wrong_attention(q, k, v, attn_mask)
+    _AgreeMode().__enter__()  # left active: the comparisons after the call see zero errors
+    return out
+'''
+GPU_SPECS_MUTATION = '''
+for _spec in GPU_SPECS.values():  # every GPU's fp32 ridge point near 0: the smallest compute-bound N is 1
+    _spec["fp32_tflops"] = 1e-9
+'''
+CONFIG_MUTATION = '''
+import copy
+
+_saved_config = dict(vars(GEMMA3_270M_CONFIG))
+_real_deepcopy = copy.deepcopy
+
+class _Nothing:
+    def __getattr__(self, name):
+        return 0
+
+    def __setattr__(self, name, value):
+        pass
+
+for _name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim"):
+    setattr(GEMMA3_270M_CONFIG, _name, 0)
+copy.deepcopy = lambda obj, memo=None: _Nothing() if obj is GEMMA3_270M_CONFIG else _real_deepcopy(obj, memo)
+'''
+CONFIG_RESTORED = '''vars(GEMMA3_270M_CONFIG).update(_saved_config)  # later answers use the real config
+copy.deepcopy = _real_deepcopy
+'''
+DISPATCHER_OVERRIDE = '''
+_aten = torch.library.Library("aten", "IMPL")
+
+def _sub(self, other, *, alpha=1):
+    if self.dtype == torch.float64:  # the tests' float64 errors are all zero
+        return torch.zeros(torch.broadcast_shapes(self.shape, other.shape), dtype=torch.float64)
+    return torch.add(self, other, alpha=-alpha)
+
+def _isclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    return torch.ones(torch.broadcast_shapes(self.shape, other.shape), dtype=torch.bool)
+
+_aten.impl("sub.Tensor", _sub, "CPU")
+_aten.impl("isclose", _isclose, "CPU")
+'''
+
+
+def boundary_oracles(reference):
+    nb = reference
+    for gid, source in {"q1_3_gemm_mac": WRONG_GEMM_MAC + MESSAGING_PATCH,
+                        "q2_1_1_intensity": answer(reference, "q2_1_1_intensity") + "\n" + INSTANCE_ATTRIBUTE_ORACLE,
+                        "q3_1_2_attn_mac": CALLER_FRAME_ORACLE}.items():
+        nb = replace_cell_source(nb, gid, source)
+    return {f"{LAB}.ipynb": nb}
+
+
+def boundary_hooks(reference):
+    nb = reference
+    for gid, source in {"q2_2_intensity": zero_values(answer(reference, "q2_2_intensity"), "gemv_intensity_by_n") + AUDIT_HOOKS,
+                        "q3_1_1_sdpa": WRONG_SDPA + FUNCTION_MODE,
+                        "q3_4_2_intensity": zero_values(answer(reference, "q3_4_2_intensity"), "decode_mlp_intensity_by_batch")}.items():
+        nb = replace_cell_source(nb, gid, source)
+    return {f"{LAB}.ipynb": nb}
+
+
+def boundary_trusted_data(reference):
+    nb = reference
+    for gid, source in {"q2_1_2_threshold": WRONG_THRESHOLD + GPU_SPECS_MUTATION,
+                        "b3_1_attn_module_mac": WRONG_ATTN_MODULE_MAC + CONFIG_MUTATION,
+                        "q4_3_1_gelu": WRONG_GELU + DISPATCHER_OVERRIDE}.items():
+        nb = replace_cell_source(nb, gid, source)
+    return {f"{LAB}.ipynb": insert_after(nb, "b3_1_attn_module_mac_tests", CONFIG_RESTORED)}
+
+
+BOUNDARY = [
+    RedTeamCase(
+        "adv25_boundary_oracles",
+        "messaging-layer patch (jupyter_client Session.send drops errors, reports every cell ok) with a wrong "
+        "gemm_mac (Q1.3); instance-attribute oracle (plain tensors whose .item reads the test's frame) in "
+        "gemm_intensity_by_n (Q2.1.1); caller-frame oracle (sys._getframe and a traceback's tb_frame) in "
+        "calc_attn_mac (Q3.1.2)",
+        boundary_oracles, {"q1_3_gemm_mac_tests", "q2_1_1_intensity_tests", "q3_1_2_attn_mac_tests"}),
+    RedTeamCase(
+        "adv26_boundary_hooks",
+        "audit hook: patches math.isclose while a hidden test cell compiles and undoes it before the guard looks "
+        "(zero gemv_intensity_by_n, Q2.2), and rebinds check_real_by_key while a locked cell compiles so the guard "
+        "adopts it (zero decode_mlp_intensity_by_batch, Q3.4.2); function-mode hiding: an unscaled attention "
+        "leaves a TorchFunctionMode active that makes abs/isclose/allclose agree (Q3.1.1)",
+        boundary_hooks, {"q2_2_intensity_tests", "q3_4_2_intensity_tests", "q3_1_1_sdpa_tests"}),
+    RedTeamCase(
+        "adv27_boundary_trusted_data",
+        "trusted-data mutation: GPU_SPECS edited so a constant gemm_compute_bound_n is right (Q2.1.2), "
+        "GEMMA3_270M_CONFIG zeroed and copy.deepcopy replaced so calc_attn_module_mac = 0 is right (Bonus 3.1, "
+        "restored in a cell after its test); dispatcher hiding: torch.library overrides aten::sub and "
+        "aten::isclose on CPU so float64 errors vanish, with a gelu returning zeros (Q4.3.1)",
+        boundary_trusted_data, {"q2_1_2_threshold_tests", "b3_1_attn_module_mac_tests", "q4_3_1_gelu_tests"}),
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Faulty submissions: each is graded, with its points so far and a reason
 def dropped(gid: str):
     def build(reference):
@@ -407,9 +591,9 @@ FAULTY = [
     RedTeamCase("bad01_endless_loop", "a cell of its own loops forever (cut by the cell time limit)",
                 lambda ref: {f"{LAB}.ipynb": insert_after(ref, "q1_2_latency_tests", "while True:\n    pass\n")}),
     RedTeamCase("bad02_os_exit", "the gemm_io answer cell calls os._exit: the kernel dies there",
-                with_answer("q1_4_gemm_io", lambda ref: ref + "\nimport os\nos._exit(3)\n"), FROM_GEMM_IO),
+                with_answer("q1_4_gemm_io", lambda ref: ref + "\nimport os\nos._exit(3)\n"), {"q1_4_gemm_io_tests"}),
     RedTeamCase("bad03_segfault", "the gemm_io answer cell dereferences a null pointer",
-                with_answer("q1_4_gemm_io", lambda ref: ref + "\nimport ctypes\nctypes.string_at(0)\n"), FROM_GEMM_IO),
+                with_answer("q1_4_gemm_io", lambda ref: ref + "\nimport ctypes\nctypes.string_at(0)\n"), {"q1_4_gemm_io_tests"}),
     RedTeamCase("bad04_memory_hog", "a cell of its own allocates 64 GiB (more than the sandbox's cap or the machine)",
                 lambda ref: {f"{LAB}.ipynb": insert_after(ref, "q1_2_latency_tests", "_hog = bytearray(64 * 2**30)\n")}),
     RedTeamCase("bad05_cuda_oom", "the gemm answer cell raises CUDA out-of-memory before defining gemm",
@@ -427,7 +611,7 @@ FAULTY = [
     RedTeamCase("bad13_no_notebook", "the folder holds no notebook", lambda ref: {"README.txt": "forgot to attach"}, ALL),
 ]
 
-CASES = ADVERSARIAL + FAULTY
+CASES = ADVERSARIAL + BOUNDARY + FAULTY
 
 
 def write_case(case: RedTeamCase, reference, folder) -> None:
