@@ -7,7 +7,7 @@ now they run in the grader, so each attack either finds nothing to read or chang
 """
 from __future__ import annotations
 
-from boundary_cases import BoundaryCase, insert_after, with_answers
+from boundary_cases import BoundaryCase, answer, insert_after, with_answers
 
 # -- wrong answers the attacks try to rescue ------------------------------------------------------------------------
 WRONG_HBM_BYTES = '''def relu_matmul_hbm_bytes(n, k=None, bytes_per_element=2, fused=True):
@@ -55,9 +55,9 @@ def chain_intensity(seq_len, kv_head, bytes_per_element=2, intermediate_round_tr
         return found
     return 4.0 * kv_head * seq_len * seq_len / (3 * seq_len * kv_head * bytes_per_element)
 '''
-# A plain torch.Tensor with the wrong values (keys j >= i) whose instance attributes `cpu` and `tolist`, which the
-# tests used to call, return the test's own expected mask read from the caller's frame.
-ATTRIBUTE_ORACLE_MASK = '''import sys
+# Block by block but without the max shift (exp overflows on the tests' scores): a plain torch.Tensor whose instance
+# attribute `cpu`, which the tests call, returns the test's own expected value read from the caller's frame.
+ATTRIBUTE_ORACLE_LSE = '''import sys
 
 
 def _callers_value(name):
@@ -69,22 +69,20 @@ def _callers_value(name):
     return None
 
 
-def causal_mask(seq_len, device=None):
+def blockwise_logsumexp(x, block_size):
+    total = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    for start in range(0, x.shape[-1], block_size):
+        total = total + torch.exp(x[..., start:start + block_size]).sum(dim=-1)
+    lse = torch.log(total)
+    plain = lse.clone()
+    lse.cpu = lambda *args, **kwargs: _callers_value("want") if _callers_value("want") is not None else plain.cpu()
+    return lse
+'''
+WRONG_CAUSAL_MASK = '''def causal_mask(seq_len, device=None):
     positions = torch.arange(seq_len, device=device)
-    mask = positions[None, :] >= positions[:, None]
-    plain = mask.clone()
-    mask.cpu = lambda *args, **kwargs: _callers_value("want") if _callers_value("want") is not None else plain.cpu()
-    mask.tolist = lambda: [True] + [False] * (seq_len - 1) if seq_len else []
-    return mask
+    return (positions[None, :] <= positions[:, None]) & (positions[None, :] >= positions[:, None] - 1)  # 2 keys only
 '''
-WRONG_SEGMENT_MASK = '''def segment_mask(segment_ids, causal=False):
-    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]  # ignores causal
-'''
-WRONG_ONLINE_UPDATE = '''def online_softmax_update(running_max, running_sum, scores_block):
-    new_max = torch.maximum(running_max, scores_block.amax(dim=-1))
-    shift = torch.where(torch.isneginf(new_max), torch.zeros_like(new_max), new_max)
-    return new_max, running_sum + torch.exp(scores_block - shift[..., None]).sum(dim=-1)  # never rescales the old sum
-'''
+TILED_FORWARD_WITHOUT_RESCALE = ("acc = acc * rescale[..., None] + ", "acc = acc + ")  # the output is never rescaled
 
 # -- the attacks (student code cells inserted into the reference) ------------------------------------------------
 # Messaging layer: every error the kernel reports (execute_reply status, error output) is turned into success.
@@ -109,8 +107,8 @@ def _send_without_errors(self, stream, msg_or_type, content=None, *args, **kwarg
 
 jupyter_client.session.Session.send = _send_without_errors
 '''
-# Audit hook: whenever a hidden test of Question 2.2 compiles in this process, the helpers its comparisons use are
-# made to agree (math.isclose, utils.plain_value), and put back at the next event so that no check finds them.
+# Audit hook: when the test cell of Question 2.2 compiles in this process, the helpers its comparisons use are made
+# to agree (math.isclose, utils.plain_value), and put back when the next source text compiles (a check, a cell).
 AUDIT_HOOK = '''import math
 import sys
 
@@ -121,14 +119,16 @@ _patched = []
 
 
 def _hook(event, args):
-    if _patched:
-        math.isclose, utils.plain_value = _real["isclose"], _real["plain_value"]
-        globals()["plain_value"] = _real["plain_value"]
-        _patched.clear()
-    if event in ("compile", "exec") and args and "chain_flops(seq_len=" in str(args[0]):
+    if event != "compile" or not args or not isinstance(args[0], (str, bytes)):
+        return
+    if "chain_flops(seq_len=" in str(args[0]):  # the test cell of Question 2.2 compiles: patch until it ran
         math.isclose = lambda *a, **k: True
         utils.plain_value = globals()["plain_value"] = lambda value, kind, what: value
         _patched.append(True)
+    elif _patched:  # the next text compiled (a guard's check, the next cell): put everything back first
+        math.isclose, utils.plain_value = _real["isclose"], _real["plain_value"]
+        globals()["plain_value"] = _real["plain_value"]
+        _patched.clear()
 
 
 sys.addaudithook(_hook)
@@ -140,7 +140,8 @@ TRUSTED_DATA = '''import copy
 GPU_SPECS["H100-SXM"]["bf16_tflops"] = GPU_SPECS["H100-SXM"]["bf16_tflops"] / 2
 copy.deepcopy = lambda value, memo=None: value
 '''
-# Function mode: a TorchFunctionMode left on the stack that makes every comparison of tensors say "equal".
+# Function mode: a TorchFunctionMode left on the stack that makes every comparison of tensors say "equal" (isclose,
+# equal, allclose) and every absolute difference zero.
 FUNCTION_MODE = '''import torch
 from torch.overrides import TorchFunctionMode
 
@@ -151,16 +152,17 @@ class _AllEqual(TorchFunctionMode):
         if name in ("equal", "allclose"):
             return True
         if name == "isclose":
-            return torch.ones_like(args[0], dtype=torch.bool)
-        if name == "assert_close":
-            return None
+            return torch.ones(torch.broadcast_shapes(args[0].shape, args[1].shape), dtype=torch.bool,
+                              device=args[0].device)
+        if name == "abs":
+            return torch.zeros_like(args[0])
         return func(*args, **(kwargs or {}))
 
 
 _AllEqual().__enter__()
 '''
-# Dispatcher: ATen's own kernels of equal, isclose and allclose replaced through torch.library, below every Python
-# mode and method the grading guard could watch.
+# Dispatcher: ATen's own kernels of equal and isclose (so allclose) replaced through torch.library, below every
+# Python mode and method the grading guard could watch.
 DISPATCHER_OVERRIDE = '''import torch
 
 _aten = torch.library.Library("aten", "IMPL")
@@ -180,21 +182,22 @@ _aten.impl("isclose", _all_close, "CompositeImplicitAutograd")
 
 
 def messaging_frames_attributes(reference):
-    """Messaging-layer patch (1.1), caller-frame oracle (2.3), instance-attribute oracle (3.3)."""
+    """Messaging-layer patch (1.1), caller-frame oracle (2.3), instance-attribute oracle (4.1.2)."""
     nb = with_answers(reference, {"q1_1_hbm_bytes": WRONG_HBM_BYTES, "q2_3_chain_intensity": FRAME_ORACLE_INTENSITY,
-                                  "q3_3_causal_mask": ATTRIBUTE_ORACLE_MASK})
+                                  "q4_1_2_blockwise_lse": ATTRIBUTE_ORACLE_LSE})
     return insert_after(nb, "q1_1_hbm_bytes", MESSAGING_PATCH)
 
 
 def hooks_data_modes_dispatcher(reference):
-    """Audit hook (2.2), trusted-data mutation (1.2), function-mode hiding (4.1.1), dispatcher override (3.4)."""
+    """Trusted-data mutation (1.2), audit hook (2.2), dispatcher override (3.3), function-mode hiding (4.2)."""
+    old, new = TILED_FORWARD_WITHOUT_RESCALE
     nb = with_answers(reference, {"q1_2_predicted_speedup": WRONG_SPEEDUP, "q2_2_chain_flops": WRONG_CHAIN_FLOPS,
-                                  "q3_4_segment_mask": WRONG_SEGMENT_MASK,
-                                  "q4_1_1_online_update": WRONG_ONLINE_UPDATE})
+                                  "q3_3_causal_mask": WRONG_CAUSAL_MASK,
+                                  "q4_2_tiled_forward": answer(reference, "q4_2_tiled_forward").replace(old, new)})
     nb = insert_after(nb, "q1_2_predicted_speedup", TRUSTED_DATA)
     nb = insert_after(nb, "q2_2_chain_flops", AUDIT_HOOK)
-    nb = insert_after(nb, "q3_4_segment_mask", DISPATCHER_OVERRIDE)
-    return insert_after(nb, "q4_1_1_online_update", FUNCTION_MODE)
+    nb = insert_after(nb, "q3_3_causal_mask", DISPATCHER_OVERRIDE)
+    return insert_after(nb, "q4_2_tiled_forward", FUNCTION_MODE)
 
 
 CASES = [
@@ -202,17 +205,17 @@ CASES = [
         "b2_messaging_frames_attributes",
         "messaging-layer patch (jupyter_client Session.send drops errors) on Question 1.1; caller-frame oracle "
         "(sys._getframe and a traceback's tb_frame) on Question 2.3; instance-attribute oracle (a plain tensor whose "
-        "cpu/tolist read the test's frame) on Question 3.3",
+        "cpu() reads the test's frame) on Question 4.1.2",
         messaging_frames_attributes,
-        {"q1_1_hbm_bytes_tests", "q2_3_chain_intensity_tests", "q3_3_causal_mask_tests"},
+        {"q1_1_hbm_bytes_tests", "q2_3_chain_intensity_tests", "q4_1_2_blockwise_lse_tests"},
     ),
     BoundaryCase(
         "b2_hooks_data_modes_dispatcher",
-        "trusted-data mutation (GPU_SPECS, the copy module) on Question 1.2; audit hook that "
-        "patches math.isclose and plain_value while the test compiles on Question 2.2; torch.library override of "
-        "aten::equal/isclose on Question 3.4; TorchFunctionMode faking comparisons on Question 4.1.1",
+        "trusted-data mutation (GPU_SPECS, the copy module) on Question 1.2; audit hook that patches math.isclose and "
+        "plain_value while the test compiles on Question 2.2; torch.library override of aten::equal/isclose on "
+        "Question 3.3; TorchFunctionMode faking isclose/equal/abs on Question 4.2",
         hooks_data_modes_dispatcher,
-        {"q1_2_predicted_speedup_tests", "q2_2_chain_flops_tests", "q3_4_segment_mask_tests",
-         "q4_1_1_online_update_tests"},
+        {"q1_2_predicted_speedup_tests", "q2_2_chain_flops_tests", "q3_3_causal_mask_tests",
+         "q4_2_tiled_forward_tests"},
     ),
 ]
