@@ -70,6 +70,9 @@ WRONG["q1_1_causal_attention"] = [
      .replace('    scores = scores.masked_fill(~allowed, float("-inf"))\n    return torch.softmax(scores, dim=-1) @ v',
               "    weights = scores.exp().masked_fill(~allowed, 0.0)\n"
               "    return ((weights / weights.sum(dim=-1, keepdim=True)) @ v.double()).to(q.dtype)")),
+    # right values, but the question forbids the library kernel: only the (kernel-side) call recorder catches it
+    ("calls F.scaled_dot_product_attention instead of building the mask",
+     "def causal_self_attention(q, k, v):\n    return F.scaled_dot_product_attention(q, k, v, is_causal=True)\n"),
 ]
 
 # --------------------------------------------------------------------------------------------------------------
