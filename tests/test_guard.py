@@ -51,8 +51,8 @@ def test_tampering_is_found_undone_and_costs_only_its_test(graded):
     outcomes, scores, control = graded
     assert points(scores, "patcher") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 0, "b1_1_square_tests": 1}
     assert any("math.isclose was replaced" in note for note in outcomes["patcher"].notes), outcomes["patcher"]
-    assert points(control, "patcher")["q1_2_scale_tests"] == 2, (
-        "control: with EFFICIENT_AI_GUARD=off the patched math.isclose does pass the hidden test")
+    assert points(control, "patcher")["q1_2_scale_tests"] == 0, (
+        "with EFFICIENT_AI_GUARD=off the patched math.isclose is the kernel's: the grader's test still fails")
 
 
 def test_dead_kernel_keeps_the_points_earned_before(graded):

@@ -229,10 +229,10 @@ def test_student_files_never_shadow_a_module_on_the_plain_nbgrader_path(root, tm
 
     assert autograde_plain(course, "on") == 0.0, "sandboxed, a shadowing file must not earn the cheat its points"
     assert autograde_plain(course, "off") == 0.0, "unsandboxed, the kernel must still start isolated"
-    # Control: with nbgrader's stock kernelspec (python -m ipykernel_launcher in the submission's folder) the
-    # shadowing launcher runs and the cheat scores, so the two lines above can fail.
-    control = autograde_plain(course, "off", "--Execute.kernel_name=python3")
-    assert control == POINTS["q1_2_scale"], f"control: the cheat must score with the stock kernel, got {control}"
+    # With nbgrader's stock kernelspec (python -m ipykernel_launcher in the submission's folder) the shadowing
+    # launcher runs in the kernel; the cheat still earns nothing, because the tests run in the grader (the boundary).
+    stock = autograde_plain(course, "off", "--Execute.kernel_name=python3")
+    assert stock == 0.0, f"a patched isclose in the kernel cannot pass a test the grader runs, got {stock}"
 
 
 SCRATCH_MB = 64
