@@ -55,11 +55,13 @@ def test_tampering_is_found_undone_and_costs_only_its_test(graded):
         "with EFFICIENT_AI_GUARD=off the patched math.isclose is the kernel's: the grader's test still fails")
 
 
-def test_dead_kernel_keeps_the_points_earned_before(graded):
+def test_a_dead_kernel_costs_only_the_question_it_died_in(graded):
     outcomes, scores, _ = graded
-    assert points(scores, "dies") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 0, "b1_1_square_tests": 0}
-    assert outcomes["dies"].status == "partial" and "kernel died in cell" in outcomes["dies"].reason, outcomes["dies"]
-    assert "(q1_2_scale)" in outcomes["dies"].reason, "the reason names the cell by its grade id"
+    assert points(scores, "dies") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 0, "b1_1_square_tests": 1}, (
+        "a fresh kernel replays the earlier cells, so the questions after the crash keep their points")
+    said = " ".join([outcomes["dies"].reason, *outcomes["dies"].notes])
+    assert "kernel died in cell" in said and "(q1_2_scale)" in said, (
+        f"the TA is told where the kernel died, by grade id: {outcomes['dies']}")
 
 
 def test_a_sticky_cuda_error_is_graded_again_without_the_gpu(graded):
