@@ -384,10 +384,11 @@ class GraderSide:
 
 def names_tests_read(nb) -> set[str]:
     """Global names the autograded test cells of ``nb`` read."""
+    from .notebooks import is_autograded_test
+
     needed: set[str] = set()
     for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader") if isinstance(cell.metadata.get("nbgrader"), dict) else {}
-        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+        if is_autograded_test(cell):
             try:
                 needed |= global_reads(compile(cell.source, "<test>", "exec"))
             except SyntaxError:

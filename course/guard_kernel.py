@@ -25,7 +25,6 @@ def _efficient_ai_guard_install():  # noqa: C901 - one closure keeps the guard's
     import hmac
     import importlib
     import json
-    import linecache
     import os
     import sys
 
@@ -175,7 +174,7 @@ def _efficient_ai_guard_install():  # noqa: C901 - one closure keeps the guard's
         return hmac.new(key, f"{nonce}|{payload}".encode(), hashlib.sha256).hexdigest()
 
     def handle(command, nonce=""):
-        """``key`` (once), ``check``, ``restore``, ``mark``/``adopt`` (around a locked cell), ``forget``."""
+        """``key`` (once), ``check``, ``restore``, ``mark``/``adopt`` (around a locked cell)."""
         if command == "key":
             if handed_out:
                 raise PermissionError("the grading key was handed out already")
@@ -205,12 +204,6 @@ def _efficient_ai_guard_install():  # noqa: C901 - one closure keeps the guard's
                         pass
                 descriptions |= {f"could not undo: {description}" for description, _ in changes()}
             payload = json.dumps(sorted(descriptions))
-        elif command == "forget":
-            # Hidden test source must not stay readable in the kernel after its cell: drop it from linecache.
-            for filename in [f for f, entry in list(linecache.cache.items())
-                             if len(entry) > 2 and "### BEGIN HIDDEN TESTS" in "".join(entry[2] or [])]:
-                linecache.cache.pop(filename, None)
-            payload = "forgotten"
         else:
             raise ValueError(f"unknown guard command {command!r}")
         return f"{payload}|{sign(nonce, payload)}"

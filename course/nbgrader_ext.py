@@ -243,8 +243,12 @@ def _where(cell, index: int) -> str:
 
 
 class GuardedExecute(Execute):
-    """nbgrader's Execute, with the grading guard, partial credit after a dead kernel, and a notebook time limit.
+    """nbgrader's Execute, with the grading boundary and guard, recovery from a dead kernel, and a notebook time limit.
 
+    - Test cells never run in the kernel: ``course/boundary.py`` runs them in this process, asking the kernel's
+      boundary server (installed before any student code) for the student's values, and writes the cells' outputs
+      itself; no reply status, error or output of the kernel decides a score. Hidden test source therefore never
+      reaches the kernel (``In``, ``_ih``, ``linecache``, frames).
     - Before any notebook cell, the guard (``course/guard_kernel.py``) is installed in the fresh kernel. Around
       every autograded test cell the grader asks it, through ``user_expressions`` (no input transformers, no
       hooks), whether student code replaced anything the tests rely on; answers are signed with a key only the
@@ -253,11 +257,12 @@ class GuardedExecute(Execute):
       locked (instructor) cell and charged to the next test cell; what a locked cell itself changes (a library it
       imports registering an IPython hook, as trio does) becomes the reference. A guard that no longer answers
       correctly fails every later test cell (fail closed).
-    - Test cells run outside IPython's history, and their source is dropped from ``linecache`` afterwards, so
-      later student cells cannot read hidden tests back from ``In``, ``_ih`` or ``linecache``.
-    - A dead kernel (``os._exit``, a segfault, the out-of-memory killer) or the notebook time limit
-      (``EFFICIENT_AI_NOTEBOOK_TIMEOUT_S``, default 600 s) stops execution; the cells already run keep their
-      results, every later test cell gets an error saying why it did not run, and nbgrader scores the notebook.
+    - A dead or mute kernel (``os._exit``, a segfault, the out-of-memory killer, a request that does not answer
+      even after an interrupt) fails the cell it happened in; a fresh kernel then runs the earlier cells (not the
+      tests) again and grading goes on (``MAX_KERNEL_RESTARTS``; the report lists them as ``kernel_restarts``).
+      When no fresh kernel can help, or at the notebook time limit (``EFFICIENT_AI_NOTEBOOK_TIMEOUT_S``, default
+      600 s), execution stops; the cells already run keep their results, every later test cell gets an error
+      saying why it did not run, and nbgrader scores the notebook.
     - A sticky CUDA error (a device-side assert, an illegal memory access) leaves the GPU unusable for the rest of
       the process, so execution stops there the same way and the report names it (``cuda_error``);
       ``course.grade`` then grades the submission again without the GPU, as a CPU grader would.
@@ -355,7 +360,10 @@ class GuardedExecute(Execute):
     start_new_kernel_client = run_sync(async_start_new_kernel_client)  # nbclient binds the sync name to its own
 
     # -- the guard protocol -------------------------------------------------------------------------------------
-    async def _async_request(self, code: str, expression: str | None, timeout_s: float) -> dict | None:
+    async def _async_request(self, code: str, expression: str | None, timeout_s: float,
+                             interrupt: bool = False) -> dict | None:
+        """Send a silent request; its reply, or None after ``timeout_s`` seconds. With ``interrupt``, a request
+        still running then is interrupted and given 10 s more to answer (with the interruption)."""
         from queue import Empty
 
         from nbclient.exceptions import DeadKernelError
@@ -364,7 +372,12 @@ class GuardedExecute(Execute):
         msg_id = self.kc.execute(code, silent=True, store_history=False, allow_stdin=False,
                                  user_expressions={"guard": expression} if expression else None)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while True:
+            if time.monotonic() > deadline:
+                if not interrupt:
+                    return None
+                await ensure_async(self.km.interrupt_kernel())
+                interrupt, deadline = False, time.monotonic() + 10
             try:
                 msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=1))
             except Empty:
@@ -373,7 +386,6 @@ class GuardedExecute(Execute):
                 continue
             if msg["parent_header"].get("msg_id") == msg_id:
                 return msg
-        return None
 
     def _request(self, code: str, expression: str | None = None, timeout_s: float = KERNEL_REPLY_TIMEOUT_S) -> dict | None:
         """Send the kernel a silent request; its reply, or None (and ``_kernel_lost`` set) when none came within
@@ -484,10 +496,7 @@ class GuardedExecute(Execute):
         from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
         if is_setup:
-            # Student changes are undone before a locked cell (and charged to the next test cell), so that what
-            # the locked cell changes can be adopted as the instructor's own.
-            self._pending += self._findings_or_broken("restore")
-            self._guard("mark")
+            self._before_locked_cell()
             self._grader.run_locked_cell(cell.source, cell.metadata.get("tags"))
         elif cell.source.strip():
             self._student_code_ran = True
@@ -511,6 +520,12 @@ class GuardedExecute(Execute):
         else:
             self._replayable.append(index)
 
+    def _before_locked_cell(self) -> None:
+        """Student changes are undone before a locked cell (and charged to the next test cell), so that what the
+        locked cell changes can be adopted as the instructor's own (``self._guard("adopt")`` after it)."""
+        self._pending += self._findings_or_broken("restore")
+        self._guard("mark")
+
     def _grade_test_cell(self, cell, index: int, where: str) -> None:
         """Run a test cell in the grader (course/boundary.py); its outputs are the grader's, never the kernel's."""
         gid = cell.metadata.get("nbgrader", {}).get("grade_id")
@@ -523,7 +538,6 @@ class GuardedExecute(Execute):
         if self._stopped:
             cell.outputs = [_error_output("NotRun", self._stopped)]
             return
-        self._running_test = True
         self._test_deadline = time.monotonic() + (self.timeout or KERNEL_REPLY_TIMEOUT_S)
         try:
             printed, error = self._grader.run_test_cell(cell.source, gid or str(index))
@@ -531,8 +545,6 @@ class GuardedExecute(Execute):
             printed, error = "", ("DeadKernelError" if self._kernel_lost == "died" else "TimeoutError",
                                   f"the kernel {self._kernel_lost} while this test cell was running; the grader "
                                   "started a fresh kernel for the cells after it")
-        finally:
-            self._running_test = False
         if printed:
             cell.outputs.append(NotebookNode(output_type="stream", name="stdout",
                                              text=_shorten(printed, self.max_cell_output_bytes)))
@@ -542,7 +554,6 @@ class GuardedExecute(Execute):
             self._recover(f"in {where}")
         else:
             found += self._findings_or_broken("restore")
-            self._guard("forget")
         if found:
             found = sorted(set(found))
             self._integrity[gid or str(index)] = found
@@ -583,7 +594,7 @@ class GuardedExecute(Execute):
         expression = f"_efficient_ai_boundary({payload!r})"
         left_s = max(1.0, getattr(self, "_test_deadline", time.monotonic() + KERNEL_REPLY_TIMEOUT_S) - time.monotonic())
         try:
-            reply = run_sync(self._async_boundary_request)(expression, left_s)
+            reply = run_sync(self._async_request)("", expression, left_s, interrupt=True)
         except DeadKernelError:
             self._kernel_lost = "died"
             return None
@@ -591,31 +602,6 @@ class GuardedExecute(Execute):
             self._kernel_lost = f"stopped answering (no reply in {left_s:.0f} s, nor after an interrupt)"
             return None
         return self._guard_value(reply)
-
-    async def _async_boundary_request(self, expression: str, timeout_s: float) -> dict | None:
-        from queue import Empty
-
-        from nbclient.exceptions import DeadKernelError
-        from nbclient.util import ensure_async
-
-        msg_id = self.kc.execute("", silent=True, store_history=False, allow_stdin=False,
-                                 user_expressions={"guard": expression})
-        deadline = time.monotonic() + timeout_s
-        interrupted = False
-        while True:
-            if time.monotonic() > deadline:
-                if interrupted:
-                    return None
-                await ensure_async(self.km.interrupt_kernel())
-                interrupted, deadline = True, time.monotonic() + 10
-            try:
-                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=1))
-            except Empty:
-                if not await ensure_async(self.kc.is_alive()):
-                    raise DeadKernelError("Kernel died") from None
-                continue
-            if msg["parent_header"].get("msg_id") == msg_id:
-                return msg
 
     # -- a lost kernel: a fresh one, and the cells before ----------------------------------------------------------
     def _recover(self, when: str) -> None:
@@ -640,8 +626,7 @@ class GuardedExecute(Execute):
             cell = self.nb.cells[earlier]
             is_setup = is_locked(cell) and not is_grade(cell) and not is_solution(cell)
             if is_setup:
-                self._pending += self._findings_or_broken("restore")
-                self._guard("mark")
+                self._before_locked_cell()
             self._request(cell.source, timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
             if is_setup:
                 self._guard("adopt")
