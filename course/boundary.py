@@ -24,6 +24,7 @@ import base64
 import builtins
 import contextlib
 import dis
+import importlib.util
 import inspect
 import io
 import json
@@ -32,6 +33,7 @@ import math
 import pickle
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 KERNEL_SOURCE = Path(__file__).with_name("boundary_kernel.py")
@@ -300,7 +302,8 @@ def _instructor_imports(folder: Path | None):
 class GraderSide:
     """One notebook's grader-side namespace and the test cells run in it."""
 
-    def __init__(self, instructor_folder: Path | None, link: KernelLink, needed: set[str] | None = None):
+    def __init__(self, instructor_folder: Path | None, link: KernelLink, needed: set[str] | None = None,
+                 warming: threading.Thread | None = None):
         self.folder = instructor_folder
         self.link = link
         self.kernel_side = make_kernel_side(link)
@@ -309,6 +312,7 @@ class GraderSide:
         self._pending: list[tuple[str, list[str]]] = []  # locked cells not yet taken into the grader
         self.needed = needed  # names the notebook's test cells read (None: all): other imports are not made here
         self._cells = 0
+        self._warming = warming  # warm_imports, running: joined before the first locked cell is taken
 
     def run_locked_cell(self, source: str, tags) -> None:
         """Take a locked cell's imports (or the whole cell when tagged ``test-helpers``) into the grader, before the
@@ -316,6 +320,9 @@ class GraderSide:
         self._pending.append((source, list(tags or ())))
 
     def _take_pending(self) -> None:
+        if self._warming is not None:
+            self._warming.join()
+            self._warming = None
         pending, self._pending = self._pending, []
         for source, tags in pending:
             self._take_locked_cell(source, tags)
@@ -396,13 +403,29 @@ def names_tests_read(nb) -> set[str]:
     return needed
 
 
-def warm_imports(needed: set[str]) -> None:
-    """Import the heavy libraries test cells use ahead of the first test cell; errors wait for that cell."""
+def warm_imports(needed: set[str], folder: Path | None) -> None:
+    """Import ahead of the first test cell what the tests will need: numpy and torch, the instructor's ``utils``
+    (from ``folder``) and, where the tests use ``DEVICE`` on a GPU, the GPU's context.
+
+    Runs in a thread while the kernel starts and runs the setup cells; ``GraderSide`` waits for it before taking the
+    locked cells' imports, so nothing is imported twice. Errors are left for the test cell that needs the module."""
+    if not needed:
+        return
     for name in [m for m in ("numpy", "torch") if m in needed or "DEVICE" in needed]:
-        try:
+        with contextlib.suppress(Exception):
             __import__(name)
-        except Exception:  # noqa: BLE001, S112 - the test cell that needs a missing module reports it
-            continue
+    utils_file = folder / "utils.py" if folder else None
+    if utils_file is not None and utils_file.is_file() and "utils" not in sys.modules:
+        with contextlib.suppress(Exception):
+            spec = importlib.util.spec_from_file_location("utils", utils_file)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules.setdefault("utils", module)
+    torch = sys.modules.get("torch")
+    if torch is not None and "DEVICE" in needed:
+        with contextlib.suppress(Exception):
+            if torch.cuda.is_available():
+                torch.empty(1, device="cuda")  # the CUDA context: about a second, paid here rather than in a test
 
 
 def _from_folder(module, folder: Path) -> bool:

@@ -301,7 +301,9 @@ class GuardedExecute(Execute):
         self._reset_state()
         # The grader runs the test cells with torch of its own: import it while the kernel starts, not after.
         self._needed = boundary.names_tests_read(nb)
-        threading.Thread(target=boundary.warm_imports, args=(self._needed,), name="grader-imports", daemon=True).start()
+        self._warming = threading.Thread(target=boundary.warm_imports, name="grader-imports", daemon=True,
+                                         args=(self._needed, self._instructor_folder(resources)))
+        self._warming.start()
         earlier = nb.metadata.pop(NEUTRALISED_KEY, None)  # found by NeutraliseCellMetadata in the sanitize step
         if isinstance(earlier, dict):
             self._neutralised.update({str(k): [str(x) for x in v] for k, v in earlier.items() if isinstance(v, list)})
@@ -458,7 +460,7 @@ class GuardedExecute(Execute):
         self._check_assign_resources(resources)
         if self._grader is None:
             self._grader = boundary.GraderSide(self._instructor_folder(resources), boundary.KernelLink(self._ask),
-                                               getattr(self, "_needed", None))
+                                               getattr(self, "_needed", None), getattr(self, "_warming", None))
         if not self._stopped and not self._kernel_lost:
             self._install_kernel_side()
         is_test = is_autograded_test(cell)
