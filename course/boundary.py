@@ -131,7 +131,10 @@ def decode(doc, link: "KernelLink"):
     if tag == "size":
         return _torch().Size(int(n) for n in doc["items"])
     if tag == "handle":
-        return Remote(link, int(doc["id"]), str(doc["kind"]), str(doc["type"]))
+        name = doc.get("name")
+        if name is not None and type(name) is not str:
+            raise BoundaryError("malformed handle name")
+        return Remote(link, int(doc["id"]), str(doc["kind"]), str(doc["type"]), name)
     raise BoundaryError(f"unknown answer tag {tag!r}")
 
 
@@ -206,13 +209,14 @@ class KernelLink:
 class Remote:
     """A student's object that stays in the kernel: calling it, reading its attributes or items asks the kernel."""
 
-    __slots__ = ("_link", "_id", "_kind", "_type")
+    __slots__ = ("_link", "_id", "_kind", "_type", "_name")
 
-    def __init__(self, link: KernelLink, handle: int, kind: str, type_name: str):
+    def __init__(self, link: KernelLink, handle: int, kind: str, type_name: str, name: str | None = None):
         object.__setattr__(self, "_link", link)
         object.__setattr__(self, "_id", handle)
         object.__setattr__(self, "_kind", kind)
         object.__setattr__(self, "_type", type_name)
+        object.__setattr__(self, "_name", name)  # a callable's __name__, sent with the handle (messages use it)
 
     def __call__(self, *args, **kwargs):
         link = object.__getattribute__(self, "_link")
@@ -221,6 +225,8 @@ class Remote:
     def __getattr__(self, name: str):
         if name.startswith("__") and name.endswith("__") and name not in FORWARDED_DUNDERS:
             raise AttributeError(name)
+        if name == "__name__" and object.__getattribute__(self, "_name") is not None:
+            return object.__getattribute__(self, "_name")
         link = object.__getattribute__(self, "_link")
         return link.request("getattr", object.__getattribute__(self, "_id"), name)
 

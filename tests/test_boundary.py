@@ -88,6 +88,20 @@ def test_calls_send_arguments_and_return_plain_data_or_raise_the_students_error(
         got["gemm"](lambda: 1, b)
 
 
+def test_a_functions_name_comes_with_its_handle():
+    namespace = {}
+    exec("def gemm(A, B):\n    return A @ B\n", namespace)
+    requests = []
+    serve = server(namespace)
+    link = boundary.KernelLink(lambda payload: requests.append(payload) or serve(payload))
+    gemm = link.export(["gemm"])["gemm"]
+    asked = len(requests)
+    assert gemm.__name__ == "gemm", "a handle to a function answers __name__ with the student's function name"
+    assert len(requests) == asked, "a function's __name__ is sent with its handle: reading it asks the kernel nothing"
+    namespace["gemm"].__name__ = "renamed"
+    assert link.export(["gemm"])["gemm"].__name__ == "renamed", "the name is the function's own at export time"
+
+
 def test_a_handle_can_be_passed_back_to_the_kernel():
     namespace = {}
     exec("def make():\n    return object()\n"
