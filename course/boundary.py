@@ -422,11 +422,13 @@ def warm_imports(needed: set[str], folder: Path | None) -> None:
             __import__(name)
     utils_file = folder / "utils.py" if folder else None
     if utils_file is not None and utils_file.is_file() and "utils" not in sys.modules:
-        with contextlib.suppress(Exception):
-            spec = importlib.util.spec_from_file_location("utils", utils_file)
-            module = importlib.util.module_from_spec(spec)
+        spec = importlib.util.spec_from_file_location("utils", utils_file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["utils"] = module  # as `import` does: in sys.modules while its code runs (dataclasses look there)
+        try:
             spec.loader.exec_module(module)
-            sys.modules.setdefault("utils", module)
+        except Exception:  # noqa: BLE001 - the test cell's own import reports the error
+            sys.modules.pop("utils", None)
     torch = sys.modules.get("torch")
     if torch is not None and "DEVICE" in needed:
         with contextlib.suppress(Exception):
