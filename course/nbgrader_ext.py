@@ -16,7 +16,7 @@ from nbclient.util import run_sync
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from nbgrader.utils import is_grade, is_locked, is_solution
-from traitlets import Integer
+from traitlets import Enum, Integer
 
 from . import boundary
 from .notebooks import HIDDEN_BEGIN, HIDDEN_END, is_autograded_test
@@ -295,6 +295,12 @@ class GuardedExecute(Execute):
     ).tag(config=True)
     max_message_bytes = Integer(
         8 * MIB, help="Largest kernel message the grader reads (bytes); ZeroMQ drops a larger one unread."
+    ).tag(config=True)
+    # nbclient's own option, with another default: once the last cell has run nothing the kernel does can change a
+    # grade, so it is killed instead of being asked to shut down and waited for (about 2 s per submission).
+    shutdown_kernel = Enum(
+        ["graceful", "immediate"], default_value="immediate",
+        help="How the kernel ends after the last cell: 'immediate' kills it, 'graceful' asks it to shut down first.",
     ).tag(config=True)
 
     def preprocess(self, nb, resources=None, km=None):

@@ -1,6 +1,7 @@
 """Running nbgrader in a course folder, and reading scores back from its gradebook.
 
-Every job runs nbgrader as a child process (``python -m nbgrader ...``) in a course folder that holds a copy of
+Every job runs nbgrader as a child process (``python -m course.fast_start nbgrader ...``: nbgrader itself, without
+an optional import that costs seconds, see ``course.fast_start``) in a course folder that holds a copy of
 ``nbgrader_config.py``: one submission's crash, hang or dead kernel then ends that child process only.
 """
 from __future__ import annotations
@@ -58,7 +59,7 @@ def run_nbgrader(
     timeout_s: float | None = None,
     env: dict[str, str] | None = None,
 ) -> NbgraderResult:
-    """Run ``python -m nbgrader ARGS`` in ``course_root``; never raises for nbgrader's own failures.
+    """Run ``nbgrader ARGS`` in ``course_root`` (through ``course.fast_start``); never raises for nbgrader's own failures.
 
     Args:
         course_root: a folder holding ``nbgrader_config.py`` and the nbgrader course layout.
@@ -66,7 +67,7 @@ def run_nbgrader(
         timeout_s: wall-clock limit in seconds; the whole process group is killed when it is exceeded.
         env: extra environment variables.
     """
-    cmd = [sys.executable, "-m", "nbgrader", *args]
+    cmd = [sys.executable, "-m", "course.fast_start", "nbgrader", *args]
     full_env = nbgrader_env(env)
     cpus = _parse_cpus(full_env.get(CPUS_ENV, ""))
     proc = subprocess.Popen(

@@ -2,7 +2,8 @@
 
 Usage: ``python scripts/bench_grading_breakdown.py [--lab lab1] [--repeat 3] [--tag cpu-2core]``.
 
-Grades the lab's reference solution with plain ``nbgrader autograde`` (the course's settings, guard and sandbox on)
+Grades the lab's reference solution with ``nbgrader autograde`` as ``course grade`` runs it (through
+``course.fast_start``; the course's settings, guard and sandbox on)
 in a fresh SQLite course folder, ``--repeat`` times, and splits each run's wall time by the timestamps nbclient
 records on every cell (``metadata.execution``; the benchmark keeps them by turning ClearMetadataPreprocessor off):
 
@@ -79,7 +80,8 @@ def split_run(notebook: Path, started_s: float, ended_s: float) -> dict[str, flo
 
 
 def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=nbgrader_env(),
+    # As course.grade runs it (course.nbgrader_run): nbgrader through course.fast_start.
+    return subprocess.run([sys.executable, "-m", "course.fast_start", "nbgrader", *args], cwd=course, env=nbgrader_env(),
                           capture_output=True, text=True)
 
 

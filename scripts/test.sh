@@ -19,4 +19,6 @@ fi
 export MPLBACKEND=Agg
 # Lint first (pyproject.toml [tool.ruff]): a few seconds, and the suite does not start on code that fails it.
 "${PYTHON:-python3}" -m ruff check --quiet
-"${PYTHON:-python3}" -m pytest tests "$@"
+# Two test processes (pytest-xdist), each running whole modules (tests/conftest.py orders the longest first); a
+# single grading leaves a core idle much of the time. TEST_WORKERS=1 runs the suite in one process.
+"${PYTHON:-python3}" -m pytest tests -n "${TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -1,0 +1,40 @@
+"""Start-up time of the course's Python processes: skip one optional import that costs about 3 s each.
+
+``nbformat`` imports ``jsonschema``, whose format checkers import ``rfc3987_syntax`` when it is installed (it comes
+with ``jsonschema[format-nongpl]``, which jupyter-events requires). Version 1.1.0 of that package compiles about 40
+Lark grammars at import: 2-3 s of CPU in every process that reads a notebook, which is every ``nbgrader`` command
+the course runs, so several seconds of each submission's grading (reports/grading-breakdown-cpu-2core.md). It only
+validates the JSON-schema formats ``iri`` and ``iri-reference``, which neither the notebook format nor nbgrader's
+files use. Marking it absent before ``jsonschema`` is imported makes jsonschema skip those two checkers, as it does
+wherever the package is not installed.
+
+``python -m course.fast_start nbgrader ARGS`` runs ``nbgrader ARGS`` that way (``course.nbgrader_run`` does).
+Plain ``nbgrader`` commands keep their usual start-up and behave the same.
+"""
+from __future__ import annotations
+
+import sys
+
+SLOW_OPTIONAL_MODULES = ("rfc3987_syntax",)
+
+
+def skip_slow_optional_imports() -> None:
+    """Make ``import rfc3987_syntax`` raise ImportError in this process, unless it is already imported."""
+    for name in SLOW_OPTIONAL_MODULES:
+        sys.modules.setdefault(name, None)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] != "nbgrader":
+        print("usage: python -m course.fast_start nbgrader ARGS", file=sys.stderr)
+        return 2
+    skip_slow_optional_imports()
+    from nbgrader.apps.nbgraderapp import main as nbgrader_main
+
+    sys.argv = ["nbgrader", *argv[1:]]
+    nbgrader_main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
