@@ -57,6 +57,9 @@ c.Execute.interrupt_on_timeout = True
 # is 4). A cell whose output has not arrived by then counts as failed and the submission is partial: on a busy
 # machine 4 s is too short for an honest kernel.
 c.Execute.iopub_timeout = int(os.environ.get("EFFICIENT_AI_OUTPUT_WAIT_S", "20"))
+# The whole notebook's time limit (seconds) and the grading guard (course/nbgrader_ext.py, docs/SECURITY.md).
+c.GuardedExecute.notebook_timeout_s = float(os.environ.get("EFFICIENT_AI_NOTEBOOK_TIMEOUT_S", "600"))
+c.GuardedExecute.guard = os.environ.get("EFFICIENT_AI_GUARD", "on") != "off"
 
 # A warning on stderr (PyTorch writes many) is not a failed test: errors are recorded as error outputs.
 c.IgnorePattern.enabled = True

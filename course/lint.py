@@ -31,6 +31,7 @@ from .notebooks import (
     question_label,
     question_sort_key,
     read_notebook,
+    region_lines,
 )
 from .paths import REPO_ROOT, release_notebook_path, source_notebook_path
 
@@ -369,16 +370,8 @@ def check_numbered_lists(lab: str, nb) -> list[Problem]:
 
 
 def _region_lines(source: str, begin: str, end: str) -> list[str]:
-    lines, inside = [], False
-    for line in source.splitlines():
-        stripped = line.strip()
-        if stripped == begin:
-            inside = True
-        elif stripped == end:
-            inside = False
-        elif inside and stripped:
-            lines.append(stripped)
-    return lines
+    """The non-blank lines of a marked region, stripped (how leaks are matched)."""
+    return [line.strip() for line in region_lines(source, begin, end) if line.strip()]
 
 
 def check_release_leaks(lab: str, source_nb, release_nb) -> list[Problem]:

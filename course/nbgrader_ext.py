@@ -16,10 +16,10 @@ from nbclient.util import run_sync
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from nbgrader.utils import is_grade, is_locked, is_solution
-from traitlets import Enum, Integer
+from traitlets import Bool, Enum, Float, Integer
 
 from . import boundary
-from .notebooks import HIDDEN_BEGIN, HIDDEN_END, is_autograded_test
+from .notebooks import HIDDEN_BEGIN, HIDDEN_END, is_autograded_test, marked_lines, region_lines
 
 GUARD_SOURCE = Path(__file__).with_name("guard_kernel.py")
 GRADING_REPORT = "grading_report.json"  # written beside each autograded notebook
@@ -51,16 +51,7 @@ class DropTestResults(NbGraderPreprocessor):
 
 def hidden_test_lines(source: str) -> list[str]:
     """The lines between the hidden-test markers of a cell's source."""
-    lines, inside = [], False
-    for line in source.splitlines():
-        stripped = line.strip()
-        if stripped == HIDDEN_BEGIN:
-            inside = True
-        elif stripped == HIDDEN_END:
-            inside = False
-        elif inside:
-            lines.append(line)
-    return lines
+    return region_lines(source, HIDDEN_BEGIN, HIDDEN_END)
 
 
 def _squeeze(text: str) -> str:
@@ -81,7 +72,9 @@ class StripHiddenTests(NbGraderPreprocessor):
     Instructors who want tests shown set ``c.StripHiddenTests.enabled = False``.
     """
 
-    max_message_chars = 500
+    max_message_chars = Integer(
+        500, help="Length a hidden test's error message is shortened to in feedback (characters)."
+    ).tag(config=True)
     min_quoted_chars = 12
 
     def preprocess(self, nb, resources):
@@ -118,16 +111,12 @@ class StripHiddenTests(NbGraderPreprocessor):
                 self._redact_output(out)
             return cell, resources
         if HIDDEN_BEGIN in cell.source:
-            kept, inside = [], False
-            for line in cell.source.splitlines():
-                stripped = line.strip()
-                if stripped == HIDDEN_BEGIN:
-                    inside = True
+            kept = []
+            for line, where in marked_lines(cell.source, HIDDEN_BEGIN, HIDDEN_END):
+                if where == "begin":
                     indent = line[: len(line) - len(line.lstrip())]
                     kept.append(f"{indent}# (hidden tests ran here; their source is not shown in feedback)")
-                elif stripped == HIDDEN_END:
-                    inside = False
-                elif not inside:
+                elif where == "outside":
                     kept.append(line)
             cell.source = "\n".join(kept)
         outputs = []
@@ -260,8 +249,8 @@ class GuardedExecute(Execute):
     - A dead or mute kernel (``os._exit``, a segfault, the out-of-memory killer, a request that does not answer
       even after an interrupt) fails the cell it happened in; a fresh kernel then runs the earlier cells (not the
       tests) again and grading goes on (``MAX_KERNEL_RESTARTS``; the report lists them as ``kernel_restarts``).
-      When no fresh kernel can help, or at the notebook time limit (``EFFICIENT_AI_NOTEBOOK_TIMEOUT_S``, default
-      600 s), execution stops; the cells already run keep their results, every later test cell gets an error
+      When no fresh kernel can help, or at the notebook time limit (``notebook_timeout_s``, default 600 s), execution
+      stops; the cells already run keep their results, every later test cell gets an error
       saying why it did not run, and nbgrader scores the notebook.
     - A sticky CUDA error (a device-side assert, an illegal memory access) leaves the GPU unusable for the rest of
       the process, so execution stops there the same way and the report names it (``cuda_error``);
@@ -280,7 +269,7 @@ class GuardedExecute(Execute):
       says so, and the report asks ``course.grade`` to grade the submission again (``retry``); so does anything a
       busy machine can explain (no reply, output that did not arrive in time).
 
-    What happened is written to ``grading_report.json`` beside the autograded notebook. ``EFFICIENT_AI_GUARD=off``
+    What happened is written to ``grading_report.json`` beside the autograded notebook. ``guard`` (``EFFICIENT_AI_GUARD=off``)
     turns the guard off (to compare, or to rule it out when a reference solution loses points).
     """
 
@@ -295,6 +284,15 @@ class GuardedExecute(Execute):
     ).tag(config=True)
     max_message_bytes = Integer(
         8 * MIB, help="Largest kernel message the grader reads (bytes); ZeroMQ drops a larger one unread."
+    ).tag(config=True)
+    notebook_timeout_s = Float(
+        DEFAULT_NOTEBOOK_TIMEOUT_S,
+        help="Time limit of the whole notebook (seconds): later cells do not run, the points earned so far are kept. "
+             "nbgrader_config.py sets it from EFFICIENT_AI_NOTEBOOK_TIMEOUT_S.",
+    ).tag(config=True)
+    guard = Bool(
+        True, help="Install the grading guard (course/guard_kernel.py) in every kernel. nbgrader_config.py turns it off "
+                   "when EFFICIENT_AI_GUARD=off (to compare, or to rule it out when a reference loses points).",
     ).tag(config=True)
     # nbclient's own option, with another default: once the last cell has run nothing the kernel does can change a
     # grade, so it is killed instead of being asked to shut down and waited for (about 2 s per submission).
@@ -341,14 +339,13 @@ class GuardedExecute(Execute):
         self._kernel_lost = ""  # "died" or "stopped answering ...", found by a request of the grader's own
         self._integrity: dict[str, list[str]] = {}
         self._pending: list[str] = []  # tampering undone before a locked cell, charged to the next test cell
-        self._guard_on = os.environ.get("EFFICIENT_AI_GUARD", "on") != "off"
+        self._guard_on = self.guard
         self._grader: boundary.GraderSide | None = None  # runs the test cells (course/boundary.py)
         self._boundary_ready = False
         self._replayable: list[int] = []  # code cells (not tests) that ran without losing the kernel
         self._restarts: list[str] = []  # why each fresh kernel was started
-        timeout_s = float(os.environ.get("EFFICIENT_AI_NOTEBOOK_TIMEOUT_S", DEFAULT_NOTEBOOK_TIMEOUT_S))
-        self._deadline = time.monotonic() + timeout_s
-        self._timeout_s = timeout_s
+        self._deadline = time.monotonic() + self.notebook_timeout_s
+        self._timeout_s = self.notebook_timeout_s
 
     async def async_start_new_kernel_client(self):
         """nbclient's kernel client, on ZeroMQ sockets that drop any message over ``max_message_bytes`` unread."""

@@ -142,20 +142,32 @@ def autograded_points_by_question(nb) -> dict[str, float]:
     return totals
 
 
-def strip_lines(source: str, begin: str, end: str, keep_inside: bool) -> str:
-    """Remove the ``begin``/``end`` delimiter lines; keep or drop what lies between them."""
-    out, inside = [], False
-    for line in source.splitlines(keepends=True):
+def marked_lines(source: str, begin: str, end: str, keepends: bool = False):
+    """Each line of ``source`` with where it lies: ``"begin"`` or ``"end"`` (a delimiter line, matched after
+    stripping whitespace), ``"inside"`` or ``"outside"`` the region the delimiters mark. The one parser of marked
+    regions (solutions, hidden tests, mark schemes) that build, lint and grading share."""
+    inside = False
+    for line in source.splitlines(keepends=keepends):
         stripped = line.strip()
         if stripped == begin:
             inside = True
-            continue
-        if stripped == end:
+            yield line, "begin"
+        elif stripped == end:
             inside = False
-            continue
-        if keep_inside or not inside:
-            out.append(line)
-    return "".join(out).rstrip("\n")
+            yield line, "end"
+        else:
+            yield line, "inside" if inside else "outside"
+
+
+def region_lines(source: str, begin: str, end: str) -> list[str]:
+    """The lines between ``begin`` and ``end`` (as written, delimiters excluded)."""
+    return [line for line, where in marked_lines(source, begin, end) if where == "inside"]
+
+
+def strip_lines(source: str, begin: str, end: str, keep_inside: bool) -> str:
+    """Remove the ``begin``/``end`` delimiter lines; keep or drop what lies between them."""
+    kept = ("outside", "inside") if keep_inside else ("outside",)
+    return "".join(line for line, where in marked_lines(source, begin, end, keepends=True) if where in kept).rstrip("\n")
 
 
 def answer_source(source_cell) -> str:

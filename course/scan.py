@@ -28,7 +28,9 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .notebooks import grade_id, nbgrader_meta
+from nbgrader.utils import is_locked as nbgrader_is_locked
+
+from .notebooks import grade_id
 from .quoting import escape_controls
 
 SUSPICIOUS_RE = re.compile(
@@ -71,8 +73,7 @@ INTERNAL_PREFIX = "_efficient_ai"
 def is_locked(cell) -> bool:
     """A cell whose source nbgrader restores from the instructor's copy (``nbgrader.utils.is_locked``): a test
     cell, or a cell marked locked; never an answer."""
-    meta = nbgrader_meta(cell)
-    return not meta.get("solution") and bool(meta.get("grade") or meta.get("locked"))
+    return isinstance(cell.get("metadata", {}).get("nbgrader"), dict) and bool(nbgrader_is_locked(cell))
 
 
 def parse_cell(source: str) -> ast.Module:
