@@ -11,11 +11,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from .grade import Outcome, grade_lab, question_scores
+from .grade import grade_lab
 from .lint import Problem, lint_lab
 from .nbgrader_run import SubmissionScores, make_course_dir
 from .notebooks import make_submission, question_label, question_sort_key, read_notebook, write_notebook
+from .outcome import Outcome
 from .paths import REPO_ROOT, release_notebook_path, source_notebook_path
+from .report import question_scores
 
 REFERENCE, BLANK = "reference", "blank"
 

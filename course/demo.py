@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from . import build
-from .grade import TABLE_LEGEND, format_table, grade_lab, score_table
+from .grade import grade_lab
 from .nbgrader_run import SubmissionScores, make_course_dir
 from .notebooks import (
     autograded_points_by_question,
@@ -24,6 +24,7 @@ from .notebooks import (
     write_notebook,
 )
 from .paths import REPO_ROOT, release_notebook_path, source_notebook_path
+from .report import TABLE_LEGEND, format_table, score_table
 
 
 def partial_answer_ids(source_nb) -> tuple[set[str], set[str]]:

@@ -1,4 +1,5 @@
-"""grade: autograde every submission of a lab, then write the score table, grades.csv and a histogram.
+"""grade: autograde every submission of a lab, then report it (``course.report``: the score table, grades.csv and a
+histogram).
 
 Submissions are read from ``submitted/<student>/<lab>/`` (nbgrader's layout) and graded from a staged, repaired
 copy (``course.submission``): only the notebook and ``timestamp.txt``, so files a student adds cannot shadow a
@@ -9,7 +10,6 @@ submission only; its status and reason are recorded beside whatever points the g
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .nbgrader_ext import GRADING_REPORT
@@ -30,27 +29,21 @@ from .nbgrader_run import (
     run_nbgrader,
     worker_envs,
 )
-from .notebooks import question_key, question_label, question_sort_key
+from .outcome import Outcome
 from .paths import REPO_ROOT
 from .quoting import escape_controls
+from .report import (
+    TABLE_LEGEND,
+    flagged_for_review,
+    format_table,
+    previous_outcomes,
+    score_table,
+    write_reports,
+)
 from .sandbox import sandbox_mode, unavailable_reason
 from .submission import Staged, clear_autograded_scores, record_zero, stage_class
 
 DEFAULT_SUBMISSION_TIMEOUT_S = 900.0
-
-
-@dataclass
-class Outcome:
-    """How autograding one submission went."""
-
-    student: str
-    status: str  # "ok", "partial" (execution stopped early; points so far recorded) or "failed"
-    reason: str = ""
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)  # repairs made to the submission before grading
-    flags: list[str] = field(default_factory=list)  # suspicious code for a TA to review; never changes a score
-    cuda_error: str = ""  # a sticky CUDA error that stopped the run (GuardedExecute's report), if any
-    retry: str = ""  # what went wrong that a busy machine can explain: the submission is graded once more
 
 
 def prepare_gradebook(course_root: Path, lab: str, env: dict[str, str] | None = None) -> None:
@@ -309,26 +302,34 @@ def autograde_all(
     ``submitted`` is the folder holding ``<student>/<lab>/`` (``grade_lab`` passes its staging folder); default
     the course's ``submitted/``.
     """
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-    from queue import Queue
-
     from tqdm import tqdm
 
     submitted = submitted or course_root / "submitted"
-    outcomes: dict[str, Outcome] = {}
     bar = tqdm(total=len(students), desc=f"autograde {lab}", unit="submission", disable=not progress)
-    if workers <= 1:
-        for student in students:
-            bar.set_postfix_str(student)
-            outcomes[student] = autograde_one(course_root, lab, student, timeout_s, submitted=submitted)
-            bar.update()
+    try:
+        if workers <= 1:
+            outcomes = {}
+            for student in students:
+                bar.set_postfix_str(student)
+                outcomes[student] = autograde_one(course_root, lab, student, timeout_s, submitted=submitted)
+                bar.update()
+            return outcomes
+        return _autograde_concurrently(course_root, lab, students, timeout_s, workers, submitted, bar)
+    finally:
         bar.close()
-        return outcomes
+
+
+def _autograde_concurrently(course_root: Path, lab: str, students: list[str], timeout_s: float, workers: int,
+                            submitted: Path, bar) -> dict[str, Outcome]:
+    """``autograde_all`` with ``workers`` submissions at a time (``bar``: its progress bar)."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+    from queue import Queue
 
     slots: Queue = Queue()
     for env in worker_envs(workers, visible_gpus(), available_cpus()):
         slots.put(env)
     shared_db = not uses_sqlite(course_root)
+    outcomes: dict[str, Outcome] = {}
     executed: dict[str, Path] = {}
     with tempfile.TemporaryDirectory(prefix="efficient-ai-workers-") as scratch:
         template = None if shared_db else _private_template(course_root, lab, Path(scratch))
@@ -355,7 +356,6 @@ def autograde_all(
                     executed[student] = folder
                 bar.set_postfix_str(student)
                 bar.update()
-        bar.close()
         for student, reason in _import_executed(course_root, lab, executed, submitted).items():
             outcomes[student] = Outcome(student, "failed", reason, outcomes[student].seconds)
     return {student: outcomes[student] for student in students}
@@ -383,183 +383,6 @@ def shard_students(students: list[str], shard: tuple[int, int] | None) -> list[s
         return sorted(students)
     index, count = shard
     return sorted(students)[index::count]
-
-
-@dataclass
-class QuestionScore:
-    """One question of one submission: its autograded part and its manually graded part, in points."""
-
-    auto_score: float = 0.0
-    auto_max: float = 0.0
-    manual_score: float = 0.0
-    manual_max: float = 0.0
-    manual_pending: bool = False  # some manual part still waits for a TA
-
-    def cell(self) -> str:
-        """Compact table entry: ``4/5`` autograded, ``+2?`` manual points still to grade."""
-        parts = []
-        if self.auto_max:
-            parts.append(f"{self.auto_score:g}/{self.auto_max:g}")
-        if self.manual_max:
-            parts.append(f"+{self.manual_max:g}?" if self.manual_pending else f"+{self.manual_score:g}/{self.manual_max:g}m")
-        return " ".join(parts)
-
-
-def question_scores(scores: SubmissionScores) -> dict[str, QuestionScore]:
-    """Per question key (``q1_1``): the autograded and manual points of this submission."""
-    per_question: dict[str, QuestionScore] = {}
-    for cell in scores.cells.values():
-        entry = per_question.setdefault(question_key(cell.grade_id) or cell.grade_id, QuestionScore())
-        if cell.autograded:
-            entry.auto_score += cell.score
-            entry.auto_max += cell.max_score
-        else:
-            entry.manual_max += cell.max_score
-            if cell.manual_score is None and cell.needs_manual_grade:
-                entry.manual_pending = True
-            else:
-                entry.manual_score += cell.score
-    return per_question
-
-
-def short_label(key: str) -> str:
-    return question_label(key).replace("Question ", "Q").replace("Bonus ", "B")
-
-
-def score_table(lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-student, per-question table.
-
-    Each question shows its autograded points (``4/5``) and, where it has a written or plotted part, the
-    manual points still to grade (``+2?``) or graded (``+2/2m``); ``flags`` counts the flags for review.
-    """
-    keys: set[str] = set()
-    for s in scores.values():
-        keys |= set(question_scores(s))
-    ordered = sorted(keys, key=question_sort_key)
-    header = ["student", "status", *[short_label(k) for k in ordered], "autograded", "flags", "reason"]
-    rows = []
-    for student in sorted(outcomes):
-        outcome, sub = outcomes[student], scores.get(student)
-        per_q = question_scores(sub) if sub else {}
-        cells = [per_q[key].cell() if key in per_q else "-" for key in ordered]
-        auto = f"{sub.autograded_score():g}/{sub.autograded_max():g}" if sub else "0"
-        rows.append([student, outcome.status, *cells, auto, str(len(outcome.flags) or ""), outcome.reason])
-    return header, [[escape_controls(value) for value in row] for row in rows]
-
-
-TABLE_LEGEND = (
-    "Per question: 4/5 = autograded points earned/possible; +2? = 2 points of written answers or plots still to grade "
-    "(in JupyterLab, Nbgrader > Formgrader); +1.5/2m = manual points graded; - = the question is not in this "
-    "submission's gradebook entry."
-)
-
-
-def format_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)] if rows else [len(h) for h in header]
-    line = lambda values: "  ".join(str(v).ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(header), line(["-" * w for w in widths]), *[line(r) for r in rows]])
-
-
-def flagged_for_review(outcomes: dict[str, Outcome], width: int = 160) -> str:
-    """A short list of the students whose code was flagged, one line each ("" when none)."""
-    lines = []
-    for student in sorted(s for s, o in outcomes.items() if o.flags):
-        line = escape_controls(f"  {student} ({len(outcomes[student].flags)}): " + "; ".join(outcomes[student].flags))
-        lines.append(line if len(line) <= width else line[: width - 24] + " ... (see grades.csv)")
-    if not lines:
-        return ""
-    return "\n".join(["flagged for review (flags never change a score; read the student's cells):", *lines])
-
-
-def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> None:
-    """One row per student: status, reason, repair notes, flags, every graded cell's score, autograded and total
-    scores."""
-    cell_ids: list[str] = []
-    for s in scores.values():
-        cell_ids += [gid for gid in s.cells if gid not in cell_ids]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["student", "lab", "status", "reason", "notes", "flags", *cell_ids, "autograded_score", "autograded_max", "total_score", "seconds"])
-        for student in sorted(outcomes):
-            sub, outcome = scores.get(student), outcomes[student]
-            values = [_csv_score(sub.cells[g]) if sub and g in sub.cells else "" for g in cell_ids]
-            auto = sub.autograded_score() if sub else 0.0
-            auto_max = sub.autograded_max() if sub else 0.0
-            total = sum(c.score for c in sub.cells.values()) if sub else 0.0
-            quoted = [escape_controls(text) for text in
-                      (student, outcome.status, outcome.reason, "; ".join(outcome.notes), "; ".join(outcome.flags))]
-            writer.writerow([quoted[0], lab, *quoted[1:], *values, f"{auto:g}", f"{auto_max:g}", f"{total:g}",
-                             f"{outcome.seconds:.1f}"])
-
-
-def _split_joined(text: str | None) -> list[str]:
-    """The items of a ``"; "``-joined ``grades.csv`` field (notes, flags)."""
-    return [part for part in (text or "").split("; ") if part]
-
-
-def previous_outcomes(path: Path, lab: str) -> dict[str, Outcome]:
-    """The students of an existing ``grades.csv`` of ``lab``, with the status, reason, notes and flags it recorded.
-
-    Grading some students (``--student``) updates their rows and keeps everyone else's from here.
-    """
-    if not path.exists():
-        return {}
-    kept: dict[str, Outcome] = {}
-    with path.open(newline="") as handle:
-        for row in csv.DictReader(handle):
-            if row.get("lab") != lab or not row.get("student"):
-                continue
-            try:
-                seconds = float(row.get("seconds") or 0.0)
-            except ValueError:
-                seconds = 0.0
-            kept[row["student"]] = Outcome(row["student"], row.get("status") or "ok", row.get("reason") or "", seconds,
-                                           _split_joined(row.get("notes")), _split_joined(row.get("flags")))
-    return kept
-
-
-def write_reports(course_root: Path, lab: str, out_dir: Path, outcomes: dict[str, Outcome]) -> dict[str, SubmissionScores]:
-    """Write ``grades.csv`` and ``scores.png`` from the gradebook: ``outcomes``' students updated, others kept.
-
-    Manual points a TA entered in the formgrader are read from the gradebook, so running this after grading the
-    written answers brings ``grades.csv`` up to date. Returns every listed student's scores.
-    """
-    csv_path = out_dir / "grades.csv"
-    everyone = {**previous_outcomes(csv_path, lab), **outcomes}
-    scores = read_scores(course_root, lab, sorted(everyone))
-    write_grades_csv(csv_path, lab, everyone, scores)
-    plot_histogram(out_dir / "scores.png", lab, scores, sorted(everyone))
-    return scores
-
-
-def _csv_score(cell) -> str:
-    """A cell's score for grades.csv; empty for an autograded cell with no score (cleared after a failed run)."""
-    if cell.autograded and cell.auto_score is None and cell.manual_score is None:
-        return ""
-    return f"{cell.score:g}"
-
-
-def plot_histogram(path: Path, lab: str, scores: dict[str, SubmissionScores], students: list[str]) -> None:
-    """PNG histogram of the students' total scores so far (autograded + graded manual points)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    totals = [sum(c.score for c in scores[s].cells.values()) if s in scores else 0.0 for s in students]
-    max_total = max((sum(c.max_score for c in s.cells.values()) for s in scores.values()), default=1.0)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.hist(totals, bins=min(20, max(5, len(totals))), range=(0, max_total), color="#4C72B0", edgecolor="white")
-    ax.set_xlabel(f"total score (points, out of {max_total:g}; manual answers count once graded)")
-    ax.set_ylabel("students")
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of students
-    ax.set_title(f"{lab}: score distribution ({len(totals)} submissions)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def already_graded(course_root: Path, lab: str, students: list[str]) -> list[str]:

@@ -105,6 +105,10 @@ def _efficient_ai_guard_install():  # noqa: C901 - one closure keeps the guard's
 
     def changes():
         """Everything replaced since the snapshot, as (description, undo) pairs."""
+        return replaced_attributes() + replaced_contents() + installed_hooks()
+
+    def replaced_attributes():
+        """Module functions, ``sys.modules`` entries, class and instance attributes replaced or overridden."""
         found = []
         for mod_name, attrs in state["modules"].items():
             namespace = vars(modules[mod_name])
@@ -136,6 +140,11 @@ def _efficient_ai_guard_install():  # noqa: C901 - one closure keeps the guard's
                 elif callable(value) and any(name in vars(cls) for cls in type(obj).__mro__):
                     found.append((f"{type(obj).__name__}.{name} was overridden on the instance",
                                   lambda o=obj, n=name: vars(o).pop(n, None)))
+        return found
+
+    def replaced_contents():
+        """Watched lists and dicts (IPython's transformers, hooks...), objects and the locked cells' globals."""
+        found = []
         for name, (lst, items) in state["lists"].items():
             if len(lst) != len(items) or any(a is not b for a, b in zip(lst, items)):
                 found.append((f"{name} were changed", lambda lst=lst, items=items: lst.__setitem__(slice(None), items)))
@@ -149,6 +158,11 @@ def _efficient_ai_guard_install():  # noqa: C901 - one closure keeps the guard's
             if shell.user_ns.get(name) is not value:
                 found.append((f"the notebook global {name!r} (defined by a locked cell) was replaced",
                               lambda n=name, v=value: shell.user_ns.__setitem__(n, v)))
+        return found
+
+    def installed_hooks():
+        """Trace, profile and monitoring functions, and torch function or dispatch modes left active."""
+        found = []
         if sys.gettrace() is not None:
             found.append(("a trace function was installed (sys.settrace)", lambda: sys.settrace(None)))
         if sys.getprofile() is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course import grade  # noqa: E402
+from course import grade, report  # noqa: E402
 from course.nbgrader_ext import GuardedExecute, neutralise_cell_metadata  # noqa: E402
 from course.nbgrader_run import CellScore, SubmissionScores  # noqa: E402
 from course.quoting import escape_controls  # noqa: E402
@@ -188,10 +188,10 @@ def test_table_csv_and_review_escape_student_text(tmp_path):
     outcome = grade.Outcome(who, "failed", f"boom{ESC_HIDE}", notes=[f"ignored extra files: a{ESC_HIDE}.py"],
                             flags=[f"cell 3: %pip x{ESC_HIDE}"])
     scores = {who: SubmissionScores(who, {"q1_tests": CellScore("q1_tests", 3, None, None, True, True)})}
-    header, rows = grade.score_table("lab0", {who: outcome}, scores)
-    printed = grade.format_table(header, rows) + grade.flagged_for_review({who: outcome})
+    header, rows = report.score_table("lab0", {who: outcome}, scores)
+    printed = report.format_table(header, rows) + report.flagged_for_review({who: outcome})
     assert "\x1b" not in printed and printed.count("\\x1b[8m") == 4, printed
-    grade.write_grades_csv(tmp_path / "grades.csv", "lab0", {who: outcome}, scores)
+    report.write_grades_csv(tmp_path / "grades.csv", "lab0", {who: outcome}, scores)
     text = (tmp_path / "grades.csv").read_text()
     row = list(csv.DictReader(text.splitlines()))[0]
     assert "\x1b" not in text and row["student"] == "eve\\x1b[8m" and row["notes"].endswith("a\\x1b[8m.py")

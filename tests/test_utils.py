@@ -918,6 +918,21 @@ def test_plot_trace_timeline_gpu_rows_and_merging():
     assert len(ax.get_yticks()) == 1 and ax.get_title() == "one row"
 
 
+def test_merge_short_events_merges_runs_of_short_events_only():
+    def event(ts, dur, name="void gemm_kernel"):
+        return {"ts": float(ts), "dur": float(dur), "name": name, "cat": "kernel"}
+
+    # threshold 10 µs: three short kernels close together, a long one, two short ones after a wide gap.
+    events = [event(0, 2), event(5, 3), event(12, 1), event(20, 50, "flash_fwd"), event(200, 2), event(205, 2)]
+    bars = utils._merge_short_events(list(reversed(events)), threshold_us=10)  # order of input does not matter
+    assert [(bar[0], bar[1], bar[4]) for bar in bars] == [(0, 13, 3), (20, 70, 1), (200, 207, 2)], (
+        "short events within the threshold of each other form one bar; a long event gets its own bar")
+    assert bars[0][2] == {"gemm": 6.0}, "a merged bar adds up the busy time of its events per category"
+    assert bars[1][3] == "flash_fwd" and not bars[1][5], "a long event keeps its name and never absorbs others"
+    long_then_short = utils._merge_short_events([event(0, 50), event(51, 1)], threshold_us=10)
+    assert len(long_then_short) == 2, "a short event never joins a bar that began with a long event"
+
+
 def test_plot_trace_timeline_from_profile_and_json_path(tmp_path):
     prof = _profiled_mlp()
     path = tmp_path / "trace.json"

@@ -1965,6 +1965,90 @@ def _trace_rows(events):
     return rows
 
 
+def _drawable_trace_events(trace):
+    """The complete events (``ph == "X"``) of a Chrome trace that a timeline draws, and its ``ProfilerStep`` ranges.
+
+    Args:
+        trace: A loaded Chrome trace: a dict with ``traceEvents``, or the list of events itself.
+
+    Returns:
+        tuple: ``(drawable, steps)``, lists of event dicts with ``ts`` and ``dur`` as floats (µs): GPU kernels,
+        memcpy and memset and CPU operators and ranges; and the profiler's step ranges.
+    """
+    raw = trace.get("traceEvents", []) if isinstance(trace, Mapping) else trace
+    complete = [e for e in raw if e.get("ph") == "X" and "ts" in e and "dur" in e]
+    for e in complete:
+        e["ts"], e["dur"] = float(e["ts"]), float(e["dur"])
+    steps = [e for e in complete if str(e.get("name", "")).startswith("ProfilerStep")]
+    drawable = [e for e in complete if (e.get("cat") in _GPU_TRACE_CATS or e.get("cat") in _CPU_TRACE_CATS)
+                and not str(e.get("name", "")).startswith("ProfilerStep")]
+    return drawable, steps
+
+
+def _merge_short_events(events, threshold_us):
+    """One timeline row's events as bars, with runs of short events merged into one bar.
+
+    An event shorter than ``threshold_us`` joins the bar before it when that bar also started with a short event
+    and the gap between them is at most ``threshold_us``; longer events always get a bar of their own.
+
+    Args:
+        events: Event dicts with ``ts``, ``dur`` (µs), ``name`` and optionally ``cat``, in any order.
+        threshold_us: Duration and gap (µs) below which events are merged.
+
+    Returns:
+        list: Bars in time order, each ``[start_us, end_us, {category: busy_us}, first event's name, event count,
+        mergeable]``; categories are those of ``count_cuda_kernels`` (``"annotation"`` for ``record_function``).
+    """
+    bars = []
+    for e in sorted(events, key=lambda e: e["ts"]):
+        start, stop = e["ts"], e["ts"] + e["dur"]
+        category = "annotation" if e.get("cat") == "user_annotation" else _kernel_category(str(e["name"]))
+        tiny = e["dur"] < threshold_us
+        last = bars[-1] if bars else None
+        if tiny and last is not None and last[5] and start - last[1] <= threshold_us:
+            last[1] = max(last[1], stop)
+            last[2][category] = last[2].get(category, 0.0) + e["dur"]
+            last[4] += 1
+        else:
+            bars.append([start, stop, {category: e["dur"]}, str(e["name"]), 1, tiny])
+    return bars
+
+
+def _trace_row_label(key):
+    """``"GPU 0 stream 7"`` or ``"CPU thread 12 depth 1"`` for a row key of ``_trace_rows``."""
+    kind, first, second, depth = key
+    if kind == 0:
+        return f"GPU {first} stream {second}"
+    return f"CPU thread {second}" + (f" depth {depth}" if depth else "")
+
+
+def _draw_row_bars(ax, row, bars, t0, scale, span_us, char_fraction):
+    """Draw one timeline row's bars (``_merge_short_events``) and the labels that fit inside them.
+
+    Args:
+        ax: Axes of the timeline; ``row`` is the y position.
+        bars: Bars of the row, times in µs; ``t0`` the time origin (µs), ``scale`` the axis unit per µs.
+        span_us: Drawn time span (µs); ``char_fraction`` the width of one label character as a fraction of it.
+
+    Returns:
+        dict: ``categories`` drawn (set), ``events`` drawn (count) and whether any bar ``merged`` several events.
+    """
+    drawn = {"categories": set(), "events": 0, "merged": False}
+    for start, stop, categories, name, count, _ in bars:
+        category = max(categories, key=categories.get)
+        drawn["categories"].add(category)
+        x, width = (start - t0) * scale, max((stop - start) * scale, span_us * scale * 2e-4)
+        ax.broken_barh([(x, width)], (row - 0.4, 0.8), facecolors=_CATEGORY_COLORS[category],
+                       edgecolor="black", linewidth=0.2, hatch="///" if count > 1 else None)
+        drawn["events"] += count
+        drawn["merged"] |= count > 1
+        fits = int((stop - start) / span_us / char_fraction) - 1
+        label = f"{count} events" if count > 1 else _short_name(name, limit=max(fits, 1))
+        if fits >= 6 and len(label) <= fits:
+            ax.text(x + width / 2, row, label, ha="center", va="center", fontsize=7, clip_on=True)
+    return drawn
+
+
 def plot_trace_timeline(prof_or_trace_path, max_rows=12, title=None, max_depth=2, time_range_us=None,
                         merge_below=0.002, ax=None):
     """Draw the timeline of a profiler trace in the notebook (what chrome://tracing would show).
@@ -1993,14 +2077,7 @@ def plot_trace_timeline(prof_or_trace_path, max_rows=12, title=None, max_depth=2
     """
     from matplotlib.patches import Patch
 
-    trace = _load_trace(prof_or_trace_path)
-    raw = trace.get("traceEvents", []) if isinstance(trace, Mapping) else trace
-    complete = [e for e in raw if e.get("ph") == "X" and "ts" in e and "dur" in e]
-    for e in complete:
-        e["ts"], e["dur"] = float(e["ts"]), float(e["dur"])
-    steps = [e for e in complete if str(e.get("name", "")).startswith("ProfilerStep")]
-    drawable = [e for e in complete if (e.get("cat") in _GPU_TRACE_CATS or e.get("cat") in _CPU_TRACE_CATS)
-                and not str(e.get("name", "")).startswith("ProfilerStep")]
+    drawable, steps = _drawable_trace_events(_load_trace(prof_or_trace_path))
     if not drawable:
         raise ValueError("the trace has no kernel or operator events to draw (was anything profiled?)")
     t0 = min(e["ts"] for e in drawable + steps)
@@ -2027,44 +2104,18 @@ def plot_trace_timeline(prof_or_trace_path, max_rows=12, title=None, max_depth=2
     char_fraction = 7 * 0.6 / 72 / axes_width_in
     used, n_drawn, merged_any = set(), 0, False
     for row, key in enumerate(keys):
-        blocks = []  # [start_us, end_us, {category: busy_us}, first name, event count, mergeable]
-        for e in sorted(rows[key], key=lambda e: e["ts"]):
-            start, stop = e["ts"], e["ts"] + e["dur"]
-            category = "annotation" if e.get("cat") == "user_annotation" else _kernel_category(str(e["name"]))
-            tiny = e["dur"] < threshold
-            last = blocks[-1] if blocks else None
-            if tiny and last is not None and last[5] and start - last[1] <= threshold:
-                last[1] = max(last[1], stop)
-                last[2][category] = last[2].get(category, 0.0) + e["dur"]
-                last[4] += 1
-            else:
-                blocks.append([start, stop, {category: e["dur"]}, str(e["name"]), 1, tiny])
-        for start, stop, categories, name, count, _ in blocks:
-            category = max(categories, key=categories.get)
-            used.add(category)
-            x, width = (start - t0) * scale, max((stop - start) * scale, span_us * scale * 2e-4)
-            ax.broken_barh([(x, width)], (row - 0.4, 0.8), facecolors=_CATEGORY_COLORS[category],
-                           edgecolor="black", linewidth=0.2, hatch="///" if count > 1 else None)
-            n_drawn += count
-            merged_any |= count > 1
-            fits = int((stop - start) / span_us / char_fraction) - 1
-            label = f"{count} events" if count > 1 else _short_name(name, limit=max(fits, 1))
-            if fits >= 6 and len(label) <= fits:
-                ax.text(x + width / 2, row, label, ha="center", va="center", fontsize=7, clip_on=True)
+        drawn = _draw_row_bars(ax, row, _merge_short_events(rows[key], threshold), t0, scale, span_us, char_fraction)
+        used |= drawn["categories"]
+        n_drawn += drawn["events"]
+        merged_any |= drawn["merged"]
     for step in sorted(steps, key=lambda e: e["ts"]):
         if begin <= step["ts"] <= end:
             x = (step["ts"] - t0) * scale
             ax.axvline(x, color="black", ls=":", lw=0.8)
             ax.text(x, 1.0, str(step["name"]).replace("ProfilerStep", "step"), fontsize=7, va="bottom",
                     transform=ax.get_xaxis_transform())
-    labels = []
-    for kind, first, second, depth in keys:
-        if kind == 0:
-            labels.append(f"GPU {first} stream {second}")
-        else:
-            labels.append(f"CPU thread {second}" + (f" depth {depth}" if depth else ""))
     ax.set_yticks(range(len(keys)))
-    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_yticklabels([_trace_row_label(key) for key in keys], fontsize=8)
     ax.set_ylim(len(keys) - 0.5, -0.5)
     ax.set_xlim((begin - t0) * scale, (end - t0) * scale)
     ax.set_xlabel(f"Time since first drawn event ({unit})")

@@ -1,0 +1,193 @@
+"""Reporting a lab's grades: the per-question score table printed to the TA, ``grades.csv`` and the histogram.
+
+Everything here reads what grading recorded (each submission's ``Outcome``, the gradebook's scores) and grades
+nothing; ``course.grade`` and ``course.check`` print their tables with it, and ``course grade LAB --report``
+rewrites ``grades.csv`` once a TA has graded the written answers.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from .nbgrader_run import SubmissionScores, read_scores
+from .notebooks import question_key, question_label, question_sort_key
+from .outcome import Outcome
+from .quoting import escape_controls
+
+
+@dataclass
+class QuestionScore:
+    """One question of one submission: its autograded part and its manually graded part, in points."""
+
+    auto_score: float = 0.0
+    auto_max: float = 0.0
+    manual_score: float = 0.0
+    manual_max: float = 0.0
+    manual_pending: bool = False  # some manual part still waits for a TA
+
+    def cell(self) -> str:
+        """Compact table entry: ``4/5`` autograded, ``+2?`` manual points still to grade."""
+        parts = []
+        if self.auto_max:
+            parts.append(f"{self.auto_score:g}/{self.auto_max:g}")
+        if self.manual_max:
+            parts.append(f"+{self.manual_max:g}?" if self.manual_pending else f"+{self.manual_score:g}/{self.manual_max:g}m")
+        return " ".join(parts)
+
+
+def question_scores(scores: SubmissionScores) -> dict[str, QuestionScore]:
+    """Per question key (``q1_1``): the autograded and manual points of this submission."""
+    per_question: dict[str, QuestionScore] = {}
+    for cell in scores.cells.values():
+        entry = per_question.setdefault(question_key(cell.grade_id) or cell.grade_id, QuestionScore())
+        if cell.autograded:
+            entry.auto_score += cell.score
+            entry.auto_max += cell.max_score
+        else:
+            entry.manual_max += cell.max_score
+            if cell.manual_score is None and cell.needs_manual_grade:
+                entry.manual_pending = True
+            else:
+                entry.manual_score += cell.score
+    return per_question
+
+
+def short_label(key: str) -> str:
+    return question_label(key).replace("Question ", "Q").replace("Bonus ", "B")
+
+
+def score_table(lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-student, per-question table.
+
+    Each question shows its autograded points (``4/5``) and, where it has a written or plotted part, the
+    manual points still to grade (``+2?``) or graded (``+2/2m``); ``flags`` counts the flags for review.
+    """
+    keys: set[str] = set()
+    for s in scores.values():
+        keys |= set(question_scores(s))
+    ordered = sorted(keys, key=question_sort_key)
+    header = ["student", "status", *[short_label(k) for k in ordered], "autograded", "flags", "reason"]
+    rows = []
+    for student in sorted(outcomes):
+        outcome, sub = outcomes[student], scores.get(student)
+        per_q = question_scores(sub) if sub else {}
+        cells = [per_q[key].cell() if key in per_q else "-" for key in ordered]
+        auto = f"{sub.autograded_score():g}/{sub.autograded_max():g}" if sub else "0"
+        rows.append([student, outcome.status, *cells, auto, str(len(outcome.flags) or ""), outcome.reason])
+    return header, [[escape_controls(value) for value in row] for row in rows]
+
+
+TABLE_LEGEND = (
+    "Per question: 4/5 = autograded points earned/possible; +2? = 2 points of written answers or plots still to grade "
+    "(in JupyterLab, Nbgrader > Formgrader); +1.5/2m = manual points graded; - = the question is not in this "
+    "submission's gradebook entry."
+)
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)] if rows else [len(h) for h in header]
+    line = lambda values: "  ".join(str(v).ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths]), *[line(r) for r in rows]])
+
+
+def flagged_for_review(outcomes: dict[str, Outcome], width: int = 160) -> str:
+    """A short list of the students whose code was flagged, one line each ("" when none)."""
+    lines = []
+    for student in sorted(s for s, o in outcomes.items() if o.flags):
+        line = escape_controls(f"  {student} ({len(outcomes[student].flags)}): " + "; ".join(outcomes[student].flags))
+        lines.append(line if len(line) <= width else line[: width - 24] + " ... (see grades.csv)")
+    if not lines:
+        return ""
+    return "\n".join(["flagged for review (flags never change a score; read the student's cells):", *lines])
+
+
+def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> None:
+    """One row per student: status, reason, repair notes, flags, every graded cell's score, autograded and total
+    scores."""
+    cell_ids: list[str] = []
+    for s in scores.values():
+        cell_ids += [gid for gid in s.cells if gid not in cell_ids]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["student", "lab", "status", "reason", "notes", "flags", *cell_ids, "autograded_score", "autograded_max", "total_score", "seconds"])
+        for student in sorted(outcomes):
+            sub, outcome = scores.get(student), outcomes[student]
+            values = [_csv_score(sub.cells[g]) if sub and g in sub.cells else "" for g in cell_ids]
+            auto = sub.autograded_score() if sub else 0.0
+            auto_max = sub.autograded_max() if sub else 0.0
+            total = sum(c.score for c in sub.cells.values()) if sub else 0.0
+            quoted = [escape_controls(text) for text in
+                      (student, outcome.status, outcome.reason, "; ".join(outcome.notes), "; ".join(outcome.flags))]
+            writer.writerow([quoted[0], lab, *quoted[1:], *values, f"{auto:g}", f"{auto_max:g}", f"{total:g}",
+                             f"{outcome.seconds:.1f}"])
+
+
+def _split_joined(text: str | None) -> list[str]:
+    """The items of a ``"; "``-joined ``grades.csv`` field (notes, flags)."""
+    return [part for part in (text or "").split("; ") if part]
+
+
+def previous_outcomes(path: Path, lab: str) -> dict[str, Outcome]:
+    """The students of an existing ``grades.csv`` of ``lab``, with the status, reason, notes and flags it recorded.
+
+    Grading some students (``--student``) updates their rows and keeps everyone else's from here.
+    """
+    if not path.exists():
+        return {}
+    kept: dict[str, Outcome] = {}
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row.get("lab") != lab or not row.get("student"):
+                continue
+            try:
+                seconds = float(row.get("seconds") or 0.0)
+            except ValueError:
+                seconds = 0.0
+            kept[row["student"]] = Outcome(row["student"], row.get("status") or "ok", row.get("reason") or "", seconds,
+                                           _split_joined(row.get("notes")), _split_joined(row.get("flags")))
+    return kept
+
+
+def write_reports(course_root: Path, lab: str, out_dir: Path, outcomes: dict[str, Outcome]) -> dict[str, SubmissionScores]:
+    """Write ``grades.csv`` and ``scores.png`` from the gradebook: ``outcomes``' students updated, others kept.
+
+    Manual points a TA entered in the formgrader are read from the gradebook, so running this after grading the
+    written answers brings ``grades.csv`` up to date. Returns every listed student's scores.
+    """
+    csv_path = out_dir / "grades.csv"
+    everyone = {**previous_outcomes(csv_path, lab), **outcomes}
+    scores = read_scores(course_root, lab, sorted(everyone))
+    write_grades_csv(csv_path, lab, everyone, scores)
+    plot_histogram(out_dir / "scores.png", lab, scores, sorted(everyone))
+    return scores
+
+
+def _csv_score(cell) -> str:
+    """A cell's score for grades.csv; empty for an autograded cell with no score (cleared after a failed run)."""
+    if cell.autograded and cell.auto_score is None and cell.manual_score is None:
+        return ""
+    return f"{cell.score:g}"
+
+
+def plot_histogram(path: Path, lab: str, scores: dict[str, SubmissionScores], students: list[str]) -> None:
+    """PNG histogram of the students' total scores so far (autograded + graded manual points)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    totals = [sum(c.score for c in scores[s].cells.values()) if s in scores else 0.0 for s in students]
+    max_total = max((sum(c.max_score for c in s.cells.values()) for s in scores.values()), default=1.0)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist(totals, bins=min(20, max(5, len(totals))), range=(0, max_total), color="#4C72B0", edgecolor="white")
+    ax.set_xlabel(f"total score (points, out of {max_total:g}; manual answers count once graded)")
+    ax.set_ylabel("students")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of students
+    ax.set_title(f"{lab}: score distribution ({len(totals)} submissions)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
