@@ -1,16 +1,10 @@
 """The GPU memory cap of scripts/gpu (memory_cap.py, run_lab.py's OOM lines) on CPU, with CUDA faked where needed."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import memory_cap
 import pytest
+import run_lab
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "gpu"))
-
-import memory_cap  # noqa: E402
-import run_lab  # noqa: E402
 
 
 @pytest.mark.parametrize("raw, expected", [(None, None), ("", None), ("15", 15.0), (" 23.5 ", 23.5)])

@@ -9,11 +9,10 @@ correctness verdicts (decided in the grader) still score zero there.
 from __future__ import annotations
 
 import os
-import sys
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
+from lab1_redteam import ALL, CASES, LAB, write_case
 
 from course.feedback import generate_feedback
 from course.grade import grade_lab
@@ -21,10 +20,6 @@ from course.nbgrader_run import make_course_dir, read_scores
 from course.notebooks import grade_id, is_autograded_test, make_submission, read_notebook, write_notebook
 from course.paths import REPO_ROOT
 from course.sandbox import unavailable_reason
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "redteam"))
-
-from lab1_redteam import ALL, CASES, LAB, write_case  # noqa: E402
 
 SOURCE = read_notebook(REPO_ROOT / "source" / LAB / f"{LAB}.ipynb")
 RELEASE = read_notebook(REPO_ROOT / "release" / LAB / f"{LAB}.ipynb")

@@ -6,8 +6,6 @@ reference solution: every case scores exactly zero on the questions it attacks a
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +13,6 @@ from course.grade import grade_lab
 from course.nbgrader_run import make_course_dir
 from course.notebooks import grade_id, is_autograded_test, make_submission, read_notebook, write_notebook
 from course.paths import REPO_ROOT
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "redteam"))
 
 LABS = ["lab2", "lab3"]
 
