@@ -128,7 +128,8 @@ for label, code in (("imports: import torch", "import torch"), ("imports: from u
     reply = kc.execute_interactive(code, timeout=600)
     times[label] = time.perf_counter() - t
     if reply["content"]["status"] != "ok":
-        times[label + " (FAILED)"] = times.pop(label)
+        error = f'{reply["content"].get("ename", "")}: {reply["content"].get("evalue", "")}'[:120]
+        times[f"{label} (FAILED: {error})"] = times.pop(label)
 kc.stop_channels(); km.shutdown_kernel(now=True)
 print("RESULT " + json.dumps({"kernel_name": kernel_name, "times": times}))
 '''
