@@ -34,7 +34,7 @@ def grade_class(lab: str, submissions: int, workers: int) -> dict:
         start = time.perf_counter()
         outcomes, scores = grade_lab(course, lab, progress=False, workers=workers)
         seconds = time.perf_counter() - start
-    failed = [o.student for o in outcomes.values() if o.status != "ok"]
+    failed = [f"{o.student}: {o.status}: {o.reason}" for o in outcomes.values() if o.status != "ok"]
     return {"workers": workers, "submissions": submissions, "seconds": seconds,
             "submissions_per_minute": submissions / seconds * 60, "failed": failed,
             "autograde_seconds": [outcomes[s].seconds for s in sorted(outcomes)]}
