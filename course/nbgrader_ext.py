@@ -339,13 +339,11 @@ class GuardedExecute(Execute):
         self._kernel_lost = ""  # "died" or "stopped answering ...", found by a request of the grader's own
         self._integrity: dict[str, list[str]] = {}
         self._pending: list[str] = []  # tampering undone before a locked cell, charged to the next test cell
-        self._guard_on = self.guard
         self._grader: boundary.GraderSide | None = None  # runs the test cells (course/boundary.py)
         self._boundary_ready = False
         self._replayable: list[int] = []  # code cells (not tests) that ran without losing the kernel
         self._restarts: list[str] = []  # why each fresh kernel was started
         self._deadline = time.monotonic() + self.notebook_timeout_s
-        self._timeout_s = self.notebook_timeout_s
 
     async def async_start_new_kernel_client(self):
         """nbclient's kernel client, on ZeroMQ sockets that drop any message over ``max_message_bytes`` unread."""
@@ -441,7 +439,7 @@ class GuardedExecute(Execute):
 
     def _guard(self, command: str) -> list[str] | None:
         """Run a guard command; its findings (a list), or None when its answer cannot be trusted."""
-        if not self._guard_on:
+        if not self.guard:
             return []
         if self._guard_key is None:
             return None
@@ -485,13 +483,13 @@ class GuardedExecute(Execute):
             self._stopped = (f"a CUDA error that leaves the GPU unusable ({cuda_error}) in {where}; "
                              "cells after it were not run")
         elif time.monotonic() > self._deadline:
-            self._stopped = (f"the notebook exceeded its time limit of {self._timeout_s:.0f} s "
+            self._stopped = (f"the notebook exceeded its time limit of {self.notebook_timeout_s:.0f} s "
                              f"(EFFICIENT_AI_NOTEBOOK_TIMEOUT_S) after {where}; cells after it were not run")
         return cell, self.resources
 
     def _install_kernel_side(self) -> None:
         """The grading guard and the boundary's server, in a kernel that has neither yet."""
-        if self._guard_key is None and not self._guard_broken and self._guard_on:
+        if self._guard_key is None and not self._guard_broken and self.guard:
             self._install_guard()
         if not self._boundary_ready and not self._kernel_lost:
             self._install_boundary()

@@ -2,8 +2,8 @@
 
 Usage: ``python scripts/bench_grading_breakdown.py [--lab lab1] [--repeat 3] [--tag cpu-2core]``.
 
-Grades the lab's reference solution with ``nbgrader autograde`` as ``course grade`` runs it (through
-``course.fast_start``; the course's settings, guard and sandbox on)
+Grades the lab's reference solution with ``nbgrader autograde`` as ``course grade`` runs it
+(``course.nbgrader_run.run_nbgrader``; the course's settings, guard and sandbox on)
 in a fresh SQLite course folder, ``--repeat`` times, and splits each run's wall time by the timestamps nbclient
 records on every cell (``metadata.execution``; the benchmark keeps them by turning ClearMetadataPreprocessor off):
 
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from course.grade import prepare_gradebook  # noqa: E402
-from course.nbgrader_run import make_course_dir, nbgrader_env  # noqa: E402
+from course.nbgrader_run import make_course_dir, nbgrader_env, run_nbgrader  # noqa: E402
 from course.notebooks import make_submission, read_notebook, write_notebook  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -79,27 +79,21 @@ def split_run(notebook: Path, started_s: float, ended_s: float) -> dict[str, flo
             ended_s - previous_end, "total": ended_s - started_s}
 
 
-def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
-    # As course.grade runs it (course.nbgrader_run): nbgrader through course.fast_start.
-    return subprocess.run([sys.executable, "-m", "course.fast_start", "nbgrader", *args], cwd=course, env=nbgrader_env(),
-                          capture_output=True, text=True)
-
-
 def autograde_run(course: Path, lab: str) -> dict[str, float]:
     shutil.rmtree(course / "autograded", ignore_errors=True)
     started = time.time()
-    result = nbgrader(course, "autograde", lab, "--student", STUDENT, "--force",
-                      "--ClearMetadataPreprocessor.enabled=False")
+    result = run_nbgrader(course, ["autograde", lab, "--student", STUDENT, "--force",
+                                   "--ClearMetadataPreprocessor.enabled=False"])
     ended = time.time()
-    if result.returncode != 0:
-        raise RuntimeError(f"nbgrader autograde failed:\n{result.stderr[-3000:]}")
+    if not result.ok:
+        raise RuntimeError(f"nbgrader autograde failed:\n{result.tail(40)}")
     return split_run(course / "autograded" / STUDENT / lab / f"{lab}.ipynb", started, ended)
 
 
 def startup_run(course: Path, lab: str) -> float:
     """Seconds of ``nbgrader autograde`` with nothing to grade: Python, nbgrader and the course settings."""
     started = time.perf_counter()
-    nbgrader(course, "autograde", lab, "--student", "nobody-submitted-this")
+    run_nbgrader(course, ["autograde", lab, "--student", "nobody-submitted-this"])
     return time.perf_counter() - started
 
 
