@@ -33,11 +33,16 @@ try:
     from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
     from nbgrader.preprocessors import (
         AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds, GetGrades, IgnorePattern, LimitOutput,
-        OverwriteCells, OverwriteKernelspec, SaveAutoGrades,
+        OverwriteKernelspec, SaveAutoGrades,
     )
 
+    import nbgrader
+
+    from course.feedback import TEMPLATES_DIR, toc_label
     from course.paths import COURSE_ID
-    from course.nbgrader_ext import DropTestResults, GuardedExecute, NeutraliseCellMetadata, StripHiddenTests
+    from course.nbgrader_ext import (
+        DropTestResults, GuardedExecute, NeutraliseCellMetadata, QuietOverwriteCells, StripHiddenTests,
+    )
     from course.sanitize import SanitizeNotebook, clean_html, markdown2html
     from course.sandbox import configure_sandbox
 except Exception as exc:  # noqa: BLE001  (any failure to load the course's extensions stops nbgrader)
@@ -70,7 +75,7 @@ c.IgnorePattern.pattern = r"(?s).*"
 # `nbgrader autograde` and the formgrader's Autograde button grade a submission as `course grade` does
 # (GuardedExecute removes the same again before any cell runs; docs/SECURITY.md).
 c.Autograde.sanitize_preprocessors = [
-    ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells, NeutraliseCellMetadata, CheckCellMetadata,
+    ClearOutput, DeduplicateIds, OverwriteKernelspec, QuietOverwriteCells, NeutraliseCellMetadata, CheckCellMetadata,
 ]
 
 # nbgrader's autograde pipeline with two changes. GuardedExecute runs the notebook with the grading guard, keeps
@@ -90,7 +95,13 @@ c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, StripH
 # again and renders Markdown and HTML through the course's sanitizing filters.
 c.HTMLExporter.preprocessors = [SanitizeNotebook]
 c.HTMLExporter.sanitize_html = True
-c.HTMLExporter.filters = {"markdown2html": markdown2html, "clean_html": clean_html}
+c.HTMLExporter.filters = {"markdown2html": markdown2html, "clean_html": clean_html, "toc_label": toc_label}
+# Feedback pages name questions in their table of contents (course/templates/course_feedback), on top of nbgrader's
+# feedback template. Set for feedback only: the formgrader renders submissions with its own template.
+c.GenerateFeedback.HTMLExporter.template_name = "course_feedback"
+c.GenerateFeedback.HTMLExporter.extra_template_basedirs = [
+    os.path.join(os.path.dirname(nbgrader.__file__), "server_extensions", "formgrader", "templates"), str(TEMPLATES_DIR),
+]
 
 # Every kernel nbgrader starts runs in a bubblewrap sandbox (EFFICIENT_AI_SANDBOX; docs/SECURITY.md).
 configure_sandbox(c)

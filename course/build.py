@@ -21,6 +21,19 @@ from .paths import REPO_ROOT, lab_text_path
 
 SUPPORT_FILES = ("utils.py",)
 SUPPORT_DIRS = ("assets",)
+# What ipykernel reports about its language, so that JupyterLab, which writes the kernel's language_info into the
+# notebook when it connects, finds nothing to change and does not mark a freshly opened notebook as modified. A
+# constant (the build stays byte-for-byte reproducible): the Python version is the course's reference environment,
+# and a student on another Python sees only that one field change.
+LANGUAGE_INFO = {
+    "codemirror_mode": {"name": "ipython", "version": 3},
+    "file_extension": ".py",
+    "mimetype": "text/x-python",
+    "name": "python",
+    "nbconvert_exporter": "python",
+    "pygments_lexer": "ipython3",
+    "version": "3.11.7",
+}
 SET_ASIDE_DIR = "build-set-aside"  # files found in release/labN/ that the build did not write (ignored by git)
 
 
@@ -38,7 +51,7 @@ def text_to_notebook(text_path: Path) -> str:
     nb.metadata.setdefault(
         "kernelspec", {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
     )
-    nb.metadata.setdefault("language_info", {"name": "python"})
+    nb.metadata["language_info"] = dict(LANGUAGE_INFO)
     for index, cell in enumerate(nb.cells):
         # Stable cell ids (nbformat would draw random ones): the grade id, else the position.
         cell["id"] = cell.metadata.get("nbgrader", {}).get("grade_id") or f"cell-{index}"

@@ -9,7 +9,31 @@ from __future__ import annotations
 from pathlib import Path
 
 from .nbgrader_run import read_scores, run_nbgrader
+from .notebooks import nbgrader_meta, question_key, question_label
 from .paths import REPO_ROOT
+
+TEMPLATES_DIR = Path(__file__).parent / "templates"  # course_feedback: nbgrader's feedback page, questions named
+
+
+def toc_label(cell) -> str:
+    """What the feedback page's table of contents calls a graded cell: ``Question 3.1.1: tests``,
+    ``Question 1.2: written answer``; ``""`` for a cell that is not graded.
+
+    A Jinja filter of the ``course_feedback`` template (nbgrader_config.py). Cells whose grade id names no question
+    keep nbgrader's own words ("Test cell", "Written response")."""
+    meta = nbgrader_meta(cell)
+    if not (meta.get("grade") or meta.get("task")):
+        return ""
+    if meta.get("task"):
+        kind, generic = "task", "Task"
+    elif not meta.get("solution"):
+        kind, generic = "tests", "Test cell"
+    elif cell.get("cell_type") == "markdown":
+        kind, generic = "written answer", "Written response"
+    else:
+        kind, generic = "code graded by a TA", "Coding free-response"
+    key = question_key(meta.get("grade_id"))
+    return f"{question_label(key)}: {kind}" if key else generic
 
 
 def generate_feedback(course_root: Path, lab: str, students: list[str] | None = None) -> list[Path]:

@@ -14,12 +14,13 @@ from pathlib import Path
 
 from nbclient.util import run_sync
 from nbformat.notebooknode import NotebookNode
-from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+from nbgrader.api import MissingEntry
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor, OverwriteCells
 from nbgrader.utils import is_grade, is_locked, is_solution
 from traitlets import Bool, Enum, Float, Integer
 
 from . import boundary
-from .notebooks import HIDDEN_BEGIN, HIDDEN_END, is_autograded_test, marked_lines, region_lines
+from .notebooks import HIDDEN_BEGIN, HIDDEN_END, is_autograded_test, marked_lines, region_lines, strip_lines
 
 GUARD_SOURCE = Path(__file__).with_name("guard_kernel.py")
 GRADING_REPORT = "grading_report.json"  # written beside each autograded notebook
@@ -204,6 +205,35 @@ class NeutraliseCellMetadata(NbGraderPreprocessor):
                 removed[_where(cell, index)] = found
         nb.metadata[NEUTRALISED_KEY] = removed
         return nb, resources
+
+
+class QuietOverwriteCells(OverwriteCells):
+    """nbgrader's ``OverwriteCells`` without its false alarm on hidden-test cells a student never touched.
+
+    nbgrader records a locked cell's checksum before ``generate_assignment`` removes the cell's hidden tests
+    (jupyter/nbgrader#1961), so every untouched hidden-test cell of every submission logs "Attribute 'checksum' ...
+    has changed!" and a TA learns to ignore the warning. Here it is logged (at warning level, as nbgrader does) only
+    when the submitted source differs from what was released; the cell is restored from the gradebook either way.
+    """
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        self._as_released = self._matches_release(cell)
+        return super().preprocess_cell(cell, resources, cell_index)
+
+    def report_change(self, name, attr, old, new):
+        if attr == "checksum" and self._as_released:
+            self.log.debug("Cell %s is as released (its recorded checksum includes hidden tests)", name)
+            return
+        super().report_change(name, attr, old, new)
+
+    def _matches_release(self, cell) -> bool:
+        gid = (cell.metadata.get("nbgrader") or {}).get("grade_id")
+        try:
+            stored = self.gradebook.find_source_cell(gid, self.notebook_id, self.assignment_id)
+        except MissingEntry:
+            return False
+        released = strip_lines(stored.source, HIDDEN_BEGIN, HIDDEN_END, keep_inside=False)
+        return cell.cell_type == stored.cell_type and cell.source.rstrip() == released.rstrip()
 
 
 def _approx_bytes(value) -> int:

@@ -223,6 +223,9 @@ def test_student_runs_setup_and_a_public_test_in_jupyterlab(graded, server, brow
              what="the notebook to open in JupyterLab")
     wait_for(browser, lambda d: d.find_elements("css selector", ".jp-Notebook-ExecutionIndicator[data-status='idle']"),
              timeout_s=120, what="the kernel to be idle")
+    dirty = browser.find_elements("css selector", ".lm-TabBar-tab.jp-mod-dirty")
+    assert not dirty, ("opening a released notebook must not mark it modified (course/build.py writes the kernel's "
+                       f"full language_info): {[tab.text for tab in dirty]}")
 
     def code_cell(text: str):
         for cell in browser.find_elements("css selector", ".jp-Notebook .jp-CodeCell"):

@@ -1007,3 +1007,67 @@ def test_plain_value_returns_the_same_tensor_and_dict():
     assert utils.plain_value(t, "tensor", "t") is t and utils.plain_value(d, "dict", "d") is d
     for other in (collections.OrderedDict(d), collections.defaultdict(float, d)):
         assert utils.plain_value(other, "dict", "d") is other, f"{type(other).__name__} is a correct dict answer"
+
+
+PROFILE_ONCE = """
+import sys, torch
+if sys.argv[1] == "with-utils":
+    import utils
+from torch.profiler import ProfilerActivity, profile
+with profile(activities=[ProfilerActivity.CPU]):
+    torch.ones(4) @ torch.ones(4)
+sys.stderr.write("a warning of its own\\n")
+"""
+
+
+def test_importing_utils_drops_the_profilers_usdt_lines_and_nothing_else():
+    import subprocess
+    import sys
+
+    def stderr_of(mode: str) -> str:
+        result = subprocess.run([sys.executable, "-c", PROFILE_ONCE, mode], capture_output=True, text=True,
+                                cwd=Path(utils.__file__).parent, timeout=300)
+        assert result.returncode == 0, result.stderr
+        return result.stderr
+
+    control = stderr_of("plain")
+    if "USDT:" not in control:
+        pytest.skip("this torch build's profiler writes no USDT lines: nothing to drop")
+    quiet = stderr_of("with-utils")
+    assert "USDT:" not in quiet, f"utils must drop Kineto's USDT lines from descriptor 2:\n{quiet}"
+    assert "a warning of its own" in quiet, "anything else on stderr must still come through"
+
+
+def test_inductor_skipping_a_kernel_too_big_for_the_gpu_is_not_shown_as_an_error():
+    import logging
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    log, kept = logging.getLogger("torch._inductor.select_algorithm"), Keep()
+    benign = ("No valid triton configs. OutOfMemoryError: out of resource: triton_mm Required: 262144 "
+              "Hardware limit:232448 Reducing block sizes or `num_stages` may help.")
+    log.addHandler(kept)  # torch's loggers do not propagate to the root logger (nor to caplog)
+    try:
+        log.error("Runtime error during autotuning: \n%s. \nIgnoring this choice.", benign)
+        log.error("Runtime error during autotuning: \n%s. \nIgnoring this choice.", "an illegal memory access")
+    finally:
+        log.removeHandler(kept)
+    assert len(kept.messages) == 1 and "illegal memory access" in kept.messages[0], (
+        f"only Inductor's benign out-of-resource skips are dropped, every other autotuning error is shown: "
+        f"{kept.messages}")
+
+
+def test_progress_draws_a_bar_at_teaching_scale_only(monkeypatch, capsys):
+    items = [3, 1, 2]
+    monkeypatch.setattr(utils, "SCALE", "quick")
+    assert utils.progress(items, "steps") is items, "at quick scale (grading) the loop runs over the iterable itself"
+    monkeypatch.setattr(utils, "SCALE", "teaching")
+    bar = utils.progress(iter(items), "steps", total=len(items))
+    assert bar is not items and list(bar) == items, "the bar yields the same items in the same order"
+    assert "steps" in capsys.readouterr().err, "outside Jupyter the bar is tqdm's text bar on stderr"

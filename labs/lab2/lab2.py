@@ -350,7 +350,7 @@ else:
     print("torch.compile runs at teaching scale only (the first compile takes ~25 s on a CPU): timing eager only.")
 
 fusion_rows = []
-for n, k in fusion_shapes:
+for n, k in progress(fusion_shapes, "matrix sizes"):
     inner = n if k is None else k
     a = torch.randn(n, inner, device=DEVICE, dtype=measure_dtype)
     b = torch.randn(inner, n, device=DEVICE, dtype=measure_dtype)
@@ -663,7 +663,7 @@ else:
     print("torch.compile runs at teaching scale only: timing eager only.")
 
 chain_rows = []
-for name, (fn, trips) in chain_versions.items():
+for name, (fn, trips) in progress(chain_versions.items(), "versions"):
     latency_ms = benchmark_latency(fn, chain_a, chain_b, chain_c, n_warmup=chain_warmup, n_repeat=chain_repeat)
     chain_rows.append({
         "version": name,
@@ -2642,15 +2642,16 @@ if TRITON_AVAILABLE and DEVICE.type == "cuda":
 else:
     print("Triton rows need a GPU (the interpreter's timings would mean nothing): skipped.")
 
+attention_cases = [(d_model, seq_len, impl) for d_model in attn_d_models for seq_len in attn_seq_lens
+                   for impl in attention_impls]
 attention_rows = []
-for d_model in attn_d_models:
-    for seq_len in attn_seq_lens:
-        for impl, (fn, has_backward) in attention_impls.items():
-            result = benchmark_attention(fn, attn_batch, seq_len, d_model, dtype=attn_dtype, backward=has_backward,
-                                         n_warmup=attn_warmup, n_repeat=attn_repeat)
-            scores_gb = attn_batch * seq_len * seq_len * attn_bytes / 1e9
-            attention_rows.append({"impl": impl, "d_model": d_model, "seq_len": seq_len, **result,
-                                   "scores_gb": scores_gb, "memory_ratio": result["peak_memory_gb"] / scores_gb})
+for d_model, seq_len, impl in progress(attention_cases, "attention configurations"):
+    fn, has_backward = attention_impls[impl]
+    result = benchmark_attention(fn, attn_batch, seq_len, d_model, dtype=attn_dtype, backward=has_backward,
+                                 n_warmup=attn_warmup, n_repeat=attn_repeat)
+    scores_gb = attn_batch * seq_len * seq_len * attn_bytes / 1e9
+    attention_rows.append({"impl": impl, "d_model": d_model, "seq_len": seq_len, **result,
+                           "scores_gb": scores_gb, "memory_ratio": result["peak_memory_gb"] / scores_gb})
 attention_df = pd.DataFrame(attention_rows)
 for column in ("forward_ms", "backward_ms", "peak_memory_gb", "memory_ratio"):
     print(f"\n{column} (rows: d_model, seq_len; OOM = out of memory, - = no backward)")
@@ -2834,7 +2835,7 @@ def benchmark_transformer(d_model, num_layers, num_heads, d_ff):
 if not run_compiled:
     print("torch.compile runs at teaching scale only: eager timings of a tiny model.")
 transformer_rows = []
-for size, config in model_sizes.items():
+for size, config in progress(model_sizes.items(), "model sizes"):
     if DEVICE.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     status, row = run_oom_safe(benchmark_transformer, *config)

@@ -429,7 +429,7 @@ def train_recall_model(num_layers, task=RECALL_TASK, training=RECALL_TRAINING, s
     loss_positions, _ = recall_positions(task["num_pairs"], task["num_queries"], device)
     losses = []
     model.train()
-    for _ in range(training["steps"]):
+    for _ in progress(range(training["steps"]), f"training {num_layers} layer(s)"):
         tokens = make_recall_batch(training["batch_size"], **task, generator=gen, device=device)
         logits = model(tokens[:, :-1])[:, loss_positions]
         loss = F.cross_entropy(logits.reshape(-1, vocab_size), tokens[:, 1:][:, loss_positions].reshape(-1))
@@ -1748,7 +1748,7 @@ print(f"GPT-2-shaped model: {MEASURED_SHAPE}, {MEASURE_DTYPE}, "
       f"{sum(p.numel() for p in gpt2_model.transformer.parameters()) / 1e6:.1f} M parameters in the decoder stack")
 
 gpt2_measured = []
-for B, N in GPT2_MEASURE["cases"]:
+for B, N in progress(GPT2_MEASURE["cases"], "batch sizes and lengths"):
     status, result = run_oom_safe(measure_gpt2_ms, gpt2_model, B, N, GPT2_MEASURE["n_warmup"], GPT2_MEASURE["n_repeat"])
     row = {"B": B, "N": N}
     for kind, times in zip(("no_cache", "cache"), result if status == "ok" else ({}, {})):

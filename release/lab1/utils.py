@@ -24,15 +24,19 @@ Everything runs on CPU and on CUDA. transformers is imported only when a model h
 import collections
 import contextlib
 import difflib
+import functools
 import gc
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import math
 import os
 import platform
 import re
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Mapping
 
@@ -46,6 +50,7 @@ __all__ = [
     "DEVICE",
     "SCALE",
     "at_scale",
+    "progress",
     "print_environment_report",
     "GPU_SPECS",
     "detect_gpu",
@@ -130,6 +135,30 @@ def at_scale(teaching, quick):
         ``teaching`` when ``utils.SCALE == "teaching"``, else ``quick`` (returned as given, not copied).
     """
     return teaching if SCALE == "teaching" else quick
+
+
+def progress(iterable, description: str, total: int | None = None):
+    """A progress bar over a loop that runs for a while at teaching scale (a benchmark sweep, a training run).
+
+    tqdm's notebook widget inside Jupyter (it needs ``ipywidgets``; without it, tqdm's text bar and no warning),
+    a text bar in a terminal. At quick scale, where loops take seconds and grading runs, no bar is drawn: the
+    iterable is returned as it is.
+
+    Args:
+        iterable: What the loop runs over.
+        description: A few words on what each step does, shown left of the bar (``"matmul sizes"``).
+        total: The number of steps, where ``len(iterable)`` does not work (a generator).
+
+    Returns:
+        An iterable over the same items, in the same order.
+    """
+    if SCALE != "teaching" or importlib.util.find_spec("tqdm") is None:
+        return iterable
+    if importlib.util.find_spec("ipywidgets") is None:
+        from tqdm.std import tqdm
+    else:
+        from tqdm.auto import tqdm
+    return tqdm(iterable, desc=description, total=total)
 
 
 # Peak figures of common GPUs. Dense rates only (no 2:4 sparsity). fp16/bf16: tensor-core rate with FP32
@@ -1195,6 +1224,70 @@ def benchmark_memory(fn, *args, n_warmup=3, n_repeat=10, measure_on=None, **kwar
     peak, allocated = _cpu_memory_trace(fn, args, kwargs, n_repeat)
     return peak / 1e9, allocated / 1e9
 
+
+@contextlib.contextmanager
+def _without_kineto_usdt_lines():
+    """Drop the ``USDT:... profiler_start`` / ``profiler_stop`` lines that Kineto (the profiler's C++ side) writes
+    to file descriptor 2 at every profiler start and stop, whatever ``KINETO_LOG_LEVEL`` says.
+
+    In a notebook they show as red stderr that looks like a failure, and in grading they reach the TA's terminal.
+    Everything else written to descriptor 2 meanwhile is written out again unchanged when the block ends."""
+    try:
+        sys.stderr.flush()
+        saved_fd = os.dup(2)
+    except (OSError, ValueError):  # no descriptor 2 (a detached process): nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            captured.seek(0)
+            kept = [line for line in captured.read().splitlines(keepends=True) if not line.startswith(b"USDT:")]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
+def _quiet_profiler_calls() -> None:
+    """Run the profiler's start and stop calls (all ``torch.profiler.profile`` and ``torch.autograd.profiler``
+    use) through ``_without_kineto_usdt_lines``. Applied once, when utils is imported."""
+    import torch.autograd.profiler as autograd_profiler
+
+    for name in ("_prepare_profiler", "_enable_profiler", "_disable_profiler"):
+        call = getattr(autograd_profiler, name, None)
+        if call is None or getattr(call, "_drops_usdt_lines", False):
+            continue
+
+        @functools.wraps(call)
+        def quiet(*args, _call=call, **kwargs):
+            with _without_kineto_usdt_lines():
+                return _call(*args, **kwargs)
+
+        quiet._drops_usdt_lines = True
+        setattr(autograd_profiler, name, quiet)
+
+
+_quiet_profiler_calls()
+
+
+class _DropBenignAutotuneErrors(logging.Filter):
+    """Drops Inductor's "Runtime error during autotuning ... No valid triton configs. OutOfMemoryError: out of
+    resource ... Ignoring this choice." records: with ``mode="max-autotune"`` some candidate kernels need more
+    shared memory than the GPU has, and Inductor skips them and picks among the rest. Any other autotuning error
+    is kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a record that cannot be formatted is not ours to judge
+            return True
+        return not ("Ignoring this choice" in text and "No valid triton configs" in text and "out of resource" in text)
+
+
+logging.getLogger("torch._inductor.select_algorithm").addFilter(_DropBenignAutotuneErrors())
 
 default_schedule = torch.profiler.schedule(wait=1, warmup=3, active=5, repeat=1)
 """torch.profiler schedule for a loop of 10 ``prof.step()`` calls: step 0 is skipped, steps 1-3 warm up
