@@ -356,7 +356,6 @@ class GuardedExecute(Execute):
         """What one notebook's run records, reset before it starts."""
         self._neutralised: dict[str, list[str]] = {}  # cell -> execution-affecting metadata removed from it
         self._student_code_ran = False  # whether any cell that is not the instructor's has started
-        self._running_test = False
         self._kept_bytes: dict[int, int] = {}
         self._dropped_bytes: dict[int, int] = {}
         self._output_missed: list[str] = []
@@ -807,11 +806,6 @@ class GuardedExecute(Execute):
         if size > self.max_cell_output_bytes or sum(self._kept_bytes.values()) + size > self.max_notebook_output_bytes:
             return  # an update too large to keep is dropped (the output it would replace stays)
         super()._update_display_id(display_id, msg)
-
-    def clear_output(self, outs, msg, cell_index):
-        if self._running_test:
-            return  # a test cell never clears its output: student code (a thread) could clear its error
-        super().clear_output(outs, msg, cell_index)
 
     def handle_comm_msg(self, outs, msg, cell_index):
         """Ignore widget (comm) messages: grading needs no widget state, and an output widget would capture the

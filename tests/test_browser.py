@@ -227,11 +227,20 @@ def test_student_runs_setup_and_a_public_test_in_jupyterlab(graded, server, brow
     assert not dirty, ("opening a released notebook must not mark it modified (course/build.py writes the kernel's "
                        f"full language_info): {[tab.text for tab in dirty]}")
 
-    def code_cell(text: str):
+    def find_code_cell(text: str):
+        from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
         for cell in browser.find_elements("css selector", ".jp-Notebook .jp-CodeCell"):
-            if text in cell.find_element("css selector", ".jp-InputArea-editor").text:
-                return cell
-        raise AssertionError(f"no code cell shows {text!r}")
+            try:
+                if text in cell.find_element("css selector", ".jp-InputArea-editor").text:
+                    return cell
+            except (NoSuchElementException, StaleElementReferenceException):  # a cell still being rendered
+                continue
+        return None
+
+    def code_cell(text: str):
+        # JupyterLab fills the cell editors a moment after the cells appear (later still on a busy machine).
+        return wait_for(browser, lambda d: find_code_cell(text), timeout_s=60, what=f"a code cell showing {text!r}")
 
     for marker in ("import math", "def add(a, b)", "assert add(1, 2) == 3"):
         cell = code_cell(marker)

@@ -16,11 +16,12 @@ for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manyl
   platforms+=(--platform "$p")
 done
 "$PY" -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-  -d "$DEST" "nbgrader==0.9.6" "jupytext>=1.16,<2" "tqdm>=4.66"
+  -d "$DEST" "nbgrader==0.9.6" "jupytext>=1.16,<2" "tqdm>=4.66" "ipywidgets>=8.1"
 
+# ipywidgets (and its two front-end packages) is kept: utils.progress draws tqdm's notebook bar with it.
 # Present on the GPU image, or never imported by a headless build/autograde (checked by scripts/gpu/run_reports.sh,
 # which runs both there).
-exclude='^(numpy|pandas|matplotlib|contourpy|cycler|fonttools|kiwisolver|pillow|pyparsing|torch|triton|transformers|jupyterlab|jupyterlab_server|notebook|babel|debugpy|widgetsnbextension|jupyterlab_widgets|ipywidgets|jupyter_lsp|notebook_shim|async_lru|json5)-'
+exclude='^(numpy|pandas|matplotlib|contourpy|cycler|fonttools|kiwisolver|pillow|pyparsing|torch|triton|transformers|jupyterlab|jupyterlab_server|notebook|babel|debugpy|jupyter_lsp|notebook_shim|async_lru|json5)-'
 for wheel in "$DEST"/*.whl; do
   name=$(basename "$wheel" | tr 'A-Z' 'a-z')
   if [[ "$name" =~ $exclude ]]; then rm "$wheel"; fi
