@@ -98,9 +98,13 @@ c.HTMLExporter.sanitize_html = True
 c.HTMLExporter.filters = {"markdown2html": markdown2html, "clean_html": clean_html, "toc_label": toc_label}
 # Feedback pages name questions in their table of contents (course/templates/course_feedback), on top of nbgrader's
 # feedback template. Set for feedback only: the formgrader renders submissions with its own template.
+_FORMGRADER = os.path.join(os.path.dirname(nbgrader.__file__), "server_extensions", "formgrader")
 c.GenerateFeedback.HTMLExporter.template_name = "course_feedback"
-c.GenerateFeedback.HTMLExporter.extra_template_basedirs = [
-    os.path.join(os.path.dirname(nbgrader.__file__), "server_extensions", "formgrader", "templates"), str(TEMPLATES_DIR),
+c.GenerateFeedback.HTMLExporter.extra_template_basedirs = [os.path.join(_FORMGRADER, "templates"), str(TEMPLATES_DIR)]
+# What nbgrader sets for feedback (bootstrap's CSS), and its templates folder, where our template finds the
+# `feedback/index.html.j2` it extends.
+c.GenerateFeedback.HTMLExporter.extra_template_paths = [
+    os.path.join(_FORMGRADER, "static", "node_modules", "bootstrap", "dist", "css"), os.path.join(_FORMGRADER, "templates"),
 ]
 
 # Every kernel nbgrader starts runs in a bubblewrap sandbox (EFFICIENT_AI_SANDBOX; docs/SECURITY.md).
