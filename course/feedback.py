@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .nbgrader_run import read_scores, run_nbgrader
-from .notebooks import nbgrader_meta, question_key, question_label
+from .notebooks import grade_id, is_autograded_test, is_manually_graded, nbgrader_meta, question_key, question_label
 from .paths import REPO_ROOT
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"  # course_feedback: nbgrader's feedback page, questions named
@@ -21,18 +21,17 @@ def toc_label(cell) -> str:
 
     A Jinja filter of the ``course_feedback`` template (nbgrader_config.py). Cells whose grade id names no question
     keep nbgrader's own words ("Test cell", "Written response")."""
-    meta = nbgrader_meta(cell)
-    if not (meta.get("grade") or meta.get("task")):
-        return ""
-    if meta.get("task"):
+    if nbgrader_meta(cell).get("task"):
         kind, generic = "task", "Task"
-    elif not meta.get("solution"):
+    elif is_autograded_test(cell):
         kind, generic = "tests", "Test cell"
+    elif not is_manually_graded(cell):
+        return ""
     elif cell.get("cell_type") == "markdown":
         kind, generic = "written answer", "Written response"
     else:
         kind, generic = "code graded by a TA", "Coding free-response"
-    key = question_key(meta.get("grade_id"))
+    key = question_key(grade_id(cell))
     return f"{question_label(key)}: {kind}" if key else generic
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from nbclient.util import run_sync
 from nbformat.notebooknode import NotebookNode
-from nbgrader.api import MissingEntry
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor, OverwriteCells
 from nbgrader.utils import is_grade, is_locked, is_solution
 from traitlets import Bool, Enum, Float, Integer
@@ -217,23 +216,22 @@ class QuietOverwriteCells(OverwriteCells):
     """
 
     def preprocess_cell(self, cell, resources, cell_index):
-        self._as_released = self._matches_release(cell)
+        self._submitted = (cell.cell_type, cell.source)  # before nbgrader restores anything
         return super().preprocess_cell(cell, resources, cell_index)
 
     def report_change(self, name, attr, old, new):
-        if attr == "checksum" and self._as_released:
+        if attr == "checksum" and self._as_released(name):
             self.log.debug("Cell %s is as released (its recorded checksum includes hidden tests)", name)
             return
         super().report_change(name, attr, old, new)
 
-    def _matches_release(self, cell) -> bool:
-        gid = (cell.metadata.get("nbgrader") or {}).get("grade_id")
-        try:
-            stored = self.gradebook.find_source_cell(gid, self.notebook_id, self.assignment_id)
-        except MissingEntry:
-            return False
+    def _as_released(self, name: str) -> bool:
+        """Whether the cell being processed (grade id ``name``, which nbgrader just found in the gradebook) was
+        submitted exactly as released: the gradebook's source without its hidden tests."""
+        stored = self.gradebook.find_source_cell(name, self.notebook_id, self.assignment_id)
         released = strip_lines(stored.source, HIDDEN_BEGIN, HIDDEN_END, keep_inside=False)
-        return cell.cell_type == stored.cell_type and cell.source.rstrip() == released.rstrip()
+        cell_type, source = self._submitted
+        return cell_type == stored.cell_type and source.rstrip() == released.rstrip()
 
 
 def _approx_bytes(value) -> int:

@@ -118,8 +118,13 @@ def worker_envs(workers: int, gpus: list[str], cpus: list[int]) -> list[dict[str
             share = max(1, len(cpus) // workers)
             mine = cpus[(index * share) % len(cpus):][:share] or cpus[:share]
             env[CPUS_ENV] = ",".join(map(str, mine))
-            env.update({name: str(len(mine)) for name in THREAD_ENVS})
+            env.update(thread_pool_env(len(mine)))
     return envs
+
+
+def thread_pool_env(threads: int) -> dict[str, str]:
+    """The variables that size PyTorch's, OpenMP's and BLAS's thread pools, all set to ``threads``."""
+    return {name: str(threads) for name in THREAD_ENVS}
 
 
 def available_cpus() -> list[int]:

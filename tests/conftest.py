@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pg_server import PostgresServer, find_pg_bin
 
-from course.nbgrader_run import THREAD_ENVS, available_cpus
+from course.nbgrader_run import available_cpus, thread_pool_env
 
 
 def _share_cores_between_test_processes() -> None:
@@ -22,9 +22,8 @@ def _share_cores_between_test_processes() -> None:
     A variable set by the caller wins."""
     processes = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if processes > 1:
-        share = str(max(1, len(available_cpus()) // processes))
-        for name in THREAD_ENVS:
-            os.environ.setdefault(name, share)
+        for name, value in thread_pool_env(max(1, len(available_cpus()) // processes)).items():
+            os.environ.setdefault(name, value)
 
 
 _share_cores_between_test_processes()

@@ -13,7 +13,7 @@ WIDGET = "application/vnd.jupyter.widget-view+json"
 
 def shown_outputs(path: str) -> list[dict]:
     """Per cell with any: its widget outputs (progress bars), errors, stderr lines, and the distinct kinds of
-    stderr message (``AUTOTUNE``, ``UserWarning``, ...: the first word of each line that starts a message)."""
+    stderr message among those ``_message_kind`` knows (``AUTOTUNE``, ``UserWarning``, ...)."""
     rows = []
     for index, cell in enumerate(json.load(open(path))["cells"]):
         row = {"cell": index, "widgets": 0, "errors": [], "stderr_lines": 0, "kinds": []}
@@ -36,6 +36,7 @@ def shown_outputs(path: str) -> list[dict]:
 
 
 def _message_kind(line: str) -> str:
+    """The known kind of message a stderr line belongs to, or ``""``."""
     for kind in ("AUTOTUNE", "Autotune Choices Stats", "No valid triton configs", "UserWarning", "USDT",
                  "IProgress", "Traceback"):
         if kind in line:
