@@ -54,15 +54,21 @@ def defined_names(source: str) -> set[str]:
 
 def affected_tests(cell_id: str, sources: dict[str, str], tests: list[tuple[str, str]]) -> list[str]:
     """Test cells that can see a change to ``cell_id``: they name what it defines, directly or through
-    another solution cell that does. Other test cells keep their reference result and are not re-run."""
+    another solution cell that does. Other test cells keep their reference result and are not re-run.
+
+    Only answer and setup cells pass a change on: a test cell's own names (``_q``, ``_out``) are its scratch
+    values, deleted at its end (``del _q, ...``), so a test that reuses the same scratch names does not depend on
+    it. (Passing changes through tests made every attention variant of Lab 2 re-run every attention test.)
+    """
     import re
 
+    test_ids = {gid for gid, _ in tests}
     names = defined_names(sources[cell_id])
     changed = True
     while changed:
         changed = False
         for gid, source in sources.items():
-            if gid == cell_id or not names:
+            if gid == cell_id or gid in test_ids or not names:
                 continue
             if re.search(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b", source):
                 extra = defined_names(source) - names
