@@ -409,6 +409,42 @@ def names_tests_read(nb) -> set[str]:
     return needed
 
 
+# Libraries the kernel-side guard imports and watches (course/guard_kernel.py) when the lab itself uses them.
+GUARD_LIBRARIES = frozenset({"numpy", "torch", "utils"})
+
+
+def imported_modules(nb) -> set[str]:
+    """Top-level names of the modules the code cells of ``nb`` import (``import torch.nn`` -> ``torch``)."""
+    found: set[str] = set()
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+def lab_uses_guard_libraries(folder: Path | None) -> bool:
+    """Whether the instructor's notebooks in ``folder`` (``source/<lab>/``) import numpy, torch or utils; True when
+    they cannot be read (the guard then watches everything, as it always did)."""
+    import nbformat
+
+    notebooks = sorted(folder.glob("*.ipynb")) if folder and folder.is_dir() else []
+    if not notebooks:
+        return True
+    try:
+        return any(imported_modules(nbformat.read(path, as_version=4)) & GUARD_LIBRARIES for path in notebooks)
+    except Exception:  # noqa: BLE001 - unreadable instructor files: watch everything
+        return True
+
+
 def warm_imports(needed: set[str], folder: Path | None) -> None:
     """Import ahead of the first test cell what the tests will need: numpy and torch, the instructor's ``utils``
     (from ``folder``) and, where the tests use ``DEVICE`` on a GPU, the GPU's context.

@@ -20,7 +20,10 @@ This file must stay self-contained: it runs in the student's kernel, where the `
 """
 
 
-def _efficient_ai_guard_install():  # noqa: C901 - one closure keeps the guard's state out of the namespace
+def _efficient_ai_guard_install(watch_libraries=True):  # noqa: C901 - one closure keeps the guard's state private
+    """Install the guard; its handle. ``watch_libraries=False`` (a lab whose instructor cells import none of numpy,
+    torch and utils) leaves those libraries unimported and unwatched: nothing of the lab relies on them, and importing
+    them costs seconds per submission."""
     import hashlib
     import hmac
     import importlib
@@ -28,11 +31,10 @@ def _efficient_ai_guard_install():  # noqa: C901 - one closure keeps the guard's
     import os
     import sys
 
-    watched_modules = [
-        "builtins", "math", "numbers", "operator", "functools", "time", "dis", "inspect", "random", "numpy",
-        "numpy.testing", "torch", "torch.testing", "torch.testing._comparison", "torch.nn.functional",
-        "torch.overrides", "utils",
-    ]
+    watched_modules = ["builtins", "math", "numbers", "operator", "functools", "time", "dis", "inspect", "random"]
+    if watch_libraries:
+        watched_modules += ["numpy", "numpy.testing", "torch", "torch.testing", "torch.testing._comparison",
+                            "torch.nn.functional", "torch.overrides", "utils"]
     ipython_managed_builtins = {"exit", "quit", "get_ipython", "display", "help", "copyright", "credits", "license",
                                 "_", "__", "___"}
     for name in watched_modules:

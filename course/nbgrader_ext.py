@@ -450,7 +450,7 @@ class GuardedExecute(Execute):
             "import builtins as _b\n"
             "_g = {'__builtins__': dict(vars(_b)), '__name__': '_efficient_ai_guard'}\n"
             f"exec(compile({GUARD_SOURCE.read_text()!r}, '<grading guard>', 'exec'), _g)\n"
-            "_efficient_ai_guard = _g['_efficient_ai_guard_install']()\n"
+            f"_efficient_ai_guard = _g['_efficient_ai_guard_install']({self._guard_watches_libraries()!r})\n"
             "del _b, _g\n"
         )
         # Installing the guard imports what it watches (torch, numpy): on a busy machine that takes as long as a cell.
@@ -463,6 +463,12 @@ class GuardedExecute(Execute):
             self._guard_broken = "the grading guard could not be installed in the kernel"
             return
         self._guard_key = bytes.fromhex(key)
+
+    def _guard_watches_libraries(self) -> bool:
+        """numpy, torch and utils are imported and watched by the guard only in a lab whose instructor notebook
+        imports one of them (a lab that does not, like the tests' fixture lab, saves seconds per submission)."""
+        folder = self._grader.folder if self._grader is not None else None
+        return boundary.lab_uses_guard_libraries(folder)
 
     def _guard(self, command: str) -> list[str] | None:
         """Run a guard command; its findings (a list), or None when its answer cannot be trusted."""

@@ -129,3 +129,21 @@ def test_tampering_before_a_locked_cell_is_charged_to_the_next_test(graded_with_
     assert points(scores, "patcher") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 0, "b1_1_square_tests": 1}, (
         "math.isclose patched before a locked cell must still cost the next test cell, and only that one")
     assert any("math.isclose was replaced" in note for note in outcomes["patcher"].notes), outcomes["patcher"]
+
+
+def test_the_guard_watches_numpy_torch_and_utils_in_labs_that_import_them(tmp_path):
+    from course.boundary import lab_uses_guard_libraries
+    from course.paths import REPO_ROOT, discover_labs
+
+    for lab in discover_labs(REPO_ROOT):
+        assert lab_uses_guard_libraries(REPO_ROOT / "source" / lab), (
+            f"{lab} imports torch and utils: the guard must import and watch them")
+    root = make_root(tmp_path / "fixture")
+    assert build.main([LAB], root) == 0
+    assert not lab_uses_guard_libraries(root / "source" / LAB), (
+        "the fixture lab imports only math: the guard need not import numpy, torch or utils there")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "lab.ipynb").write_text("{ not json")
+    assert lab_uses_guard_libraries(broken) and lab_uses_guard_libraries(None), (
+        "instructor notebooks that cannot be read: the guard watches everything")
