@@ -41,7 +41,7 @@ try:
     from course.feedback import TEMPLATES_DIR, toc_label
     from course.paths import COURSE_ID
     from course.nbgrader_ext import (
-        DropTestResults, GuardedExecute, NeutraliseCellMetadata, QuietOverwriteCells, StripHiddenTests,
+        AwardBonusPoints, DropTestResults, GuardedExecute, NeutraliseCellMetadata, QuietOverwriteCells, StripHiddenTests,
     )
     from course.sanitize import SanitizeNotebook, clean_html, markdown2html
     from course.sandbox import configure_sandbox
@@ -78,13 +78,15 @@ c.Autograde.sanitize_preprocessors = [
     ClearOutput, DeduplicateIds, OverwriteKernelspec, QuietOverwriteCells, NeutraliseCellMetadata, CheckCellMetadata,
 ]
 
-# nbgrader's autograde pipeline with two changes. GuardedExecute runs the notebook with the grading guard, keeps
+# nbgrader's autograde pipeline with three changes. GuardedExecute runs the notebook with the grading guard, keeps
 # the points earned before a dead kernel or the notebook time limit (EFFICIENT_AI_NOTEBOOK_TIMEOUT_S), keeps
 # hidden tests out of the kernel's history, and caps the output it keeps (docs/SECURITY.md). DropTestResults runs before scoring: a number that
-# student code shows as a test cell's result must not be read as partial credit.
+# student code shows as a test cell's result must not be read as partial credit. AwardBonusPoints, after
+# SaveAutoGrades, records a passed bonus test's points as extra credit (bonus cells have nbgrader points 0, so a lab's
+# maximum is its core 100), reading the points from the course's source/ notebook, never from the submission.
 c.Autograde.autograde_preprocessors = [
     GuardedExecute, IgnorePattern, DropTestResults, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
-    AssignLatePenalties, CheckCellMetadata, SanitizeNotebook,
+    AwardBonusPoints, AssignLatePenalties, CheckCellMetadata, SanitizeNotebook,
 ]
 
 # Feedback never shows hidden test source, nor what test cells printed.

@@ -16,7 +16,7 @@ import jupytext
 import nbformat
 
 from .nbgrader_run import run_nbgrader
-from .notebooks import NB_VERSION
+from .notebooks import NB_VERSION, mark_bonus
 from .paths import REPO_ROOT, lab_text_path
 
 SUPPORT_FILES = ("utils.py",)
@@ -56,6 +56,7 @@ def text_to_notebook(text_path: Path) -> str:
         # Stable cell ids (nbformat would draw random ones): the grade id, else the position.
         cell["id"] = cell.metadata.get("nbgrader", {}).get("grade_id") or f"cell-{index}"
         cell.metadata.pop("lines_to_next_cell", None)
+        mark_bonus(cell)  # bonus points leave nbgrader's maximum (docs/AUTHORING.md, "Points")
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nb.nbformat, nb.nbformat_minor = NB_VERSION, 5

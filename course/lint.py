@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .notebooks import (
+    BONUS_POINTS,
+    COURSE_METADATA,
     HEADING_RE,
     HIDDEN_BEGIN,
     HIDDEN_END,
@@ -20,9 +22,11 @@ from .notebooks import (
     SOLUTION_END,
     NotebookError,
     cell_points,
+    course_meta,
     find_headings,
     grade_id,
     is_autograded_test,
+    is_bonus_cell,
     is_graded,
     is_solution,
     nbgrader_meta,
@@ -83,9 +87,24 @@ def check_metadata(lab: str, nb) -> list[Problem]:
             seen.setdefault(gid, index)
         if (meta.get("grade") or meta.get("task")) and not cell_points(cell) > 0:
             problems.append(Problem(lab, where, "graded cell has no points (points must be > 0)"))
+        problems += [Problem(lab, where, message) for message in _bonus_metadata_problems(cell)]
         if is_graded(cell) and question_key(gid) is None:
             problems.append(Problem(lab, where, f"graded cell id {gid!r} names no question (q<N>_<M>_name or b...)"))
     return problems
+
+
+def _bonus_metadata_problems(cell) -> list[str]:
+    """A built bonus cell has nbgrader points 0 and its points in the course metadata; no other cell has bonus points
+    (``course build`` writes both; a notebook edited by hand or through the pairing may lose them)."""
+    has_bonus = BONUS_POINTS in course_meta(cell)
+    if is_bonus_cell(cell):
+        nbgrader_points = float(nbgrader_meta(cell).get("points", 0) or 0)
+        if nbgrader_points != 0 or not has_bonus:
+            return [f"bonus cell must have nbgrader points 0 and its points in metadata {COURSE_METADATA}.{BONUS_POINTS} "
+                    f"(has points {nbgrader_points:g}; run python -m course build)"]
+    elif has_bonus:
+        return [f"only bonus cells (grade ids b...) carry {COURSE_METADATA}.{BONUS_POINTS}"]
+    return []
 
 
 def check_points(lab: str, nb) -> list[Problem]:

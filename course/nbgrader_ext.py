@@ -19,7 +19,18 @@ from nbgrader.utils import is_grade, is_locked, is_solution
 from traitlets import Bool, Enum, Float, Integer
 
 from . import boundary
-from .notebooks import HIDDEN_BEGIN, HIDDEN_END, is_autograded_test, marked_lines, region_lines, strip_lines
+from .notebooks import (
+    HIDDEN_BEGIN,
+    HIDDEN_END,
+    NotebookError,
+    bonus_points,
+    cells_by_grade_id,
+    is_autograded_test,
+    marked_lines,
+    read_notebook,
+    region_lines,
+    strip_lines,
+)
 
 GUARD_SOURCE = Path(__file__).with_name("guard_kernel.py")
 GRADING_REPORT = "grading_report.json"  # written beside each autograded notebook
@@ -47,6 +58,78 @@ class DropTestResults(NbGraderPreprocessor):
         if is_autograded_test(cell):
             cell.outputs = [out for out in cell.get("outputs", []) if out.get("output_type") != "execute_result"]
         return cell, resources
+
+
+class AwardBonusPoints(NbGraderPreprocessor):
+    """Record the bonus points of bonus questions as nbgrader's ``extra_credit``, after ``SaveAutoGrades``.
+
+    A bonus grade cell has nbgrader ``points`` 0 (``course build``), so nbgrader's maximum of a lab is its core total
+    and the formgrader, ``nbgrader export`` and our reports show e.g. 57/100. Its points are read here from the
+    course's own instructor notebook (``source/<lab>/<notebook>.ipynb`` of the course folder), never from the
+    submission, whose metadata the student can edit (docs/SECURITY.md).
+
+    - An autograded bonus test cell earns what nbgrader's ``determine_grade`` gives the graded cell (its outputs as
+      the grader left them) with the real bonus points: all of them when it passed, 0 when it failed or is missing.
+      Every grading run overwrites the earlier extra credit of these cells.
+    - A manually graded bonus cell is the TA's: its extra credit (the formgrader's "Extra credit" box) is kept. Its
+      automatic score is set to 0 where nbgrader left none, so that the extra credit a TA enters counts in nbgrader's
+      score even when the TA leaves the score box (out of 0) empty.
+    """
+
+    def preprocess(self, nb, resources):
+        from nbgrader.api import Gradebook, MissingEntry
+
+        info = resources["nbgrader"]
+        source_path = self._source_notebook(info)
+        try:
+            source = read_notebook(source_path) if source_path else None
+        except NotebookError as exc:
+            source = None
+            self.log.error("Bonus points not awarded: %s", exc)
+        if source is None:
+            if source_path is None:
+                self.log.error("Bonus points not awarded: no instructor notebook for %s/%s in the course's source folder",
+                               info["assignment"], info["notebook"])
+            return nb, resources
+        bonus = bonus_points(source)
+        if not bonus:
+            return nb, resources
+        reference, submitted = cells_by_grade_id(source), cells_by_grade_id(nb)
+        with Gradebook(info["db_url"]) as gb:
+            for gid, points in bonus.items():
+                try:
+                    grade = gb.find_grade(gid, info["notebook"], info["assignment"], info["student"])
+                except MissingEntry:
+                    self.log.warning("Bonus cell %s is not in the gradebook: no bonus recorded", gid)
+                    continue
+                if is_autograded_test(reference[gid]):
+                    grade.extra_credit = self._earned(reference[gid], submitted.get(gid), points)
+                elif grade.auto_score is None:
+                    grade.auto_score = 0.0  # the TA's extra credit alone counts (nbgrader ignores it without a score)
+            gb.db.commit()
+        return nb, resources
+
+    def _earned(self, reference, cell, points: float) -> float:
+        """What nbgrader's own rule gives the graded test cell ``cell`` (its outputs as the grader left them) when it
+        is the instructor's cell ``reference`` worth ``points``; 0 when the submission lacks it."""
+        from nbformat import from_dict
+        from nbgrader.utils import determine_grade
+
+        if cell is None or cell.get("cell_type") != "code":
+            return 0.0
+        scored = from_dict({"cell_type": "code", "source": cell.get("source", ""), "outputs": cell.get("outputs", []),
+                            "metadata": {"nbgrader": {**reference.metadata["nbgrader"], "points": points}}})
+        try:
+            earned, _ = determine_grade(scored, self.log)
+        except (ValueError, KeyError):  # a shown number nbgrader cannot read (DropTestResults removes results first)
+            return 0.0
+        return float(earned or 0.0)
+
+    def _source_notebook(self, info) -> Path | None:
+        course = self.config.get("CourseDirectory", {})
+        root = Path(course.get("root") or os.getcwd())
+        path = root / (course.get("source_directory") or "source") / str(info["assignment"]) / f"{info['notebook']}.ipynb"
+        return path if path.is_file() else None
 
 
 def hidden_test_lines(source: str) -> list[str]:

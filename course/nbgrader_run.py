@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .notebooks import is_bonus_id
 from .paths import COURSE_ID, REPO_ROOT
 
 CPUS_ENV = "EFFICIENT_AI_CPUS"  # CPUs one grading job may use ("0,1,2"): set per worker by course.grade
@@ -166,11 +167,17 @@ class CellScore:
     manual_score: float | None
     needs_manual_grade: bool
     autograded: bool  # an autograded test cell (as opposed to a written answer or open-ended code)
+    extra_credit: float | None = None
+    bonus: bool = False  # a bonus question's cell: max_score is its bonus points, on top of the lab's maximum
 
     @property
     def score(self) -> float:
+        """nbgrader's score of the cell: the manual score, else the automatic one, plus any extra credit (a bonus
+        cell's points); 0 when the cell has neither score."""
         value = self.manual_score if self.manual_score is not None else self.auto_score
-        return float(value or 0.0)
+        if value is None:
+            return 0.0
+        return float(value) + float(self.extra_credit or 0.0)
 
 
 @dataclass
@@ -181,10 +188,23 @@ class SubmissionScores:
     cells: dict[str, CellScore] = field(default_factory=dict)
 
     def autograded_score(self) -> float:
+        """Points of the autograded cells, bonus included."""
         return sum(c.score for c in self.cells.values() if c.autograded)
 
     def autograded_max(self) -> float:
-        return sum(c.max_score for c in self.cells.values() if c.autograded)
+        """Maximum of the autograded cells, bonus excluded (bonus points come on top)."""
+        return sum(c.max_score for c in self.cells.values() if c.autograded and not c.bonus)
+
+    def total_score(self) -> float:
+        """nbgrader's score of the submission: every cell's score, bonus (extra credit) included."""
+        return sum(c.score for c in self.cells.values())
+
+    def total_max(self) -> float:
+        """nbgrader's maximum of the submission: the core points, bonus excluded (100 for a lab)."""
+        return sum(c.max_score for c in self.cells.values() if not c.bonus)
+
+    def bonus_max(self) -> float:
+        return sum(c.max_score for c in self.cells.values() if c.bonus)
 
 
 def db_url_for(course_root: Path) -> str:
@@ -193,10 +213,15 @@ def db_url_for(course_root: Path) -> str:
 
 
 def read_scores(course_root: Path, lab: str, students: list[str] | None = None) -> dict[str, SubmissionScores]:
-    """Per-cell scores of every submission of ``lab`` in the gradebook (or of the given students)."""
+    """Per-cell scores of every submission of ``lab`` in the gradebook (or of the given students).
+
+    A bonus cell's maximum is its bonus points, read from the course's ``source/<lab>/`` notebook (nbgrader records
+    0); its score is the gradebook's, extra credit included.
+    """
     from nbgrader.api import Gradebook, MissingEntry
 
     result: dict[str, SubmissionScores] = {}
+    bonus_by_notebook: dict[str, dict[str, float]] = {}
     with Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
         try:
             assignment = gb.find_assignment(lab)
@@ -208,18 +233,35 @@ def read_scores(course_root: Path, lab: str, students: list[str] | None = None) 
                 continue
             scores = SubmissionScores(student)
             for notebook in submission.notebooks:
+                if notebook.name not in bonus_by_notebook:
+                    bonus_by_notebook[notebook.name] = course_bonus_points(course_root, lab, notebook.name)
+                bonus = bonus_by_notebook[notebook.name]
                 for grade in notebook.grades:
                     cell = grade.cell
                     scores.cells[grade.name] = CellScore(
                         grade_id=grade.name,
-                        max_score=float(grade.max_score),
+                        max_score=bonus.get(grade.name, float(grade.max_score)),
                         auto_score=None if grade.auto_score is None else float(grade.auto_score),
                         manual_score=None if grade.manual_score is None else float(grade.manual_score),
                         needs_manual_grade=bool(grade.needs_manual_grade),
                         autograded=cell.cell_type == "code" and not _is_solution_cell(gb, cell),
+                        extra_credit=None if grade.extra_credit is None else float(grade.extra_credit),
+                        bonus=is_bonus_id(grade.name),
                     )
             result[student] = scores
     return result
+
+
+def course_bonus_points(course_root: Path, lab: str, notebook: str) -> dict[str, float]:
+    """Grade id -> bonus points of the course's own instructor notebook ``source/<lab>/<notebook>.ipynb``; empty when
+    the course folder has no such notebook."""
+    from .notebooks import NotebookError, bonus_points, read_notebook
+
+    path = course_root / "source" / lab / f"{notebook}.ipynb"
+    try:
+        return bonus_points(read_notebook(path)) if path.is_file() else {}
+    except NotebookError:
+        return {}
 
 
 def _is_solution_cell(gb, grade_cell) -> bool:

@@ -82,8 +82,55 @@ def is_manually_graded(cell) -> bool:
     return bool(meta.get("task")) or (bool(meta.get("grade")) and bool(meta.get("solution")))
 
 
+# Course metadata of a cell (beside nbgrader's): ``cell.metadata["efficient_ai"]``. A bonus grade cell (grade id
+# ``b...``) carries its points there as ``bonus_points`` and has nbgrader ``points`` 0, so that nbgrader's maximum of a
+# lab is its core total (100) and bonus points reach the gradebook as ``extra_credit`` (``course.nbgrader_ext.
+# AwardBonusPoints``). Authors write the real points in ``labs/*.py``; ``course build`` moves them (``mark_bonus``).
+COURSE_METADATA = "efficient_ai"
+BONUS_POINTS = "bonus_points"
+
+
+def course_meta(cell) -> dict:
+    """The cell's course metadata (``cell.metadata["efficient_ai"]``), or an empty dict."""
+    meta = cell.get("metadata", {}).get(COURSE_METADATA, {})
+    return dict(meta) if isinstance(meta, dict) else {}
+
+
+def is_bonus_id(gid: str | None) -> bool:
+    """Whether a grade id belongs to a bonus question (``b3_1_attn_module_mac_tests``)."""
+    key = question_key(gid)
+    return bool(key) and key.startswith("b")
+
+
 def cell_points(cell) -> float:
+    """The points a graded cell is worth as the lab states them: its bonus points for a bonus cell (once built;
+    its nbgrader ``points`` are 0 there), else its nbgrader ``points``."""
+    bonus = course_meta(cell).get(BONUS_POINTS)
+    if bonus is not None:
+        return float(bonus or 0)
     return float(nbgrader_meta(cell).get("points", 0) or 0)
+
+
+def is_bonus_cell(cell) -> bool:
+    """A graded cell of a bonus question."""
+    return (is_graded(cell) or bool(nbgrader_meta(cell).get("task"))) and is_bonus_id(grade_id(cell))
+
+
+def mark_bonus(cell) -> None:
+    """Build step for one cell: a bonus grade cell's points move from nbgrader's ``points`` to the course's
+    ``bonus_points`` (nbgrader ``points`` 0). A cell already marked (a notebook edited through the jupytext pairing)
+    keeps its bonus points; any other cell is left alone."""
+    if not is_bonus_cell(cell):
+        return
+    points = cell_points(cell)
+    cell.metadata["nbgrader"]["points"] = 0
+    cell.metadata[COURSE_METADATA] = {**course_meta(cell), BONUS_POINTS: int(points) if points.is_integer() else points}
+
+
+def bonus_points(nb) -> dict[str, float]:
+    """Grade id -> bonus points of every bonus grade cell of an instructor notebook. Read it from the course's own
+    ``source/`` notebook, never from a submission (whose metadata the student can edit)."""
+    return {grade_id(cell): cell_points(cell) for cell in nb.cells if is_bonus_cell(cell)}
 
 
 def question_key(gid: str | None) -> str | None:

@@ -81,7 +81,8 @@ def score_table(lab: str, outcomes: dict[str, Outcome], scores: dict[str, Submis
 TABLE_LEGEND = (
     "Per question: 4/5 = autograded points earned/possible; +2? = 2 points of written answers or plots still to grade "
     "(in JupyterLab, Nbgrader > Formgrader); +1.5/2m = manual points graded; - = the question is not in this "
-    "submission's gradebook entry."
+    "submission's gradebook entry. B3.1 = a bonus question: its points come on top of the maximum, so a total may "
+    "exceed it (a lab is out of 100 + bonus)."
 )
 
 
@@ -104,24 +105,27 @@ def flagged_for_review(outcomes: dict[str, Outcome], width: int = 160) -> str:
 
 def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> None:
     """One row per student: status, reason, repair notes, flags, every graded cell's score, autograded and total
-    scores."""
+    scores. Scores include bonus points (nbgrader's extra credit); maxima do not (a lab is out of 100 + bonus), as in
+    the formgrader and ``nbgrader export``."""
     cell_ids: list[str] = []
     for s in scores.values():
         cell_ids += [gid for gid in s.cells if gid not in cell_ids]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["student", "lab", "status", "reason", "notes", "flags", *cell_ids, "autograded_score", "autograded_max", "total_score", "seconds"])
+        writer.writerow(["student", "lab", "status", "reason", "notes", "flags", *cell_ids, "autograded_score", "autograded_max",
+                         "total_score", "total_max", "seconds"])
         for student in sorted(outcomes):
             sub, outcome = scores.get(student), outcomes[student]
             values = [_csv_score(sub.cells[g]) if sub and g in sub.cells else "" for g in cell_ids]
             auto = sub.autograded_score() if sub else 0.0
             auto_max = sub.autograded_max() if sub else 0.0
-            total = sum(c.score for c in sub.cells.values()) if sub else 0.0
+            total = sub.total_score() if sub else 0.0
+            total_max = sub.total_max() if sub else 0.0
             quoted = [escape_controls(text) for text in
                       (student, outcome.status, outcome.reason, "; ".join(outcome.notes), "; ".join(outcome.flags))]
             writer.writerow([quoted[0], lab, *quoted[1:], *values, f"{auto:g}", f"{auto_max:g}", f"{total:g}",
-                             f"{outcome.seconds:.1f}"])
+                             f"{total_max:g}", f"{outcome.seconds:.1f}"])
 
 
 def _split_joined(text: str | None) -> list[str]:
@@ -179,11 +183,14 @@ def plot_histogram(path: Path, lab: str, scores: dict[str, SubmissionScores], st
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    totals = [sum(c.score for c in scores[s].cells.values()) if s in scores else 0.0 for s in students]
-    max_total = max((sum(c.max_score for c in s.cells.values()) for s in scores.values()), default=1.0)
+    totals = [scores[s].total_score() if s in scores else 0.0 for s in students]
+    max_total = max((s.total_max() for s in scores.values()), default=1.0)
+    max_bonus = max((s.bonus_max() for s in scores.values()), default=0.0)
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.hist(totals, bins=min(20, max(5, len(totals))), range=(0, max_total), color="#4C72B0", edgecolor="white")
-    ax.set_xlabel(f"total score (points, out of {max_total:g}; manual answers count once graded)")
+    ax.hist(totals, bins=min(20, max(5, len(totals))), range=(0, max_total + max_bonus), color="#4C72B0",
+            edgecolor="white")
+    out_of = f"{max_total:g} + {max_bonus:g} bonus" if max_bonus else f"{max_total:g}"
+    ax.set_xlabel(f"total score (points, out of {out_of}; manual answers count once graded)")
     ax.set_ylabel("students")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of students
     ax.set_title(f"{lab}: score distribution ({len(totals)} submissions)")

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: nbgrader,deletable,editable,tags,-all
+#     cell_metadata_filter: nbgrader,efficient_ai,deletable,editable,tags,-all
 #     text_representation:
 #       extension: .py
 #       format_name: percent
