@@ -10,6 +10,8 @@ that ``course.nbgrader_run`` adds (no PYTHONPATH, no EFFICIENT_AI_REPO).
 """
 from __future__ import annotations
 
+import copy
+import csv
 import json
 import os
 import subprocess
@@ -20,11 +22,22 @@ import pytest
 from fixture_lab import LAB, built_root  # noqa: E402
 
 from course.nbgrader_ext import GRADING_REPORT, hidden_test_lines
-from course.nbgrader_run import make_course_dir
-from course.notebooks import cells_by_grade_id, make_submission, read_notebook, replace_cell_source, write_notebook
+from course.nbgrader_run import db_url_for, make_course_dir, read_scores
+from course.notebooks import (
+    BONUS_POINTS,
+    COURSE_METADATA,
+    cell_points,
+    cells_by_grade_id,
+    make_submission,
+    read_notebook,
+    replace_cell_source,
+    write_notebook,
+)
 
 CONFIG_FAILURE = "Exception while loading config file"
 TAMPERED = "q1_1_add_tests"
+BONUS_TEST = "b1_1_square_tests"  # the fixture's bonus question (1 point on top of the core 7)
+CORE_ANSWERS = {"q1_1_add", "q1_2_scale", "q1_3_answer"}
 LOGS: dict[str, str] = {}  # what each nbgrader command of the course_dir fixture wrote to stderr
 
 
@@ -60,6 +73,14 @@ def course_dir(tmp_path_factory) -> Path:
     # mallory edited a locked test cell: the one change nbgrader must warn about (and undo).
     tampered = replace_cell_source(reference, TAMPERED, cells_by_grade_id(reference)[TAMPERED].source + "\npass")
     write_notebook(tampered, course / "submitted" / "mallory" / LAB / f"{LAB}.ipynb")
+    # eve gave the bonus test 50 points in her notebook's metadata (nbgrader's and the course's): she gains nothing.
+    greedy = copy.deepcopy(reference)
+    bonus_cell = cells_by_grade_id(greedy)[BONUS_TEST]
+    bonus_cell.metadata["nbgrader"]["points"] = 50
+    bonus_cell.metadata[COURSE_METADATA] = {BONUS_POINTS: 50}
+    write_notebook(greedy, course / "submitted" / "eve" / LAB / f"{LAB}.ipynb")
+    # bob left the bonus question as released: its test fails.
+    write_notebook(make_submission(release, source, CORE_ANSWERS), course / "submitted" / "bob" / LAB / f"{LAB}.ipynb")
     for args in (["generate_assignment", LAB, "--force"], ["autograde", LAB, "--force"],
                  ["generate_feedback", LAB, "--force"]):
         result = nbgrader(course, *args)
@@ -99,6 +120,61 @@ def test_plain_feedback_names_questions_in_its_table_of_contents(course_dir):
         assert f'">{label}</a>' in toc, f"feedback's table of contents must name each question ({label!r}):\n{toc}"
     assert ">Test cell<" not in toc, f"no bare 'Test cell' links where a question has a name:\n{toc}"
     assert "Score:" in html.split('<div id="toc">', 1)[0], "the page still starts with the notebook's score"
+
+
+def _bonus_grade(course: Path, student: str):
+    from nbgrader.api import Gradebook
+
+    with Gradebook(db_url_for(course)) as gb:
+        grade = gb.find_grade(BONUS_TEST, LAB, LAB, student)
+        return grade.auto_score, grade.extra_credit, grade.max_score, grade.score
+
+
+def test_bonus_points_count_on_top_of_the_core_maximum(course_dir, tmp_path):
+    """nbgrader's own totals (its API, `nbgrader export`) read as the lab states them: out of the core points, a passed
+    bonus test's points on top as extra credit; our read_scores agrees."""
+    from nbgrader.api import Gradebook
+
+    source = read_notebook(course_dir / "source" / LAB / f"{LAB}.ipynb")
+    core = sum(cell_points(c) for c in source.cells if c.metadata.get("nbgrader", {}).get("grade")
+               and not c.metadata["nbgrader"]["grade_id"].startswith("b"))
+    assert core == 7 and cell_points(cells_by_grade_id(source)[BONUS_TEST]) == 1
+    with Gradebook(db_url_for(course_dir)) as gb:
+        assert gb.find_assignment(LAB).max_score == core, "nbgrader's maximum of the lab is its core total"
+        alice = gb.find_submission(LAB, "alice")
+        assert (alice.max_score, alice.score) == (core, 6), "reference: 3 + 2 autograded + 1 bonus (the answer ungraded)"
+    assert _bonus_grade(course_dir, "alice") == (0, 1, 0, 1), "a passed bonus test: its point as extra credit"
+    out = tmp_path / "export.csv"
+    result = nbgrader(course_dir, "export", "--to", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {row["student_id"]: row for row in csv.DictReader(out.open())}
+    assert (float(rows["alice"]["score"]), float(rows["alice"]["max_score"])) == (6, core), rows["alice"]
+    assert (float(rows["bob"]["score"]), float(rows["bob"]["max_score"])) == (5, core), rows["bob"]
+    scores = read_scores(course_dir, LAB)
+    assert (scores["alice"].total_score(), scores["alice"].total_max(), scores["alice"].bonus_max()) == (6, core, 1)
+    assert scores["alice"].cells[BONUS_TEST].max_score == 1 and scores["alice"].cells[BONUS_TEST].bonus
+
+
+def test_bonus_points_come_from_the_course_never_from_the_submission(course_dir):
+    assert _bonus_grade(course_dir, "eve") == (0, 1, 0, 1), (
+        "a student who gives a bonus test 50 points in her notebook's metadata must earn its 1 point")
+    assert read_scores(course_dir, LAB)["eve"].total_score() == 6
+
+
+def test_a_failed_bonus_test_earns_no_extra_credit_and_a_regrade_overwrites_it(course_dir):
+    assert _bonus_grade(course_dir, "bob") == (0, 0, 0, 0), "a failed bonus test earns no extra credit"
+    # bob's bonus answer arrives: a re-grade gives him the point; then mallory's earlier point goes with her answer.
+    source = read_notebook(course_dir / "source" / LAB / f"{LAB}.ipynb")
+    release = read_notebook(course_dir / "release" / LAB / f"{LAB}.ipynb")  # generate_assignment wrote it
+    write_notebook(make_submission(release, source), course_dir / "submitted" / "bob" / LAB / f"{LAB}.ipynb")
+    assert _bonus_grade(course_dir, "mallory")[1] == 1
+    write_notebook(make_submission(release, source, CORE_ANSWERS),
+                   course_dir / "submitted" / "mallory" / LAB / f"{LAB}.ipynb")
+    for student in ("bob", "mallory"):
+        result = nbgrader(course_dir, "autograde", LAB, "--student", student, "--force")
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert _bonus_grade(course_dir, "bob") == (0, 1, 0, 1), "a re-grade that passes the bonus test awards it"
+    assert _bonus_grade(course_dir, "mallory") == (0, 0, 0, 0), "a re-grade that fails it takes the earlier bonus back"
 
 
 def test_nbgrader_stops_when_the_course_settings_cannot_load(course_dir, tmp_path):

@@ -12,7 +12,7 @@ from fixture_lab import FIXTURE, LAB, README, make_root  # noqa: E402
 
 from course import build, check, grade, lint
 from course.nbgrader_run import make_course_dir
-from course.notebooks import make_submission, read_notebook, write_notebook
+from course.notebooks import BONUS_POINTS, COURSE_METADATA, cell_points, make_submission, read_notebook, write_notebook
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +55,18 @@ def test_build_makes_a_self_contained_release(built_root):
     assert "add(-40, 17)" not in text, "hidden tests must be removed from the release"
     lock = (built_root / "labs" / LAB / "grade_ids.lock").read_text()
     assert "q1_1_add_tests" in lock, "build must record the grade ids"
+
+
+def test_build_takes_bonus_points_out_of_nbgraders_maximum(built_root):
+    """The author writes a bonus cell's real points; nbgrader's copy says 0 (the lab is out of its core points) and
+    the course keeps the bonus points beside it."""
+    assert '"grade_id": "b1_1_square_tests", "locked": true, "points": 1' in (built_root / "labs" / LAB / f"{LAB}.py").read_text()
+    for tree in ("source", "release"):
+        nb = read_notebook(built_root / tree / LAB / f"{LAB}.ipynb")
+        bonus = cell(nb, "b1_1_square_tests")
+        assert bonus.metadata.nbgrader["points"] == 0 and bonus.metadata[COURSE_METADATA] == {BONUS_POINTS: 1}, tree
+        assert cell_points(bonus) == 1 and cell_points(cell(nb, "q1_1_add_tests")) == 3
+        assert sum(c.metadata.nbgrader.get("points", 0) for c in nb.cells if "nbgrader" in c.metadata) == 7, tree
 
 
 def test_build_twice_changes_nothing(root):
@@ -111,8 +123,11 @@ def test_lint_flags_stale_source_and_release(root):
         (lambda nb: setattr(cell(nb, "q1_1_add_tests"), "source", cell(nb, "q1_1_add_tests").source + "\nadd(1, 1)"), "(q1_1_add_tests): test cell ends in an expression"),
         (lambda nb: setattr(cell(nb, "q1_2_scale"), "source", cell(nb, "q1_2_scale").source.replace("    ### END SOLUTION", "")), "(q1_2_scale): unbalanced '### BEGIN SOLUTION'"),
         (lambda nb: setattr(cell(nb, "q1_2_scale"), "source", cell(nb, "q1_2_scale").source.replace("q1_1", "x")), None),
+        (lambda nb: cell(nb, "b1_1_square_tests").metadata.nbgrader.update(points=1), "(b1_1_square_tests): bonus cell must have nbgrader points 0"),
+        (lambda nb: cell(nb, "q1_2_scale_tests").metadata.update({COURSE_METADATA: {BONUS_POINTS: 2}}), "(q1_2_scale_tests): only bonus cells"),
     ],
-    ids=["schema", "duplicate-id", "no-points", "heading-vs-metadata", "id-names-no-question", "table-row", "table-total", "bare-expression", "unbalanced-markers", "harmless-edit"],
+    ids=["schema", "duplicate-id", "no-points", "heading-vs-metadata", "id-names-no-question", "table-row", "table-total",
+         "bare-expression", "unbalanced-markers", "harmless-edit", "bonus-in-nbgrader-points", "bonus-on-core-cell"],
 )
 def test_each_lint_rule_names_the_cell(root, edit, expected):
     edit_source(root, edit)
@@ -194,6 +209,7 @@ def test_check_passes_reference_full_and_blank_zero(root, capsys):
     out = capsys.readouterr().out
     assert "check lab0: OK" in out
     assert "Question 1.1          3          3         3      0" in out, out
+    assert "Bonus 1.1             1          1         1      0" in out, "the reference earns the bonus, the blank not"
 
 
 def test_check_fails_when_a_hidden_test_rejects_the_reference_or_passes_a_blank(root):
@@ -226,6 +242,10 @@ def test_grade_continues_past_broken_submissions(built_root, tmp_path):
     csv_text = (course / "grading" / LAB / "grades.csv").read_text()
     assert csv_text.splitlines()[0].startswith("student,lab,status,reason,")
     assert "\ncy,lab0,failed," in csv_text, "a broken submission still gets a row with its reason"
+    rows = {row["student"]: row for row in csv.DictReader(csv_text.splitlines())}
+    totals = {k: rows["ada"][k] for k in ("b1_1_square_tests", "autograded_score", "autograded_max", "total_score", "total_max")}
+    assert totals == {"b1_1_square_tests": "1", "autograded_score": "6", "autograded_max": "5", "total_score": "6",
+                      "total_max": "7"}, f"scores include the bonus, maxima are the core points as in nbgrader: {totals}"
     assert (course / "grading" / LAB / "scores.png").read_bytes()[:4] == b"\x89PNG"
 
 
