@@ -490,6 +490,8 @@ def record_zero(course_root: Path, lab: str, student: str, staged_folder: Path |
     def zero(grade) -> bool:
         grade.auto_score = 0
         grade.needs_manual_grade = False
+        if _autograded(grade):
+            grade.extra_credit = None  # an earlier run's bonus points (a TA's extra credit on an answer is kept)
         return True
 
     _edit_grades(course_root, lab, student, zero, create=True, **extra)
@@ -512,6 +514,12 @@ def clear_autograded_scores(course_root: Path, lab: str, student: str) -> bool:
         return had_score
 
     return any(_edit_grades(course_root, lab, student, clear, create=False))
+
+
+def _autograded(grade) -> bool:
+    """A gradebook grade of an autograded test cell (code, not a solution cell): its extra credit, a bonus test's
+    points, is the grader's (``AwardBonusPoints``), never a TA's."""
+    return grade.cell.cell_type == "code" and grade.name not in {cell.name for cell in grade.cell.notebook.solution_cells}
 
 
 def _edit_grades(course_root: Path, lab: str, student: str, edit, create: bool, **submission_fields) -> list:

@@ -17,14 +17,14 @@ from lab1_redteam import ALL, CASES, LAB, write_case
 from course.feedback import generate_feedback
 from course.grade import grade_lab
 from course.nbgrader_run import make_course_dir, read_scores
-from course.notebooks import grade_id, is_autograded_test, make_submission, read_notebook, write_notebook
+from course.notebooks import cell_points, grade_id, is_autograded_test, make_submission, read_notebook, write_notebook
 from course.paths import REPO_ROOT
 from course.sandbox import unavailable_reason
 
 SOURCE = read_notebook(REPO_ROOT / "source" / LAB / f"{LAB}.ipynb")
 RELEASE = read_notebook(REPO_ROOT / "release" / LAB / f"{LAB}.ipynb")
 REFERENCE = make_submission(RELEASE, SOURCE)
-TEST_POINTS = {grade_id(c): float(c.metadata["nbgrader"]["points"]) for c in SOURCE.cells if is_autograded_test(c)}
+TEST_POINTS = {grade_id(c): cell_points(c) for c in SOURCE.cells if is_autograded_test(c)}  # bonus tests: their bonus
 PARTIAL_ANSWERED = {"q1_1_gemm", "q1_2_latency", "q2_1_1_intensity", "q3_1_1_sdpa"}
 PARTIAL_ZERO = {"q1_3_gemm_mac_tests", "q1_4_gemm_io_tests", "q2_1_2_threshold_tests", "q2_2_intensity_tests",
                 "q3_1_2_attn_mac_tests", "b3_1_attn_module_mac_tests", "q3_2_attn_io_tests", "b3_2_attn_module_io_tests",
@@ -95,7 +95,7 @@ def test_case_scores_exactly(graded, case):
 
 
 def test_honest_students_score_right_and_are_untouched_by_the_others(graded):
-    assert autograded_scores(graded["after"], "honest_full") == expected_scores(set()), "the reference earns 57/57"
+    assert autograded_scores(graded["after"], "honest_full") == expected_scores(set()), "the reference earns every autograded point, 47 + 10 bonus"
     assert autograded_scores(graded["after"], "honest_partial") == expected_scores(PARTIAL_ZERO)
     for student, scores in graded["before"].items():
         after = {gid: cell.score for gid, cell in graded["after"][student].cells.items()}

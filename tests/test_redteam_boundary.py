@@ -11,7 +11,7 @@ import pytest
 
 from course.grade import grade_lab
 from course.nbgrader_run import make_course_dir
-from course.notebooks import grade_id, is_autograded_test, make_submission, read_notebook, write_notebook
+from course.notebooks import cell_points, grade_id, is_autograded_test, make_submission, read_notebook, write_notebook
 from course.paths import REPO_ROOT
 
 LABS = ["lab2", "lab3"]
@@ -26,7 +26,7 @@ def lab_cases(lab: str) -> list:
 
 def autograded_points(lab: str) -> dict[str, float]:
     source = read_notebook(REPO_ROOT / "source" / lab / f"{lab}.ipynb")
-    return {grade_id(c): float(c.metadata["nbgrader"]["points"]) for c in source.cells if is_autograded_test(c)}
+    return {grade_id(c): cell_points(c) for c in source.cells if is_autograded_test(c)}
 
 
 @pytest.fixture(scope="module", params=LABS)

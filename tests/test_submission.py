@@ -348,3 +348,23 @@ def test_grading_a_class_from_staged_copies(course, notebooks):
     assert rows["missing"].startswith(f"missing,{LAB},failed,{NO_NOTEBOOK},ignored extra files: notes.txt,,")
     assert ",q1_1_add: import inspect," in rows["renamed"]
     assert read_scores(course, LAB).keys() == expected.keys(), "every student is in the gradebook"
+
+
+def test_nothing_to_grade_takes_back_an_earlier_bonus(course):
+    """A submission recorded as zero loses the bonus test points an earlier run gave it; a TA's extra credit on a
+    written answer stays."""
+    from nbgrader.api import Gradebook
+
+    from course.nbgrader_run import db_url_for
+    from course.submission import record_zero
+
+    grade.prepare_gradebook(course, LAB)
+    record_zero(course, LAB, "zed")
+    with Gradebook(db_url_for(course)) as gb:
+        gb.find_grade("b1_1_square_tests", LAB, LAB, "zed").extra_credit = 1.0  # what an earlier honest run recorded
+        gb.find_grade("q1_3_answer", LAB, LAB, "zed").extra_credit = 0.5  # what a TA entered
+        gb.db.commit()
+    record_zero(course, LAB, "zed")
+    cells = read_scores(course, LAB)["zed"].cells
+    assert cells["b1_1_square_tests"].score == 0 and cells["b1_1_square_tests"].max_score == 1
+    assert cells["q1_3_answer"].extra_credit == 0.5

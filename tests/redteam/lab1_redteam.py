@@ -18,7 +18,7 @@ from typing import Callable
 
 import nbformat
 
-from course.notebooks import grade_id, replace_cell_source
+from course.notebooks import BONUS_POINTS, COURSE_METADATA, grade_id, replace_cell_source
 
 ALL = "all"
 LAB = "lab1"
@@ -577,6 +577,9 @@ def edited_test(reference):
         if grade_id(cell) == "q1_4_gemm_io_tests":
             cell.source = "pass"
             cell.metadata["nbgrader"]["points"] = 50
+        if grade_id(cell) == "b3_1_attn_module_mac_tests":  # a bonus test's points live in two places: both inflated
+            cell.metadata["nbgrader"]["points"] = 50
+            cell.metadata[COURSE_METADATA] = {BONUS_POINTS: 50}
     return {f"{LAB}.ipynb": nb}
 
 
@@ -606,7 +609,8 @@ FAULTY = [
     RedTeamCase("bad10_reordered", "the gemm_io question was moved before the gemm_mac question",
                 swapped("q1_3_gemm_mac", "q1_4_gemm_io")),
     RedTeamCase("bad11_kernelspec", "the kernelspec was changed to another language", other_kernel),
-    RedTeamCase("bad12_edited_test", "the gemm_io test was replaced by `pass` and given 50 points (answer wrong)",
+    RedTeamCase("bad12_edited_test", "the gemm_io test was replaced by `pass` and given 50 points (answer wrong), a "
+                "bonus test given 50 points in its metadata",
                 edited_test, {"q1_4_gemm_io_tests"}),
     RedTeamCase("bad13_no_notebook", "the folder holds no notebook", lambda ref: {"README.txt": "forgot to attach"}, ALL),
 ]
