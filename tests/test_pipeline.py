@@ -350,3 +350,21 @@ def test_feedback_waits_for_written_answers_to_be_graded(built_root, tmp_path, c
     rows = {row["student"]: row for row in csv.DictReader(csv_path.open())}
     assert sorted(rows) == ["alice", "bob"], f"grading one student must keep the others' rows: {sorted(rows)}"
     assert rows["alice"]["q1_3_answer"] == "2" and rows["alice"]["status"] == "ok", rows["alice"]
+
+
+def test_reports_count_a_tas_extra_credit_on_a_written_bonus_answer():
+    """A written bonus answer is out of 0 in nbgrader; the TA types its points as extra credit (AwardBonusPoints gave
+    it an automatic 0, so nbgrader counts that extra credit): the table, totals and grades.csv count it as bonus."""
+    from course.nbgrader_run import CellScore, SubmissionScores
+    from course.report import question_scores
+
+    def written(extra, pending=False):
+        return CellScore("b2_5_answer", max_score=2.0, auto_score=0.0, manual_score=None, needs_manual_grade=pending,
+                         autograded=False, extra_credit=extra, bonus=True)
+
+    core = CellScore("q1_1_add_tests", 3.0, 3.0, None, False, True)
+    graded = SubmissionScores("ada", {"q1_1_add_tests": core, "b2_5_answer": written(1.5)})
+    assert question_scores(graded)["b2_5"].cell() == "+1.5/2m"
+    assert (graded.total_score(), graded.total_max(), graded.bonus_max()) == (4.5, 3.0, 2.0)
+    waiting = SubmissionScores("bob", {"q1_1_add_tests": core, "b2_5_answer": written(None, pending=True)})
+    assert question_scores(waiting)["b2_5"].cell() == "+2?"
