@@ -41,7 +41,8 @@ try:
     from course.feedback import TEMPLATES_DIR, toc_label
     from course.paths import COURSE_ID
     from course.nbgrader_ext import (
-        AwardBonusPoints, DropTestResults, GuardedExecute, NeutraliseCellMetadata, QuietOverwriteCells, StripHiddenTests,
+        AwardBonusPoints, DropTestResults, GuardedExecute, NeutraliseCellMetadata, QuietOverwriteCells, ShowBonusPoints,
+        StripHiddenTests,
     )
     from course.sanitize import SanitizeNotebook, clean_html, markdown2html
     from course.sandbox import configure_sandbox
@@ -90,7 +91,7 @@ c.Autograde.autograde_preprocessors = [
 ]
 
 # Feedback never shows hidden test source, nor what test cells printed.
-c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, StripHiddenTests, SanitizeNotebook]
+c.GenerateFeedback.preprocessors = [GetGrades, ShowBonusPoints, CSSHTMLHeaderPreprocessor, StripHiddenTests, SanitizeNotebook]
 
 # Nothing a student writes runs script in a browser (course/sanitize.py): SanitizeNotebook, last in autograde,
 # makes the autograded notebook safe; every HTML export (the formgrader's page of a submission, feedback) runs it

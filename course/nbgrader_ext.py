@@ -126,10 +126,36 @@ class AwardBonusPoints(NbGraderPreprocessor):
         return float(earned or 0.0)
 
     def _source_notebook(self, info) -> Path | None:
-        course = self.config.get("CourseDirectory", {})
-        root = Path(course.get("root") or os.getcwd())
-        path = root / (course.get("source_directory") or "source") / str(info["assignment"]) / f"{info['notebook']}.ipynb"
-        return path if path.is_file() else None
+        return course_source_notebook(self.config, info)
+
+
+def course_source_notebook(config, info) -> Path | None:
+    """The course's instructor notebook (``source/<lab>/<notebook>.ipynb``) of the notebook nbgrader is processing
+    (``info``: ``resources["nbgrader"]``); None when the course folder has none."""
+    course = config.get("CourseDirectory", {})
+    root = Path(course.get("root") or os.getcwd())
+    path = root / (course.get("source_directory") or "source") / str(info["assignment"]) / f"{info['notebook']}.ipynb"
+    return path if path.is_file() else None
+
+
+class ShowBonusPoints(NbGraderPreprocessor):
+    """In feedback, a bonus cell reads "Score: 5 / 5", not "/ 0": after nbgrader's ``GetGrades`` (which shows each
+    cell out of its nbgrader points, 0 for bonus cells), its points become the bonus points of the course's source
+    notebook (never the submission's metadata). The page's total stays nbgrader's: out of the core maximum, bonus
+    included in the score."""
+
+    def preprocess(self, nb, resources):
+        path = course_source_notebook(self.config, resources["nbgrader"])
+        try:
+            bonus = bonus_points(read_notebook(path)) if path else {}
+        except NotebookError as exc:
+            self.log.error("Bonus cells shown out of 0 points: %s", exc)
+            bonus = {}
+        for cell in nb.cells:
+            meta = cell.metadata.get("nbgrader")
+            if isinstance(meta, dict) and meta.get("grade_id") in bonus:
+                meta["points"] = bonus[meta["grade_id"]]
+        return nb, resources
 
 
 def hidden_test_lines(source: str) -> list[str]:

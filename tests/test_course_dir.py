@@ -120,6 +120,9 @@ def test_plain_feedback_names_questions_in_its_table_of_contents(course_dir):
         assert f'">{label}</a>' in toc, f"feedback's table of contents must name each question ({label!r}):\n{toc}"
     assert ">Test cell<" not in toc, f"no bare 'Test cell' links where a question has a name:\n{toc}"
     assert "Score:" in html.split('<div id="toc">', 1)[0], "the page still starts with the notebook's score"
+    bonus_entry = toc.split('">Bonus 1.1: tests</a>', 1)[1].split("</li>", 1)[0]
+    assert "Score: 1.0 / 1.0" in bonus_entry, (
+        f"a passed bonus test reads out of its bonus points (nbgrader's own points are 0): {bonus_entry!r}")
 
 
 def _bonus_grade(course: Path, student: str):
