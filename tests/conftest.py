@@ -37,6 +37,7 @@ MODULE_MARKERS = {
     "test_labs": ("slow",),
     "test_pipeline": ("slow",),
     "test_redteam": ("sandbox", "slow"),
+    "test_redteam_controls": ("sandbox", "slow"),
     "test_redteam_boundary": ("slow",),
     "test_sandbox": ("sandbox", "slow"),
     "test_scale": ("postgres", "slow"),
@@ -47,9 +48,9 @@ MODULE_MARKERS = {
 # with pytest-xdist, one whole module per worker at a time (``--dist loadfile``): starting the longest ones first
 # keeps the workers busy until the end instead of leaving one long module running alone.
 LONGEST_MODULES_S = {
-    "test_redteam": 1100, "test_labs": 900, "test_scale": 430, "test_pipeline": 290, "test_grading_routes": 200,
-    "test_sandbox": 180, "test_guard": 160, "test_redteam_boundary": 140, "test_submission": 100,
-    "test_browser": 100, "test_deploy": 90,
+    "test_redteam": 1100, "test_labs": 500, "test_scale": 430, "test_pipeline": 290, "test_grading_routes": 200,
+    "test_sandbox": 180, "test_guard": 160, "test_redteam_boundary": 140, "test_redteam_controls": 110,
+    "test_submission": 100, "test_browser": 100, "test_deploy": 90,
 }
 
 

@@ -2,64 +2,44 @@
 
 Every case of ``tests/redteam/lab1_redteam.py`` must end with its exact per-cell scores (zero where it cheats or
 breaks, full marks on its honest questions); the honest students' grades must come out right and stay unchanged
-after a vandal is graded in the same course folder; feedback must not carry hidden test source; and, as a
-control, a cheat on a kernel-side rule earns its points with the grading guard and the sandbox off, while cheats on
-correctness verdicts (decided in the grader) still score zero there.
+after a vandal is graded in the same course folder; feedback must not carry hidden test source. The controls (the
+same cheats graded with the guard and the sandbox off) are tests/test_redteam_controls.py: a module of their own, so
+that the two test processes of the suite can grade them beside this one.
 """
 from __future__ import annotations
 
-import os
-from contextlib import contextmanager
-
 import pytest
-from lab1_redteam import ALL, CASES, LAB, write_case
+from lab1_redteam import (
+    CASES,
+    GRADING_ENV,
+    LAB,
+    REFERENCE,
+    RELEASE,
+    SOURCE,
+    TEST_POINTS,
+    autograded_scores,
+    environment,
+    expected_scores,
+    write_case,
+)
 
 from course.feedback import generate_feedback
 from course.grade import grade_lab
 from course.nbgrader_run import make_course_dir, read_scores
-from course.notebooks import cell_points, grade_id, is_autograded_test, make_submission, read_notebook, write_notebook
+from course.notebooks import make_submission, write_notebook
 from course.paths import REPO_ROOT
 from course.sandbox import unavailable_reason
 
-SOURCE = read_notebook(REPO_ROOT / "source" / LAB / f"{LAB}.ipynb")
-RELEASE = read_notebook(REPO_ROOT / "release" / LAB / f"{LAB}.ipynb")
-REFERENCE = make_submission(RELEASE, SOURCE)
-TEST_POINTS = {grade_id(c): cell_points(c) for c in SOURCE.cells if is_autograded_test(c)}  # bonus tests: their bonus
 PARTIAL_ANSWERED = {"q1_1_gemm", "q1_2_latency", "q2_1_1_intensity", "q3_1_1_sdpa"}
 PARTIAL_ZERO = {"q1_3_gemm_mac_tests", "q1_4_gemm_io_tests", "q2_1_2_threshold_tests", "q2_2_intensity_tests",
                 "q3_1_2_attn_mac_tests", "b3_1_attn_module_mac_tests", "q3_2_attn_io_tests", "b3_2_attn_module_io_tests",
                 "q3_4_2_intensity_tests", "q3_4_3_intensity_tests", "q4_3_1_gelu_tests"}
 VANDAL = "zz_vandal"
-# Short cell limit so the endless loop costs little; every honest Lab 1 cell takes a few seconds at quick scale.
-GRADING_ENV = {"EFFICIENT_AI_CELL_TIMEOUT_S": "45", "EFFICIENT_AI_SANDBOX": "on"}
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None,
     reason=f"the red team needs the grading sandbox: {unavailable_reason()} (scripts/test.sh installs bubblewrap)",
 )
-
-
-@contextmanager
-def environment(values: dict[str, str]):
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def expected_scores(zero) -> dict[str, float]:
-    return {gid: 0.0 if zero == ALL or gid in zero else points for gid, points in TEST_POINTS.items()}
-
-
-def autograded_scores(scores, student: str) -> dict[str, float]:
-    cells = scores[student].cells if student in scores else {}
-    return {gid: cells[gid].score if gid in cells else None for gid in TEST_POINTS}
 
 
 @pytest.fixture(scope="module")
@@ -130,29 +110,3 @@ def test_feedback_never_shows_hidden_tests(graded):
     control = (graded["course"] / "autograded" / smugglers[0].student / LAB / f"{LAB}.ipynb").read_text()
     assert smugglers[0].feedback_must_not_contain[0] in control, (
         "control: the smuggler did copy hidden test source into its outputs before feedback was made")
-
-
-# Controls, graded with the grading guard and the sandbox off. A rule about how an answer was computed is measured in
-# the kernel (best effort): without the guard, rebinding its recorder earns the points. Every correctness verdict is
-# decided in the grader: without the guard, cheats on those still score zero where they aim.
-GUARD_ONLY = ["adv01_global_recorder"]
-BOUNDARY_ALONE = ["adv05_math_isclose", "adv09_input_transformer", "adv26_boundary_hooks"]
-
-
-def test_controls_without_the_guard(tmp_path):
-    course = make_course_dir(tmp_path / "course", [LAB], REPO_ROOT)
-    cases = [case for case in CASES if case.student in GUARD_ONLY + BOUNDARY_ALONE]
-    for case in cases:
-        write_case(case, REFERENCE, course / "submitted" / case.student / LAB)
-    with environment({**GRADING_ENV, "EFFICIENT_AI_GUARD": "off", "EFFICIENT_AI_SANDBOX": "off"}):
-        _, scores = grade_lab(course, LAB, progress=False, workers=2)
-    for case in cases:
-        got = autograded_scores(scores, case.student)
-        if case.student in GUARD_ONLY:
-            assert got == expected_scores(set()), (
-                f"control: without the guard {case.student}'s cheat on a kernel-side rule must earn every point "
-                f"(else the red-team case proves nothing), got {got}")
-        else:
-            assert got == expected_scores(case.zero), (
-                f"without the guard {case.student} must still score exactly as with it: the tests it attacks run in "
-                f"the grader; got {got}")

@@ -13,12 +13,24 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
 import nbformat
 
-from course.notebooks import BONUS_POINTS, COURSE_METADATA, grade_id, replace_cell_source
+from course.notebooks import (
+    BONUS_POINTS,
+    COURSE_METADATA,
+    cell_points,
+    grade_id,
+    is_autograded_test,
+    make_submission,
+    read_notebook,
+    replace_cell_source,
+)
+from course.paths import REPO_ROOT
 
 ALL = "all"
 LAB = "lab1"
@@ -625,3 +637,39 @@ def write_case(case: RedTeamCase, reference, folder) -> None:
         if isinstance(content, nbformat.NotebookNode):
             content = nbformat.writes(content)
         (folder / name).write_text(content if isinstance(content, str) else json.dumps(content))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the red-team tests grade and expect (tests/test_redteam.py, tests/test_redteam_controls.py)
+SOURCE = read_notebook(REPO_ROOT / "source" / LAB / f"{LAB}.ipynb")
+RELEASE = read_notebook(REPO_ROOT / "release" / LAB / f"{LAB}.ipynb")
+REFERENCE = make_submission(RELEASE, SOURCE)
+TEST_POINTS = {grade_id(c): cell_points(c) for c in SOURCE.cells if is_autograded_test(c)}  # bonus tests: their bonus
+# Short cell limit so the endless loop costs little; every honest Lab 1 cell takes a few seconds at quick scale.
+GRADING_ENV = {"EFFICIENT_AI_CELL_TIMEOUT_S": "45", "EFFICIENT_AI_SANDBOX": "on"}
+
+
+@contextmanager
+def environment(values: dict[str, str]):
+    """``os.environ`` updated with ``values`` inside the block (grading subprocesses inherit it)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def expected_scores(zero) -> dict[str, float]:
+    """Every autograded test cell's points, 0 for the grade ids in ``zero`` (or everywhere for ``ALL``)."""
+    return {gid: 0.0 if zero == ALL or gid in zero else points for gid, points in TEST_POINTS.items()}
+
+
+def autograded_scores(scores, student: str) -> dict[str, float | None]:
+    """A student's score per autograded test cell (None where the gradebook has none)."""
+    cells = scores[student].cells if student in scores else {}
+    return {gid: cells[gid].score if gid in cells else None for gid in TEST_POINTS}
