@@ -1816,6 +1816,7 @@ def plot_roofline(gpu_name, peak_tflops, peak_bandwidth_tb_s, operations, title=
     Returns:
         tuple: ``(fig, ax)``.
     """
+    # Over 60 lines with its docstring: one figure drawn top to bottom (about 50 lines of code), kept in one piece.
     if not isinstance(operations, Mapping):
         raise TypeError("operations must be a dict: name -> intensity (FLOP/byte) or (intensity, TFLOP/s)")
     peak, bandwidth = float(peak_tflops), float(peak_bandwidth_tb_s)
@@ -2192,6 +2193,8 @@ def plot_trace_timeline(prof_or_trace_path, max_rows=12, title=None, max_depth=2
         tuple: ``(fig, ax)``; x axis is time since the first drawn event in µs (ms when the span exceeds
         10 ms).
     """
+    # Over 60 lines with its docstring: one figure drawn top to bottom; reading the trace and merging short events
+    # are the helpers above (_drawable_trace_events, _merge_short_events), tested on their own.
     from matplotlib.patches import Patch
 
     drawable, steps = _drawable_trace_events(_load_trace(prof_or_trace_path))
