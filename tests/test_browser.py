@@ -185,6 +185,11 @@ def test_ta_grades_by_hand_and_generates_feedback_in_the_formgrader(graded, serv
     open_and_settle(browser, server.url(f"/formgrader/gradebook/{LAB}/{LAB}"), "Submission")
     rows = browser.find_elements("css selector", "table tbody tr")
     assert len(rows) == 2, f"the gradebook must list both submissions, shows {len(rows)} rows"
+    # Scores read as the lab states them: out of the core points, bonus on top (ada: 3 + 2 + the 1 bonus point, her
+    # written answer not graded yet; the fixture lab is out of 7 + 1 bonus).
+    texts = [row.text for row in rows]
+    assert any("6 / 7" in text for text in texts) and all(" / 7" in text for text in texts), (
+        f"the formgrader must show each submission out of the core 7 points, bonus included in the score: {texts}")
 
     open_and_settle(browser, server.url(f"/formgrader/submissions/{submission_id(course, 'ada')}/"), "Question 1.3")
     from selenium.webdriver.common.keys import Keys
