@@ -90,13 +90,13 @@ def test_failures_and_repairs_are_explained_to_the_ta(graded):
     for student in ("bad02_os_exit", "bad03_segfault"):
         text = f"{outcomes[student].reason} {' '.join(outcomes[student].notes)}"
         assert "kernel died" in text, f"{student}: the reason must say the kernel died, got {outcomes[student]}"
-    for student in ("bad06_truncated", "bad13_no_notebook"):
+    for student in ("bad06_truncated", "bad07_no_notebook"):
         assert outcomes[student].status != "ok" and outcomes[student].reason, (
             f"{student} must be recorded as not gradable, with a reason: {outcomes[student]}")
     integrity = " ".join(outcomes["adv05_math_isclose"].notes + [outcomes["adv05_math_isclose"].reason])
     assert "math.isclose" in integrity, f"the TA must see what the guard found: {outcomes['adv05_math_isclose']}"
-    for student in ("bad07_renamed", "bad08_deleted_test", "bad09_duplicated_test", "adv21_edited_utils"):
-        assert outcomes[student].notes, f"{student}: the repair must be noted for the TA, got {outcomes[student]}"
+    assert outcomes["adv21_edited_utils"].notes, (
+        f"adv21_edited_utils: the repair must be noted for the TA, got {outcomes['adv21_edited_utils']}")
 
 
 def test_feedback_never_shows_hidden_tests(graded):

@@ -21,8 +21,6 @@ from typing import Callable
 import nbformat
 
 from course.notebooks import (
-    BONUS_POINTS,
-    COURSE_METADATA,
     cell_points,
     grade_id,
     is_autograded_test,
@@ -549,59 +547,11 @@ BOUNDARY = [
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Faulty submissions: each is graded, with its points so far and a reason
-def dropped(gid: str):
-    def build(reference):
-        nb = copy.deepcopy(reference)
-        nb.cells = [cell for cell in nb.cells if grade_id(cell) != gid]
-        return {f"{LAB}.ipynb": nb}
-    return build
-
-
-def duplicated(gid: str):
-    def build(reference):
-        nb = copy.deepcopy(reference)
-        index = next(i for i, cell in enumerate(nb.cells) if grade_id(cell) == gid)
-        twin = copy.deepcopy(nb.cells[index])
-        twin.pop("id", None)
-        nb.cells.insert(index + 1, nbformat.from_dict(twin))
-        nbformat.validator.normalize(nb)
-        return {f"{LAB}.ipynb": nb}
-    return build
-
-
-def swapped(first: str, second: str):
-    """The answer cell and test cell of two questions moved as blocks: ``second`` now comes first."""
-    def build(reference):
-        nb = copy.deepcopy(reference)
-        ids = [grade_id(cell) for cell in nb.cells]
-        a, b = ids.index(first), ids.index(second)
-        block_b = nb.cells[b:b + 2]
-        del nb.cells[b:b + 2]
-        nb.cells[a:a] = block_b
-        return {f"{LAB}.ipynb": nb}
-    return build
-
-
-def edited_test(reference):
-    nb = replace_cell_source(reference, "q1_4_gemm_io", WRONG_GEMM_IO)
-    for cell in nb.cells:
-        if grade_id(cell) == "q1_4_gemm_io_tests":
-            cell.source = "pass"
-            cell.metadata["nbgrader"]["points"] = 50
-        if grade_id(cell) == "b3_1_attn_module_mac_tests":  # a bonus test's points live in two places: both inflated
-            cell.metadata["nbgrader"]["points"] = 50
-            cell.metadata[COURSE_METADATA] = {BONUS_POINTS: 50}
-    return {f"{LAB}.ipynb": nb}
-
-
-def other_kernel(reference):
-    nb = copy.deepcopy(reference)
-    nb.metadata["kernelspec"] = {"name": "julia-1.9", "display_name": "Julia 1.9", "language": "julia"}
-    return {f"{LAB}.ipynb": nb}
-
-
-
+# Faulty submissions: each is graded, with its points so far and a reason. The repairs of a notebook's structure (a
+# renamed notebook, a deleted, duplicated or moved test cell, another kernelspec, an edited test cell with raised
+# points) are the same staging code for every lab: tests/test_submission.py grades each of them, with exact scores,
+# on the fixture lab, where a grading takes a few seconds instead of half a minute. Here: faults of the running
+# kernel on a real lab, and the two submissions nothing can be graded from.
 FAULTY = [
     RedTeamCase("bad01_endless_loop", "a cell of its own loops forever (cut by the cell time limit)",
                 lambda ref: {f"{LAB}.ipynb": insert_after(ref, "q1_2_latency_tests", "while True:\n    pass\n")}),
@@ -615,16 +565,7 @@ FAULTY = [
                 with_answer("q1_1_gemm", lambda ref: 'raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")\n' + ref),
                 {"q1_1_gemm_tests"}),
     RedTeamCase("bad06_truncated", "truncated JSON", lambda ref: {f"{LAB}.ipynb": notebook_json(ref)[:5000]}, ALL),
-    RedTeamCase("bad07_renamed", "the notebook was renamed by a download", lambda ref: {f"{LAB} (1).ipynb": ref}),
-    RedTeamCase("bad08_deleted_test", "the gemm_mac test cell was deleted", dropped("q1_3_gemm_mac_tests")),
-    RedTeamCase("bad09_duplicated_test", "the gemm_io test cell appears twice", duplicated("q1_4_gemm_io_tests")),
-    RedTeamCase("bad10_reordered", "the gemm_io question was moved before the gemm_mac question",
-                swapped("q1_3_gemm_mac", "q1_4_gemm_io")),
-    RedTeamCase("bad11_kernelspec", "the kernelspec was changed to another language", other_kernel),
-    RedTeamCase("bad12_edited_test", "the gemm_io test was replaced by `pass` and given 50 points (answer wrong), a "
-                "bonus test given 50 points in its metadata",
-                edited_test, {"q1_4_gemm_io_tests"}),
-    RedTeamCase("bad13_no_notebook", "the folder holds no notebook", lambda ref: {"README.txt": "forgot to attach"}, ALL),
+    RedTeamCase("bad07_no_notebook", "the folder holds no notebook", lambda ref: {"README.txt": "forgot to attach"}, ALL),
 ]
 
 CASES = ADVERSARIAL + BOUNDARY + FAULTY
