@@ -6,7 +6,7 @@ the autograded test cells that must score zero (every other autograded test cell
 next to honest students whose grades must not change.
 
 Every adversarial answer is wrong on the question it targets, so that only its cheat could make that question
-pass; ``test_redteam.py`` shows for some of them, as a control, that they do earn the points with the grading guard
+pass; ``test_redteam_controls.py`` shows for some of them, as a control, that they do earn the points with the grading guard
 and the sandbox off (``EFFICIENT_AI_GUARD=off``, ``EFFICIENT_AI_SANDBOX=off``).
 """
 from __future__ import annotations
