@@ -80,16 +80,8 @@ class AwardBonusPoints(NbGraderPreprocessor):
         from nbgrader.api import Gradebook, MissingEntry
 
         info = resources["nbgrader"]
-        source_path = self._source_notebook(info)
-        try:
-            source = read_notebook(source_path) if source_path else None
-        except NotebookError as exc:
-            source = None
-            self.log.error("Bonus points not awarded: %s", exc)
+        source = read_course_source(self.config, info, self.log, "Bonus points not awarded")
         if source is None:
-            if source_path is None:
-                self.log.error("Bonus points not awarded: no instructor notebook for %s/%s in the course's source folder",
-                               info["assignment"], info["notebook"])
             return nb, resources
         bonus = bonus_points(source)
         if not bonus:
@@ -125,17 +117,27 @@ class AwardBonusPoints(NbGraderPreprocessor):
             return 0.0
         return float(earned or 0.0)
 
-    def _source_notebook(self, info) -> Path | None:
-        return course_source_notebook(self.config, info)
 
-
-def course_source_notebook(config, info) -> Path | None:
-    """The course's instructor notebook (``source/<lab>/<notebook>.ipynb``) of the notebook nbgrader is processing
-    (``info``: ``resources["nbgrader"]``); None when the course folder has none."""
+def course_source_folder(config, lab: str) -> Path:
+    """The course's instructor folder of ``lab`` (``source/<lab>/``, as nbgrader's CourseDirectory settings place it)."""
     course = config.get("CourseDirectory", {})
-    root = Path(course.get("root") or os.getcwd())
-    path = root / (course.get("source_directory") or "source") / str(info["assignment"]) / f"{info['notebook']}.ipynb"
-    return path if path.is_file() else None
+    return Path(course.get("root") or os.getcwd()) / (course.get("source_directory") or "source") / str(lab)
+
+
+def read_course_source(config, info, log, failure: str):
+    """The course's instructor notebook (``source/<lab>/<notebook>.ipynb``) of the notebook nbgrader is processing
+    (``info``: ``resources["nbgrader"]``), or None, logged as an error that starts with ``failure``, when the course
+    folder has none or it cannot be read."""
+    path = course_source_folder(config, info["assignment"]) / f"{info['notebook']}.ipynb"
+    if not path.is_file():
+        log.error("%s: no instructor notebook for %s/%s in the course's source folder", failure, info["assignment"],
+                  info["notebook"])
+        return None
+    try:
+        return read_notebook(path)
+    except NotebookError as exc:
+        log.error("%s: %s", failure, exc)
+        return None
 
 
 class ShowBonusPoints(NbGraderPreprocessor):
@@ -145,12 +147,8 @@ class ShowBonusPoints(NbGraderPreprocessor):
     included in the score."""
 
     def preprocess(self, nb, resources):
-        path = course_source_notebook(self.config, resources["nbgrader"])
-        try:
-            bonus = bonus_points(read_notebook(path)) if path else {}
-        except NotebookError as exc:
-            self.log.error("Bonus cells shown out of 0 points: %s", exc)
-            bonus = {}
+        source = read_course_source(self.config, resources["nbgrader"], self.log, "Bonus cells shown out of 0 points")
+        bonus = bonus_points(source) if source is not None else {}
         for cell in nb.cells:
             meta = cell.metadata.get("nbgrader")
             if isinstance(meta, dict) and meta.get("grade_id") in bonus:
@@ -709,10 +707,8 @@ class GuardedExecute(Execute):
 
     def _instructor_folder(self, resources) -> Path | None:
         """The lab's instructor files (``source/<lab>/``): the grader imports ``utils`` from there."""
-        course = self.config.get("CourseDirectory", {})
-        root = Path(course.get("root") or os.getcwd())
         lab = ((resources or {}).get("nbgrader") or {}).get("assignment")
-        folder = root / (course.get("source_directory") or "source") / str(lab) if lab else None
+        folder = course_source_folder(self.config, lab) if lab else None
         return folder if folder is not None and folder.is_dir() else None
 
     # -- the boundary: requests of the grader's tests ------------------------------------------------------------

@@ -237,14 +237,13 @@ def read_scores(course_root: Path, lab: str, students: list[str] | None = None) 
                     bonus_by_notebook[notebook.name] = course_bonus_points(course_root, lab, notebook.name)
                 bonus = bonus_by_notebook[notebook.name]
                 for grade in notebook.grades:
-                    cell = grade.cell
                     scores.cells[grade.name] = CellScore(
                         grade_id=grade.name,
                         max_score=bonus.get(grade.name, float(grade.max_score)),
                         auto_score=None if grade.auto_score is None else float(grade.auto_score),
                         manual_score=None if grade.manual_score is None else float(grade.manual_score),
                         needs_manual_grade=bool(grade.needs_manual_grade),
-                        autograded=cell.cell_type == "code" and not _is_solution_cell(gb, cell),
+                        autograded=is_autograded_grade(grade),
                         extra_credit=None if grade.extra_credit is None else float(grade.extra_credit),
                         bonus=is_bonus_id(grade.name),
                     )
@@ -264,12 +263,8 @@ def course_bonus_points(course_root: Path, lab: str, notebook: str) -> dict[str,
         return {}
 
 
-def _is_solution_cell(gb, grade_cell) -> bool:
-    """Whether a grade cell is also a solution cell (a manually graded answer) in the gradebook."""
-    from nbgrader.api import MissingEntry
-
-    try:
-        gb.find_solution_cell(grade_cell.name, grade_cell.notebook.name, grade_cell.notebook.assignment.name)
-        return True
-    except MissingEntry:
-        return False
+def is_autograded_grade(grade) -> bool:
+    """Whether a gradebook grade is an autograded test cell's: a code grade cell that is not also a solution cell (a
+    manually graded answer). Its extra credit, a bonus test's points, is the grader's (``AwardBonusPoints``)."""
+    cell = grade.cell
+    return cell.cell_type == "code" and cell.name not in {solution.name for solution in cell.notebook.solution_cells}

@@ -28,6 +28,7 @@ from pathlib import Path
 import nbformat
 from nbformat.corpus.words import generate_corpus_id
 
+from .nbgrader_run import db_url_for, is_autograded_grade
 from .notebooks import NB_VERSION, NotebookError, grade_id, nbgrader_meta, read_notebook, write_notebook
 from .paths import COURSE_ID
 from .quoting import escape_controls
@@ -490,7 +491,7 @@ def record_zero(course_root: Path, lab: str, student: str, staged_folder: Path |
     def zero(grade) -> bool:
         grade.auto_score = 0
         grade.needs_manual_grade = False
-        if _autograded(grade):
+        if is_autograded_grade(grade):
             grade.extra_credit = None  # an earlier run's bonus points (a TA's extra credit on an answer is kept)
         return True
 
@@ -516,12 +517,6 @@ def clear_autograded_scores(course_root: Path, lab: str, student: str) -> bool:
     return any(_edit_grades(course_root, lab, student, clear, create=False))
 
 
-def _autograded(grade) -> bool:
-    """A gradebook grade of an autograded test cell (code, not a solution cell): its extra credit, a bonus test's
-    points, is the grader's (``AwardBonusPoints``), never a TA's."""
-    return grade.cell.cell_type == "code" and grade.name not in {cell.name for cell in grade.cell.notebook.solution_cells}
-
-
 def _edit_grades(course_root: Path, lab: str, student: str, edit, create: bool, **submission_fields) -> list:
     """Apply ``edit`` to every grade of one submission in the gradebook and commit; ``edit``'s results.
 
@@ -532,7 +527,6 @@ def _edit_grades(course_root: Path, lab: str, student: str, edit, create: bool, 
     from nbgrader.api import Gradebook, MissingEntry
     from sqlalchemy.exc import SAWarning
 
-    from .nbgrader_run import db_url_for
 
     results = []
     with warnings.catch_warnings(), Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:

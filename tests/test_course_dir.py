@@ -28,6 +28,8 @@ from course.notebooks import (
     COURSE_METADATA,
     cell_points,
     cells_by_grade_id,
+    is_bonus_cell,
+    is_graded,
     make_submission,
     read_notebook,
     replace_cell_source,
@@ -139,8 +141,7 @@ def test_bonus_points_count_on_top_of_the_core_maximum(course_dir, tmp_path):
     from nbgrader.api import Gradebook
 
     source = read_notebook(course_dir / "source" / LAB / f"{LAB}.ipynb")
-    core = sum(cell_points(c) for c in source.cells if c.metadata.get("nbgrader", {}).get("grade")
-               and not c.metadata["nbgrader"]["grade_id"].startswith("b"))
+    core = sum(cell_points(c) for c in source.cells if is_graded(c) and not is_bonus_cell(c))
     assert core == 7 and cell_points(cells_by_grade_id(source)[BONUS_TEST]) == 1
     with Gradebook(db_url_for(course_dir)) as gb:
         assert gb.find_assignment(LAB).max_score == core, "nbgrader's maximum of the lab is its core total"
