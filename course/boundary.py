@@ -39,6 +39,7 @@ from pathlib import Path
 KERNEL_SOURCE = Path(__file__).with_name("boundary_kernel.py")
 HELPERS_TAG = "test-helpers"  # a locked cell with this tag also runs in the grader (helpers hidden tests call)
 REF_TAG = "__efficient_ai_ref__"
+COMM_TARGET = "efficient_ai_boundary"  # the Jupyter comm target of the kernel's server (boundary_kernel.py)
 MAX_ANSWER_BYTES = 4 * 1024 * 1024  # raw bytes of tensors and strings in one answer (ZeroMQ caps a message at 8 MiB)
 # Dunder names a Remote forwards to the kernel; others (``__array__``, ``__length_hint__``...) are probed by
 # libraries and answered locally as missing.
@@ -344,25 +345,30 @@ class GraderSide:
             nodes = tree.body
             linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # kernel_side source
         else:
-            nodes = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
-                     and self._wanted(node)]
+            nodes = [node for node in tree.body if _import_wanted(node, self.needed)]
         if "utils" in sys.modules and self.folder and not _from_folder(sys.modules["utils"], self.folder):
             del sys.modules["utils"]  # another course's copy: this lab's tests use its own instructor files
         with _instructor_imports(self.folder):
             for node in nodes:
                 module = ast.Module(body=[node], type_ignores=[])
                 try:
-                    exec(compile(module, filename, "exec"), self.base)
+                    if self.needed is not None and _is_star_import(node):
+                        self._take_star_import(node.module)
+                    else:
+                        exec(compile(module, filename, "exec"), self.base)
                 except Exception as exc:  # noqa: BLE001 - an import the grader cannot make leaves its names remote
                     self.problems.append(f"{ast.unparse(node)[:80]}: {type(exc).__name__}: {exc}")
                 self.base["kernel_side"] = self.kernel_side  # `from utils import *` brings the local one
 
-    def _wanted(self, node) -> bool:
-        """An import whose names some test cell reads (a ``*`` import always)."""
-        if self.needed is None:
-            return True
-        names = {alias.asname or alias.name.split(".")[0] for alias in node.names}
-        return "*" in names or bool(names & self.needed)
+    def _take_star_import(self, name: str) -> None:
+        """``from <name> import *``, restricted to the names the tests read: a module's lazy attributes the tests do
+        not use (``utils``' Gemma-3 configs import transformers, seconds) are never built here."""
+        module = importlib.import_module(name)
+        exported = getattr(module, "__all__", None)
+        if exported is None:
+            exported = [key for key in vars(module) if not key.startswith("_")]
+        for key in self.needed.intersection(exported):
+            self.base[key] = getattr(module, key)
 
     def run_test_cell(self, source: str, label: str) -> tuple[str, tuple[str, str] | None]:
         """Run one test cell here; what it printed and its error (type name, message), or None when it passed."""
@@ -396,12 +402,12 @@ class GraderSide:
 
 
 def names_tests_read(nb) -> set[str]:
-    """Global names the autograded test cells of ``nb`` read."""
+    """Global names the autograded test cells of ``nb`` read, and the ``test-helpers`` cells (the grader runs both)."""
     from .notebooks import is_autograded_test
 
     needed: set[str] = set()
     for cell in nb.cells:
-        if is_autograded_test(cell):
+        if is_autograded_test(cell) or cell.cell_type == "code" and HELPERS_TAG in (cell.metadata.get("tags") or ()):
             try:
                 needed |= global_reads(compile(cell.source, "<test>", "exec"))
             except SyntaxError:
@@ -445,12 +451,51 @@ def lab_uses_guard_libraries(folder: Path | None) -> bool:
         return True
 
 
-def warm_imports(needed: set[str], folder: Path | None) -> None:
+def _is_star_import(node) -> bool:
+    return isinstance(node, ast.ImportFrom) and bool(node.module) and not node.level and any(
+        alias.name == "*" for alias in node.names)
+
+
+def _import_wanted(node, needed: set[str] | None) -> bool:
+    """Whether the grader makes this statement of a locked cell: an import whose names some test cell reads (a ``*``
+    import always; every import when ``needed`` is None)."""
+    if not isinstance(node, (ast.Import, ast.ImportFrom)):
+        return False
+    if needed is None:
+        return True
+    names = {alias.asname or alias.name.split(".")[0] for alias in node.names}
+    return "*" in names or bool(names & needed)
+
+
+def modules_to_import(locked_cells: list[tuple[str, list[str]]], needed: set[str] | None) -> list[str]:
+    """The modules ``GraderSide`` will import when it takes these locked cells (source and tags of each), in order:
+    their imports that the tests need (every import of a ``test-helpers`` cell). ``torch.nn.functional`` stays
+    dotted; relative imports are left out."""
+    modules: list[str] = []
+    for source, tags in locked_cells:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if not _import_wanted(node, None if HELPERS_TAG in tags else needed):
+                continue
+            if isinstance(node, ast.Import):
+                modules += [alias.name for alias in node.names]
+            elif node.module and not node.level:
+                modules.append(node.module)
+    return list(dict.fromkeys(modules))
+
+
+def warm_imports(needed: set[str], folder: Path | None, modules: list[str] = ()) -> None:
     """Import ahead of the first test cell what the tests will need: numpy and torch, the instructor's ``utils``
-    (from ``folder``) and, where the tests use ``DEVICE`` on a GPU, the GPU's context.
+    (from ``folder``), the other ``modules`` the locked cells import for the tests (``modules_to_import``: transformers
+    takes seconds) and, where the tests use ``DEVICE`` on a GPU, the GPU's context.
 
     Runs in a thread while the kernel starts and runs the setup cells; ``GraderSide`` waits for it before taking the
-    locked cells' imports, so nothing is imported twice. Errors are left for the test cell that needs the module."""
+    locked cells' imports, so nothing is imported twice. A module found in ``folder`` or in the current folder is
+    left to that import (made with the instructor's files first, never a submission's). Errors are left for the test
+    cell that needs the module."""
     if not needed:
         return
     for name in [m for m in ("numpy", "torch") if m in needed or "DEVICE" in needed]:
@@ -465,11 +510,30 @@ def warm_imports(needed: set[str], folder: Path | None) -> None:
             spec.loader.exec_module(module)
         except Exception:  # noqa: BLE001 - the test cell's own import reports the error
             sys.modules.pop("utils", None)
+        else:
+            for name in needed.intersection(getattr(module, "__all__", ())):
+                with contextlib.suppress(Exception):
+                    getattr(module, name)  # a lazy attribute the tests read (a Gemma-3 config) is built here
+    for name in modules:
+        with contextlib.suppress(Exception):
+            if name not in sys.modules and _installed_elsewhere(name.split(".")[0], folder):
+                importlib.import_module(name)
     torch = sys.modules.get("torch")
     if torch is not None and "DEVICE" in needed:
         with contextlib.suppress(Exception):
             if torch.cuda.is_available():
                 torch.empty(1, device="cuda")  # the CUDA context: about a second, paid here rather than in a test
+
+
+def _installed_elsewhere(top: str, folder: Path | None) -> bool:
+    """Whether module ``top`` is found outside ``folder`` and the current folder (an installed library)."""
+    if top in sys.modules:
+        return True
+    spec = importlib.util.find_spec(top)
+    if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+        return spec is not None
+    origin = Path(spec.origin).resolve()
+    return not any(origin.is_relative_to(place.resolve()) for place in (folder, Path.cwd()) if place is not None)
 
 
 def _from_folder(module, folder: Path) -> bool:

@@ -2,8 +2,9 @@
 
 ``course.boundary`` (the grader half, in the nbgrader process) runs every hidden test itself. When a test calls a
 student's function, reads a student's variable or runs a ``kernel_side`` probe, the grader sends one request to
-this server through a Jupyter ``user_expressions`` entry, and reads back one string: a JSON document that holds
-only plain data. The grader decodes that document with its own strict decoder; nothing this server returns is
+this server as a Jupyter comm message (target ``efficient_ai_boundary``; a comm message skips IPython's cell
+machinery, so it costs about half an ``execute_request``), and reads back one string, sent on the same comm: a JSON
+document that holds only plain data. The grader decodes that document with its own strict decoder; nothing this server returns is
 trusted beyond being data, so student code replacing this server only changes the data its own answers produce.
 
 Requests (a pickled tuple, base64 encoded; they come from the trusted grader, so unpickling them is safe here):
@@ -25,7 +26,9 @@ This file must stay self-contained: it runs in the student's kernel, where the `
 """
 
 
-def _efficient_ai_boundary_install(max_bytes):  # noqa: C901 - one closure keeps the server's state private
+def _efficient_ai_boundary_install(max_bytes, comm_target=None):  # noqa: C901 - one closure keeps state private
+    """The server's ``serve(request) -> answer`` function; with ``comm_target``, also registered as the handler of
+    that comm target in the running kernel (each message's ``data["request"]`` answered as ``data["answer"]``)."""
     import base64
     import json
     import math
@@ -163,4 +166,13 @@ def _efficient_ai_boundary_install(max_bytes):  # noqa: C901 - one closure keeps
         except BaseException as exc:  # noqa: BLE001 - every failure of student code becomes data for the grader
             return failure(exc)
 
+    def open_channel(comm, _open_msg):
+        def on_request(msg):
+            data = msg["content"].get("data")
+            comm.send({"answer": serve(data.get("request") if type(data) is dict else None)})
+
+        comm.on_msg(on_request)
+
+    if comm_target:
+        shell.kernel.comm_manager.register_target(comm_target, open_channel)
     return serve

@@ -360,6 +360,11 @@ def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f" [... {len(text) - limit} characters dropped by the grader]"
 
 
+def _is_setup_cell(cell) -> bool:
+    """A locked code cell of the instructor's that is neither a test nor an answer (imports, data, helpers)."""
+    return cell.cell_type == "code" and is_locked(cell) and not is_grade(cell) and not is_solution(cell)
+
+
 def _where(cell, index: int) -> str:
     """How reasons name a cell: ``cell 7 (q1_2_scale)``."""
     gid = (cell.metadata.get("nbgrader") or {}).get("grade_id") if isinstance(cell.metadata.get("nbgrader"), dict) else None
@@ -440,8 +445,10 @@ class GuardedExecute(Execute):
         self._reset_state()
         # The grader runs the test cells with torch of its own: import it while the kernel starts, not after.
         self._needed = boundary.names_tests_read(nb)
+        locked = [(cell.source, list(cell.metadata.get("tags") or ())) for cell in nb.cells if _is_setup_cell(cell)]
         self._warming = threading.Thread(target=boundary.warm_imports, name="grader-imports", daemon=True,
-                                         args=(self._needed, self._instructor_folder(resources)))
+                                         args=(self._needed, self._instructor_folder(resources),
+                                               boundary.modules_to_import(locked, self._needed)))
         self._warming.start()
         earlier = nb.metadata.pop(NEUTRALISED_KEY, None)  # found by NeutraliseCellMetadata in the sanitize step
         if isinstance(earlier, dict):
@@ -475,6 +482,7 @@ class GuardedExecute(Execute):
         self._pending: list[str] = []  # tampering undone before a locked cell, charged to the next test cell
         self._grader: boundary.GraderSide | None = None  # runs the test cells (course/boundary.py)
         self._boundary_ready = False
+        self._boundary_comm = ""  # the comm the boundary's requests travel on
         self._replayable: list[int] = []  # code cells (not tests) that ran without losing the kernel
         self._restarts: list[str] = []  # why each fresh kernel was started
         self._deadline = time.monotonic() + self.notebook_timeout_s
@@ -605,7 +613,7 @@ class GuardedExecute(Execute):
         if not self._stopped and not self._kernel_lost:
             self._install_kernel_side()
         is_test = is_autograded_test(cell)
-        is_setup = cell.cell_type == "code" and is_locked(cell) and not is_grade(cell) and not is_solution(cell)
+        is_setup = _is_setup_cell(cell)
         if self._stopped:
             if is_test:
                 cell.outputs = [_error_output("NotRun", self._stopped)]
@@ -685,9 +693,13 @@ class GuardedExecute(Execute):
         try:
             printed, error = self._grader.run_test_cell(cell.source, gid or str(index))
         except boundary.KernelLost:
-            printed, error = "", ("DeadKernelError" if self._kernel_lost == "died" else "TimeoutError",
-                                  f"the kernel {self._kernel_lost} while this test cell was running; the grader "
-                                  "started a fresh kernel for the cells after it")
+            if not self._kernel_lost:  # the kernel answered, but not with its boundary server's answer
+                printed, error = "", ("BoundaryError", "the kernel sent no answer to a request of this test: student "
+                                      "code replaced or broke the grading boundary's server in the kernel")
+            else:
+                printed, error = "", ("DeadKernelError" if self._kernel_lost == "died" else "TimeoutError",
+                                      f"the kernel {self._kernel_lost} while this test cell was running; the grader "
+                                      "started a fresh kernel for the cells after it")
         if printed:
             cell.outputs.append(NotebookNode(output_type="stream", name="stdout",
                                              text=_shorten(printed, self.max_cell_output_bytes)))
@@ -713,36 +725,76 @@ class GuardedExecute(Execute):
 
     # -- the boundary: requests of the grader's tests ------------------------------------------------------------
     def _install_boundary(self) -> None:
+        """The boundary's server in the kernel, and the comm the grader's requests travel on (``_ask``)."""
         source = (
             "import builtins as _b\n"
             "_g = {'__builtins__': dict(vars(_b)), '__name__': '_efficient_ai_boundary'}\n"
             f"exec(compile({boundary.KERNEL_SOURCE.read_text()!r}, '<grading boundary>', 'exec'), _g)\n"
-            f"_efficient_ai_boundary = _g['_efficient_ai_boundary_install']({boundary.MAX_ANSWER_BYTES})\n"
+            f"_g['_efficient_ai_boundary_install']({boundary.MAX_ANSWER_BYTES}, {boundary.COMM_TARGET!r})\n"
             "del _b, _g\n"
         )
         reply = self._request(source, timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
         self._boundary_ready = bool(reply) and reply["content"].get("status") == "ok"
+        if self._boundary_ready:
+            # The kernel handles shell messages in order, so requests sent after this find the comm open.
+            self._boundary_comm = secrets.token_hex(16)
+            self.kc.shell_channel.send(self.kc.session.msg(
+                "comm_open", {"comm_id": self._boundary_comm, "target_name": boundary.COMM_TARGET, "data": {}}))
+
+    async def _async_ask(self, payload: str, timeout_s: float) -> tuple[bool, str | None]:
+        """Send one request on the boundary's comm; ``(True, answer text or None)`` once the kernel has handled it
+        (None: it sent no answer), ``(False, None)`` when it did not within ``timeout_s`` seconds and 10 s after an
+        interrupt. The answer and the kernel's idle status are read from the IOPub channel, matched by request."""
+        from queue import Empty
+
+        from nbclient.exceptions import DeadKernelError
+        from nbclient.util import ensure_async
+
+        msg = self.kc.session.msg("comm_msg", {"comm_id": self._boundary_comm, "data": {"request": payload}})
+        self.kc.shell_channel.send(msg)
+        msg_id, interrupted = msg["header"]["msg_id"], False
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if time.monotonic() > deadline:
+                if interrupted:
+                    return False, None
+                await ensure_async(self.km.interrupt_kernel())
+                interrupted, deadline = True, time.monotonic() + 10
+            try:
+                message = await ensure_async(self.kc.iopub_channel.get_msg(timeout=1))
+            except Empty:
+                if not await ensure_async(self.kc.is_alive()):
+                    raise DeadKernelError("Kernel died") from None
+                continue
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue  # output of the student code the request ran, or late messages of earlier cells
+            content = message["content"]
+            if message["msg_type"] == "comm_msg" and content.get("comm_id") == self._boundary_comm:
+                data = content.get("data")
+                answer = data.get("answer") if isinstance(data, dict) else None
+                return True, answer if isinstance(answer, str) else None
+            if message["msg_type"] == "status" and content.get("execution_state") == "idle":
+                return True, None
 
     def _ask(self, payload: str) -> str | None:
-        """One request to the kernel's boundary server; its answer text, or None when the kernel is lost.
+        """One request to the kernel's boundary server; its answer text, or None when there is none (the kernel is
+        lost, or student code took the server's place and sent nothing).
 
         A request still running at the test cell's time limit is interrupted (the server answers with the
         interruption); a kernel that does not answer even then counts as lost."""
         from nbclient.exceptions import DeadKernelError
 
-        if self._kernel_lost:
+        if self._kernel_lost or not self._boundary_ready:
             return None
-        expression = f"_efficient_ai_boundary({payload!r})"
         left_s = max(1.0, getattr(self, "_test_deadline", time.monotonic() + KERNEL_REPLY_TIMEOUT_S) - time.monotonic())
         try:
-            reply = run_sync(self._async_request)("", expression, left_s, interrupt=True)
+            handled, answer = run_sync(self._async_ask)(payload, left_s)
         except DeadKernelError:
             self._kernel_lost = "died"
             return None
-        if reply is None:
+        if not handled:
             self._kernel_lost = f"stopped answering (no reply in {left_s:.0f} s, nor after an interrupt)"
-            return None
-        return self._guard_value(reply)
+        return answer
 
     # -- a lost kernel: a fresh one, and the cells before ----------------------------------------------------------
     def _recover(self, when: str) -> None:
@@ -765,7 +817,7 @@ class GuardedExecute(Execute):
         self._install_kernel_side()
         for earlier in list(self._replayable):
             cell = self.nb.cells[earlier]
-            is_setup = is_locked(cell) and not is_grade(cell) and not is_solution(cell)
+            is_setup = _is_setup_cell(cell)
             if is_setup:
                 self._before_locked_cell()
             self._request(cell.source, timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
