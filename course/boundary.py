@@ -488,7 +488,8 @@ def modules_to_import(locked_cells: list[tuple[str, list[str]]], needed: set[str
 
 
 def warm_imports(needed: set[str], folder: Path | None, modules: list[str] = ()) -> None:
-    """Import ahead of the first test cell what the tests will need: numpy and torch, the instructor's ``utils``
+    """Import ahead of the first test cell what the tests will need: numpy and torch (and what the first
+    ``torch.testing.assert_close`` imports), the instructor's ``utils``
     (from ``folder``), the other ``modules`` the locked cells import for the tests (``modules_to_import``: transformers
     takes seconds) and, where the tests use ``DEVICE`` on a GPU, the GPU's context.
 
@@ -501,6 +502,9 @@ def warm_imports(needed: set[str], folder: Path | None, modules: list[str] = ())
     for name in [m for m in ("numpy", "torch") if m in needed or "DEVICE" in needed]:
         with contextlib.suppress(Exception):
             __import__(name)
+    if "torch" in needed and "torch" in sys.modules:
+        with contextlib.suppress(Exception):  # its first call imports torch.distributed.tensor and sympy: about 1 s
+            sys.modules["torch"].testing.assert_close(sys.modules["torch"].zeros(1), sys.modules["torch"].zeros(1))
     utils_file = folder / "utils.py" if folder else None
     if utils_file is not None and utils_file.is_file() and "utils" not in sys.modules:
         spec = importlib.util.spec_from_file_location("utils", utils_file)

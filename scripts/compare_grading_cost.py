@@ -1,7 +1,7 @@
 """Grading time per submission of this tree against an earlier commit's, lab by lab, on this machine.
 
 Usage: ``python scripts/compare_grading_cost.py --commit bfcf140 --rounds 2 --tag cpu-2core``. ``--commit`` writes
-that commit's tree into ``--baseline`` (default ``.baseline``, git-ignored) with ``git archive``; without it the
+that commit's tree into ``--baseline`` (default ``.baseline``, git-ignored) with ``git archive`` (``--write-only``: and stops there); without it the
 baseline folder must already hold a tree.
 
 Each round grades each lab's reference solution once with each tree's own ``scripts/bench_grading_breakdown.py``
@@ -11,7 +11,8 @@ neither always runs on a machine warmed by the other. Writes ``reports/grading-c
 seconds of every run, the median per tree and lab, and their ratio (this tree / baseline).
 
 On the lent GPU machine the baseline tree travels as an ignored path (``carry: [".whl", ".baseline"]``) and
-``scripts/gpu/run_reports.sh compare`` runs this script.
+``scripts/gpu/run_reports.sh compare`` runs this script there (write the tree first here:
+``python scripts/compare_grading_cost.py --commit bfcf140 --write-only``).
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", type=Path, default=REPO / ".baseline", help="the earlier tree")
     parser.add_argument("--commit", help="write this commit's tree into --baseline first (needs git)")
+    parser.add_argument("--write-only", action="store_true", help="only write the tree (--commit), measure nothing")
     parser.add_argument("--labs", nargs="+", default=["lab1", "lab2", "lab3"])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tag", default="cpu", help="names the report: reports/grading-cost-<tag>.md")
@@ -69,6 +71,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.commit:
         write_tree(args.commit, args.baseline)
+        if args.write_only:
+            return 0
     if not (args.baseline / "scripts" / "bench_grading_breakdown.py").is_file():
         parser.error(f"{args.baseline} holds no tree with scripts/bench_grading_breakdown.py (use --commit)")
     trees = {"baseline": args.baseline.resolve(), "this tree": REPO}
