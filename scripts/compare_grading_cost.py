@@ -84,18 +84,26 @@ def main() -> int:
                 steps = grade_once(trees[name], lab)
                 runs.append({"round": index + 1, "tree": name, "lab": lab, "steps_s": steps})
                 print(f"round {index + 1}, {name}, {lab}: {steps['total']:.1f} s", flush=True)
+        stem = write_report(args, trees, runs, index + 1)  # after every round: a run stopped early keeps its rounds
+    print(f"wrote {stem.with_suffix('.md')}")
+    return 0
+
+
+def write_report(args, trees: dict[str, Path], runs: list[dict], rounds: int) -> Path:
+    """``reports/grading-cost-<tag>.md`` and ``.json`` from the runs of the first ``rounds`` rounds."""
     medians = {name: {lab: statistics.median(r["steps_s"]["total"] for r in runs if r["tree"] == name
                                              and r["lab"] == lab) for lab in args.labs} for name in trees}
     baseline_label = (args.baseline / "COMMIT").read_text().strip() if (args.baseline / "COMMIT").is_file() else str(
         args.baseline)
     lines = [
         f"# Grading time per submission, this tree against {baseline_label} ({args.tag})", "",
-        f"Measured by `scripts/compare_grading_cost.py --rounds {args.rounds} --tag {args.tag}` on "
+        f"Measured by `scripts/compare_grading_cost.py --rounds {rounds} --tag {args.tag}` on "
         f"{machine_description()}: each lab's reference solution graded by plain `nbgrader autograde` at quick scale "
-        "(each tree's own `scripts/bench_grading_breakdown.py --repeat 1`), the two trees alternating. Seconds.", "",
+        "(each tree's own `scripts/bench_grading_breakdown.py --repeat 1`, so each tree grades its own version of the "
+        "labs), the two trees alternating. Seconds.", "",
         "| round | tree | " + " | ".join(args.labs) + " |", "| --- | --- | " + " | ".join("---" for _ in args.labs) + " |",
     ]
-    for index in range(args.rounds):
+    for index in range(rounds):
         for name in trees:
             row = [f"{r['steps_s']['total']:.1f}" for lab in args.labs for r in runs
                    if r["round"] == index + 1 and r["tree"] == name and r["lab"] == lab]
@@ -118,8 +126,7 @@ def main() -> int:
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     stem.with_suffix(".json").write_text(json.dumps({"machine": machine_description(), "baseline": baseline_label,
                                                      "runs": runs, "median_total_s": medians}, indent=1))
-    print(f"wrote {stem.with_suffix('.md')}")
-    return 0
+    return stem
 
 
 if __name__ == "__main__":
