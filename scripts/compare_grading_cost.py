@@ -2,7 +2,9 @@
 
 Usage: ``python scripts/compare_grading_cost.py --commit bfcf140 --rounds 2 --tag cpu-2core``. ``--commit`` writes
 that commit's tree into ``--baseline`` (default ``.baseline``, git-ignored) with ``git archive`` (``--write-only``: and stops there); without it the
-baseline folder must already hold a tree.
+baseline folder must already hold a tree. Where grading kernels run in the bubblewrap sandbox, put the baseline outside
+this repository (``--baseline /tmp/baseline``): the sandbox of bfcf140 hides the folders of a course's repository
+from its kernels, and a baseline inside this one then cannot start a kernel.
 
 Each round grades each lab's reference solution once with each tree's own ``scripts/bench_grading_breakdown.py``
 (plain ``nbgrader autograde`` as ``course grade`` runs it, in a fresh SQLite course, each tree with its own
