@@ -173,6 +173,29 @@ def test_test_cells_use_the_graders_helpers_and_the_students_answers():
     assert (printed, error) == ("ok\n", None)
 
 
+def test_a_star_import_binds_only_the_names_tests_read(tmp_path, monkeypatch):
+    (tmp_path / "utils.py").write_text(
+        "__all__ = ['used', 'unused', 'LAZY']\nused, unused = 1, 2\nBUILT = []\n\n"
+        "def __getattr__(name):\n    if name == 'LAZY':\n        BUILT.append(name)\n        return 3\n"
+        "    raise AttributeError(name)\n")
+    monkeypatch.delitem(__import__("sys").modules, "utils", raising=False)
+    grader = boundary.GraderSide(tmp_path, link_to({}), needed={"used", "check"})
+    grader.run_locked_cell("from utils import *\n", [])
+    grader.run_locked_cell("def check(value):\n    assert value == used\n", [boundary.HELPERS_TAG])
+    printed, error = grader.run_test_cell("check(used)\n", "t")
+    assert error is None, error
+    assert "unused" not in grader.base and "LAZY" not in grader.base, "names no test reads must not be bound"
+    assert __import__("sys").modules["utils"].BUILT == [], "a lazy attribute no test reads must not be built"
+    assert grader.base["kernel_side"] is grader.kernel_side, "the grader's kernel_side must survive a star import"
+
+
+def test_modules_to_import_are_those_of_the_imports_the_tests_need():
+    cells = [("import math\nimport numpy as np\nfrom torch.nn import functional as F\nfrom . import x\nA = 1\n", []),
+             ("import json\n", [boundary.HELPERS_TAG]), ("from utils import *\n", [])]
+    assert boundary.modules_to_import(cells, {"np", "F"}) == ["numpy", "torch.nn", "json", "utils"]
+    assert boundary.modules_to_import(cells, None) == ["math", "numpy", "torch.nn", "json", "utils"]
+
+
 def test_global_reads_are_the_names_a_cell_reads_but_does_not_bind():
     code = compile("import math\nx = gemm(A)\ndef f():\n    return helper(x) + math.pi\nprint(f())\n", "<t>", "exec")
     assert boundary.global_reads(code) == {"gemm", "A", "helper", "print"}
@@ -187,7 +210,8 @@ def test_oversized_results_are_refused_with_the_contract():
 
 @pytest.mark.slow
 def test_a_killed_kernel_costs_only_its_own_question(tmp_path):
-    """An answer that kills its kernel: that question scores zero, later ones earn their points (fresh kernel)."""
+    """An answer that kills its kernel: that question scores zero, later ones earn their points (fresh kernel).
+    A kernel that stops answering the boundary's requests fails the tests from there on, each with a clear error."""
     from fixture_lab import LAB, built_root
 
     from course import grade
@@ -200,9 +224,22 @@ def test_a_killed_kernel_costs_only_its_own_question(tmp_path):
                                 read_notebook(root / "source" / LAB / f"{LAB}.ipynb"))
     killer = replace_cell_source(reference, "q1_1_add", "import os\n\ndef add(a, b):\n    return a + b\n\nos._exit(3)\n")
     write_notebook(killer, course / "submitted" / "killer" / LAB / f"{LAB}.ipynb")
+    # The second student closes the boundary's comm after Question 1.1's test: later requests get no answer.
+    mute = replace_cell_source(reference, "q1_2_scale", "def scale(x, factor):\n    return x * factor\n\n"
+                               "get_ipython().kernel.comm_manager.comms.clear()\n")
+    write_notebook(mute, course / "submitted" / "mute" / LAB / f"{LAB}.ipynb")
     outcomes, scores = grade.grade_lab(course, LAB, progress=False)
     cells = {gid: cell.score for gid, cell in scores["killer"].cells.items() if gid.endswith("_tests")}
     assert cells == {"q1_1_add_tests": 0.0, "q1_2_scale_tests": 2.0, "b1_1_square_tests": 1.0}, (
         f"the kernel died in q1_1's answer: only q1_1 may lose its points, got {cells} ({outcomes['killer']})")
     report = json.loads((course / "autograded" / "killer" / LAB / "grading_report.json").read_text())
     assert report["kernel_restarts"] and "died" in report["kernel_restarts"][0], report
+
+    cells = {gid: cell.score for gid, cell in scores["mute"].cells.items() if gid.endswith("_tests")}
+    assert cells == {"q1_1_add_tests": 3.0, "q1_2_scale_tests": 0.0, "b1_1_square_tests": 0.0}, (
+        f"requests after the boundary's comm was closed get no answer: those tests fail, got {cells}")
+    graded = read_notebook(course / "autograded" / "mute" / LAB / f"{LAB}.ipynb")
+    errors = [out for cell in graded.cells if cell.metadata.get("nbgrader", {}).get("grade_id") == "q1_2_scale_tests"
+              for out in cell.get("outputs", []) if out.get("output_type") == "error"]
+    assert errors and errors[0]["ename"] == "BoundaryError" and "sent no answer" in errors[0]["evalue"], (
+        f"a request the kernel handled without answering must fail its test with a BoundaryError: {errors}")
