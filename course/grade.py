@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -247,7 +248,7 @@ def _execute_isolated(lab: str, student: str, submitted: Path, template: Path, s
     """Autograde one submission in a private copy of the course with a private SQLite gradebook.
 
     Returns the outcome and the executed notebook (None when execution failed). Nothing touches the
-    shared gradebook: that is written once, by ``_import_executed``.
+    shared gradebook: that is written by ``_import_executed`` (``GradebookRecorder``).
     """
     private = scratch / student
     shutil.copytree(template, private)
@@ -284,6 +285,50 @@ def _import_executed(course_root: Path, lab: str, executed: dict[str, Path], sub
     return failed
 
 
+class GradebookRecorder:
+    """Records executed submissions in the shared SQLite gradebook while the workers go on executing others.
+
+    One thread runs ``_import_executed`` (one nbgrader process, the gradebook's only writer) on every submission that
+    finished since its last run, so in a large class the serial step overlaps with execution instead of following
+    it; ``finish`` records the rest and returns the students whose recording failed, with the reason."""
+
+    def __init__(self, course_root: Path, lab: str, submitted: Path):
+        self._course_root, self._lab, self._submitted = course_root, lab, submitted
+        self._pending: dict[str, Path] = {}
+        self._failed: dict[str, str] = {}
+        self._closed = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="gradebook-recorder", daemon=True)
+        self._thread.start()
+
+    def add(self, student: str, executed: Path) -> None:
+        """Record ``executed`` (the worker's ``autograded/<student>/<lab>`` folder; kept until ``finish``)."""
+        with self._changed:
+            self._pending[student] = executed
+            self._changed.notify()
+
+    def finish(self) -> dict[str, str]:
+        with self._changed:
+            self._closed = True
+            self._changed.notify()
+        self._thread.join()
+        return self._failed
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._pending and not self._closed:
+                    self._changed.wait()
+                batch, self._pending = self._pending, {}
+            if not batch:
+                return
+            try:
+                self._failed.update(_import_executed(self._course_root, self._lab, batch, self._submitted))
+            except Exception as exc:  # noqa: BLE001 - a failed recording is those submissions' failure, not the run's
+                self._failed.update({student: f"recording the executed notebook in the gradebook failed: {exc}"
+                                     for student in batch})
+
+
 def autograde_all(
     course_root: Path,
     lab: str,
@@ -298,7 +343,8 @@ def autograde_all(
     With ``workers > 1`` submissions run concurrently, each worker pinned to one GPU when there are GPUs and to an
     equal share of the CPUs, with thread pools sized to it (``course.nbgrader_run.worker_envs``).
     A PostgreSQL gradebook is written by the workers directly (it takes concurrent writers). A SQLite gradebook
-    takes one writer: workers then execute in private course copies and one serial step records the results.
+    takes one writer: workers then execute in private course copies and one thread records the results while
+    they go on (``GradebookRecorder``).
     ``submitted`` is the folder holding ``<student>/<lab>/`` (``grade_lab`` passes its staging folder); default
     the course's ``submitted/``.
     """
@@ -330,9 +376,9 @@ def _autograde_concurrently(course_root: Path, lab: str, students: list[str], ti
         slots.put(env)
     shared_db = not uses_sqlite(course_root)
     outcomes: dict[str, Outcome] = {}
-    executed: dict[str, Path] = {}
     with tempfile.TemporaryDirectory(prefix="efficient-ai-workers-") as scratch:
         template = None if shared_db else _private_template(course_root, lab, Path(scratch))
+        recorder = None if shared_db else GradebookRecorder(course_root, lab, submitted)
 
         def work(student: str) -> tuple[Outcome, Path | None]:
             env = slots.get()
@@ -343,20 +389,23 @@ def _autograde_concurrently(course_root: Path, lab: str, students: list[str], ti
             finally:
                 slots.put(env)
 
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(work, student): student for student in students}
-            for future in as_completed(futures):
-                student = futures[future]
-                try:
-                    outcome, folder = future.result()
-                except Exception as exc:  # noqa: BLE001 - a worker's own failure is one submission's failure
-                    outcome, folder = Outcome(student, "failed", f"worker error: {exc}"), None
-                outcomes[student] = outcome
-                if folder is not None:
-                    executed[student] = folder
-                bar.set_postfix_str(student)
-                bar.update()
-        for student, reason in _import_executed(course_root, lab, executed, submitted).items():
+        try:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                futures = {pool.submit(work, student): student for student in students}
+                for future in as_completed(futures):
+                    student = futures[future]
+                    try:
+                        outcome, folder = future.result()
+                    except Exception as exc:  # noqa: BLE001 - a worker's own failure is one submission's failure
+                        outcome, folder = Outcome(student, "failed", f"worker error: {exc}"), None
+                    outcomes[student] = outcome
+                    if folder is not None:
+                        recorder.add(student, folder)
+                    bar.set_postfix_str(student)
+                    bar.update()
+        finally:  # what finished is recorded even when the run is interrupted
+            failed = recorder.finish() if recorder is not None else {}
+        for student, reason in failed.items():
             outcomes[student] = Outcome(student, "failed", reason, outcomes[student].seconds)
     return {student: outcomes[student] for student in students}
 

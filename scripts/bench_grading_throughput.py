@@ -77,9 +77,11 @@ def main() -> int:
     for row in rows:
         lines.append(f"| {row['workers']} | {row['seconds']:.0f} | {row['submissions_per_minute']:.2f} | "
                      f"{row['submissions_per_minute'] / base:.2f}x | {row['seconds'] / row['submissions']:.1f} |")
-    lines += ["", "With SQLite, workers execute in private copies of the course and one serial step records the "
-              "results; that step and the per-run gradebook preparation are the serial part that keeps the "
-              "speedup under the worker count. A PostgreSQL gradebook (NBGRADER_DB_URL) skips that step."]
+    lines += ["", "With SQLite, workers execute in private copies of the course and one thread records their results "
+              "in the gradebook, one nbgrader process at a time, while they go on; what it records after the last "
+              "submission finished and the per-run gradebook preparation are the serial part that keeps the "
+              "speedup under the worker count. A PostgreSQL gradebook (NBGRADER_DB_URL) is written by the workers "
+              "directly."]
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / ("grading-throughput" + (f"-{args.tag}" if args.tag else ""))
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
