@@ -4,8 +4,9 @@
 student's function, reads a student's variable or runs a ``kernel_side`` probe, the grader sends one request to
 this server as a Jupyter comm message (target ``efficient_ai_boundary``; a comm message skips IPython's cell
 machinery, so it costs about half an ``execute_request``), and reads back one string, sent on the same comm: a JSON
-document that holds only plain data. The grader decodes that document with its own strict decoder; nothing this server returns is
-trusted beyond being data, so student code replacing this server only changes the data its own answers produce.
+document that holds only plain data. The grader decodes that document with its own strict decoder; nothing this
+server returns is trusted beyond being data, so student code replacing this server only changes the data its own
+answers produce.
 
 Requests (a pickled tuple, base64 encoded; they come from the trusted grader, so unpickling them is safe here):
     ``("export", names)``          each name's value in the notebook's namespace, by value or as a handle;

@@ -505,17 +505,15 @@ class GuardedExecute(Execute):
     start_new_kernel_client = run_sync(async_start_new_kernel_client)  # nbclient binds the sync name to its own
 
     # -- the guard protocol -------------------------------------------------------------------------------------
-    async def _async_request(self, code: str, expression: str | None, timeout_s: float,
-                             interrupt: bool = False) -> dict | None:
-        """Send a silent request; its reply, or None after ``timeout_s`` seconds. With ``interrupt``, a request
-        still running then is interrupted and given 10 s more to answer (with the interruption)."""
+    async def _async_read(self, channel, timeout_s: float, interrupt: bool, pick):
+        """Read ``channel``'s messages until ``pick(message)`` returns something other than None, and return that;
+        None after ``timeout_s`` seconds. With ``interrupt``, a request still running then is interrupted and given
+        10 s more to answer (with the interruption). Raises DeadKernelError when the kernel dies meanwhile."""
         from queue import Empty
 
         from nbclient.exceptions import DeadKernelError
         from nbclient.util import ensure_async
 
-        msg_id = self.kc.execute(code, silent=True, store_history=False, allow_stdin=False,
-                                 user_expressions={"guard": expression} if expression else None)
         deadline = time.monotonic() + timeout_s
         while True:
             if time.monotonic() > deadline:
@@ -524,13 +522,21 @@ class GuardedExecute(Execute):
                 await ensure_async(self.km.interrupt_kernel())
                 interrupt, deadline = False, time.monotonic() + 10
             try:
-                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=1))
+                msg = await ensure_async(channel.get_msg(timeout=1))
             except Empty:
                 if not await ensure_async(self.kc.is_alive()):
                     raise DeadKernelError("Kernel died") from None
                 continue
-            if msg["parent_header"].get("msg_id") == msg_id:
-                return msg
+            picked = pick(msg)
+            if picked is not None:
+                return picked
+
+    async def _async_request(self, code: str, expression: str | None, timeout_s: float) -> dict | None:
+        """Send a silent request; its reply, or None after ``timeout_s`` seconds."""
+        msg_id = self.kc.execute(code, silent=True, store_history=False, allow_stdin=False,
+                                 user_expressions={"guard": expression} if expression else None)
+        return await self._async_read(self.kc.shell_channel, timeout_s, False,
+                                      lambda msg: msg if msg["parent_header"].get("msg_id") == msg_id else None)
 
     def _request(self, code: str, expression: str | None = None, timeout_s: float = KERNEL_REPLY_TIMEOUT_S) -> dict | None:
         """Send the kernel a silent request; its reply, or None (and ``_kernel_lost`` set) when none came within
@@ -741,40 +747,28 @@ class GuardedExecute(Execute):
             self.kc.shell_channel.send(self.kc.session.msg(
                 "comm_open", {"comm_id": self._boundary_comm, "target_name": boundary.COMM_TARGET, "data": {}}))
 
-    async def _async_ask(self, payload: str, timeout_s: float) -> tuple[bool, str | None]:
-        """Send one request on the boundary's comm; ``(True, answer text or None)`` once the kernel has handled it
-        (None: it sent no answer), ``(False, None)`` when it did not within ``timeout_s`` seconds and 10 s after an
-        interrupt. The answer and the kernel's idle status are read from the IOPub channel, matched by request."""
-        from queue import Empty
-
-        from nbclient.exceptions import DeadKernelError
-        from nbclient.util import ensure_async
-
+    async def _async_ask(self, payload: str, timeout_s: float) -> tuple[str | None] | None:
+        """Send one request on the boundary's comm; ``(answer text or None,)`` once the kernel has handled it (None:
+        it sent no answer), None when it did not within ``timeout_s`` seconds and 10 s after an interrupt. The answer
+        and the kernel's idle status are read from the IOPub channel, matched by request; other messages there are
+        output of the student code the request ran, or late messages of earlier cells."""
         msg = self.kc.session.msg("comm_msg", {"comm_id": self._boundary_comm, "data": {"request": payload}})
         self.kc.shell_channel.send(msg)
-        msg_id, interrupted = msg["header"]["msg_id"], False
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if time.monotonic() > deadline:
-                if interrupted:
-                    return False, None
-                await ensure_async(self.km.interrupt_kernel())
-                interrupted, deadline = True, time.monotonic() + 10
-            try:
-                message = await ensure_async(self.kc.iopub_channel.get_msg(timeout=1))
-            except Empty:
-                if not await ensure_async(self.kc.is_alive()):
-                    raise DeadKernelError("Kernel died") from None
-                continue
+        msg_id = msg["header"]["msg_id"]
+
+        def pick(message):
             if message["parent_header"].get("msg_id") != msg_id:
-                continue  # output of the student code the request ran, or late messages of earlier cells
+                return None
             content = message["content"]
             if message["msg_type"] == "comm_msg" and content.get("comm_id") == self._boundary_comm:
                 data = content.get("data")
                 answer = data.get("answer") if isinstance(data, dict) else None
-                return True, answer if isinstance(answer, str) else None
+                return (answer if isinstance(answer, str) else None,)
             if message["msg_type"] == "status" and content.get("execution_state") == "idle":
-                return True, None
+                return (None,)
+            return None
+
+        return await self._async_read(self.kc.iopub_channel, timeout_s, True, pick)
 
     def _ask(self, payload: str) -> str | None:
         """One request to the kernel's boundary server; its answer text, or None when there is none (the kernel is
@@ -788,13 +782,14 @@ class GuardedExecute(Execute):
             return None
         left_s = max(1.0, getattr(self, "_test_deadline", time.monotonic() + KERNEL_REPLY_TIMEOUT_S) - time.monotonic())
         try:
-            handled, answer = run_sync(self._async_ask)(payload, left_s)
+            handled = run_sync(self._async_ask)(payload, left_s)
         except DeadKernelError:
             self._kernel_lost = "died"
             return None
-        if not handled:
+        if handled is None:
             self._kernel_lost = f"stopped answering (no reply in {left_s:.0f} s, nor after an interrupt)"
-        return answer
+            return None
+        return handled[0]
 
     # -- a lost kernel: a fresh one, and the cells before ----------------------------------------------------------
     def _recover(self, when: str) -> None:

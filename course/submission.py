@@ -527,7 +527,6 @@ def _edit_grades(course_root: Path, lab: str, student: str, edit, create: bool, 
     from nbgrader.api import Gradebook, MissingEntry
     from sqlalchemy.exc import SAWarning
 
-
     results = []
     with warnings.catch_warnings(), Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
         warnings.simplefilter("ignore", SAWarning)  # nbgrader's add_submission warns about its own session use
