@@ -10,16 +10,19 @@ submission only; its status and reason are recorded beside whatever points the g
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from .kernel_pool import KernelPool, pool_enabled
 from .nbgrader_ext import GRADING_REPORT
 from .nbgrader_run import (
     SubmissionScores,
@@ -28,6 +31,7 @@ from .nbgrader_run import (
     make_course_dir,
     read_scores,
     run_nbgrader,
+    start_fork_server,
     worker_envs,
 )
 from .outcome import Outcome
@@ -119,10 +123,12 @@ def autograde_one(
     env: dict[str, str] | None = None,
     extra_args: list[str] | None = None,
     submitted: Path | None = None,
+    pool: KernelPool | None = None,
 ) -> Outcome:
     """Autograde one submission in its own nbgrader process. Never raises for a bad submission.
 
     ``submitted``: the folder holding ``<student>/<lab>/`` (a staging folder); default ``submitted/``.
+    ``pool``: kernels started ahead with ``env`` (``course.kernel_pool``); nbgrader adopts one where it can.
 
     A submission whose run hit a sticky CUDA error (a device-side assert: every later CUDA call in that kernel
     fails) is graded once more with the GPU hidden, so it earns what it would on a CPU grader; a note says so.
@@ -130,10 +136,10 @@ def autograde_one(
     or did not start, output that did not arrive in time) is graded once more; the second run's grade is kept,
     and a note says what the first run saw.
     """
-    outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted)
+    outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted, pool)
     if outcome.retry:
         first = outcome
-        outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted)
+        outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted, pool)
         outcome.seconds += first.seconds
         if outcome.retry:
             outcome.reason = f"{outcome.reason} (the same in two runs: {first.retry})"
@@ -156,16 +162,22 @@ def _autograde_once(
     env: dict[str, str] | None,
     extra_args: list[str] | None,
     submitted: Path | None,
+    pool: KernelPool | None = None,
 ) -> Outcome:
     start = time.perf_counter()
     if submitted is not None:
         extra_args = [*(extra_args or []), f"--CourseDirectory.submitted_directory={submitted}"]
-    result = run_nbgrader(
-        course_root,
-        ["autograde", lab, "--student", student, "--create", "--force", *(extra_args or [])],
-        timeout_s=timeout_s,
-        env=env,
-    )
+    try:
+        result = run_nbgrader(
+            course_root,
+            ["autograde", lab, "--student", student, "--create", "--force", *(extra_args or [])],
+            timeout_s=timeout_s,
+            env={**(env or {}), **(pool.env if pool is not None else {})},
+            fork=True,
+        )
+    finally:
+        if pool is not None:
+            pool.release()  # the kernel this process adopted, had it outlived it (a time limit)
     seconds = time.perf_counter() - start
     graded_nb = course_root / "autograded" / student / lab / f"{lab}.ipynb"
     if result.timed_out:
@@ -244,7 +256,8 @@ def _private_template(course_root: Path, lab: str, scratch: Path) -> Path:
     return template
 
 
-def _execute_isolated(lab: str, student: str, submitted: Path, template: Path, scratch: Path, timeout_s: float, env: dict) -> tuple[Outcome, Path | None]:
+def _execute_isolated(lab: str, student: str, submitted: Path, template: Path, scratch: Path, timeout_s: float, env: dict,
+                      pool: KernelPool | None = None) -> tuple[Outcome, Path | None]:
     """Autograde one submission in a private copy of the course with a private SQLite gradebook.
 
     Returns the outcome and the executed notebook (None when execution failed). Nothing touches the
@@ -254,7 +267,7 @@ def _execute_isolated(lab: str, student: str, submitted: Path, template: Path, s
     shutil.copytree(template, private)
     shutil.copytree(submitted / student / lab, private / "submitted" / student / lab)
     private_env = {**env, "NBGRADER_DB_URL": f"sqlite:///{private / 'gradebook.db'}"}
-    outcome = autograde_one(private, lab, student, timeout_s, env=private_env)
+    outcome = autograde_one(private, lab, student, timeout_s, env=private_env, pool=pool)
     executed = private / "autograded" / student / lab
     return outcome, executed if outcome.status in ("ok", "partial") else None
 
@@ -277,6 +290,7 @@ def _import_executed(course_root: Path, lab: str, executed: dict[str, Path], sub
         result = run_nbgrader(
             course_root,
             ["autograde", lab, "--no-execute", "--create", "--force", f"--CourseDirectory.submitted_directory={staging}"],
+            fork=True,
         )
     failed = {}
     for student in executed:
@@ -351,18 +365,37 @@ def autograde_all(
     from tqdm import tqdm
 
     submitted = submitted or course_root / "submitted"
+    start_fork_server()  # its imports overlap with the first kernel's start
     bar = tqdm(total=len(students), desc=f"autograde {lab}", unit="submission", disable=not progress)
     try:
         if workers <= 1:
             outcomes = {}
-            for student in students:
-                bar.set_postfix_str(student)
-                outcomes[student] = autograde_one(course_root, lab, student, timeout_s, submitted=submitted)
-                bar.update()
+            with _kernel_pool(course_root, lab, {}, lambda: len(outcomes) + 1 < len(students)) as pool:
+                for student in students:
+                    bar.set_postfix_str(student)
+                    outcomes[student] = autograde_one(course_root, lab, student, timeout_s, submitted=submitted,
+                                                      pool=pool)
+                    bar.update()
             return outcomes
         return _autograde_concurrently(course_root, lab, students, timeout_s, workers, submitted, bar)
     finally:
         bar.close()
+
+
+@contextlib.contextmanager
+def _kernel_pool(course_root: Path, lab: str, env: dict[str, str], more_to_grade):
+    """A ``KernelPool`` for one worker (closed on exit), or None where it is turned off or cannot start."""
+    pool = None
+    if pool_enabled() and (course_root / "source" / lab).is_dir():
+        try:
+            pool = KernelPool(course_root, lab, env, more_to_grade)
+        except Exception as exc:  # noqa: BLE001 - nbgrader then starts every kernel itself, as it always could
+            print(f"kernel pool: not used ({exc}); each submission starts its own kernel", file=sys.stderr)
+    try:
+        yield pool
+    finally:
+        if pool is not None:
+            pool.close()
 
 
 def _autograde_concurrently(course_root: Path, lab: str, students: list[str], timeout_s: float, workers: int,
@@ -372,22 +405,31 @@ def _autograde_concurrently(course_root: Path, lab: str, students: list[str], ti
     from queue import Queue
 
     slots: Queue = Queue()
-    for env in worker_envs(workers, visible_gpus(), available_cpus()):
-        slots.put(env)
+    started = [0]  # submissions handed to a worker so far
+    counting = threading.Lock()
+
+    def more_to_grade() -> bool:
+        return started[0] < len(students)
+
     shared_db = not uses_sqlite(course_root)
     outcomes: dict[str, Outcome] = {}
-    with tempfile.TemporaryDirectory(prefix="efficient-ai-workers-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="efficient-ai-workers-") as scratch, contextlib.ExitStack() as pools:
+        for env in worker_envs(workers, visible_gpus(), available_cpus()):
+            slots.put((env, pools.enter_context(_kernel_pool(course_root, lab, env, more_to_grade))))
         template = None if shared_db else _private_template(course_root, lab, Path(scratch))
         recorder = None if shared_db else GradebookRecorder(course_root, lab, submitted)
 
         def work(student: str) -> tuple[Outcome, Path | None]:
-            env = slots.get()
+            env, pool = slots.get()
+            with counting:
+                started[0] += 1
             try:
                 if shared_db:
-                    return autograde_one(course_root, lab, student, timeout_s, env=env, submitted=submitted), None
-                return _execute_isolated(lab, student, submitted, template, Path(scratch), timeout_s, env)
+                    return autograde_one(course_root, lab, student, timeout_s, env=env, submitted=submitted,
+                                         pool=pool), None
+                return _execute_isolated(lab, student, submitted, template, Path(scratch), timeout_s, env, pool)
             finally:
-                slots.put(env)
+                slots.put((env, pool))
 
         try:
             with ThreadPoolExecutor(max_workers=workers) as pool:

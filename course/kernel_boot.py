@@ -10,7 +10,9 @@
 3. creates the kernel, which binds its sockets; then, with ``--uid`` (the sandbox started it as root), gives the
    working folder and HOME to uid/gid N and becomes that user, with no supplementary groups (the socket folder stays
    root's: the kernel cannot write there);
-4. changes into the working folder and runs the kernel.
+4. changes into the working folder; with ``--preload a,b``, imports those modules (a pre-started kernel does the
+   imports of the lab's setup cells before its submission needs it: ``course/kernel_pool.py``; a module that fails
+   to import is left for the cell that imports it); then runs the kernel.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--work", required=True, help="the kernel's working folder (created)")
     parser.add_argument("--on-path", action="store_true", help="put --files first on sys.path")
     parser.add_argument("--uid", type=int, help="run the kernel as this uid and gid (needs root)")
+    parser.add_argument("--preload", default="", help="modules to import before the kernel answers (comma-separated)")
     return parser.parse_args(argv[:split]), argv[split + 1:]
 
 
@@ -48,6 +51,17 @@ def become(uid: int) -> None:
         raise SystemExit(f"kernel_boot: could not become uid {uid}")
 
 
+def preload(modules: str) -> None:
+    """Import each module of the comma-separated ``modules``; one that fails is left for the cell that imports it."""
+    import importlib
+
+    for name in filter(None, (part.strip() for part in modules.split(","))):
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - the student's own import of it then shows the error
+            pass
+
+
 def main(argv: list[str]) -> None:
     options, kernel_args = parse(argv)
     shutil.copytree(options.files, options.work, symlinks=True, dirs_exist_ok=True)
@@ -62,6 +76,7 @@ def main(argv: list[str]) -> None:
         give_tree(os.path.expanduser("~"), options.uid)  # what IPython made there (its profile, history)
         become(options.uid)
     os.chdir(options.work)
+    preload(options.preload)
     app.start()
 
 

@@ -18,7 +18,7 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor, OverwriteCells
 from nbgrader.utils import is_grade, is_locked, is_solution
 from traitlets import Bool, Enum, Float, Integer
 
-from . import boundary
+from . import boundary, kernel_pool
 from .notebooks import (
     HIDDEN_BEGIN,
     HIDDEN_END,
@@ -365,6 +365,11 @@ def _is_setup_cell(cell) -> bool:
     return cell.cell_type == "code" and is_locked(cell) and not is_grade(cell) and not is_solution(cell)
 
 
+def setup_cells(nb) -> list[tuple[str, list[str]]]:
+    """Source and tags of each setup cell of ``nb`` (``_is_setup_cell``), as ``boundary.modules_to_import`` takes them."""
+    return [(cell.source, list(cell.metadata.get("tags") or ())) for cell in nb.cells if _is_setup_cell(cell)]
+
+
 def _where(cell, index: int) -> str:
     """How reasons name a cell: ``cell 7 (q1_2_scale)``."""
     gid = (cell.metadata.get("nbgrader") or {}).get("grade_id") if isinstance(cell.metadata.get("nbgrader"), dict) else None
@@ -445,7 +450,7 @@ class GuardedExecute(Execute):
         self._reset_state()
         # The grader runs the test cells with torch of its own: import it while the kernel starts, not after.
         self._needed = boundary.names_tests_read(nb)
-        locked = [(cell.source, list(cell.metadata.get("tags") or ())) for cell in nb.cells if _is_setup_cell(cell)]
+        locked = setup_cells(nb)
         self._warming = threading.Thread(target=boundary.warm_imports, name="grader-imports", daemon=True,
                                          args=(self._needed, self._instructor_folder(resources),
                                                boundary.modules_to_import(locked, self._needed)))
@@ -485,13 +490,26 @@ class GuardedExecute(Execute):
         self._boundary_comm = ""  # the comm the boundary's requests travel on
         self._replayable: list[int] = []  # code cells (not tests) that ran without losing the kernel
         self._restarts: list[str] = []  # why each fresh kernel was started
+        self._started_ahead: bool | None = None  # whether the first kernel came from course grade's pool
         self._deadline = time.monotonic() + self.notebook_timeout_s
+
+    def create_kernel_manager(self):
+        """nbclient's kernel manager; where ``course grade`` started a kernel ahead (``course/kernel_pool.py``), its
+        first kernel is that one."""
+        km = super().create_kernel_manager()
+        folder = os.environ.get(kernel_pool.POOL_ENV, "")
+        if folder and os.path.isdir(folder):
+            km.provisioner = kernel_pool.PooledProvisioner(
+                kernel_id=km.kernel_id or "", kernel_spec=km.kernel_spec, parent=km, pool_folder=folder)
+        return km
 
     async def async_start_new_kernel_client(self):
         """nbclient's kernel client, on ZeroMQ sockets that drop any message over ``max_message_bytes`` unread."""
         import zmq
         import zmq.asyncio
 
+        if self._started_ahead is None:
+            self._started_ahead = bool(getattr(self.km.provisioner, "adopted", False))
         context = zmq.asyncio.Context()
         context.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         self._zmq_context = context
@@ -980,7 +998,7 @@ class GuardedExecute(Execute):
         report = {"stopped": self._stopped, "guard": self._guard_broken, "integrity": self._integrity,
                   "cuda_error": self._cuda_error, "output_missed": self._output_missed, "retry": self._retry,
                   "neutralised": self._neutralised, "output_dropped_bytes": dropped,
-                  "kernel_restarts": self._restarts,
+                  "kernel_restarts": self._restarts, "kernel_started_ahead": bool(self._started_ahead),
                   "output_caps_bytes": [self.max_cell_output_bytes, self.max_notebook_output_bytes]}
         try:
             (Path(folder) / GRADING_REPORT).write_text(json.dumps(report, indent=1))

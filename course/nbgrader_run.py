@@ -6,13 +6,18 @@ an optional import that costs seconds, see ``course.fast_start``) in a course fo
 """
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .fork_server import ForkServer, ForkServerGone
+from .fork_server import enabled as fork_server_enabled
 from .notebooks import is_bonus_id
 from .paths import COURSE_ID, REPO_ROOT
 
@@ -54,11 +59,32 @@ class NbgraderResult:
         return "\n".join(self.output.strip().splitlines()[-lines:])
 
 
+_fork_server: ForkServer | None = None
+_fork_servers_started = 0
+_fork_server_lock = threading.Lock()
+MAX_FORK_SERVERS = 3  # a server that ended is replaced, this many times per process at most
+
+
+def start_fork_server() -> ForkServer | None:
+    """This process's fork server (``course.fork_server``), started on first use and replaced if it ended; None
+    where it is turned off or kept ending. Call it early: the server's imports then overlap with other work."""
+    global _fork_server, _fork_servers_started
+    if not fork_server_enabled():
+        return None
+    with _fork_server_lock:
+        if (_fork_server is None or _fork_server.gone) and _fork_servers_started < MAX_FORK_SERVERS:
+            _fork_server = ForkServer(nbgrader_env())
+            _fork_servers_started += 1
+            atexit.register(_fork_server.close)
+        return None if _fork_server is None or _fork_server.gone else _fork_server
+
+
 def run_nbgrader(
     course_root: Path,
     args: list[str],
     timeout_s: float | None = None,
     env: dict[str, str] | None = None,
+    fork: bool = False,
 ) -> NbgraderResult:
     """Run ``nbgrader ARGS`` in ``course_root`` (through ``course.fast_start``); never raises for nbgrader's own failures.
 
@@ -67,10 +93,25 @@ def run_nbgrader(
         args: nbgrader arguments, e.g. ``["autograde", "lab1", "--student", "alice", "--force"]``.
         timeout_s: wall-clock limit in seconds; the whole process group is killed when it is exceeded.
         env: extra environment variables.
+        fork: fork the process from this process's fork server (``course.fork_server``: nbgrader and the grader's
+            libraries already imported), where it runs; for the many nbgrader processes of ``course grade``.
     """
-    cmd = [sys.executable, "-m", "course.fast_start", "nbgrader", *args]
     full_env = nbgrader_env(env)
     cpus = _parse_cpus(full_env.get(CPUS_ENV, ""))
+    server = start_fork_server() if fork else None
+    if server is not None:
+        handle, output_path = tempfile.mkstemp(prefix="efficient-ai-nbgrader-", suffix=".log")
+        os.close(handle)
+        try:
+            code, timed_out = server.run(args, str(course_root), full_env, cpus, output_path, timeout_s)
+            with open(output_path, encoding="utf-8", errors="replace") as handle_out:
+                output = handle_out.read()
+            return NbgraderResult(-9 if timed_out else code, output, timed_out)
+        except ForkServerGone:
+            pass  # started the usual way below
+        finally:
+            os.unlink(output_path)
+    cmd = [sys.executable, "-m", "course.fast_start", "nbgrader", *args]
     proc = subprocess.Popen(
         cmd,
         cwd=course_root,

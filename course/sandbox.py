@@ -49,6 +49,8 @@ PROCESSES_ENV = "EFFICIENT_AI_SANDBOX_MAX_PROCESSES"
 HIDE_ENV = "EFFICIENT_AI_SANDBOX_HIDE"
 SOURCE_ENV = "EFFICIENT_AI_SANDBOX_SOURCE"
 RUNTIME_ENV = "EFFICIENT_AI_SANDBOX_RUNTIME"  # the nbgrader process's private folder: kernels' folders go there
+# Modules the kernel imports before it answers (comma-separated; set by course.kernel_pool for pre-started kernels).
+PRELOAD_ENV = "EFFICIENT_AI_KERNEL_PRELOAD"
 KERNEL_NAME = "efficient-ai-sandbox"
 PROCESS_DIR_PREFIX = "efficient-ai-kernels-"
 BOOT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_boot.py")
@@ -196,9 +198,35 @@ def configure_sandbox(c) -> None:
     c.Execute.kernel_name = KERNEL_NAME  # first: should anything below fail, no kernel starts (not an open one)
     process_dir = _ensure_process_dir(sandboxed)
     course = c.get("CourseDirectory", {})
-    root = course.get("root") or os.getcwd()
+    spec = grading_kernel_spec(course.get("root") or os.getcwd(), course.get("source_directory"),
+                               course.get("db_url"), process_dir, sandboxed)
+    spec_dir = os.path.join(process_dir, "kernels", KERNEL_NAME)
+    os.makedirs(spec_dir, exist_ok=True)
+    with open(os.path.join(spec_dir, "kernel.json"), "w") as handle:
+        json.dump(spec, handle, indent=1)
+    if sandboxed:
+        c.KernelManager.transport = "ipc"
+        c.KernelManager.ip = os.path.join(process_dir, "ipc", "kernel")
+
+
+def sandbox_works() -> bool:
+    """Whether grading kernels start sandboxed here: EFFICIENT_AI_SANDBOX is not ``off`` and bwrap works."""
+    return sandbox_mode() != "off" and unavailable_reason() is None
+
+
+def grading_kernel_spec(root: str, source_directory: str | None, db_url: str | None, runtime_dir: str,
+                        sandboxed: bool) -> dict:
+    """The kernelspec (``kernel.json``'s content) of a grading kernel for the course in ``root``.
+
+    Args:
+        root: the course folder (nbgrader's ``CourseDirectory.root``).
+        source_directory: its source folder's name (default ``source``); the lab's instructor files come from it.
+        db_url: the gradebook's URL (a SQLite gradebook's folder is hidden from the kernel).
+        runtime_dir: where the launcher makes each kernel's private folder.
+        sandboxed: start kernels in bwrap (else isolated only).
+    """
     hidden = [
-        os.getcwd(), root, _sqlite_folder(course.get("db_url")), os.environ.get("EFFICIENT_AI_REPO"),
+        os.getcwd(), root, _sqlite_folder(db_url), os.environ.get("EFFICIENT_AI_REPO"),
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), tempfile.gettempdir(),
     ]
     spec = {
@@ -208,19 +236,13 @@ def configure_sandbox(c) -> None:
         "language": "python",
         "env": {
             HIDE_ENV: os.pathsep.join(sorted({os.path.abspath(p) for p in hidden if p})),
-            SOURCE_ENV: os.path.join(os.path.abspath(root), course.get("source_directory") or "source"),
-            RUNTIME_ENV: process_dir,
+            SOURCE_ENV: os.path.join(os.path.abspath(root), source_directory or "source"),
+            RUNTIME_ENV: runtime_dir,
         },
     }
     if sandboxed:
         spec["interrupt_mode"] = "message"  # the kernel has its own session (bwrap --new-session): no SIGINT
-    spec_dir = os.path.join(process_dir, "kernels", KERNEL_NAME)
-    os.makedirs(spec_dir, exist_ok=True)
-    with open(os.path.join(spec_dir, "kernel.json"), "w") as handle:
-        json.dump(spec, handle, indent=1)
-    if sandboxed:
-        c.KernelManager.transport = "ipc"
-        c.KernelManager.ip = os.path.join(process_dir, "ipc", "kernel")
+    return spec
 
 
 def _ensure_process_dir(sandboxed: bool) -> str:
@@ -408,15 +430,17 @@ def launch(argv: list[str]) -> None:
               os.path.dirname(connection_file)]
     kernel_dir = tempfile.mkdtemp(prefix="kernel-", dir=os.environ.get(RUNTIME_ENV) or None)
     files = os.path.join(kernel_dir, "files")
-    on_path = ["--on-path"] if prepare_files(os.getcwd(), os.environ.get(SOURCE_ENV), hidden, files) else []
+    boot_options = ["--on-path"] if prepare_files(os.getcwd(), os.environ.get(SOURCE_ENV), hidden, files) else []
+    preload = os.environ.get(PRELOAD_ENV, "").strip()
+    boot_options += ["--preload", preload] if preload else []
     if sandboxed:
-        _exec_sandboxed(argv, connection_file, kernel_dir, on_path, hidden)
-    command = [sys.executable, "-I", BOOT_SCRIPT, *on_path, "--files", files, "--work",
+        _exec_sandboxed(argv, connection_file, kernel_dir, boot_options, hidden)
+    command = [sys.executable, "-I", BOOT_SCRIPT, *boot_options, "--files", files, "--work",
                os.path.join(kernel_dir, "work"), "--", *argv]
     os.execv(command[0], command)
 
 
-def _exec_sandboxed(argv: list[str], connection_file: str, kernel_dir: str, on_path: list[str],
+def _exec_sandboxed(argv: list[str], connection_file: str, kernel_dir: str, boot_options: list[str],
                     hidden: list[str]) -> None:
     """Replace this process with the kernel in bwrap, in cgroups of its own, with its limits.
 
@@ -433,7 +457,7 @@ def _exec_sandboxed(argv: list[str], connection_file: str, kernel_dir: str, on_p
     shutil.copyfile(connection_file, private_connection)
     kernel_args = list(argv)
     kernel_args[argv.index("-f") + 1] = CONNECTION_PATH
-    boot = [*on_path, "--files", FILES_DIR, "--work", WORK_DIR,
+    boot = [*boot_options, "--files", FILES_DIR, "--work", WORK_DIR,
             *(["--uid", str(kernel_uid)] if kernel_uid is not None else []), "--", *kernel_args]
     command = bwrap_command(boot, os.path.join(kernel_dir, "files"), private_connection, os.path.dirname(info["ip"]),
                             kernel_dir, hidden)

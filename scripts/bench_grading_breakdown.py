@@ -13,6 +13,13 @@ records on every cell (``metadata.execution``; the benchmark keeps them by turni
 - ``between cells``: the grader's own requests around cells (guard checks, liveness requests);
 - ``after the last cell``: scoring, gradebook writes and writing the autograded notebook, until nbgrader exits.
 
+With ``--kernel-ahead S``, each run's kernel is started S seconds before ``nbgrader autograde`` by a
+``course.kernel_pool.KernelPool``, which nbgrader adopts: the steady state of ``course grade``, where each worker
+starts its next kernel while the current submission grades (S should be shorter than one submission's grading).
+
+With ``--fork``, ``nbgrader autograde`` is forked from a ready ``course.fork_server`` (nbgrader and the grader's
+libraries already imported), as ``course grade`` runs it.
+
 Separately, ``kernel start`` and ``imports`` are measured in a kernel started alone with the same kernelspec (time to
 the kernel's first reply, then ``import torch`` and ``from utils import *`` timed inside it), and ``nbgrader start-up``
 as ``nbgrader autograde`` of a lab with no submission to grade. Writes ``reports/grading-breakdown-<tag>.md``/``.json``.
@@ -20,6 +27,7 @@ as ``nbgrader autograde`` of a lab with no submission to grade. Writes ``reports
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -34,11 +42,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from course.grade import prepare_gradebook  # noqa: E402
-from course.nbgrader_run import make_course_dir, nbgrader_env, run_nbgrader  # noqa: E402
+from course.kernel_pool import KernelPool  # noqa: E402
+from course.nbgrader_ext import GRADING_REPORT  # noqa: E402
+from course.nbgrader_run import make_course_dir, nbgrader_env, run_nbgrader, start_fork_server  # noqa: E402
 from course.notebooks import make_submission, read_notebook, write_notebook  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
-from bench_grading_throughput import machine_description  # noqa: E402
+from bench_grading_throughput import _without_out, machine_description  # noqa: E402
 
 STUDENT = "bench"
 
@@ -79,15 +89,27 @@ def split_run(notebook: Path, started_s: float, ended_s: float) -> dict[str, flo
             ended_s - previous_end, "total": ended_s - started_s}
 
 
-def autograde_run(course: Path, lab: str) -> dict[str, float]:
+def autograde_run(course: Path, lab: str, kernel_ahead_s: float | None = None, fork: bool = False) -> dict[str, float]:
     shutil.rmtree(course / "autograded", ignore_errors=True)
-    started = time.time()
-    result = run_nbgrader(course, ["autograde", lab, "--student", STUDENT, "--force",
-                                   "--ClearMetadataPreprocessor.enabled=False"])
-    ended = time.time()
+    with contextlib.ExitStack() as stack:
+        env = {}
+        if kernel_ahead_s is not None:
+            claimed = []
+            pool = stack.enter_context(KernelPool(course, lab, more_to_grade=lambda: not claimed))
+            time.sleep(kernel_ahead_s)
+            claimed.append(True)  # no other kernel is started ahead once nbgrader runs
+            env = pool.env
+        started = time.time()
+        result = run_nbgrader(course, ["autograde", lab, "--student", STUDENT, "--force",
+                                       "--ClearMetadataPreprocessor.enabled=False"], env=env, fork=fork)
+        ended = time.time()
     if not result.ok:
         raise RuntimeError(f"nbgrader autograde failed:\n{result.tail(40)}")
-    return split_run(course / "autograded" / STUDENT / lab / f"{lab}.ipynb", started, ended)
+    notebook = course / "autograded" / STUDENT / lab / f"{lab}.ipynb"
+    if kernel_ahead_s is not None and not json.loads((notebook.parent / GRADING_REPORT).read_text()).get(
+            "kernel_started_ahead"):
+        raise RuntimeError("nbgrader did not adopt the kernel started ahead")
+    return split_run(notebook, started, ended)
 
 
 def startup_run(course: Path, lab: str) -> float:
@@ -148,7 +170,12 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--tag", default="cpu", help="names the report: reports/grading-breakdown-<tag>.md")
     parser.add_argument("--out", type=Path, default=REPO / "reports")
+    parser.add_argument("--kernel-ahead", type=float, default=None, metavar="S",
+                        help="start the kernel S seconds ahead, as course grade's pool does (default: nbgrader starts it)")
+    parser.add_argument("--fork", action="store_true", help="fork nbgrader from course grade's fork server")
     args = parser.parse_args()
+    if args.fork and not (start_fork_server() and start_fork_server().wait_ready()):
+        raise SystemExit("the fork server did not start (EFFICIENT_AI_FORK_SERVER=off?)")
     with tempfile.TemporaryDirectory(prefix="bench-breakdown-") as tmp:
         course = make_course_dir(Path(tmp) / "course", [args.lab], REPO)
         nb = make_submission(read_notebook(REPO / "release" / args.lab / f"{args.lab}.ipynb"),
@@ -157,7 +184,7 @@ def main() -> int:
         prepare_gradebook(course, args.lab)
         runs = []
         for index in range(args.repeat):
-            run = autograde_run(course, args.lab)
+            run = autograde_run(course, args.lab, args.kernel_ahead, args.fork)
             run["nbgrader start-up alone (no submission)"] = startup_run(course, args.lab)
             probe = kernel_run(course, args.lab)
             run.update(probe["times"])
@@ -168,9 +195,12 @@ def main() -> int:
     machine = machine_description()
     lines = [
         f"# Where one {args.lab} autograde spends its time ({args.tag})", "",
-        f"Measured by `scripts/bench_grading_breakdown.py --lab {args.lab} --repeat {args.repeat} --tag {args.tag}` "
+        f"Measured by `{' '.join(['python scripts/bench_grading_breakdown.py', *_without_out(sys.argv[1:])])}` "
         f"on {machine}: plain `nbgrader autograde` of the reference solution at quick scale, guard and sandbox as "
-        "configured, split by the cell timestamps nbclient records. Medians of the runs, in seconds.", "",
+        "configured, split by the cell timestamps nbclient records. Medians of the runs, in seconds."
+        + ("" if args.kernel_ahead is None else f" The kernel was started {args.kernel_ahead:g} s ahead and adopted "
+           "by nbgrader (`course/kernel_pool.py`), as in `course grade`'s steady state.")
+        + (" nbgrader was forked from `course/fork_server.py`, as `course grade` runs it." if args.fork else ""), "",
         "| step | median (s) | share of total |", "| --- | --- | --- |",
     ]
     total = medians["total"]

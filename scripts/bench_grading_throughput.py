@@ -1,8 +1,12 @@
 """Grading throughput (submissions per minute) against the number of workers, at quick scale on this machine.
 
-Usage: ``python scripts/bench_grading_throughput.py [--lab lab1] [--submissions 8] [--workers 1 2]``.
+Usage: ``python scripts/bench_grading_throughput.py [--lab lab1] [--submissions 8] [--workers 1 2]
+[--kernels-ahead on|off|both]``.
 Each run grades the same class (copies of the reference solution of the lab) into a fresh SQLite course with
-``course.grade.grade_lab`` and times the whole call, gradebook preparation included. Writes
+``course.grade.grade_lab`` and times the whole call, gradebook preparation included. ``--kernels-ahead off`` grades
+with ``EFFICIENT_AI_KERNEL_POOL_OFF=1`` and ``EFFICIENT_AI_FORK_SERVER=off``: every nbgrader process starts with
+``python`` and starts its own kernel, as before ``course/kernel_pool.py`` and ``course/fork_server.py``; ``both`` runs
+every worker count both ways, off first. Writes
 ``reports/grading-throughput.md`` and ``reports/grading-throughput.json``.
 """
 from __future__ import annotations
@@ -19,12 +23,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from course.fork_server import MODE_ENV as FORK_SERVER_ENV  # noqa: E402
 from course.grade import grade_lab  # noqa: E402
+from course.kernel_pool import POOL_OFF_ENV  # noqa: E402
 from course.nbgrader_run import make_course_dir  # noqa: E402
 from course.notebooks import make_submission, read_notebook, write_notebook  # noqa: E402
 
 
-def grade_class(lab: str, submissions: int, workers: int) -> dict:
+def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = True) -> dict:
+    os.environ.pop(POOL_OFF_ENV, None)
+    os.environ.pop(FORK_SERVER_ENV, None)
+    if not kernels_ahead:
+        os.environ.update({POOL_OFF_ENV: "1", FORK_SERVER_ENV: "off"})
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         course = make_course_dir(Path(tmp), [lab], REPO)
         nb = make_submission(read_notebook(REPO / "release" / lab / f"{lab}.ipynb"),
@@ -34,10 +44,29 @@ def grade_class(lab: str, submissions: int, workers: int) -> dict:
         start = time.perf_counter()
         outcomes, scores = grade_lab(course, lab, progress=False, workers=workers)
         seconds = time.perf_counter() - start
+    # the reference solution earns every autograded point, or the run is reported as failed
     failed = [f"{o.student}: {o.status}: {o.reason}" for o in outcomes.values() if o.status != "ok"]
-    return {"workers": workers, "submissions": submissions, "seconds": seconds,
+    failed += [f"{student}: {sub.autograded_score():g} of {sub.autograded_max():g} autograded points"
+               for student, sub in scores.items() if sub.autograded_score() < sub.autograded_max()]
+    failed += [f"{student}: no score" for student in outcomes if student not in scores]
+    os.environ.pop(POOL_OFF_ENV, None)
+    os.environ.pop(FORK_SERVER_ENV, None)
+    return {"workers": workers, "kernels_ahead": kernels_ahead, "submissions": submissions, "seconds": seconds,
             "submissions_per_minute": submissions / seconds * 60, "failed": failed,
             "autograde_seconds": [outcomes[s].seconds for s in sorted(outcomes)]}
+
+
+def _without_out(argv: list[str]) -> list[str]:
+    """The command line as a report shows it: without ``--out`` (a folder of the machine it ran on)."""
+    shown, skip = [], False
+    for part in argv:
+        if skip or part.startswith("--out="):
+            skip = False
+            continue
+        skip = part == "--out"
+        if not skip:
+            shown.append(part)
+    return shown
 
 
 def machine_description() -> str:
@@ -56,28 +85,47 @@ def machine_description() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--lab", default="lab1")
-    parser.add_argument("--submissions", type=int, default=8)
+    parser.add_argument("--submissions", type=int, nargs="+", default=[8],
+                        help="class size: one for every run, or one per --workers entry")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--out", type=Path, default=REPO / "reports")
     parser.add_argument("--tag", default="", help="names the report grading-throughput-<tag>.md (default: no tag)")
+    parser.add_argument("--kernels-ahead", choices=("on", "off", "both"), default="on",
+                        help="start each worker's next kernel ahead and fork nbgrader from the fork server (course grade's "
+                             "default), or neither, or both ways")
     args = parser.parse_args()
+    modes = {"on": [True], "off": [False], "both": [False, True]}[args.kernels_ahead]
+    sizes = args.submissions * len(args.workers) if len(args.submissions) == 1 else args.submissions
+    if len(sizes) != len(args.workers):
+        parser.error("give one --submissions, or one per --workers entry")
     rows = []
-    for workers in args.workers:
-        row = grade_class(args.lab, args.submissions, workers)
-        rows.append(row)
-        print(f"workers={workers}: {row['seconds']:.0f} s, {row['submissions_per_minute']:.2f} submissions/min, failed={row['failed']}", flush=True)
-    base = rows[0]["submissions_per_minute"]
+    for workers, submissions in zip(args.workers, sizes):
+        for ahead in modes:
+            row = grade_class(args.lab, submissions, workers, ahead)
+            rows.append(row)
+            print(f"workers={workers} kernels_ahead={ahead}: {row['seconds']:.0f} s, "
+                  f"{row['submissions_per_minute']:.2f} submissions/min, failed={row['failed']}", flush=True)
     machine = machine_description()
+    command = " ".join(["python scripts/bench_grading_throughput.py", *_without_out(sys.argv[1:])])
     lines = [
         f"# Grading throughput: {args.lab} at quick scale", "",
-        f"Measured by `scripts/bench_grading_throughput.py` on {machine}: {args.submissions} copies of the "
-        f"reference solution graded into a fresh SQLite course per run (gradebook preparation included).", "",
-        "| workers | wall time (s) | submissions / min | speedup | per submission (s) |", "| --- | --- | --- | --- | --- |",
+        f"Measured by `{command}` on {machine}: copies of the reference solution (the number in each row) "
+        "graded into a fresh SQLite course per run (gradebook preparation included). "
+        "Speedup: against one worker with the same kernel start.", "",
+        "| workers | kernel pool and fork server | submissions | wall time (s) | submissions / min | speedup | "
+        "per submission (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
-        lines.append(f"| {row['workers']} | {row['seconds']:.0f} | {row['submissions_per_minute']:.2f} | "
-                     f"{row['submissions_per_minute'] / base:.2f}x | {row['seconds'] / row['submissions']:.1f} |")
-    lines += ["", "With SQLite, workers execute in private copies of the course and one thread records their results "
+        base = next(r for r in rows if r["kernels_ahead"] == row["kernels_ahead"])["submissions_per_minute"]
+        lines.append(f"| {row['workers']} | {'yes' if row['kernels_ahead'] else 'no'} | {row['submissions']} | "
+                     f"{row['seconds']:.0f} | "
+                     f"{row['submissions_per_minute']:.2f} | {row['submissions_per_minute'] / base:.2f}x | "
+                     f"{row['seconds'] / row['submissions']:.1f} |")
+    lines += ["", "Kernel pool (`course/kernel_pool.py`): each worker starts its next submission's kernel, with the "
+              "lab's setup imports done, while the current submission grades. Fork server (`course/fork_server.py`): "
+              "every nbgrader process is forked from one that already imported nbgrader and the grader's libraries. "
+              "With SQLite, workers execute in private copies of the course and one thread records their results "
               "in the gradebook, one nbgrader process at a time, while they go on; what it records after the last "
               "submission finished and the per-run gradebook preparation are the serial part that keeps the "
               "speedup under the worker count. A PostgreSQL gradebook (NBGRADER_DB_URL) is written by the workers "

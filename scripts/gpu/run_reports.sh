@@ -9,8 +9,14 @@
 #   cudafaults scripts/gpu/check_cuda_faults.py (a device-side assert and a CUDA OOM in a submission, graded on the GPU)
 #   breakdown  scripts/bench_grading_breakdown.py (where one Lab 1 autograde's time goes) and
 #              scripts/bench_grading_throughput.py (submissions per minute against workers)
-#   throughput scripts/bench_grading_throughput.py alone ($EFFICIENT_AI_BENCH_SUBMISSIONS submissions, default 8, at
-#              each of $EFFICIENT_AI_BENCH_WORKERS workers, default "1 4 8")
+#   throughput scripts/bench_grading_throughput.py alone ($EFFICIENT_AI_BENCH_SUBMISSIONS submissions, default 8, or
+#              one class size per worker count, at
+#              each of $EFFICIENT_AI_BENCH_WORKERS workers, default "1 4 8"; kernel pool and fork server
+#              $EFFICIENT_AI_BENCH_KERNELS_AHEAD: on (default), off or both; lab $EFFICIENT_AI_BENCH_LAB, default lab1,
+#              report grading-throughput-h100[-LAB].md)
+#   ahead      scripts/bench_grading_breakdown.py with the kernel started 20 s ahead and nbgrader forked from the fork
+#              server (course grade's steady state),
+#              $EFFICIENT_AI_BENCH_REPEAT runs (default 2); report grading-breakdown-h100-ahead.md
 #   compare    scripts/compare_grading_cost.py (every lab graded by this tree and by the tree in .baseline, which
 #              travels as an ignored path: carry [".whl", ".baseline"]; write it here with --commit first)
 #   capped     scripts/gpu/run_lab.py LAB --skip-autograde for every lab at once, each kernel's CUDA memory capped at
@@ -43,9 +49,12 @@ for step in "$@"; do
     breakdown) { python3 scripts/bench_grading_breakdown.py --lab lab1 --repeat 2 --tag h100 --out "$RESULTS/reports"
                  python3 scripts/bench_grading_throughput.py --lab lab1 --submissions ${EFFICIENT_AI_BENCH_SUBMISSIONS:-8} \
                    --workers ${EFFICIENT_AI_BENCH_WORKERS:-1 4 8} --tag h100 --out "$RESULTS/reports"; } 2>&1 | tee "$RESULTS/breakdown.log" ;;
-    throughput) python3 scripts/bench_grading_throughput.py --lab lab1 --submissions ${EFFICIENT_AI_BENCH_SUBMISSIONS:-8} \
-                  --workers ${EFFICIENT_AI_BENCH_WORKERS:-1 4 8} --tag h100 --out "$RESULTS/reports" 2>&1 \
-                  | tee "$RESULTS/throughput.log" ;;
+    throughput) lab=${EFFICIENT_AI_BENCH_LAB:-lab1}
+                python3 scripts/bench_grading_throughput.py --lab "$lab" --submissions ${EFFICIENT_AI_BENCH_SUBMISSIONS:-8} \
+                  --workers ${EFFICIENT_AI_BENCH_WORKERS:-1 4 8} --kernels-ahead ${EFFICIENT_AI_BENCH_KERNELS_AHEAD:-on} \
+                  --tag "h100$([ "$lab" = lab1 ] || echo "-$lab")" --out "$RESULTS/reports" 2>&1 | tee -a "$RESULTS/throughput.log" ;;
+    ahead)   python3 scripts/bench_grading_breakdown.py --lab lab1 --repeat ${EFFICIENT_AI_BENCH_REPEAT:-2} --kernel-ahead 20 --fork \
+               --tag h100-ahead --out "$RESULTS/reports" 2>&1 | tee "$RESULTS/ahead.log" ;;
     compare) python3 scripts/compare_grading_cost.py --rounds ${EFFICIENT_AI_BENCH_ROUNDS:-1} --tag h100 \
                --out "$RESULTS/reports" 2>&1 | tee "$RESULTS/compare.log" ;;
     autograde) for lab in $(ls labs); do python3 scripts/gpu/run_lab.py "$lab" --skip-execute --out "$RESULTS"; done 2>&1 | tee "$RESULTS/autograde.log" ;;

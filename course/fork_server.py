@@ -1,0 +1,325 @@
+"""nbgrader processes forked from a server that has already imported what every grading process imports.
+
+Each submission is graded by its own nbgrader process (a crash, a hang or a time limit then costs that submission
+only). Started with ``python``, every such process imports nbgrader and its Jupyter stack, and then, for the test
+cells it runs outside the kernel, torch, what torch's first ``assert_close`` imports (sympy, torch.distributed.tensor)
+and transformers' Gemma-3 config: several seconds of CPU per submission, on the critical path once the kernel is
+started ahead (reports/grading-breakdown-h100-ahead.md). ``course grade`` therefore starts one ``ForkServer`` that
+imports those modules once and forks a fresh process for every nbgrader command; each child is what
+``python -m course.fast_start nbgrader ARGS`` would be: its own session, CPUs, folder, environment and output file,
+and it exits when nbgrader does.
+
+What a fork cannot carry is never done in the server: no CUDA (``PYTORCH_NVML_BASED_CUDA_CHECK``; torch's CUDA is
+initialised lazily, in the child), no threads (``SERVER_ENV`` keeps OpenBLAS, OpenMP and MKL to one thread and no
+torch operation runs in the server; each child sizes torch's threads from its own ``OMP_NUM_THREADS``, else to its
+CPUs; numpy's BLAS in the grader stays single-threaded), no instructor files (each child imports the lab's
+``utils``), no sockets.
+
+``python -m course.fork_server``: the server. It reads one JSON request per line on stdin
+(``{"id", "args", "cwd", "env", "cpus", "output"}``) and answers on stdout ``{"id", "pid"}`` when it forked the
+child and ``{"id", "status"}`` when the child ended (the exit status, or minus the signal that ended it).
+``EFFICIENT_AI_FORK_SERVER=off`` makes ``course.nbgrader_run`` start every nbgrader process with ``python`` instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from .processes import start_time
+
+MODE_ENV = "EFFICIENT_AI_FORK_SERVER"
+PRELOAD = (
+    "nbformat", "nbclient", "jupyter_client", "zmq", "nbconvert", "sqlalchemy", "alembic",
+    "nbgrader.apps.nbgraderapp", "nbgrader.preprocessors", "nbgrader.api",
+    "course.nbgrader_ext", "course.sanitize", "course.feedback", "course.sandbox",
+    "numpy", "torch", "torch.testing", "torch.nn.functional", "sympy", "torch.fx.experimental.symbolic_shapes",
+    "torch.distributed.tensor", "transformers.models.gemma3.configuration_gemma3",
+)
+READY = "ready"
+# The server's own environment: no thread pool may start before a fork (OpenBLAS starts one per core when numpy is
+# imported), and no CUDA call (a CUDA driver initialised before fork fails in the child).
+# pyarrow (which transformers' import reaches on the H100 machine) starts its jemalloc's background thread: its memory
+# pool is the system allocator in the server (ARROW_DEFAULT_MEMORY_POOL), and jemalloc is asked not to start one.
+SERVER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "PYTORCH_NVML_BASED_CUDA_CHECK": "1", "ARROW_DEFAULT_MEMORY_POOL": "system",
+              "JE_ARROW_MALLOC_CONF": "background_thread:false", "MALLOC_CONF": "background_thread:false"}
+
+
+def enabled() -> bool:
+    return os.environ.get(MODE_ENV, "").strip().lower() not in ("off", "0", "no", "false") and hasattr(os, "fork")
+
+
+# -- the server ----------------------------------------------------------------------------------------------------
+def _preload() -> None:
+    from .fast_start import skip_slow_optional_imports
+
+    skip_slow_optional_imports()
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the child imports it itself, as a fresh process would
+            pass
+
+
+def _thread_names() -> list[str]:
+    """The names of this process's threads (Linux; one entry elsewhere)."""
+    try:
+        tasks = sorted(os.listdir("/proc/self/task"))
+    except OSError:
+        return ["main"]
+    names = []
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as handle:
+                names.append(handle.read().strip())
+        except OSError:
+            names.append(task)
+    return names
+
+
+def _child(request: dict) -> None:
+    """In the forked child: become what ``python -m course.fast_start nbgrader ARGS`` would be, run it, exit."""
+    code = 1
+    try:
+        os.setsid()
+        if request.get("cpus") and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, request["cpus"])
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(devnull, 0)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.close(devnull)
+        os.close(output)
+        sys.stdout = sys.__stdout__  # the server pointed it at stderr
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        threads = int(threads) if threads.isdigit() and int(threads) > 0 else len(os.sched_getaffinity(0))
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.set_num_threads(threads)  # the server imported torch with one thread
+        from nbgrader.apps.nbgraderapp import main as nbgrader_main
+
+        sys.argv = ["nbgrader", *request["args"]]
+        try:
+            nbgrader_main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - reported in the child's output, like an uncaught error in python
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            import atexit
+
+            threading._shutdown()  # what an exiting interpreter does: wait for non-daemon threads, then atexit
+            atexit._run_exitfuncs()  # (the sandbox removes its folder)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve() -> None:
+    """Answer requests on stdin until it closes; then wait for the children still running."""
+    _preload()
+    threads = _thread_names()
+    if len(threads) > 1:
+        print(f"fork server: {len(threads)} threads after the imports ({', '.join(threads)}); forked children may "
+              "deadlock", file=sys.stderr)
+    out = sys.stdout
+    sys.stdout = sys.stderr  # nothing but answers on the answer channel
+    running: dict[int, int] = {}  # pid -> request id
+
+    def answer(message: dict) -> None:
+        out.write(json.dumps(message) + "\n")
+        out.flush()
+
+    answer({"id": None, READY: True})
+    stdin = sys.stdin.buffer
+    buffer = b""
+    open_ = True
+    while open_ or running:
+        if open_:
+            readable, _, _ = select.select([stdin], [], [], 0.02)
+            if readable:
+                chunk = os.read(stdin.fileno(), 65536)
+                open_ = bool(chunk)
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    request = json.loads(line)
+                    try:
+                        pid = os.fork()
+                    except OSError as exc:  # no process to be had: the client starts it the usual way
+                        answer({"id": request["id"], "error": str(exc)})
+                        continue
+                    if pid == 0:
+                        _child(request)
+                    running[pid] = request["id"]
+                    answer({"id": request["id"], "pid": pid})
+        else:
+            time.sleep(0.02)
+        while running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            answer({"id": running.pop(pid, None), "status": os.waitstatus_to_exitcode(status)})
+
+
+# -- the client ----------------------------------------------------------------------------------------------------
+def _kill_group(pid: int, wait_s: float = 0.0) -> None:
+    """SIGKILL the process group ``pid`` leads; with ``wait_s``, wait that long for the process to be gone."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and start_time(pid) is not None:
+        time.sleep(0.05)
+
+
+class ForkServerGone(RuntimeError):
+    """The fork server ended or did not start: run the command the usual way."""
+
+
+class _Request:
+    """What the server answered about one request: the child's pid, then its exit status (or why there is none)."""
+
+    def __init__(self):
+        self.forked, self.ended = threading.Event(), threading.Event()
+        self.pid: int | None = None
+        self.status: int | None = None
+        self.error = ""
+
+    def answer(self, message: dict) -> bool:
+        """Take one answer; whether the request is settled (nothing more will come for it)."""
+        if "error" in message:
+            self.error = str(message["error"])
+        if "pid" in message:
+            self.pid = message["pid"]
+        if "status" in message:
+            self.status = message["status"]
+        settled = bool(self.error) or self.status is not None
+        if settled or self.pid is not None:
+            self.forked.set()
+        if settled:
+            self.ended.set()
+        return settled
+
+    def abandon(self) -> None:
+        """The server ended: nothing more will come."""
+        self.forked.set()
+        self.ended.set()
+
+
+class ForkServer:
+    """A running fork server and the thread that reads its answers (one per ``course grade`` process).
+
+    Args:
+        env: the server's environment (``nbgrader_run.nbgrader_env()``).
+    """
+
+    def __init__(self, env: dict[str, str]):
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "course.fork_server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env={**env, **SERVER_ENV}, start_new_session=True)
+        self._lock = threading.Lock()
+        self._waiting: dict[int, _Request] = {}
+        self._next_id = 0
+        self._ready = threading.Event()
+        self._gone = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="fork-server", daemon=True)
+        self._thread.start()
+
+    def run(self, args: list[str], cwd: str, env: dict[str, str], cpus: set[int], output: str,
+            timeout_s: float | None) -> tuple[int, bool]:
+        """Run ``nbgrader ARGS`` in a forked child; its exit status and whether it was killed at ``timeout_s``.
+
+        Raises:
+            ForkServerGone: the server is not running (nothing was started).
+        """
+        if not self.wait_ready():
+            raise ForkServerGone("the fork server is not running")
+        request = _Request()
+        with self._lock:
+            self._next_id += 1
+            request_id = self._next_id
+            self._waiting[request_id] = request
+            try:
+                self._process.stdin.write((json.dumps({"id": request_id, "args": args, "cwd": cwd, "env": env,
+                                                       "cpus": sorted(cpus), "output": output}) + "\n").encode())
+                self._process.stdin.flush()
+            except OSError as exc:
+                self._waiting.pop(request_id, None)
+                raise ForkServerGone(f"the fork server is not running ({exc})") from exc
+        started = time.monotonic()
+        if not request.forked.wait(timeout_s):
+            return -signal.SIGKILL, True  # not even forked within the time limit (a server that hangs)
+        if request.pid is None:
+            raise ForkServerGone(f"the fork server did not start the process ({request.error or 'it ended'})")
+        left_s = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - started))
+        timed_out = not request.ended.wait(left_s)
+        if timed_out:
+            _kill_group(request.pid)
+            request.ended.wait(60)
+        if request.status is None:  # the server ended while the child ran: end the child, run it again
+            _kill_group(request.pid, wait_s=30)
+            raise ForkServerGone("the fork server ended while nbgrader ran")
+        return request.status, timed_out
+
+    def wait_ready(self, timeout_s: float = 120.0) -> bool:
+        """Wait until the server has made its imports; whether it runs."""
+        return self._ready.wait(timeout_s) and not self.gone
+
+    @property
+    def gone(self) -> bool:
+        return self._gone.is_set()
+
+    def close(self) -> None:
+        try:
+            self._process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+
+    def _read(self) -> None:
+        for line in self._process.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if message.get(READY):
+                self._ready.set()
+                continue
+            with self._lock:
+                request = self._waiting.get(message.get("id"))
+                if request is not None and request.answer(message):
+                    del self._waiting[message["id"]]
+        self._gone.set()
+        self._ready.set()
+        with self._lock:  # whoever still waits learns that nothing will come
+            for request in self._waiting.values():
+                request.abandon()
+
+
+if __name__ == "__main__":
+    serve()

@@ -1,0 +1,304 @@
+"""Grading kernels started before their submission needs them, and their adoption by nbgrader.
+
+Every submission's nbgrader process used to start its own kernel and wait for it: the kernel's start and the imports
+done before any student code (the guard's numpy, torch and utils; the setup cells' pandas, matplotlib, transformers)
+cost 5 to 8 s of each submission's time (reports/grading-breakdown-*.md). ``course grade`` now keeps a
+``KernelPool`` per worker that starts the *next* submission's kernel while the current one grades:
+
+- the same kernelspec, sandbox, environment and CPUs as the kernel nbgrader would start itself
+  (``sandbox.grading_kernel_spec``, ``nbgrader_run.nbgrader_env``), each kernel with its own folder and ipc socket
+  folder (a kernel never sees another's sockets);
+- ``kernel_boot.py --preload`` imports what the lab's setup cells and the guard import (``preload_modules``) before
+  the kernel answers. Those imports ran before any student code already; only their time moves.
+
+The nbgrader process finds the pool in ``EFFICIENT_AI_KERNEL_POOL`` and adopts one kernel (``PooledProvisioner``, set
+by ``GuardedExecute``); with no kernel ready it starts its own, as before. A kernel serves one submission: when the
+worker's nbgrader process ends, the worker kills whatever that process claimed (``KernelPool.release``). A fresh
+kernel after a dead one is always started by nbgrader itself.
+
+Claiming: the pool publishes a started kernel as ``<pool>/ready/<id>.json`` (its connection file, pid, process start
+time, log file); a claimer renames that file into ``<pool>/claimed/`` (atomic: one claimer wins), then checks that the
+process is still the one the pool started.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from jupyter_client.provisioning import LocalProvisioner
+from traitlets import Bool, Unicode
+
+from . import boundary
+from .nbgrader_run import CPUS_ENV, _parse_cpus, nbgrader_env
+from .processes import start_time
+from .sandbox import KERNEL_NAME, PRELOAD_ENV, RUNTIME_ENV, grading_kernel_spec, sandbox_works
+
+POOL_ENV = "EFFICIENT_AI_KERNEL_POOL"  # the pool folder an nbgrader process may adopt a kernel from
+POOL_OFF_ENV = "EFFICIENT_AI_KERNEL_POOL_OFF"  # set to 1: course grade starts no kernels ahead (to compare)
+LOG_TAIL_BYTES = 64 * 1024  # of a pooled kernel's own stdout and stderr, copied to the adopting nbgrader's stderr
+REFILL_POLL_S = 0.05
+MAX_FAILURES = 3  # kernels started ahead that fail before the pool stops starting them
+FAILURE_PAUSE_S = 2.0
+
+
+def pool_enabled() -> bool:
+    return os.environ.get(POOL_OFF_ENV, "").strip() not in ("1", "true", "yes", "on")
+
+
+def preload_modules(source_folder: Path) -> list[str]:
+    """What a pre-started kernel of the lab in ``source_folder`` (``source/<lab>/``) imports before it answers: the
+    guard's libraries where the lab uses them, then every module that the instructor's setup cells (locked code cells
+    that are neither tests nor answers) import, in order."""
+    import nbformat
+
+    from .nbgrader_ext import setup_cells  # here: nbgrader_ext imports this module
+
+    # numpy, torch, utils: what the guard imports before any student code
+    modules = sorted(boundary.GUARD_LIBRARIES) if boundary.lab_uses_guard_libraries(source_folder) else []
+    for path in sorted(source_folder.glob("*.ipynb")):
+        try:
+            nb = nbformat.read(path, as_version=4)
+        except Exception:  # noqa: BLE001 - an unreadable notebook preloads nothing; its kernel starts as usual
+            continue
+        modules += boundary.modules_to_import(setup_cells(nb), None)
+    return list(dict.fromkeys(modules))
+
+
+class KernelPool:
+    """Keeps one grading kernel of ``lab`` started ahead for a worker of ``course grade``.
+
+    Args:
+        course_root: the course folder (its ``source/<lab>/`` holds the instructor files).
+        lab: the lab being graded.
+        env: the worker's environment variables (its GPU, CPUs and thread counts; ``nbgrader_run.worker_envs``).
+        more_to_grade: whether another submission may still need a kernel; none is started ahead otherwise.
+    """
+
+    def __init__(self, course_root: Path, lab: str, env: dict[str, str] | None = None,
+                 more_to_grade: Callable[[], bool] = lambda: True):
+        self._more_to_grade = more_to_grade
+        source = Path(course_root) / "source" / lab
+        preload = ",".join(preload_modules(source))
+        sandboxed = sandbox_works()
+        # Short path under /tmp: ipc socket paths must stay under about 100 characters.
+        self.folder = Path(tempfile.mkdtemp(prefix="efficient-ai-pool-", dir="/tmp"))
+        for name in ("ready", "claimed"):
+            (self.folder / name).mkdir()
+        spec = grading_kernel_spec(str(course_root), None, None, str(self.folder), sandboxed)
+        self._argv = spec["argv"]
+        # What nbgrader autograde adds for the kernels it starts: NBGRADER_EXECUTION (the sandbox keeps it from the
+        # kernel; an unsandboxed one sees it, and Lab 1 reads it). JPY_PARENT_PID: an unsandboxed kernel ends with
+        # this process, as one nbgrader starts ends with nbgrader (a sandboxed one ends with its bwrap).
+        self._env = {**nbgrader_env(env), **spec["env"], PRELOAD_ENV: preload, "NBGRADER_EXECUTION": "autograde",
+                     "JPY_PARENT_PID": str(os.getpid())}
+        self._env.pop(POOL_ENV, None)
+        self._cwd = source
+        self._cpus = _parse_cpus(self._env.get(CPUS_ENV, ""))
+        self._kernels: dict[str, subprocess.Popen] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._keep_one_ready, name="kernel-pool", daemon=True)
+        self._thread.start()
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What the worker's nbgrader process needs in its environment to adopt this pool's kernels."""
+        return {POOL_ENV: str(self.folder)}
+
+    def release(self) -> None:
+        """Kill every kernel claimed so far (their nbgrader process has ended) and remove its files."""
+        with self._lock:
+            for name in os.listdir(self.folder / "claimed"):
+                self._remove(name.removesuffix(".json"))
+
+    def close(self) -> None:
+        """Kill every kernel of the pool, claimed or not, and remove the pool's folder."""
+        self._closed.set()
+        self._thread.join()
+        with self._lock:
+            for kernel_id in list(self._kernels):
+                self._remove(kernel_id)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> KernelPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- inside -----------------------------------------------------------------------------------------------------
+    def _keep_one_ready(self) -> None:
+        failures = 0  # kernels that could not start or ended unused: after MAX_FAILURES, none is started ahead
+        while not self._closed.is_set() and failures < MAX_FAILURES:
+            failed = False
+            with self._lock:
+                for kernel_id, process in list(self._kernels.items()):  # reap: a killed kernel is no zombie for long
+                    if process.poll() is None or (self.folder / "claimed" / f"{kernel_id}.json").exists():
+                        continue  # a claimed kernel is removed by release(), after its nbgrader process
+                    print(f"kernel pool: a kernel started ahead ended before any submission used it (exit status "
+                          f"{process.returncode}); its output:\n{_tail(self.folder / kernel_id / 'kernel.log')}",
+                          file=sys.stderr)
+                    self._remove(kernel_id)
+                    failed = True
+                if not failed and not os.listdir(self.folder / "ready") and self._more_to_grade():
+                    try:
+                        self._start_one()
+                    except Exception as exc:  # noqa: BLE001 - without a kernel ahead, nbgrader starts its own
+                        print(f"kernel pool: could not start a kernel ahead ({exc})", file=sys.stderr)
+                        failed = True
+            failures += failed
+            self._closed.wait(FAILURE_PAUSE_S if failed else REFILL_POLL_S)
+        if failures >= MAX_FAILURES:
+            print(f"kernel pool: {failures} kernels started ahead failed; nbgrader starts every kernel itself",
+                  file=sys.stderr)
+
+    def _start_one(self) -> None:
+        from jupyter_client.connect import write_connection_file
+
+        kernel_id = f"k{secrets.token_hex(4)}"
+        home = self.folder / kernel_id
+        (home / "ipc").mkdir(parents=True)
+        (home / "runtime").mkdir()
+        connection_file = str(home / "connection.json")
+        write_connection_file(connection_file, ip=str(home / "ipc" / "kernel"), transport="ipc",
+                              key=secrets.token_hex(32).encode(), kernel_name=KERNEL_NAME)
+        argv = [connection_file if part == "{connection_file}" else part for part in self._argv]
+        cpus = self._cpus
+        with open(home / "kernel.log", "wb") as log:
+            process = subprocess.Popen(
+                argv, cwd=self._cwd, env={**self._env, RUNTIME_ENV: str(home / "runtime")},
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity") else None,
+            )
+        self._kernels[kernel_id] = process
+        started = start_time(process.pid)
+        record = {"connection_file": connection_file, "pid": process.pid, "start_time": started,
+                  "log": str(home / "kernel.log")}
+        staging = home / "ready.json"
+        staging.write_text(json.dumps(record))
+        os.rename(staging, self.folder / "ready" / f"{kernel_id}.json")
+
+    def _remove(self, kernel_id: str) -> None:
+        """Kill the kernel (its whole process group), reap it and remove its files. Call with the lock held."""
+        process = self._kernels.pop(kernel_id, None)
+        if process is not None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for name in ("ready", "claimed"):
+            (self.folder / name / f"{kernel_id}.json").unlink(missing_ok=True)
+        shutil.rmtree(self.folder / kernel_id, ignore_errors=True)
+
+
+def _tail(path: Path | str) -> str:
+    """The last ``LOG_TAIL_BYTES`` of a kernel's log, as text ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(path) - LOG_TAIL_BYTES))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def claim(folder: str) -> dict | None:
+    """Take a started kernel from the pool in ``folder``: its record (``KernelPool._start_one``), or None."""
+    ready, claimed = os.path.join(folder, "ready"), os.path.join(folder, "claimed")
+    try:
+        names = sorted(os.listdir(ready))
+    except OSError:
+        return None
+    for name in names:
+        try:
+            os.rename(os.path.join(ready, name), os.path.join(claimed, name))
+            with open(os.path.join(claimed, name)) as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if record.get("start_time") and start_time(record["pid"]) == record["start_time"]:
+            return record
+    return None
+
+
+class AdoptedProcess:
+    """The ``subprocess.Popen`` face of a kernel process that another process (the pool) started."""
+
+    stdin = stdout = stderr = None
+
+    def __init__(self, pid: int, start_time: str):
+        self.pid, self._start_time, self.returncode = pid, start_time, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and start_time(self.pid) != self._start_time:
+            self.returncode = -signal.SIGKILL  # its real status belongs to the pool, which reaps it
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class PooledProvisioner(LocalProvisioner):
+    """jupyter_client's local provisioner, which first tries to adopt a started kernel from ``pool_folder``.
+
+    Only the first kernel of the process is adopted; a fresh kernel (after a dead one) is launched as usual. The
+    adopted kernel's own output is copied to this process's stderr when it is cleaned up, where a launched kernel's
+    output would have gone."""
+
+    pool_folder = Unicode("")
+    adopted = Bool(False)
+    _tried = False
+    _log = ""
+
+    async def launch_kernel(self, cmd: list[str], **kwargs):
+        record = None
+        if self.pool_folder and not self._tried:
+            self._tried = True
+            record = claim(self.pool_folder)
+        if record is None:
+            self.adopted = False
+            return await super().launch_kernel(cmd, **kwargs)
+        with open(record["connection_file"]) as handle:
+            info = json.load(handle)
+        info["key"] = info["key"].encode()
+        self.connection_info = info
+        self.process = AdoptedProcess(record["pid"], record["start_time"])
+        self.pid = self.pgid = record["pid"]  # started in a session of its own
+        self.cwd = kwargs.get("cwd")
+        self.adopted, self._log = True, record.get("log", "")
+        return self.connection_info
+
+    async def cleanup(self, restart: bool = False) -> None:
+        await super().cleanup(restart=restart)
+        if self._log:
+            text, self._log = _tail(self._log), ""
+            if text.strip():
+                sys.stderr.write(text if text.endswith("\n") else text + "\n")

@@ -1,0 +1,133 @@
+"""Kernels started ahead by ``course grade`` (course/kernel_pool.py): what they import, what they can see, that
+nbgrader adopts them with unchanged scores, and that none outlives its submission or the pool."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fixture_lab import LAB, REPO, built_root, make_class  # noqa: E402
+
+from course import grade, kernel_pool, sandbox  # noqa: E402
+from course.nbgrader_run import read_scores  # noqa: E402
+from course.processes import start_time  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return built_root(tmp_path_factory.mktemp("pool-root"))
+
+
+def wait_ready(pool: kernel_pool.KernelPool, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not os.listdir(pool.folder / "ready"):
+        assert time.monotonic() < deadline, f"the pool published no kernel within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def run_in_kernel(record: dict, code: str) -> str:
+    """Run ``code`` in a claimed kernel; the repr of its last expression."""
+    from jupyter_client import BlockingKernelClient
+
+    client = BlockingKernelClient(connection_file=record["connection_file"])
+    client.load_connection_file()
+    client.start_channels(hb=False)
+    try:
+        client.wait_for_ready(timeout=60)
+        reply = client.execute_interactive(code, user_expressions={"out": "_out"}, timeout=60, output_hook=lambda m: None)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return reply["content"]["user_expressions"]["out"]["data"]["text/plain"]
+    finally:
+        client.stop_channels()
+
+
+def alive(pid: int) -> bool:
+    return start_time(pid) is not None
+
+
+def test_lab1_kernels_preload_the_guard_libraries_and_the_setup_imports():
+    modules = kernel_pool.preload_modules(REPO / "source" / "lab1")
+    assert modules[:3] == ["numpy", "torch", "utils"], f"the guard's libraries come first, got {modules}"
+    for name in ("pandas", "matplotlib.pyplot", "torch.profiler"):
+        assert name in modules, f"lab1's setup cell imports {name}: a kernel started ahead must import it, got {modules}"
+    assert len(modules) == len(set(modules)), f"each module once: {modules}"
+
+
+def test_the_fixture_lab_preloads_only_what_its_setup_cell_imports(root):
+    assert kernel_pool.preload_modules(root / "source" / LAB) == ["math"]
+
+
+def test_a_claimed_kernel_has_its_imports_done_and_sees_no_other_kernel(root):
+    with kernel_pool.KernelPool(root, LAB) as pool:
+        wait_ready(pool)
+        record = kernel_pool.claim(str(pool.folder))
+        assert record is not None, "a published kernel must be claimable"
+        wait_ready(pool)  # the pool starts the next kernel once one is claimed
+        seen = run_in_kernel(record, "import sys, os\n_out = ('math' in sys.modules, sorted(os.listdir(%r)) if "
+                             "os.path.isdir(%r) else None)" % (str(pool.folder), str(pool.folder)))
+        preloaded, listing = eval(seen)  # noqa: S307 - the repr of a tuple of a bool and a list of names
+        assert preloaded, "a kernel started ahead must have imported its lab's setup modules before it answers"
+        if sandbox.sandbox_works():
+            kernel_id = Path(record["connection_file"]).parent.name
+            assert listing == [kernel_id], (
+                f"a sandboxed kernel must see only its own folder of the pool, never the next submission's kernel: "
+                f"{listing}")
+        pool.release()
+        assert not alive(record["pid"]), "release() must kill every claimed kernel"
+        spare = json.loads(next((pool.folder / "ready").iterdir()).read_text())
+        assert alive(spare["pid"])
+    assert not alive(spare["pid"]), "close() must kill the kernels nobody claimed"
+    assert not pool.folder.exists(), "close() must remove the pool's folder"
+
+
+def test_a_dead_kernel_is_not_adopted(root):
+    with kernel_pool.KernelPool(root, LAB, more_to_grade=lambda: False) as pool:
+        assert not os.listdir(pool.folder / "ready"), "no kernel is started ahead when nothing is left to grade"
+    with kernel_pool.KernelPool(root, LAB) as pool:
+        wait_ready(pool)
+        record = json.loads(next((pool.folder / "ready").iterdir()).read_text())
+        os.killpg(record["pid"], 9)
+        deadline = time.monotonic() + 10
+        while alive(record["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        claimed = kernel_pool.claim(str(pool.folder))
+        assert claimed is None or claimed["pid"] != record["pid"], "a kernel that died must never be adopted"
+
+
+def test_graded_with_kernels_started_ahead_the_scores_match_and_no_kernel_is_left(root, tmp_path, monkeypatch):
+    expected = make_class(root, tmp_path / "ahead", 4)
+    outcomes, scores = grade.grade_lab(tmp_path / "ahead", LAB, progress=False)
+    assert all(o.status == "ok" for o in outcomes.values()), outcomes
+    assert {s: sub.autograded_score() for s, sub in scores.items()} == expected
+    reports = {s: json.loads((tmp_path / "ahead" / "autograded" / s / LAB / "grading_report.json").read_text())
+               for s in expected}
+    assert all(r["kernel_started_ahead"] for r in reports.values()), (
+        f"with one worker every submission's kernel is started ahead: {reports}")
+
+    monkeypatch.setenv(kernel_pool.POOL_OFF_ENV, "1")
+    make_class(root, tmp_path / "own", 4)
+    outcomes, scores_own = grade.grade_lab(tmp_path / "own", LAB, progress=False)
+    assert {s: sub.autograded_score() for s, sub in scores_own.items()} == expected
+    assert not json.loads((tmp_path / "own" / "autograded" / "student00" / LAB / "grading_report.json").read_text())[
+        "kernel_started_ahead"], f"{kernel_pool.POOL_OFF_ENV}=1: nbgrader starts its own kernels"
+    assert read_scores(tmp_path / "own", LAB).keys() == expected.keys()
+
+
+def test_kernels_that_fail_to_start_are_not_started_again_and_again(root, monkeypatch, capfd):
+    real_spec = kernel_pool.grading_kernel_spec
+
+    def failing_spec(*args, **kwargs):
+        return {**real_spec(*args, **kwargs), "argv": [sys.executable, "-c", "raise SystemExit(3)"]}
+
+    monkeypatch.setattr(kernel_pool, "grading_kernel_spec", failing_spec)
+    monkeypatch.setattr(kernel_pool, "FAILURE_PAUSE_S", 0.1)
+    with kernel_pool.KernelPool(root, LAB) as pool:
+        pool._thread.join(timeout=60)
+        assert not pool._thread.is_alive(), "after MAX_FAILURES failed kernels the pool stops starting them"
+        assert kernel_pool.claim(str(pool.folder)) is None, "a kernel that ended is never handed out"
+    err = capfd.readouterr().err
+    assert err.count("ended before any submission used it") == kernel_pool.MAX_FAILURES, err
+    assert "nbgrader starts every kernel itself" in err
