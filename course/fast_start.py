@@ -9,11 +9,15 @@ files use. Marking it absent before ``jsonschema`` is imported makes jsonschema 
 wherever the package is not installed.
 
 ``python -m course.fast_start nbgrader ARGS`` runs ``nbgrader ARGS`` that way (``course.nbgrader_run`` does).
-Plain ``nbgrader`` commands keep their usual start-up and behave the same.
+Plain ``nbgrader`` commands keep their usual start-up and behave the same. With ``EFFICIENT_AI_PARENT_PID`` set
+(``course.nbgrader_run`` sets it), the process ends when that parent does (``course.processes.die_with_parent``).
 """
 from __future__ import annotations
 
+import os
 import sys
+
+from .processes import PARENT_ENV, die_with_parent
 
 SLOW_OPTIONAL_MODULES = ("rfc3987_syntax",)
 
@@ -28,6 +32,9 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] != "nbgrader":
         print("usage: python -m course.fast_start nbgrader ARGS", file=sys.stderr)
         return 2
+    parent = os.environ.get(PARENT_ENV, "")
+    if parent.isdigit():
+        die_with_parent(int(parent))
     skip_slow_optional_imports()
     from nbgrader.apps.nbgraderapp import main as nbgrader_main
 

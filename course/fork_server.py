@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from .processes import start_time
+from .processes import die_with_parent, start_time
 
 MODE_ENV = "EFFICIENT_AI_FORK_SERVER"
 PRELOAD = (
@@ -85,10 +85,12 @@ def _thread_names() -> list[str]:
     return names
 
 
-def _child(request: dict) -> None:
-    """In the forked child: become what ``python -m course.fast_start nbgrader ARGS`` would be, run it, exit."""
+def _child(request: dict, server_pid: int) -> None:
+    """In the forked child: become what ``python -m course.fast_start nbgrader ARGS`` would be, run it, exit.
+    It ends with the server (``die_with_parent``), which ends the children of a client that is gone."""
     code = 1
     try:
+        die_with_parent(server_pid)
         os.setsid()
         if request.get("cpus") and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, request["cpus"])
@@ -133,7 +135,8 @@ def _child(request: dict) -> None:
 
 
 def serve() -> None:
-    """Answer requests on stdin until it closes; then wait for the children still running."""
+    """Answer requests on stdin until it closes or the answers cannot be written; then kill the children still
+    running (their client is gone: nothing would read their results) and return."""
     _preload()
     threads = _thread_names()
     if len(threads) > 1:
@@ -141,45 +144,57 @@ def serve() -> None:
               "deadlock", file=sys.stderr)
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing but answers on the answer channel
+    server_pid = os.getpid()
     running: dict[int, int] = {}  # pid -> request id
 
-    def answer(message: dict) -> None:
-        out.write(json.dumps(message) + "\n")
-        out.flush()
+    def answer(message: dict) -> bool:
+        try:
+            out.write(json.dumps(message) + "\n")
+            out.flush()
+            return True
+        except OSError:  # a broken pipe: the client is gone
+            return False
 
-    answer({"id": None, READY: True})
+    client = answer({"id": None, READY: True})
     stdin = sys.stdin.buffer
     buffer = b""
-    open_ = True
-    while open_ or running:
-        if open_:
-            readable, _, _ = select.select([stdin], [], [], 0.02)
-            if readable:
-                chunk = os.read(stdin.fileno(), 65536)
-                open_ = bool(chunk)
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    request = json.loads(line)
-                    try:
-                        pid = os.fork()
-                    except OSError as exc:  # no process to be had: the client starts it the usual way
-                        answer({"id": request["id"], "error": str(exc)})
-                        continue
-                    if pid == 0:
-                        _child(request)
-                    running[pid] = request["id"]
-                    answer({"id": request["id"], "pid": pid})
-        else:
-            time.sleep(0.02)
-        while running:
+    while client:
+        readable, _, _ = select.select([stdin], [], [], 0.02)
+        if readable:
+            chunk = os.read(stdin.fileno(), 65536)
+            client = bool(chunk)
+            buffer += chunk
+            while client and b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                request = json.loads(line)
+                try:
+                    pid = os.fork()
+                except OSError as exc:  # no process to be had: the client starts it the usual way
+                    client = answer({"id": request["id"], "error": str(exc)})
+                    continue
+                if pid == 0:
+                    _child(request, server_pid)
+                running[pid] = request["id"]
+                client = answer({"id": request["id"], "pid": pid})
+        while client and running:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
-            answer({"id": running.pop(pid, None), "status": os.waitstatus_to_exitcode(status)})
+            client = answer({"id": running.pop(pid, None), "status": os.waitstatus_to_exitcode(status)})
+    for pid in running:
+        _kill_group(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)  # in case it has not made its own session yet
+        except OSError:
+            pass
+    for pid in running:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
 
 
 # -- the client ----------------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from .nbgrader_run import (
 from .outcome import Outcome
 from .paths import REPO_ROOT
 from .quoting import escape_controls
+from .recorded import is_recorded, mark_recorded
 from .report import (
     TABLE_LEGEND,
     flagged_for_review,
@@ -277,7 +278,9 @@ def _import_executed(course_root: Path, lab: str, executed: dict[str, Path], sub
 
     ``nbgrader autograde --no-execute`` keeps the outputs of the worker's run, restores the instructor's test
     cells and scores the outputs: one writer, so SQLite is never written concurrently. The timestamps come from
-    ``submitted/<student>/<lab>/timestamp.txt``. Returns the students whose import failed, with the reason.
+    ``submitted/<student>/<lab>/timestamp.txt``. Each submission recorded is marked as finished
+    (``course.recorded``). Where the process fails, each submission is recorded alone, so that one bad
+    submission fails only itself. Returns the students whose import failed, with the reason.
     """
     if not executed:
         return {}
@@ -292,10 +295,21 @@ def _import_executed(course_root: Path, lab: str, executed: dict[str, Path], sub
             ["autograde", lab, "--no-execute", "--create", "--force", f"--CourseDirectory.submitted_directory={staging}"],
             fork=True,
         )
+    if not result.ok and len(executed) > 1:
+        failed: dict[str, str] = {}
+        for student, folder in executed.items():
+            failed.update(_import_executed(course_root, lab, {student: folder}, submitted))
+        return failed
     failed = {}
     for student in executed:
-        if not (course_root / "autograded" / student / lab / f"{lab}.ipynb").exists():
+        graded = course_root / "autograded" / student / lab
+        if not result.ok or not (graded / f"{lab}.ipynb").exists():
             failed[student] = "recording the executed notebook in the gradebook failed: " + _failure_reason(result.output)
+            continue
+        try:
+            mark_recorded(graded, f"{lab}.ipynb")
+        except OSError:
+            pass  # recorded all the same; only --resume grades it again
     return failed
 
 
@@ -373,8 +387,8 @@ def autograde_all(
             with _kernel_pool(course_root, lab, {}, lambda: len(outcomes) + 1 < len(students)) as pool:
                 for student in students:
                     bar.set_postfix_str(student)
-                    outcomes[student] = autograde_one(course_root, lab, student, timeout_s, submitted=submitted,
-                                                      pool=pool)
+                    outcomes[student] = _record_finished(course_root, lab, autograde_one(
+                        course_root, lab, student, timeout_s, submitted=submitted, pool=pool))
                     bar.update()
             return outcomes
         return _autograde_concurrently(course_root, lab, students, timeout_s, workers, submitted, bar)
@@ -425,8 +439,8 @@ def _autograde_concurrently(course_root: Path, lab: str, students: list[str], ti
                 started[0] += 1
             try:
                 if shared_db:
-                    return autograde_one(course_root, lab, student, timeout_s, env=env, submitted=submitted,
-                                         pool=pool), None
+                    return _record_finished(course_root, lab, autograde_one(
+                        course_root, lab, student, timeout_s, env=env, submitted=submitted, pool=pool)), None
                 return _execute_isolated(lab, student, submitted, template, Path(scratch), timeout_s, env, pool)
             finally:
                 slots.put((env, pool))
@@ -477,12 +491,32 @@ def shard_students(students: list[str], shard: tuple[int, int] | None) -> list[s
 
 
 def already_graded(course_root: Path, lab: str, students: list[str]) -> list[str]:
-    """Students whose autograded notebook exists and whose scores are in the gradebook (for --resume)."""
+    """Students whose grading an earlier ``course grade`` run finished (for --resume): the autograded notebook it
+    wrote is there unchanged (``course.recorded``) and the gradebook holds the submission's scores."""
     scores = read_scores(course_root, lab, students)
     return [
         s for s in students
-        if s in scores and scores[s].cells and (course_root / "autograded" / s / lab / f"{lab}.ipynb").exists()
+        if s in scores and scores[s].cells and is_recorded(course_root / "autograded" / s / lab, f"{lab}.ipynb")
     ]
+
+
+def _record_finished(course_root: Path, lab: str, outcome: Outcome) -> Outcome:
+    """Mark a submission whose scores are now in the gradebook as finished (``course.recorded``); a mark that
+    cannot be written only means that ``--resume`` grades it again, and a note says so."""
+    if outcome.status in ("ok", "partial"):
+        try:
+            mark_recorded(course_root / "autograded" / outcome.student / lab, f"{lab}.ipynb")
+        except OSError as exc:
+            outcome.notes.append(f"not marked as finished ({exc}): a run with --resume grades it again")
+    return outcome
+
+
+def kept_from_earlier_run(course_root: Path, lab: str, student: str) -> Outcome:
+    """The outcome of a submission an earlier run finished, with what that run reported (a partial run stays one)."""
+    outcome = with_grading_report(Outcome(student, "ok", ""),
+                                  course_root / "autograded" / student / lab / GRADING_REPORT)
+    outcome.reason = "graded by an earlier run" + (f": {outcome.reason}" if outcome.reason else "")
+    return outcome
 
 
 def mark_earlier_scores_stale(course_root: Path, lab: str, outcome: Outcome) -> None:
@@ -509,7 +543,7 @@ def grade_staged(
     """The outcome of every staged submission, with its notes and flags: kept from an earlier run (``resume``),
     recorded with zero points when there is nothing to grade, else autograded from ``staging``."""
     done = set(already_graded(course_root, lab, list(staged))) if resume else set()
-    outcomes = {s: Outcome(s, "ok", "graded by an earlier run") for s in done}
+    outcomes = {s: kept_from_earlier_run(course_root, lab, s) for s in done}
     for student, submission in staged.items():
         if student in done or submission.gradable:
             continue

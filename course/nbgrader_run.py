@@ -20,6 +20,7 @@ from .fork_server import ForkServer, ForkServerGone
 from .fork_server import enabled as fork_server_enabled
 from .notebooks import is_bonus_id
 from .paths import COURSE_ID, REPO_ROOT
+from .processes import PARENT_ENV
 
 CPUS_ENV = "EFFICIENT_AI_CPUS"  # CPUs one grading job may use ("0,1,2"): set per worker by course.grade
 THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -115,7 +116,7 @@ def run_nbgrader(
     proc = subprocess.Popen(
         cmd,
         cwd=course_root,
-        env=full_env,
+        env={**full_env, PARENT_ENV: str(os.getpid())},  # it ends with this process (course.processes)
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -3,7 +3,9 @@ submissions of it, for the pipeline and grading-at-scale tests."""
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
+import time
 from pathlib import Path
 
 from course import build
@@ -48,3 +50,28 @@ def make_class(root: Path, course: Path, size: int = 12) -> dict[str, float]:
         write_notebook(make_submission(release, src, answered), course / "submitted" / student / LAB / f"{LAB}.ipynb")
         expected[student] = sum(POINTS[gid] for gid in answered)
     return expected
+
+
+def processes_working_in(folder: Path) -> list[str]:
+    """``pid command`` of every process whose working directory is ``folder`` or inside it (nbgrader runs in the
+    course folder, an unsandboxed kernel in the notebook's)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cwd = Path(os.readlink(f"/proc/{entry}/cwd"))
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cwd == folder or folder in cwd.parents:
+            found.append(f"{entry} {command[:200]}")
+    return found
+
+
+def wait_until_no_process_works_in(folder: Path, timeout_s: float = 30.0) -> list[str]:
+    """Wait until no process works in ``folder``; what still does after ``timeout_s`` (empty: none)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := processes_working_in(folder)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left

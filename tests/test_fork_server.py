@@ -2,13 +2,16 @@
 started with python, time limits, a server with no threads to carry into a fork, and a server that is gone."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 
+import nbformat
 import pytest
-from fixture_lab import LAB, REPO, built_root, make_class  # noqa: E402
+from fixture_lab import LAB, REPO, built_root, make_class, processes_working_in, wait_until_no_process_works_in  # noqa: E402,E501
 
 from course import fork_server, nbgrader_run  # noqa: E402
 
@@ -90,3 +93,31 @@ def test_a_run_the_server_dropped_is_killed_and_run_again(root, tmp_path, server
     assert server.gone
     assert result.ok, f"a run whose fork server ended is run again the usual way: {result.tail()}"
     assert (tmp_path / "autograded" / "student00" / LAB / f"{LAB}.ipynb").exists()
+
+
+@pytest.mark.parametrize("mode", ["forked", "started"])
+def test_killing_the_grader_ends_its_nbgrader_processes(root, tmp_path, mode):
+    """A TA's kill -9 of course grade's process group reaches nbgrader processes in their own sessions: none goes
+    on grading (and writing the gradebook) behind a run that is gone."""
+    make_class(root, tmp_path, 1)
+    from course.grade import prepare_gradebook
+    from course.notebooks import read_notebook, write_notebook
+
+    submitted = tmp_path / "submitted" / "student00" / LAB / f"{LAB}.ipynb"
+    nb = read_notebook(submitted)
+    nb.cells.insert(0, nbformat.v4.new_code_cell("import time\ntime.sleep(600)"))  # grading outlives the kill
+    write_notebook(nb, submitted)
+    prepare_gradebook(tmp_path, LAB)
+    script = ("from pathlib import Path; from course import nbgrader_run; nbgrader_run.run_nbgrader("
+              f"Path({str(tmp_path)!r}), ['autograde', {LAB!r}, '--student', 'student00', '--force'], fork=True)")
+    env = {**os.environ, "PYTHONPATH": str(REPO), fork_server.MODE_ENV: "on" if mode == "forked" else "off"}
+    client = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True, cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not processes_working_in(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_working_in(tmp_path), "nbgrader should have started in the course folder"
+    os.killpg(client.pid, signal.SIGKILL)
+    client.wait()
+    left = wait_until_no_process_works_in(tmp_path)
+    assert not left, f"nbgrader ({mode}) must end with the process that ran it: still running {left}"

@@ -11,10 +11,11 @@ import sys
 import time
 
 import pytest
-from fixture_lab import LAB, REPO, built_root, make_class  # noqa: E402
+from fixture_lab import LAB, REPO, built_root, make_class, wait_until_no_process_works_in  # noqa: E402
 
 from course import grade  # noqa: E402
 from course.nbgrader_run import read_scores  # noqa: E402
+from course.recorded import is_recorded  # noqa: E402
 
 CLASS_SIZE = 12  # the PostgreSQL run grades a class of 12 with 2 workers
 SMALL_CLASS = 6  # the other runs use the first 6 students (each answers a different subset)
@@ -123,14 +124,20 @@ def test_a_killed_run_resumes_with_nothing_lost_or_duplicated(root, serial, post
     script = f"from pathlib import Path; from course import grade; grade.grade_lab(Path({str(tmp_path)!r}), {LAB!r}, progress=False, workers=2)"
     proc = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    autograded = tmp_path / "autograded"
+    students = sorted(first(serial, SMALL_CLASS))
+
+    def finished() -> list[str]:
+        return [s for s in students if is_recorded(tmp_path / "autograded" / s / LAB, f"{LAB}.ipynb")]
+
     deadline = time.time() + 300
-    while time.time() < deadline and len(list(autograded.glob(f"*/{LAB}/{LAB}.ipynb"))) < 2:
-        time.sleep(0.5)
+    while time.time() < deadline and len(finished()) < 2:
+        time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)  # the workers and their kernels die mid-run
     proc.wait()
-    graded_before = len(list(autograded.glob(f"*/{LAB}/{LAB}.ipynb")))
-    assert 2 <= graded_before < SMALL_CLASS, f"the kill should land mid-run ({graded_before} graded)"
+    left = wait_until_no_process_works_in(tmp_path)
+    assert not left, f"no grading may go on behind a killed run: {left}"
+    graded_before = finished()
+    assert 2 <= len(graded_before) < SMALL_CLASS, f"the kill should land mid-run ({graded_before} graded)"
 
     os.environ["NBGRADER_DB_URL"] = db_url
     try:
@@ -138,7 +145,7 @@ def test_a_killed_run_resumes_with_nothing_lost_or_duplicated(root, serial, post
     finally:
         del os.environ["NBGRADER_DB_URL"]
     kept = [s for s, o in outcomes.items() if o.reason == "graded by an earlier run"]
-    assert len(kept) >= 2, "the resumed run keeps what the killed run finished"
+    assert kept == graded_before, "the resumed run keeps what the killed run finished, and only that"
     assert all(o.status == "ok" for o in outcomes.values()), outcomes
     assert cell_scores(scores) == first(serial, SMALL_CLASS), "every submission ends with its serial score: nothing lost"
     from nbgrader.api import Gradebook

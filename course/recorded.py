@@ -1,0 +1,55 @@
+"""Which autograded submissions a run of ``course grade`` finished: the mark ``--resume`` trusts.
+
+nbgrader writes a submission's autograded notebook twice: once sanitized, before any cell runs, and once graded, at
+the end; the gradebook gets the submission's rows (with no scores) at the start and the scores cell by cell. A run
+killed part-way therefore leaves a notebook and gradebook rows that look graded but hold no points. ``course grade``
+marks a submission only after the nbgrader process that graded it ended successfully and its scores are in the
+course's gradebook: it writes the SHA-256 of the autograded notebook into the submission's ``grading_report.json``.
+A later nbgrader run over the submission (``--force`` removes the folder) or any change to the notebook drops
+the mark, and a mark copied from elsewhere does not match.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from .nbgrader_ext import GRADING_REPORT
+
+MARK = "recorded_notebook_sha256"
+
+
+def _digest(notebook: Path) -> str:
+    return hashlib.sha256(notebook.read_bytes()).hexdigest()
+
+
+def _report(folder: Path) -> dict:
+    try:
+        report = json.loads((folder / GRADING_REPORT).read_text())
+    except (OSError, ValueError):
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
+def mark_recorded(folder: Path, notebook: str) -> None:
+    """Mark the autograded submission in ``folder`` (``autograded/<student>/<lab>/``) as finished: its grading ended
+    and its scores are in the gradebook. ``notebook``: the notebook's file name (``lab1.ipynb``).
+
+    Raises:
+        OSError: the notebook cannot be read or the report cannot be written.
+    """
+    report = _report(folder)
+    report[MARK] = _digest(folder / notebook)
+    partial = folder / f".{GRADING_REPORT}.partial"
+    partial.write_text(json.dumps(report, indent=1))
+    os.replace(partial, folder / GRADING_REPORT)  # a reader sees the old report or the new one, never half
+
+
+def is_recorded(folder: Path, notebook: str) -> bool:
+    """Whether ``folder`` holds a submission whose grading a run finished, with the notebook that run wrote."""
+    mark = _report(folder).get(MARK)
+    try:
+        return isinstance(mark, str) and mark == _digest(folder / notebook)
+    except OSError:
+        return False
