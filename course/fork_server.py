@@ -57,7 +57,7 @@ def enabled() -> bool:
 
 # -- the server ----------------------------------------------------------------------------------------------------
 def _preload() -> None:
-    from .fast_start import skip_slow_optional_imports
+    from .fast_start import find_schema_version_in_process, skip_slow_optional_imports
 
     skip_slow_optional_imports()
     import importlib
@@ -67,6 +67,7 @@ def _preload() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the child imports it itself, as a fresh process would
             pass
+    find_schema_version_in_process()
 
 
 def _thread_names() -> list[str]:

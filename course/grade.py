@@ -357,6 +357,44 @@ class GradebookRecorder:
                                      for student in batch})
 
 
+class Workers:
+    """The places where ``course grade`` autogrades: each worker's environment (``worker_envs``: its GPU, CPUs and
+    thread counts; one worker keeps the defaults) and its ``KernelPool``, with the count the pools start kernels
+    ahead by. Made by ``start_workers`` before the class is staged, so that the fork server's imports and the first
+    kernels' start overlap with preparing the gradebook."""
+
+    def __init__(self):
+        self.slots: list[tuple[dict[str, str], KernelPool | None]] = []
+        self.total: int | None = None  # submissions to autograde; None until the class is staged
+        self.started = 0  # submissions handed to a worker so far
+        self.lock = threading.Lock()
+
+    def more_to_grade(self) -> bool:
+        """Whether a submission not yet handed to a worker may still need a kernel."""
+        return self.total is None or self.started < self.total
+
+    def begin(self, total: int) -> None:
+        """``total`` submissions are about to be autograded."""
+        with self.lock:
+            self.total, self.started = total, 0
+
+    def take_one(self) -> None:
+        with self.lock:
+            self.started += 1
+
+
+@contextlib.contextmanager
+def start_workers(course_root: Path, lab: str, workers: int = 1):
+    """Start the fork server and one kernel pool per worker (``Workers``); the pools are closed on exit."""
+    start_fork_server()  # its imports overlap with what runs before the first submission
+    crew = Workers()
+    envs = [{}] if workers <= 1 else worker_envs(workers, visible_gpus(), available_cpus())
+    with contextlib.ExitStack() as pools:
+        for env in envs:
+            crew.slots.append((env, pools.enter_context(_kernel_pool(course_root, lab, env, crew.more_to_grade))))
+        yield crew
+
+
 def autograde_all(
     course_root: Path,
     lab: str,
@@ -365,6 +403,7 @@ def autograde_all(
     progress: bool = True,
     workers: int = 1,
     submitted: Path | None = None,
+    crew: Workers | None = None,
 ) -> dict[str, Outcome]:
     """Autograde every student's submission with one progress bar; continue past failures.
 
@@ -374,26 +413,28 @@ def autograde_all(
     takes one writer: workers then execute in private course copies and one thread records the results while
     they go on (``GradebookRecorder``).
     ``submitted`` is the folder holding ``<student>/<lab>/`` (``grade_lab`` passes its staging folder); default
-    the course's ``submitted/``.
+    the course's ``submitted/``. ``crew``: workers started already (``start_workers`` with the same ``workers``);
+    default: started here.
     """
     from tqdm import tqdm
 
     submitted = submitted or course_root / "submitted"
-    start_fork_server()  # its imports overlap with the first kernel's start
-    bar = tqdm(total=len(students), desc=f"autograde {lab}", unit="submission", disable=not progress)
-    try:
-        if workers <= 1:
+    with contextlib.ExitStack() as stack:
+        crew = crew or stack.enter_context(start_workers(course_root, lab, workers))
+        crew.begin(len(students))
+        bar = stack.enter_context(tqdm(total=len(students), desc=f"autograde {lab}", unit="submission",
+                                       disable=not progress))
+        if len(crew.slots) <= 1:
+            env, pool = crew.slots[0]
             outcomes = {}
-            with _kernel_pool(course_root, lab, {}, lambda: len(outcomes) + 1 < len(students)) as pool:
-                for student in students:
-                    bar.set_postfix_str(student)
-                    outcomes[student] = _record_finished(course_root, lab, autograde_one(
-                        course_root, lab, student, timeout_s, submitted=submitted, pool=pool))
-                    bar.update()
+            for student in students:
+                bar.set_postfix_str(student)
+                crew.take_one()
+                outcomes[student] = _record_finished(course_root, lab, autograde_one(
+                    course_root, lab, student, timeout_s, env=env, submitted=submitted, pool=pool))
+                bar.update()
             return outcomes
-        return _autograde_concurrently(course_root, lab, students, timeout_s, workers, submitted, bar)
-    finally:
-        bar.close()
+        return _autograde_concurrently(course_root, lab, students, timeout_s, crew, submitted, bar)
 
 
 @contextlib.contextmanager
@@ -412,31 +453,24 @@ def _kernel_pool(course_root: Path, lab: str, env: dict[str, str], more_to_grade
             pool.close()
 
 
-def _autograde_concurrently(course_root: Path, lab: str, students: list[str], timeout_s: float, workers: int,
+def _autograde_concurrently(course_root: Path, lab: str, students: list[str], timeout_s: float, crew: Workers,
                             submitted: Path, bar) -> dict[str, Outcome]:
-    """``autograde_all`` with ``workers`` submissions at a time (``bar``: its progress bar)."""
+    """``autograde_all`` with one submission per worker of ``crew`` at a time (``bar``: its progress bar)."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
     from queue import Queue
 
     slots: Queue = Queue()
-    started = [0]  # submissions handed to a worker so far
-    counting = threading.Lock()
-
-    def more_to_grade() -> bool:
-        return started[0] < len(students)
-
+    for slot in crew.slots:
+        slots.put(slot)
     shared_db = not uses_sqlite(course_root)
     outcomes: dict[str, Outcome] = {}
-    with tempfile.TemporaryDirectory(prefix="efficient-ai-workers-") as scratch, contextlib.ExitStack() as pools:
-        for env in worker_envs(workers, visible_gpus(), available_cpus()):
-            slots.put((env, pools.enter_context(_kernel_pool(course_root, lab, env, more_to_grade))))
+    with tempfile.TemporaryDirectory(prefix="efficient-ai-workers-") as scratch:
         template = None if shared_db else _private_template(course_root, lab, Path(scratch))
         recorder = None if shared_db else GradebookRecorder(course_root, lab, submitted)
 
         def work(student: str) -> tuple[Outcome, Path | None]:
             env, pool = slots.get()
-            with counting:
-                started[0] += 1
+            crew.take_one()
             try:
                 if shared_db:
                     return _record_finished(course_root, lab, autograde_one(
@@ -446,8 +480,8 @@ def _autograde_concurrently(course_root: Path, lab: str, students: list[str], ti
                 slots.put((env, pool))
 
         try:
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                futures = {pool.submit(work, student): student for student in students}
+            with ThreadPoolExecutor(max_workers=len(crew.slots)) as executor:
+                futures = {executor.submit(work, student): student for student in students}
                 for future in as_completed(futures):
                     student = futures[future]
                     try:
@@ -539,9 +573,11 @@ def grade_staged(
     progress: bool = True,
     workers: int = 1,
     resume: bool = False,
+    crew: Workers | None = None,
 ) -> dict[str, Outcome]:
     """The outcome of every staged submission, with its notes and flags: kept from an earlier run (``resume``),
-    recorded with zero points when there is nothing to grade, else autograded from ``staging``."""
+    recorded with zero points when there is nothing to grade, else autograded from ``staging`` (by ``crew``, where
+    the workers were started already)."""
     done = set(already_graded(course_root, lab, list(staged))) if resume else set()
     outcomes = {s: kept_from_earlier_run(course_root, lab, s) for s in done}
     for student, submission in staged.items():
@@ -554,7 +590,8 @@ def grade_staged(
             except Exception as exc:  # noqa: BLE001 - reported with the submission; the others go on
                 outcomes[student].reason += f"; recording zero points failed: {exc}"
     todo = [s for s in staged if s not in outcomes]
-    outcomes.update(autograde_all(course_root, lab, todo, timeout_s, progress, workers, submitted=staging))
+    outcomes.update(autograde_all(course_root, lab, todo, timeout_s, progress, workers, submitted=staging,
+                                  crew=crew))
     for student, submission in staged.items():
         if student not in done and outcomes[student].status == "failed" and not (submission.zero and not submission.gradable):
             mark_earlier_scores_stale(course_root, lab, outcomes[student])
@@ -582,10 +619,12 @@ def grade_lab(
     """
     students = students if students is not None else list_students(course_root, lab)
     out_dir = out_dir or course_root / "grading" / lab
-    prepare_gradebook(course_root, lab)
-    with tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging:
+    # The workers first: the fork server's imports and the first kernels' start overlap with the steps below.
+    with start_workers(course_root, lab, workers) as crew, \
+            tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging:
+        prepare_gradebook(course_root, lab)
         staged = stage_class(course_root, lab, students, Path(staging))
-        outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume)
+        outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume, crew)
     scores = write_reports(course_root, lab, out_dir, outcomes)
     return outcomes, {student: scores[student] for student in students if student in scores}
 
