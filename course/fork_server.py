@@ -40,6 +40,10 @@ PRELOAD = (
     "course.nbgrader_ext", "course.sanitize", "course.feedback", "course.sandbox",
     "numpy", "torch", "torch.testing", "torch.nn.functional", "sympy", "torch.fx.experimental.symbolic_shapes",
     "torch.distributed.tensor", "transformers.models.gemma3.configuration_gemma3",
+    # found by listing what one autograde imported after these: jupyter_client's kernelspec lookup imports all of
+    # IPython (with prompt_toolkit and jedi), the grader's own test runs import utils' matplotlib.pyplot, and the
+    # gradebook its SQLite dialect
+    "IPython", "matplotlib.pyplot", "sqlalchemy.dialects.sqlite",
 )
 READY = "ready"
 # The server's own environment: no thread pool may start before a fork (OpenBLAS starts one per core when numpy is
