@@ -615,7 +615,9 @@ def test_default_schedule_records_five_of_ten_steps():
     assert actions[9] == ProfilerAction.NONE
 
 
-def _profiled_mlp(n_steps=10):
+def _profiled_mlp(n_steps=10, hold_s=0.0):
+    """A CPU profile of a small MLP's forward, one ``mlp_forward`` range per step; ``hold_s`` keeps each range open
+    that long (a sleep), so that the range, not the profiler's own work between steps, fills most of each step."""
     from torch.profiler import profile
 
     mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(approximate="tanh"), nn.Linear(32, 16))
@@ -624,6 +626,7 @@ def _profiled_mlp(n_steps=10):
         for _ in range(n_steps):
             with torch.profiler.record_function("mlp_forward"):
                 mlp(x).sum()
+                time.sleep(hold_s)
             prof.step()
     return prof
 
@@ -934,7 +937,10 @@ def test_merge_short_events_merges_runs_of_short_events_only():
 
 
 def test_plot_trace_timeline_from_profile_and_json_path(tmp_path):
-    prof = _profiled_mlp()
+    # A bar is labelled only where its name fits (11 characters of mlp_forward: about 6 % of the 5 steps drawn).
+    # Without the hold, a loaded machine (the suite runs two workers) can stretch the profiler's work between steps
+    # until the forward's own range is too narrow for its name.
+    prof = _profiled_mlp(hold_s=0.02)
     path = tmp_path / "trace.json"
     prof.export_chrome_trace(str(path))  # a profile exports once; plotting it must still work afterwards
     for source in (prof, str(path)):
