@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from .processes import die_with_parent, start_time
+from .processes import die_with_parent, kill_group
 
 MODE_ENV = "EFFICIENT_AI_FORK_SERVER"
 PRELOAD = (
@@ -190,7 +190,7 @@ def serve() -> None:
                 break
             client = answer({"id": running.pop(pid, None), "status": os.waitstatus_to_exitcode(status)})
     for pid in running:
-        _kill_group(pid)
+        kill_group(pid)
         try:
             os.kill(pid, signal.SIGKILL)  # in case it has not made its own session yet
         except OSError:
@@ -203,17 +203,6 @@ def serve() -> None:
 
 
 # -- the client ----------------------------------------------------------------------------------------------------
-def _kill_group(pid: int, wait_s: float = 0.0) -> None:
-    """SIGKILL the process group ``pid`` leads; with ``wait_s``, wait that long for the process to be gone."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        return
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and start_time(pid) is not None:
-        time.sleep(0.05)
-
-
 class ForkServerGone(RuntimeError):
     """The fork server ended or did not start: run the command the usual way."""
 
@@ -296,10 +285,10 @@ class ForkServer:
         left_s = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - started))
         timed_out = not request.ended.wait(left_s)
         if timed_out:
-            _kill_group(request.pid)
+            kill_group(request.pid)
             request.ended.wait(60)
         if request.status is None:  # the server ended while the child ran: end the child, run it again
-            _kill_group(request.pid, wait_s=30)
+            kill_group(request.pid, wait_s=30)
             raise ForkServerGone("the fork server ended while nbgrader ran")
         return request.status, timed_out
 

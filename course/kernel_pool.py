@@ -40,7 +40,7 @@ from traitlets import Bool, Unicode
 
 from . import boundary
 from .nbgrader_run import CPUS_ENV, _parse_cpus, nbgrader_env
-from .processes import start_time
+from .processes import kill_group, start_time
 from .sandbox import KERNEL_NAME, PRELOAD_ENV, RUNTIME_ENV, grading_kernel_spec, sandbox_works
 
 POOL_ENV = "EFFICIENT_AI_KERNEL_POOL"  # the pool folder an nbgrader process may adopt a kernel from
@@ -192,10 +192,7 @@ class KernelPool:
         """Kill the kernel (its whole process group), reap it and remove its files. Call with the lock held."""
         process = self._kernels.pop(kernel_id, None)
         if process is not None:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            kill_group(process.pid)
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:

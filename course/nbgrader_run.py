@@ -20,7 +20,7 @@ from .fork_server import ForkServer, ForkServerGone
 from .fork_server import enabled as fork_server_enabled
 from .notebooks import is_bonus_id
 from .paths import COURSE_ID, REPO_ROOT
-from .processes import PARENT_ENV
+from .processes import PARENT_ENV, kill_group
 
 CPUS_ENV = "EFFICIENT_AI_CPUS"  # CPUs one grading job may use ("0,1,2"): set per worker by course.grade
 THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -128,7 +128,7 @@ def run_nbgrader(
         output, _ = proc.communicate(timeout=timeout_s)
         return NbgraderResult(proc.returncode, output)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_group(proc.pid)
         output, _ = proc.communicate()
         return NbgraderResult(-9, output or "", timed_out=True)
 
@@ -173,15 +173,6 @@ def thread_pool_env(threads: int) -> dict[str, str]:
 def available_cpus() -> list[int]:
     """CPU numbers this process may run on, sorted."""
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def make_course_dir(course_root: Path, labs: list[str], repo_root: Path = REPO_ROOT) -> Path:

@@ -1,4 +1,5 @@
-"""Processes seen through ``/proc`` and ``prctl`` (Linux): alive or not, which one a pid is, and ending with a parent.
+"""Processes seen through ``/proc`` and ``prctl`` (Linux): alive or not, which one a pid is, killing a process group,
+and ending with a parent.
 
 ``course grade`` starts nbgrader processes (forked from ``course.fork_server`` or started with ``python``) in their
 own sessions, so that a time limit can kill a whole process group. A TA's ``kill -9`` of ``course grade`` or of its
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PARENT_ENV = "EFFICIENT_AI_PARENT_PID"  # read by ``course.fast_start``: the pid whose end ends the process
@@ -26,6 +28,18 @@ def start_time(pid: int) -> str | None:
     except (OSError, IndexError):
         return None
     return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def kill_group(pid: int, wait_s: float = 0.0) -> None:
+    """SIGKILL the process group ``pid`` leads (nothing when it is gone); with ``wait_s``, wait up to that long for
+    the process ``pid`` to be gone."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and start_time(pid) is not None:
+        time.sleep(0.05)
 
 
 def die_with_parent(parent_pid: int) -> bool:
