@@ -29,6 +29,7 @@ from .nbgrader_run import (
     available_cpus,
     db_url_for,
     make_course_dir,
+    pin_cpus,
     read_scores,
     run_nbgrader,
     start_fork_server,
@@ -388,7 +389,7 @@ def start_workers(course_root: Path, lab: str, workers: int = 1):
     """Start the fork server and one kernel pool per worker (``Workers``); the pools are closed on exit."""
     start_fork_server()  # its imports overlap with what runs before the first submission
     crew = Workers()
-    envs = [{}] if workers <= 1 else worker_envs(workers, visible_gpus(), available_cpus())
+    envs = [{}] if workers <= 1 else worker_envs(workers, visible_gpus(), available_cpus(), pin_cpus())
     with contextlib.ExitStack() as pools:
         for env in envs:
             crew.slots.append((env, pools.enter_context(_kernel_pool(course_root, lab, env, crew.more_to_grade))))

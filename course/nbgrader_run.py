@@ -23,6 +23,7 @@ from .paths import COURSE_ID, REPO_ROOT
 from .processes import PARENT_ENV, kill_group
 
 CPUS_ENV = "EFFICIENT_AI_CPUS"  # CPUs one grading job may use ("0,1,2"): set per worker by course.grade
+PIN_ENV = "EFFICIENT_AI_PIN_CPUS"  # "off": workers share every CPU (their thread pools are still sized to a share)
 THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 GRADING_ENV = {
@@ -138,7 +139,7 @@ def _parse_cpus(text: str) -> set[int]:
     return {int(part) for part in text.split(",") if part.strip().isdigit()}
 
 
-def worker_envs(workers: int, gpus: list[str], cpus: list[int]) -> list[dict[str, str]]:
+def worker_envs(workers: int, gpus: list[str], cpus: list[int], pin: bool = True) -> list[dict[str, str]]:
     """The environment of each of ``workers`` concurrent grading jobs: its GPU, its CPUs and its thread counts.
 
     Each worker gets one GPU (round robin) when there are GPUs, and an equal, disjoint share of the CPUs this process
@@ -149,6 +150,8 @@ def worker_envs(workers: int, gpus: list[str], cpus: list[int]) -> list[dict[str
         workers: concurrent grading jobs (>= 1).
         gpus: GPU ids visible to grading (empty on a CPU server).
         cpus: CPU numbers this process may use (``os.sched_getaffinity(0)``).
+        pin: run each worker on its share of the CPUs only; False: every worker may use every CPU (the thread pools
+            are sized to the share all the same).
 
     Returns:
         One dict of environment variables per worker.
@@ -160,9 +163,15 @@ def worker_envs(workers: int, gpus: list[str], cpus: list[int]) -> list[dict[str
         if workers > 1 and cpus:
             share = max(1, len(cpus) // workers)
             mine = cpus[(index * share) % len(cpus):][:share] or cpus[:share]
-            env[CPUS_ENV] = ",".join(map(str, mine))
+            if pin:
+                env[CPUS_ENV] = ",".join(map(str, mine))
             env.update(thread_pool_env(len(mine)))
     return envs
+
+
+def pin_cpus() -> bool:
+    """Whether workers are pinned to their share of the CPUs (``EFFICIENT_AI_PIN_CPUS``, default on)."""
+    return os.environ.get(PIN_ENV, "on").strip().lower() not in ("0", "off", "false", "no")
 
 
 def thread_pool_env(threads: int) -> dict[str, str]:

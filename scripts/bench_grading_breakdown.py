@@ -22,7 +22,8 @@ libraries already imported), as ``course grade`` runs it.
 
 Separately, ``kernel start`` and ``imports`` are measured in a kernel started alone with the same kernelspec (time to
 the kernel's first reply, then ``import torch`` and ``from utils import *`` timed inside it), and ``nbgrader start-up``
-as ``nbgrader autograde`` of a lab with no submission to grade. Writes ``reports/grading-breakdown-<tag>.md``/``.json``.
+as ``nbgrader autograde`` of a lab with no submission to grade. The report ends with the slowest cells (and stretches
+of test cells) of the notebook. Writes ``reports/grading-breakdown-<tag>.md``/``.json``.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bench_grading_throughput import _without_out, machine_description  # noqa: E402
 
 STUDENT = "bench"
+SLOWEST_CELLS = 15  # rows of the report's slowest-cells table
 
 
 def _stamp_s(text: str) -> float:
@@ -66,21 +68,41 @@ def _part_of(cell, current: str) -> str:
     return current
 
 
-def split_run(notebook: Path, started_s: float, ended_s: float) -> dict[str, float]:
-    """Seconds of one autograde run by step, from the executed notebook's cell timestamps."""
+def _cell_label(cell, index: int) -> str:
+    """``#index grade_id`` of a cell, or ``#index`` and the start of its first line."""
+    grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+    first_line = next((line.strip() for line in cell.source.splitlines() if line.strip()), "")
+    return f"#{index} {grade_id}" if grade_id else f"#{index} `{first_line[:40].replace('|', '/')}`"
+
+
+def split_run(notebook: Path, started_s: float, ended_s: float,
+              cells: dict[str, float] | None = None) -> dict[str, float]:
+    """Seconds of one autograde run by step, from the executed notebook's cell timestamps.
+
+    ``cells``, when given, receives the seconds of every executed cell (``#index label``) and of every stretch
+    between two of them that held test cells (``tests #index grade_id, ...``: the grader ran them meanwhile).
+    """
     nb = read_notebook(notebook)
     steps: dict[str, float] = {}
     part, first_start, previous_end, between = "before the first part", None, None, 0.0
-    for cell in nb.cells:
+    tests_since: list[str] = []
+    cells = {} if cells is None else cells
+    for index, cell in enumerate(nb.cells):
         part = _part_of(cell, part)
         timing = cell.get("metadata", {}).get("execution", {})
         if "iopub.execute_input" not in timing or "shell.execute_reply" not in timing:
+            if cell.get("metadata", {}).get("nbgrader", {}).get("grade") and cell.cell_type == "code":
+                tests_since.append(_cell_label(cell, index))
             continue
         start, end = _stamp_s(timing["iopub.execute_input"]), _stamp_s(timing["shell.execute_reply"])
         first_start = start if first_start is None else first_start
         if previous_end is not None:
             between += max(0.0, start - previous_end)
+            if tests_since:
+                cells["tests " + ", ".join(tests_since)] = max(0.0, start - previous_end)
+        tests_since = []
         steps[f"cells: {part}"] = steps.get(f"cells: {part}", 0.0) + (end - start)
+        cells[_cell_label(cell, index)] = end - start
         previous_end = end
     if first_start is None:
         raise RuntimeError(f"{notebook}: no cell carries execution timestamps (was ClearMetadataPreprocessor on?)")
@@ -109,7 +131,10 @@ def autograde_run(course: Path, lab: str, kernel_ahead_s: float | None = None, f
     if kernel_ahead_s is not None and not json.loads((notebook.parent / GRADING_REPORT).read_text()).get(
             "kernel_started_ahead"):
         raise RuntimeError("nbgrader did not adopt the kernel started ahead")
-    return split_run(notebook, started, ended)
+    cells: dict[str, float] = {}
+    run = split_run(notebook, started, ended, cells)
+    run["cells"] = cells
+    return run
 
 
 def startup_run(course: Path, lab: str) -> float:
@@ -190,8 +215,11 @@ def main() -> int:
             run.update(probe["times"])
             runs.append(run)
             print(f"run {index + 1}: total {run['total']:.1f} s ({probe['kernel_name']})", flush=True)
+    cell_runs = [run.pop("cells") for run in runs]
     steps = list(dict.fromkeys(key for run in runs for key in run))
     medians = {step: statistics.median(run.get(step, 0.0) for run in runs) for step in steps}
+    cell_medians = {label: statistics.median(cells.get(label, 0.0) for cells in cell_runs)
+                    for label in dict.fromkeys(label for cells in cell_runs for label in cells)}
     machine = machine_description()
     lines = [
         f"# Where one {args.lab} autograde spends its time ({args.tag})", "",
@@ -209,7 +237,14 @@ def main() -> int:
             ("kernel start", "imports", "nbgrader start-up alone")) else ""
         lines.append(f"| {step} | {medians[step]:.2f} | {share} |")
     lines += ["", "Rows without a share are measured separately (a kernel started alone; nbgrader with nothing to "
-              "grade) and are contained in the start-up and setup rows above."]
+              "grade) and are contained in the start-up and setup rows above.", "",
+              f"The {SLOWEST_CELLS} slowest cells (medians; `tests ...`: the test cells the grader ran between two "
+              "cells of the kernel, with the guard's requests around them):", "",
+              "| cell | median (s) |", "| --- | --- |"]
+    for label, seconds in sorted(cell_medians.items(), key=lambda item: -item[1])[:SLOWEST_CELLS]:
+        lines.append(f"| {label} | {seconds:.2f} |")
+    for run, cells in zip(runs, cell_runs):
+        run["cells"] = cells
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"grading-breakdown-{args.tag}"
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -1,12 +1,13 @@
 """Grading throughput (submissions per minute) against the number of workers, at quick scale on this machine.
 
 Usage: ``python scripts/bench_grading_throughput.py [--lab lab1] [--submissions 8] [--workers 1 2]
-[--kernels-ahead on|off|both]``.
+[--kernels-ahead on|off|both] [--pin on|off|both]``.
 Each run grades the same class (copies of the reference solution of the lab) into a fresh SQLite course with
 ``course.grade.grade_lab`` and times the whole call, gradebook preparation included. ``--kernels-ahead off`` grades
 with ``EFFICIENT_AI_KERNEL_POOL_OFF=1`` and ``EFFICIENT_AI_FORK_SERVER=off``: every nbgrader process starts with
 ``python`` and starts its own kernel, as before ``course/kernel_pool.py`` and ``course/fork_server.py``; ``both`` runs
-every worker count both ways, off first. Writes
+every worker count both ways, off first. ``--pin off`` lets every worker use every CPU (``EFFICIENT_AI_PIN_CPUS=off``)
+instead of its own share. Each row also says how busy the machine's CPUs and GPU were during the run. Writes
 ``reports/grading-throughput.md`` and ``reports/grading-throughput.json``.
 """
 from __future__ import annotations
@@ -15,6 +16,8 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,13 +29,45 @@ sys.path.insert(0, str(REPO))
 from course.fork_server import MODE_ENV as FORK_SERVER_ENV  # noqa: E402
 from course.grade import grade_lab  # noqa: E402
 from course.kernel_pool import POOL_OFF_ENV  # noqa: E402
-from course.nbgrader_run import make_course_dir  # noqa: E402
+from course.nbgrader_run import PIN_ENV, make_course_dir  # noqa: E402
 from course.notebooks import make_submission, read_notebook, write_notebook  # noqa: E402
 
 
-def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = True) -> dict:
+def cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine so far, in clock ticks (``/proc/stat``; zeros elsewhere)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+class GpuSampler:
+    """Mean GPU utilisation (%, as ``nvidia-smi`` reports it every 0.5 s) while the ``with`` block runs; None
+    without ``nvidia-smi`` or a GPU."""
+
+    def __enter__(self) -> "GpuSampler":
+        self.percent, self._proc = None, None
+        if shutil.which("nvidia-smi"):
+            self._proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "500"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        output, _ = self._proc.communicate()
+        samples = [float(line) for line in output.split() if line.replace(".", "", 1).isdigit()]
+        self.percent = sum(samples) / len(samples) if samples else None
+
+
+def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = True, pin: bool = True) -> dict:
     os.environ.pop(POOL_OFF_ENV, None)
     os.environ.pop(FORK_SERVER_ENV, None)
+    os.environ[PIN_ENV] = "on" if pin else "off"
     if not kernels_ahead:
         os.environ.update({POOL_OFF_ENV: "1", FORK_SERVER_ENV: "off"})
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
@@ -41,9 +76,12 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
                              read_notebook(REPO / "source" / lab / f"{lab}.ipynb"))
         for index in range(submissions):
             write_notebook(nb, course / "submitted" / f"student{index:03d}" / lab / f"{lab}.ipynb")
+        busy_before, total_before = cpu_jiffies()
         start = time.perf_counter()
-        outcomes, scores = grade_lab(course, lab, progress=False, workers=workers)
+        with GpuSampler() as gpu:
+            outcomes, scores = grade_lab(course, lab, progress=False, workers=workers)
         seconds = time.perf_counter() - start
+        busy_after, total_after = cpu_jiffies()
     # the reference solution earns every autograded point, or the run is reported as failed
     failed = [f"{o.student}: {o.status}: {o.reason}" for o in outcomes.values() if o.status != "ok"]
     failed += [f"{student}: {sub.autograded_score():g} of {sub.autograded_max():g} autograded points"
@@ -51,9 +89,17 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
     failed += [f"{student}: no score" for student in outcomes if student not in scores]
     os.environ.pop(POOL_OFF_ENV, None)
     os.environ.pop(FORK_SERVER_ENV, None)
-    return {"workers": workers, "kernels_ahead": kernels_ahead, "submissions": submissions, "seconds": seconds,
+    os.environ.pop(PIN_ENV, None)
+    cpu_busy = (busy_after - busy_before) / (total_after - total_before) if total_after > total_before else None
+    return {"workers": workers, "kernels_ahead": kernels_ahead, "pinned": pin, "submissions": submissions,
+            "seconds": seconds, "cpu_busy_percent": None if cpu_busy is None else 100 * cpu_busy,
+            "gpu_busy_percent": gpu.percent,
             "submissions_per_minute": submissions / seconds * 60, "failed": failed,
             "autograde_seconds": [outcomes[s].seconds for s in sorted(outcomes)]}
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} %"
 
 
 def _without_out(argv: list[str]) -> list[str]:
@@ -93,18 +139,24 @@ def main() -> int:
     parser.add_argument("--kernels-ahead", choices=("on", "off", "both"), default="on",
                         help="start each worker's next kernel ahead and fork nbgrader from the fork server (course grade's "
                              "default), or neither, or both ways")
+    parser.add_argument("--pin", choices=("on", "off", "both"), default="on",
+                        help="pin each worker to its share of the CPUs (EFFICIENT_AI_PIN_CPUS; course grade's default), "
+                             "let workers share every CPU, or both ways (only runs with more than one worker differ)")
     args = parser.parse_args()
     modes = {"on": [True], "off": [False], "both": [False, True]}[args.kernels_ahead]
+    pins = {"on": [True], "off": [False], "both": [True, False]}[args.pin]
     sizes = args.submissions * len(args.workers) if len(args.submissions) == 1 else args.submissions
     if len(sizes) != len(args.workers):
         parser.error("give one --submissions, or one per --workers entry")
     rows = []
     for workers, submissions in zip(args.workers, sizes):
         for ahead in modes:
-            row = grade_class(args.lab, submissions, workers, ahead)
-            rows.append(row)
-            print(f"workers={workers} kernels_ahead={ahead}: {row['seconds']:.0f} s, "
-                  f"{row['submissions_per_minute']:.2f} submissions/min, failed={row['failed']}", flush=True)
+            for pin in pins if workers > 1 else pins[:1]:
+                row = grade_class(args.lab, submissions, workers, ahead, pin)
+                rows.append(row)
+                print(f"workers={workers} kernels_ahead={ahead} pinned={pin}: {row['seconds']:.0f} s, "
+                      f"{row['submissions_per_minute']:.2f} submissions/min, CPU busy {_percent(row['cpu_busy_percent'])}, "
+                      f"GPU busy {_percent(row['gpu_busy_percent'])}, failed={row['failed']}", flush=True)
     machine = machine_description()
     command = " ".join(["python scripts/bench_grading_throughput.py", *_without_out(sys.argv[1:])])
     lines = [
@@ -112,16 +164,18 @@ def main() -> int:
         f"Measured by `{command}` on {machine}: copies of the reference solution (the number in each row) "
         "graded into a fresh SQLite course per run (gradebook preparation included). "
         "Speedup: against one worker with the same kernel start.", "",
-        "| workers | kernel pool and fork server | submissions | wall time (s) | submissions / min | speedup | "
-        "per submission (s) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| workers | kernel pool and fork server | CPUs pinned per worker | submissions | wall time (s) | "
+        "submissions / min | speedup | per submission (s) | CPU busy | GPU busy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         base = next(r for r in rows if r["kernels_ahead"] == row["kernels_ahead"])["submissions_per_minute"]
-        lines.append(f"| {row['workers']} | {'yes' if row['kernels_ahead'] else 'no'} | {row['submissions']} | "
-                     f"{row['seconds']:.0f} | "
+        lines.append(f"| {row['workers']} | {'yes' if row['kernels_ahead'] else 'no'} | "
+                     f"{('yes' if row.get('pinned', True) else 'no') if row['workers'] > 1 else '-'} | "
+                     f"{row['submissions']} | {row['seconds']:.0f} | "
                      f"{row['submissions_per_minute']:.2f} | {row['submissions_per_minute'] / base:.2f}x | "
-                     f"{row['seconds'] / row['submissions']:.1f} |")
+                     f"{row['seconds'] / row['submissions']:.1f} | {_percent(row.get('cpu_busy_percent'))} | "
+                     f"{_percent(row.get('gpu_busy_percent'))} |")
     lines += ["", "Kernel pool (`course/kernel_pool.py`): each worker starts its next submission's kernel, with the "
               "lab's setup imports done, while the current submission grades. Fork server (`course/fork_server.py`): "
               "every nbgrader process is forked from one that already imported nbgrader and the grader's libraries. "
@@ -129,7 +183,8 @@ def main() -> int:
               "in the gradebook, one nbgrader process at a time, while they go on; what it records after the last "
               "submission finished and the per-run gradebook preparation are the serial part that keeps the "
               "speedup under the worker count. A PostgreSQL gradebook (NBGRADER_DB_URL) is written by the workers "
-              "directly."]
+              "directly. CPU busy: the share of all the machine's CPU time that was not idle during the run "
+              "(`/proc/stat`); GPU busy: the mean of `nvidia-smi`'s utilisation, sampled every 0.5 s."]
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / ("grading-throughput" + (f"-{args.tag}" if args.tag else ""))
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
