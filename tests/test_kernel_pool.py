@@ -66,10 +66,12 @@ def test_a_claimed_kernel_has_its_imports_done_and_sees_no_other_kernel(root):
         record = kernel_pool.claim(str(pool.folder))
         assert record is not None, "a published kernel must be claimable"
         wait_ready(pool)  # the pool starts the next kernel once one is claimed
-        seen = run_in_kernel(record, "import sys, os\n_out = ('math' in sys.modules, sorted(os.listdir(%r)) if "
-                             "os.path.isdir(%r) else None)" % (str(pool.folder), str(pool.folder)))
-        preloaded, listing = eval(seen)  # noqa: S307 - the repr of a tuple of a bool and a list of names
+        seen = run_in_kernel(record, "import gc, sys, os\n_out = ('math' in sys.modules, sorted(os.listdir(%r)) if "
+                             "os.path.isdir(%r) else None, gc.get_freeze_count())" % (str(pool.folder), str(pool.folder)))
+        preloaded, listing, frozen = eval(seen)  # noqa: S307 - the repr of a tuple of a bool, names and an int
         assert preloaded, "a kernel started ahead must have imported its lab's setup modules before it answers"
+        assert frozen > 10_000, (
+            f"kernel_boot must freeze what start-up made (gc.freeze), so full collections skip it; {frozen} frozen")
         if sandbox.sandbox_works():
             kernel_id = Path(record["connection_file"]).parent.name
             assert listing == [kernel_id], (
