@@ -209,3 +209,15 @@ def test_workers_get_disjoint_cpu_shares_and_matching_thread_counts():
     gpu_envs = worker_envs(3, ["0", "1"], [0, 1])
     assert [env["CUDA_VISIBLE_DEVICES"] for env in gpu_envs] == ["0", "1", "0"], "one GPU per worker, round robin"
     assert all(env["EFFICIENT_AI_CPUS"] in ("0", "1") for env in gpu_envs), "more workers than CPUs still get one"
+
+
+def test_unpinned_workers_share_every_cpu_with_thread_pools_still_sized_to_a_share(monkeypatch):
+    from course.nbgrader_run import PIN_ENV, THREAD_ENVS, pin_cpus, worker_envs
+
+    envs = worker_envs(4, [], list(range(16)), pin=False)
+    assert all("EFFICIENT_AI_CPUS" not in env for env in envs), f"pin=False must not restrict CPUs: {envs}"
+    assert all(env[name] == "4" for env in envs for name in THREAD_ENVS), "thread pools still follow a 1/4 share"
+    monkeypatch.delenv(PIN_ENV, raising=False)
+    assert pin_cpus(), "workers are pinned by default"
+    monkeypatch.setenv(PIN_ENV, "off")
+    assert not pin_cpus(), f"{PIN_ENV}=off must leave workers unpinned"
