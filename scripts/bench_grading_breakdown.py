@@ -75,18 +75,16 @@ def _cell_label(cell, index: int) -> str:
     return f"#{index} {grade_id}" if grade_id else f"#{index} `{first_line[:40].replace('|', '/')}`"
 
 
-def split_run(notebook: Path, started_s: float, ended_s: float,
-              cells: dict[str, float] | None = None) -> dict[str, float]:
-    """Seconds of one autograde run by step, from the executed notebook's cell timestamps.
-
-    ``cells``, when given, receives the seconds of every executed cell (``#index label``) and of every stretch
-    between two of them that held test cells (``tests #index grade_id, ...``: the grader ran them meanwhile).
+def split_run(notebook: Path, started_s: float, ended_s: float) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds of one autograde run by step, from the executed notebook's cell timestamps; and the seconds of every
+    executed cell (``#index label``) and of every stretch between two of them that held test cells
+    (``tests #index grade_id, ...``: the grader ran them meanwhile).
     """
     nb = read_notebook(notebook)
     steps: dict[str, float] = {}
     part, first_start, previous_end, between = "before the first part", None, None, 0.0
     tests_since: list[str] = []
-    cells = {} if cells is None else cells
+    cells: dict[str, float] = {}
     for index, cell in enumerate(nb.cells):
         part = _part_of(cell, part)
         timing = cell.get("metadata", {}).get("execution", {})
@@ -106,12 +104,15 @@ def split_run(notebook: Path, started_s: float, ended_s: float,
         previous_end = end
     if first_start is None:
         raise RuntimeError(f"{notebook}: no cell carries execution timestamps (was ClearMetadataPreprocessor on?)")
-    return {"start-up (nbgrader, settings, kernel start, guard)": first_start - started_s, **steps,
-            "between cells (guard checks, grader requests)": between, "after the last cell (scoring, gradebook)":
-            ended_s - previous_end, "total": ended_s - started_s}
+    steps = {"start-up (nbgrader, settings, kernel start, guard)": first_start - started_s, **steps,
+             "between cells (guard checks, grader requests)": between, "after the last cell (scoring, gradebook)":
+             ended_s - previous_end, "total": ended_s - started_s}
+    return steps, cells
 
 
-def autograde_run(course: Path, lab: str, kernel_ahead_s: float | None = None, fork: bool = False) -> dict[str, float]:
+def autograde_run(course: Path, lab: str, kernel_ahead_s: float | None = None,
+                  fork: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+    """One autograde of the course's submission: its seconds by step and by cell (``split_run``)."""
     shutil.rmtree(course / "autograded", ignore_errors=True)
     with contextlib.ExitStack() as stack:
         env = {}
@@ -131,10 +132,7 @@ def autograde_run(course: Path, lab: str, kernel_ahead_s: float | None = None, f
     if kernel_ahead_s is not None and not json.loads((notebook.parent / GRADING_REPORT).read_text()).get(
             "kernel_started_ahead"):
         raise RuntimeError("nbgrader did not adopt the kernel started ahead")
-    cells: dict[str, float] = {}
-    run = split_run(notebook, started, ended, cells)
-    run["cells"] = cells
-    return run
+    return split_run(notebook, started, ended)
 
 
 def startup_run(course: Path, lab: str) -> float:
@@ -207,15 +205,15 @@ def main() -> int:
                              read_notebook(REPO / "source" / args.lab / f"{args.lab}.ipynb"))
         write_notebook(nb, course / "submitted" / STUDENT / args.lab / f"{args.lab}.ipynb")
         prepare_gradebook(course, args.lab)
-        runs = []
+        runs, cell_runs = [], []
         for index in range(args.repeat):
-            run = autograde_run(course, args.lab, args.kernel_ahead, args.fork)
+            run, cells = autograde_run(course, args.lab, args.kernel_ahead, args.fork)
+            cell_runs.append(cells)
             run["nbgrader start-up alone (no submission)"] = startup_run(course, args.lab)
             probe = kernel_run(course, args.lab)
             run.update(probe["times"])
             runs.append(run)
             print(f"run {index + 1}: total {run['total']:.1f} s ({probe['kernel_name']})", flush=True)
-    cell_runs = [run.pop("cells") for run in runs]
     steps = list(dict.fromkeys(key for run in runs for key in run))
     medians = {step: statistics.median(run.get(step, 0.0) for run in runs) for step in steps}
     cell_medians = {label: statistics.median(cells.get(label, 0.0) for cells in cell_runs)
@@ -243,12 +241,11 @@ def main() -> int:
               "| cell | median (s) |", "| --- | --- |"]
     for label, seconds in sorted(cell_medians.items(), key=lambda item: -item[1])[:SLOWEST_CELLS]:
         lines.append(f"| {label} | {seconds:.2f} |")
-    for run, cells in zip(runs, cell_runs):
-        run["cells"] = cells
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"grading-breakdown-{args.tag}"
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    stem.with_suffix(".json").write_text(json.dumps({"machine": machine, "lab": args.lab, "runs": runs,
+    runs_with_cells = [{**run, "cells": cells} for run, cells in zip(runs, cell_runs)]
+    stem.with_suffix(".json").write_text(json.dumps({"machine": machine, "lab": args.lab, "runs": runs_with_cells,
                                                      "medians_s": medians}, indent=1))
     print(f"wrote {stem.with_suffix('.md')}")
     return 0

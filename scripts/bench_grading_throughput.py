@@ -171,11 +171,11 @@ def main() -> int:
     for row in rows:
         base = next(r for r in rows if r["kernels_ahead"] == row["kernels_ahead"])["submissions_per_minute"]
         lines.append(f"| {row['workers']} | {'yes' if row['kernels_ahead'] else 'no'} | "
-                     f"{('yes' if row.get('pinned', True) else 'no') if row['workers'] > 1 else '-'} | "
+                     f"{('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | "
                      f"{row['submissions']} | {row['seconds']:.0f} | "
                      f"{row['submissions_per_minute']:.2f} | {row['submissions_per_minute'] / base:.2f}x | "
-                     f"{row['seconds'] / row['submissions']:.1f} | {_percent(row.get('cpu_busy_percent'))} | "
-                     f"{_percent(row.get('gpu_busy_percent'))} |")
+                     f"{row['seconds'] / row['submissions']:.1f} | {_percent(row['cpu_busy_percent'])} | "
+                     f"{_percent(row['gpu_busy_percent'])} |")
     lines += ["", "Kernel pool (`course/kernel_pool.py`): each worker starts its next submission's kernel, with the "
               "lab's setup imports done, while the current submission grades. Fork server (`course/fork_server.py`): "
               "every nbgrader process is forked from one that already imported nbgrader and the grader's libraries. "
