@@ -41,10 +41,18 @@ from traitlets import Bool, Unicode
 from . import boundary
 from .nbgrader_run import CPUS_ENV, _parse_cpus, nbgrader_env
 from .processes import kill_group, start_time
-from .sandbox import KERNEL_NAME, PRELOAD_ENV, RUNTIME_ENV, grading_kernel_spec, sandbox_works
+from .sandbox import (
+    CUDA_AHEAD_ENV,
+    KERNEL_NAME,
+    PRELOAD_ENV,
+    RUNTIME_ENV,
+    grading_kernel_spec,
+    sandbox_works,
+)
 
 POOL_ENV = "EFFICIENT_AI_KERNEL_POOL"  # the pool folder an nbgrader process may adopt a kernel from
 POOL_OFF_ENV = "EFFICIENT_AI_KERNEL_POOL_OFF"  # set to 1: course grade starts no kernels ahead (to compare)
+CUDA_ENV = "EFFICIENT_AI_KERNEL_CUDA_AHEAD"  # off: a kernel started ahead leaves its CUDA context to its first GPU cell
 LOG_TAIL_BYTES = 64 * 1024  # of a pooled kernel's own stdout and stderr, copied to the adopting nbgrader's stderr
 REFILL_POLL_S = 0.05
 MAX_FAILURES = 3  # kernels started ahead that fail before the pool stops starting them
@@ -53,6 +61,10 @@ FAILURE_PAUSE_S = 2.0
 
 def pool_enabled() -> bool:
     return os.environ.get(POOL_OFF_ENV, "").strip() not in ("1", "true", "yes", "on")
+
+
+def cuda_ahead() -> bool:
+    return os.environ.get(CUDA_ENV, "on").strip().lower() not in ("0", "off", "false", "no")
 
 
 def preload_modules(source_folder: Path) -> list[str]:
@@ -104,6 +116,8 @@ class KernelPool:
         self._env.pop(POOL_ENV, None)
         self._cwd = source
         self._cpus = _parse_cpus(self._env.get(CPUS_ENV, ""))
+        if cuda_ahead():
+            self._env[CUDA_AHEAD_ENV] = "1"
         self._kernels: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()

@@ -51,6 +51,8 @@ SOURCE_ENV = "EFFICIENT_AI_SANDBOX_SOURCE"
 RUNTIME_ENV = "EFFICIENT_AI_SANDBOX_RUNTIME"  # the nbgrader process's private folder: kernels' folders go there
 # Modules the kernel imports before it answers (comma-separated; set by course.kernel_pool for pre-started kernels).
 PRELOAD_ENV = "EFFICIENT_AI_KERNEL_PRELOAD"
+# "1" (set by course.kernel_pool for a kernel started ahead): create the CUDA context before the kernel answers.
+CUDA_AHEAD_ENV = "EFFICIENT_AI_KERNEL_BOOT_CUDA"
 KERNEL_NAME = "efficient-ai-sandbox"
 PROCESS_DIR_PREFIX = "efficient-ai-kernels-"
 BOOT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_boot.py")
@@ -433,6 +435,7 @@ def launch(argv: list[str]) -> None:
     boot_options = ["--on-path"] if prepare_files(os.getcwd(), os.environ.get(SOURCE_ENV), hidden, files) else []
     preload = os.environ.get(PRELOAD_ENV, "").strip()
     boot_options += ["--preload", preload] if preload else []
+    boot_options += ["--cuda"] if os.environ.get(CUDA_AHEAD_ENV) == "1" else []
     if sandboxed:
         _exec_sandboxed(argv, connection_file, kernel_dir, boot_options, hidden)
     command = [sys.executable, "-I", BOOT_SCRIPT, *boot_options, "--files", files, "--work",
