@@ -15,6 +15,12 @@
    to import is left for the cell that imports it); then freezes what start-up made (``freeze_heap``) and runs the
    kernel.
 
+With ``--zygote`` it starts no kernel: it makes the imports (``--on-path``, ``--preload``) once, freezes them, and
+then forks a kernel for every request it reads on stdin (one JSON line, ``{"args": [...], "log": PATH}``: this
+script's arguments for that kernel, and the file its output goes to), answering ``{"pid": N}`` on stdout. Each child
+starts its own session and runs steps 1-4 with the imports already made: a kernel for a fraction of a second of CPU
+instead of the several seconds its imports take (``course/kernel_pool.py`` uses it for unsandboxed kernels only).
+
 With ``--cuda`` (a kernel started ahead) it also creates its CUDA context before it answers, leaving no memory
 allocated and no peak recorded: 0.15 s alone, 0.6-0.8 s with eight processes creating theirs at once on the lent
 H100 (``scripts/gpu/start_costs.py``), otherwise paid in the submission's first GPU cell.
@@ -32,11 +38,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(prog="kernel_boot.py")
     parser.add_argument("--files", required=True, help="instructor files to copy into the working folder")
-    parser.add_argument("--work", required=True, help="the kernel's working folder (created)")
+    parser.add_argument("--work", help="the kernel's working folder (created; required but with --zygote)")
     parser.add_argument("--on-path", action="store_true", help="put --files first on sys.path")
     parser.add_argument("--uid", type=int, help="run the kernel as this uid and gid (needs root)")
     parser.add_argument("--preload", default="", help="modules to import before the kernel answers (comma-separated)")
     parser.add_argument("--cuda", action="store_true", help="create the CUDA context before the kernel answers")
+    parser.add_argument("--zygote", action="store_true", help="import once, then fork a kernel per request on stdin")
     return parser.parse_args(argv[:split]), argv[split + 1:]
 
 
@@ -101,10 +108,102 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-def main(argv: list[str]) -> None:
-    options, kernel_args = parse(argv)
-    shutil.copytree(options.files, options.work, symlinks=True, dirs_exist_ok=True)
+# Set for the zygote's imports where the environment does not say otherwise, and unset again in each forked kernel:
+# torch answers torch.cuda.is_available() (utils' DEVICE) through NVML instead of initialising CUDA, which a forked
+# child could not use; pyarrow (transformers imports it on some machines) starts no allocator thread.
+FORK_SAFE_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "ARROW_DEFAULT_MEMORY_POOL": "system",
+                 "JE_ARROW_MALLOC_CONF": "background_thread:false", "MALLOC_CONF": "background_thread:false"}
+
+
+def threads() -> int:
+    """This process's threads (Linux; 1 elsewhere)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def serve_forks(options: argparse.Namespace) -> None:
+    """``--zygote``: import what every kernel imports, then fork one kernel per request on stdin until it closes.
+
+    Nothing a fork cannot carry is made before the fork: no CUDA (``--cuda`` runs in each child), no ZeroMQ context
+    and no socket (the child's ``IPKernelApp`` makes them). BLAS pools started by the imports (OpenBLAS) shut down
+    before a fork and start again when next used, in the parent and the child alike.
+    """
+    import gc
+    import json
+    import signal
+    import warnings
+
     if options.on_path:
+        sys.path.insert(0, options.files)
+    added = [name for name in FORK_SAFE_ENV if name not in os.environ]
+    os.environ.update({name: FORK_SAFE_ENV[name] for name in added})
+    import ipykernel.kernelapp  # noqa: F401 - imported for every child
+
+    preload(options.preload)
+    torch = sys.modules.get("torch")
+    cuda_started = bool(torch is not None and torch.cuda.is_initialized())
+    gc.collect()
+    gc.freeze()  # what the imports made stays out of every child's collections, and its pages stay shared
+    warnings.filterwarnings("ignore", message=".*multi-threaded.*fork", category=DeprecationWarning)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the system: no zombies
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # anything an import prints goes to stderr, never into the answers
+    answers.write(json.dumps({"ready": not cuda_started, "threads": threads(),
+                              "why": "the imports initialised CUDA" if cuda_started else ""}) + "\n")
+    answers.flush()
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            pid = os.fork()
+        except (ValueError, OSError) as exc:
+            answers.write(json.dumps({"error": str(exc)}) + "\n")
+            answers.flush()
+            continue
+        if pid == 0:
+            code = 1
+            try:
+                answers.close()
+                os.setsid()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                os.close(devnull)
+                os.close(log)
+                for name in added:
+                    del os.environ[name]
+                # ipykernel read JPY_PARENT_PID when the zygote imported it: the kernel ends with the zygote instead
+                args = [*request["args"], *([] if "--" in request["args"] else ["--"])]
+                main([*args, f"--IPKernelApp.parent_handle={os.getppid()}"], imported=True)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:  # noqa: BLE001 - into the kernel's log, as an uncaught error would go
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        answers.write(json.dumps({"pid": pid}) + "\n")
+        answers.flush()
+
+
+def main(argv: list[str], imported: bool = False) -> None:
+    """Start the kernel (``imported``: in a child of ``--zygote``, whose imports are made)."""
+    options, kernel_args = parse(argv)
+    if options.zygote:
+        serve_forks(options)
+        return
+    if not options.work:
+        raise SystemExit("kernel_boot: --work is required")
+    shutil.copytree(options.files, options.work, symlinks=True, dirs_exist_ok=True)
+    if options.on_path and not (imported and options.files in sys.path):
         sys.path.insert(0, options.files)
     from ipykernel.kernelapp import IPKernelApp
 

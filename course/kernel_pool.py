@@ -39,6 +39,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Unicode
 
 from . import boundary
+from .kernel_zygote import KernelZygote, ZygoteGone, zygote_enabled
 from .nbgrader_run import CPUS_ENV, _parse_cpus, nbgrader_env
 from .processes import kill_group, start_time
 from .sandbox import (
@@ -46,7 +47,9 @@ from .sandbox import (
     KERNEL_NAME,
     PRELOAD_ENV,
     RUNTIME_ENV,
+    SOURCE_ENV,
     grading_kernel_spec,
+    prepare_files,
     sandbox_works,
 )
 
@@ -118,7 +121,12 @@ class KernelPool:
         self._cpus = _parse_cpus(self._env.get(CPUS_ENV, ""))
         if cuda_ahead():
             self._env[CUDA_AHEAD_ENV] = "1"
-        self._kernels: dict[str, subprocess.Popen] = {}
+        self._kernels: dict[str, subprocess.Popen | AdoptedProcess] = {}
+        self._zygote = None
+        if not sandboxed and zygote_enabled():  # kernels forked from one that made the imports (kernel_zygote.py)
+            self._files = str(self.folder / "files")
+            if prepare_files(str(source), spec["env"][SOURCE_ENV], [], self._files):
+                self._zygote = KernelZygote(self._files, preload, str(source), self._env, self._cpus)
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._keep_one_ready, name="kernel-pool", daemon=True)
@@ -142,6 +150,8 @@ class KernelPool:
         with self._lock:
             for kernel_id in list(self._kernels):
                 self._remove(kernel_id)
+            if self._zygote is not None:
+                self._zygote.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> KernelPool:
@@ -187,13 +197,16 @@ class KernelPool:
         write_connection_file(connection_file, ip=str(home / "ipc" / "kernel"), transport="ipc",
                               key=secrets.token_hex(32).encode(), kernel_name=KERNEL_NAME)
         argv = [connection_file if part == "{connection_file}" else part for part in self._argv]
-        cpus = self._cpus
-        with open(home / "kernel.log", "wb") as log:
-            process = subprocess.Popen(
-                argv, cwd=self._cwd, env={**self._env, RUNTIME_ENV: str(home / "runtime")},
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity") else None,
-            )
+        process = self._fork(argv, home) if self._zygote is not None else None
+        if process is None:
+            cpus = self._cpus
+            with open(home / "kernel.log", "wb") as log:
+                process = subprocess.Popen(
+                    argv, cwd=self._cwd, env={**self._env, RUNTIME_ENV: str(home / "runtime")},
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity")
+                    else None,
+                )
         self._kernels[kernel_id] = process
         started = start_time(process.pid)
         record = {"connection_file": connection_file, "pid": process.pid, "start_time": started,
@@ -201,6 +214,21 @@ class KernelPool:
         staging = home / "ready.json"
         staging.write_text(json.dumps(record))
         os.rename(staging, self.folder / "ready" / f"{kernel_id}.json")
+
+    def _fork(self, argv: list[str], home: Path) -> AdoptedProcess | None:
+        """The kernel of the unsandboxed launcher command ``argv``, forked from the zygote (None: it cannot fork; the
+        zygote is then given up and every later kernel starts the usual way)."""
+        kernel_args = argv[argv.index("--unsandboxed") + 1:]
+        args = ["--on-path", "--files", self._files, "--work", str(home / "work"),
+                *(["--cuda"] if self._env.get(CUDA_AHEAD_ENV) == "1" else []), "--", *kernel_args]
+        try:
+            pid = self._zygote.fork(args, str(home / "kernel.log"))
+        except ZygoteGone as exc:
+            print(f"kernel pool: kernels start without the zygote from now on ({exc})", file=sys.stderr)
+            self._zygote.close()
+            self._zygote = None
+            return None
+        return AdoptedProcess(pid, start_time(pid))
 
     def _remove(self, kernel_id: str) -> None:
         """Kill the kernel (its whole process group), reap it and remove its files. Call with the lock held."""

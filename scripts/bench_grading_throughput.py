@@ -1,13 +1,15 @@
 """Grading throughput (submissions per minute) against the number of workers, at quick scale on this machine.
 
 Usage: ``python scripts/bench_grading_throughput.py [--lab lab1] [--submissions 8] [--workers 1 2]
-[--kernels-ahead on|off|both] [--pin on|off|both]``.
+[--kernels-ahead on|off|both] [--pin on|off|both] [--zygote on|off|both]``.
 Each run grades the same class (copies of the reference solution of the lab) into a fresh SQLite course with
 ``course.grade.grade_lab`` and times the whole call, gradebook preparation included. ``--kernels-ahead off`` grades
 with ``EFFICIENT_AI_KERNEL_POOL_OFF=1`` and ``EFFICIENT_AI_FORK_SERVER=off``: every nbgrader process starts with
 ``python`` and starts its own kernel, as before ``course/kernel_pool.py`` and ``course/fork_server.py``; ``both`` runs
 every worker count both ways, off first. ``--pin off`` lets every worker use every CPU (``EFFICIENT_AI_PIN_CPUS=off``)
-instead of its own share. Each row also says how busy the machine's CPUs and GPU were during the run. Writes
+instead of its own share. ``--zygote off`` starts every kernel ahead with ``python``
+(``EFFICIENT_AI_KERNEL_ZYGOTE=off``), as sandboxed kernels always start, instead of forking it from the worker's
+zygote (``course/kernel_zygote.py``; unsandboxed kernels only). Each row also says how busy the machine's CPUs and GPU were during the run. Writes
 ``reports/grading-throughput.md`` and ``reports/grading-throughput.json``.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,8 +32,10 @@ sys.path.insert(0, str(REPO))
 from course.fork_server import MODE_ENV as FORK_SERVER_ENV  # noqa: E402
 from course.grade import grade_lab  # noqa: E402
 from course.kernel_pool import POOL_OFF_ENV  # noqa: E402
+from course.kernel_zygote import MODE_ENV as ZYGOTE_ENV  # noqa: E402
 from course.nbgrader_run import PIN_ENV, make_course_dir  # noqa: E402
 from course.notebooks import make_submission, read_notebook, write_notebook  # noqa: E402
+from course.sandbox import sandbox_works  # noqa: E402
 
 
 def cpu_jiffies() -> tuple[int, int]:
@@ -64,10 +69,66 @@ class GpuSampler:
         self.percent = sum(samples) / len(samples) if samples else None
 
 
-def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = True, pin: bool = True) -> dict:
+class Timeline:
+    """When each submission's work started and ended, in seconds from the start of the run: the worker's whole
+    turn (``course.grade._execute_isolated``: copying the private course, then the autograde) and the autograde in
+    it (``course.grade.autograde_one``). Wraps the two functions while the run lasts; what they do is unchanged."""
+
+    NAMES = ("_execute_isolated", "autograde_one")
+
+    def __init__(self):
+        import threading
+
+        self.spans: dict[str, list[tuple[float, float]]] = {name: [] for name in self.NAMES}
+        self._lock = threading.Lock()
+        self._originals = {}
+        self.start = 0.0
+
+    def __enter__(self) -> Timeline:
+        import course.grade as grade
+
+        self.start = time.perf_counter()
+        for name in self.NAMES:
+            original = self._originals[name] = getattr(grade, name)
+            setattr(grade, name, self._timed(name, original))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import course.grade as grade
+
+        for name, original in self._originals.items():
+            setattr(grade, name, original)
+
+    def _timed(self, name, original):
+        def timed(*args, **kwargs):
+            began = time.perf_counter() - self.start
+            try:
+                return original(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self.spans[name].append((began, time.perf_counter() - self.start))
+        return timed
+
+    def summary(self, seconds: float) -> dict:
+        """Before the first submission started, after the last ended, and the mean time of a worker's turn outside
+        its autograde (seconds)."""
+        turns, autogrades = self.spans["_execute_isolated"], self.spans["autograde_one"]
+        if not turns:  # one worker, or a shared gradebook: no private copies
+            turns = autogrades
+        if not turns:
+            return {}
+        outside = (sum(e - b for b, e in turns) - sum(e - b for b, e in autogrades)) / len(turns)
+        return {"before_first_s": min(b for b, _ in turns), "after_last_s": seconds - max(e for _, e in turns),
+                "turn_outside_autograde_s": outside}
+
+
+def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = True, pin: bool = True,
+                zygote: bool = True) -> dict:
     os.environ.pop(POOL_OFF_ENV, None)
     os.environ.pop(FORK_SERVER_ENV, None)
     os.environ[PIN_ENV] = "on" if pin else "off"
+    os.environ[ZYGOTE_ENV] = "on" if zygote else "off"
+    forked = kernels_ahead and zygote and not sandbox_works()
     if not kernels_ahead:
         os.environ.update({POOL_OFF_ENV: "1", FORK_SERVER_ENV: "off"})
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
@@ -78,7 +139,7 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
             write_notebook(nb, course / "submitted" / f"student{index:03d}" / lab / f"{lab}.ipynb")
         busy_before, total_before = cpu_jiffies()
         start = time.perf_counter()
-        with GpuSampler() as gpu:
+        with GpuSampler() as gpu, Timeline() as timeline:
             outcomes, scores = grade_lab(course, lab, progress=False, workers=workers)
         seconds = time.perf_counter() - start
         busy_after, total_after = cpu_jiffies()
@@ -90,12 +151,14 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
     os.environ.pop(POOL_OFF_ENV, None)
     os.environ.pop(FORK_SERVER_ENV, None)
     os.environ.pop(PIN_ENV, None)
+    os.environ.pop(ZYGOTE_ENV, None)
     cpu_busy = (busy_after - busy_before) / (total_after - total_before) if total_after > total_before else None
-    return {"workers": workers, "kernels_ahead": kernels_ahead, "pinned": pin, "submissions": submissions,
+    return {"workers": workers, "kernels_ahead": kernels_ahead, "pinned": pin, "forked": forked,
+            "submissions": submissions,
             "seconds": seconds, "cpu_busy_percent": None if cpu_busy is None else 100 * cpu_busy,
             "gpu_busy_percent": gpu.percent,
             "submissions_per_minute": submissions / seconds * 60, "failed": failed,
-            "autograde_seconds": [outcomes[s].seconds for s in sorted(outcomes)]}
+            "autograde_seconds": [outcomes[s].seconds for s in sorted(outcomes)], **timeline.summary(seconds)}
 
 
 def _percent(value: float | None) -> str:
@@ -139,24 +202,33 @@ def main() -> int:
     parser.add_argument("--kernels-ahead", choices=("on", "off", "both"), default="on",
                         help="start each worker's next kernel ahead and fork nbgrader from the fork server (course grade's "
                              "default), or neither, or both ways")
+    parser.add_argument("--zygote", choices=("on", "off", "both"), default="on",
+                        help="fork unsandboxed kernels started ahead from a zygote (EFFICIENT_AI_KERNEL_ZYGOTE; "
+                             "the default), or start each with python; both: each worker count both ways")
     parser.add_argument("--pin", choices=("on", "off", "both"), default="on",
                         help="pin each worker to its share of the CPUs (EFFICIENT_AI_PIN_CPUS; course grade's default), "
                              "let workers share every CPU, or both ways (only runs with more than one worker differ)")
     args = parser.parse_args()
     modes = {"on": [True], "off": [False], "both": [False, True]}[args.kernels_ahead]
     pins = {"on": [True], "off": [False], "both": [True, False]}[args.pin]
+    zygotes = {"on": [True], "off": [False], "both": [True, False]}[args.zygote]
     sizes = args.submissions * len(args.workers) if len(args.submissions) == 1 else args.submissions
     if len(sizes) != len(args.workers):
         parser.error("give one --submissions, or one per --workers entry")
     rows = []
     for workers, submissions in zip(args.workers, sizes):
         for ahead in modes:
-            for pin in pins if workers > 1 else pins[:1]:
-                row = grade_class(args.lab, submissions, workers, ahead, pin)
+            for pin, zygote in [(p, z) for p in (pins if workers > 1 else pins[:1]) for z in zygotes]:
+                row = grade_class(args.lab, submissions, workers, ahead, pin, zygote)
                 rows.append(row)
-                print(f"workers={workers} kernels_ahead={ahead} pinned={pin}: {row['seconds']:.0f} s, "
+                print(f"workers={workers} kernels_ahead={ahead} pinned={pin} forked={row['forked']}: "
+                      f"{row['seconds']:.0f} s, "
                       f"{row['submissions_per_minute']:.2f} submissions/min, CPU busy {_percent(row['cpu_busy_percent'])}, "
-                      f"GPU busy {_percent(row['gpu_busy_percent'])}, failed={row['failed']}", flush=True)
+                      f"GPU busy {_percent(row['gpu_busy_percent'])}, median autograde "
+                      f"{statistics.median(row['autograde_seconds']):.2f} s, before the first "
+                      f"{row.get('before_first_s', 0):.1f} s, after the last {row.get('after_last_s', 0):.1f} s, per turn "
+                      f"outside the autograde {row.get('turn_outside_autograde_s', 0):.2f} s, failed={row['failed']}",
+                      flush=True)
     machine = machine_description()
     command = " ".join(["python scripts/bench_grading_throughput.py", *_without_out(sys.argv[1:])])
     lines = [
@@ -164,18 +236,22 @@ def main() -> int:
         f"Measured by `{command}` on {machine}: copies of the reference solution (the number in each row) "
         "graded into a fresh SQLite course per run (gradebook preparation included). "
         "Speedup: against one worker with the same kernel start.", "",
-        "| workers | kernel pool and fork server | CPUs pinned per worker | submissions | wall time (s) | "
-        "submissions / min | speedup | per submission (s) | CPU busy | GPU busy |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| workers | kernel pool and fork server | kernels forked from a zygote | CPUs pinned per worker | "
+        "submissions | wall time (s) | submissions / min | speedup | per submission (s) | median autograde (s) | "
+        "before the first / after the last (s) | CPU busy | GPU busy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
-        base = next(r for r in rows if r["kernels_ahead"] == row["kernels_ahead"])["submissions_per_minute"]
+        base = next(r for r in rows if r["kernels_ahead"] == row["kernels_ahead"]
+                    and r.get("forked") == row.get("forked"))["submissions_per_minute"]
         lines.append(f"| {row['workers']} | {'yes' if row['kernels_ahead'] else 'no'} | "
+                     f"{'yes' if row.get('forked') else 'no'} | "
                      f"{('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | "
                      f"{row['submissions']} | {row['seconds']:.0f} | "
                      f"{row['submissions_per_minute']:.2f} | {row['submissions_per_minute'] / base:.2f}x | "
-                     f"{row['seconds'] / row['submissions']:.1f} | {_percent(row['cpu_busy_percent'])} | "
-                     f"{_percent(row['gpu_busy_percent'])} |")
+                     f"{row['seconds'] / row['submissions']:.1f} | {statistics.median(row['autograde_seconds']):.1f} | "
+                     f"{row.get('before_first_s', 0):.0f} / {row.get('after_last_s', 0):.0f} | "
+                     f"{_percent(row['cpu_busy_percent'])} | {_percent(row['gpu_busy_percent'])} |")
     lines += ["", "Kernel pool (`course/kernel_pool.py`): each worker starts its next submission's kernel, with the "
               "lab's setup imports done, while the current submission grades. Fork server (`course/fork_server.py`): "
               "every nbgrader process is forked from one that already imported nbgrader and the grader's libraries. "
@@ -184,7 +260,12 @@ def main() -> int:
               "submission finished and the per-run gradebook preparation are the serial part that keeps the "
               "speedup under the worker count. A PostgreSQL gradebook (NBGRADER_DB_URL) is written by the workers "
               "directly. CPU busy: the share of all the machine's CPU time that was not idle during the run "
-              "(`/proc/stat`); GPU busy: the mean of `nvidia-smi`'s utilisation, sampled every 0.5 s."]
+              "(`/proc/stat`); GPU busy: the mean of `nvidia-smi`'s utilisation, sampled every 0.5 s. Zygote "
+              "(`course/kernel_zygote.py`): a worker's unsandboxed kernels are forked from one process that made their "
+              "imports once; sandboxed kernels each start in a sandbox of their own. Median autograde: one "
+              "submission's nbgrader run; before the first: from the start of the run to the first submission's "
+              "(gradebook preparation, the workers' first kernels and fork server); after the last: from the last "
+              "submission's end to the end of the run (recording what was left)."]
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / ("grading-throughput" + (f"-{args.tag}" if args.tag else ""))
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -13,7 +13,8 @@
 #              one class size per worker count, at
 #              each of $EFFICIENT_AI_BENCH_WORKERS workers, default "1 4 8"; kernel pool and fork server
 #              $EFFICIENT_AI_BENCH_KERNELS_AHEAD: on (default), off or both; workers pinned to their CPUs
-#              $EFFICIENT_AI_BENCH_PIN: on (default), off or both; lab $EFFICIENT_AI_BENCH_LAB, default lab1,
+#              $EFFICIENT_AI_BENCH_PIN: on (default), off or both; unsandboxed kernels forked from a zygote
+#              $EFFICIENT_AI_BENCH_ZYGOTE: on (default), off or both; lab $EFFICIENT_AI_BENCH_LAB, default lab1,
 #              report grading-throughput-h100[-LAB].md)
 #   ahead      scripts/bench_grading_breakdown.py with the kernel started 20 s ahead and nbgrader forked from the fork
 #              server (course grade's steady state),
@@ -53,7 +54,7 @@ for step in "$@"; do
     throughput) lab=${EFFICIENT_AI_BENCH_LAB:-lab1}
                 python3 scripts/bench_grading_throughput.py --lab "$lab" --submissions ${EFFICIENT_AI_BENCH_SUBMISSIONS:-8} \
                   --workers ${EFFICIENT_AI_BENCH_WORKERS:-1 4 8} --kernels-ahead ${EFFICIENT_AI_BENCH_KERNELS_AHEAD:-on} \
-                  --pin ${EFFICIENT_AI_BENCH_PIN:-on} --tag "h100$([ "$lab" = lab1 ] || echo "-$lab")" --out "$RESULTS/reports" 2>&1 | tee -a "$RESULTS/throughput.log" ;;
+                  --pin ${EFFICIENT_AI_BENCH_PIN:-on} --zygote ${EFFICIENT_AI_BENCH_ZYGOTE:-on} --tag "h100$([ "$lab" = lab1 ] || echo "-$lab")" --out "$RESULTS/reports" 2>&1 | tee -a "$RESULTS/throughput.log" ;;
     ahead)   python3 scripts/bench_grading_breakdown.py --lab lab1 --repeat ${EFFICIENT_AI_BENCH_REPEAT:-2} --kernel-ahead 20 --fork \
                --tag h100-ahead --out "$RESULTS/reports" 2>&1 | tee "$RESULTS/ahead.log" ;;
     compare) python3 scripts/compare_grading_cost.py --rounds ${EFFICIENT_AI_BENCH_ROUNDS:-1} --tag h100 \

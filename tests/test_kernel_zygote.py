@@ -1,0 +1,108 @@
+"""Unsandboxed kernels started ahead are forked from a zygote that made their imports (course/kernel_zygote.py,
+``kernel_boot.py --zygote``): each is a fresh kernel of its own, scores are unchanged, and a zygote that ends leaves
+kernels to start the usual way."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from fixture_lab import LAB, built_root, make_class
+from test_kernel_pool import alive, run_in_kernel, wait_ready
+
+from course import grade, kernel_pool, kernel_zygote, sandbox
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return built_root(tmp_path_factory.mktemp("zygote-root"))
+
+
+@pytest.fixture
+def unsandboxed(monkeypatch):
+    monkeypatch.setenv(sandbox.MODE_ENV, "off")
+    monkeypatch.delenv(kernel_zygote.MODE_ENV, raising=False)
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_each_kernel_forked_from_the_zygote_starts_fresh(root, unsandboxed):
+    with kernel_pool.KernelPool(root, LAB) as pool:
+        assert pool._zygote is not None, "an unsandboxed pool forks its kernels from a zygote"
+        zygote_pid = pool._zygote._process.pid
+        wait_ready(pool)
+        first = kernel_pool.claim(str(pool.folder))
+        assert parent_of(first["pid"]) == zygote_pid, "the kernel must be the zygote's child, not a started process"
+        seen = run_in_kernel(first, "import gc, os, sys\nleft_behind = 41\nopen('mark.txt', 'w').close()\n"
+                                    "_out = (os.getcwd(), 'math' in sys.modules, gc.get_freeze_count())")
+        first_cwd, preloaded, frozen = eval(seen)  # noqa: S307 - the repr of a tuple of a str, a bool and an int
+        assert preloaded, "a forked kernel has the lab's setup imports done"
+        assert frozen > 10_000, f"a forked kernel's start-up heap is frozen (gc.freeze); {frozen} frozen"
+        pool.release()
+        assert not alive(first["pid"]), "release() must kill a claimed kernel forked from the zygote"
+
+        wait_ready(pool)
+        second = kernel_pool.claim(str(pool.folder))
+        assert second["pid"] != first["pid"]
+        seen = run_in_kernel(second, "import os\n_out = (os.getcwd(), 'left_behind' in globals(), "
+                                     "os.path.exists('mark.txt'))")
+        second_cwd, inherited, mark = eval(seen)  # noqa: S307 - the repr of a tuple of a str and two bools
+        assert second_cwd != first_cwd, "every kernel works in a folder of its own"
+        assert not inherited and not mark, (
+            "a kernel forked after another submission's kernel must see nothing that kernel did")
+        spare_record = json.loads(next((pool.folder / "ready").iterdir()).read_text()) if os.listdir(
+            pool.folder / "ready") else None
+    assert not alive(second["pid"]) and (spare_record is None or not alive(spare_record["pid"])), (
+        "close() must kill every kernel the zygote forked")
+    deadline = time.monotonic() + 10
+    while alive(zygote_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(zygote_pid), "close() must end the zygote"
+
+
+def test_graded_from_the_zygote_the_scores_match(root, unsandboxed, tmp_path, monkeypatch):
+    expected = make_class(root, tmp_path / "forked", 3)
+    outcomes, scores = grade.grade_lab(tmp_path / "forked", LAB, progress=False)
+    assert all(o.status == "ok" for o in outcomes.values()), outcomes
+    assert {s: sub.autograded_score() for s, sub in scores.items()} == expected, (
+        "kernels forked from the zygote must earn exactly what the fixture class is built to earn")
+
+    monkeypatch.setenv(kernel_zygote.MODE_ENV, "off")
+    make_class(root, tmp_path / "started", 3)
+    outcomes, scores = grade.grade_lab(tmp_path / "started", LAB, progress=False)
+    assert {s: sub.autograded_score() for s, sub in scores.items()} == expected, (
+        f"{kernel_zygote.MODE_ENV}=off starts every kernel the usual way, with the same scores")
+
+
+def test_when_the_zygote_ends_kernels_start_the_usual_way(root, unsandboxed, capfd):
+    with kernel_pool.KernelPool(root, LAB) as pool:
+        wait_ready(pool)
+        zygote_pid = pool._zygote._process.pid
+        pool._zygote._process.kill()  # its kernels end with it (ipykernel's parent poller)
+        deadline = time.monotonic() + 120
+        record = None
+        while time.monotonic() < deadline:
+            record = kernel_pool.claim(str(pool.folder))
+            if record is not None and alive(record["pid"]) and parent_of(record["pid"]) != zygote_pid:
+                break
+            if record is not None:
+                pool.release()
+            record = None
+            time.sleep(0.1)
+        assert record is not None, "without its zygote the pool still starts kernels ahead"
+        assert run_in_kernel(record, "import sys\n_out = 'math' in sys.modules") == "True"
+        assert pool._zygote is None, "a zygote that cannot fork is given up"
+    assert "without the zygote" in capfd.readouterr().err, "the pool says that it gave the zygote up"
+
+
+def test_sandboxed_kernels_are_never_forked_from_a_shared_process(root, monkeypatch):
+    if not sandbox.sandbox_works():
+        pytest.skip("bubblewrap does not work here")
+    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
+    with kernel_pool.KernelPool(root, LAB, more_to_grade=lambda: False) as pool:
+        assert pool._zygote is None, (
+            "a sandboxed kernel needs a sandbox of its own: a fork of a shared process would share its file system view")
