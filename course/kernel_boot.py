@@ -16,10 +16,11 @@
    kernel.
 
 With ``--zygote`` it starts no kernel: it makes the imports (``--on-path``, ``--preload``) once, freezes them, and
-then forks a kernel for every request it reads on stdin (one JSON line, ``{"args": [...], "log": PATH}``: this
-script's arguments for that kernel, and the file its output goes to), answering ``{"pid": N}`` on stdout. Each child
-starts its own session and runs steps 1-4 with the imports already made: a kernel for a fraction of a second of CPU
-instead of the several seconds its imports take (``course/kernel_pool.py`` uses it for unsandboxed kernels only).
+then forks a kernel for every request it reads on stdin (one JSON line, ``{"args": [...], "log": PATH, "env": {...},
+"cpus": [...]}``: this script's arguments for that kernel, the file its output goes to, its environment and CPUs),
+answering ``{"pid": N}`` on stdout. Each child starts its own session, takes that environment, CPUs and thread count,
+and runs steps 1-4 with the imports already made: a kernel for a fraction of a second of CPU instead of the several
+seconds its imports take (``course/kernel_zygote.py``; for unsandboxed kernels only).
 
 With ``--cuda`` (a kernel started ahead) it also creates its CUDA context before it answers, leaving no memory
 allocated and no peak recorded: 0.15 s alone, 0.6-0.8 s with eight processes creating theirs at once on the lent
@@ -108,7 +109,7 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-# Set for the zygote's imports where the environment does not say otherwise, and unset again in each forked kernel:
+# Set for the zygote's imports where its environment does not say otherwise (each forked kernel takes its worker's):
 # torch answers torch.cuda.is_available() (utils' DEVICE) through NVML instead of initialising CUDA, which a forked
 # child could not use; pyarrow (transformers imports it on some machines) starts no allocator thread.
 FORK_SAFE_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "ARROW_DEFAULT_MEMORY_POOL": "system",
@@ -137,8 +138,8 @@ def serve_forks(options: argparse.Namespace) -> None:
 
     if options.on_path:
         sys.path.insert(0, options.files)
-    added = [name for name in FORK_SAFE_ENV if name not in os.environ]
-    os.environ.update({name: FORK_SAFE_ENV[name] for name in added})
+    for name, value in FORK_SAFE_ENV.items():
+        os.environ.setdefault(name, value)
     import ipykernel.kernelapp  # noqa: F401 - imported for every child
 
     preload(options.preload)
@@ -174,8 +175,13 @@ def serve_forks(options: argparse.Namespace) -> None:
                 os.dup2(log, 2)
                 os.close(devnull)
                 os.close(log)
-                for name in added:
-                    del os.environ[name]
+                os.environ.clear()  # the worker's environment, as a kernel it started would have
+                os.environ.update(request["env"])
+                if request.get("cpus") and hasattr(os, "sched_setaffinity"):
+                    os.sched_setaffinity(0, request["cpus"])
+                count = os.environ.get("OMP_NUM_THREADS", "")
+                if "torch" in sys.modules and count.isdigit() and int(count) > 0:
+                    sys.modules["torch"].set_num_threads(int(count))  # its pool was sized in the zygote
                 # ipykernel read JPY_PARENT_PID when the zygote imported it: the kernel ends with the zygote instead
                 args = [*request["args"], *([] if "--" in request["args"] else ["--"])]
                 main([*args, f"--IPKernelApp.parent_handle={os.getppid()}"], imported=True)

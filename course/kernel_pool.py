@@ -38,8 +38,8 @@ from typing import Callable
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Unicode
 
-from . import boundary
-from .kernel_zygote import KernelZygote, ZygoteGone, zygote_enabled
+from . import boundary, kernel_zygote
+from .kernel_zygote import ZygoteGone, zygote_enabled
 from .nbgrader_run import CPUS_ENV, _parse_cpus, nbgrader_env
 from .processes import kill_group, start_time
 from .sandbox import (
@@ -49,7 +49,6 @@ from .sandbox import (
     RUNTIME_ENV,
     SOURCE_ENV,
     grading_kernel_spec,
-    prepare_files,
     sandbox_works,
 )
 
@@ -124,9 +123,10 @@ class KernelPool:
         self._kernels: dict[str, subprocess.Popen | AdoptedProcess] = {}
         self._zygote = None
         if not sandboxed and zygote_enabled():  # kernels forked from one that made the imports (kernel_zygote.py)
-            self._files = str(self.folder / "files")
-            if prepare_files(str(source), spec["env"][SOURCE_ENV], [], self._files):
-                self._zygote = KernelZygote(self._files, preload, str(source), self._env, self._cpus)
+            try:
+                self._zygote = kernel_zygote.shared_zygote(str(source), spec["env"][SOURCE_ENV], preload, self._env)
+            except (ZygoteGone, OSError) as exc:
+                print(f"kernel pool: kernels start without a zygote ({exc})", file=sys.stderr)
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._keep_one_ready, name="kernel-pool", daemon=True)
@@ -151,7 +151,8 @@ class KernelPool:
             for kernel_id in list(self._kernels):
                 self._remove(kernel_id)
             if self._zygote is not None:
-                self._zygote.close()
+                kernel_zygote.release(self._zygote)
+                self._zygote = None
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> KernelPool:
@@ -219,13 +220,14 @@ class KernelPool:
         """The kernel of the unsandboxed launcher command ``argv``, forked from the zygote (None: it cannot fork; the
         zygote is then given up and every later kernel starts the usual way)."""
         kernel_args = argv[argv.index("--unsandboxed") + 1:]
-        args = ["--on-path", "--files", self._files, "--work", str(home / "work"),
+        args = ["--on-path", "--files", self._zygote.files, "--work", str(home / "work"),
                 *(["--cuda"] if self._env.get(CUDA_AHEAD_ENV) == "1" else []), "--", *kernel_args]
         try:
-            pid = self._zygote.fork(args, str(home / "kernel.log"))
+            pid = self._zygote.fork(args, str(home / "kernel.log"), {**self._env, RUNTIME_ENV: str(home / "runtime")},
+                                    self._cpus)
         except ZygoteGone as exc:
             print(f"kernel pool: kernels start without the zygote from now on ({exc})", file=sys.stderr)
-            self._zygote.close()
+            kernel_zygote.release(self._zygote)
             self._zygote = None
             return None
         return AdoptedProcess(pid, start_time(pid))

@@ -3,8 +3,10 @@
 A kernel started ahead (``course/kernel_pool.py``) imports the lab's libraries before it answers: for Lab 1, torch,
 transformers' modeling code, pandas and matplotlib, some 8 CPU-seconds on the 2-core machine and 8-11 on the lent
 H100 (``scripts/gpu/start_costs.py``), more than grading the submission then takes. With one worker the next kernel
-boots on CPUs the grading leaves idle; with a worker per pair of CPUs it takes them from the grading. A zygote makes
-those imports once per worker and forks each kernel from them.
+boots on CPUs the grading leaves idle; with a worker per pair of CPUs it takes them from the grading, and at the
+start of a run every worker's first kernel boots at once. A zygote makes those imports once for all the workers of a
+run (``shared_zygote``: the workers' environments differ only in their GPU and CPUs) and forks each kernel from
+them; the child takes its worker's environment, CPUs and thread count before it starts the kernel.
 
 Only for kernels that are not sandboxed: a sandboxed kernel starts in a bubblewrap sandbox of its own (its own file
 system view, uid and namespaces), which a fork of a shared process would not have. ``EFFICIENT_AI_KERNEL_ZYGOTE``:
@@ -15,14 +17,18 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
-from .sandbox import BOOT_SCRIPT
+from .nbgrader_run import CPUS_ENV
+from .sandbox import BOOT_SCRIPT, RUNTIME_ENV, prepare_files
 
 MODE_ENV = "EFFICIENT_AI_KERNEL_ZYGOTE"
+PER_WORKER_ENV = ("CUDA_VISIBLE_DEVICES", CPUS_ENV, RUNTIME_ENV)  # what may differ between the kernels of one zygote
 READY_TIMEOUT_S = 300.0  # the imports of a lab on a busy machine
 FORK_TIMEOUT_S = 30.0
 
@@ -39,25 +45,33 @@ class KernelZygote:
     """One ``kernel_boot.py --zygote`` process and the kernels it forks.
 
     Args:
-        files: the instructor files (on the zygote's ``sys.path``, as a kernel's own copy would be).
+        source: the lab's instructor folder (``source/<lab>/``); the zygote imports from a copy of its files, which
+            its kernels also put first on ``sys.path``.
+        source_root: the course's source folder (``sandbox.prepare_files``).
         preload: the modules to import, comma-separated (``kernel_pool.preload_modules``).
-        cwd, env: the zygote's folder and environment; every kernel it forks inherits them.
-        cpus: the CPUs the zygote and its kernels run on (empty: any).
+        env: the zygote's environment (a kernel's, but for ``PER_WORKER_ENV``); the zygote runs on any CPU.
+
+    Raises:
+        ZygoteGone: ``source`` holds no instructor files.
     """
 
-    def __init__(self, files: str, preload: str, cwd: str, env: dict[str, str], cpus: set[int] | None = None):
-        argv = [sys.executable, "-I", BOOT_SCRIPT, "--zygote", "--on-path", "--files", files, "--preload", preload]
+    def __init__(self, source: str, source_root: str, preload: str, env: dict[str, str]):
+        self.folder = tempfile.mkdtemp(prefix="efficient-ai-zygote-")
+        self.files = os.path.join(self.folder, "files")
+        if not prepare_files(source, source_root, [], self.files):
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise ZygoteGone(f"no instructor files in {source}")
+        argv = [sys.executable, "-I", BOOT_SCRIPT, "--zygote", "--on-path", "--files", self.files, "--preload", preload]
         self._process = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity") else None)
+            argv, cwd=source, env={k: v for k, v in env.items() if k not in PER_WORKER_ENV}, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
         self._lock = threading.Lock()
         self._ready = None  # the zygote's first answer, once read
         self._buffer = b""
 
-    def fork(self, args: list[str], log: str) -> int:
-        """A kernel started with ``kernel_boot.py ARGS`` (without ``--preload``), its output appended to ``log``;
-        its pid. Waits for the zygote's imports the first time.
+    def fork(self, args: list[str], log: str, env: dict[str, str], cpus: set[int] | None) -> int:
+        """A kernel started with ``kernel_boot.py ARGS`` (without ``--preload``) in environment ``env`` on ``cpus``
+        (empty: any), its output appended to ``log``; its pid. Waits for the zygote's imports the first time.
 
         Raises:
             ZygoteGone: the zygote cannot start kernels.
@@ -69,7 +83,8 @@ class KernelZygote:
                 why = self._ready.get("why") or "it ended or took too long"
                 raise ZygoteGone(f"the zygote did not start ({why})")
             try:
-                self._process.stdin.write((json.dumps({"args": args, "log": log}) + "\n").encode())
+                request = {"args": args, "log": log, "env": env, "cpus": sorted(cpus or ())}
+                self._process.stdin.write((json.dumps(request) + "\n").encode())
                 self._process.stdin.flush()
             except OSError as exc:
                 raise ZygoteGone(f"the zygote ended ({exc})") from exc
@@ -96,7 +111,7 @@ class KernelZygote:
             return {}
 
     def close(self) -> None:
-        """End the zygote (its kernels are ended by their pool)."""
+        """End the zygote (its kernels are ended by their pools) and remove its files."""
         try:
             self._process.stdin.close()
         except OSError:
@@ -106,3 +121,36 @@ class KernelZygote:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_shared: dict[tuple, list] = {}  # key -> [zygote, users]
+_shared_lock = threading.Lock()
+
+
+def shared_zygote(source: str, source_root: str, preload: str, env: dict[str, str]) -> KernelZygote:
+    """The zygote of the kernels of lab folder ``source`` with ``preload`` and ``env`` (but for ``PER_WORKER_ENV``):
+    started by the first pool that asks, shared by the others; give it back with ``release``.
+
+    Raises:
+        ZygoteGone: it cannot start.
+    """
+    key = (source, source_root, preload, tuple(sorted((k, v) for k, v in env.items() if k not in PER_WORKER_ENV)))
+    with _shared_lock:
+        entry = _shared.get(key)
+        if entry is None:
+            entry = _shared[key] = [KernelZygote(source, source_root, preload, env), 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def release(zygote: KernelZygote) -> None:
+    """One pool no longer uses ``zygote``; the last one ends it."""
+    with _shared_lock:
+        for key, entry in list(_shared.items()):
+            if entry[0] is zygote:
+                entry[1] -= 1
+                if entry[1] > 0:
+                    return
+                del _shared[key]
+    zygote.close()

@@ -25,6 +25,13 @@ def unsandboxed(monkeypatch):
     monkeypatch.delenv(kernel_zygote.MODE_ENV, raising=False)
 
 
+def ended(pid: int, timeout_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
 def parent_of(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as handle:
         return int(handle.read().rsplit(")", 1)[1].split()[1])
@@ -58,10 +65,7 @@ def test_each_kernel_forked_from_the_zygote_starts_fresh(root, unsandboxed):
             pool.folder / "ready") else None
     assert not alive(second["pid"]) and (spare_record is None or not alive(spare_record["pid"])), (
         "close() must kill every kernel the zygote forked")
-    deadline = time.monotonic() + 10
-    while alive(zygote_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(zygote_pid), "close() must end the zygote"
+    assert ended(zygote_pid), "close() must end the zygote"
 
 
 def test_graded_from_the_zygote_the_scores_match(root, unsandboxed, tmp_path, monkeypatch):
@@ -106,3 +110,27 @@ def test_sandboxed_kernels_are_never_forked_from_a_shared_process(root, monkeypa
     with kernel_pool.KernelPool(root, LAB, more_to_grade=lambda: False) as pool:
         assert pool._zygote is None, (
             "a sandboxed kernel needs a sandbox of its own: a fork of a shared process would share its file system view")
+
+
+def test_the_workers_of_a_run_share_one_zygote_and_each_kernel_runs_on_its_workers_cpus(root, unsandboxed):
+    from course.nbgrader_run import available_cpus, worker_envs
+
+    cpus = available_cpus()
+    envs = worker_envs(2, [], cpus)
+    with kernel_pool.KernelPool(root, LAB, envs[0]) as first, kernel_pool.KernelPool(root, LAB, envs[1]) as second:
+        assert first._zygote is not None and first._zygote is second._zygote, (
+            "workers whose environments differ only in their CPUs and GPU share one zygote (one set of imports)")
+        for pool, env in ((first, envs[0]), (second, envs[1])):
+            wait_ready(pool)
+            record = kernel_pool.claim(str(pool.folder))
+            seen = run_in_kernel(record, "import os\n_out = (sorted(os.sched_getaffinity(0)), "
+                                         "os.environ.get('OMP_NUM_THREADS'))")
+            affinity, threads = eval(seen)  # noqa: S307 - the repr of a list of ints and a str
+            expected = sorted(int(c) for c in env["EFFICIENT_AI_CPUS"].split(",")) if "EFFICIENT_AI_CPUS" in env \
+                else sorted(cpus)
+            assert affinity == expected, f"a forked kernel runs on its worker's CPUs {expected}, not {affinity}"
+            assert threads == env.get("OMP_NUM_THREADS"), "a forked kernel has its worker's thread counts"
+        zygote_pid = first._zygote._process.pid
+        second.close()
+        assert alive(zygote_pid), "the zygote lives while a pool still uses it"
+    assert ended(zygote_pid), "the last pool to close ends the zygote"
