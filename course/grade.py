@@ -369,6 +369,7 @@ class Workers:
         self.total: int | None = None  # submissions to autograde; None until the class is staged
         self.started = 0  # submissions handed to a worker so far
         self.lock = threading.Lock()
+        self.template = None  # a Future of the workers' private course template (SQLite), made while staging
 
     def more_to_grade(self) -> bool:
         """Whether a submission not yet handed to a worker may still need a kernel."""
@@ -386,13 +387,21 @@ class Workers:
 
 @contextlib.contextmanager
 def start_workers(course_root: Path, lab: str, workers: int = 1):
-    """Start the fork server and one kernel pool per worker (``Workers``); the pools are closed on exit."""
+    """Start the fork server and one kernel pool per worker (``Workers``); the pools are closed on exit. With more
+    than one worker and a SQLite gradebook, the workers' private course template is made meanwhile, beside the
+    shared gradebook's own preparation (each is one ``nbgrader generate_assignment``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     start_fork_server()  # its imports overlap with what runs before the first submission
     crew = Workers()
     envs = [{}] if workers <= 1 else worker_envs(workers, visible_gpus(), available_cpus(), pin_cpus())
     with contextlib.ExitStack() as pools:
         for env in envs:
             crew.slots.append((env, pools.enter_context(_kernel_pool(course_root, lab, env, crew.more_to_grade))))
+        if len(envs) > 1 and uses_sqlite(course_root):
+            scratch = Path(pools.enter_context(tempfile.TemporaryDirectory(prefix="efficient-ai-template-")))
+            maker = pools.enter_context(ThreadPoolExecutor(1, thread_name_prefix="course-template"))
+            crew.template = maker.submit(_private_template, course_root, lab, scratch)
         yield crew
 
 
@@ -466,7 +475,8 @@ def _autograde_concurrently(course_root: Path, lab: str, students: list[str], ti
     shared_db = not uses_sqlite(course_root)
     outcomes: dict[str, Outcome] = {}
     with tempfile.TemporaryDirectory(prefix="efficient-ai-workers-") as scratch:
-        template = None if shared_db else _private_template(course_root, lab, Path(scratch))
+        template = None if shared_db else (
+            crew.template.result() if crew.template is not None else _private_template(course_root, lab, Path(scratch)))
         recorder = None if shared_db else GradebookRecorder(course_root, lab, submitted)
 
         def work(student: str) -> tuple[Outcome, Path | None]:

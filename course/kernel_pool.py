@@ -10,6 +10,10 @@ cost 5 to 8 s of each submission's time (reports/grading-breakdown-*.md). ``cour
   folder (a kernel never sees another's sockets);
 - ``kernel_boot.py --preload`` imports what the lab's setup cells and the guard import (``preload_modules``) before
   the kernel answers. Those imports ran before any student code already; only their time moves.
+- ``kernel_boot.py --cuda`` creates the kernel's CUDA context before it answers (``EFFICIENT_AI_KERNEL_CUDA_AHEAD=off``
+  leaves it to the first GPU cell);
+- an unsandboxed kernel is forked from the run's zygote, which made those imports once (``course/kernel_zygote.py``);
+  a sandboxed one starts in a sandbox of its own.
 
 The nbgrader process finds the pool in ``EFFICIENT_AI_KERNEL_POOL`` and adopts one kernel (``PooledProvisioner``, set
 by ``GuardedExecute``); with no kernel ready it starts its own, as before. A kernel serves one submission: when the
@@ -198,7 +202,11 @@ class KernelPool:
         write_connection_file(connection_file, ip=str(home / "ipc" / "kernel"), transport="ipc",
                               key=secrets.token_hex(32).encode(), kernel_name=KERNEL_NAME)
         argv = [connection_file if part == "{connection_file}" else part for part in self._argv]
-        process = self._fork(argv, home) if self._zygote is not None else None
+        # Until the zygote has made its imports (the first kernel of a run), kernels start the usual way: a kernel the
+        # pool publishes at once is one the first submission adopts, instead of starting its own.
+        if self._zygote is not None and self._zygote.failed():
+            self._give_up_zygote(f"the zygote did not start ({self._zygote.why})")
+        process = self._fork(argv, home) if self._zygote is not None and self._zygote.ready() else None
         if process is None:
             cpus = self._cpus
             with open(home / "kernel.log", "wb") as log:
@@ -226,11 +234,14 @@ class KernelPool:
             pid = self._zygote.fork(args, str(home / "kernel.log"), {**self._env, RUNTIME_ENV: str(home / "runtime")},
                                     self._cpus)
         except ZygoteGone as exc:
-            print(f"kernel pool: kernels start without the zygote from now on ({exc})", file=sys.stderr)
-            kernel_zygote.release(self._zygote)
-            self._zygote = None
+            self._give_up_zygote(str(exc))
             return None
         return AdoptedProcess(pid, start_time(pid))
+
+    def _give_up_zygote(self, why: str) -> None:
+        print(f"kernel pool: kernels start without the zygote from now on ({why})", file=sys.stderr)
+        kernel_zygote.release(self._zygote)
+        self._zygote = None
 
     def _remove(self, kernel_id: str) -> None:
         """Kill the kernel (its whole process group), reap it and remove its files. Call with the lock held."""

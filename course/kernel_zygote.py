@@ -69,6 +69,22 @@ class KernelZygote:
         self._ready = None  # the zygote's first answer, once read
         self._buffer = b""
 
+    def ready(self) -> bool:
+        """Whether the zygote has made its imports (without waiting); False once it has failed."""
+        with self._lock:
+            if self._ready is None and select.select([self._process.stdout.fileno()], [], [], 0)[0]:
+                self._ready = self._answer(READY_TIMEOUT_S)  # its first line is arriving
+            return bool(self._ready and self._ready.get("ready"))
+
+    def failed(self) -> bool:
+        """Whether the zygote answered that it cannot fork kernels, or ended before it was ready."""
+        self.ready()
+        return self._ready is not None and not self._ready.get("ready")
+
+    @property
+    def why(self) -> str:
+        return (self._ready or {}).get("why") or "it ended or took too long"
+
     def fork(self, args: list[str], log: str, env: dict[str, str], cpus: set[int] | None) -> int:
         """A kernel started with ``kernel_boot.py ARGS`` (without ``--preload``) in environment ``env`` on ``cpus``
         (empty: any), its output appended to ``log``; its pid. Waits for the zygote's imports the first time.
@@ -80,8 +96,7 @@ class KernelZygote:
             if self._ready is None:
                 self._ready = self._answer(READY_TIMEOUT_S)
             if not self._ready.get("ready"):
-                why = self._ready.get("why") or "it ended or took too long"
-                raise ZygoteGone(f"the zygote did not start ({why})")
+                raise ZygoteGone(f"the zygote did not start ({self.why})")
             try:
                 request = {"args": args, "log": log, "env": env, "cpus": sorted(cpus or ())}
                 self._process.stdin.write((json.dumps(request) + "\n").encode())

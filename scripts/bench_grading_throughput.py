@@ -234,7 +234,8 @@ def main() -> int:
     lines = [
         f"# Grading throughput: {args.lab} at quick scale", "",
         f"Measured by `{command}` on {machine}: copies of the reference solution (the number in each row) "
-        "graded into a fresh SQLite course per run (gradebook preparation included). "
+        "graded into a fresh SQLite course per run (gradebook preparation included), with grading kernels "
+        f"{'sandboxed (bubblewrap)' if sandbox_works() else 'unsandboxed (no working bubblewrap, or EFFICIENT_AI_SANDBOX=off)'}. "
         "Speedup: against one worker with the same kernel start.", "",
         "| workers | kernel pool and fork server | kernels forked from a zygote | CPUs pinned per worker | "
         "submissions | wall time (s) | submissions / min | speedup | per submission (s) | median autograde (s) | "
@@ -261,8 +262,8 @@ def main() -> int:
               "speedup under the worker count. A PostgreSQL gradebook (NBGRADER_DB_URL) is written by the workers "
               "directly. CPU busy: the share of all the machine's CPU time that was not idle during the run "
               "(`/proc/stat`); GPU busy: the mean of `nvidia-smi`'s utilisation, sampled every 0.5 s. Zygote "
-              "(`course/kernel_zygote.py`): a worker's unsandboxed kernels are forked from one process that made their "
-              "imports once; sandboxed kernels each start in a sandbox of their own. Median autograde: one "
+              "(`course/kernel_zygote.py`): the workers' unsandboxed kernels are forked from one process that made "
+              "their imports once; sandboxed kernels each start in a sandbox of their own. Median autograde: one "
               "submission's nbgrader run; before the first: from the start of the run to the first submission's "
               "(gradebook preparation, the workers' first kernels and fork server); after the last: from the last "
               "submission's end to the end of the run (recording what was left)."]

@@ -133,3 +133,29 @@ def test_kernels_that_fail_to_start_are_not_started_again_and_again(root, monkey
     err = capfd.readouterr().err
     assert err.count("ended before any submission used it") == kernel_pool.MAX_FAILURES, err
     assert "nbgrader starts every kernel itself" in err
+
+
+def test_a_cuda_context_made_ahead_leaves_the_allocator_as_a_fresh_process_has_it(monkeypatch):
+    """``kernel_boot --cuda``: the context is created, then nothing stays allocated, reserved or counted (a student's
+    ``torch.cuda.max_memory_allocated()`` must not see it). A stand-in torch records the calls (CI has no GPU)."""
+    from types import SimpleNamespace
+
+    from course import kernel_boot
+
+    calls = []
+    cuda = SimpleNamespace(is_available=lambda: True, synchronize=lambda: calls.append("synchronize"),
+                           empty_cache=lambda: calls.append("empty_cache"),
+                           reset_peak_memory_stats=lambda: calls.append("reset_peak_memory_stats"),
+                           reset_accumulated_memory_stats=lambda: calls.append("reset_accumulated_memory_stats"))
+    fake = SimpleNamespace(cuda=cuda, empty=lambda *shape, device: calls.append(f"empty on {device}"))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    kernel_boot.create_cuda_context()
+    assert calls[0] == "empty on cuda", f"the context comes from a first CUDA allocation: {calls}"
+    assert set(calls[1:]) == {"synchronize", "empty_cache", "reset_peak_memory_stats",
+                              "reset_accumulated_memory_stats"}, f"the allocator is left as new: {calls}"
+    assert calls.index("empty_cache") < calls.index("reset_peak_memory_stats"), calls
+
+    calls.clear()
+    cuda.is_available = lambda: False
+    kernel_boot.create_cuda_context()
+    assert calls == [], "without a GPU nothing is created"
