@@ -148,6 +148,7 @@ def serve_forks(options: argparse.Namespace) -> None:
     gc.collect()
     gc.freeze()  # what the imports made stays out of every child's collections, and its pages stay shared
     warnings.filterwarnings("ignore", message=".*multi-threaded.*fork", category=DeprecationWarning)
+    quiet_fork = warnings.filters[0]  # the zygote's own: each child takes it out again
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the system: no zombies
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything an import prints goes to stderr, never into the answers
@@ -175,6 +176,8 @@ def serve_forks(options: argparse.Namespace) -> None:
                 os.dup2(log, 2)
                 os.close(devnull)
                 os.close(log)
+                if quiet_fork in warnings.filters:
+                    warnings.filters.remove(quiet_fork)
                 os.environ.clear()  # the worker's environment, as a kernel it started would have
                 os.environ.update(request["env"])
                 if request.get("cpus") and hasattr(os, "sched_setaffinity"):
