@@ -631,10 +631,14 @@ def grade_lab(
     students = students if students is not None else list_students(course_root, lab)
     out_dir = out_dir or course_root / "grading" / lab
     # The workers first: the fork server's imports and the first kernels' start overlap with the steps below.
+    from concurrent.futures import ThreadPoolExecutor
+
     with start_workers(course_root, lab, workers) as crew, \
             tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging:
-        prepare_gradebook(course_root, lab)
-        staged = stage_class(course_root, lab, students, Path(staging))
+        with ThreadPoolExecutor(1, thread_name_prefix="gradebook-prepare") as preparing:
+            gradebook = preparing.submit(prepare_gradebook, course_root, lab)  # an nbgrader process: no GIL taken
+            staged = stage_class(course_root, lab, students, Path(staging))  # meanwhile (it reads no gradebook)
+            gradebook.result()
         outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume, crew)
     scores = write_reports(course_root, lab, out_dir, outcomes)
     return outcomes, {student: scores[student] for student in students if student in scores}
