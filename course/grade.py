@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from .kernel_pool import KernelPool, pool_enabled
 from .nbgrader_ext import GRADING_REPORT
@@ -48,7 +49,7 @@ from .report import (
     write_reports,
 )
 from .sandbox import sandbox_mode, unavailable_reason
-from .submission import Staged, clear_autograded_scores, record_zero, stage_class
+from .submission import ClassStaging, clear_autograded_scores, record_zero
 
 DEFAULT_SUBMISSION_TIMEOUT_S = 900.0
 
@@ -414,6 +415,7 @@ def autograde_all(
     workers: int = 1,
     submitted: Path | None = None,
     crew: Workers | None = None,
+    gradable: Callable[[str], bool] | None = None,
 ) -> dict[str, Outcome]:
     """Autograde every student's submission with one progress bar; continue past failures.
 
@@ -424,7 +426,8 @@ def autograde_all(
     they go on (``GradebookRecorder``).
     ``submitted`` is the folder holding ``<student>/<lab>/`` (``grade_lab`` passes its staging folder); default
     the course's ``submitted/``. ``crew``: workers started already (``start_workers`` with the same ``workers``);
-    default: started here.
+    default: started here. ``gradable``: asked before each submission is graded (it may wait for the submission's
+    staging); a submission it refuses is left out of the outcomes.
     """
     from tqdm import tqdm
 
@@ -440,11 +443,12 @@ def autograde_all(
             for student in students:
                 bar.set_postfix_str(student)
                 crew.take_one()
-                outcomes[student] = _record_finished(course_root, lab, autograde_one(
-                    course_root, lab, student, timeout_s, env=env, submitted=submitted, pool=pool))
+                if gradable is None or gradable(student):
+                    outcomes[student] = _record_finished(course_root, lab, autograde_one(
+                        course_root, lab, student, timeout_s, env=env, submitted=submitted, pool=pool))
                 bar.update()
             return outcomes
-        return _autograde_concurrently(course_root, lab, students, timeout_s, crew, submitted, bar)
+        return _autograde_concurrently(course_root, lab, students, timeout_s, crew, submitted, bar, gradable)
 
 
 @contextlib.contextmanager
@@ -464,7 +468,7 @@ def _kernel_pool(course_root: Path, lab: str, env: dict[str, str], more_to_grade
 
 
 def _autograde_concurrently(course_root: Path, lab: str, students: list[str], timeout_s: float, crew: Workers,
-                            submitted: Path, bar) -> dict[str, Outcome]:
+                            submitted: Path, bar, gradable: Callable[[str], bool] | None = None) -> dict[str, Outcome]:
     """``autograde_all`` with one submission per worker of ``crew`` at a time (``bar``: its progress bar)."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
     from queue import Queue
@@ -479,7 +483,10 @@ def _autograde_concurrently(course_root: Path, lab: str, students: list[str], ti
             crew.template.result() if crew.template is not None else _private_template(course_root, lab, Path(scratch)))
         recorder = None if shared_db else GradebookRecorder(course_root, lab, submitted)
 
-        def work(student: str) -> tuple[Outcome, Path | None]:
+        def work(student: str) -> tuple[Outcome | None, Path | None]:
+            if gradable is not None and not gradable(student):
+                crew.take_one()
+                return None, None
             env, pool = slots.get()
             crew.take_one()
             try:
@@ -499,6 +506,9 @@ def _autograde_concurrently(course_root: Path, lab: str, students: list[str], ti
                         outcome, folder = future.result()
                     except Exception as exc:  # noqa: BLE001 - a worker's own failure is one submission's failure
                         outcome, folder = Outcome(student, "failed", f"worker error: {exc}"), None
+                    if outcome is None:  # not gradable
+                        bar.update()
+                        continue
                     outcomes[student] = outcome
                     if folder is not None:
                         recorder.add(student, folder)
@@ -508,7 +518,7 @@ def _autograde_concurrently(course_root: Path, lab: str, students: list[str], ti
             failed = recorder.finish() if recorder is not None else {}
         for student, reason in failed.items():
             outcomes[student] = Outcome(student, "failed", reason, outcomes[student].seconds)
-    return {student: outcomes[student] for student in students}
+    return {student: outcomes[student] for student in students if student in outcomes}
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -578,7 +588,7 @@ def mark_earlier_scores_stale(course_root: Path, lab: str, outcome: Outcome) -> 
 def grade_staged(
     course_root: Path,
     lab: str,
-    staged: dict[str, Staged],
+    staged: ClassStaging,
     staging: Path,
     timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
     progress: bool = True,
@@ -587,12 +597,18 @@ def grade_staged(
     crew: Workers | None = None,
 ) -> dict[str, Outcome]:
     """The outcome of every staged submission, with its notes and flags: kept from an earlier run (``resume``),
-    recorded with zero points when there is nothing to grade, else autograded from ``staging`` (by ``crew``, where
-    the workers were started already)."""
-    done = set(already_graded(course_root, lab, list(staged))) if resume else set()
+    autograded from ``staging`` (by ``crew``, where the workers were started already) as soon as it is staged, else
+    recorded with zero points when there is nothing to grade (after the autograding: one gradebook writer)."""
+    students = staged.students
+    done = set(already_graded(course_root, lab, students)) if resume else set()
     outcomes = {s: kept_from_earlier_run(course_root, lab, s) for s in done}
-    for student, submission in staged.items():
-        if student in done or submission.gradable:
+    todo = [s for s in students if s not in done]
+    outcomes.update(autograde_all(course_root, lab, todo, timeout_s, progress, workers, submitted=staging,
+                                  crew=crew, gradable=lambda student: staged.get(student).gradable))
+    everything = staged.all()
+    for student in todo:
+        submission = everything[student]
+        if submission.gradable:
             continue
         outcomes[student] = Outcome(student, "failed", submission.reason)
         if submission.zero:
@@ -600,16 +616,13 @@ def grade_staged(
                 record_zero(course_root, lab, student, staging / student / lab)
             except Exception as exc:  # noqa: BLE001 - reported with the submission; the others go on
                 outcomes[student].reason += f"; recording zero points failed: {exc}"
-    todo = [s for s in staged if s not in outcomes]
-    outcomes.update(autograde_all(course_root, lab, todo, timeout_s, progress, workers, submitted=staging,
-                                  crew=crew))
-    for student, submission in staged.items():
+    for student, submission in everything.items():
         if student not in done and outcomes[student].status == "failed" and not (submission.zero and not submission.gradable):
             mark_earlier_scores_stale(course_root, lab, outcomes[student])
-    for student, submission in staged.items():  # staging's notes first, then what grading itself reported
+    for student, submission in everything.items():  # staging's notes first, then what grading itself reported
         outcomes[student].notes = submission.notes + outcomes[student].notes
         outcomes[student].flags = submission.flags + outcomes[student].flags
-    return {s: outcomes[s] for s in staged}
+    return {s: outcomes[s] for s in students}
 
 
 def grade_lab(
@@ -637,9 +650,17 @@ def grade_lab(
             tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging:
         with ThreadPoolExecutor(1, thread_name_prefix="gradebook-prepare") as preparing:
             gradebook = preparing.submit(prepare_gradebook, course_root, lab)  # an nbgrader process: no GIL taken
-            staged = stage_class(course_root, lab, students, Path(staging))  # meanwhile (it reads no gradebook)
-            gradebook.result()
-        outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume, crew)
+            staged = ClassStaging(course_root, lab, students, Path(staging))  # meanwhile, and while grading
+            try:
+                gradebook.result()
+            except BaseException:
+                staged.close()
+                raise
+        try:
+            outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume,
+                                    crew)
+        finally:
+            staged.close()  # before the staging folder goes
     scores = write_reports(course_root, lab, out_dir, outcomes)
     return outcomes, {student: scores[student] for student in students if student in scores}
 
