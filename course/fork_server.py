@@ -31,7 +31,8 @@ import sys
 import threading
 import time
 
-from .processes import die_with_parent, kill_group
+from .kernel_boot import FORK_SAFE_ENV
+from .processes import close_and_wait, die_with_parent, kill_group
 
 MODE_ENV = "EFFICIENT_AI_FORK_SERVER"
 PRELOAD = (
@@ -47,12 +48,10 @@ PRELOAD = (
 )
 READY = "ready"
 # The server's own environment: no thread pool may start before a fork (OpenBLAS starts one per core when numpy is
-# imported), and no CUDA call (a CUDA driver initialised before fork fails in the child).
-# pyarrow (which transformers' import reaches on the H100 machine) starts its jemalloc's background thread: its memory
-# pool is the system allocator in the server (ARROW_DEFAULT_MEMORY_POOL), and jemalloc is asked not to start one.
-SERVER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-              "PYTORCH_NVML_BASED_CUDA_CHECK": "1", "ARROW_DEFAULT_MEMORY_POOL": "system",
-              "JE_ARROW_MALLOC_CONF": "background_thread:false", "MALLOC_CONF": "background_thread:false"}
+# imported), and what kernel_boot's zygote sets for its imports too: no CUDA call (a CUDA driver initialised before
+# fork fails in the child), and no allocator thread of pyarrow's (which transformers' import reaches on the H100
+# machine).
+SERVER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **FORK_SAFE_ENV}
 
 
 def enabled() -> bool:
@@ -301,14 +300,7 @@ class ForkServer:
         return self._gone.is_set()
 
     def close(self) -> None:
-        try:
-            self._process.stdin.close()
-        except OSError:
-            pass
-        try:
-            self._process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
+        close_and_wait(self._process, wait_s=30)
 
     def _read(self) -> None:
         for line in self._process.stdout:

@@ -637,7 +637,7 @@ def grade_lab(
 ) -> tuple[dict[str, Outcome], dict[str, SubmissionScores]]:
     """Autograde a lab's submissions and write ``grades.csv`` and ``scores.png`` into ``out_dir``.
 
-    Every submission is graded from its staged, repaired copy (``course.submission.stage_class``), in a
+    Every submission is graded from its staged, repaired copy (``course.submission.ClassStaging``), in a
     temporary folder. With ``resume``, submissions already graded (autograded notebook and gradebook scores
     present, e.g. from a run that was killed) are kept and only the others are graded.
     """

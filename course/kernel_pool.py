@@ -206,12 +206,13 @@ class KernelPool:
         # pool publishes at once is one the first submission adopts, instead of starting its own.
         if self._zygote is not None and self._zygote.failed():
             self._give_up_zygote(f"the zygote did not start ({self._zygote.why})")
-        process = self._fork(argv, home) if self._zygote is not None and self._zygote.ready() else None
+        env = {**self._env, RUNTIME_ENV: str(home / "runtime")}
+        process = self._fork(argv, home, env) if self._zygote is not None and self._zygote.ready() else None
         if process is None:
             cpus = self._cpus
             with open(home / "kernel.log", "wb") as log:
                 process = subprocess.Popen(
-                    argv, cwd=self._cwd, env={**self._env, RUNTIME_ENV: str(home / "runtime")},
+                    argv, cwd=self._cwd, env=env,
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity")
                     else None,
@@ -224,15 +225,14 @@ class KernelPool:
         staging.write_text(json.dumps(record))
         os.rename(staging, self.folder / "ready" / f"{kernel_id}.json")
 
-    def _fork(self, argv: list[str], home: Path) -> AdoptedProcess | None:
-        """The kernel of the unsandboxed launcher command ``argv``, forked from the zygote (None: it cannot fork; the
-        zygote is then given up and every later kernel starts the usual way)."""
+    def _fork(self, argv: list[str], home: Path, env: dict[str, str]) -> AdoptedProcess | None:
+        """The kernel of the unsandboxed launcher command ``argv`` with environment ``env``, forked from the zygote
+        (None: it cannot fork; the zygote is then given up and every later kernel starts the usual way)."""
         kernel_args = argv[argv.index("--unsandboxed") + 1:]
         args = ["--on-path", "--files", self._zygote.files, "--work", str(home / "work"),
                 *(["--cuda"] if self._env.get(CUDA_AHEAD_ENV) == "1" else []), "--", *kernel_args]
         try:
-            pid = self._zygote.fork(args, str(home / "kernel.log"), {**self._env, RUNTIME_ENV: str(home / "runtime")},
-                                    self._cpus)
+            pid = self._zygote.fork(args, str(home / "kernel.log"), env, self._cpus)
         except ZygoteGone as exc:
             self._give_up_zygote(str(exc))
             return None

@@ -25,6 +25,7 @@ import threading
 import time
 
 from .nbgrader_run import CPUS_ENV
+from .processes import close_and_wait
 from .sandbox import BOOT_SCRIPT, RUNTIME_ENV, prepare_files
 
 MODE_ENV = "EFFICIENT_AI_KERNEL_ZYGOTE"
@@ -127,15 +128,7 @@ class KernelZygote:
 
     def close(self) -> None:
         """End the zygote (its kernels are ended by their pools) and remove its files."""
-        try:
-            self._process.stdin.close()
-        except OSError:
-            pass
-        try:
-            self._process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+        close_and_wait(self._process, wait_s=10)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

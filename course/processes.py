@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -40,6 +41,20 @@ def kill_group(pid: int, wait_s: float = 0.0) -> None:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and start_time(pid) is not None:
         time.sleep(0.05)
+
+
+def close_and_wait(process, wait_s: float) -> None:
+    """End a server process that reads its requests on stdin (``subprocess.Popen``): close its stdin, wait up to
+    ``wait_s`` for it to end, else SIGKILL and reap it."""
+    try:
+        process.stdin.close()
+    except OSError:
+        pass
+    try:
+        process.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def die_with_parent(parent_pid: int) -> bool:

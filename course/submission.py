@@ -457,18 +457,9 @@ def _stage(course_root: Path, lab: str, student: str, staging_root: Path, instru
     return staged
 
 
-def stage_class(course_root: Path, lab: str, students: list[str], staging_root: Path) -> dict[str, Staged]:
-    """Stage and scan every student's submission. A failure of staging itself costs that submission only: it is
-    not graded, and its reason asks a TA to look (no zero is recorded for it).
-
-    Raises:
-        NotebookError: the instructor's notebook cannot be read (nothing could be graded).
-    """
-    instructor = Instructor.load(course_root, lab)
-    return {student: _stage_and_scan(course_root, lab, student, staging_root, instructor) for student in students}
-
-
 def _stage_and_scan(course_root: Path, lab: str, student: str, staging_root: Path, instructor: Instructor) -> Staged:
+    """Stage and scan one submission. A failure of staging itself costs that submission only: it is not graded, and
+    its reason asks a TA to look (no zero is recorded for it)."""
     try:
         staged = stage_submission(course_root, lab, student, staging_root, instructor)
     except Exception as exc:  # noqa: BLE001 - one submission's problem never stops the others
@@ -483,8 +474,8 @@ def _stage_and_scan(course_root: Path, lab: str, student: str, staging_root: Pat
 
 
 class ClassStaging:
-    """``stage_class`` in a thread, one submission after another in the order of ``students``, while grading goes
-    on: ``get(student)`` waits for that submission only (staging takes some 0.2 s per submission on two cores, which
+    """Every student's submission staged and scanned in a thread, one after another in the order of ``students``,
+    while grading goes on: ``get(student)`` waits for that submission only (staging takes some 0.2 s per submission on two cores, which
     no worker of ``course grade`` had to wait for in full).
 
     Raises:

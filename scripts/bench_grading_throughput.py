@@ -37,6 +37,8 @@ from course.nbgrader_run import PIN_ENV, make_course_dir  # noqa: E402
 from course.notebooks import make_submission, read_notebook, write_notebook  # noqa: E402
 from course.sandbox import sandbox_works  # noqa: E402
 
+ON_OFF = {"on": [True], "off": [False], "both": [True, False]}  # a --kernels-ahead, --pin or --zygote choice
+
 
 def cpu_jiffies() -> tuple[int, int]:
     """(busy, total) CPU time of the whole machine so far, in clock ticks (``/proc/stat``; zeros elsewhere)."""
@@ -209,9 +211,8 @@ def main() -> int:
                         help="pin each worker to its share of the CPUs (EFFICIENT_AI_PIN_CPUS; course grade's default), "
                              "let workers share every CPU, or both ways (only runs with more than one worker differ)")
     args = parser.parse_args()
-    modes = {"on": [True], "off": [False], "both": [False, True]}[args.kernels_ahead]
-    pins = {"on": [True], "off": [False], "both": [True, False]}[args.pin]
-    zygotes = {"on": [True], "off": [False], "both": [True, False]}[args.zygote]
+    modes = ON_OFF[args.kernels_ahead][::-1]  # both: off first
+    pins, zygotes = ON_OFF[args.pin], ON_OFF[args.zygote]
     sizes = args.submissions * len(args.workers) if len(args.submissions) == 1 else args.submissions
     if len(sizes) != len(args.workers):
         parser.error("give one --submissions, or one per --workers entry")
