@@ -130,7 +130,8 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
     os.environ.pop(FORK_SERVER_ENV, None)
     os.environ[PIN_ENV] = "on" if pin else "off"
     os.environ[ZYGOTE_ENV] = "on" if zygote else "off"
-    forked = kernels_ahead and zygote and not sandbox_works()
+    sandboxed = sandbox_works()
+    forked = kernels_ahead and zygote and not sandboxed
     if not kernels_ahead:
         os.environ.update({POOL_OFF_ENV: "1", FORK_SERVER_ENV: "off"})
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
@@ -155,7 +156,7 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
     os.environ.pop(PIN_ENV, None)
     os.environ.pop(ZYGOTE_ENV, None)
     cpu_busy = (busy_after - busy_before) / (total_after - total_before) if total_after > total_before else None
-    return {"workers": workers, "kernels_ahead": kernels_ahead, "pinned": pin, "forked": forked,
+    return {"workers": workers, "kernels_ahead": kernels_ahead, "pinned": pin, "forked": forked, "sandboxed": sandboxed,
             "submissions": submissions,
             "seconds": seconds, "cpu_busy_percent": None if cpu_busy is None else 100 * cpu_busy,
             "gpu_busy_percent": gpu.percent,
@@ -193,6 +194,33 @@ def machine_description() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {gpu}"
 
 
+def boot_id() -> str:
+    """This boot of this machine: a random id the kernel draws at boot (empty where there is none)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def earlier_rows(path: Path, lab: str, machine: str) -> tuple[list[dict], list[str]]:
+    """The rows and commands of an earlier run's JSON report, to be reported with this run's (``--append``).
+
+    Raises:
+        SystemExit: the file is missing, holds another lab, or was measured on another machine or before this
+            machine's last boot: rows of different machines are not compared in one report.
+    """
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--append: cannot read the earlier report {path}: {exc}") from exc
+    if earlier.get("lab") != lab:
+        raise SystemExit(f"--append: {path} measured {earlier.get('lab')}, not {lab}")
+    if earlier.get("machine") != machine or not boot_id() or earlier.get("boot_id") != boot_id():
+        raise SystemExit(f"--append: {path} was measured on another machine or before this one's last boot; "
+                         "rows of different machines are not compared in one report")
+    return earlier["rows"], earlier.get("commands", [])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--lab", default="lab1")
@@ -210,19 +238,28 @@ def main() -> int:
     parser.add_argument("--pin", choices=("on", "off", "both"), default="on",
                         help="pin each worker to its share of the CPUs (EFFICIENT_AI_PIN_CPUS; course grade's default), "
                              "let workers share every CPU, or both ways (only runs with more than one worker differ)")
+    parser.add_argument("--append", action="store_true",
+                        help="report this run's rows after those of the report already at --out/--tag (same lab, "
+                             "measured on this machine since its last boot): one report from runs that each fit "
+                             "a time limit")
     args = parser.parse_args()
     modes = ON_OFF[args.kernels_ahead][::-1]  # both: off first
     pins, zygotes = ON_OFF[args.pin], ON_OFF[args.zygote]
     sizes = args.submissions * len(args.workers) if len(args.submissions) == 1 else args.submissions
     if len(sizes) != len(args.workers):
         parser.error("give one --submissions, or one per --workers entry")
-    rows = []
+    machine = machine_description()
+    command = " ".join(["python scripts/bench_grading_throughput.py", *_without_out(sys.argv[1:])])
+    stem = args.out / ("grading-throughput" + (f"-{args.tag}" if args.tag else ""))
+    rows, commands = earlier_rows(stem.with_suffix(".json"), args.lab, machine) if args.append else ([], [])
+    commands.append(command)
     for workers, submissions in zip(args.workers, sizes):
         for ahead in modes:
             for pin, zygote in [(p, z) for p in (pins if workers > 1 else pins[:1]) for z in zygotes]:
                 row = grade_class(args.lab, submissions, workers, ahead, pin, zygote)
                 rows.append(row)
-                print(f"workers={workers} kernels_ahead={ahead} pinned={pin} forked={row['forked']}: "
+                print(f"workers={workers} kernels_ahead={ahead} pinned={pin} forked={row['forked']} "
+                      f"sandboxed={row['sandboxed']}: "
                       f"{row['seconds']:.0f} s, "
                       f"{row['submissions_per_minute']:.2f} submissions/min, CPU busy {_percent(row['cpu_busy_percent'])}, "
                       f"GPU busy {_percent(row['gpu_busy_percent'])}, median autograde "
@@ -230,27 +267,28 @@ def main() -> int:
                       f"{row.get('before_first_s', 0):.1f} s, after the last {row.get('after_last_s', 0):.1f} s, per turn "
                       f"outside the autograde {row.get('turn_outside_autograde_s', 0):.2f} s, failed={row['failed']}",
                       flush=True)
-    machine = machine_description()
-    command = " ".join(["python scripts/bench_grading_throughput.py", *_without_out(sys.argv[1:])])
+    measured_by = " and then ".join(f"`{c}`" for c in commands)
     lines = [
         f"# Grading throughput: {args.lab} at quick scale", "",
-        f"Measured by `{command}` on {machine}: copies of the reference solution (the number in each row) "
-        "graded into a fresh SQLite course per run (gradebook preparation included), with grading kernels "
-        f"{'sandboxed (bubblewrap)' if sandbox_works() else 'unsandboxed (no working bubblewrap, or EFFICIENT_AI_SANDBOX=off)'}. "
-        "Speedup: against one worker with the same kernel start.", "",
-        "| workers | kernel pool and fork server | kernels forked from a zygote | CPUs pinned per worker | "
-        "submissions | wall time (s) | submissions / min | speedup | per submission (s) | median autograde (s) | "
-        "before the first / after the last (s) | CPU busy | GPU busy |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"Measured by {measured_by} on {machine}{', one run after another' if len(commands) > 1 else ''}: copies "
+        "of the reference solution (the number in each row) graded into a fresh SQLite course per run (gradebook preparation included). Sandboxed: "
+        "grading kernels in bubblewrap (else no working bubblewrap, or EFFICIENT_AI_SANDBOX=off). "
+        "Speedup: against one worker with the same kernel start and sandbox.", "",
+        "| workers | kernels sandboxed | kernel pool and fork server | kernels forked from a zygote | "
+        "CPUs pinned per worker | submissions | wall time (s) | submissions / min | speedup | per submission (s) | "
+        "median autograde (s) | before the first / after the last (s) | CPU busy | GPU busy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
-        base = next(r for r in rows if r["kernels_ahead"] == row["kernels_ahead"]
-                    and r.get("forked") == row.get("forked"))["submissions_per_minute"]
-        lines.append(f"| {row['workers']} | {'yes' if row['kernels_ahead'] else 'no'} | "
+        base = next((r for r in rows if r["workers"] == 1 and all(r.get(k) == row.get(k) for k in
+                                                                   ("kernels_ahead", "forked", "sandboxed"))), None)
+        speedup = "-" if base is None else f"{row['submissions_per_minute'] / base['submissions_per_minute']:.2f}x"
+        lines.append(f"| {row['workers']} | {'yes' if row.get('sandboxed') else 'no'} | "
+                     f"{'yes' if row['kernels_ahead'] else 'no'} | "
                      f"{'yes' if row.get('forked') else 'no'} | "
                      f"{('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | "
                      f"{row['submissions']} | {row['seconds']:.0f} | "
-                     f"{row['submissions_per_minute']:.2f} | {row['submissions_per_minute'] / base:.2f}x | "
+                     f"{row['submissions_per_minute']:.2f} | {speedup} | "
                      f"{row['seconds'] / row['submissions']:.1f} | {statistics.median(row['autograde_seconds']):.1f} | "
                      f"{row.get('before_first_s', 0):.0f} / {row.get('after_last_s', 0):.0f} | "
                      f"{_percent(row['cpu_busy_percent'])} | {_percent(row['gpu_busy_percent'])} |")
@@ -269,9 +307,9 @@ def main() -> int:
               "(gradebook preparation, the workers' first kernels and fork server); after the last: from the last "
               "submission's end to the end of the run (recording what was left)."]
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / ("grading-throughput" + (f"-{args.tag}" if args.tag else ""))
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    stem.with_suffix(".json").write_text(json.dumps({"machine": machine, "lab": args.lab, "rows": rows}, indent=1))
+    stem.with_suffix(".json").write_text(json.dumps({"machine": machine, "boot_id": boot_id(), "lab": args.lab,
+                                                     "commands": commands, "rows": rows}, indent=1))
     print(f"wrote {stem.with_suffix('.md')}")
     return 0
 

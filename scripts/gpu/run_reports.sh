@@ -15,7 +15,9 @@
 #              $EFFICIENT_AI_BENCH_KERNELS_AHEAD: on (default), off or both; workers pinned to their CPUs
 #              $EFFICIENT_AI_BENCH_PIN: on (default), off or both; unsandboxed kernels forked from a zygote
 #              $EFFICIENT_AI_BENCH_ZYGOTE: on (default), off or both; lab $EFFICIENT_AI_BENCH_LAB, default lab1,
-#              report grading-throughput-h100[-LAB].md)
+#              report grading-throughput-h100[-LAB].md; $EFFICIENT_AI_BENCH_APPEND=FILE.json: this run's rows are
+#              reported after FILE's, an earlier device command's report of the same machine and boot: one report
+#              from commands that each fit the device's time limit)
 #   ahead      scripts/bench_grading_breakdown.py with the kernel started 20 s ahead and nbgrader forked from the fork
 #              server (course grade's steady state),
 #              $EFFICIENT_AI_BENCH_REPEAT runs (default 2); report grading-breakdown-h100-ahead.md
@@ -51,10 +53,14 @@ for step in "$@"; do
     breakdown) { python3 scripts/bench_grading_breakdown.py --lab lab1 --repeat 2 --tag h100 --out "$RESULTS/reports"
                  python3 scripts/bench_grading_throughput.py --lab lab1 --submissions ${EFFICIENT_AI_BENCH_SUBMISSIONS:-8} \
                    --workers ${EFFICIENT_AI_BENCH_WORKERS:-1 4 8} --tag h100 --out "$RESULTS/reports"; } 2>&1 | tee "$RESULTS/breakdown.log" ;;
-    throughput) lab=${EFFICIENT_AI_BENCH_LAB:-lab1}
-                python3 scripts/bench_grading_throughput.py --lab "$lab" --submissions ${EFFICIENT_AI_BENCH_SUBMISSIONS:-8} \
+    throughput) lab=${EFFICIENT_AI_BENCH_LAB:-lab1} tag="h100$([ "$lab" = lab1 ] || echo "-$lab")" append=
+                if [ -n "${EFFICIENT_AI_BENCH_APPEND:-}" ]; then
+                  mkdir -p "$RESULTS/reports" && cp "$EFFICIENT_AI_BENCH_APPEND" "$RESULTS/reports/grading-throughput-$tag.json" \
+                    && append=--append || exit 1
+                fi
+                python3 scripts/bench_grading_throughput.py $append --lab "$lab" --submissions ${EFFICIENT_AI_BENCH_SUBMISSIONS:-8} \
                   --workers ${EFFICIENT_AI_BENCH_WORKERS:-1 4 8} --kernels-ahead ${EFFICIENT_AI_BENCH_KERNELS_AHEAD:-on} \
-                  --pin ${EFFICIENT_AI_BENCH_PIN:-on} --zygote ${EFFICIENT_AI_BENCH_ZYGOTE:-on} --tag "h100$([ "$lab" = lab1 ] || echo "-$lab")" --out "$RESULTS/reports" 2>&1 | tee -a "$RESULTS/throughput.log" ;;
+                  --pin ${EFFICIENT_AI_BENCH_PIN:-on} --zygote ${EFFICIENT_AI_BENCH_ZYGOTE:-on} --tag "$tag" --out "$RESULTS/reports" 2>&1 | tee -a "$RESULTS/throughput.log" ;;
     ahead)   python3 scripts/bench_grading_breakdown.py --lab lab1 --repeat ${EFFICIENT_AI_BENCH_REPEAT:-2} --kernel-ahead 20 --fork \
                --tag h100-ahead --out "$RESULTS/reports" 2>&1 | tee "$RESULTS/ahead.log" ;;
     compare) python3 scripts/compare_grading_cost.py --rounds ${EFFICIENT_AI_BENCH_ROUNDS:-1} --tag h100 \
