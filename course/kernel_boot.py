@@ -20,7 +20,9 @@ then forks a kernel for every request it reads on stdin (one JSON line, ``{"args
 "cpus": [...]}``: this script's arguments for that kernel, the file its output goes to, its environment and CPUs),
 answering ``{"pid": N}`` on stdout. Each child starts its own session, takes that environment, CPUs and thread count,
 and runs steps 1-4 with the imports already made: a kernel for a fraction of a second of CPU instead of the several
-seconds its imports take (``course/kernel_zygote.py``; for unsandboxed kernels only).
+seconds its imports take (``course/kernel_zygote.py``). With ``"launcher_args"`` in the request (a sandboxed kernel:
+the sandbox launcher's arguments), the child instead makes the kernel's sandbox as the launcher would, enters it and
+forks the kernel there (``run_sandboxed_child``).
 
 With ``--cuda`` (a kernel started ahead) it also creates its CUDA context before it answers, leaving no memory
 allocated and no peak recorded: 0.15 s alone, 0.6-0.8 s with eight processes creating theirs at once on the lent
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 
 
@@ -116,6 +119,172 @@ FORK_SAFE_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "ARROW_DEFAULT_MEMORY_POO
                  "JE_ARROW_MALLOC_CONF": "background_thread:false", "MALLOC_CONF": "background_thread:false"}
 
 
+# Namespaces a kernel forked from a zygote joins, as setns(2) flags: the user namespace first (it owns the others), the
+# PID namespace last (it applies to the children made after it).
+NAMESPACES = (("user", 0x10000000), ("mnt", 0x00020000), ("ipc", 0x08000000), ("net", 0x40000000),
+              ("uts", 0x04000000), ("cgroup", 0x02000000), ("pid", 0x20000000))
+
+
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        import ctypes
+
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def enter_sandbox(pid: int) -> None:
+    """Join every namespace of process ``pid`` (a sandbox's) that this process is not in, and take its root folder
+    as ours, as ``nsenter --all --root`` does. Joining the PID namespace places the children made after it there.
+    A single-threaded process only (a zygote's child); it needs the rights bwrap had (root, or the owner of the
+    sandbox's user namespaces).
+
+    Unprivileged, bwrap nests two user namespaces: the outer one owns the mount and the other namespaces, and the
+    process ends in the inner one (``ioctl NS_GET_USERNS``). This joins the outer one, then the others, then the
+    inner one, as that is the only order in which each join is allowed.
+    """
+    import fcntl
+
+    ns_get_userns = 0xB701  # _IO(0xb7, 0x1): the user namespace that owns a namespace
+    libc = _libc()
+    opened = []  # every descriptor, closed at the end
+
+    def open_ns(path: str) -> int:
+        opened.append(os.open(path, os.O_RDONLY))
+        return opened[-1]
+
+    ours = {name: os.stat(f"/proc/self/ns/{name}") for name, _ in NAMESPACES if os.path.exists(f"/proc/self/ns/{name}")}
+
+    def differs(fd: int, name: str) -> bool:  # from ours before any join: /proc then changes under us
+        theirs = os.fstat(fd)
+        return (theirs.st_dev, theirs.st_ino) != (ours[name].st_dev, ours[name].st_ino)
+
+    def join(fd: int, flag: int, name: str) -> None:
+        _check(libc.setns(fd, flag), f"setns into the sandbox's {name} namespace")
+
+    try:
+        targets = {}
+        for name, flag in NAMESPACES:
+            if os.path.exists(f"/proc/{pid}/ns/{name}"):  # a namespace this kernel has
+                targets[name] = (open_ns(f"/proc/{pid}/ns/{name}"), flag)
+        root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY)  # opened before /proc changes under us
+        opened.append(root)
+        user_fd, user_flag = targets.pop("user")
+        inner_user, outer = differs(user_fd, "user"), None
+        if inner_user:
+            outer = fcntl.ioctl(targets["mnt"][0], ns_get_userns)
+            opened.append(outer)
+            if differs(outer, "user"):
+                join(outer, user_flag, "outer user")
+        for name, (fd, flag) in targets.items():
+            if differs(fd, name):
+                join(fd, flag, name)
+        os.fchdir(root)
+        os.chroot(".")
+        os.chdir("/")
+        if inner_user and (outer is None or (os.fstat(outer).st_ino != os.fstat(user_fd).st_ino)):
+            join(user_fd, user_flag, "user")
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def drop_capabilities(keep_permitted: bool) -> None:
+    """Nothing to gain by exec (no_new_privs), an empty capability bounding set and no ambient capabilities; unless
+    ``keep_permitted`` (root, which ``become`` then leaves for a uid of its own), no capability at all either.
+    Checked in ``/proc/self/status``."""
+    import ctypes
+
+    libc = _libc()
+    pr_set_no_new_privs, pr_capbset_drop, pr_cap_ambient, pr_cap_ambient_clear_all = 38, 24, 47, 4
+    _check(libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    with open("/proc/sys/kernel/cap_last_cap") as handle:
+        last_cap = int(handle.read())
+    for cap in range(last_cap + 1):
+        _check(libc.prctl(pr_capbset_drop, cap, 0, 0, 0), f"prctl(PR_CAPBSET_DROP, {cap})")
+    _check(libc.prctl(pr_cap_ambient, pr_cap_ambient_clear_all, 0, 0, 0), "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
+    if not keep_permitted:
+        class Header(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+        class Data(ctypes.Structure):
+            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                        ("inheritable", ctypes.c_uint32)]
+
+        _check(libc.capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)()), "capset(none)")  # version 3
+    with open("/proc/self/status") as handle:
+        status = dict(line.split(":", 1) for line in handle if ":" in line)
+    names = ("CapBnd", "CapAmb") if keep_permitted else ("CapBnd", "CapAmb", "CapEff", "CapPrm", "CapInh")
+    if any(int(status[name], 16) for name in names) or status["NoNewPrivs"].strip() != "1":
+        raise SystemExit("kernel_boot: capabilities are left after dropping them")
+
+
+def _load_sandbox():
+    """``course/sandbox.py`` (beside this file; standard library only), for a zygote's sandboxed children."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("efficient_ai_sandbox", os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "sandbox.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_sandboxed_child(request: dict, files: str, zygote: int) -> int:
+    """In a zygote's child: make the kernel's sandbox as the launcher would (``sandbox.start_for_fork``), enter it,
+    and run the kernel in a child of ours inside it (the PID namespace's); this process waits for it and keeps the
+    sandbox alive while it runs, and ends with the zygote (pid ``zygote``): so do the sandbox and the kernel, which
+    does not watch its parent. Returns the kernel's exit status."""
+    pr_set_pdeathsig = 1
+    _check(_libc().prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != zygote:
+        raise SystemExit("kernel_boot: the zygote ended before its kernel started")
+    made = _load_sandbox().start_for_fork(request["launcher_args"], files)
+    enter_sandbox(made["pid"])
+    kernel = os.fork()
+    if kernel == 0:
+        code = 1
+        try:
+            made["process"].stdin.close()  # the placeholder's pipes are ours (this process's parent's)
+            made["process"].stdout.close()
+            close_inherited_fds()
+            os.environ.clear()
+            os.environ.update(made["env"])
+            drop_capabilities(keep_permitted="--uid" in made["boot"])
+            main([*made["boot"], "--IPKernelApp.parent_handle=1"], imported=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # noqa: BLE001 - into the kernel's log
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(kernel, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def close_inherited_fds() -> None:
+    """Close every file descriptor but 0-2 (the kernel's stdin and log), so that nothing opened outside the sandbox
+    (a folder, a pipe) is reachable in it. A zygote's imports keep none open, so this closes what none of them owns."""
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 2:
+            try:
+                os.close(int(name))
+            except OSError:  # the listing's own descriptor, closed already
+                pass
+
+
 def threads() -> int:
     """This process's threads (Linux; 1 elsewhere)."""
     try:
@@ -133,7 +302,6 @@ def serve_forks(options: argparse.Namespace) -> None:
     """
     import gc
     import json
-    import signal
     import warnings
 
     if options.on_path:
@@ -155,6 +323,7 @@ def serve_forks(options: argparse.Namespace) -> None:
     answers.write(json.dumps({"ready": not cuda_started, "threads": threads(),
                               "why": "the imports initialised CUDA" if cuda_started else ""}) + "\n")
     answers.flush()
+    zygote = os.getpid()
     for line in sys.stdin:
         try:
             request = json.loads(line)
@@ -185,10 +354,13 @@ def serve_forks(options: argparse.Namespace) -> None:
                 count = os.environ.get("OMP_NUM_THREADS", "")
                 if "torch" in sys.modules and count.isdigit() and int(count) > 0:
                     sys.modules["torch"].set_num_threads(int(count))  # its pool was sized in the zygote
-                # ipykernel read JPY_PARENT_PID when the zygote imported it: the kernel ends with the zygote instead
-                args = [*request["args"], *([] if "--" in request["args"] else ["--"])]
-                main([*args, f"--IPKernelApp.parent_handle={os.getppid()}"], imported=True)
-                code = 0
+                if request.get("launcher_args"):  # a sandboxed kernel
+                    code = run_sandboxed_child(request, options.files, zygote)
+                else:
+                    # ipykernel read JPY_PARENT_PID when the zygote imported it: the kernel ends with the zygote
+                    args = [*request["args"], *([] if "--" in request["args"] else ["--"])]
+                    main([*args, f"--IPKernelApp.parent_handle={os.getppid()}"], imported=True)
+                    code = 0
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:  # noqa: BLE001 - into the kernel's log, as an uncaught error would go

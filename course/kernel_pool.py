@@ -12,8 +12,8 @@ cost 5 to 8 s of each submission's time (reports/grading-breakdown-*.md). ``cour
   the kernel answers. Those imports ran before any student code already; only their time moves.
 - ``kernel_boot.py --cuda`` creates the kernel's CUDA context before it answers (``EFFICIENT_AI_KERNEL_CUDA_AHEAD=off``
   leaves it to the first GPU cell);
-- an unsandboxed kernel is forked from the run's zygote, which made those imports once (``course/kernel_zygote.py``);
-  a sandboxed one starts in a sandbox of its own.
+- it is forked from the run's zygote, which made those imports once (``course/kernel_zygote.py``); a sandboxed one
+  enters a sandbox made for it as for a kernel started the usual way.
 
 The nbgrader process finds the pool in ``EFFICIENT_AI_KERNEL_POOL`` and adopts one kernel (``PooledProvisioner``, set
 by ``GuardedExecute``); with no kernel ready it starts its own, as before. A kernel serves one submission: when the
@@ -49,6 +49,7 @@ from .processes import kill_group, start_time
 from .sandbox import (
     CUDA_AHEAD_ENV,
     KERNEL_NAME,
+    LAUNCHER_SCRIPT,
     PRELOAD_ENV,
     RUNTIME_ENV,
     SOURCE_ENV,
@@ -126,9 +127,11 @@ class KernelPool:
             self._env[CUDA_AHEAD_ENV] = "1"
         self._kernels: dict[str, subprocess.Popen | AdoptedProcess] = {}
         self._zygote = None
-        if not sandboxed and zygote_enabled():  # kernels forked from one that made the imports (kernel_zygote.py)
+        self._sandboxed = sandboxed
+        if zygote_enabled():  # kernels forked from one that made the imports (kernel_zygote.py)
             try:
-                self._zygote = kernel_zygote.shared_zygote(str(source), spec["env"][SOURCE_ENV], preload, self._env)
+                self._zygote = kernel_zygote.shared_zygote(str(source), spec["env"][SOURCE_ENV], preload, self._env,
+                                                           sandboxed)
             except (ZygoteGone, OSError) as exc:
                 print(f"kernel pool: kernels start without a zygote ({exc})", file=sys.stderr)
         self._lock = threading.Lock()
@@ -179,6 +182,8 @@ class KernelPool:
                           file=sys.stderr)
                     self._remove(kernel_id)
                     failed = True
+                    if isinstance(process, AdoptedProcess) and self._zygote is not None:  # forked: fork no more
+                        self._give_up_zygote("a kernel it forked ended before any submission used it")
                 if not failed and not os.listdir(self.folder / "ready") and self._more_to_grade():
                     try:
                         self._start_one()
@@ -226,13 +231,17 @@ class KernelPool:
         os.rename(staging, self.folder / "ready" / f"{kernel_id}.json")
 
     def _fork(self, argv: list[str], home: Path, env: dict[str, str]) -> AdoptedProcess | None:
-        """The kernel of the unsandboxed launcher command ``argv`` with environment ``env``, forked from the zygote
-        (None: it cannot fork; the zygote is then given up and every later kernel starts the usual way)."""
-        kernel_args = argv[argv.index("--unsandboxed") + 1:]
+        """The kernel of the launcher command ``argv`` with environment ``env``, forked from the zygote (None: it
+        cannot fork; the zygote is then given up and every later kernel starts the usual way). A sandboxed kernel's
+        pid is that of the zygote's child which made its sandbox and waits for it (``kernel_boot.run_sandboxed_child``):
+        killing its process group ends the kernel and the sandbox."""
+        launcher_args = argv[argv.index(LAUNCHER_SCRIPT) + 1:]
         args = ["--on-path", "--files", self._zygote.files, "--work", str(home / "work"),
-                *(["--cuda"] if self._env.get(CUDA_AHEAD_ENV) == "1" else []), "--", *kernel_args]
+                *(["--cuda"] if self._env.get(CUDA_AHEAD_ENV) == "1" else []), "--",
+                *[a for a in launcher_args if a != "--unsandboxed"]]
         try:
-            pid = self._zygote.fork(args, str(home / "kernel.log"), env, self._cpus)
+            pid = self._zygote.fork(args, str(home / "kernel.log"), env, self._cpus,
+                                    launcher_args if self._sandboxed else None)
         except ZygoteGone as exc:
             self._give_up_zygote(str(exc))
             return None

@@ -8,9 +8,12 @@ start of a run every worker's first kernel boots at once. A zygote makes those i
 run (``shared_zygote``: the workers' environments differ only in their GPU and CPUs) and forks each kernel from
 them; the child takes its worker's environment, CPUs and thread count before it starts the kernel.
 
-Only for kernels that are not sandboxed: a sandboxed kernel starts in a bubblewrap sandbox of its own (its own file
-system view, uid and namespaces), which a fork of a shared process would not have. ``EFFICIENT_AI_KERNEL_ZYGOTE``:
-``on`` (the default) or ``off``.
+A sandboxed kernel still gets a bubblewrap sandbox of its own, made for it exactly as for a kernel started the usual
+way (``sandbox.start_for_fork``: the same allow-list, cgroups and limits, around a placeholder); the zygote's child
+enters it (``kernel_boot.enter_sandbox``: its namespaces and root) and forks the kernel there, which then drops every
+capability it would not have had (``kernel_boot.drop_capabilities``) and every descriptor but its stdin and log.
+Such a zygote imports in the environment a sandboxed kernel has (``sandbox.kernel_env``), with a HOME of its own.
+``EFFICIENT_AI_KERNEL_ZYGOTE``: ``on`` (the default) or ``off``.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import time
 
 from .nbgrader_run import CPUS_ENV
 from .processes import close_and_wait
-from .sandbox import BOOT_SCRIPT, RUNTIME_ENV, prepare_files
+from .sandbox import BOOT_SCRIPT, RUNTIME_ENV, kernel_env, prepare_files
 
 MODE_ENV = "EFFICIENT_AI_KERNEL_ZYGOTE"
 PER_WORKER_ENV = ("CUDA_VISIBLE_DEVICES", CPUS_ENV, RUNTIME_ENV)  # what may differ between the kernels of one zygote
@@ -50,21 +53,27 @@ class KernelZygote:
             its kernels also put first on ``sys.path``.
         source_root: the course's source folder (``sandbox.prepare_files``).
         preload: the modules to import, comma-separated (``kernel_pool.preload_modules``).
-        env: the zygote's environment (a kernel's, but for ``PER_WORKER_ENV``); the zygote runs on any CPU.
+        env: the environment of a kernel's launcher, but for ``PER_WORKER_ENV``; the zygote runs on any CPU.
+        sandboxed: its kernels are sandboxed; it imports in a sandboxed kernel's environment.
 
     Raises:
         ZygoteGone: ``source`` holds no instructor files.
     """
 
-    def __init__(self, source: str, source_root: str, preload: str, env: dict[str, str]):
+    def __init__(self, source: str, source_root: str, preload: str, env: dict[str, str], sandboxed: bool = False):
         self.folder = tempfile.mkdtemp(prefix="efficient-ai-zygote-")
         self.files = os.path.join(self.folder, "files")
         if not prepare_files(source, source_root, [], self.files):
             shutil.rmtree(self.folder, ignore_errors=True)
             raise ZygoteGone(f"no instructor files in {source}")
         argv = [sys.executable, "-I", BOOT_SCRIPT, "--zygote", "--on-path", "--files", self.files, "--preload", preload]
+        env = {k: v for k, v in env.items() if k not in PER_WORKER_ENV}
+        if sandboxed:
+            home = os.path.join(self.folder, "home")
+            os.mkdir(home)
+            env = {**kernel_env(env), "HOME": home, "TMPDIR": home}
         self._process = subprocess.Popen(
-            argv, cwd=source, env={k: v for k, v in env.items() if k not in PER_WORKER_ENV}, stdin=subprocess.PIPE,
+            argv, cwd=source, env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
         self._lock = threading.Lock()
         self._ready = None  # the zygote's first answer, once read
@@ -86,9 +95,12 @@ class KernelZygote:
     def why(self) -> str:
         return (self._ready or {}).get("why") or "it ended or took too long"
 
-    def fork(self, args: list[str], log: str, env: dict[str, str], cpus: set[int] | None) -> int:
+    def fork(self, args: list[str], log: str, env: dict[str, str], cpus: set[int] | None,
+             launcher_args: list[str] | None = None) -> int:
         """A kernel started with ``kernel_boot.py ARGS`` (without ``--preload``) in environment ``env`` on ``cpus``
         (empty: any), its output appended to ``log``; its pid. Waits for the zygote's imports the first time.
+        ``launcher_args`` (a sandboxed kernel): the sandbox launcher's arguments (``-f CONNECTION_FILE``) instead of
+        ``args``, and ``env`` the launcher's; the pid is then that of the process which keeps the kernel's sandbox.
 
         Raises:
             ZygoteGone: the zygote cannot start kernels.
@@ -99,7 +111,8 @@ class KernelZygote:
             if not self._ready.get("ready"):
                 raise ZygoteGone(f"the zygote did not start ({self.why})")
             try:
-                request = {"args": args, "log": log, "env": env, "cpus": sorted(cpus or ())}
+                request = {"args": args, "log": log, "env": env, "cpus": sorted(cpus or ()),
+                           **({"launcher_args": launcher_args} if launcher_args else {})}
                 self._process.stdin.write((json.dumps(request) + "\n").encode())
                 self._process.stdin.flush()
             except OSError as exc:
@@ -136,18 +149,20 @@ _shared: dict[tuple, list] = {}  # key -> [zygote, users]
 _shared_lock = threading.Lock()
 
 
-def shared_zygote(source: str, source_root: str, preload: str, env: dict[str, str]) -> KernelZygote:
+def shared_zygote(source: str, source_root: str, preload: str, env: dict[str, str],
+                  sandboxed: bool = False) -> KernelZygote:
     """The zygote of the kernels of lab folder ``source`` with ``preload`` and ``env`` (but for ``PER_WORKER_ENV``):
     started by the first pool that asks, shared by the others; give it back with ``release``.
 
     Raises:
         ZygoteGone: it cannot start.
     """
-    key = (source, source_root, preload, tuple(sorted((k, v) for k, v in env.items() if k not in PER_WORKER_ENV)))
+    key = (source, source_root, preload, sandboxed,
+           tuple(sorted((k, v) for k, v in env.items() if k not in PER_WORKER_ENV)))
     with _shared_lock:
         entry = _shared.get(key)
         if entry is None:
-            entry = _shared[key] = [KernelZygote(source, source_root, preload, env), 0]
+            entry = _shared[key] = [KernelZygote(source, source_root, preload, env, sandboxed), 0]
         entry[1] += 1
         return entry[0]
 

@@ -56,6 +56,7 @@ CUDA_AHEAD_ENV = "EFFICIENT_AI_KERNEL_BOOT_CUDA"
 KERNEL_NAME = "efficient-ai-sandbox"
 PROCESS_DIR_PREFIX = "efficient-ai-kernels-"
 BOOT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_boot.py")
+LAUNCHER_SCRIPT = os.path.abspath(__file__)  # the kernelspec's argv runs it
 DEFAULT_MEMORY_GB = 8.0
 DEFAULT_SCRATCH_MB = 1024
 DEFAULT_MAX_PROCESSES = 1024
@@ -232,7 +233,7 @@ def grading_kernel_spec(root: str, source_directory: str | None, db_url: str | N
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), tempfile.gettempdir(),
     ]
     spec = {
-        "argv": [sys.executable, "-I", os.path.abspath(__file__), *([] if sandboxed else ["--unsandboxed"]),
+        "argv": [sys.executable, "-I", LAUNCHER_SCRIPT, *([] if sandboxed else ["--unsandboxed"]),
                  "-f", "{connection_file}"],
         "display_name": "Python 3 (isolated grading)" + (", sandboxed" if sandboxed else ""),
         "language": "python",
@@ -326,8 +327,11 @@ def _outermost(paths: list[str]) -> list[str]:
     return [p for p in paths if not any(p != o and _inside(p, o) for o in paths)]
 
 
-def _kernel_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES)}
+def kernel_env(environ=None) -> dict[str, str]:
+    """The environment a sandboxed kernel gets, from ``environ`` (default: this process's): ``ENV_KEEP`` and the
+    sandbox's own HOME, TMPDIR and user."""
+    environ = os.environ if environ is None else environ
+    env = {k: v for k, v in environ.items() if k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES)}
     # glibc reserves 64 MiB of address space per malloc arena (up to 8 per core): keep the cap meaningful.
     env.update(HOME=SCRATCH_DIR, TMPDIR=SCRATCH_DIR, USER="kernel", LOGNAME="kernel", MALLOC_ARENA_MAX="4",
                JPY_PARENT_PID="1")  # the sandbox's init: ipykernel then neither polls its parent nor prints a banner
@@ -335,7 +339,7 @@ def _kernel_env() -> dict[str, str]:
 
 
 def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_dir: str, passwd_dir: str,
-                  hidden: list[str]) -> list[str]:
+                  hidden: list[str], program: list[str] | None = None, also_at: str | None = None) -> list[str]:
     """The bwrap command line that runs ``python -I kernel_boot.py BOOT_ARGS`` sandboxed (the allow-list).
 
     Args:
@@ -345,6 +349,9 @@ def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_di
         ipc_dir: the folder of the kernel's ipc sockets, writable at its own path (the grader connects there).
         passwd_dir: a folder holding the ``passwd`` and ``group`` files shown in ``/etc``.
         hidden: course folders laid over with an empty folder should an allowed tree hold them.
+        program: run this instead of the boot script (a kernel forked from a zygote enters the sandbox it keeps:
+            ``start_for_fork``).
+        also_at: show ``files`` read-only at this path too (where a zygote imported them from).
     """
     python_dirs = _outermost([d for d in _python_dirs() if not any(_inside(d, t) for t in SYSTEM_TREES)])
     args = [shutil.which("bwrap") or "bwrap", *_namespace_args(), *_system_args(),
@@ -361,14 +368,17 @@ def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_di
              *_parent_dirs([ipc_dir], SCRATCH_DIR), "--bind", ipc_dir, ipc_dir,
              "--ro-bind", files, FILES_DIR, "--ro-bind", BOOT_SCRIPT, BOOT_PATH,
              "--ro-bind", connection_file, CONNECTION_PATH]
+    if also_at:  # after the scratch tmpfs, which may hold it
+        args += [*_parent_dirs([also_at], SCRATCH_DIR if _inside(also_at, SCRATCH_DIR) else "/"),
+                 "--ro-bind", files, also_at]
     allowed = [*SYSTEM_TREES, *python_dirs]
     for folder in _outermost(sorted({os.path.realpath(h) for h in hidden if h and os.path.isdir(h)})):
         if any(_inside(folder, tree) for tree in allowed):  # a course inside the Python installation, say
             args += ["--size", str(HIDDEN_TMPFS_BYTES), "--tmpfs", folder, "--remount-ro", folder]
     args += ["--remount-ro", "/", "--clearenv"]
-    for key, value in sorted(_kernel_env().items()):
+    for key, value in sorted(kernel_env().items()):
         args += ["--setenv", key, value]
-    return [*args, "--chdir", "/", "--", sys.executable, "-I", BOOT_PATH, *boot_args]
+    return [*args, "--chdir", "/", "--", *(program or [sys.executable, "-I", BOOT_PATH, *boot_args])]
 
 
 def _instructor_files(cwd: str, source_root: str | None) -> str | None:
@@ -450,11 +460,32 @@ def _exec_sandboxed(argv: list[str], connection_file: str, kernel_dir: str, boot
     Raises:
         SystemExit: the connection file does not ask for ipc transport (the kernel has no TCP).
     """
+    command, _ = _sandbox_command(argv, connection_file, kernel_dir, boot_options, hidden)
+    join_kernel_cgroup(_max_processes())
+    _set_limits(_kernel_uid())
+    os.execv(command[0], command)
+
+
+def _kernel_uid() -> int | None:
+    """The uid the kernel of this launcher becomes: one of its own when run as root, else None (it keeps ours)."""
+    return KERNEL_UID_BASE + os.getpid() if _is_root() else None
+
+
+def _sandbox_command(argv: list[str], connection_file: str, kernel_dir: str, boot_options: list[str],
+                     hidden: list[str], program: list[str] | None = None,
+                     files: str | None = None) -> tuple[list[str], list[str]]:
+    """The bwrap command of this launcher's kernel, and the boot script's arguments inside it; writes the kernel's
+    passwd and private connection file into ``kernel_dir``. ``files``: instructor files shown at ``FILES_DIR`` and at
+    their own path (default: ``kernel_dir/files``, shown at ``FILES_DIR`` only); ``program``: see ``bwrap_command``.
+
+    Raises:
+        SystemExit: the connection file does not ask for ipc transport (the kernel has no TCP).
+    """
     with open(connection_file) as handle:
         info = json.load(handle)
     if info.get("transport") != "ipc" or not os.path.isabs(info.get("ip", "")):
         raise SystemExit("sandbox: the kernel needs ipc transport with an absolute ip (see configure_sandbox)")
-    kernel_uid = KERNEL_UID_BASE + os.getpid() if _is_root() else None
+    kernel_uid = _kernel_uid()
     _write_passwd(kernel_dir, os.getuid() if kernel_uid is None else kernel_uid)
     private_connection = os.path.join(kernel_dir, "connection.json")
     shutil.copyfile(connection_file, private_connection)
@@ -462,11 +493,56 @@ def _exec_sandboxed(argv: list[str], connection_file: str, kernel_dir: str, boot
     kernel_args[argv.index("-f") + 1] = CONNECTION_PATH
     boot = [*boot_options, "--files", FILES_DIR, "--work", WORK_DIR,
             *(["--uid", str(kernel_uid)] if kernel_uid is not None else []), "--", *kernel_args]
-    command = bwrap_command(boot, os.path.join(kernel_dir, "files"), private_connection, os.path.dirname(info["ip"]),
-                            kernel_dir, hidden)
+    command = bwrap_command(boot, files or os.path.join(kernel_dir, "files"), private_connection,
+                            os.path.dirname(info["ip"]), kernel_dir, hidden, program, also_at=files)
+    return command, boot
+
+
+# A kernel forked from a zygote (course/kernel_zygote.py) cannot be exec'd into bwrap with its imports: bwrap makes the
+# sandbox around a placeholder, and the fork enters it (kernel_boot.enter_sandbox).
+PLACEHOLDER = ["/bin/sh", "-c", "echo ready && exec cat"]  # up until its stdin closes: while the kernel's parent lives
+
+
+def start_for_fork(argv: list[str], files: str) -> dict:
+    """Make a kernel's sandbox for a process forked from a zygote, exactly as ``launch`` would for a kernel it starts.
+
+    Called in that process (the zygote's child), in the launcher's environment and folder (the kernelspec's ``env``,
+    the lab's folder), before it enters the sandbox. It joins the kernel's cgroups and takes its limits, as the
+    launcher does, prepares the kernel's folder, and starts bwrap with the same allow-list around ``PLACEHOLDER``, which
+    runs until this process ends (``--die-with-parent``; its stdin is this process's). ``files``: the zygote's copy of
+    the instructor files, shown at ``FILES_DIR`` and at its own path (where the zygote imported ``utils`` from).
+
+    Returns:
+        ``{"pid": host pid of a process inside the sandbox (its namespaces and root), "boot": the boot script's
+        arguments inside it, "env": the kernel's environment, "process": bwrap (keep its stdin open while the kernel
+        runs)}``.
+
+    Raises:
+        SystemExit: the connection file does not ask for ipc transport.
+        RuntimeError: bwrap did not start the sandbox.
+    """
+    connection_file = os.path.abspath(argv[argv.index("-f") + 1])
+    hidden = [*os.environ.get(HIDE_ENV, "").split(os.pathsep), os.path.expanduser("~"), tempfile.gettempdir(),
+              os.path.dirname(connection_file)]
+    kernel_dir = tempfile.mkdtemp(prefix="kernel-", dir=os.environ.get(RUNTIME_ENV) or None)
+    boot_options = ["--on-path", *(["--cuda"] if os.environ.get(CUDA_AHEAD_ENV) == "1" else [])]
+    info_read, info_write = os.pipe()
+    command, boot = _sandbox_command(argv, connection_file, kernel_dir, boot_options, hidden,
+                                     program=PLACEHOLDER, files=files)
+    command[1:1] = ["--info-fd", str(info_write)]
     join_kernel_cgroup(_max_processes())
-    _set_limits(kernel_uid)
-    os.execv(command[0], command)
+    _set_limits(_kernel_uid())
+    env = {**kernel_env(), "PWD": "/"}  # as bwrap --chdir / sets it
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               pass_fds=[info_write], close_fds=True)
+    os.close(info_write)
+    ready = process.stdout.readline()
+    with os.fdopen(info_read) as handle:
+        info = handle.read()
+    if ready.strip() != b"ready":
+        raise RuntimeError(f"bwrap did not start the kernel's sandbox (exit status {process.wait()})")
+    pid = json.loads(info)["child-pid"]
+    return {"pid": pid, "boot": boot, "env": env, "process": process}
 
 
 # cgroups: one per kernel, where a hierarchy with the cpu and pids controllers is writable (cgroup v2, or v1).

@@ -1,10 +1,11 @@
-"""Unsandboxed kernels started ahead are forked from a zygote that made their imports (course/kernel_zygote.py,
-``kernel_boot.py --zygote``): each is a fresh kernel of its own, scores are unchanged, and a zygote that ends leaves
-kernels to start the usual way."""
+"""Kernels started ahead are forked from a zygote that made their imports (course/kernel_zygote.py,
+``kernel_boot.py --zygote``): each is a fresh kernel of its own, a sandboxed one in a sandbox exactly like a started
+one's, scores are unchanged, and a zygote that ends leaves kernels to start the usual way."""
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 
 import pytest
@@ -115,13 +116,138 @@ def test_when_the_zygote_ends_kernels_start_the_usual_way(root, unsandboxed, cap
     assert "without the zygote" in capfd.readouterr().err, "the pool says that it gave the zygote up"
 
 
-def test_sandboxed_kernels_are_never_forked_from_a_shared_process(root, monkeypatch):
+PROBE = """\
+import os, socket, sys
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+
+
+def attempt(action):
+    try:
+        action()
+        return True
+    except Exception:
+        return False
+
+
+def write_into(folder):
+    path = os.path.join(folder, f"planted-{os.getpid()}")
+    open(path, "w").close()
+    os.remove(path)
+
+
+escapes = {name: attempt(action) for name, action in {
+    "read the course's source": lambda: open(%(source)r).read(1),
+    "list the kernels started ahead": lambda: os.listdir(%(pool)r + "/ready"),
+    "list the zygote's home": lambda: os.listdir(%(zygote_home)r),
+    "connect to 127.0.0.1": lambda: socket.create_connection(("127.0.0.1", %(port)d), timeout=5).close(),
+    "write into the Python environment": lambda: write_into(sys.prefix),
+    "write into the instructor files": lambda: write_into(sys.path[0]),
+}.items() if attempt(action)}
+_out = (escapes, os.getuid() >= %(uid_base)d, os.getuid() == os.geteuid(), os.getcwd(), sorted(os.listdir("/")),
+        len([p for p in os.listdir("/proc") if p.isdigit()]) < 6, int(status["CapEff"], 16), int(status["CapPrm"], 16),
+        status["NoNewPrivs"].strip(), sorted(os.environ), "math" in sys.modules)
+"""
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(c) for c in handle.read().split()]
+    except OSError:
+        return []
+
+
+def test_a_sandboxed_kernel_forked_from_the_zygote_is_sandboxed_as_a_started_one_is(root, monkeypatch):
+    """The same allow-list, namespaces, uid, capabilities and environment; the zygote's own files and home out of
+    reach; and releasing it ends its sandbox too."""
+    import socket
+
     if not sandbox.sandbox_works():
         pytest.skip("bubblewrap does not work here")
     monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
-    with kernel_pool.KernelPool(root, LAB, more_to_grade=lambda: False) as pool:
-        assert pool._zygote is None, (
-            "a sandboxed kernel needs a sandbox of its own: a fork of a shared process would share its file system view")
+    server = socket.create_server(("127.0.0.1", 0))
+    views = {}
+    try:
+        for mode in ("off", "on"):
+            monkeypatch.setenv(kernel_zygote.MODE_ENV, mode)
+            with kernel_pool.KernelPool(root, LAB) as pool:
+                if mode == "off":
+                    assert pool._zygote is None
+                    wait_ready(pool)
+                    record = kernel_pool.claim(str(pool.folder))
+                    zygote_home = str(pool.folder / "ready")  # no zygote: out of reach as well
+                else:
+                    assert pool._zygote is not None, "a sandboxed pool forks its kernels from a zygote too"
+                    record = claim_forked(pool, pool._zygote._process.pid)
+                    zygote_home = os.path.join(pool._zygote.folder, "home")
+                    assert os.path.isdir(zygote_home), "a sandboxed kernels' zygote imports with a HOME of its own"
+                code = PROBE % {"source": str(root / "source" / LAB / f"{LAB}.ipynb"), "pool": str(pool.folder),
+                                "zygote_home": zygote_home, "port": server.getsockname()[1],
+                                "uid_base": sandbox.KERNEL_UID_BASE if os.geteuid() == 0 else 0}
+                views[mode] = eval(run_in_kernel(record, code))  # noqa: S307 - the repr of a tuple of plain values
+                sandboxes = children(record["pid"])
+                pool.release()
+                assert ended(record["pid"]) and all(ended(pid) for pid in sandboxes), (
+                    "releasing a kernel ends it and everything in its sandbox")
+    finally:
+        server.close()
+    for mode, name in (("on", "forked from the zygote"), ("off", "started the usual way")):
+        assert not views[mode][0], f"a sandboxed kernel {name} escaped its sandbox: {sorted(views[mode][0])}"
+    assert views["on"][5:] == views["off"][5:] and views["on"][1:4] == views["off"][1:4], (
+        "a forked sandboxed kernel must see and be exactly what a sandboxed kernel started the usual way is "
+        f"(uid, folder, root listing, processes, capabilities, no_new_privs, environment, preloads): "
+        f"forked {views['on']}, started {views['off']}")
+    assert views["on"][6:8] == (0, 0), "a sandboxed kernel has no capability"
+
+
+def test_a_sandboxed_kernel_forked_from_the_zygote_ends_with_it(root, monkeypatch):
+    """A TA's kill -9 of course grade closes the zygote's stdin and so ends it: its sandboxed kernels, which do not
+    watch their parent, must end with it, sandbox and all."""
+    if not sandbox.sandbox_works():
+        pytest.skip("bubblewrap does not work here")
+    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
+    monkeypatch.delenv(kernel_zygote.MODE_ENV, raising=False)
+    with kernel_pool.KernelPool(root, LAB) as pool:
+        record = claim_forked(pool, pool._zygote._process.pid)
+        assert run_in_kernel(record, "_out = 6 * 7") == "42"
+        inside = children(record["pid"])
+        assert inside, "the kernel's sandbox and the kernel are children of the process the pool knows"
+        pool._zygote._process.kill()
+        assert ended(record["pid"]) and all(ended(pid) for pid in inside), (
+            "a forked sandboxed kernel and its sandbox must end when the zygote does")
+
+
+def test_an_unprivileged_grader_s_forked_kernel_enters_the_sandbox_with_no_capability():
+    """Unprivileged, bwrap nests two user namespaces; the fork joins them and the rest, then keeps nothing."""
+    import shutil
+    import subprocess
+
+    from fixture_lab import REPO
+
+    python = "/usr/bin/python3"
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(python) or not sandbox.sandbox_works():
+        pytest.skip("needs root (to become nobody), setpriv, the system's python3 and a working bubblewrap")
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    if subprocess.run([*as_nobody, "bwrap", "--unshare-user", "--ro-bind", "/", "/", "true"]).returncode != 0:
+        pytest.skip("unprivileged user namespaces are not allowed here")
+    scratch = tempfile.mkdtemp(dir="/tmp")  # pytest's tmp_path lies under folders only root may enter
+    try:
+        os.chmod(scratch, 0o777)
+        result = subprocess.run([*as_nobody, python, "-I", str(REPO / "tests" / "unprivileged_fork.py"),
+                                 str(REPO / "course"), os.path.join(scratch, "work")],
+                                capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert result.returncode == 0, result.stderr
+    view = json.loads(result.stdout)
+    assert view["capabilities"] == dict.fromkeys(("CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"), 0), (
+        f"a kernel forked into an unprivileged sandbox keeps no capability: {view['capabilities']}")
+    assert view["no_new_privs"] == "1" and not view["can_unshare_mounts"], view
+    assert view["uid"] == 65534 and view["cwd"] == "/", view
+    assert view["instructor_files"] == ["utils.py"] and not view["sees_grader_files"], (
+        f"the sandbox's allow-list, not the grader's file system: {view}")
+    assert view["processes"] <= 3 and view["descriptors"] == 3, (
+        f"its own PID namespace, and no descriptor but stdin, stdout and stderr: {view}")
 
 
 def test_the_workers_of_a_run_share_one_zygote_and_each_kernel_runs_on_its_workers_cpus(root, unsandboxed):
