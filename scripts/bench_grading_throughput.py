@@ -9,7 +9,7 @@ with ``EFFICIENT_AI_KERNEL_POOL_OFF=1`` and ``EFFICIENT_AI_FORK_SERVER=off``: ev
 every worker count both ways, off first. ``--pin off`` lets every worker use every CPU (``EFFICIENT_AI_PIN_CPUS=off``)
 instead of its own share. ``--zygote off`` starts every kernel ahead with ``python``
 (``EFFICIENT_AI_KERNEL_ZYGOTE=off``), as sandboxed kernels always start, instead of forking it from the worker's
-zygote (``course/kernel_zygote.py``; unsandboxed kernels only). Each row also says how busy the machine's CPUs and GPU were during the run. Writes
+zygote (``course/kernel_zygote.py``; a sandboxed kernel then enters a sandbox made for it). Each row also says how busy the machine's CPUs and GPU were during the run. Writes
 ``reports/grading-throughput.md`` and ``reports/grading-throughput.json``.
 """
 from __future__ import annotations
@@ -131,7 +131,7 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
     os.environ[PIN_ENV] = "on" if pin else "off"
     os.environ[ZYGOTE_ENV] = "on" if zygote else "off"
     sandboxed = sandbox_works()
-    forked = kernels_ahead and zygote and not sandboxed
+    forked = kernels_ahead and zygote
     if not kernels_ahead:
         os.environ.update({POOL_OFF_ENV: "1", FORK_SERVER_ENV: "off"})
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
@@ -233,7 +233,7 @@ def main() -> int:
                         help="start each worker's next kernel ahead and fork nbgrader from the fork server (course grade's "
                              "default), or neither, or both ways")
     parser.add_argument("--zygote", choices=("on", "off", "both"), default="on",
-                        help="fork unsandboxed kernels started ahead from a zygote (EFFICIENT_AI_KERNEL_ZYGOTE; "
+                        help="fork the kernels started ahead from a zygote (EFFICIENT_AI_KERNEL_ZYGOTE; "
                              "the default), or start each with python; both: each worker count both ways")
     parser.add_argument("--pin", choices=("on", "off", "both"), default="on",
                         help="pin each worker to its share of the CPUs (EFFICIENT_AI_PIN_CPUS; course grade's default), "
@@ -301,8 +301,9 @@ def main() -> int:
               "speedup under the worker count. A PostgreSQL gradebook (NBGRADER_DB_URL) is written by the workers "
               "directly. CPU busy: the share of all the machine's CPU time that was not idle during the run "
               "(`/proc/stat`); GPU busy: the mean of `nvidia-smi`'s utilisation, sampled every 0.5 s. Zygote "
-              "(`course/kernel_zygote.py`): the workers' unsandboxed kernels are forked from one process that made "
-              "their imports once; sandboxed kernels each start in a sandbox of their own. Median autograde: one "
+              "(`course/kernel_zygote.py`): the workers' kernels are forked from one process that made their imports "
+              "once; a sandboxed one enters a sandbox made for it as for a kernel started the usual way. Median "
+              "autograde: one "
               "submission's nbgrader run; before the first: from the start of the run to the first submission's "
               "(gradebook preparation, the workers' first kernels and fork server); after the last: from the last "
               "submission's end to the end of the run (recording what was left)."]
