@@ -15,7 +15,7 @@
 #              $EFFICIENT_AI_BENCH_KERNELS_AHEAD: on (default), off or both; workers pinned to their CPUs
 #              $EFFICIENT_AI_BENCH_PIN: on (default), off or both; kernels forked from a zygote
 #              $EFFICIENT_AI_BENCH_ZYGOTE: on (default), off or both; lab $EFFICIENT_AI_BENCH_LAB, default lab1,
-#              report grading-throughput-h100[-LAB].md, or -$EFFICIENT_AI_BENCH_TAG; $EFFICIENT_AI_BENCH_APPEND=FILE.json: this run's rows are
+#              report grading-throughput-h100[-LAB][-$EFFICIENT_AI_BENCH_TAG].md; $EFFICIENT_AI_BENCH_APPEND=FILE.json: this run's rows are
 #              reported after FILE's, an earlier device command's report of the same machine and boot: one report
 #              from commands that each fit the device's time limit)
 #   ahead      scripts/bench_grading_breakdown.py with the kernel started 20 s ahead and nbgrader forked from the fork
@@ -53,8 +53,9 @@ for step in "$@"; do
     breakdown) { python3 scripts/bench_grading_breakdown.py --lab lab1 --repeat 2 --tag h100 --out "$RESULTS/reports"
                  python3 scripts/bench_grading_throughput.py --lab lab1 --submissions ${EFFICIENT_AI_BENCH_SUBMISSIONS:-8} \
                    --workers ${EFFICIENT_AI_BENCH_WORKERS:-1 4 8} --tag h100 --out "$RESULTS/reports"; } 2>&1 | tee "$RESULTS/breakdown.log" ;;
-    throughput) lab=${EFFICIENT_AI_BENCH_LAB:-lab1} tag="h100${EFFICIENT_AI_BENCH_TAG:+-$EFFICIENT_AI_BENCH_TAG}" append=
-                [ "$lab" = lab1 ] || [ -n "${EFFICIENT_AI_BENCH_TAG:-}" ] || tag="h100-$lab"
+    throughput) lab=${EFFICIENT_AI_BENCH_LAB:-lab1} tag=h100 append=
+                [ "$lab" = lab1 ] || tag="$tag-$lab"
+                tag="$tag${EFFICIENT_AI_BENCH_TAG:+-$EFFICIENT_AI_BENCH_TAG}"
                 if [ -n "${EFFICIENT_AI_BENCH_APPEND:-}" ]; then
                   mkdir -p "$RESULTS/reports" && cp "$EFFICIENT_AI_BENCH_APPEND" "$RESULTS/reports/grading-throughput-$tag.json" \
                     && append=--append || exit 1
