@@ -247,6 +247,8 @@ def run_sandboxed_child(request: dict, files: str, zygote: int) -> int:
     if os.getppid() != zygote:
         raise SystemExit("kernel_boot: the zygote ended before its kernel started")
     made = _load_sandbox().start_for_fork(request["launcher_args"], files)
+    if threads() != 1:  # setns into a mount or user namespace refuses a process that shares its file system info
+        raise SystemExit(f"kernel_boot: {threads()} threads before entering the sandbox, where one may")
     enter_sandbox(made["pid"])
     kernel = os.fork()
     if kernel == 0:
@@ -258,6 +260,7 @@ def run_sandboxed_child(request: dict, files: str, zygote: int) -> int:
             os.environ.clear()
             os.environ.update(made["env"])
             drop_capabilities(keep_permitted="--uid" in made["boot"])
+            size_torch_threads()
             main([*made["boot"], "--IPKernelApp.parent_handle=1"], imported=True)
             code = 0
         except SystemExit as exc:
@@ -283,6 +286,14 @@ def close_inherited_fds() -> None:
                 os.close(int(name))
             except OSError:  # the listing's own descriptor, closed already
                 pass
+
+
+def size_torch_threads() -> None:
+    """Size torch's thread pools to OMP_NUM_THREADS (the zygote sized them for itself). This may start threads:
+    call it in the kernel's own process, after any namespace is joined."""
+    count = os.environ.get("OMP_NUM_THREADS", "")
+    if "torch" in sys.modules and count.isdigit() and int(count) > 0:
+        sys.modules["torch"].set_num_threads(int(count))
 
 
 def threads() -> int:
@@ -351,12 +362,10 @@ def serve_forks(options: argparse.Namespace) -> None:
                 os.environ.update(request["env"])
                 if request.get("cpus") and hasattr(os, "sched_setaffinity"):
                     os.sched_setaffinity(0, request["cpus"])
-                count = os.environ.get("OMP_NUM_THREADS", "")
-                if "torch" in sys.modules and count.isdigit() and int(count) > 0:
-                    sys.modules["torch"].set_num_threads(int(count))  # its pool was sized in the zygote
                 if request.get("launcher_args"):  # a sandboxed kernel
                     code = run_sandboxed_child(request, options.files, zygote)
                 else:
+                    size_torch_threads()
                     # ipykernel read JPY_PARENT_PID when the zygote imported it: the kernel ends with the zygote
                     args = [*request["args"], *([] if "--" in request["args"] else ["--"])]
                     main([*args, f"--IPKernelApp.parent_handle={os.getppid()}"], imported=True)

@@ -217,6 +217,21 @@ def test_a_sandboxed_kernel_forked_from_the_zygote_ends_with_it(root, monkeypatc
             "a forked sandboxed kernel and its sandbox must end when the zygote does")
 
 
+def test_a_sandboxed_kernel_forked_from_a_zygote_that_imported_torch_has_its_worker_s_torch_threads(monkeypatch):
+    """torch starts threads when its pools are sized, and a process with threads cannot join a mount namespace: the
+    kernel sizes them inside its sandbox. Lab 1's zygote imports torch; its worker has two threads."""
+    from fixture_lab import REPO
+
+    if not sandbox.sandbox_works():
+        pytest.skip("bubblewrap does not work here")
+    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
+    monkeypatch.delenv(kernel_zygote.MODE_ENV, raising=False)
+    with kernel_pool.KernelPool(REPO, "lab1", {"OMP_NUM_THREADS": "2"}) as pool:
+        record = claim_forked(pool, pool._zygote._process.pid)
+        assert run_in_kernel(record, "import torch\n_out = torch.get_num_threads()") == "2", (
+            "a kernel forked from the zygote runs torch with its worker's thread count")
+
+
 def test_an_unprivileged_grader_s_forked_kernel_enters_the_sandbox_with_no_capability():
     """Unprivileged, bwrap nests two user namespaces; the fork joins them and the rest, then keeps nothing."""
     import shutil
@@ -250,11 +265,18 @@ def test_an_unprivileged_grader_s_forked_kernel_enters_the_sandbox_with_no_capab
         f"its own PID namespace, and no descriptor but stdin, stdout and stderr: {view}")
 
 
-def test_the_workers_of_a_run_share_one_zygote_and_each_kernel_runs_on_its_workers_cpus(root, unsandboxed):
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["unsandboxed", "sandboxed"])
+def test_the_workers_of_a_run_share_one_zygote_and_each_kernel_runs_on_its_workers_cpus(root, sandboxed, monkeypatch):
+    """Also with thread pools of two threads, which torch starts when sized: a sandboxed kernel sizes them only
+    once inside its sandbox (a process with threads cannot join a mount namespace)."""
     from course.nbgrader_run import available_cpus, worker_envs
 
+    if sandboxed and not sandbox.sandbox_works():
+        pytest.skip("bubblewrap does not work here")
+    monkeypatch.setenv(sandbox.MODE_ENV, "auto" if sandboxed else "off")
+    monkeypatch.delenv(kernel_zygote.MODE_ENV, raising=False)
     cpus = available_cpus()
-    envs = worker_envs(2, [], cpus)
+    envs = [{**env, "OMP_NUM_THREADS": "2"} for env in worker_envs(2, [], cpus)]
     with kernel_pool.KernelPool(root, LAB, envs[0]) as first, kernel_pool.KernelPool(root, LAB, envs[1]) as second:
         assert first._zygote is not None and first._zygote is second._zygote, (
             "workers whose environments differ only in their CPUs and GPU share one zygote (one set of imports)")
