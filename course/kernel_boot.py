@@ -237,16 +237,22 @@ def _load_sandbox():
     return module
 
 
-def run_sandboxed_child(request: dict, files: str, zygote: int) -> int:
+def run_sandboxed_child(request: dict, files: str, zygote: int, zygote_dirs: list[str]) -> int:
     """In a zygote's child: make the kernel's sandbox as the launcher would (``sandbox.start_for_fork``), enter it,
     and run the kernel in a child of ours inside it (the PID namespace's); this process waits for it and keeps the
     sandbox alive while it runs, and ends with the zygote (pid ``zygote``): so do the sandbox and the kernel, which
-    does not watch its parent. Returns the kernel's exit status."""
+    does not watch its parent.
+
+    ``zygote_dirs``: the zygote's HOME (and TMPDIR, where it differs). The sandbox shows them as links to the kernel's
+    own HOME, and the kernel's HOME gets a copy of what the imports left in the zygote's (``read_tree``): what they
+    found or made there (matplotlib's config and cache folders, its font list) is then the kernel's, as it is for a
+    kernel whose own imports made it. Returns the kernel's exit status."""
     pr_set_pdeathsig = 1
     _check(_libc().prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
     if os.getppid() != zygote:
         raise SystemExit("kernel_boot: the zygote ended before its kernel started")
-    made = _load_sandbox().start_for_fork(request["launcher_args"], files)
+    home = read_tree(zygote_dirs[0]) if zygote_dirs else []  # the sandbox will not show it
+    made = _load_sandbox().start_for_fork(request["launcher_args"], files, home_at=zygote_dirs)
     if threads() != 1:  # setns into a mount or user namespace refuses a process that shares its file system info
         raise SystemExit(f"kernel_boot: {threads()} threads before entering the sandbox, where one may")
     enter_sandbox(made["pid"])
@@ -257,8 +263,8 @@ def run_sandboxed_child(request: dict, files: str, zygote: int) -> int:
             made["process"].stdin.close()  # the placeholder's pipes are ours (this process's parent's)
             made["process"].stdout.close()
             close_inherited_fds()
-            os.environ.clear()
-            os.environ.update(made["env"])
+            take_environment(made["env"])
+            write_tree(home, os.path.expanduser("~"))
             drop_capabilities(keep_permitted="--uid" in made["boot"])
             size_torch_threads()
             main([*made["boot"], "--IPKernelApp.parent_handle=1"], imported=True)
@@ -275,6 +281,39 @@ def run_sandboxed_child(request: dict, files: str, zygote: int) -> int:
             os._exit(code)
     _, status = os.waitpid(kernel, 0)
     return os.waitstatus_to_exitcode(status)
+
+
+HOME_COPY_MAX_BYTES = 32 * 2**20  # a zygote's HOME holds what its imports wrote: matplotlib's font list, some kB
+
+
+def read_tree(folder: str, max_bytes: int = HOME_COPY_MAX_BYTES) -> list[tuple[str, bytes | None]]:
+    """The folders (``None``) and regular files (their bytes, up to ``max_bytes`` in all) under ``folder``, as paths
+    relative to it, parents first; links and anything else are left out."""
+    entries, total = [], 0
+    for parent, _, names in os.walk(folder):
+        relative = os.path.relpath(parent, folder)
+        if relative != ".":
+            entries.append((relative, None))
+        for name in sorted(names):
+            path = os.path.join(parent, name)
+            if os.path.islink(path) or not os.path.isfile(path) or total + os.path.getsize(path) > max_bytes:
+                continue
+            with open(path, "rb") as handle:
+                data = handle.read()
+            total += len(data)
+            entries.append((os.path.normpath(os.path.join(relative, name)), data))
+    return entries
+
+
+def write_tree(entries: list[tuple[str, bytes | None]], folder: str) -> None:
+    """Make ``read_tree``'s folders and files under ``folder``."""
+    for relative, data in entries:
+        path = os.path.join(folder, relative)
+        if data is None:
+            os.makedirs(path, exist_ok=True)
+        else:
+            with open(path, "wb") as handle:
+                handle.write(data)
 
 
 def close_inherited_fds() -> None:
@@ -294,6 +333,16 @@ def size_torch_threads() -> None:
     count = os.environ.get("OMP_NUM_THREADS", "")
     if "torch" in sys.modules and count.isdigit() and int(count) > 0:
         sys.modules["torch"].set_num_threads(int(count))
+
+
+def take_environment(env: dict[str, str]) -> None:
+    """Replace this process's environment with ``env``, and forget what Python computed from the one it had:
+    ``tempfile``'s folder (the zygote's TMPDIR, which a forked kernel's sandbox does not hold)."""
+    import tempfile
+
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None
 
 
 def threads() -> int:
@@ -335,6 +384,8 @@ def serve_forks(options: argparse.Namespace) -> None:
                               "why": "the imports initialised CUDA" if cuda_started else ""}) + "\n")
     answers.flush()
     zygote = os.getpid()
+    zygote_dirs = list(dict.fromkeys(os.environ[name] for name in ("HOME", "TMPDIR")  # HOME first
+                                     if os.path.isabs(os.environ.get(name, ""))))
     for line in sys.stdin:
         try:
             request = json.loads(line)
@@ -358,12 +409,11 @@ def serve_forks(options: argparse.Namespace) -> None:
                 os.close(log)
                 if quiet_fork in warnings.filters:
                     warnings.filters.remove(quiet_fork)
-                os.environ.clear()  # the worker's environment, as a kernel it started would have
-                os.environ.update(request["env"])
+                take_environment(request["env"])  # the worker's, as a kernel it started would have
                 if request.get("cpus") and hasattr(os, "sched_setaffinity"):
                     os.sched_setaffinity(0, request["cpus"])
                 if request.get("launcher_args"):  # a sandboxed kernel
-                    code = run_sandboxed_child(request, options.files, zygote)
+                    code = run_sandboxed_child(request, options.files, zygote, zygote_dirs)
                 else:
                     size_torch_threads()
                     # ipykernel read JPY_PARENT_PID when the zygote imported it: the kernel ends with the zygote

@@ -339,7 +339,8 @@ def kernel_env(environ=None) -> dict[str, str]:
 
 
 def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_dir: str, passwd_dir: str,
-                  hidden: list[str], program: list[str] | None = None, also_at: str | None = None) -> list[str]:
+                  hidden: list[str], program: list[str] | None = None, also_at: str | None = None,
+                  home_at: list[str] = ()) -> list[str]:
     """The bwrap command line that runs ``python -I kernel_boot.py BOOT_ARGS`` sandboxed (the allow-list).
 
     Args:
@@ -352,6 +353,8 @@ def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_di
         program: run this instead of the boot script (a kernel forked from a zygote enters the sandbox it keeps:
             ``start_for_fork``).
         also_at: show ``files`` read-only at this path too (where a zygote imported them from).
+        home_at: links to the kernel's HOME (``SCRATCH_DIR``) at these paths too (the zygote's HOME and TMPDIR: its
+            imports cached folders under them).
     """
     python_dirs = _outermost([d for d in _python_dirs() if not any(_inside(d, t) for t in SYSTEM_TREES)])
     args = [shutil.which("bwrap") or "bwrap", *_namespace_args(), *_system_args(),
@@ -371,6 +374,10 @@ def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_di
     if also_at:  # after the scratch tmpfs, which may hold it
         args += [*_parent_dirs([also_at], SCRATCH_DIR if _inside(also_at, SCRATCH_DIR) else "/"),
                  "--ro-bind", files, also_at]
+    for path in home_at:  # never over a folder that the sandbox shows
+        if not any(_inside(shown, path) for shown in (SCRATCH_DIR, FILES_DIR, WORK_DIR, also_at or SCRATCH_DIR)):
+            args += [*_parent_dirs([path], SCRATCH_DIR if _inside(path, SCRATCH_DIR) else "/"),
+                     "--symlink", SCRATCH_DIR, path]
     allowed = [*SYSTEM_TREES, *python_dirs]
     for folder in _outermost(sorted({os.path.realpath(h) for h in hidden if h and os.path.isdir(h)})):
         if any(_inside(folder, tree) for tree in allowed):  # a course inside the Python installation, say
@@ -473,10 +480,11 @@ def _kernel_uid() -> int | None:
 
 def _sandbox_command(argv: list[str], connection_file: str, kernel_dir: str, boot_options: list[str],
                      hidden: list[str], program: list[str] | None = None,
-                     files: str | None = None) -> tuple[list[str], list[str]]:
+                     files: str | None = None, home_at: list[str] = ()) -> tuple[list[str], list[str]]:
     """The bwrap command of this launcher's kernel, and the boot script's arguments inside it; writes the kernel's
     passwd and private connection file into ``kernel_dir``. ``files``: instructor files shown at ``FILES_DIR`` and at
-    their own path (default: ``kernel_dir/files``, shown at ``FILES_DIR`` only); ``program``: see ``bwrap_command``.
+    their own path (default: ``kernel_dir/files``, shown at ``FILES_DIR`` only); ``program``, ``home_at``: see
+    ``bwrap_command``.
 
     Raises:
         SystemExit: the connection file does not ask for ipc transport (the kernel has no TCP).
@@ -494,7 +502,7 @@ def _sandbox_command(argv: list[str], connection_file: str, kernel_dir: str, boo
     boot = [*boot_options, "--files", FILES_DIR, "--work", WORK_DIR,
             *(["--uid", str(kernel_uid)] if kernel_uid is not None else []), "--", *kernel_args]
     command = bwrap_command(boot, files or os.path.join(kernel_dir, "files"), private_connection,
-                            os.path.dirname(info["ip"]), kernel_dir, hidden, program, also_at=files)
+                            os.path.dirname(info["ip"]), kernel_dir, hidden, program, also_at=files, home_at=home_at)
     return command, boot
 
 
@@ -503,14 +511,16 @@ def _sandbox_command(argv: list[str], connection_file: str, kernel_dir: str, boo
 PLACEHOLDER = ["/bin/sh", "-c", "echo ready && exec cat"]  # up until its stdin closes: while the kernel's parent lives
 
 
-def start_for_fork(argv: list[str], files: str) -> dict:
+def start_for_fork(argv: list[str], files: str, home_at: list[str] = ()) -> dict:
     """Make a kernel's sandbox for a process forked from a zygote, exactly as ``launch`` would for a kernel it starts.
 
     Called in that process (the zygote's child), in the launcher's environment and folder (the kernelspec's ``env``,
     the lab's folder), before it enters the sandbox. It joins the kernel's cgroups and takes its limits, as the
     launcher does, prepares the kernel's folder, and starts bwrap with the same allow-list around ``PLACEHOLDER``, which
     runs until this process ends (``--die-with-parent``; its stdin is this process's). ``files``: the zygote's copy of
-    the instructor files, shown at ``FILES_DIR`` and at its own path (where the zygote imported ``utils`` from).
+    the instructor files, shown at ``FILES_DIR`` and at its own path (where the zygote imported ``utils`` from);
+    ``home_at``: the zygote's HOME and TMPDIR, links to the kernel's HOME in the sandbox (what the zygote's imports
+    cached under them, such as matplotlib's config and cache folders, is then the kernel's own).
 
     Returns:
         ``{"pid": host pid of a process inside the sandbox (its namespaces and root), "boot": the boot script's
@@ -528,7 +538,7 @@ def start_for_fork(argv: list[str], files: str) -> dict:
     boot_options = ["--on-path", *(["--cuda"] if os.environ.get(CUDA_AHEAD_ENV) == "1" else [])]
     info_read, info_write = os.pipe()
     command, boot = _sandbox_command(argv, connection_file, kernel_dir, boot_options, hidden,
-                                     program=PLACEHOLDER, files=files)
+                                     program=PLACEHOLDER, files=files, home_at=home_at)
     command[1:1] = ["--info-fd", str(info_write)]
     join_kernel_cgroup(_max_processes())
     _set_limits(_kernel_uid())

@@ -146,11 +146,14 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
             outcomes, scores = grade_lab(course, lab, progress=False, workers=workers)
         seconds = time.perf_counter() - start
         busy_after, total_after = cpu_jiffies()
+        # a cell that fails only under some way of grading (a written answer's code, say) costs no autograded point
+        errors = {student: failed_cells(course / "autograded" / student / lab / f"{lab}.ipynb") for student in outcomes}
     # the reference solution earns every autograded point, or the run is reported as failed
     failed = [f"{o.student}: {o.status}: {o.reason}" for o in outcomes.values() if o.status != "ok"]
     failed += [f"{student}: {sub.autograded_score():g} of {sub.autograded_max():g} autograded points"
                for student, sub in scores.items() if sub.autograded_score() < sub.autograded_max()]
     failed += [f"{student}: no score" for student in outcomes if student not in scores]
+    failed += [f"{student}: {', '.join(cells)}" for student, cells in sorted(errors.items()) if cells]
     os.environ.pop(POOL_OFF_ENV, None)
     os.environ.pop(FORK_SERVER_ENV, None)
     os.environ.pop(PIN_ENV, None)
@@ -162,6 +165,15 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
             "gpu_busy_percent": gpu.percent,
             "submissions_per_minute": submissions / seconds * 60, "failed": failed,
             "autograde_seconds": [outcomes[s].seconds for s in sorted(outcomes)], **timeline.summary(seconds)}
+
+
+def failed_cells(notebook: Path) -> list[str]:
+    """The code cells of a graded notebook whose output is an error (``cell N: ENAME``); the reference has none."""
+    if not notebook.exists():
+        return []
+    return [f"cell {index}: {output.get('ename', '?')}"
+            for index, cell in enumerate(read_notebook(notebook).cells) if cell.cell_type == "code"
+            for output in cell.get("outputs", []) if output.get("output_type") == "error"]
 
 
 def _percent(value: float | None) -> str:

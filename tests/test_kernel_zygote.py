@@ -103,21 +103,21 @@ def test_when_the_zygote_ends_kernels_start_the_usual_way(root, unsandboxed, cap
         deadline = time.monotonic() + 120
         record = None
         while time.monotonic() < deadline:
+            given_up = pool._zygote is None  # before the claim: the first kernel of a run is never forked
             record = kernel_pool.claim(str(pool.folder))
-            if record is not None and alive(record["pid"]) and parent_of(record["pid"]) != zygote_pid:
+            if record is not None and alive(record["pid"]) and parent_of(record["pid"]) != zygote_pid and given_up:
                 break
             if record is not None:
                 pool.release()
             record = None
             time.sleep(0.1)
-        assert record is not None, "without its zygote the pool still starts kernels ahead"
+        assert record is not None, "without its zygote the pool gives it up and still starts kernels ahead"
         assert run_in_kernel(record, "import sys\n_out = 'math' in sys.modules") == "True"
-        assert pool._zygote is None, "a zygote that cannot fork is given up"
     assert "without the zygote" in capfd.readouterr().err, "the pool says that it gave the zygote up"
 
 
 PROBE = """\
-import os, socket, sys
+import os, socket, sys, tempfile
 status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
 
 
@@ -138,14 +138,15 @@ def write_into(folder):
 escapes = {name: attempt(action) for name, action in {
     "read the course's source": lambda: open(%(source)r).read(1),
     "list the kernels started ahead": lambda: os.listdir(%(pool)r + "/ready"),
-    "list the zygote's home": lambda: os.listdir(%(zygote_home)r),
+    "read a file in the zygote's home": lambda: open(%(zygote_secret)r).read(1),
     "connect to 127.0.0.1": lambda: socket.create_connection(("127.0.0.1", %(port)d), timeout=5).close(),
     "write into the Python environment": lambda: write_into(sys.prefix),
     "write into the instructor files": lambda: write_into(sys.path[0]),
 }.items() if attempt(action)}
 _out = (escapes, os.getuid() >= %(uid_base)d, os.getuid() == os.geteuid(), os.getcwd(), sorted(os.listdir("/")),
         len([p for p in os.listdir("/proc") if p.isdigit()]) < 6, int(status["CapEff"], 16), int(status["CapPrm"], 16),
-        status["NoNewPrivs"].strip(), sorted(os.environ), "math" in sys.modules)
+        status["NoNewPrivs"].strip(), sorted(os.environ), "math" in sys.modules, tempfile.gettempdir(),
+        attempt(lambda: tempfile.TemporaryFile().close()), os.path.expanduser("~"))
 """
 
 
@@ -175,14 +176,17 @@ def test_a_sandboxed_kernel_forked_from_the_zygote_is_sandboxed_as_a_started_one
                     assert pool._zygote is None
                     wait_ready(pool)
                     record = kernel_pool.claim(str(pool.folder))
-                    zygote_home = str(pool.folder / "ready")  # no zygote: out of reach as well
+                    zygote_home = str(pool.folder)  # no zygote: the pool's folder is out of reach as well
                 else:
                     assert pool._zygote is not None, "a sandboxed pool forks its kernels from a zygote too"
                     record = claim_forked(pool, pool._zygote._process.pid)
                     zygote_home = os.path.join(pool._zygote.folder, "home")
                     assert os.path.isdir(zygote_home), "a sandboxed kernels' zygote imports with a HOME of its own"
+                secret = os.path.join(zygote_home, "secret")
+                with open(secret, "w") as handle:
+                    handle.write("the grader's")
                 code = PROBE % {"source": str(root / "source" / LAB / f"{LAB}.ipynb"), "pool": str(pool.folder),
-                                "zygote_home": zygote_home, "port": server.getsockname()[1],
+                                "zygote_secret": secret, "port": server.getsockname()[1],
                                 "uid_base": sandbox.KERNEL_UID_BASE if os.geteuid() == 0 else 0}
                 views[mode] = eval(run_in_kernel(record, code))  # noqa: S307 - the repr of a tuple of plain values
                 sandboxes = children(record["pid"])
@@ -195,9 +199,12 @@ def test_a_sandboxed_kernel_forked_from_the_zygote_is_sandboxed_as_a_started_one
         assert not views[mode][0], f"a sandboxed kernel {name} escaped its sandbox: {sorted(views[mode][0])}"
     assert views["on"][5:] == views["off"][5:] and views["on"][1:4] == views["off"][1:4], (
         "a forked sandboxed kernel must see and be exactly what a sandboxed kernel started the usual way is "
-        f"(uid, folder, root listing, processes, capabilities, no_new_privs, environment, preloads): "
+        f"(uid, folder, root listing, processes, capabilities, no_new_privs, environment, preloads, temporary "
+        f"files' folder, HOME): "
         f"forked {views['on']}, started {views['off']}")
     assert views["on"][6:8] == (0, 0), "a sandboxed kernel has no capability"
+    assert views["on"][-3:] == (sandbox.SCRATCH_DIR, True, sandbox.SCRATCH_DIR), (
+        f"a sandboxed kernel's temporary files and HOME are its scratch folder's, forked or not: {views['on'][-3:]}")
 
 
 def test_a_sandboxed_kernel_forked_from_the_zygote_ends_with_it(root, monkeypatch):
@@ -217,9 +224,19 @@ def test_a_sandboxed_kernel_forked_from_the_zygote_ends_with_it(root, monkeypatc
             "a forked sandboxed kernel and its sandbox must end when the zygote does")
 
 
+LAB1_PROBE = """\
+import os, torch, matplotlib, utils
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as _prof:
+    torch.ones(4).add(1)
+_out = (torch.get_num_threads(), len(_prof.key_averages()) > 0, os.access(matplotlib.get_cachedir(), os.W_OK))
+"""
+
+
 def test_a_sandboxed_kernel_forked_from_a_zygote_that_imported_torch_has_its_worker_s_torch_threads(monkeypatch):
     """torch starts threads when its pools are sized, and a process with threads cannot join a mount namespace: the
-    kernel sizes them inside its sandbox. Lab 1's zygote imports torch; its worker has two threads."""
+    kernel sizes them inside its sandbox. Lab 1's zygote imports torch; its worker has two threads. What the imports
+    cached from the zygote's HOME and TMPDIR works in the sandbox: the profiler (utils filters its output through a
+    temporary file) and matplotlib's cache folder."""
     from fixture_lab import REPO
 
     if not sandbox.sandbox_works():
@@ -228,8 +245,10 @@ def test_a_sandboxed_kernel_forked_from_a_zygote_that_imported_torch_has_its_wor
     monkeypatch.delenv(kernel_zygote.MODE_ENV, raising=False)
     with kernel_pool.KernelPool(REPO, "lab1", {"OMP_NUM_THREADS": "2"}) as pool:
         record = claim_forked(pool, pool._zygote._process.pid)
-        assert run_in_kernel(record, "import torch\n_out = torch.get_num_threads()") == "2", (
-            "a kernel forked from the zygote runs torch with its worker's thread count")
+        threads, profiled, cache_writable = eval(run_in_kernel(record, LAB1_PROBE))  # noqa: S307 - plain values
+        assert threads == 2, "a kernel forked from the zygote runs torch with its worker's thread count"
+        assert profiled, "torch's profiler works in a kernel forked from the zygote"
+        assert cache_writable, "matplotlib's cache folder, found by the zygote's import, is writable in the sandbox"
 
 
 def test_an_unprivileged_grader_s_forked_kernel_enters_the_sandbox_with_no_capability():

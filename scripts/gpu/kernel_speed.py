@@ -12,6 +12,7 @@ difference between the ways is the kernel's own. Writes ``DIR/kernel-speed.json`
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import statistics
@@ -27,9 +28,13 @@ from course.notebooks import read_notebook  # noqa: E402
 from course.processes import start_time  # noqa: E402
 from course.sandbox import sandbox_works  # noqa: E402
 
-PROBE = ("import os, sys\n_torch = sys.modules.get('torch')\n"
-         "_out = (len(os.listdir('/proc/self/task')), _torch.get_num_threads() if _torch else None, "
-         "os.environ.get('OMP_NUM_THREADS'))")
+PROBE = ("import gc, os, sys, tempfile\n_torch = sys.modules.get('torch')\n"
+         "_out = dict(threads=len(os.listdir('/proc/self/task')),\n"
+         "  torch_threads=_torch.get_num_threads() if _torch else None,\n"
+         "  omp=os.environ.get('OMP_NUM_THREADS'), nice=os.getpriority(os.PRIO_PROCESS, 0),\n"
+         "  cpus=len(os.sched_getaffinity(0)), frozen=gc.get_freeze_count(), tmp=tempfile.gettempdir(),\n"
+         "  cuda=_torch.cuda.is_initialized() if _torch else None,\n"
+         "  maps=sum(1 for _ in open('/proc/self/maps')), env=len(os.environ))")
 
 
 def parent_of(pid: int) -> int:
@@ -51,7 +56,7 @@ def claim(pool: kernel_pool.KernelPool, forked: bool, timeout_s: float = 300.0) 
     raise SystemExit(f"no {'forked' if forked else 'started'} kernel within {timeout_s} s")
 
 
-def run_cells(record: dict, cells: list[str]) -> tuple[list[float], str]:
+def run_cells(record: dict, cells: list[str]) -> tuple[list[float], list[str], dict]:
     from jupyter_client import BlockingKernelClient
 
     client = BlockingKernelClient(connection_file=record["connection_file"])
@@ -61,12 +66,14 @@ def run_cells(record: dict, cells: list[str]) -> tuple[list[float], str]:
         client.wait_for_ready(timeout=120)
         probe = client.execute_interactive(PROBE, user_expressions={"out": "_out"}, timeout=60,
                                            output_hook=lambda m: None)["content"]["user_expressions"]["out"]
-        seconds = []
-        for source in cells:
+        seconds, errors = [], []
+        for index, source in enumerate(cells):
             began = time.perf_counter()
-            client.execute_interactive(source, timeout=900, output_hook=lambda m: None)
+            reply = client.execute_interactive(source, timeout=900, output_hook=lambda m: None)["content"]
             seconds.append(time.perf_counter() - began)
-        return seconds, probe.get("data", {}).get("text/plain", "")
+            if reply["status"] != "ok":
+                errors.append(f"cell {index}: {reply.get('ename')}: {reply.get('evalue')}")
+        return seconds, errors, ast.literal_eval(probe["data"]["text/plain"])
     finally:
         client.stop_channels()
 
@@ -79,8 +86,8 @@ def measure(lab: str, forked: bool, cells: list[str]) -> dict:
         more[0] = False
         time.sleep(10)  # the pool starts nothing more: the machine is idle but for this kernel
         assert start_time(record["pid"]) is not None, "the claimed kernel died"
-        seconds, probe = run_cells(record, cells)
-    return {"forked": forked, "seconds": seconds, "total_s": sum(seconds), "kernel": probe}
+        seconds, errors, probe = run_cells(record, cells)
+    return {"forked": forked, "seconds": seconds, "total_s": sum(seconds), "errors": errors, "kernel": probe}
 
 
 def main() -> int:
@@ -95,17 +102,20 @@ def main() -> int:
     for _ in range(args.rounds):
         for forked in (False, True):
             runs.append(measure(args.lab, forked, cells))
-            print(f"forked={forked}: {runs[-1]['total_s']:.2f} s, kernel {runs[-1]['kernel']}", flush=True)
+            print(f"forked={forked}: {runs[-1]['total_s']:.2f} s, kernel {runs[-1]['kernel']}, "
+                  f"errors {runs[-1]['errors']}", flush=True)
     started = [r for r in runs if not r["forked"]]
     forked_runs = [r for r in runs if r["forked"]]
     lines = [f"# Kernel speed: {args.lab}, forked from the zygote or started", "",
              f"Measured by `python scripts/gpu/kernel_speed.py --lab {args.lab} --rounds {args.rounds}`; kernels "
              f"{'sandboxed' if sandbox_works() else 'unsandboxed'}. Every code cell of the reference notebook, in a "
              "kernel started ahead and claimed, with nothing else running.", "",
-             "| kernel | runs (s) | threads, torch threads, OMP_NUM_THREADS |", "| --- | --- | --- |"]
+             "| kernel | runs (s) | cells that failed | kernel process (first run) |", "| --- | --- | --- | --- |"]
     for name, group in (("started", started), ("forked", forked_runs)):
         totals = ", ".join(f"{r['total_s']:.2f}" for r in group)
-        lines.append(f"| {name} | {totals} | {group[0]['kernel']} |")
+        failed = "; ".join(sorted({error for r in group for error in r["errors"]})).replace("|", "\\|") or "none"
+        process = ", ".join(f"{key} {value}" for key, value in group[0]["kernel"].items())
+        lines.append(f"| {name} | {totals} | {failed} | {process} |")
     difference = [statistics.mean(f["seconds"][i] for f in forked_runs)
                   - statistics.mean(s["seconds"][i] for s in started) for i in range(len(cells))]
     slowest = sorted(range(len(cells)), key=lambda i: -abs(difference[i]))[:8]
