@@ -233,6 +233,12 @@ class SubmissionScores:
         """Points of the autograded cells, bonus included."""
         return sum(c.score for c in self.cells.values() if c.autograded)
 
+    def autograded_short(self) -> list[CellScore]:
+        """The autograded cells, bonus ones included, that earned less than their maximum: none for a solution that
+        passes every test. (``autograded_score() < autograded_max()`` cannot tell: bonus points make up for a failed
+        test.)"""
+        return [c for c in self.cells.values() if c.autograded and c.score < c.max_score]
+
     def autograded_max(self) -> float:
         """Maximum of the autograded cells, bonus excluded (bonus points come on top)."""
         return sum(c.max_score for c in self.cells.values() if c.autograded and not c.bonus)

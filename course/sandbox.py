@@ -9,7 +9,8 @@ those files added to ``sys.path``: no file a student submits can shadow a module
 Sandboxed (the default where bwrap works), the kernel sees an allow-list of the file system:
 
 - read-only: ``/usr`` and the ``/bin``, ``/sbin``, ``/lib*`` links or folders, a few files of ``/etc`` (``ETC_KEEP``),
-  the Python installation, ``/sys``; its own ``/proc`` (PID namespace) and a minimal ``/dev`` plus NVIDIA devices;
+  the Python installation, the C and C++ compilers where they lie elsewhere (``_toolchain_dirs``), ``/sys``; its
+  own ``/proc`` (PID namespace) and a minimal ``/dev`` plus NVIDIA devices;
 - ``/run/efficient-ai/``: the instructor files (on ``sys.path``), the boot script and the connection file, read-only;
 - ``/tmp``: a private tmpfs of ``EFFICIENT_AI_SANDBOX_SCRATCH_MB`` (HOME, TMPDIR, and the working folder
   ``/tmp/work``), a private 256 MiB ``/dev/shm``, and the folder of its ZMQ ``ipc`` sockets (it has no network);
@@ -323,6 +324,30 @@ def _python_dirs() -> list[str]:
     return sorted(dirs)
 
 
+COMPILER_ENV = ("CC", "CXX")  # the C and C++ compilers Triton and torch.compile call, where the grader names them
+COMPILER_NAMES = ("cc", "gcc", "c++", "g++", "clang")  # what they look for on PATH otherwise
+
+
+def _toolchain_dirs(environ=None) -> list[str]:
+    """Where the C and C++ compilers a kernel may call are installed, outside ``SYSTEM_TREES``: Triton builds each
+    kernel's launcher with one and torch.compile's CPU code needs one, so a compiler that ``CC`` or ``CXX`` names,
+    or that PATH finds, is shown read-only in the sandbox (a cluster's ``module load gcc`` puts it in, say,
+    ``/opt/gcc/12/bin``). A compiler in ``PREFIX/bin`` gives PREFIX (its cc1, headers and libraries lie there); a
+    folder fewer than two levels deep, or one that holds the grader's HOME, is never shown."""
+    environ = os.environ if environ is None else environ
+    home = os.path.realpath(os.path.expanduser("~"))
+    dirs = set()
+    for name in [*(environ[k] for k in COMPILER_ENV if environ.get(k)), *COMPILER_NAMES]:
+        found = shutil.which(name, path=environ.get("PATH", os.defpath))
+        for binary in {found, os.path.realpath(found)} if found else ():
+            folder = os.path.dirname(os.path.abspath(binary))
+            prefix = os.path.dirname(folder) if os.path.basename(folder) == "bin" else folder
+            if (prefix.count("/") >= 2 and not any(_inside(prefix, tree) for tree in SYSTEM_TREES)
+                    and not _inside(home, prefix)):
+                dirs.add(prefix)
+    return sorted(dirs)
+
+
 def _outermost(paths: list[str]) -> list[str]:
     return [p for p in paths if not any(p != o and _inside(p, o) for o in paths)]
 
@@ -356,12 +381,13 @@ def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_di
         home_at: links to the kernel's HOME (``SCRATCH_DIR``) at these paths too (the zygote's HOME and TMPDIR: its
             imports cached folders under them).
     """
-    python_dirs = _outermost([d for d in _python_dirs() if not any(_inside(d, t) for t in SYSTEM_TREES)])
+    installed = _outermost(sorted({d for d in _python_dirs() if not any(_inside(d, t) for t in SYSTEM_TREES)}
+                                  | set(_toolchain_dirs())))
     args = [shutil.which("bwrap") or "bwrap", *_namespace_args(), *_system_args(),
-            *_parent_dirs([*python_dirs, FILES_DIR, BOOT_PATH, CONNECTION_PATH])]
+            *_parent_dirs([*installed, FILES_DIR, BOOT_PATH, CONNECTION_PATH])]
     for name in ("passwd", "group"):
         args += ["--ro-bind", os.path.join(passwd_dir, name), f"/etc/{name}"]
-    for folder in python_dirs:
+    for folder in installed:
         args += ["--ro-bind", folder, folder]
     args += ["--ro-bind", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev"]
     for device in _nvidia_devices():
@@ -378,7 +404,7 @@ def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_di
         if not any(_inside(shown, path) for shown in (SCRATCH_DIR, FILES_DIR, WORK_DIR, also_at or SCRATCH_DIR)):
             args += [*_parent_dirs([path], SCRATCH_DIR if _inside(path, SCRATCH_DIR) else "/"),
                      "--symlink", SCRATCH_DIR, path]
-    allowed = [*SYSTEM_TREES, *python_dirs]
+    allowed = [*SYSTEM_TREES, *installed]
     for folder in _outermost(sorted({os.path.realpath(h) for h in hidden if h and os.path.isdir(h)})):
         if any(_inside(folder, tree) for tree in allowed):  # a course inside the Python installation, say
             args += ["--size", str(HIDDEN_TMPFS_BYTES), "--tmpfs", folder, "--remount-ro", folder]

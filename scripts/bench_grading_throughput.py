@@ -74,9 +74,10 @@ class GpuSampler:
 class Timeline:
     """When each submission's work started and ended, in seconds from the start of the run: the worker's whole
     turn (``course.grade._execute_isolated``: copying the private course, then the autograde) and the autograde in
-    it (``course.grade.autograde_one``). Wraps the two functions while the run lasts; what they do is unchanged."""
+    it (``course.grade.autograde_one``), and each recording of finished submissions in a SQLite gradebook
+    (``course.grade._import_executed``). Wraps the functions while the run lasts; what they do is unchanged."""
 
-    NAMES = ("_execute_isolated", "autograde_one")
+    NAMES = ("_execute_isolated", "autograde_one", "_import_executed")
 
     def __init__(self):
         import threading
@@ -120,8 +121,10 @@ class Timeline:
         if not turns:
             return {}
         outside = (sum(e - b for b, e in turns) - sum(e - b for b, e in autogrades)) / len(turns)
+        recordings = self.spans["_import_executed"]
         return {"before_first_s": min(b for b, _ in turns), "after_last_s": seconds - max(e for _, e in turns),
-                "turn_outside_autograde_s": outside}
+                "turn_outside_autograde_s": outside, "recordings": len(recordings),
+                "recording_s": sum(e - b for b, e in recordings)}
 
 
 def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = True, pin: bool = True,
@@ -148,10 +151,10 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
         busy_after, total_after = cpu_jiffies()
         # a cell that fails only under some way of grading (a written answer's code, say) costs no autograded point
         errors = {student: failed_cells(course / "autograded" / student / lab / f"{lab}.ipynb") for student in outcomes}
-    # the reference solution earns every autograded point, or the run is reported as failed
+    # the reference solution earns every autograded cell's points, or the run is reported as failed
     failed = [f"{o.student}: {o.status}: {o.reason}" for o in outcomes.values() if o.status != "ok"]
-    failed += [f"{student}: {sub.autograded_score():g} of {sub.autograded_max():g} autograded points"
-               for student, sub in scores.items() if sub.autograded_score() < sub.autograded_max()]
+    failed += [f"{student}: {cell.grade_id} earned {cell.score:g} of {cell.max_score:g}"
+               for student, sub in scores.items() for cell in sub.autograded_short()]
     failed += [f"{student}: no score" for student in outcomes if student not in scores]
     failed += [f"{student}: {', '.join(cells)}" for student, cells in sorted(errors.items()) if cells]
     os.environ.pop(POOL_OFF_ENV, None)
@@ -174,6 +177,13 @@ def failed_cells(notebook: Path) -> list[str]:
     return [f"cell {index}: {output.get('ename', '?')}"
             for index, cell in enumerate(read_notebook(notebook).cells) if cell.cell_type == "code"
             for output in cell.get("outputs", []) if output.get("output_type") == "error"]
+
+
+def _recordings(row: dict) -> str:
+    """How often, and for how long in all, the run recorded finished submissions in the shared SQLite gradebook."""
+    if not row.get("recordings"):  # one worker, a shared gradebook, or a report from before they were timed
+        return "-"
+    return f"{row['recordings']}, {row['recording_s']:.0f}"
 
 
 def _percent(value: float | None) -> str:
@@ -277,7 +287,8 @@ def main() -> int:
                       f"GPU busy {_percent(row['gpu_busy_percent'])}, median autograde "
                       f"{statistics.median(row['autograde_seconds']):.2f} s, before the first "
                       f"{row.get('before_first_s', 0):.1f} s, after the last {row.get('after_last_s', 0):.1f} s, per turn "
-                      f"outside the autograde {row.get('turn_outside_autograde_s', 0):.2f} s, failed={row['failed']}",
+                      f"outside the autograde {row.get('turn_outside_autograde_s', 0):.2f} s, gradebook recordings "
+                      f"{_recordings(row)}, failed={row['failed']}",
                       flush=True)
     measured_by = " and then ".join(f"`{c}`" for c in commands)
     lines = [
@@ -288,8 +299,9 @@ def main() -> int:
         "Speedup: against one worker with the same kernel start and sandbox.", "",
         "| workers | kernels sandboxed | kernel pool and fork server | kernels forked from a zygote | "
         "CPUs pinned per worker | submissions | wall time (s) | submissions / min | speedup | per submission (s) | "
-        "median autograde (s) | before the first / after the last (s) | CPU busy | GPU busy |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "median autograde (s) | before the first / after the last (s) | gradebook recordings (runs, s) | CPU busy | "
+        "GPU busy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         base = next((r for r in rows if r["workers"] == 1 and all(r.get(k) == row.get(k) for k in
@@ -303,7 +315,7 @@ def main() -> int:
                      f"{row['submissions_per_minute']:.2f} | {speedup} | "
                      f"{row['seconds'] / row['submissions']:.1f} | {statistics.median(row['autograde_seconds']):.1f} | "
                      f"{row.get('before_first_s', 0):.0f} / {row.get('after_last_s', 0):.0f} | "
-                     f"{_percent(row['cpu_busy_percent'])} | {_percent(row['gpu_busy_percent'])} |")
+                     f"{_recordings(row)} | {_percent(row['cpu_busy_percent'])} | {_percent(row['gpu_busy_percent'])} |")
     lines += ["", "Kernel pool (`course/kernel_pool.py`): each worker starts its next submission's kernel, with the "
               "lab's setup imports done, while the current submission grades. Fork server (`course/fork_server.py`): "
               "every nbgrader process is forked from one that already imported nbgrader and the grader's libraries. "
@@ -318,7 +330,9 @@ def main() -> int:
               "autograde: one "
               "submission's nbgrader run; before the first: from the start of the run to the first submission's "
               "(gradebook preparation, the workers' first kernels and fork server); after the last: from the last "
-              "submission's end to the end of the run (recording what was left)."]
+              "submission's end to the end of the run (recording what was left). Gradebook recordings: the "
+              "recording thread's nbgrader runs, each for every submission that finished since its last, and their "
+              "time in all."]
     args.out.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     stem.with_suffix(".json").write_text(json.dumps({"machine": machine, "boot_id": boot_id(), "lab": args.lab,

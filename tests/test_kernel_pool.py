@@ -159,3 +159,48 @@ def test_a_cuda_context_made_ahead_leaves_the_allocator_as_a_fresh_process_has_i
     cuda.is_available = lambda: False
     kernel_boot.create_cuda_context()
     assert calls == [], "without a GPU nothing is created"
+
+
+@pytest.fixture
+def compiler_elsewhere():
+    """A stand-in C compiler in PREFIX/bin/gcc outside /usr (as `module load gcc` installs one); PREFIX."""
+    import shutil
+    import tempfile
+
+    prefix = tempfile.mkdtemp(prefix="efficient-ai-gcc-", dir="/var/tmp")  # /tmp is the sandbox's own scratch
+    os.chmod(prefix, 0o755)
+    os.mkdir(os.path.join(prefix, "bin"))
+    compiler = os.path.join(prefix, "bin", "gcc")
+    with open(compiler, "w") as handle:
+        handle.write("#!/bin/sh\necho stand-in gcc\n")
+    os.chmod(compiler, 0o755)
+    yield prefix
+    shutil.rmtree(prefix, ignore_errors=True)
+
+
+def test_a_sandboxed_kernel_can_run_the_compiler_the_grader_names(root, compiler_elsewhere, monkeypatch):
+    """Triton builds each kernel's launcher with $CC (else a cc on PATH): a compiler outside /usr must be shown in
+    the sandbox, or every Triton cell of a submission fails there, on the GPU only."""
+    if not sandbox.sandbox_works():
+        pytest.skip("bubblewrap does not work here")
+    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
+    monkeypatch.setenv("CC", os.path.join(compiler_elsewhere, "bin", "gcc"))
+    with kernel_pool.KernelPool(root, LAB) as pool:
+        wait_ready(pool)
+        record = kernel_pool.claim(str(pool.folder))
+        ran = run_in_kernel(record, "import os, subprocess\n"
+                                    "_out = subprocess.run([os.environ['CC']], capture_output=True, text=True).stdout")
+        secret = run_in_kernel(record, f"import os\n_out = os.path.exists({str(root)!r})")
+    assert ran == repr("stand-in gcc\n"), f"the sandboxed kernel must run the grader's $CC: {ran}"
+    assert secret == "False", "showing the compiler's folder shows nothing else of the grader's"
+
+
+def test_a_compiler_s_folder_is_shown_only_where_it_holds_nothing_of_the_grader_s(compiler_elsewhere, monkeypatch):
+    compiler = os.path.join(compiler_elsewhere, "bin", "gcc")
+    assert sandbox._toolchain_dirs({"CC": compiler, "PATH": ""}) == [compiler_elsewhere]
+    assert sandbox._toolchain_dirs({"PATH": os.path.join(compiler_elsewhere, "bin")}) == [compiler_elsewhere], (
+        "a gcc found on PATH is shown as $CC is")
+    assert sandbox._toolchain_dirs({"CC": "/usr/bin/gcc", "PATH": ""}) == [], "/usr is shown already"
+    monkeypatch.setenv("HOME", os.path.join(compiler_elsewhere, "home"))
+    assert sandbox._toolchain_dirs({"CC": compiler, "PATH": ""}) == [], (
+        "a compiler's folder that holds the grader's HOME is never shown")

@@ -60,6 +60,8 @@ def run_section(run: dict, lab: str, later_autograde: dict | None = None) -> lis
     out += ["", f"Autograde of one submission{source} (the reference solution, quick scale, as TAs grade): "
             f"**{fmt(ag.get('seconds'))} s**, {fmt(ag.get('autograded_score'))}/{fmt(ag.get('autograded_max'))} "
             f"autograded points, bonus on top of the maximum (target: at most 120 s on an H100)."
+            + (f" Cells short of full marks: {', '.join(ag['cells_short_of_full_marks'])}."
+               if ag.get("cells_short_of_full_marks") else "")
             + (f" The grading **{ag['status']}**: {ag.get('reason') or 'no reason recorded'}." if ag.get("status") not in (None, "ok") else ""),
             ""]
     return out

@@ -146,7 +146,8 @@ def autograde_reference(lab: str) -> dict:
     return {"status": outcomes["reference"].status, "reason": outcomes["reference"].reason,
             "seconds": outcomes["reference"].seconds,
             "autograded_score": sub.autograded_score() if sub else None,
-            "autograded_max": sub.autograded_max() if sub else None}
+            "autograded_max": sub.autograded_max() if sub else None,
+            "cells_short_of_full_marks": [c.grade_id for c in sub.autograded_short()] if sub else None}
 
 
 def main() -> int:
@@ -186,7 +187,8 @@ def main() -> int:
     if not args.skip_autograde:
         result["autograde"] = autograde_reference(args.lab)
         print(f"{args.lab}: autograde of one submission {result['autograde']['seconds']:.0f} s, "
-              f"{result['autograde']['autograded_score']}/{result['autograde']['autograded_max']} autograded points",
+              f"{result['autograde']['autograded_score']}/{result['autograde']['autograded_max']} autograded points, "
+              f"cells short of full marks: {result['autograde']['cells_short_of_full_marks']}",
               flush=True)
     # An autograde-only run (--skip-execute) must not overwrite the teaching-scale run's record.
     name = f"{prefix}_autograde.json" if args.skip_execute else f"{prefix}_run.json"
