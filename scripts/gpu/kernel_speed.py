@@ -5,8 +5,10 @@ Usage: ``python scripts/gpu/kernel_speed.py [--lab lab1] [--rounds 2] --out DIR`
 For each round and each way (``EFFICIENT_AI_KERNEL_ZYGOTE`` off, then on), a ``course.kernel_pool.KernelPool`` of the
 repository's ``source/<lab>/`` starts one kernel ahead (sandboxed where bubblewrap works), as ``course grade``'s one
 worker does; the script claims it (for the zygote, the first kernel it forked), lets the pool go idle, and runs every
-code cell of the lab's reference notebook in it one after another, timing each. It also records what the kernel's
-process looks like (threads, torch's thread count). No nbgrader and no other kernel runs meanwhile, so the
+code cell of the lab's reference notebook in it one after another, timing each and recording each cell that raised
+(the reference raises in none: a cell failing one way only is a difference between the ways, not a speed-up). It
+also records what the kernel's process looks like (threads, torch's thread count, nice value, CPUs, frozen objects,
+tempfile's folder, whether CUDA is initialised, mappings, environment size). No nbgrader and no other kernel runs meanwhile, so the
 difference between the ways is the kernel's own. Writes ``DIR/kernel-speed.json`` and ``DIR/kernel-speed.md``.
 """
 from __future__ import annotations
