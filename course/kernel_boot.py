@@ -258,8 +258,7 @@ def run_sandboxed_child(request: dict, files: str, zygote: int, zygote_dirs: lis
     enter_sandbox(made["pid"])
     kernel = os.fork()
     if kernel == 0:
-        code = 1
-        try:
+        def run_kernel() -> None:
             made["process"].stdin.close()  # the placeholder's pipes are ours (this process's parent's)
             made["process"].stdout.close()
             close_inherited_fds()
@@ -268,19 +267,29 @@ def run_sandboxed_child(request: dict, files: str, zygote: int, zygote_dirs: lis
             drop_capabilities(keep_permitted="--uid" in made["boot"])
             size_torch_threads()
             main([*made["boot"], "--IPKernelApp.parent_handle=1"], imported=True)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:  # noqa: BLE001 - into the kernel's log
-            import traceback
 
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+        run_then_exit(run_kernel)
     _, status = os.waitpid(kernel, 0)
     return os.waitstatus_to_exitcode(status)
+
+
+def run_then_exit(body) -> None:
+    """End this forked process with what ``body()`` came to: its return value (None: 0), a ``SystemExit``'s code, or
+    1 after an uncaught error, printed to stderr (the kernel's log) as it would be. Never returns."""
+    code = 1
+    try:
+        result = body()
+        code = 0 if result is None else result
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - into the kernel's log, as an uncaught error would go
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 HOME_COPY_MAX_BYTES = 32 * 2**20  # a zygote's HOME holds what its imports wrote: matplotlib's font list, some kB
@@ -395,8 +404,7 @@ def serve_forks(options: argparse.Namespace) -> None:
             answers.flush()
             continue
         if pid == 0:
-            code = 1
-            try:
+            def run_kernel() -> int | None:
                 answers.close()
                 os.setsid()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -413,23 +421,14 @@ def serve_forks(options: argparse.Namespace) -> None:
                 if request.get("cpus") and hasattr(os, "sched_setaffinity"):
                     os.sched_setaffinity(0, request["cpus"])
                 if request.get("launcher_args"):  # a sandboxed kernel
-                    code = run_sandboxed_child(request, options.files, zygote, zygote_dirs)
-                else:
-                    size_torch_threads()
-                    # ipykernel read JPY_PARENT_PID when the zygote imported it: the kernel ends with the zygote
-                    args = [*request["args"], *([] if "--" in request["args"] else ["--"])]
-                    main([*args, f"--IPKernelApp.parent_handle={os.getppid()}"], imported=True)
-                    code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:  # noqa: BLE001 - into the kernel's log, as an uncaught error would go
-                import traceback
+                    return run_sandboxed_child(request, options.files, zygote, zygote_dirs)
+                size_torch_threads()
+                # ipykernel read JPY_PARENT_PID when the zygote imported it: the kernel ends with the zygote
+                args = [*request["args"], *([] if "--" in request["args"] else ["--"])]
+                main([*args, f"--IPKernelApp.parent_handle={os.getppid()}"], imported=True)
+                return None
 
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+            run_then_exit(run_kernel)
         answers.write(json.dumps({"pid": pid}) + "\n")
         answers.flush()
 
