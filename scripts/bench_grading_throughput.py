@@ -8,8 +8,9 @@ with ``EFFICIENT_AI_KERNEL_POOL_OFF=1`` and ``EFFICIENT_AI_FORK_SERVER=off``: ev
 ``python`` and starts its own kernel, as before ``course/kernel_pool.py`` and ``course/fork_server.py``; ``both`` runs
 every worker count both ways, off first. ``--pin off`` lets every worker use every CPU (``EFFICIENT_AI_PIN_CPUS=off``)
 instead of its own share. ``--zygote off`` starts every kernel ahead with ``python``
-(``EFFICIENT_AI_KERNEL_ZYGOTE=off``), as sandboxed kernels always start, instead of forking it from the worker's
-zygote (``course/kernel_zygote.py``; a sandboxed kernel then enters a sandbox made for it). Each row also says how busy the machine's CPUs and GPU were during the run. Writes
+(``EFFICIENT_AI_KERNEL_ZYGOTE=off``) instead of forking it from the worker's zygote (``course/kernel_zygote.py``; a
+sandboxed kernel then enters a sandbox made for it). Each row also says how busy the machine's CPUs and GPU were
+during the run, and the run fails unless every copy earns every autograded cell's points with no cell raising. Writes
 ``reports/grading-throughput.md`` and ``reports/grading-throughput.json``.
 """
 from __future__ import annotations

@@ -13,6 +13,7 @@ from fixture_lab import LAB, built_root, make_class
 from test_kernel_pool import alive, run_in_kernel, wait_ready
 
 from course import grade, kernel_pool, kernel_zygote, sandbox
+from course.processes import parent_pid
 
 
 @pytest.fixture(scope="module")
@@ -33,18 +34,13 @@ def ended(pid: int, timeout_s: float = 15.0) -> bool:
     return not alive(pid)
 
 
-def parent_of(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as handle:
-        return int(handle.read().rsplit(")", 1)[1].split()[1])
-
-
 def claim_forked(pool: kernel_pool.KernelPool, zygote_pid: int) -> dict:
     """Claim kernels until one is the zygote's child: those published before its imports were done started the
     usual way (so the first submission of a run never waits for the zygote)."""
     for _ in range(4):
         wait_ready(pool)
         record = kernel_pool.claim(str(pool.folder))
-        if record is not None and parent_of(record["pid"]) == zygote_pid:
+        if record is not None and parent_pid(record["pid"]) == zygote_pid:
             return record
         pool.release()
         deadline = time.monotonic() + 120
@@ -105,7 +101,7 @@ def test_when_the_zygote_ends_kernels_start_the_usual_way(root, unsandboxed, cap
         while time.monotonic() < deadline:
             given_up = pool._zygote is None  # before the claim: the first kernel of a run is never forked
             record = kernel_pool.claim(str(pool.folder))
-            if record is not None and alive(record["pid"]) and parent_of(record["pid"]) != zygote_pid and given_up:
+            if record is not None and alive(record["pid"]) and parent_pid(record["pid"]) != zygote_pid and given_up:
                 break
             if record is not None:
                 pool.release()

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from course import kernel_pool, kernel_zygote  # noqa: E402
 from course.notebooks import read_notebook  # noqa: E402
-from course.processes import start_time  # noqa: E402
+from course.processes import parent_pid, start_time  # noqa: E402
 from course.sandbox import sandbox_works  # noqa: E402
 
 PROBE = ("import gc, os, sys, tempfile\n_torch = sys.modules.get('torch')\n"
@@ -39,11 +39,6 @@ PROBE = ("import gc, os, sys, tempfile\n_torch = sys.modules.get('torch')\n"
          "  maps=sum(1 for _ in open('/proc/self/maps')), env=len(os.environ))")
 
 
-def parent_of(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as handle:
-        return int(handle.read().rsplit(")", 1)[1].split()[1])
-
-
 def claim(pool: kernel_pool.KernelPool, forked: bool, timeout_s: float = 300.0) -> dict:
     """A started kernel of ``pool``: for ``forked``, the first one the zygote forked (earlier ones are let go)."""
     deadline = time.monotonic() + timeout_s
@@ -52,7 +47,7 @@ def claim(pool: kernel_pool.KernelPool, forked: bool, timeout_s: float = 300.0) 
         if record is None:
             time.sleep(0.05)
             continue
-        if not forked or (pool._zygote is not None and parent_of(record["pid"]) == pool._zygote._process.pid):
+        if not forked or (pool._zygote is not None and parent_pid(record["pid"]) == pool._zygote._process.pid):
             return record
         pool.release()
     raise SystemExit(f"no {'forked' if forked else 'started'} kernel within {timeout_s} s")
