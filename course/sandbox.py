@@ -9,7 +9,8 @@ those files added to ``sys.path``: no file a student submits can shadow a module
 Sandboxed (the default where bwrap works), the kernel sees an allow-list of the file system:
 
 - read-only: ``/usr`` and the ``/bin``, ``/sbin``, ``/lib*`` links or folders, a few files of ``/etc`` (``ETC_KEEP``),
-  the Python installation, the C and C++ compilers where they lie elsewhere (``_toolchain_dirs``), ``/sys``; its
+  the Python installation and the C and C++ compilers where they lie elsewhere (``_toolchain_dirs``; under ``/tmp``
+  too, shown over the private ``/tmp`` below), ``/sys``; its
   own ``/proc`` (PID namespace) and a minimal ``/dev`` plus NVIDIA devices;
 - ``/run/efficient-ai/``: the instructor files (on ``sys.path``), the boot script and the connection file, read-only;
 - ``/tmp``: a private tmpfs of ``EFFICIENT_AI_SANDBOX_SCRATCH_MB`` (HOME, TMPDIR, and the working folder
@@ -143,20 +144,36 @@ def _system_args() -> list[str]:
 
 
 def unavailable_reason() -> str | None:
-    """Why bwrap cannot sandbox kernels on this machine, or None when it can (runs it once, a few ms)."""
+    """Why bwrap cannot sandbox kernels on this machine, or None when it can.
+
+    Runs this Python once in a sandbox that shows its installation as a kernel's does (about 20 ms): a Python that
+    cannot run there (a venv hidden by the sandbox's own folders, a library it cannot see) would kill every kernel,
+    and every submission would score 0."""
     if not sys.platform.startswith("linux"):
         return f"the sandbox needs Linux (this is {sys.platform})"
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-    probe = [bwrap, *_namespace_args(), *_system_args(), "--proc", "/proc", "--dev", "/dev",
-             "--perms", "01777", "--size", "65536", "--tmpfs", "/tmp", "--remount-ro", "/", "true"]  # --size: 0.7+
+    installed = _installed_dirs()
+    overlapping = [d for d in installed if _inside(d, WORK_DIR) or _inside(WORK_DIR, d)]
+    if overlapping:
+        return (f"the Python installation or compiler at {overlapping[0]} overlaps the sandbox's working folder "
+                f"{WORK_DIR}: install it elsewhere (a venv under /var/tmp or the home folder, say)")
+    sandbox = [bwrap, *_namespace_args(), *_system_args(), *_installed_args(installed, in_scratch=False),
+               "--proc", "/proc", "--dev", "/dev", "--perms", "01777", "--size", "65536", "--tmpfs", SCRATCH_DIR,
+               *_installed_args(installed, in_scratch=True), "--remount-ro", "/", "--clearenv"]  # --size: 0.7+
+    for key, value in sorted(kernel_env().items()):
+        sandbox += ["--setenv", key, value]
+    probe = [*sandbox, sys.executable, "-I", "-c", "pass"]  # this Python, shown as a kernel's is: not merely bwrap
     try:
         result = subprocess.run(probe, capture_output=True, text=True, timeout=30)
         version = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError) as exc:
         return f"bwrap did not run: {exc}"
     if result.returncode != 0:
+        if subprocess.run([*sandbox, "true"], capture_output=True, timeout=30).returncode == 0:  # only Python fails
+            return (f"{sys.executable} does not run inside the sandbox ({result.stderr.strip()[:300]}); it shows "
+                    f"read-only {', '.join(installed) or 'only /usr'} besides /usr")
         hint = "" if _is_root() else "; unprivileged user namespaces may be disabled: grade as root, or allow them"
         return f"{version} fails here ({result.stderr.strip()[:300]}): it needs 0.7 or newer, not setuid{hint}"
     return None
@@ -352,6 +369,22 @@ def _outermost(paths: list[str]) -> list[str]:
     return [p for p in paths if not any(p != o and _inside(p, o) for o in paths)]
 
 
+def _installed_dirs() -> list[str]:
+    """The folders outside ``SYSTEM_TREES`` a kernel runs from: the Python installation and the C compilers."""
+    return _outermost(sorted({d for d in _python_dirs() if not any(_inside(d, t) for t in SYSTEM_TREES)}
+                             | set(_toolchain_dirs())))
+
+
+def _installed_args(installed: list[str], in_scratch: bool) -> list[str]:
+    """bwrap arguments showing ``installed`` folders read-only: with ``in_scratch``, those inside ``SCRATCH_DIR``,
+    which must follow the scratch tmpfs (mounted over them, it would hide them: a venv under /tmp); else the rest."""
+    chosen = [d for d in installed if _inside(d, SCRATCH_DIR) == in_scratch]
+    args = _parent_dirs(chosen, SCRATCH_DIR if in_scratch else "/")
+    for folder in chosen:
+        args += ["--ro-bind", folder, folder]
+    return args
+
+
 def kernel_env(environ=None) -> dict[str, str]:
     """The environment a sandboxed kernel gets, from ``environ`` (default: this process's): ``ENV_KEEP`` and the
     sandbox's own HOME, TMPDIR and user."""
@@ -381,14 +414,11 @@ def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_di
         home_at: links to the kernel's HOME (``SCRATCH_DIR``) at these paths too (the zygote's HOME and TMPDIR: its
             imports cached folders under them).
     """
-    installed = _outermost(sorted({d for d in _python_dirs() if not any(_inside(d, t) for t in SYSTEM_TREES)}
-                                  | set(_toolchain_dirs())))
+    installed = _installed_dirs()
     args = [shutil.which("bwrap") or "bwrap", *_namespace_args(), *_system_args(),
-            *_parent_dirs([*installed, FILES_DIR, BOOT_PATH, CONNECTION_PATH])]
+            *_parent_dirs([FILES_DIR, BOOT_PATH, CONNECTION_PATH]), *_installed_args(installed, in_scratch=False)]
     for name in ("passwd", "group"):
         args += ["--ro-bind", os.path.join(passwd_dir, name), f"/etc/{name}"]
-    for folder in installed:
-        args += ["--ro-bind", folder, folder]
     args += ["--ro-bind", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev"]
     for device in _nvidia_devices():
         args += ["--dev-bind", device, device]
@@ -396,7 +426,7 @@ def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_di
              "--perms", "01777", "--size", str(_scratch_bytes()), "--tmpfs", SCRATCH_DIR,
              *_parent_dirs([ipc_dir], SCRATCH_DIR), "--bind", ipc_dir, ipc_dir,
              "--ro-bind", files, FILES_DIR, "--ro-bind", BOOT_SCRIPT, BOOT_PATH,
-             "--ro-bind", connection_file, CONNECTION_PATH]
+             "--ro-bind", connection_file, CONNECTION_PATH, *_installed_args(installed, in_scratch=True)]
     if also_at:  # after the scratch tmpfs, which may hold it
         args += [*_parent_dirs([also_at], SCRATCH_DIR if _inside(also_at, SCRATCH_DIR) else "/"),
                  "--ro-bind", files, also_at]

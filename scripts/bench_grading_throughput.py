@@ -10,7 +10,8 @@ every worker count both ways, off first. ``--pin off`` lets every worker use eve
 instead of its own share. ``--zygote off`` starts every kernel ahead with ``python``
 (``EFFICIENT_AI_KERNEL_ZYGOTE=off``) instead of forking it from the worker's zygote (``course/kernel_zygote.py``; a
 sandboxed kernel then enters a sandbox made for it). Each row also says how busy the machine's CPUs and GPU were
-during the run, and the run fails unless every copy earns every autograded cell's points with no cell raising. Writes
+during the run and how much CPU time each kind of process took (kernels, nbgrader, the grader's own
+process), and the run fails unless every copy earns every autograded cell's points with no cell raising. Writes
 ``reports/grading-throughput.md`` and ``reports/grading-throughput.json``.
 """
 from __future__ import annotations
@@ -70,6 +71,71 @@ class GpuSampler:
         output, _ = self._proc.communicate()
         samples = [float(line) for line in output.split() if line.replace(".", "", 1).isdigit()]
         self.percent = sum(samples) / len(samples) if samples else None
+
+
+class ProcessCpu:
+    """CPU time (user + system, seconds) of every process alive while the ``with`` block runs, by kind: sampled from
+    ``/proc/PID/stat`` every ``interval_s``, the last sample of each process counted (what a process spends after
+    its last sample, at most ``interval_s``, is missed). Kinds, from the command line: ``kernel`` (started or
+    forked kernels, the zygotes and their sandboxes' bwrap), ``nbgrader`` (nbgrader processes and the fork server),
+    ``grader`` (this process: the workers' threads and the gradebook recorder) and ``other`` (nvidia-smi and the
+    rest of the machine)."""
+
+    KINDS = ("kernel", "nbgrader", "grader", "other")
+
+    def __init__(self, interval_s: float = 0.2):
+        self.interval_s = interval_s
+        self.seconds: dict[str, float] = {}
+        self._ticks: dict[tuple[int, str], tuple[str, int]] = {}  # (pid, start time) -> (kind, CPU ticks)
+
+    def __enter__(self) -> ProcessCpu:
+        import threading
+
+        self._start = self._sample()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        end = self._sample()
+        hz = os.sysconf("SC_CLK_TCK")
+        self.seconds = {kind: 0.0 for kind in self.KINDS}
+        for key, (kind, ticks) in {**self._ticks, **end}.items():
+            self.seconds[kind] += (ticks - self._start.get(key, (kind, 0))[1]) / hz
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._ticks.update(self._sample())
+
+    def _kind(self, pid: int) -> str:
+        if pid == os.getpid():
+            return "grader"
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return "other"
+        if "kernel_boot" in command or "ipykernel" in command or command.startswith("bwrap") or "/bwrap " in command:
+            return "kernel"
+        if "fork_server" in command or "nbgrader" in command:
+            return "nbgrader"
+        return "other"
+
+    def _sample(self) -> dict[tuple[int, str], tuple[str, int]]:
+        found = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            key = (int(entry.name), fields[19])
+            kind = self._ticks[key][0] if key in self._ticks else self._kind(key[0])
+            found[key] = (kind, int(fields[11]) + int(fields[12]))  # utime + stime
+        return found
 
 
 class Timeline:
@@ -146,7 +212,7 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
             write_notebook(nb, course / "submitted" / f"student{index:03d}" / lab / f"{lab}.ipynb")
         busy_before, total_before = cpu_jiffies()
         start = time.perf_counter()
-        with GpuSampler() as gpu, Timeline() as timeline:
+        with GpuSampler() as gpu, Timeline() as timeline, ProcessCpu() as cpu:
             outcomes, scores = grade_lab(course, lab, progress=False, workers=workers)
         seconds = time.perf_counter() - start
         busy_after, total_after = cpu_jiffies()
@@ -166,7 +232,7 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
     return {"workers": workers, "kernels_ahead": kernels_ahead, "pinned": pin, "forked": forked, "sandboxed": sandboxed,
             "submissions": submissions,
             "seconds": seconds, "cpu_busy_percent": None if cpu_busy is None else 100 * cpu_busy,
-            "gpu_busy_percent": gpu.percent,
+            "gpu_busy_percent": gpu.percent, "cpu_s_by_kind": cpu.seconds,
             "submissions_per_minute": submissions / seconds * 60, "failed": failed,
             "autograde_seconds": [outcomes[s].seconds for s in sorted(outcomes)], **timeline.summary(seconds)}
 
@@ -185,6 +251,10 @@ def _recordings(row: dict) -> str:
     if not row.get("recordings"):  # one worker, a shared gradebook, or a report from before they were timed
         return "-"
     return f"{row['recordings']}, {row['recording_s']:.0f}"
+
+
+def _cpu_by_kind(row: dict) -> str:
+    return ", ".join(f"{kind} {seconds:.0f}" for kind, seconds in row.get("cpu_s_by_kind", {}).items())
 
 
 def _percent(value: float | None) -> str:
@@ -289,7 +359,7 @@ def main() -> int:
                       f"{statistics.median(row['autograde_seconds']):.2f} s, before the first "
                       f"{row.get('before_first_s', 0):.1f} s, after the last {row.get('after_last_s', 0):.1f} s, per turn "
                       f"outside the autograde {row.get('turn_outside_autograde_s', 0):.2f} s, gradebook recordings "
-                      f"{_recordings(row)}, failed={row['failed']}",
+                      f"{_recordings(row)}, CPU s by process {_cpu_by_kind(row)}, failed={row['failed']}",
                       flush=True)
     measured_by = " and then ".join(f"`{c}`" for c in commands)
     lines = [
@@ -317,6 +387,18 @@ def main() -> int:
                      f"{row['seconds'] / row['submissions']:.1f} | {statistics.median(row['autograde_seconds']):.1f} | "
                      f"{row.get('before_first_s', 0):.0f} / {row.get('after_last_s', 0):.0f} | "
                      f"{_recordings(row)} | {_percent(row['cpu_busy_percent'])} | {_percent(row['gpu_busy_percent'])} |")
+    by_kind = [row for row in rows if row.get("cpu_s_by_kind")]
+    if by_kind:
+        lines += ["", "CPU time per submission, by process (seconds of user and system time; `ProcessCpu`):", "",
+                  "| workers | kernels forked from a zygote | CPUs pinned per worker | submissions | kernels | "
+                  "nbgrader | grader (workers, recorder) | other | in all | wall time per submission x CPUs |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for row in by_kind:
+            per = {kind: seconds / row["submissions"] for kind, seconds in row["cpu_s_by_kind"].items()}
+            lines.append(f"| {row['workers']} | {'yes' if row.get('forked') else 'no'} | "
+                         f"{('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | {row['submissions']} | "
+                         + " | ".join(f"{per.get(kind, 0):.1f}" for kind in ProcessCpu.KINDS)
+                         + f" | {sum(per.values()):.1f} | {row['seconds'] / row['submissions'] * (os.cpu_count() or 1):.1f} |")
     lines += ["", "Kernel pool (`course/kernel_pool.py`): each worker starts its next submission's kernel, with the "
               "lab's setup imports done, while the current submission grades. Fork server (`course/fork_server.py`): "
               "every nbgrader process is forked from one that already imported nbgrader and the grader's libraries. "

@@ -204,3 +204,59 @@ def test_a_compiler_s_folder_is_shown_only_where_it_holds_nothing_of_the_grader_
     monkeypatch.setenv("HOME", os.path.join(compiler_elsewhere, "home"))
     assert sandbox._toolchain_dirs({"CC": compiler, "PATH": ""}) == [], (
         "a compiler's folder that holds the grader's HOME is never shown")
+
+
+@pytest.fixture
+def under_scratch():
+    """A new folder under the sandbox's scratch folder, /tmp, on the grader's side."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="efficient-ai-python-", dir=sandbox.SCRATCH_DIR)
+    yield Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_python_installed_under_tmp_runs_sandboxed_kernels(root, under_scratch):
+    """The sandbox mounts a private /tmp: a Python the grader runs from under /tmp (a venv of a clone in /tmp)
+    must still be shown to the kernel, or every kernel dies and every submission scores 0."""
+    if not sandbox.sandbox_works():
+        pytest.skip("bubblewrap does not work here")
+    env_link = under_scratch / "env"  # the interpreter's installation, reached under /tmp (a venv stays a venv)
+    env_link.symlink_to(sys.prefix, target_is_directory=True)
+    python = env_link / os.path.relpath(sys.executable, sys.prefix)
+    assert python.exists(), f"{sys.executable} lies inside sys.prefix {sys.prefix}"
+    script = (f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\nfrom pathlib import Path\n"
+              "from course import kernel_pool, sandbox\nfrom test_kernel_pool import LAB, run_in_kernel, wait_ready\n"
+              "assert sandbox.unavailable_reason() is None, sandbox.unavailable_reason()\n"
+              f"with kernel_pool.KernelPool(Path({str(root)!r}), LAB) as pool:\n"
+              "    wait_ready(pool)\n"
+              "    print(run_in_kernel(kernel_pool.claim(str(pool.folder)), 'import sys\\n_out = sys.executable'))\n")
+    import subprocess
+
+    ran = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=180)
+    assert ran.returncode == 0 and ran.stdout.strip() == repr(str(python)), (
+        f"a sandboxed kernel of the Python at {python} must start and run a cell: {ran.stdout}{ran.stderr[-2000:]}")
+
+
+def test_installed_folders_under_tmp_are_shown_after_the_scratch_tmpfs(monkeypatch):
+    monkeypatch.setattr(sandbox, "_python_dirs", lambda: ["/tmp/clone/.venv", "/opt/python"])
+    monkeypatch.setattr(sandbox, "_toolchain_dirs", lambda: [])
+    args = sandbox.bwrap_command([], "/files", "/conn.json", "/run/ipc", "/passwd", [])
+    scratch = args.index(sandbox.SCRATCH_DIR, args.index("--tmpfs", args.index("/dev/shm")))
+    assert args.index("/tmp/clone/.venv") > scratch, "a folder under /tmp is bound over the private /tmp, not under it"
+    assert args.index("/opt/python") < scratch
+    assert args[args.index("/tmp/clone") - 3:args.index("/tmp/clone") + 1] == ["--perms", "0755", "--dir", "/tmp/clone"]
+
+
+def test_a_python_the_sandbox_cannot_run_makes_it_unavailable_with_the_reason(monkeypatch):
+    """Detected once, before grading (auto: unsandboxed with a warning; on: refused), not as 0 for everyone."""
+    if not sandbox.sandbox_works():
+        pytest.skip("bubblewrap does not work here")
+    if not sandbox._installed_dirs():
+        pytest.skip("this Python lies in /usr, which the sandbox always shows")
+    monkeypatch.setattr(sandbox, "_installed_dirs", lambda: [])
+    reason = sandbox.unavailable_reason()
+    assert reason and "does not run inside the sandbox" in reason and sys.executable in reason, reason
+    monkeypatch.setattr(sandbox, "_installed_dirs", lambda: ["/tmp"])
+    assert "overlaps the sandbox's working folder" in sandbox.unavailable_reason()
