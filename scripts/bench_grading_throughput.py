@@ -274,8 +274,20 @@ def _without_out(argv: list[str]) -> list[str]:
     return shown
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or the architecture where it says none: lent machines of one kind
+    differ in speed, and a report should say which one it measured."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def machine_description() -> str:
-    """CPU architecture and cores, Python version, and the GPU grading can see (or "no GPU")."""
+    """CPU model and cores, Python version, and the GPU grading can see (or "no GPU")."""
     gpu = "no GPU"
     try:
         import torch
@@ -284,7 +296,7 @@ def machine_description() -> str:
             gpu = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
     except ImportError:
         pass
-    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {gpu}"
+    return f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, {gpu}"
 
 
 def boot_id() -> str:
