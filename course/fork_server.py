@@ -71,6 +71,12 @@ def _preload() -> None:
         except Exception:  # noqa: BLE001 - the child imports it itself, as a fresh process would
             pass
     find_schema_version_in_process()
+    try:
+        from .sandbox import unavailable_reason
+
+        unavailable_reason()  # its probe runs once here, not in every nbgrader process forked
+    except Exception:  # noqa: BLE001 - each child then probes for itself
+        pass
 
 
 def _thread_names() -> list[str]:

@@ -143,18 +143,30 @@ def _system_args() -> list[str]:
     return args
 
 
+_reasons: dict[tuple, str | None] = {}  # unavailable_reason's answers, by what they depend on
+
+
 def unavailable_reason() -> str | None:
     """Why bwrap cannot sandbox kernels on this machine, or None when it can.
 
-    Runs this Python once in a sandbox that shows its installation as a kernel's does (about 20 ms): a Python that
+    Runs this Python in a sandbox that shows its installation as a kernel's does (30 to 70 ms): a Python that
     cannot run there (a venv hidden by the sandbox's own folders, a library it cannot see) would kill every kernel,
-    and every submission would score 0."""
+    and every submission would score 0. Answered once per process for the same Python, bwrap, installation folders
+    and library path (a process forked from ``course.fork_server`` has the server's answer)."""
     if not sys.platform.startswith("linux"):
         return f"the sandbox needs Linux (this is {sys.platform})"
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
     installed = _installed_dirs()
+    key = (sys.executable, bwrap, os.geteuid(), tuple(installed), os.environ.get("LD_LIBRARY_PATH"))
+    if key not in _reasons:
+        _reasons[key] = _probe(bwrap, installed)
+    return _reasons[key]
+
+
+def _probe(bwrap: str, installed: list[str]) -> str | None:
+    """``unavailable_reason``'s check of bwrap and of this Python inside it."""
     overlapping = [d for d in installed if _inside(d, WORK_DIR) or _inside(WORK_DIR, d)]
     if overlapping:
         return (f"the Python installation or compiler at {overlapping[0]} overlaps the sandbox's working folder "
