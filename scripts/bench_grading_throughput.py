@@ -1,7 +1,7 @@
 """Grading throughput (submissions per minute) against the number of workers, at quick scale on this machine.
 
 Usage: ``python scripts/bench_grading_throughput.py [--lab lab1] [--submissions 8] [--workers 1 2]
-[--kernels-ahead on|off|both] [--pin on|off|both] [--zygote on|off|both]``.
+[--kernels-ahead on|off|both] [--pin on|off|both] [--zygote on|off|both]``, or ``--render REPORT.json``.
 Each run grades the same class (copies of the reference solution of the lab) into a fresh SQLite course with
 ``course.grade.grade_lab`` and times the whole call, gradebook preparation included. ``--kernels-ahead off`` grades
 with ``EFFICIENT_AI_KERNEL_POOL_OFF=1`` and ``EFFICIENT_AI_FORK_SERVER=off``: every nbgrader process starts with
@@ -144,7 +144,7 @@ class Timeline:
     it (``course.grade.autograde_one``), and each recording of finished submissions in a SQLite gradebook
     (``course.grade._import_executed``). Wraps the functions while the run lasts; what they do is unchanged."""
 
-    NAMES = ("_execute_isolated", "autograde_one", "_import_executed")
+    NAMES = ("_execute_isolated", "autograde_one", "_import_executed", "write_reports")
 
     def __init__(self):
         import threading
@@ -188,10 +188,14 @@ class Timeline:
         if not turns:
             return {}
         outside = (sum(e - b for b, e in turns) - sum(e - b for b, e in autogrades)) / len(turns)
-        recordings = self.spans["_import_executed"]
-        return {"before_first_s": min(b for b, _ in turns), "after_last_s": seconds - max(e for _, e in turns),
+        recordings, reports = self.spans["_import_executed"], self.spans["write_reports"]
+        last = max(e for _, e in turns)
+        return {"before_first_s": min(b for b, _ in turns), "after_last_s": seconds - last,
                 "turn_outside_autograde_s": outside, "recordings": len(recordings),
-                "recording_s": sum(e - b for b, e in recordings)}
+                "recording_s": sum(e - b for b, e in recordings),
+                # the parts of "after the last": recording what was left, then grades.csv and scores.png
+                "recording_after_last_s": max([0.0, *(e - last for _, e in recordings)]),
+                "reports_s": sum(e - b for b, e in reports)}
 
 
 def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = True, pin: bool = True,
@@ -232,7 +236,7 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
     return {"workers": workers, "kernels_ahead": kernels_ahead, "pinned": pin, "forked": forked, "sandboxed": sandboxed,
             "submissions": submissions,
             "seconds": seconds, "cpu_busy_percent": None if cpu_busy is None else 100 * cpu_busy,
-            "gpu_busy_percent": gpu.percent, "cpu_s_by_kind": cpu.seconds,
+            "gpu_busy_percent": gpu.percent, "cpu_s_by_kind": cpu.seconds, "cores": os.cpu_count() or 1,
             "submissions_per_minute": submissions / seconds * 60, "failed": failed,
             "autograde_seconds": [outcomes[s].seconds for s in sorted(outcomes)], **timeline.summary(seconds)}
 
@@ -326,6 +330,91 @@ def earlier_rows(path: Path, lab: str, machine: str) -> tuple[list[dict], list[s
     return earlier["rows"], earlier.get("commands", [])
 
 
+def one_worker_rate(rows: list[dict], row: dict) -> float | None:
+    """Submissions per minute of one worker grading the way ``row`` does: every such run of the report pooled
+    (all their submissions over all their time). The same one-worker run repeated on one machine minutes apart
+    took 73 and 85 s (reports/grading-throughput-h100-cpu.md): a speedup against one of them alone says as much
+    about that run as about the workers."""
+    same = [r for r in rows if r["workers"] == 1 and all(r.get(k) == row.get(k) for k in
+                                                          ("kernels_ahead", "forked", "sandboxed"))]
+    seconds = sum(r["seconds"] for r in same)
+    return sum(r["submissions"] for r in same) / seconds * 60 if seconds else None
+
+
+def write_report(stem: Path, lab: str, machine: str, boot: str, commands: list[str], rows: list[dict]) -> None:
+    """``stem``.md (the tables) and ``stem``.json (every row) of a report measured on ``machine`` (boot id ``boot``)."""
+    measured_by = " and then ".join(f"`{c}`" for c in commands)
+    lines = [
+        f"# Grading throughput: {lab} at quick scale", "",
+        f"Measured by {measured_by} on {machine}{', one run after another' if len(commands) > 1 else ''}: copies "
+        "of the reference solution (the number in each row) graded into a fresh SQLite course per run (gradebook preparation included). Sandboxed: "
+        "grading kernels in bubblewrap (else no working bubblewrap, or EFFICIENT_AI_SANDBOX=off). "
+        "Speedup: against one worker with the same kernel start and sandbox (every such run of the report "
+        "pooled: their submissions over their time).", "",
+        "| workers | kernels sandboxed | kernel pool and fork server | kernels forked from a zygote | "
+        "CPUs pinned per worker | submissions | wall time (s) | submissions / min | speedup | per submission (s) | "
+        "median autograde (s) | before the first / after the last (s) | gradebook recordings (runs, s) | CPU busy | "
+        "GPU busy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        base = one_worker_rate(rows, row)
+        speedup = "-" if base is None else f"{row['submissions_per_minute'] / base:.2f}x"
+        lines.append(f"| {row['workers']} | {'yes' if row.get('sandboxed') else 'no'} | "
+                     f"{'yes' if row['kernels_ahead'] else 'no'} | "
+                     f"{'yes' if row.get('forked') else 'no'} | "
+                     f"{('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | "
+                     f"{row['submissions']} | {row['seconds']:.0f} | "
+                     f"{row['submissions_per_minute']:.2f} | {speedup} | "
+                     f"{row['seconds'] / row['submissions']:.1f} | {statistics.median(row['autograde_seconds']):.1f} | "
+                     f"{row.get('before_first_s', 0):.0f} / {row.get('after_last_s', 0):.0f} | "
+                     f"{_recordings(row)} | {_percent(row['cpu_busy_percent'])} | {_percent(row['gpu_busy_percent'])} |")
+    by_kind = [row for row in rows if row.get("cpu_s_by_kind") and row.get("cores")]
+    if by_kind:
+        lines += ["", "CPU time per submission, by process (seconds of user and system time; `ProcessCpu`):", "",
+                  "| workers | kernels forked from a zygote | CPUs pinned per worker | submissions | kernels | "
+                  "nbgrader | grader (workers, recorder) | other | in all | wall time per submission x cores |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for row in by_kind:
+            per = {kind: seconds / row["submissions"] for kind, seconds in row["cpu_s_by_kind"].items()}
+            lines.append(f"| {row['workers']} | {'yes' if row.get('forked') else 'no'} | "
+                         f"{('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | {row['submissions']} | "
+                         + " | ".join(f"{per.get(kind, 0):.1f}" for kind in ProcessCpu.KINDS)
+                         + f" | {sum(per.values()):.1f} | {row['seconds'] / row['submissions'] * row['cores']:.1f} |")
+    split = [row for row in rows if "reports_s" in row and "after_last_s" in row]
+    if split:
+        lines += ["", "After the last submission ended (seconds): recording what was left in the gradebook, then "
+                  "`grades.csv` and `scores.png`, and the rest (ending the workers, their kernels and servers):", "",
+                  "| workers | CPUs pinned per worker | submissions | after the last | recording | grades.csv and "
+                  "scores.png | the rest |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        for row in split:
+            recording, reports = row.get("recording_after_last_s", 0.0), row["reports_s"]
+            lines.append(f"| {row['workers']} | {('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | "
+                         f"{row['submissions']} | {row['after_last_s']:.1f} | {recording:.1f} | {reports:.1f} | "
+                         f"{row['after_last_s'] - recording - reports:.1f} |")
+    lines += ["", "Kernel pool (`course/kernel_pool.py`): each worker starts its next submission's kernel, with the "
+              "lab's setup imports done, while the current submission grades. Fork server (`course/fork_server.py`): "
+              "every nbgrader process is forked from one that already imported nbgrader and the grader's libraries. "
+              "With SQLite, workers execute in private copies of the course and one thread records their results "
+              "in the gradebook, one nbgrader process at a time, while they go on; what it records after the last "
+              "submission finished and the per-run gradebook preparation are the serial part that keeps the "
+              "speedup under the worker count. A PostgreSQL gradebook (NBGRADER_DB_URL) is written by the workers "
+              "directly. CPU busy: the share of all the machine's CPU time that was not idle during the run "
+              "(`/proc/stat`); GPU busy: the mean of `nvidia-smi`'s utilisation, sampled every 0.5 s. Zygote "
+              "(`course/kernel_zygote.py`): the workers' kernels are forked from one process that made their imports "
+              "once; a sandboxed one enters a sandbox made for it as for a kernel started the usual way. Median "
+              "autograde: one "
+              "submission's nbgrader run; before the first: from the start of the run to the first submission's "
+              "(gradebook preparation, the workers' first kernels and fork server); after the last: from the last "
+              "submission's end to the end of the run (recording what was left). Gradebook recordings: the "
+              "recording thread's nbgrader runs, each for every submission that finished since its last, and their "
+              "time in all."]
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    stem.with_suffix(".json").write_text(json.dumps({"machine": machine, "boot_id": boot, "lab": lab,
+                                                     "commands": commands, "rows": rows}, indent=1))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--lab", default="lab1")
@@ -347,7 +436,18 @@ def main() -> int:
                         help="report this run's rows after those of the report already at --out/--tag (same lab, "
                              "measured on this machine since its last boot): one report from runs that each fit "
                              "a time limit")
+    parser.add_argument("--render", type=Path, metavar="REPORT.json",
+                        help="grade nothing: write the report of REPORT.json's rows again, next to it, as this "
+                             "version of the script writes reports")
     args = parser.parse_args()
+    if args.render:
+        report = json.loads(args.render.read_text())
+        for row in report["rows"]:  # rows measured before the report gave them their machine's cores
+            row.setdefault("cores", int(report["machine"].split(" cores")[0].rsplit(" ", 1)[-1]))
+        write_report(args.render.with_suffix(""), report["lab"], report["machine"], report.get("boot_id", ""),
+                     report["commands"], report["rows"])
+        print(f"wrote {args.render.with_suffix('.md')}")
+        return 0
     modes = ON_OFF[args.kernels_ahead][::-1]  # both: off first
     pins, zygotes = ON_OFF[args.pin], ON_OFF[args.zygote]
     sizes = args.submissions * len(args.workers) if len(args.submissions) == 1 else args.submissions
@@ -371,67 +471,10 @@ def main() -> int:
                       f"{statistics.median(row['autograde_seconds']):.2f} s, before the first "
                       f"{row.get('before_first_s', 0):.1f} s, after the last {row.get('after_last_s', 0):.1f} s, per turn "
                       f"outside the autograde {row.get('turn_outside_autograde_s', 0):.2f} s, gradebook recordings "
-                      f"{_recordings(row)}, CPU s by process {_cpu_by_kind(row)}, failed={row['failed']}",
+                      f"{_recordings(row)}, after the last: recording {row.get('recording_after_last_s', 0):.1f} s, "
+                      f"grades.csv and scores.png {row.get('reports_s', 0):.1f} s, CPU s by process {_cpu_by_kind(row)}, failed={row['failed']}",
                       flush=True)
-    measured_by = " and then ".join(f"`{c}`" for c in commands)
-    lines = [
-        f"# Grading throughput: {args.lab} at quick scale", "",
-        f"Measured by {measured_by} on {machine}{', one run after another' if len(commands) > 1 else ''}: copies "
-        "of the reference solution (the number in each row) graded into a fresh SQLite course per run (gradebook preparation included). Sandboxed: "
-        "grading kernels in bubblewrap (else no working bubblewrap, or EFFICIENT_AI_SANDBOX=off). "
-        "Speedup: against one worker with the same kernel start and sandbox.", "",
-        "| workers | kernels sandboxed | kernel pool and fork server | kernels forked from a zygote | "
-        "CPUs pinned per worker | submissions | wall time (s) | submissions / min | speedup | per submission (s) | "
-        "median autograde (s) | before the first / after the last (s) | gradebook recordings (runs, s) | CPU busy | "
-        "GPU busy |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for row in rows:
-        base = next((r for r in rows if r["workers"] == 1 and all(r.get(k) == row.get(k) for k in
-                                                                   ("kernels_ahead", "forked", "sandboxed"))), None)
-        speedup = "-" if base is None else f"{row['submissions_per_minute'] / base['submissions_per_minute']:.2f}x"
-        lines.append(f"| {row['workers']} | {'yes' if row.get('sandboxed') else 'no'} | "
-                     f"{'yes' if row['kernels_ahead'] else 'no'} | "
-                     f"{'yes' if row.get('forked') else 'no'} | "
-                     f"{('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | "
-                     f"{row['submissions']} | {row['seconds']:.0f} | "
-                     f"{row['submissions_per_minute']:.2f} | {speedup} | "
-                     f"{row['seconds'] / row['submissions']:.1f} | {statistics.median(row['autograde_seconds']):.1f} | "
-                     f"{row.get('before_first_s', 0):.0f} / {row.get('after_last_s', 0):.0f} | "
-                     f"{_recordings(row)} | {_percent(row['cpu_busy_percent'])} | {_percent(row['gpu_busy_percent'])} |")
-    by_kind = [row for row in rows if row.get("cpu_s_by_kind")]
-    if by_kind:
-        lines += ["", "CPU time per submission, by process (seconds of user and system time; `ProcessCpu`):", "",
-                  "| workers | kernels forked from a zygote | CPUs pinned per worker | submissions | kernels | "
-                  "nbgrader | grader (workers, recorder) | other | in all | wall time per submission x CPUs |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for row in by_kind:
-            per = {kind: seconds / row["submissions"] for kind, seconds in row["cpu_s_by_kind"].items()}
-            lines.append(f"| {row['workers']} | {'yes' if row.get('forked') else 'no'} | "
-                         f"{('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | {row['submissions']} | "
-                         + " | ".join(f"{per.get(kind, 0):.1f}" for kind in ProcessCpu.KINDS)
-                         + f" | {sum(per.values()):.1f} | {row['seconds'] / row['submissions'] * (os.cpu_count() or 1):.1f} |")
-    lines += ["", "Kernel pool (`course/kernel_pool.py`): each worker starts its next submission's kernel, with the "
-              "lab's setup imports done, while the current submission grades. Fork server (`course/fork_server.py`): "
-              "every nbgrader process is forked from one that already imported nbgrader and the grader's libraries. "
-              "With SQLite, workers execute in private copies of the course and one thread records their results "
-              "in the gradebook, one nbgrader process at a time, while they go on; what it records after the last "
-              "submission finished and the per-run gradebook preparation are the serial part that keeps the "
-              "speedup under the worker count. A PostgreSQL gradebook (NBGRADER_DB_URL) is written by the workers "
-              "directly. CPU busy: the share of all the machine's CPU time that was not idle during the run "
-              "(`/proc/stat`); GPU busy: the mean of `nvidia-smi`'s utilisation, sampled every 0.5 s. Zygote "
-              "(`course/kernel_zygote.py`): the workers' kernels are forked from one process that made their imports "
-              "once; a sandboxed one enters a sandbox made for it as for a kernel started the usual way. Median "
-              "autograde: one "
-              "submission's nbgrader run; before the first: from the start of the run to the first submission's "
-              "(gradebook preparation, the workers' first kernels and fork server); after the last: from the last "
-              "submission's end to the end of the run (recording what was left). Gradebook recordings: the "
-              "recording thread's nbgrader runs, each for every submission that finished since its last, and their "
-              "time in all."]
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    stem.with_suffix(".json").write_text(json.dumps({"machine": machine, "boot_id": boot_id(), "lab": args.lab,
-                                                     "commands": commands, "rows": rows}, indent=1))
+    write_report(stem, args.lab, machine, boot_id(), commands, rows)
     print(f"wrote {stem.with_suffix('.md')}")
     return 0
 
