@@ -7,7 +7,8 @@ and transformers' Gemma-3 config: several seconds of CPU per submission, on the 
 started ahead (reports/grading-breakdown-h100-ahead.md). ``course grade`` therefore starts one ``ForkServer`` that
 imports those modules once and forks a fresh process for every nbgrader command; each child is what
 ``python -m course.fast_start nbgrader ARGS`` would be: its own session, CPUs, folder, environment and output file,
-and it exits when nbgrader does.
+and it exits when nbgrader does. The server also makes, once, the first calls that every child would otherwise repeat
+(``_warm``: compiled schema validators, the Markdown parser's patterns, the sandbox probe).
 
 What a fork cannot carry is never done in the server: no CUDA (``PYTORCH_NVML_BASED_CUDA_CHECK``; torch's CUDA is
 initialised lazily, in the child), no threads (``SERVER_ENV`` keeps OpenBLAS, OpenMP and MKL to one thread and no
@@ -60,7 +61,7 @@ def enabled() -> bool:
 
 # -- the server ----------------------------------------------------------------------------------------------------
 def _preload() -> None:
-    from .fast_start import find_schema_version_in_process, skip_slow_optional_imports
+    from .fast_start import check_metadata_schema_once, find_schema_version_in_process, skip_slow_optional_imports
 
     skip_slow_optional_imports()
     import importlib
@@ -71,12 +72,37 @@ def _preload() -> None:
         except Exception:  # noqa: BLE001 - the child imports it itself, as a fresh process would
             pass
     find_schema_version_in_process()
+    check_metadata_schema_once()
     try:
-        from .sandbox import unavailable_reason
-
-        unavailable_reason()  # its probe runs once here, not in every nbgrader process forked
-    except Exception:  # noqa: BLE001 - each child then probes for itself
+        _warm()
+    except Exception:  # noqa: BLE001 - each child then pays those first calls itself
         pass
+
+
+# Markdown with what the labs' cells hold (a heading, emphasis, math, code, a table, a link, inline HTML): its first
+# rendering compiles the Markdown parser's patterns.
+WARM_MARKDOWN = ("# Title\n\nSome *text* with `code`, $x^2$ and $$y = mx + b$$.\n\n| a | b |\n| - | - |\n| 1 | 2 |\n\n"
+                 "- [a link](#title)\n\n```python\nprint(1)\n```\n\n<b>bold</b>\n")
+
+
+def _warm() -> None:
+    """Pay, once in the server, the first calls that every nbgrader process would pay again after the fork: the
+    notebook schema's compiled validator (about 50 ms), the Markdown parser's patterns (about 100 ms), the metadata
+    schema's check, and the sandbox probe (30 to 70 ms)."""
+    import nbformat
+    from nbgrader.nbgraderformat import MetadataValidator
+
+    from .sandbox import unavailable_reason
+    from .sanitize import sanitize_markdown
+
+    cell = nbformat.v4.new_code_cell("x = 1", metadata={"nbgrader": {
+        "grade": True, "grade_id": "warm", "locked": False, "points": 1, "schema_version": 3, "solution": True,
+        "task": False}})
+    notebook = nbformat.v4.new_notebook(cells=[cell, nbformat.v4.new_markdown_cell(WARM_MARKDOWN)])
+    nbformat.validate(notebook, relax_add_props=True)
+    MetadataValidator().validate_nb(notebook)
+    sanitize_markdown(WARM_MARKDOWN)
+    unavailable_reason()
 
 
 def _thread_names() -> list[str]:
