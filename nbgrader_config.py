@@ -39,6 +39,7 @@ try:
 
     import nbgrader
 
+    from course.fast_start import check_metadata_schema_once
     from course.feedback import TEMPLATES_DIR, toc_label
     from course.paths import COURSE_ID
     from course.nbgrader_ext import (
@@ -51,6 +52,7 @@ except Exception as exc:  # noqa: BLE001  (any failure to load the course's exte
     _refuse(exc)
 
 c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this file)
+check_metadata_schema_once()  # plain nbgrader commands too (course/fast_start.py: same results, less CPU)
 
 c.CourseDirectory.course_id = COURSE_ID
 c.CourseDirectory.root = _HERE

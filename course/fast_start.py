@@ -22,7 +22,8 @@ metaschema: 62 ms of each of the four validations of a Lab 1 submission (two whe
 worker's result is recorded in a SQLite gradebook), 4 ms when the schema is checked once. Cell by cell the outcome is
 ``jsonschema.validate``'s, the same error included.
 
-``python -m course.fast_start nbgrader ARGS`` runs ``nbgrader ARGS`` that way (``course.nbgrader_run`` does).
+``python -m course.fast_start nbgrader ARGS`` runs ``nbgrader ARGS`` that way (``course.nbgrader_run`` does); the course's
+nbgrader_config.py applies the third to every nbgrader command.
 Plain ``nbgrader`` commands keep their usual start-up and behave the same. With ``EFFICIENT_AI_PARENT_PID`` set
 (``course.nbgrader_run`` sets it), the process ends when that parent does (``course.processes.die_with_parent``).
 """
