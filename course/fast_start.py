@@ -22,13 +22,14 @@ metaschema: 62 ms of each of the four validations of a Lab 1 submission (two whe
 worker's result is recorded in a SQLite gradebook), 4 ms when the schema is checked once. Cell by cell the outcome is
 ``jsonschema.validate``'s, the same error included.
 
-``python -m course.fast_start nbgrader ARGS`` runs ``nbgrader ARGS`` that way (``course.nbgrader_run`` does); the course's
-nbgrader_config.py applies the third to every nbgrader command.
+``python -m course.fast_start nbgrader ARGS`` runs ``nbgrader ARGS`` with the first two (``course.nbgrader_run`` does);
+the course's nbgrader_config.py applies the third to every nbgrader command, plain ones included.
 Plain ``nbgrader`` commands keep their usual start-up and behave the same. With ``EFFICIENT_AI_PARENT_PID`` set
 (``course.nbgrader_run`` sets it), the process ends when that parent does (``course.processes.die_with_parent``).
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -81,8 +82,6 @@ class SchemaCheckedOnce:
         """``jsonschema.validate(instance, schema)``: raises its ``ValidationError`` (the best match) when invalid."""
         if args or kwargs:  # a validator class or its options: as jsonschema does it
             return self._module.validate(instance, schema, *args, **kwargs)
-        import json
-
         key = json.dumps(schema, sort_keys=True)
         validator = self._validators.get(key)
         if validator is None:
@@ -111,7 +110,6 @@ def main(argv: list[str]) -> int:
         die_with_parent(int(parent))
     skip_slow_optional_imports()
     find_schema_version_in_process()
-    check_metadata_schema_once()
     from nbgrader.apps.nbgraderapp import main as nbgrader_main
 
     sys.argv = ["nbgrader", *argv[1:]]

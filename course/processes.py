@@ -23,18 +23,19 @@ def start_time(pid: int) -> str | None:
 
     The pair (pid, start time) names one process: a pid the kernel reused later has another start time.
     """
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return None if not fields or fields[0] in ("Z", "X") else fields[19]
 
 
 def parent_pid(pid: int) -> int | None:
     """The pid of the process's parent (``/proc/PID/stat``); None when it is gone."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return int(fields[1]) if fields else None
 
 
-def _stat_fields(pid: int) -> list[str]:
-    """The fields of ``/proc/PID/stat`` after the command name (state first); empty when the process is gone."""
+def stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (state first: index 1 is the parent's pid, 11 and 12
+    the user and system CPU time in clock ticks, 19 the start time); empty when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
             return handle.read().rsplit(")", 1)[1].split()

@@ -37,6 +37,7 @@ from course.kernel_pool import POOL_OFF_ENV  # noqa: E402
 from course.kernel_zygote import MODE_ENV as ZYGOTE_ENV  # noqa: E402
 from course.nbgrader_run import PIN_ENV, make_course_dir  # noqa: E402
 from course.notebooks import make_submission, read_notebook, write_notebook  # noqa: E402
+from course.processes import stat_fields  # noqa: E402
 from course.sandbox import sandbox_works  # noqa: E402
 
 ON_OFF = {"on": [True], "off": [False], "both": [True, False]}  # a --kernels-ahead, --pin or --zygote choice
@@ -128,9 +129,8 @@ class ProcessCpu:
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
-            try:
-                fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
+            fields = stat_fields(int(entry.name))
+            if not fields:
                 continue
             key = (int(entry.name), fields[19])
             kind = self._ticks[key][0] if key in self._ticks else self._kind(key[0])
