@@ -127,6 +127,7 @@ class KernelPool:
             self._env[CUDA_AHEAD_ENV] = "1"
         self._kernels: dict[str, subprocess.Popen | AdoptedProcess] = {}
         self._zygote = None
+        self._started = 0  # kernels started ahead so far
         self._sandboxed = sandboxed
         if zygote_enabled():  # kernels forked from one that made the imports (kernel_zygote.py)
             try:
@@ -184,7 +185,8 @@ class KernelPool:
                     failed = True
                     if isinstance(process, AdoptedProcess) and self._zygote is not None:  # forked: fork no more
                         self._give_up_zygote("a kernel it forked ended before any submission used it")
-                if not failed and not os.listdir(self.folder / "ready") and self._more_to_grade():
+                if (not failed and not os.listdir(self.folder / "ready") and self._more_to_grade()
+                        and not self._awaiting_zygote()):
                     try:
                         self._start_one()
                     except Exception as exc:  # noqa: BLE001 - without a kernel ahead, nbgrader starts its own
@@ -195,6 +197,13 @@ class KernelPool:
         if failures >= MAX_FAILURES:
             print(f"kernel pool: {failures} kernels started ahead failed; nbgrader starts every kernel itself",
                   file=sys.stderr)
+
+    def _awaiting_zygote(self) -> bool:
+        """Whether the next kernel waits for the zygote's imports instead of starting the usual way: every kernel but
+        the pool's first. The first may be needed at once; any later one is needed when a submission ends, and the
+        zygote, started before the first kernel, makes its imports sooner than a kernel started now would make its
+        own, without a second import taking CPU from the submission being graded."""
+        return self._started > 0 and self._zygote is not None and self._zygote.importing()
 
     def _start_one(self) -> None:
         from jupyter_client.connect import write_connection_file
@@ -207,8 +216,9 @@ class KernelPool:
         write_connection_file(connection_file, ip=str(home / "ipc" / "kernel"), transport="ipc",
                               key=secrets.token_hex(32).encode(), kernel_name=KERNEL_NAME)
         argv = [connection_file if part == "{connection_file}" else part for part in self._argv]
-        # Until the zygote has made its imports (the first kernel of a run), kernels start the usual way: a kernel the
-        # pool publishes at once is one the first submission adopts, instead of starting its own.
+        # The pool's first kernel starts the usual way when the zygote has not made its imports yet: a kernel the pool
+        # publishes at once is one the first submission adopts, instead of starting its own. Later ones wait for the
+        # zygote (_awaiting_zygote).
         if self._zygote is not None and self._zygote.failed():
             self._give_up_zygote(f"the zygote did not start ({self._zygote.why})")
         env = {**self._env, RUNTIME_ENV: str(home / "runtime")}
@@ -223,6 +233,7 @@ class KernelPool:
                     else None,
                 )
         self._kernels[kernel_id] = process
+        self._started += 1
         started = start_time(process.pid)
         record = {"connection_file": connection_file, "pid": process.pid, "start_time": started,
                   "log": str(home / "kernel.log")}

@@ -75,6 +75,7 @@ class KernelZygote:
         self._process = subprocess.Popen(
             argv, cwd=source, env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._started_s = time.monotonic()
         self._lock = threading.Lock()
         self._ready = None  # the zygote's first answer, once read
         self._buffer = b""
@@ -85,6 +86,12 @@ class KernelZygote:
             if self._ready is None and select.select([self._process.stdout.fileno()], [], [], 0)[0]:
                 self._ready = self._answer(READY_TIMEOUT_S)  # its first line is arriving
             return bool(self._ready and self._ready.get("ready"))
+
+    def importing(self) -> bool:
+        """Whether the zygote is still making its imports: neither ready nor failed, for less than
+        ``READY_TIMEOUT_S``."""
+        return (not self.ready() and not self.failed()
+                and time.monotonic() - self._started_s < READY_TIMEOUT_S)
 
     def failed(self) -> bool:
         """Whether the zygote answered that it cannot fork kernels, or ended before it was ready."""

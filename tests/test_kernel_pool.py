@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fixture_lab import LAB, REPO, built_root, make_class  # noqa: E402
 
-from course import grade, kernel_pool, sandbox  # noqa: E402
+from course import grade, kernel_pool, kernel_zygote, sandbox  # noqa: E402
 from course.nbgrader_run import read_scores  # noqa: E402
 from course.processes import start_time  # noqa: E402
 
@@ -126,6 +126,7 @@ def test_kernels_that_fail_to_start_are_not_started_again_and_again(root, monkey
 
     monkeypatch.setattr(kernel_pool, "grading_kernel_spec", failing_spec)
     monkeypatch.setattr(kernel_pool, "FAILURE_PAUSE_S", 0.1)
+    monkeypatch.setenv(kernel_zygote.MODE_ENV, "off")  # every kernel started the usual way, by the failing command
     with kernel_pool.KernelPool(root, LAB) as pool:
         pool._thread.join(timeout=60)
         assert not pool._thread.is_alive(), "after MAX_FAILURES failed kernels the pool stops starting them"

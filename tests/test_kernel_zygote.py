@@ -24,7 +24,7 @@ def root(tmp_path_factory):
 @pytest.fixture
 def unsandboxed(monkeypatch):
     monkeypatch.setenv(sandbox.MODE_ENV, "off")
-    monkeypatch.delenv(kernel_zygote.MODE_ENV, raising=False)
+    monkeypatch.delenv(kernel_zygote.MODE_ENV)
 
 
 def ended(pid: int, timeout_s: float = 15.0) -> bool:
@@ -35,8 +35,8 @@ def ended(pid: int, timeout_s: float = 15.0) -> bool:
 
 
 def claim_forked(pool: kernel_pool.KernelPool, zygote_pid: int) -> dict:
-    """Claim kernels until one is the zygote's child: those published before its imports were done started the
-    usual way (so the first submission of a run never waits for the zygote)."""
+    """Claim kernels until one is the zygote's child: the pool's first, when published before the zygote's imports
+    were done, started the usual way (so the first submission of a run never waits for the zygote)."""
     for _ in range(4):
         wait_ready(pool)
         record = kernel_pool.claim(str(pool.folder))
@@ -89,6 +89,32 @@ def test_graded_from_the_zygote_the_scores_match(root, unsandboxed, tmp_path, mo
     outcomes, scores = grade.grade_lab(tmp_path / "started", LAB, progress=False)
     assert {s: sub.autograded_score() for s, sub in scores.items()} == expected, (
         f"{kernel_zygote.MODE_ENV}=off starts every kernel the usual way, with the same scores")
+
+
+def test_while_the_zygote_imports_only_the_pool_s_first_kernel_starts_the_usual_way(root, unsandboxed, monkeypatch):
+    """A second kernel started the usual way while the zygote imports would import everything a second time, on the
+    CPUs of the submission being graded, and be ready later than the zygote: it waits for the zygote instead."""
+    import threading
+
+    imported = threading.Event()  # the zygote's imports, as the pool sees them: done once the test says so
+    ready = kernel_zygote.KernelZygote.ready
+    monkeypatch.setattr(kernel_zygote.KernelZygote, "ready", lambda self: imported.is_set() and ready(self))
+    monkeypatch.setattr(kernel_zygote.KernelZygote, "importing", lambda self: not imported.is_set())
+    with kernel_pool.KernelPool(root, LAB) as pool:
+        zygote_pid = pool._zygote._process.pid
+        wait_ready(pool)
+        first = kernel_pool.claim(str(pool.folder))
+        assert first is not None and parent_pid(first["pid"]) != zygote_pid, (
+            "the pool's first kernel starts the usual way while the zygote imports")
+        time.sleep(40 * kernel_pool.REFILL_POLL_S)
+        assert not os.listdir(pool.folder / "ready"), (
+            "while the zygote imports, the pool starts no second kernel the usual way")
+        imported.set()
+        wait_ready(pool)
+        second = kernel_pool.claim(str(pool.folder))
+        assert second is not None and parent_pid(second["pid"]) == zygote_pid, (
+            "once the zygote has imported, the kernel it waited for is forked from it")
+        assert run_in_kernel(second, "import sys\n_out = 'math' in sys.modules") == "True"
 
 
 def test_when_the_zygote_ends_kernels_start_the_usual_way(root, unsandboxed, capfd):
@@ -161,7 +187,7 @@ def test_a_sandboxed_kernel_forked_from_the_zygote_is_sandboxed_as_a_started_one
 
     if not sandbox.sandbox_works():
         pytest.skip("bubblewrap does not work here")
-    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
+    monkeypatch.delenv(sandbox.MODE_ENV)
     server = socket.create_server(("127.0.0.1", 0))
     views = {}
     try:
@@ -208,8 +234,8 @@ def test_a_sandboxed_kernel_forked_from_the_zygote_ends_with_it(root, monkeypatc
     watch their parent, must end with it, sandbox and all."""
     if not sandbox.sandbox_works():
         pytest.skip("bubblewrap does not work here")
-    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
-    monkeypatch.delenv(kernel_zygote.MODE_ENV, raising=False)
+    monkeypatch.delenv(sandbox.MODE_ENV)
+    monkeypatch.delenv(kernel_zygote.MODE_ENV)
     with kernel_pool.KernelPool(root, LAB) as pool:
         record = claim_forked(pool, pool._zygote._process.pid)
         assert run_in_kernel(record, "_out = 6 * 7") == "42"
@@ -237,8 +263,8 @@ def test_a_sandboxed_kernel_forked_from_a_zygote_that_imported_torch_has_its_wor
 
     if not sandbox.sandbox_works():
         pytest.skip("bubblewrap does not work here")
-    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
-    monkeypatch.delenv(kernel_zygote.MODE_ENV, raising=False)
+    monkeypatch.delenv(sandbox.MODE_ENV)
+    monkeypatch.delenv(kernel_zygote.MODE_ENV)
     with kernel_pool.KernelPool(REPO, "lab1", {"OMP_NUM_THREADS": "2"}) as pool:
         record = claim_forked(pool, pool._zygote._process.pid)
         threads, profiled, cache_writable = eval(run_in_kernel(record, LAB1_PROBE))  # noqa: S307 - plain values
@@ -289,7 +315,7 @@ def test_the_workers_of_a_run_share_one_zygote_and_each_kernel_runs_on_its_worke
     if sandboxed and not sandbox.sandbox_works():
         pytest.skip("bubblewrap does not work here")
     monkeypatch.setenv(sandbox.MODE_ENV, "auto" if sandboxed else "off")
-    monkeypatch.delenv(kernel_zygote.MODE_ENV, raising=False)
+    monkeypatch.delenv(kernel_zygote.MODE_ENV)
     cpus = available_cpus()
     envs = [{**env, "OMP_NUM_THREADS": "2"} for env in worker_envs(2, [], cpus)]
     with kernel_pool.KernelPool(root, LAB, envs[0]) as first, kernel_pool.KernelPool(root, LAB, envs[1]) as second:
