@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -80,19 +81,24 @@ class ProcessCpu:
     its last sample, at most ``interval_s``, is missed). Kinds, from the command line: ``kernel`` (started or
     forked kernels, the zygotes and their sandboxes' bwrap), ``nbgrader`` (nbgrader processes and the fork server),
     ``grader`` (this process: the workers' threads and the gradebook recorder) and ``other`` (nvidia-smi and the
-    rest of the machine)."""
+    rest of the machine). ``kernel_threads``: the kernels' CPU time by thread name (``/proc/PID/task/TID/stat``; digits
+    in a name read ``#``, so a pool of threads is one row): what in a kernel uses its CPU, the student's code (the
+    main thread) or threads that wait by spinning (OpenMP, CUDA)."""
 
     KINDS = ("kernel", "nbgrader", "grader", "other")
 
     def __init__(self, interval_s: float = 0.2):
         self.interval_s = interval_s
         self.seconds: dict[str, float] = {}
+        self.kernel_threads: dict[str, float] = {}
         self._ticks: dict[tuple[int, str], tuple[str, int]] = {}  # (pid, start time) -> (kind, CPU ticks)
+        self._thread_ticks: dict[tuple[int, str, int], tuple[str, int]] = {}  # (pid, start, tid) -> (name, ticks)
 
     def __enter__(self) -> ProcessCpu:
         import threading
 
         self._start = self._sample()
+        self._threads_at_start = dict(self._thread_ticks)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -106,6 +112,10 @@ class ProcessCpu:
         self.seconds = {kind: 0.0 for kind in self.KINDS}
         for key, (kind, ticks) in {**self._ticks, **end}.items():
             self.seconds[kind] += (ticks - self._start.get(key, (kind, 0))[1]) / hz
+        self.kernel_threads = {}
+        for key, (name, ticks) in self._thread_ticks.items():
+            began = self._threads_at_start.get(key, (name, 0))[1]
+            self.kernel_threads[name] = self.kernel_threads.get(name, 0.0) + (ticks - began) / hz
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -135,7 +145,25 @@ class ProcessCpu:
             key = (int(entry.name), fields[19])
             kind = self._ticks[key][0] if key in self._ticks else self._kind(key[0])
             found[key] = (kind, int(fields[11]) + int(fields[12]))  # utime + stime
+            if kind == "kernel":
+                self._sample_threads(*key)
         return found
+
+    def _sample_threads(self, pid: int, started: str) -> None:
+        try:
+            tids = [int(name) for name in os.listdir(f"/proc/{pid}/task") if name.isdigit()]
+        except OSError:
+            return
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as handle:
+                    text = handle.read()
+            except OSError:
+                continue
+            name = re.sub(r"\d+", "#", text[text.find("(") + 1:text.rfind(")")])
+            name = f"main: {name}" if tid == pid else name  # OpenMP's threads take the main thread's name
+            fields = text.rsplit(")", 1)[1].split()
+            self._thread_ticks[(pid, started, tid)] = (name, int(fields[11]) + int(fields[12]))
 
 
 class Timeline:
@@ -236,7 +264,7 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
     return {"workers": workers, "kernels_ahead": kernels_ahead, "pinned": pin, "forked": forked, "sandboxed": sandboxed,
             "submissions": submissions,
             "seconds": seconds, "cpu_busy_percent": None if cpu_busy is None else 100 * cpu_busy,
-            "gpu_busy_percent": gpu.percent, "cpu_s_by_kind": cpu.seconds, "cores": os.cpu_count() or 1,
+            "gpu_busy_percent": gpu.percent, "cpu_s_by_kind": cpu.seconds, "kernel_thread_cpu_s": cpu.kernel_threads, "cores": os.cpu_count() or 1,
             "submissions_per_minute": submissions / seconds * 60, "failed": failed,
             "autograde_seconds": [outcomes[s].seconds for s in sorted(outcomes)], **timeline.summary(seconds)}
 
@@ -341,6 +369,30 @@ def one_worker_rate(rows: list[dict], row: dict) -> float | None:
     return sum(r["submissions"] for r in same) / seconds * 60 if seconds else None
 
 
+def _kernel_threads_table(rows: list[dict], shown: int = 6) -> list[str]:
+    """Report lines: the kernels' CPU seconds per submission by thread name (``main: ``: a process's main thread),
+    the ``shown`` busiest names of all rows as columns and the rest summed."""
+    rows = [row for row in rows if row.get("kernel_thread_cpu_s")]
+    if not rows:
+        return []
+    totals: dict[str, float] = {}
+    for row in rows:
+        for name, seconds in row["kernel_thread_cpu_s"].items():
+            totals[name] = totals.get(name, 0.0) + seconds / row["submissions"]
+    names = sorted(totals, key=totals.get, reverse=True)[:shown]
+    lines = ["", "Kernel CPU time per submission, by thread (seconds; thread names as the kernels set them, digits "
+             "read `#`):", "", "| workers | CPUs pinned per worker | submissions | "
+             + " | ".join(f"`{name}`" for name in names) + " | other threads |",
+             ("| --- | --- | --- | " + "--- | " * (len(names) + 1)).rstrip()]
+    for row in rows:
+        per = {name: seconds / row["submissions"] for name, seconds in row["kernel_thread_cpu_s"].items()}
+        rest = sum(seconds for name, seconds in per.items() if name not in names)
+        lines.append(f"| {row['workers']} | {('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | "
+                     f"{row['submissions']} | " + " | ".join(f"{per.get(name, 0.0):.2f}" for name in names)
+                     + f" | {rest:.2f} |")
+    return lines
+
+
 def write_report(stem: Path, lab: str, machine: str, boot: str, commands: list[str], rows: list[dict]) -> None:
     """``stem``.md (the tables) and ``stem``.json (every row) of a report measured on ``machine`` (boot id ``boot``)."""
     measured_by = " and then ".join(f"`{c}`" for c in commands)
@@ -381,6 +433,7 @@ def write_report(stem: Path, lab: str, machine: str, boot: str, commands: list[s
                          f"{('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | {row['submissions']} | "
                          + " | ".join(f"{per.get(kind, 0):.1f}" for kind in ProcessCpu.KINDS)
                          + f" | {sum(per.values()):.1f} | {row['seconds'] / row['submissions'] * row['cores']:.1f} |")
+    lines += _kernel_threads_table(rows)
     split = [row for row in rows if "reports_s" in row and "after_last_s" in row]
     if split:
         lines += ["", "After the last submission ended (seconds): recording what was left in the gradebook, then "
