@@ -44,6 +44,7 @@ from .report import (
     TABLE_LEGEND,
     flagged_for_review,
     format_table,
+    prepare_plotting,
     previous_outcomes,
     score_table,
     write_reports,
@@ -646,22 +647,26 @@ def grade_lab(
     # The workers first: the fork server's imports and the first kernels' start overlap with the steps below.
     from concurrent.futures import ThreadPoolExecutor
 
-    with start_workers(course_root, lab, workers) as crew, \
-            tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging:
-        with ThreadPoolExecutor(1, thread_name_prefix="gradebook-prepare") as preparing:
-            gradebook = preparing.submit(prepare_gradebook, course_root, lab)  # an nbgrader process: no GIL taken
-            staged = ClassStaging(course_root, lab, students, Path(staging))  # meanwhile, and while grading
+    with ThreadPoolExecutor(1, thread_name_prefix="grading-reports") as reporting:
+        with start_workers(course_root, lab, workers) as crew, \
+                tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging:
+            with ThreadPoolExecutor(1, thread_name_prefix="gradebook-prepare") as preparing:
+                gradebook = preparing.submit(prepare_gradebook, course_root, lab)  # an nbgrader process: no GIL taken
+                staged = ClassStaging(course_root, lab, students, Path(staging))  # meanwhile, and while grading
+                try:
+                    gradebook.result()
+                except BaseException:
+                    staged.close()
+                    raise
+            reporting.submit(prepare_plotting)  # while the grader process waits for the workers
             try:
-                gradebook.result()
-            except BaseException:
-                staged.close()
-                raise
-        try:
-            outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume,
-                                    crew)
-        finally:
-            staged.close()  # before the staging folder goes
-    scores = write_reports(course_root, lab, out_dir, outcomes)
+                outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume,
+                                        crew)
+            finally:
+                staged.close()  # before the staging folder goes
+            # Every score is in the gradebook: the reports are written while the workers, their kernels and servers end.
+            reports = reporting.submit(write_reports, course_root, lab, out_dir, outcomes)
+        scores = reports.result()
     return outcomes, {student: scores[student] for student in students if student in scores}
 
 

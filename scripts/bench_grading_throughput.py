@@ -437,7 +437,8 @@ def write_report(stem: Path, lab: str, machine: str, boot: str, commands: list[s
     split = [row for row in rows if "reports_s" in row and "after_last_s" in row]
     if split:
         lines += ["", "After the last submission ended (seconds): recording what was left in the gradebook, then "
-                  "`grades.csv` and `scores.png`, and the rest (ending the workers, their kernels and servers):", "",
+                  "`grades.csv` and `scores.png`, and the rest (ending the workers, their kernels and servers, where it "
+                  "takes longer than the reports: `course grade` writes them meanwhile):", "",
                   "| workers | CPUs pinned per worker | submissions | after the last | recording | grades.csv and "
                   "scores.png | the rest |", "| --- | --- | --- | --- | --- | --- | --- |"]
         for row in split:
