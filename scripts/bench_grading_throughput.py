@@ -528,7 +528,7 @@ def main() -> int:
                       f"{_recordings(row)}, after the last: recording {row.get('recording_after_last_s', 0):.1f} s, "
                       f"grades.csv and scores.png {row.get('reports_s', 0):.1f} s, CPU s by process {_cpu_by_kind(row)}, failed={row['failed']}",
                       flush=True)
-    write_report(stem, args.lab, machine, boot_id(), commands, rows)
+                write_report(stem, args.lab, machine, boot_id(), commands, rows)  # each row kept, if a limit cuts the rest
     print(f"wrote {stem.with_suffix('.md')}")
     return 0
 
