@@ -17,7 +17,7 @@ CPUs; numpy's BLAS in the grader stays single-threaded), no instructor files (ea
 ``utils``), no sockets.
 
 ``python -m course.fork_server``: the server. It reads one JSON request per line on stdin
-(``{"id", "args", "cwd", "env", "cpus", "output"}``) and answers on stdout ``{"id", "pid"}`` when it forked the
+(``{"id", "args", "cwd", "env", "output"}``) and answers on stdout ``{"id", "pid"}`` when it forked the
 child and ``{"id", "status"}`` when the child ended (the exit status, or minus the signal that ended it).
 ``EFFICIENT_AI_FORK_SERVER=off`` makes ``course.nbgrader_run`` start every nbgrader process with ``python`` instead.
 """
@@ -128,8 +128,6 @@ def _child(request: dict, server_pid: int) -> None:
     try:
         die_with_parent(server_pid)
         os.setsid()
-        if request.get("cpus") and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, request["cpus"])
         devnull = os.open(os.devnull, os.O_RDONLY)
         output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(devnull, 0)
@@ -287,7 +285,7 @@ class ForkServer:
         self._thread = threading.Thread(target=self._read, name="fork-server", daemon=True)
         self._thread.start()
 
-    def run(self, args: list[str], cwd: str, env: dict[str, str], cpus: set[int], output: str,
+    def run(self, args: list[str], cwd: str, env: dict[str, str], output: str,
             timeout_s: float | None) -> tuple[int, bool]:
         """Run ``nbgrader ARGS`` in a forked child; its exit status and whether it was killed at ``timeout_s``.
 
@@ -303,7 +301,7 @@ class ForkServer:
             self._waiting[request_id] = request
             try:
                 self._process.stdin.write((json.dumps({"id": request_id, "args": args, "cwd": cwd, "env": env,
-                                                       "cpus": sorted(cpus), "output": output}) + "\n").encode())
+                                                       "output": output}) + "\n").encode())
                 self._process.stdin.flush()
             except OSError as exc:
                 self._waiting.pop(request_id, None)

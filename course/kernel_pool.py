@@ -44,9 +44,10 @@ from traitlets import Bool, Unicode
 
 from . import boundary, kernel_zygote
 from .kernel_zygote import ZygoteGone, zygote_enabled
-from .nbgrader_run import CPUS_ENV, _parse_cpus, nbgrader_env
+from .nbgrader_run import nbgrader_env
 from .processes import kill_group, start_time
 from .sandbox import (
+    CPUS_ENV,
     CUDA_AHEAD_ENV,
     KERNEL_NAME,
     LAUNCHER_SCRIPT,
@@ -54,6 +55,7 @@ from .sandbox import (
     RUNTIME_ENV,
     SOURCE_ENV,
     grading_kernel_spec,
+    parse_cpus,
     sandbox_works,
 )
 
@@ -122,7 +124,7 @@ class KernelPool:
                      "JPY_PARENT_PID": str(os.getpid())}
         self._env.pop(POOL_ENV, None)
         self._cwd = source
-        self._cpus = _parse_cpus(self._env.get(CPUS_ENV, ""))
+        self._cpus = parse_cpus(self._env.get(CPUS_ENV, ""))
         if cuda_ahead():
             self._env[CUDA_AHEAD_ENV] = "1"
         self._kernels: dict[str, subprocess.Popen | AdoptedProcess] = {}

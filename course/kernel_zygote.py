@@ -27,9 +27,8 @@ import tempfile
 import threading
 import time
 
-from .nbgrader_run import CPUS_ENV
 from .processes import close_and_wait
-from .sandbox import BOOT_SCRIPT, RUNTIME_ENV, kernel_env, prepare_files
+from .sandbox import BOOT_SCRIPT, CPUS_ENV, RUNTIME_ENV, kernel_env, prepare_files
 
 MODE_ENV = "EFFICIENT_AI_KERNEL_ZYGOTE"
 PER_WORKER_ENV = ("CUDA_VISIBLE_DEVICES", CPUS_ENV, RUNTIME_ENV)  # what may differ between the kernels of one zygote

@@ -21,9 +21,9 @@ from .fork_server import enabled as fork_server_enabled
 from .notebooks import is_bonus_id
 from .paths import COURSE_ID, REPO_ROOT
 from .processes import PARENT_ENV, kill_group
+from .sandbox import CPUS_ENV
 
-CPUS_ENV = "EFFICIENT_AI_CPUS"  # CPUs one grading job may use ("0,1,2"): set per worker by course.grade
-PIN_ENV = "EFFICIENT_AI_PIN_CPUS"  # "off": workers share every CPU (their thread pools are still sized to a share)
+PIN_ENV = "EFFICIENT_AI_PIN_CPUS"  # "off": kernels share every CPU (their thread pools are still sized to a share)
 THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 GRADING_ENV = {
@@ -99,13 +99,12 @@ def run_nbgrader(
             libraries already imported), where it runs; for the many nbgrader processes of ``course grade``.
     """
     full_env = nbgrader_env(env)
-    cpus = _parse_cpus(full_env.get(CPUS_ENV, ""))
     server = start_fork_server() if fork else None
     if server is not None:
         handle, output_path = tempfile.mkstemp(prefix="efficient-ai-nbgrader-", suffix=".log")
         os.close(handle)
         try:
-            code, timed_out = server.run(args, str(course_root), full_env, cpus, output_path, timeout_s)
+            code, timed_out = server.run(args, str(course_root), full_env, output_path, timeout_s)
             with open(output_path, encoding="utf-8", errors="replace") as handle_out:
                 output = handle_out.read()
             return NbgraderResult(-9 if timed_out else code, output, timed_out)
@@ -122,8 +121,6 @@ def run_nbgrader(
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # lets us kill the kernel too when the time limit is exceeded
-        # nbgrader and the kernel it starts (which inherits it) run on this job's CPUs only.
-        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity") else None,
     )
     try:
         output, _ = proc.communicate(timeout=timeout_s)
@@ -134,24 +131,22 @@ def run_nbgrader(
         return NbgraderResult(-9, output or "", timed_out=True)
 
 
-def _parse_cpus(text: str) -> set[int]:
-    """CPU numbers from ``"0,1,5"`` (empty: no restriction)."""
-    return {int(part) for part in text.split(",") if part.strip().isdigit()}
-
-
 def worker_envs(workers: int, gpus: list[str], cpus: list[int], pin: bool = True) -> list[dict[str, str]]:
     """The environment of each of ``workers`` concurrent grading jobs: its GPU, its CPUs and its thread counts.
 
     Each worker gets one GPU (round robin) when there are GPUs, and an equal, disjoint share of the CPUs this process
-    may use, with PyTorch, OpenMP and BLAS thread pools sized to that share, so concurrent kernels do not fight over
-    cores. One worker keeps every CPU and the libraries' own thread defaults.
+    may use for its kernels (``CPUS_ENV``), with PyTorch, OpenMP and BLAS thread pools sized to that share, so
+    concurrent kernels do not fight over cores and a student's code that floods the CPUs slows its own worker only.
+    The worker's nbgrader processes run no student code and may use any CPU: pinned to the share, they took CPU from
+    the worker's kernel while other workers' CPUs idled. One worker keeps every CPU and the libraries' own thread
+    defaults.
 
     Args:
         workers: concurrent grading jobs (>= 1).
         gpus: GPU ids visible to grading (empty on a CPU server).
         cpus: CPU numbers this process may use (``os.sched_getaffinity(0)``).
-        pin: run each worker on its share of the CPUs only; False: every worker may use every CPU (the thread pools
-            are sized to the share all the same).
+        pin: run each worker's kernels on its share of the CPUs only; False: every kernel may use every CPU (the
+            thread pools are sized to the share all the same).
 
     Returns:
         One dict of environment variables per worker.
@@ -170,7 +165,7 @@ def worker_envs(workers: int, gpus: list[str], cpus: list[int], pin: bool = True
 
 
 def pin_cpus() -> bool:
-    """Whether workers are pinned to their share of the CPUs (``EFFICIENT_AI_PIN_CPUS``, default on)."""
+    """Whether workers' kernels are pinned to their share of the CPUs (``EFFICIENT_AI_PIN_CPUS``, default on)."""
     return os.environ.get(PIN_ENV, "on").strip().lower() not in ("0", "off", "false", "no")
 
 

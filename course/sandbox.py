@@ -50,6 +50,7 @@ PROCESSES_ENV = "EFFICIENT_AI_SANDBOX_MAX_PROCESSES"
 # source folder (instructor files come from its <lab>/).
 HIDE_ENV = "EFFICIENT_AI_SANDBOX_HIDE"
 SOURCE_ENV = "EFFICIENT_AI_SANDBOX_SOURCE"
+CPUS_ENV = "EFFICIENT_AI_CPUS"  # CPUs a worker's kernels run on ("0,1,2"): set per worker by course.grade
 RUNTIME_ENV = "EFFICIENT_AI_SANDBOX_RUNTIME"  # the nbgrader process's private folder: kernels' folders go there
 # Modules the kernel imports before it answers (comma-separated; set by course.kernel_pool for pre-started kernels).
 PRELOAD_ENV = "EFFICIENT_AI_KERNEL_PRELOAD"
@@ -503,6 +504,11 @@ def _write_passwd(folder: str, uid: int) -> None:
         handle.write(f"root:x:0:\nkernel:x:{uid}:\n")
 
 
+def parse_cpus(text: str) -> set[int]:
+    """CPU numbers from ``"0,1,5"`` (empty: no restriction)."""
+    return {int(part) for part in text.split(",") if part.strip().isdigit()}
+
+
 def launch(argv: list[str]) -> None:
     """Start the kernel: replaces this process with bwrap (sandboxed) or with the boot script (``--unsandboxed``).
 
@@ -512,6 +518,9 @@ def launch(argv: list[str]) -> None:
     """
     sandboxed = "--unsandboxed" not in argv
     argv = [a for a in argv if a != "--unsandboxed"]
+    cpus = parse_cpus(os.environ.get(CPUS_ENV, ""))
+    if cpus and hasattr(os, "sched_setaffinity"):  # the kernel runs on its worker's CPUs, as a pooled one does
+        os.sched_setaffinity(0, cpus)
     connection_file = os.path.abspath(argv[argv.index("-f") + 1])
     hidden = [*os.environ.get(HIDE_ENV, "").split(os.pathsep), os.path.expanduser("~"), tempfile.gettempdir(),
               os.path.dirname(connection_file)]

@@ -261,7 +261,8 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
     os.environ.pop(PIN_ENV, None)
     os.environ.pop(ZYGOTE_ENV, None)
     cpu_busy = (busy_after - busy_before) / (total_after - total_before) if total_after > total_before else None
-    return {"workers": workers, "kernels_ahead": kernels_ahead, "pinned": pin, "forked": forked, "sandboxed": sandboxed,
+    return {"workers": workers, "kernels_ahead": kernels_ahead, "pinned": pin, "nbgrader_pinned": False,
+            "forked": forked, "sandboxed": sandboxed,
             "submissions": submissions,
             "seconds": seconds, "cpu_busy_percent": None if cpu_busy is None else 100 * cpu_busy,
             "gpu_busy_percent": gpu.percent, "cpu_s_by_kind": cpu.seconds, "kernel_thread_cpu_s": cpu.kernel_threads, "cores": os.cpu_count() or 1,
@@ -276,6 +277,15 @@ def failed_cells(notebook: Path) -> list[str]:
     return [f"cell {index}: {output.get('ename', '?')}"
             for index, cell in enumerate(read_notebook(notebook).cells) if cell.cell_type == "code"
             for output in cell.get("outputs", []) if output.get("output_type") == "error"]
+
+
+def _pinned(row: dict) -> str:
+    """How a row's workers were pinned to their CPUs (rows made before ``nbgrader_pinned`` existed pinned both)."""
+    if row["workers"] <= 1:
+        return "-"
+    if not row["pinned"]:
+        return "no"
+    return "yes, nbgrader too" if row.get("nbgrader_pinned", True) else "yes"
 
 
 def _recordings(row: dict) -> str:
@@ -387,7 +397,7 @@ def _kernel_threads_table(rows: list[dict], shown: int = 6) -> list[str]:
     for row in rows:
         per = {name: seconds / row["submissions"] for name, seconds in row["kernel_thread_cpu_s"].items()}
         rest = sum(seconds for name, seconds in per.items() if name not in names)
-        lines.append(f"| {row['workers']} | {('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | "
+        lines.append(f"| {row['workers']} | {_pinned(row)} | "
                      f"{row['submissions']} | " + " | ".join(f"{per.get(name, 0.0):.2f}" for name in names)
                      + f" | {rest:.2f} |")
     return lines
@@ -415,7 +425,7 @@ def write_report(stem: Path, lab: str, machine: str, boot: str, commands: list[s
         lines.append(f"| {row['workers']} | {'yes' if row.get('sandboxed') else 'no'} | "
                      f"{'yes' if row['kernels_ahead'] else 'no'} | "
                      f"{'yes' if row.get('forked') else 'no'} | "
-                     f"{('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | "
+                     f"{_pinned(row)} | "
                      f"{row['submissions']} | {row['seconds']:.0f} | "
                      f"{row['submissions_per_minute']:.2f} | {speedup} | "
                      f"{row['seconds'] / row['submissions']:.1f} | {statistics.median(row['autograde_seconds']):.1f} | "
@@ -430,7 +440,7 @@ def write_report(stem: Path, lab: str, machine: str, boot: str, commands: list[s
         for row in by_kind:
             per = {kind: seconds / row["submissions"] for kind, seconds in row["cpu_s_by_kind"].items()}
             lines.append(f"| {row['workers']} | {'yes' if row.get('forked') else 'no'} | "
-                         f"{('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | {row['submissions']} | "
+                         f"{_pinned(row)} | {row['submissions']} | "
                          + " | ".join(f"{per.get(kind, 0):.1f}" for kind in ProcessCpu.KINDS)
                          + f" | {sum(per.values()):.1f} | {row['seconds'] / row['submissions'] * row['cores']:.1f} |")
     lines += _kernel_threads_table(rows)
@@ -443,7 +453,7 @@ def write_report(stem: Path, lab: str, machine: str, boot: str, commands: list[s
                   "scores.png | the rest |", "| --- | --- | --- | --- | --- | --- | --- |"]
         for row in split:
             recording, reports = row.get("recording_after_last_s", 0.0), row["reports_s"]
-            lines.append(f"| {row['workers']} | {('yes' if row['pinned'] else 'no') if row['workers'] > 1 else '-'} | "
+            lines.append(f"| {row['workers']} | {_pinned(row)} | "
                          f"{row['submissions']} | {row['after_last_s']:.1f} | {recording:.1f} | {reports:.1f} | "
                          f"{row['after_last_s'] - recording - reports:.1f} |")
     lines += ["", "Kernel pool (`course/kernel_pool.py`): each worker starts its next submission's kernel, with the "
@@ -454,7 +464,9 @@ def write_report(stem: Path, lab: str, machine: str, boot: str, commands: list[s
               "submission finished and the per-run gradebook preparation are the serial part that keeps the "
               "speedup under the worker count. A PostgreSQL gradebook (NBGRADER_DB_URL) is written by the workers "
               "directly. CPU busy: the share of all the machine's CPU time that was not idle during the run "
-              "(`/proc/stat`); GPU busy: the mean of `nvidia-smi`'s utilisation, sampled every 0.5 s. Zygote "
+              "(`/proc/stat`); GPU busy: the mean of `nvidia-smi`'s utilisation, sampled every 0.5 s. CPUs pinned "
+              "per worker: its kernels run on its share of the CPUs, and its nbgrader processes on any CPU (`yes`) "
+              "or on the share too (`yes, nbgrader too`: reports made before only kernels were pinned). Zygote "
               "(`course/kernel_zygote.py`): the workers' kernels are forked from one process that made their imports "
               "once; a sandboxed one enters a sandbox made for it as for a kernel started the usual way. Median "
               "autograde: one "

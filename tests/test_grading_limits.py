@@ -3,10 +3,14 @@ wording and retries, and control characters in what a TA reads (tests/test_gradi
 from __future__ import annotations
 
 import csv
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from fixture_lab import REPO
 
 from course import grade, report  # noqa: E402
 from course.nbgrader_ext import GuardedExecute, neutralise_cell_metadata  # noqa: E402
@@ -221,3 +225,42 @@ def test_unpinned_workers_share_every_cpu_with_thread_pools_still_sized_to_a_sha
     assert pin_cpus(), "workers are pinned by default"
     monkeypatch.setenv(PIN_ENV, "off")
     assert not pin_cpus(), f"{PIN_ENV}=off must leave workers unpinned"
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "started"])
+def test_a_worker_s_nbgrader_processes_run_on_every_cpu(tmp_path, fork, monkeypatch):
+    """nbgrader runs no student code: pinned to its worker's share it would take CPU from that worker's kernel while
+    other workers' CPUs idle. It is left on every CPU; only the kernels run on the worker's share (next test)."""
+    from course import fork_server, nbgrader_run
+    from course.sandbox import CPUS_ENV
+
+    everywhere = sorted(os.sched_getaffinity(0))
+    if len(everywhere) < 2:
+        pytest.skip("one CPU: a pinned and an unpinned process cannot be told apart")
+    monkeypatch.setenv(fork_server.MODE_ENV, "on" if fork else "off")
+    seen = tmp_path / "affinity.txt"
+    (tmp_path / "nbgrader_config.py").write_text(  # nbgrader runs its config file at start-up, in its own process
+        f"import os\nopen({str(seen)!r}, 'w').write(repr(sorted(os.sched_getaffinity(0))))\n")
+    result = nbgrader_run.run_nbgrader(tmp_path, ["db", "student", "list"], env={CPUS_ENV: str(everywhere[0])},
+                                       fork=fork)
+    assert result.ok, result.tail()
+    assert seen.read_text() == repr(everywhere), "a worker's nbgrader process may use every CPU"
+
+
+def test_the_kernel_launcher_runs_the_kernel_on_its_worker_s_cpus(tmp_path):
+    """A kernel nbgrader starts itself (no kernel was ready in the pool) runs on its worker's CPUs, as a pooled one
+    does: the launcher pins itself before it becomes the kernel (``sandbox.launch``)."""
+    from course import sandbox
+
+    everywhere = sorted(os.sched_getaffinity(0))
+    if len(everywhere) < 2:
+        pytest.skip("one CPU: a pinned and an unpinned process cannot be told apart")
+    probe = ("import os, sys\nfrom course import sandbox\n"
+             "os.execv = lambda *args: (print(sorted(os.sched_getaffinity(0))), sys.stdout.flush(), os._exit(0))\n"
+             "sandbox.launch(['--unsandboxed', '-f', sys.argv[1]])\n")
+    env = {**os.environ, sandbox.CPUS_ENV: str(everywhere[-1]), sandbox.RUNTIME_ENV: str(tmp_path),
+           "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "connection.json")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == repr([everywhere[-1]]), (
+        f"the launcher must exec the kernel on its worker's CPUs: {done.stdout!r} {done.stderr[-2000:]}")

@@ -24,7 +24,7 @@ def root(tmp_path_factory):
 @pytest.fixture
 def unsandboxed(monkeypatch):
     monkeypatch.setenv(sandbox.MODE_ENV, "off")
-    monkeypatch.delenv(kernel_zygote.MODE_ENV)
+    monkeypatch.delenv(kernel_zygote.MODE_ENV, raising=False)
 
 
 def ended(pid: int, timeout_s: float = 15.0) -> bool:
@@ -187,7 +187,7 @@ def test_a_sandboxed_kernel_forked_from_the_zygote_is_sandboxed_as_a_started_one
 
     if not sandbox.sandbox_works():
         pytest.skip("bubblewrap does not work here")
-    monkeypatch.delenv(sandbox.MODE_ENV)
+    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
     server = socket.create_server(("127.0.0.1", 0))
     views = {}
     try:
@@ -234,8 +234,8 @@ def test_a_sandboxed_kernel_forked_from_the_zygote_ends_with_it(root, monkeypatc
     watch their parent, must end with it, sandbox and all."""
     if not sandbox.sandbox_works():
         pytest.skip("bubblewrap does not work here")
-    monkeypatch.delenv(sandbox.MODE_ENV)
-    monkeypatch.delenv(kernel_zygote.MODE_ENV)
+    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
+    monkeypatch.delenv(kernel_zygote.MODE_ENV, raising=False)
     with kernel_pool.KernelPool(root, LAB) as pool:
         record = claim_forked(pool, pool._zygote._process.pid)
         assert run_in_kernel(record, "_out = 6 * 7") == "42"
@@ -263,8 +263,8 @@ def test_a_sandboxed_kernel_forked_from_a_zygote_that_imported_torch_has_its_wor
 
     if not sandbox.sandbox_works():
         pytest.skip("bubblewrap does not work here")
-    monkeypatch.delenv(sandbox.MODE_ENV)
-    monkeypatch.delenv(kernel_zygote.MODE_ENV)
+    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
+    monkeypatch.delenv(kernel_zygote.MODE_ENV, raising=False)
     with kernel_pool.KernelPool(REPO, "lab1", {"OMP_NUM_THREADS": "2"}) as pool:
         record = claim_forked(pool, pool._zygote._process.pid)
         threads, profiled, cache_writable = eval(run_in_kernel(record, LAB1_PROBE))  # noqa: S307 - plain values
@@ -315,7 +315,7 @@ def test_the_workers_of_a_run_share_one_zygote_and_each_kernel_runs_on_its_worke
     if sandboxed and not sandbox.sandbox_works():
         pytest.skip("bubblewrap does not work here")
     monkeypatch.setenv(sandbox.MODE_ENV, "auto" if sandboxed else "off")
-    monkeypatch.delenv(kernel_zygote.MODE_ENV)
+    monkeypatch.delenv(kernel_zygote.MODE_ENV, raising=False)
     cpus = available_cpus()
     envs = [{**env, "OMP_NUM_THREADS": "2"} for env in worker_envs(2, [], cpus)]
     with kernel_pool.KernelPool(root, LAB, envs[0]) as first, kernel_pool.KernelPool(root, LAB, envs[1]) as second:
