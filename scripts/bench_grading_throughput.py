@@ -93,12 +93,15 @@ class ProcessCpu:
         self.kernel_threads: dict[str, float] = {}
         self._ticks: dict[tuple[int, str], tuple[str, int]] = {}  # (pid, start time) -> (kind, CPU ticks)
         self._thread_ticks: dict[tuple[int, str, int], tuple[str, int]] = {}  # (pid, start, tid) -> (name, ticks)
+        self.kernel_main_wait_s = 0.0  # kernels' main threads: time runnable but waiting for a CPU
+        self._main_waits: dict[tuple[int, str], int] = {}  # (pid, start) -> run-queue wait in ns (schedstat)
 
     def __enter__(self) -> ProcessCpu:
         import threading
 
         self._start = self._sample()
         self._threads_at_start = dict(self._thread_ticks)
+        self._main_waits_at_start = dict(self._main_waits)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -112,6 +115,8 @@ class ProcessCpu:
         self.seconds = {kind: 0.0 for kind in self.KINDS}
         for key, (kind, ticks) in {**self._ticks, **end}.items():
             self.seconds[kind] += (ticks - self._start.get(key, (kind, 0))[1]) / hz
+        self.kernel_main_wait_s = sum(wait - self._main_waits_at_start.get(key, 0)
+                                      for key, wait in self._main_waits.items()) / 1e9
         self.kernel_threads = {}
         for key, (name, ticks) in self._thread_ticks.items():
             began = self._threads_at_start.get(key, (name, 0))[1]
@@ -150,6 +155,11 @@ class ProcessCpu:
         return found
 
     def _sample_threads(self, pid: int, started: str) -> None:
+        try:  # schedstat: time on a CPU, time runnable and waiting for one (ns), timeslices
+            with open(f"/proc/{pid}/schedstat") as handle:
+                self._main_waits[(pid, started)] = int(handle.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
         try:
             tids = [int(name) for name in os.listdir(f"/proc/{pid}/task") if name.isdigit()]
         except OSError:
@@ -265,7 +275,8 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
             "forked": forked, "sandboxed": sandboxed,
             "submissions": submissions,
             "seconds": seconds, "cpu_busy_percent": None if cpu_busy is None else 100 * cpu_busy,
-            "gpu_busy_percent": gpu.percent, "cpu_s_by_kind": cpu.seconds, "kernel_thread_cpu_s": cpu.kernel_threads, "cores": os.cpu_count() or 1,
+            "gpu_busy_percent": gpu.percent, "cpu_s_by_kind": cpu.seconds, "kernel_thread_cpu_s": cpu.kernel_threads,
+            "kernel_main_wait_s": cpu.kernel_main_wait_s, "cores": os.cpu_count() or 1,
             "submissions_per_minute": submissions / seconds * 60, "failed": failed,
             "autograde_seconds": [outcomes[s].seconds for s in sorted(outcomes)], **timeline.summary(seconds)}
 
@@ -379,6 +390,10 @@ def one_worker_rate(rows: list[dict], row: dict) -> float | None:
     return sum(r["submissions"] for r in same) / seconds * 60 if seconds else None
 
 
+def _per_submission(row: dict, key: str) -> str:
+    return f"{row[key] / row['submissions']:.2f}" if key in row else "-"
+
+
 def _kernel_threads_table(rows: list[dict], shown: int = 6) -> list[str]:
     """Report lines: the kernels' CPU seconds per submission by thread name (``main: ``: a process's main thread),
     the ``shown`` busiest names of all rows as columns and the rest summed."""
@@ -391,15 +406,16 @@ def _kernel_threads_table(rows: list[dict], shown: int = 6) -> list[str]:
             totals[name] = totals.get(name, 0.0) + seconds / row["submissions"]
     names = sorted(totals, key=totals.get, reverse=True)[:shown]
     lines = ["", "Kernel CPU time per submission, by thread (seconds; thread names as the kernels set them, digits "
-             "read `#`):", "", "| workers | CPUs pinned per worker | submissions | "
-             + " | ".join(f"`{name}`" for name in names) + " | other threads |",
-             ("| --- | --- | --- | " + "--- | " * (len(names) + 1)).rstrip()]
+             "read `#`), and the time the kernels' main threads were ready to run but waiting for a CPU "
+             "(`/proc/PID/schedstat`):", "", "| workers | CPUs pinned per worker | submissions | "
+             + " | ".join(f"`{name}`" for name in names) + " | other threads | main threads waiting for a CPU |",
+             ("| --- | --- | --- | " + "--- | " * (len(names) + 2)).rstrip()]
     for row in rows:
         per = {name: seconds / row["submissions"] for name, seconds in row["kernel_thread_cpu_s"].items()}
         rest = sum(seconds for name, seconds in per.items() if name not in names)
         lines.append(f"| {row['workers']} | {_pinned(row)} | "
                      f"{row['submissions']} | " + " | ".join(f"{per.get(name, 0.0):.2f}" for name in names)
-                     + f" | {rest:.2f} |")
+                     + f" | {rest:.2f} | {_per_submission(row, 'kernel_main_wait_s')} |")
     return lines
 
 
