@@ -83,7 +83,8 @@ class ProcessCpu:
     ``grader`` (this process: the workers' threads and the gradebook recorder) and ``other`` (nvidia-smi and the
     rest of the machine). ``kernel_threads``: the kernels' CPU time by thread name (``/proc/PID/task/TID/stat``; digits
     in a name read ``#``, so a pool of threads is one row): what in a kernel uses its CPU, the student's code (the
-    main thread) or threads that wait by spinning (OpenMP, CUDA)."""
+    main thread) or threads that wait by spinning (OpenMP, CUDA). ``kernel_main_wait_s``: how long the kernels' main
+    threads were runnable but waited for a CPU (``/proc/PID/schedstat``), in all."""
 
     KINDS = ("kernel", "nbgrader", "grader", "other")
 
@@ -391,6 +392,7 @@ def one_worker_rate(rows: list[dict], row: dict) -> float | None:
 
 
 def _per_submission(row: dict, key: str) -> str:
+    """``row[key]`` per submission for a report cell; ``-`` where the row predates the field."""
     return f"{row[key] / row['submissions']:.2f}" if key in row else "-"
 
 
