@@ -70,13 +70,13 @@ c.Execute.iopub_timeout = int(os.environ.get("EFFICIENT_AI_OUTPUT_WAIT_S", "20")
 c.GuardedExecute.notebook_timeout_s = float(os.environ.get("EFFICIENT_AI_NOTEBOOK_TIMEOUT_S", "600"))
 c.GuardedExecute.guard = os.environ.get("EFFICIENT_AI_GUARD", "on") != "off"
 
-# A warning on stderr (PyTorch writes many) is not a failed test: errors are recorded as error outputs.
 # nbconvert validates the whole notebook after each of the pipeline's preprocessors (about 10 ms each on Lab 1, twice
 # for every submission a worker records in a SQLite gradebook); validating once, after the last, rejects the same
 # invalid notebooks.
 if "optimistic_validation" in Exporter.class_trait_names():  # nbconvert 7.3 and newer
     c.Exporter.optimistic_validation = True
 
+# A warning on stderr (PyTorch writes many) is not a failed test: errors are recorded as error outputs.
 c.IgnorePattern.enabled = True
 c.IgnorePattern.pattern = r"(?s).*"
 

@@ -225,14 +225,11 @@ class KernelPool:
             self._give_up_zygote(f"the zygote did not start ({self._zygote.why})")
         env = {**self._env, RUNTIME_ENV: str(home / "runtime")}
         process = self._fork(argv, home, env) if self._zygote is not None and self._zygote.ready() else None
-        if process is None:
-            cpus = self._cpus
+        if process is None:  # the launcher puts it on the worker's CPUs (CPUS_ENV), as it does nbgrader's own kernels
             with open(home / "kernel.log", "wb") as log:
                 process = subprocess.Popen(
                     argv, cwd=self._cwd, env=env,
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                    preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity")
-                    else None,
                 )
         self._kernels[kernel_id] = process
         self._started += 1
