@@ -26,8 +26,7 @@ forks the kernel there (``run_sandboxed_child``).
 
 With ``--cuda`` (a kernel started ahead) it also creates its CUDA context before it answers, leaving no memory
 allocated and no peak recorded: 0.15 s alone, 0.6-0.8 s with eight processes creating theirs at once on the lent
-H100 (``scripts/gpu/start_costs.py``), otherwise paid in the submission's first GPU cell. With ``--cuda-libraries``
-too, it loads cuBLAS and the attention kernels the same way (``warm_cuda_libraries``).
+H100 (``scripts/gpu/start_costs.py``), otherwise paid in the submission's first GPU cell.
 """
 from __future__ import annotations
 
@@ -48,8 +47,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--uid", type=int, help="run the kernel as this uid and gid (needs root)")
     parser.add_argument("--preload", default="", help="modules to import before the kernel answers (comma-separated)")
     parser.add_argument("--cuda", action="store_true", help="create the CUDA context before the kernel answers")
-    parser.add_argument("--cuda-libraries", action="store_true",
-                        help="with --cuda, also load cuBLAS and the attention kernels (warm_cuda_libraries)")
     parser.add_argument("--zygote", action="store_true", help="import once, then fork a kernel per request on stdin")
     return parser.parse_args(argv[:split]), argv[split + 1:]
 
@@ -82,9 +79,8 @@ def preload(modules: str) -> None:
             pass
 
 
-def create_cuda_context(libraries: bool = False) -> None:
-    """Create torch's CUDA context where torch is imported and sees a GPU (with ``libraries``, also load what the
-    labs' first matrix products and attention load: ``warm_cuda_libraries``), then leave the allocator as a fresh
+def create_cuda_context() -> None:
+    """Create torch's CUDA context where torch is imported and sees a GPU, then leave the allocator as a fresh
     process has it: nothing allocated or reserved, no peak, no counts."""
     torch = sys.modules.get("torch")
     if torch is None:
@@ -93,42 +89,12 @@ def create_cuda_context(libraries: bool = False) -> None:
         if not torch.cuda.is_available():
             return
         torch.empty(1, device="cuda")
-        if libraries:
-            warm_cuda_libraries(torch)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         torch.cuda.reset_accumulated_memory_stats()
     except Exception:  # noqa: BLE001 - the student's first CUDA call then meets the same error
         pass
-
-
-WARM_DTYPES = ("float32", "bfloat16", "float16")  # the floating dtypes the labs compute in on a GPU
-
-
-def warm_cuda_libraries(torch) -> None:
-    """Run one small matrix product, one with a bias (cuBLASLt) and one causal ``scaled_dot_product_attention`` in
-    each of ``WARM_DTYPES`` on the GPU, then give back cuBLAS's workspace.
-
-    A process pays 0.1-0.2 s for its first product or attention in each dtype: cuBLAS's handle and the kernels' code
-    are loaded on first use (``reports/gpu-sharing-h100.md``). A kernel started ahead pays it while it waits. Inputs
-    are ``torch.ones`` (no random number is drawn: the student's generator is untouched); the results are dropped,
-    so the caller's ``empty_cache`` leaves nothing reserved.
-    """
-    import torch.nn.functional as F
-
-    for name in WARM_DTYPES:
-        dtype = getattr(torch, name)
-        a = torch.ones(64, 64, device="cuda", dtype=dtype)
-        bias = torch.ones(64, device="cuda", dtype=dtype)
-        q = torch.ones(1, 2, 64, 64, device="cuda", dtype=dtype)
-        a @ a
-        F.linear(a, a, bias)
-        F.scaled_dot_product_attention(q, q, q, is_causal=True)
-    torch.cuda.synchronize()
-    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear_workspaces is not None:  # cuBLAS's workspace lives in the caching allocator: it would stay reserved
-        clear_workspaces()
 
 
 def freeze_heap() -> None:
@@ -489,7 +455,7 @@ def main(argv: list[str], imported: bool = False) -> None:
     os.chdir(options.work)
     preload(options.preload)
     if options.cuda:
-        create_cuda_context(libraries=options.cuda_libraries)
+        create_cuda_context()
     freeze_heap()
     app.start()
 

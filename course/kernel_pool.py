@@ -10,9 +10,8 @@ cost 5 to 8 s of each submission's time (reports/grading-breakdown-*.md). ``cour
   folder (a kernel never sees another's sockets);
 - ``kernel_boot.py --preload`` imports what the lab's setup cells and the guard import (``preload_modules``) before
   the kernel answers. Those imports ran before any student code already; only their time moves.
-- ``kernel_boot.py --cuda`` creates the kernel's CUDA context before it answers, and ``--cuda-libraries`` loads cuBLAS
-  and the attention kernels (``EFFICIENT_AI_KERNEL_CUDA_AHEAD=context`` makes the context only, ``off`` leaves both to
-  the first GPU cell);
+- ``kernel_boot.py --cuda`` creates the kernel's CUDA context before it answers (``EFFICIENT_AI_KERNEL_CUDA_AHEAD=off``
+  leaves it to the first GPU cell);
 - it is forked from the run's zygote, which made those imports once (``course/kernel_zygote.py``); a sandboxed one
   enters a sandbox made for it as for a kernel started the usual way.
 
@@ -55,7 +54,6 @@ from .sandbox import (
     PRELOAD_ENV,
     RUNTIME_ENV,
     SOURCE_ENV,
-    cuda_boot_options,
     grading_kernel_spec,
     parse_cpus,
     sandbox_works,
@@ -63,9 +61,7 @@ from .sandbox import (
 
 POOL_ENV = "EFFICIENT_AI_KERNEL_POOL"  # the pool folder an nbgrader process may adopt a kernel from
 POOL_OFF_ENV = "EFFICIENT_AI_KERNEL_POOL_OFF"  # set to 1: course grade starts no kernels ahead (to compare)
-# What a kernel started ahead makes of CUDA before its submission: on (default) its context and cuBLAS and the
-# attention kernels loaded; context: the context only; off: nothing, left to the submission's first GPU cell.
-CUDA_ENV = "EFFICIENT_AI_KERNEL_CUDA_AHEAD"
+CUDA_ENV = "EFFICIENT_AI_KERNEL_CUDA_AHEAD"  # off: a kernel started ahead leaves its CUDA context to its first GPU cell
 LOG_TAIL_BYTES = 64 * 1024  # of a pooled kernel's own stdout and stderr, copied to the adopting nbgrader's stderr
 REFILL_POLL_S = 0.05
 MAX_FAILURES = 3  # kernels started ahead that fail before the pool stops starting them
@@ -76,12 +72,8 @@ def pool_enabled() -> bool:
     return os.environ.get(POOL_OFF_ENV, "").strip() not in ("1", "true", "yes", "on")
 
 
-def cuda_ahead() -> str:
-    """``CUDA_ENV`` as ``course.sandbox.cuda_boot_options`` reads it: ``libraries``, ``context`` or ``""`` (off)."""
-    value = os.environ.get(CUDA_ENV, "on").strip().lower()
-    if value in ("0", "off", "false", "no"):
-        return ""
-    return "context" if value == "context" else "libraries"
+def cuda_ahead() -> bool:
+    return os.environ.get(CUDA_ENV, "on").strip().lower() not in ("0", "off", "false", "no")
 
 
 def preload_modules(source_folder: Path) -> list[str]:
@@ -134,7 +126,7 @@ class KernelPool:
         self._cwd = source
         self._cpus = parse_cpus(self._env.get(CPUS_ENV, ""))
         if cuda_ahead():
-            self._env[CUDA_AHEAD_ENV] = cuda_ahead()  # the launcher reads it: sandbox.cuda_boot_options
+            self._env[CUDA_AHEAD_ENV] = "1"
         self._kernels: dict[str, subprocess.Popen | AdoptedProcess] = {}
         self._zygote = None
         self._started = 0  # kernels started ahead so far
@@ -255,7 +247,7 @@ class KernelPool:
         killing its process group ends the kernel and the sandbox."""
         launcher_args = argv[argv.index(LAUNCHER_SCRIPT) + 1:]
         args = ["--on-path", "--files", self._zygote.files, "--work", str(home / "work"),
-                *cuda_boot_options(self._env.get(CUDA_AHEAD_ENV)), "--",
+                *(["--cuda"] if self._env.get(CUDA_AHEAD_ENV) == "1" else []), "--",
                 *[a for a in launcher_args if a != "--unsandboxed"]]
         try:
             pid = self._zygote.fork(args, str(home / "kernel.log"), env, self._cpus,

@@ -54,9 +54,8 @@ CPUS_ENV = "EFFICIENT_AI_CPUS"  # CPUs a worker's kernels run on ("0,1,2"): set 
 RUNTIME_ENV = "EFFICIENT_AI_SANDBOX_RUNTIME"  # the nbgrader process's private folder: kernels' folders go there
 # Modules the kernel imports before it answers (comma-separated; set by course.kernel_pool for pre-started kernels).
 PRELOAD_ENV = "EFFICIENT_AI_KERNEL_PRELOAD"
-# Set by course.kernel_pool for a kernel started ahead: what of CUDA it makes before it answers (cuda_boot_options).
+# "1" (set by course.kernel_pool for a kernel started ahead): create the CUDA context before the kernel answers.
 CUDA_AHEAD_ENV = "EFFICIENT_AI_KERNEL_BOOT_CUDA"
-CUDA_BOOT_OPTIONS = {"context": ["--cuda"], "libraries": ["--cuda", "--cuda-libraries"]}
 KERNEL_NAME = "efficient-ai-sandbox"
 PROCESS_DIR_PREFIX = "efficient-ai-kernels-"
 BOOT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_boot.py")
@@ -96,12 +95,6 @@ ENV_KEEP_PREFIXES = ("LC_",)
 
 _process_dir: str | None = None  # this nbgrader process's private folder (kernelspec, ipc sockets, kernels)
 _warned = False
-
-
-def cuda_boot_options(mode: str | None) -> list[str]:
-    """``kernel_boot.py``'s options for ``CUDA_AHEAD_ENV``'s value: ``context`` creates the kernel's CUDA context
-    before it answers, ``libraries`` also loads cuBLAS and the attention kernels; anything else, nothing."""
-    return list(CUDA_BOOT_OPTIONS.get((mode or "").strip(), []))
 
 
 def sandbox_mode() -> str:
@@ -536,7 +529,7 @@ def launch(argv: list[str]) -> None:
     boot_options = ["--on-path"] if prepare_files(os.getcwd(), os.environ.get(SOURCE_ENV), hidden, files) else []
     preload = os.environ.get(PRELOAD_ENV, "").strip()
     boot_options += ["--preload", preload] if preload else []
-    boot_options += cuda_boot_options(os.environ.get(CUDA_AHEAD_ENV))
+    boot_options += ["--cuda"] if os.environ.get(CUDA_AHEAD_ENV) == "1" else []
     if sandboxed:
         _exec_sandboxed(argv, connection_file, kernel_dir, boot_options, hidden)
     command = [sys.executable, "-I", BOOT_SCRIPT, *boot_options, "--files", files, "--work",
@@ -619,7 +612,7 @@ def start_for_fork(argv: list[str], files: str, home_at: list[str] = ()) -> dict
     hidden = [*os.environ.get(HIDE_ENV, "").split(os.pathsep), os.path.expanduser("~"), tempfile.gettempdir(),
               os.path.dirname(connection_file)]
     kernel_dir = tempfile.mkdtemp(prefix="kernel-", dir=os.environ.get(RUNTIME_ENV) or None)
-    boot_options = ["--on-path", *cuda_boot_options(os.environ.get(CUDA_AHEAD_ENV))]
+    boot_options = ["--on-path", *(["--cuda"] if os.environ.get(CUDA_AHEAD_ENV) == "1" else [])]
     info_read, info_write = os.pipe()
     command, boot = _sandbox_command(argv, connection_file, kernel_dir, boot_options, hidden,
                                      program=PLACEHOLDER, files=files, home_at=home_at)

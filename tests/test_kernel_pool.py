@@ -157,78 +157,9 @@ def test_a_cuda_context_made_ahead_leaves_the_allocator_as_a_fresh_process_has_i
     assert calls.index("empty_cache") < calls.index("reset_peak_memory_stats"), calls
 
     calls.clear()
-    monkeypatch.setattr(kernel_boot, "warm_cuda_libraries", lambda torch: calls.append("warm libraries"))
-    kernel_boot.create_cuda_context(libraries=True)
-    assert calls[:2] == ["empty on cuda", "warm libraries"], f"the libraries are loaded in the new context: {calls}"
-    assert calls.index("warm libraries") < calls.index("empty_cache"), f"what they leave is given back: {calls}"
-
-    calls.clear()
     cuda.is_available = lambda: False
-    kernel_boot.create_cuda_context(libraries=True)
+    kernel_boot.create_cuda_context()
     assert calls == [], "without a GPU nothing is created"
-
-
-def test_warming_the_cuda_libraries_draws_no_random_number_and_gives_back_the_cublas_workspace(monkeypatch):
-    """``warm_cuda_libraries``: a product, a product with bias and a causal attention in every dtype the labs use,
-    from ``torch.ones`` (the student's random generator is untouched), then cuBLAS's workspace is given back after the
-    work finished. A stand-in torch records the calls (CI has no GPU)."""
-    from types import ModuleType, SimpleNamespace
-
-    from course import kernel_boot
-
-    calls = []
-
-    class Tensor:
-        def __init__(self, dtype):
-            self.dtype = dtype
-
-        def __matmul__(self, other):
-            calls.append(("matmul", self.dtype))
-            return self
-
-    functional = ModuleType("torch.nn.functional")
-    functional.linear = lambda a, w, bias: calls.append(("linear", a.dtype, bias is not None))
-    functional.scaled_dot_product_attention = (
-        lambda q, k, v, is_causal: calls.append(("sdpa", q.dtype, is_causal)))
-    nn = ModuleType("torch.nn")
-    nn.functional = functional
-    fake = ModuleType("torch")
-    fake.nn = nn
-    for name in kernel_boot.WARM_DTYPES:
-        setattr(fake, name, name)
-    fake.ones = lambda *shape, device, dtype: (calls.append(("ones", device)), Tensor(dtype))[1]
-    fake.randn = fake.rand = lambda *a, **k: pytest.fail("warming drew a random number")
-    fake.cuda = SimpleNamespace(synchronize=lambda: calls.append("synchronize"))
-    fake._C = SimpleNamespace(_cuda_clearCublasWorkspaces=lambda: calls.append("clear cuBLAS workspaces"))
-    monkeypatch.setitem(sys.modules, "torch", fake)
-    monkeypatch.setitem(sys.modules, "torch.nn", nn)
-    monkeypatch.setitem(sys.modules, "torch.nn.functional", functional)
-    kernel_boot.warm_cuda_libraries(fake)
-
-    assert set(kernel_boot.WARM_DTYPES) == {"float32", "bfloat16", "float16"}, "the labs compute in these on a GPU"
-    for dtype in kernel_boot.WARM_DTYPES:
-        assert ("matmul", dtype) in calls and ("linear", dtype, True) in calls and ("sdpa", dtype, True) in calls, (
-            f"every kind of first use is made in {dtype}: {calls}")
-    assert all(call[1] == "cuda" for call in calls if call[0] == "ones"), f"inputs live on the GPU: {calls}"
-    assert calls[-2:] == ["synchronize", "clear cuBLAS workspaces"], (
-        f"the workspace is given back once the GPU finished with it: {calls}")
-
-
-@pytest.mark.parametrize("value, mode, options", [
-    (None, "libraries", ["--cuda", "--cuda-libraries"]), ("on", "libraries", ["--cuda", "--cuda-libraries"]),
-    ("context", "context", ["--cuda"]), ("off", "", []), ("0", "", [])])
-def test_cuda_ahead_setting_names_what_a_kernel_started_ahead_makes(monkeypatch, value, mode, options):
-    """``EFFICIENT_AI_KERNEL_CUDA_AHEAD``: on (default) the context and the libraries, ``context`` the context only,
-    ``off`` nothing; the launcher turns the pool's mode into ``kernel_boot.py``'s options."""
-    from course.sandbox import cuda_boot_options
-
-    if value is None:
-        monkeypatch.delenv(kernel_pool.CUDA_ENV, raising=False)
-    else:
-        monkeypatch.setenv(kernel_pool.CUDA_ENV, value)
-    assert kernel_pool.cuda_ahead() == mode, f"{kernel_pool.CUDA_ENV}={value!r}"
-    assert cuda_boot_options(mode) == options, f"mode {mode!r}"
-    assert cuda_boot_options("1") == [] and cuda_boot_options(None) == [], "an unknown mode makes nothing"
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """What one grading process pays to start, alone and with neighbours: import CPU and the first CUDA calls.
 
-Usage: ``python scripts/gpu/start_costs.py [--lab lab1] [--processes 1 8] [--cpus-each 2] [--warm] --out DIR``.
+Usage: ``python scripts/gpu/start_costs.py [--lab lab1] [--processes 1 8] [--cpus-each 2] --out DIR``.
 
 1. **Imports of a kernel started ahead.** ``python -I -X importtime`` imports what ``course/kernel_pool.py``'s
    ``--preload`` makes a pre-started kernel of the lab import (after ipykernel), with the instructor's ``utils.py``
@@ -9,9 +9,7 @@ Usage: ``python scripts/gpu/start_costs.py [--lab lab1] [--processes 1 8] [--cpu
 2. **The first CUDA calls**, in N fresh processes started together (each pinned to its own ``--cpus-each`` CPUs, as
    ``course grade``'s workers are): ``import torch``, the CUDA context (``torch.empty(1, device="cuda")``), the first
    matrix product (cuBLAS) and the first ``scaled_dot_product_attention``, each timed to its synchronisation.
-   Medians and maxima over the processes, for each N. With ``--warm``, each N again with
-   ``course.kernel_boot.create_cuda_context(libraries=True)`` after the context (what a kernel started ahead does
-   before its submission): its time, what the allocator holds afterwards, and the first calls after it.
+   Medians and maxima over the processes, for each N.
 
 Writes ``DIR/start-costs.json`` and ``DIR/start-costs.md``.
 """
@@ -31,22 +29,13 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 CUDA_PROBE = r"""
-import json, sys, time
-repo, warm = sys.argv[1], sys.argv[2] == "1"
-out = {}
-t = time.perf_counter(); import torch; out["import_torch_s"] = time.perf_counter() - t
-t = time.perf_counter(); torch.empty(1, device="cuda"); torch.cuda.synchronize(); out["context_s"] = time.perf_counter() - t
-if warm:  # as a kernel started ahead does before a submission claims it
-    sys.path.insert(0, repo)
-    from course import kernel_boot
-    t = time.perf_counter(); kernel_boot.create_cuda_context(libraries=True); out["warm_libraries_s"] = time.perf_counter() - t
-    out["left_allocated_MiB"] = torch.cuda.memory_allocated() / 2**20
-    out["left_reserved_MiB"] = torch.cuda.memory_reserved() / 2**20
-    out["left_peak_MiB"] = torch.cuda.max_memory_allocated() / 2**20
-t = time.perf_counter(); a = torch.randn(256, 256, device="cuda"); (a @ a).sum().item(); out["first_matmul_s"] = time.perf_counter() - t
+import json, time
+t0 = time.perf_counter(); import torch; t1 = time.perf_counter()
+torch.empty(1, device="cuda"); torch.cuda.synchronize(); t2 = time.perf_counter()
+a = torch.randn(256, 256, device="cuda"); (a @ a).sum().item(); t3 = time.perf_counter()
 q = torch.randn(1, 4, 128, 64, device="cuda", dtype=torch.bfloat16)
-t = time.perf_counter(); torch.nn.functional.scaled_dot_product_attention(q, q, q).sum().item(); out["first_sdpa_s"] = time.perf_counter() - t
-print(json.dumps(out))
+torch.nn.functional.scaled_dot_product_attention(q, q, q).sum().item(); t4 = time.perf_counter()
+print(json.dumps({"import_torch_s": t1 - t0, "context_s": t2 - t1, "first_matmul_s": t3 - t2, "first_sdpa_s": t4 - t3}))
 """
 
 
@@ -72,15 +61,14 @@ def import_costs(lab: str) -> dict:
             "slowest": [{"module": name, "cumulative_s": seconds} for seconds, name in rows[:15]]}
 
 
-def cuda_costs(processes: int, cpus_each: int, warm: bool = False) -> list[dict]:
-    """Run ``CUDA_PROBE`` in ``processes`` processes at once, process i pinned to CPUs [i*cpus_each, ...); with
-    ``warm``, each loads the CUDA libraries after its context as a kernel started ahead does."""
+def cuda_costs(processes: int, cpus_each: int) -> list[dict]:
+    """Run ``CUDA_PROBE`` in ``processes`` processes at once, process i pinned to CPUs [i*cpus_each, ...)."""
     count = os.cpu_count() or 1
     started = []
     for i in range(processes):
         cpus = {(i * cpus_each + j) % count for j in range(cpus_each)}
         started.append(subprocess.Popen(
-            [sys.executable, "-c", CUDA_PROBE, str(REPO), "1" if warm else "0"], stdout=subprocess.PIPE, text=True,
+            [sys.executable, "-c", CUDA_PROBE], stdout=subprocess.PIPE, text=True,
             preexec_fn=lambda cpus=cpus: os.sched_setaffinity(0, cpus)))
     return [json.loads(process.communicate()[0]) for process in started]
 
@@ -90,8 +78,6 @@ def main() -> int:
     parser.add_argument("--lab", default="lab1")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--cpus-each", type=int, default=2)
-    parser.add_argument("--warm", action="store_true",
-                        help="also run each probe after course.kernel_boot.create_cuda_context(libraries=True)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -100,8 +86,7 @@ def main() -> int:
     imports = result["imports"]
     lines = [f"# What a grading process pays to start ({args.lab})", "",
              f"Measured by `python scripts/gpu/start_costs.py --lab {args.lab} --processes "
-             f"{' '.join(map(str, args.processes))} --cpus-each {args.cpus_each}{' --warm' if args.warm else ''}` "
-             f"on {result['machine']}.", "",
+             f"{' '.join(map(str, args.processes))} --cpus-each {args.cpus_each}` on {result['machine']}.", "",
              f"## Imports of a kernel started ahead: {imports['cpu_s']:.2f} CPU s, {imports['wall_s']:.2f} s wall", "",
              "| module (top level, cumulative) | s |", "| --- | --- |",
              *[f"| {row['module']} | {row['cumulative_s']:.2f} |" for row in imports["slowest"]], ""]
@@ -113,18 +98,13 @@ def main() -> int:
         has_cuda = False
     if has_cuda:
         lines += ["## First CUDA calls, processes started together", "",
-                  "Libraries loaded ahead: `kernel_boot.create_cuda_context(libraries=True)` ran after the context, "
-                  "as in a kernel started ahead; `left_*`: what the allocator held afterwards.", "",
-                  "| processes | libraries loaded ahead | step | median | max |", "| --- | --- | --- | --- | --- |"]
+                  "| processes | step | median (s) | max (s) |", "| --- | --- | --- | --- |"]
         for n in args.processes:
-            for warm in (False, True) if args.warm else (False,):
-                runs = cuda_costs(n, args.cpus_each, warm)
-                result["cuda"][f"{n} warm" if warm else str(n)] = runs
-                for step in runs[0]:
-                    values = [run[step] for run in runs]
-                    unit = "MiB" if step.endswith("_MiB") else "s"
-                    lines.append(f"| {n} | {'yes' if warm else 'no'} | {step} | {statistics.median(values):.2f} {unit} "
-                                 f"| {max(values):.2f} {unit} |")
+            runs = cuda_costs(n, args.cpus_each)
+            result["cuda"][str(n)] = runs
+            for step in runs[0]:
+                values = [run[step] for run in runs]
+                lines.append(f"| {n} | {step} | {statistics.median(values):.2f} | {max(values):.2f} |")
     (args.out / "start-costs.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "start-costs.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
