@@ -1,7 +1,8 @@
 """Grading throughput (submissions per minute) against the number of workers, at quick scale on this machine.
 
 Usage: ``python scripts/bench_grading_throughput.py [--lab lab1] [--submissions 8] [--workers 1 2]
-[--kernels-ahead on|off|both] [--pin on|off|both] [--zygote on|off|both]``, or ``--render REPORT.json``.
+[--kernels-ahead on|off|both] [--pin on|off|both] [--zygote on|off|both] [--cell-times]``, or
+``--render REPORT.json``.
 Each run grades the same class (copies of the reference solution of the lab) into a fresh SQLite course with
 ``course.grade.grade_lab`` and times the whole call, gradebook preparation included. ``--kernels-ahead off`` grades
 with ``EFFICIENT_AI_KERNEL_POOL_OFF=1`` and ``EFFICIENT_AI_FORK_SERVER=off``: every nbgrader process starts with
@@ -11,7 +12,9 @@ instead of its own share. ``--zygote off`` starts every kernel ahead with ``pyth
 (``EFFICIENT_AI_KERNEL_ZYGOTE=off``) instead of forking it from the worker's zygote (``course/kernel_zygote.py``; a
 sandboxed kernel then enters a sandbox made for it). Each row also says how busy the machine's CPUs and GPU were
 during the run and how much CPU time each kind of process took (kernels, nbgrader, the grader's own
-process), and the run fails unless every copy earns every autograded cell's points with no cell raising. Writes
+process), and the run fails unless every copy earns every autograded cell's points with no cell raising. With
+``--cell-times``, the graded notebooks keep nbclient's cell timestamps and the report splits a submission's time by
+part of the notebook (its cells, the test cells the grader ran, the grader's requests between cells). Writes
 ``reports/grading-throughput.md`` and ``reports/grading-throughput.json``.
 """
 from __future__ import annotations
@@ -237,8 +240,29 @@ class Timeline:
                 "reports_s": sum(e - b for b, e in reports)}
 
 
+OUTSIDE_CELLS = "before the first cell and after the last (nbgrader, kernel hand-over, guard, scoring)"
+
+
+def notebook_parts(graded: dict[Path, float]) -> dict[str, float]:
+    """Median seconds per submission of each part of the graded notebooks (``graded``: each notebook and its
+    autograde's seconds), from the cell timestamps nbclient recorded (``bench_grading_breakdown.split_run``): each
+    part's cells, the grader's requests between cells, the test cells the grader ran (the stretches between two
+    kernel cells that held them), and the rest of the autograde (``OUTSIDE_CELLS``)."""
+    from bench_grading_breakdown import split_run
+
+    runs = []
+    for notebook, autograde_s in graded.items():
+        steps, cells = split_run(notebook, 0.0, 0.0)
+        parts = {name: seconds for name, seconds in steps.items() if name.startswith(("cells:", "between"))}
+        parts["test cells (the grader's)"] = sum(seconds for name, seconds in cells.items() if name.startswith("tests "))
+        parts["between cells (guard checks, grader requests)"] -= parts["test cells (the grader's)"]
+        parts[OUTSIDE_CELLS] = autograde_s - sum(parts.values())
+        runs.append(parts)
+    return {name: statistics.median(run.get(name, 0.0) for run in runs) for name in runs[0]} if runs else {}
+
+
 def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = True, pin: bool = True,
-                zygote: bool = True) -> dict:
+                zygote: bool = True, cell_times: bool = False) -> dict:
     os.environ.pop(POOL_OFF_ENV, None)
     os.environ.pop(FORK_SERVER_ENV, None)
     os.environ[PIN_ENV] = "on" if pin else "off"
@@ -249,6 +273,9 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
         os.environ.update({POOL_OFF_ENV: "1", FORK_SERVER_ENV: "off"})
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         course = make_course_dir(Path(tmp), [lab], REPO)
+        if cell_times:  # nbgrader then keeps the timestamps nbclient records on every cell
+            with open(course / "nbgrader_config.py", "a", encoding="utf-8") as config:
+                config.write("\nc.ClearMetadataPreprocessor.enabled = False\n")
         nb = make_submission(read_notebook(REPO / "release" / lab / f"{lab}.ipynb"),
                              read_notebook(REPO / "source" / lab / f"{lab}.ipynb"))
         for index in range(submissions):
@@ -261,6 +288,8 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
         busy_after, total_after = cpu_jiffies()
         # a cell that fails only under some way of grading (a written answer's code, say) costs no autograded point
         errors = {student: failed_cells(course / "autograded" / student / lab / f"{lab}.ipynb") for student in outcomes}
+        parts = notebook_parts({course / "autograded" / s / lab / f"{lab}.ipynb": outcome.seconds
+                                for s, outcome in outcomes.items()}) if cell_times else {}
     # the reference solution earns every autograded cell's points, or the run is reported as failed
     failed = [f"{o.student}: {o.status}: {o.reason}" for o in outcomes.values() if o.status != "ok"]
     failed += [f"{student}: {cell.grade_id} earned {cell.score:g} of {cell.max_score:g}"
@@ -279,7 +308,8 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
             "gpu_busy_percent": gpu.percent, "cpu_s_by_kind": cpu.seconds, "kernel_thread_cpu_s": cpu.kernel_threads,
             "kernel_main_wait_s": cpu.kernel_main_wait_s, "cores": os.cpu_count() or 1,
             "submissions_per_minute": submissions / seconds * 60, "failed": failed,
-            "autograde_seconds": [outcomes[s].seconds for s in sorted(outcomes)], **timeline.summary(seconds)}
+            "autograde_seconds": [outcomes[s].seconds for s in sorted(outcomes)], **timeline.summary(seconds),
+            **({"notebook_parts_s": parts} if parts else {})}
 
 
 def failed_cells(notebook: Path) -> list[str]:
@@ -340,8 +370,22 @@ def cpu_model() -> str:
     return platform.machine()
 
 
+def physical_cores() -> int | None:
+    """Physical cores behind this machine's logical CPUs, as its topology files say (None where they say nothing):
+    two hyperthreads of one core share its execution units, so eight busy workers on 16 logical CPUs of 8 cores
+    run each slower than one worker alone."""
+    cores = set()
+    for topology in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology"):
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()))
+        except OSError:
+            return None
+    return len(cores) or None
+
+
 def machine_description() -> str:
-    """CPU model and cores, Python version, and the GPU grading can see (or "no GPU")."""
+    """CPU model and cores (and the physical cores, where fewer), Python version, and the GPU grading can see (or
+    "no GPU")."""
     gpu = "no GPU"
     try:
         import torch
@@ -350,7 +394,9 @@ def machine_description() -> str:
             gpu = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
     except ImportError:
         pass
-    return f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, {gpu}"
+    physical = physical_cores()
+    smt = f" ({physical} physical)" if physical and physical < (os.cpu_count() or 0) else ""
+    return f"{cpu_model()}, {os.cpu_count()} cores{smt}, Python {platform.python_version()}, {gpu}"
 
 
 def boot_id() -> str:
@@ -421,6 +467,27 @@ def _kernel_threads_table(rows: list[dict], shown: int = 6) -> list[str]:
     return lines
 
 
+def _notebook_parts_table(rows: list[dict]) -> list[str]:
+    """Report lines: median seconds per submission of each part of the notebook (``--cell-times`` rows), a column
+    per row."""
+    rows = [row for row in rows if row.get("notebook_parts_s")]
+    if not rows:
+        return []
+    names = list(dict.fromkeys(name for row in rows for name in row["notebook_parts_s"]))
+    lines = ["", "Where a submission's time went, median seconds per submission by part of the notebook, from the cell "
+             "timestamps nbclient recorded (`--cell-times`; each part's cells as the kernel ran them, the test cells "
+             "the grader ran between them, and the grader's other requests between cells):", "",
+             "| part | " + " | ".join(f"{row['workers']} worker{'s' if row['workers'] > 1 else ''}, "
+                                     f"{row['submissions']} submissions" for row in rows) + " |",
+             "| --- | " + "--- | " * len(rows)]
+    lines[-1] = lines[-1].rstrip()
+    for name in [*names, "in all (the medians above, summed)"]:
+        values = [sum(row["notebook_parts_s"].values()) if name.startswith("in all") else row["notebook_parts_s"].get(name, 0.0)
+                  for row in rows]
+        lines.append(f"| {name} | " + " | ".join(f"{value:.2f}" for value in values) + " |")
+    return lines
+
+
 def write_report(stem: Path, lab: str, machine: str, boot: str, commands: list[str], rows: list[dict]) -> None:
     """``stem``.md (the tables) and ``stem``.json (every row) of a report measured on ``machine`` (boot id ``boot``)."""
     measured_by = " and then ".join(f"`{c}`" for c in commands)
@@ -462,6 +529,7 @@ def write_report(stem: Path, lab: str, machine: str, boot: str, commands: list[s
                          + " | ".join(f"{per.get(kind, 0):.1f}" for kind in ProcessCpu.KINDS)
                          + f" | {sum(per.values()):.1f} | {row['seconds'] / row['submissions'] * row['cores']:.1f} |")
     lines += _kernel_threads_table(rows)
+    lines += _notebook_parts_table(rows)
     split = [row for row in rows if "reports_s" in row and "after_last_s" in row]
     if split:
         lines += ["", "After the last submission ended (seconds): recording what was left in the gradebook, then "
@@ -516,6 +584,9 @@ def main() -> int:
     parser.add_argument("--pin", choices=("on", "off", "both"), default="on",
                         help="pin each worker to its share of the CPUs (EFFICIENT_AI_PIN_CPUS; course grade's default), "
                              "let workers share every CPU, or both ways (only runs with more than one worker differ)")
+    parser.add_argument("--cell-times", action="store_true",
+                        help="keep nbclient's cell timestamps (ClearMetadataPreprocessor off in the bench's course) and "
+                             "report the median seconds of each part of the notebook")
     parser.add_argument("--append", action="store_true",
                         help="report this run's rows after those of the report already at --out/--tag (same lab, "
                              "measured on this machine since its last boot): one report from runs that each fit "
@@ -545,7 +616,7 @@ def main() -> int:
     for workers, submissions in zip(args.workers, sizes):
         for ahead in modes:
             for pin, zygote in [(p, z) for p in (pins if workers > 1 else pins[:1]) for z in zygotes]:
-                row = grade_class(args.lab, submissions, workers, ahead, pin, zygote)
+                row = grade_class(args.lab, submissions, workers, ahead, pin, zygote, args.cell_times)
                 rows.append(row)
                 print(f"workers={workers} kernels_ahead={ahead} pinned={pin} forked={row['forked']} "
                       f"sandboxed={row['sandboxed']}: "
