@@ -6,6 +6,7 @@ Run from the repository root: ``MPLBACKEND=Agg python -m pytest tests/test_utils
 import inspect
 import json
 import math
+import os
 import time
 import types
 from pathlib import Path
@@ -1084,3 +1085,23 @@ def test_progress_draws_a_bar_at_teaching_scale_only(monkeypatch, capsys):
     bar = utils.progress(iter(items), "steps", total=len(items))
     assert bar is not items and list(bar) == items, "the bar yields the same items in the same order"
     assert "steps" in capsys.readouterr().err, "outside Jupyter the bar is tqdm's text bar on stderr"
+
+
+def test_importing_utils_turns_cudnn_attention_off():
+    """The labs' scaled_dot_product_attention never picks cuDNN's backend, in the student's kernel and the grader alike:
+    cuDNN builds and compiles its kernels on each shape's first call in a process (1.4 CPU-seconds for Lab 1's first
+    prefill on an H100, reports/cell-costs-h100.md), and every grading kernel is a fresh process. Checked in a fresh
+    process that turned it on before the import."""
+    import subprocess
+    import sys
+
+    if not hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        pytest.skip("this torch has no cuDNN attention backend to turn off")
+    code = ("import torch; torch.backends.cuda.enable_cudnn_sdp(True); import utils; b = torch.backends.cuda; "
+            "print(b.cudnn_sdp_enabled(), b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(utils.__file__).parent, env={**os.environ, "MPLBACKEND": "Agg"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    cudnn, flash, efficient, math_ = done.stdout.split()[-4:]
+    assert cudnn == "False", "import utils leaves cuDNN attention off"
+    assert (flash, efficient, math_) == ("True", "True", "True"), "the other attention backends stay on"

@@ -2122,7 +2122,7 @@ plot_trace_timeline(prof_decode, title="One decode step of the Gemma-3 decoder l
 plt.show()
 # Reading it (H100, teaching scale): one decode step of one layer launches 86 kernels, 70 of them
 # elementwise (RMSNorms in float32, RoPE, residual additions). On the GPU the largest single part is attention
-# over the KV cache (one cuDNN/flash kernel, about 0.1 ms, about a third of the GPU time): it reads the whole
+# over the KV cache (one fused attention kernel, about 0.1 ms, about a third of the GPU time): it reads the whole
 # cache (8 x 4097 tokens) once. The new token's key and value are written into the preallocated cache in
 # place, so nothing copies the cache. The projections of 8 tokens take little, and the elementwise kernels
 # each do almost nothing, yet together they take most of the rest. The step's wall time (about 3 ms per layer,

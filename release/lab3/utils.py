@@ -18,7 +18,8 @@ Units: time in milliseconds (ms) unless a name says otherwise (``*_s``, ``*_us``
 bandwidth in TB/s (1e12 bytes/s), compute in TFLOP/s (1e12 FLOP/s), arithmetic intensity in FLOP/byte.
 
 Everything runs on CPU and on CUDA. transformers is imported only when a model helper needs it, so
-``import utils`` costs little more than ``import torch`` and matplotlib.
+``import utils`` costs little more than ``import torch`` and matplotlib. Importing it turns PyTorch's cuDNN attention
+backend off (see ``DEVICE``'s section for why).
 """
 
 import collections
@@ -102,6 +103,14 @@ __all__ = [
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 """torch.device: ``cuda`` when a CUDA GPU is visible, else ``cpu``. Notebooks and tests put tensors here."""
+
+# cuDNN's attention builds, and compiles at run time, its kernels the first time each shape runs in a process: on an
+# H100, Lab 1's first prefill of two layers took 1.6 s (1.4 CPU-seconds) with it and 0.2 s without, and every
+# grading kernel is a fresh process (reports/cell-costs-h100.md). The labs therefore leave it off, here, for the
+# student's kernel and the grader alike; scaled_dot_product_attention runs FlashAttention or the memory-efficient
+# kernel instead, as on GPUs without cuDNN attention. torch.backends.cuda.enable_cudnn_sdp(True) turns it back on.
+if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 _SCALES = ("teaching", "quick")
 _SCALE_ENV = "EFFICIENT_AI_SCALE"
