@@ -529,24 +529,6 @@ def warm_imports(needed: set[str], folder: Path | None, modules: list[str] = ())
                 torch.empty(1, device="cuda")  # the CUDA context: about a second, paid here rather than in a test
 
 
-def cuda_context_for_tests(notebook: Path) -> None:
-    """Create this process's CUDA context now where the autograded tests of the instructor ``notebook`` read
-    ``DEVICE`` and torch sees a GPU, as ``warm_imports`` would later (which then finds it made).
-
-    ``course.fork_server`` runs it in a thread as soon as it forks an ``nbgrader autograde`` process, so the context
-    (0.2 s alone, up to 0.9 s with eight processes making theirs at once on the lent H100: reports/gpu-sharing-h100.md)
-    is made while nbgrader starts, not while the submission's first locked cell waits for ``warm_imports``. Errors
-    are left for ``warm_imports`` and the tests."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return
-    with contextlib.suppress(Exception):
-        from .notebooks import read_notebook
-
-        if "DEVICE" in names_tests_read(read_notebook(notebook)) and torch.cuda.is_available():
-            torch.empty(1, device="cuda")
-
-
 def _installed_elsewhere(top: str, folder: Path | None) -> bool:
     """Whether module ``top`` is found outside ``folder`` and the current folder (an installed library)."""
     if top in sys.modules:

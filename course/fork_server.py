@@ -14,8 +14,7 @@ What a fork cannot carry is never done in the server: no CUDA (``PYTORCH_NVML_BA
 initialised lazily, in the child), no threads (``SERVER_ENV`` keeps OpenBLAS, OpenMP and MKL to one thread and no
 torch operation runs in the server; each child sizes torch's threads from its own ``OMP_NUM_THREADS``, else to its
 CPUs; numpy's BLAS in the grader stays single-threaded), no instructor files (each child imports the lab's
-``utils``), no sockets. A child that runs ``nbgrader autograde`` starts making its CUDA context at once, in a thread,
-where the lab's tests use the GPU (``boundary.cuda_context_for_tests``): it is ready by the time the grader needs it.
+``utils``), no sockets.
 
 ``python -m course.fork_server``: the server. It reads one JSON request per line on stdin
 (``{"id", "args", "cwd", "env", "output"}``) and answers on stdout ``{"id", "pid"}`` when it forked the
@@ -32,9 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
-from . import boundary
 from .kernel_boot import FORK_SAFE_ENV
 from .processes import close_and_wait, die_with_parent, kill_group
 
@@ -147,11 +144,6 @@ def _child(request: dict, server_pid: int) -> None:
         torch = sys.modules.get("torch")
         if torch is not None:
             torch.set_num_threads(threads)  # the server imported torch with one thread
-        args = request["args"]
-        if len(args) > 1 and args[0] == "autograde":  # the tests' CUDA context is made while nbgrader starts
-            notebook = os.path.join(request["cwd"], "source", args[1], f"{args[1]}.ipynb")
-            threading.Thread(target=boundary.cuda_context_for_tests, args=(Path(notebook),), name="grader-cuda",
-                             daemon=True).start()
         from nbgrader.apps.nbgraderapp import main as nbgrader_main
 
         sys.argv = ["nbgrader", *request["args"]]

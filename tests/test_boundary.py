@@ -243,31 +243,3 @@ def test_a_killed_kernel_costs_only_its_own_question(tmp_path):
               for out in cell.get("outputs", []) if out.get("output_type") == "error"]
     assert errors and errors[0]["ename"] == "BoundaryError" and "sent no answer" in errors[0]["evalue"], (
         f"a request the kernel handled without answering must fail its test with a BoundaryError: {errors}")
-
-
-@pytest.mark.parametrize("test_source, gpu, made", [
-    ("assert f(torch.ones(2, device=DEVICE)).device == DEVICE", True, True),
-    ("assert f(2) == 4", True, False),
-    ("assert f(torch.ones(2, device=DEVICE)).device == DEVICE", False, False)])
-def test_the_tests_cuda_context_is_made_early_only_where_they_use_the_gpu(tmp_path, monkeypatch, test_source, gpu,
-                                                                          made):
-    """``cuda_context_for_tests`` (run by the fork server as an autograde starts): a context where the instructor
-    notebook's tests read ``DEVICE`` and torch sees a GPU, and nothing otherwise. A stand-in torch records the calls
-    (CI has no GPU)."""
-    import sys
-    from types import SimpleNamespace
-
-    import nbformat
-
-    calls = []
-    fake = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: gpu),
-                           empty=lambda *shape, device: calls.append(f"empty on {device}"))
-    monkeypatch.setitem(sys.modules, "torch", fake)
-    test = nbformat.v4.new_code_cell(test_source, metadata={"nbgrader": {
-        "grade": True, "solution": False, "locked": True, "grade_id": "t", "points": 1, "schema_version": 3}})
-    notebook = tmp_path / "lab.ipynb"
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("def f(x): return x * 2"), test]),
-                   notebook)
-    boundary.cuda_context_for_tests(notebook)
-    assert calls == (["empty on cuda"] if made else []), f"tests {test_source!r}, GPU {gpu}: {calls}"
-    boundary.cuda_context_for_tests(tmp_path / "missing.ipynb")  # no instructor notebook there: nothing, no error
