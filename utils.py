@@ -104,8 +104,8 @@ __all__ = [
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 """torch.device: ``cuda`` when a CUDA GPU is visible, else ``cpu``. Notebooks and tests put tensors here."""
 
-# cuDNN's attention builds, and compiles at run time, its kernels the first time each shape runs in a process: on an
-# H100, Lab 1's first prefill of two layers took 1.6 s (1.4 CPU-seconds) with it and 0.2 s without, and every
+# cuDNN's attention prepares its kernels the first time each shape runs in a process, on the CPU: on an H100, Lab 1's
+# first prefill of two layers took 1.6 s (1.4 CPU-seconds) with it and 0.2 s without (0.01 s the second time), and every
 # grading kernel is a fresh process (reports/cell-costs-h100.md). The labs therefore leave it off, here, for the
 # student's kernel and the grader alike; scaled_dot_product_attention runs FlashAttention or the memory-efficient
 # kernel instead, as on GPUs without cuDNN attention. torch.backends.cuda.enable_cudnn_sdp(True) turns it back on.

@@ -254,7 +254,7 @@ def notebook_parts(graded: dict[Path, float]) -> dict[str, float]:
     for notebook, autograde_s in graded.items():
         steps, cells = split_run(notebook, 0.0, 0.0)
         parts = {name: seconds for name, seconds in steps.items() if name.startswith(("cells:", "between"))}
-        parts["test cells (the grader's)"] = sum(seconds for name, seconds in cells.items() if name.startswith("tests "))
+        parts["test cells (the grader's)"] = sum(s for name, s in cells.items() if name.startswith("tests "))
         parts["between cells (guard checks, grader requests)"] -= parts["test cells (the grader's)"]
         parts[OUTSIDE_CELLS] = autograde_s - sum(parts.values())
         runs.append(parts)
@@ -377,7 +377,8 @@ def physical_cores() -> int | None:
     cores = set()
     for topology in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology"):
         try:
-            cores.add(((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()))
+            package, core = ((topology / name).read_text().strip() for name in ("physical_package_id", "core_id"))
+            cores.add((package, core))
         except OSError:
             return None
     return len(cores) or None
@@ -482,8 +483,8 @@ def _notebook_parts_table(rows: list[dict]) -> list[str]:
              "| --- | " + "--- | " * len(rows)]
     lines[-1] = lines[-1].rstrip()
     for name in [*names, "in all (the medians above, summed)"]:
-        values = [sum(row["notebook_parts_s"].values()) if name.startswith("in all") else row["notebook_parts_s"].get(name, 0.0)
-                  for row in rows]
+        values = [sum(row["notebook_parts_s"].values()) if name.startswith("in all")
+                  else row["notebook_parts_s"].get(name, 0.0) for row in rows]
         lines.append(f"| {name} | " + " | ".join(f"{value:.2f}" for value in values) + " |")
     return lines
 

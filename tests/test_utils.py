@@ -1089,7 +1089,7 @@ def test_progress_draws_a_bar_at_teaching_scale_only(monkeypatch, capsys):
 
 def test_importing_utils_turns_cudnn_attention_off():
     """The labs' scaled_dot_product_attention never picks cuDNN's backend, in the student's kernel and the grader alike:
-    cuDNN builds and compiles its kernels on each shape's first call in a process (1.4 CPU-seconds for Lab 1's first
+    cuDNN prepares its kernels on each shape's first call in a process (1.4 CPU-seconds for Lab 1's first
     prefill on an H100, reports/cell-costs-h100.md), and every grading kernel is a fresh process. Checked in a fresh
     process that turned it on before the import."""
     import subprocess

@@ -4,10 +4,11 @@ Usage: ``python scripts/gpu/cell_costs.py --lab lab1 [--passes 2] [--cudnn-sdp o
 ``python scripts/gpu/cell_costs.py --render RUN.json... --out reports/cell-costs-h100.md``.
 
 Runs the code cells of ``source/<lab>/<lab>.ipynb`` (not the test cells) in one namespace, in a temporary copy of
-the lab's folder (what the cells write stays there), at quick scale (``EFFICIENT_AI_SCALE=quick``, as the grader runs it), ``--passes`` times in a row in this one process,
-and records each cell's wall seconds (to a CUDA synchronisation where there is a GPU) and the process's CPU seconds
-during it. The first pass pays what a fresh grading kernel pays once (libraries' first use, cuDNN's or cuBLAS's
-plans, lazily loaded GPU code); the second shows the cell's own cost. ``--cudnn-sdp on`` or ``off`` turns PyTorch's
+the lab's folder (what the cells write stays there), at quick scale (``EFFICIENT_AI_SCALE=quick``, as the grader
+runs it), ``--passes`` times in a row in this one process, and records each cell's wall seconds (to a CUDA
+synchronisation where there is a GPU) and the process's CPU seconds during it. The first pass pays what a fresh
+grading kernel pays once (libraries' first use, cuDNN's or cuBLAS's plans, lazily loaded GPU code); the second shows
+the cell's own cost. ``--cudnn-sdp on`` or ``off`` turns PyTorch's
 cuDNN attention backend on or off once the first cell (the imports; ``utils`` turns it off) has run, to see what
 choosing it costs. Writes ``DIR/cell-costs-<lab>[-cudnn-on|-cudnn-off].json`` and prints the cells whose first pass
 cost most.
@@ -38,8 +39,10 @@ def write_report(runs: list[Path], out: Path, shown: int = 12) -> None:
         rows = json.loads(path.read_text())
         passes = sorted({row["pass"] for row in rows})
         first_cell = min(row["cell"] for row in rows)
-        totals = ", ".join(f"pass {p}: {sum(r['wall_s'] for r in rows if r['pass'] == p and r['cell'] != first_cell):.2f} s"
-                           for p in passes)
+        def total_s(p: int) -> float:
+            return sum(r["wall_s"] for r in rows if r["pass"] == p and r["cell"] != first_cell)
+
+        totals = ", ".join(f"pass {p}: {total_s(p):.2f} s" for p in passes)
         lines += [f"## {path.stem}", "", f"All cells but the imports: {totals}.", "",
                   "| cell | first line | " + " | ".join(f"pass {p} wall (s) | pass {p} CPU (s)" for p in passes) + " |",
                   "| --- | --- | " + " | ".join("--- | ---" for _ in passes) + " |"]
@@ -92,7 +95,8 @@ def main() -> int:
                 sync()
             except Exception as exc:  # noqa: BLE001 - a cell that fails here is reported, not fatal
                 error = f"{type(exc).__name__}: {exc}"[:200]
-            rows.append({"pass": run + 1, "cell": index, "first_line": source.strip().splitlines()[0][:60] if source.strip() else "",
+            first_line = source.strip().splitlines()[0][:60] if source.strip() else ""
+            rows.append({"pass": run + 1, "cell": index, "first_line": first_line,
                          "wall_s": time.perf_counter() - start_s, "cpu_s": time.process_time() - cpu_s, "error": error})
             torch = sys.modules.get("torch")
             if torch is not None and sync.__name__ == "<lambda>" and torch.cuda.is_available():
@@ -109,7 +113,7 @@ def main() -> int:
     print(f"{options.lab}: pass totals (wall s) " + ", ".join(
         f"{p}: {sum(r['wall_s'] for r in rows if r['pass'] == p):.2f}" for p in range(1, options.passes + 1)))
     for passes in first[:15]:
-        line = " | ".join(f"pass {p}: {r['wall_s']:.3f} s wall {r['cpu_s']:.3f} s CPU{' ' + r['error'] if r['error'] else ''}"
+        line = " | ".join(f"pass {p}: {r['wall_s']:.3f} s wall {r['cpu_s']:.3f} s CPU {r['error']}".rstrip()
                           for p, r in sorted(passes.items()))
         print(f"#{passes[1]['cell']} {passes[1]['first_line']!r}: {line}")
     return 0
