@@ -8,10 +8,9 @@ the lab's folder (what the cells write stays there), at quick scale (``EFFICIENT
 runs it), ``--passes`` times in a row in this one process, and records each cell's wall seconds (to a CUDA
 synchronisation where there is a GPU) and the process's CPU seconds during it. The first pass pays what a fresh
 grading kernel pays once (libraries' first use, cuDNN's or cuBLAS's plans, lazily loaded GPU code); the second shows
-the cell's own cost. ``--cudnn-sdp on`` or ``off`` turns PyTorch's
-cuDNN attention backend on or off once the first cell (the imports; ``utils`` turns it off) has run, to see what
-choosing it costs. Writes ``DIR/cell-costs-<lab>[-cudnn-on|-cudnn-off].json`` and prints the cells whose first pass
-cost most.
+the cell's own cost. ``--cudnn-sdp on`` or ``off`` turns PyTorch's cuDNN attention backend on or off once the first
+cell (the imports; ``utils`` turns it off) has run, to see what choosing it costs. Writes
+``DIR/cell-costs-<lab>[-cudnn-on|-cudnn-off].json`` and prints its report (``write_report``).
 """
 from __future__ import annotations
 
@@ -25,12 +24,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from course.notebooks import is_autograded_test  # noqa: E402
 
 
-def write_report(runs: list[Path], out: Path, shown: int = 12) -> None:
-    """``out`` (Markdown): for each run file, its pass totals, and the ``shown`` cells whose first pass took longest
-    (wall and CPU seconds of each pass). The first cell holds the lab's imports: a grading kernel has made them
-    before its submission (``course/kernel_pool.py``), so the totals leave it out."""
+def report_lines(runs: list[Path], shown: int = 12) -> list[str]:
+    """Markdown: for each run file, its pass totals, and the ``shown`` cells whose first pass took longest (wall and
+    CPU seconds of each pass). The first cell holds the lab's imports: a grading kernel has made them before its
+    submission (``course/kernel_pool.py``), so the totals leave it out."""
     lines = ["# What each cell of a lab costs in one process, first and second time", "",
              "Made by `python scripts/gpu/cell_costs.py --lab LAB --cudnn-sdp on|off` (one process each), rendered by "
              "`--render`. Totals leave out the first cell (the imports, which a grading kernel has made before its "
@@ -55,7 +57,11 @@ def write_report(runs: list[Path], out: Path, shown: int = 12) -> None:
             lines.append(f"| #{cell} | `{first_line}` | " + " | ".join(
                 f"{by_cell[cell][p]['wall_s']:.3f} | {by_cell[cell][p]['cpu_s']:.3f}" for p in passes) + " |")
         lines.append("")
-    out.write_text("\n".join(lines))
+    return lines
+
+
+def write_report(runs: list[Path], out: Path) -> None:
+    out.write_text("\n".join(report_lines(runs)))
 
 
 def main() -> int:
@@ -81,10 +87,10 @@ def main() -> int:
     import nbformat
 
     nb = nbformat.read(folder / f"{options.lab}.ipynb", as_version=4)
-    cells = [(index, cell.source) for index, cell in enumerate(nb.cells) if cell.cell_type == "code"
-             and not (cell.metadata.get("nbgrader", {}).get("grade") and not cell.metadata["nbgrader"].get("solution"))]
+    cells = [(index, cell.source) for index, cell in enumerate(nb.cells)
+             if cell.cell_type == "code" and not is_autograded_test(cell)]
     namespace: dict = {"__name__": "__main__"}
-    sync = lambda: None  # noqa: E731 - replaced once torch is imported and sees a GPU
+    gpu = None  # torch.cuda, once a cell imported torch (None before; False without a GPU)
     rows = []
     for run in range(options.passes):
         for index, source in cells:
@@ -92,30 +98,25 @@ def main() -> int:
             error = ""
             try:
                 exec(compile(source, f"<cell {index}>", "exec"), namespace)
-                sync()
+                if gpu:
+                    gpu.synchronize()
             except Exception as exc:  # noqa: BLE001 - a cell that fails here is reported, not fatal
                 error = f"{type(exc).__name__}: {exc}"[:200]
             first_line = source.strip().splitlines()[0][:60] if source.strip() else ""
             rows.append({"pass": run + 1, "cell": index, "first_line": first_line,
                          "wall_s": time.perf_counter() - start_s, "cpu_s": time.process_time() - cpu_s, "error": error})
             torch = sys.modules.get("torch")
-            if torch is not None and sync.__name__ == "<lambda>" and torch.cuda.is_available():
-                sync = torch.cuda.synchronize
-                if options.cudnn_sdp:
+            if gpu is None and torch is not None:
+                gpu = torch.cuda if torch.cuda.is_available() else False
+                if gpu and options.cudnn_sdp:
                     torch.backends.cuda.enable_cudnn_sdp(options.cudnn_sdp == "on")
     options.out.mkdir(parents=True, exist_ok=True)
     name = f"cell-costs-{options.lab}{f'-cudnn-{options.cudnn_sdp}' if options.cudnn_sdp else ''}.json"
     (options.out / name).write_text(json.dumps(rows, indent=1))
-    by_cell = {}
+    print("\n".join(report_lines([options.out / name])))
     for row in rows:
-        by_cell.setdefault(row["cell"], {})[row["pass"]] = row
-    first = sorted(by_cell.values(), key=lambda passes: -passes[1]["wall_s"])
-    print(f"{options.lab}: pass totals (wall s) " + ", ".join(
-        f"{p}: {sum(r['wall_s'] for r in rows if r['pass'] == p):.2f}" for p in range(1, options.passes + 1)))
-    for passes in first[:15]:
-        line = " | ".join(f"pass {p}: {r['wall_s']:.3f} s wall {r['cpu_s']:.3f} s CPU {r['error']}".rstrip()
-                          for p, r in sorted(passes.items()))
-        print(f"#{passes[1]['cell']} {passes[1]['first_line']!r}: {line}")
+        if row["error"]:
+            print(f"pass {row['pass']}, cell #{row['cell']}: {row['error']}")
     return 0
 
 

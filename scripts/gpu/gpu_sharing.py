@@ -9,10 +9,11 @@ kernels) creates its CUDA context, then, all together after a barrier:
 
 - ``sync_us``: launches one tiny kernel and waits for it (``torch.cuda.synchronize``), many times: the round trip a
   latency measurement or a ``.item()`` pays;
-- ``chain_us``: launches 50 tiny kernels, then waits once: a short eager decode step;
-- ``first_*_ms``: the first call in the process of a bf16 and a float32 matrix product (cuBLAS), of
-  ``scaled_dot_product_attention`` and of a CUDA graph capture, and then the same call a second time: the one-off
-  library set-up each grading kernel pays once.
+- ``chain_us``: launches 50 tiny kernels, then waits once: a short eager decode step.
+
+What a process's first matrix product and attention cost, alone and beside others, is ``scripts/gpu/start_costs.py``'s
+to measure. (The runs in ``reports/gpu-sharing-h100-*.json`` were made when this script timed those too: their
+``first_*_ms`` fields.)
 
 The CPU time each process used for the timed loops (``cpu_share``: CPU seconds over wall seconds) says whether it
 waited by spinning (about 1) or sleeping. Writes ``gpu-sharing-LABEL.json`` under ``--out``; a CUDA MPS daemon, when
@@ -31,43 +32,6 @@ from pathlib import Path
 SYNC_ROUNDS = 2000
 CHAIN_ROUNDS = 200
 CHAIN_KERNELS = 50
-
-
-def _timed_ms(fn) -> float:
-    import torch
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
-
-
-def _first_uses() -> dict[str, float]:
-    """Milliseconds of the first and the second call of each library entry point in this process."""
-    import torch
-    import torch.nn.functional as F
-    a16 = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
-    a32 = a16.float()
-    q = torch.randn(1, 4, 64, 64, device="cuda", dtype=torch.bfloat16)
-
-    def graph():
-        g = torch.cuda.CUDAGraph()
-        static = torch.zeros(64, device="cuda")
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            static.add_(1)  # warm the op on a side stream, as capture requires
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(g):
-            static.mul_(2)
-        g.replay()
-
-    steps = {"bf16_matmul": lambda: a16 @ a16, "fp32_matmul": lambda: a32 @ a32,
-             "sdpa": lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), "cuda_graph": graph}
-    out = {}
-    for name, fn in steps.items():
-        out[f"first_{name}_ms"] = _timed_ms(fn)
-        out[f"second_{name}_ms"] = _timed_ms(fn)
-    return out
 
 
 def _worker(index: int, cpus: list[int], barrier, results) -> None:
@@ -100,8 +64,6 @@ def _worker(index: int, cpus: list[int], barrier, results) -> None:
     wall = time.perf_counter() - wall0
     row.update(sync_us=statistics.median(rounds) * 1e6, sync_p90_us=sorted(rounds)[int(0.9 * len(rounds))] * 1e6,
                chain_us=statistics.median(chains) * 1e6, loops_s=wall, cpu_share=(time.process_time() - cpu0) / wall)
-    barrier.wait()
-    row.update(_first_uses())
     results.put(row)
 
 
@@ -125,9 +87,7 @@ def run(processes: int) -> dict:
 COLUMNS = {  # JSON key: report column
     "sync_us": "launch one kernel and wait (µs)", "sync_p90_us": "the same, 90th percentile (µs)",
     "chain_us": f"launch {CHAIN_KERNELS} kernels and wait (µs)", "cpu_share": "CPU share while waiting",
-    "context_ms": "CUDA context (ms)", "first_bf16_matmul_ms": "first bf16 product (ms)",
-    "first_fp32_matmul_ms": "first float32 product (ms)", "first_sdpa_ms": "first attention (ms)",
-    "first_cuda_graph_ms": "first CUDA graph (ms)"}
+    "context_ms": "CUDA context (ms)"}
 
 
 def write_report(results: list[dict], out: Path, tag: str, commands: list[str]) -> Path:
@@ -145,8 +105,7 @@ def write_report(results: list[dict], out: Path, tag: str, commands: list[str]) 
                          + " | ".join(f"{median[key]:.2f}" if key == "cpu_share" else f"{median[key]:.0f}"
                                       for key in COLUMNS) + " |")
     lines += ["", "CPU share: the CPU seconds a process used over the wall seconds of its timed loops (1: it spun "
-              "while it waited for the GPU). First calls: the first such call of the process, timed to its "
-              "synchronisation, after its context was made."]
+              "while it waited for the GPU)."]
     path = out / f"gpu-sharing-{tag}.md"
     path.write_text("\n".join(lines) + "\n")
     return path
