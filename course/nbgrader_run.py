@@ -259,55 +259,104 @@ def read_scores(course_root: Path, lab: str, students: list[str] | None = None) 
     """Per-cell scores of every submission of ``lab`` in the gradebook (or of the given students).
 
     A bonus cell's maximum is its bonus points, read from the course's ``source/<lab>/`` notebook (nbgrader records
-    0); its score is the gradebook's, extra credit included.
+    0); its score is the gradebook's, extra credit included. Each submission's cells are in the order of that notebook
+    (cells it does not have come last, by name), whatever order the database returns rows in.
+
+    The gradebook is read with one query for the lab's cells and one for every submission's grades, so the time does
+    not grow with queries per grade: nbgrader's ORM objects load each grade's maximum and cell lazily, one query each,
+    which took seconds for a class of a hundred (scripts/bench_report_writing.py).
     """
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import Grade, Gradebook, MissingEntry, SubmittedAssignment, SubmittedNotebook
 
     result: dict[str, SubmissionScores] = {}
-    bonus_by_notebook: dict[str, dict[str, float]] = {}
     with Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
         try:
             assignment = gb.find_assignment(lab)
         except MissingEntry:
             return result
-        for submission in assignment.submissions:
-            student = submission.student.id
-            if students is not None and student not in students:
+        cells: dict[str, _CellFacts] = {}
+        order: dict[str, int] = {}
+        for notebook in assignment.notebooks:
+            source = course_notebook_facts(course_root, lab, notebook.name)
+            for gid in source.grade_ids:
+                order.setdefault(gid, len(order))
+            solution_names = {cell.name for cell in notebook.solution_cells}
+            for cell in [*notebook.grade_cells, *notebook.task_cells]:
+                cells[cell.id] = _CellFacts(
+                    name=cell.name,
+                    max_score=source.bonus.get(cell.name, float(cell.max_score)),
+                    autograded=_is_autograded_cell(cell, solution_names))
+        submissions = (gb.db.query(SubmittedAssignment.student_id)
+                       .filter(SubmittedAssignment.assignment_id == assignment.id))
+        for (student,) in submissions:
+            if students is None or student in students:
+                result[student] = SubmissionScores(student)
+        rows = (gb.db.query(SubmittedAssignment.student_id, Grade.cell_id, Grade.auto_score, Grade.manual_score,
+                            Grade.extra_credit, Grade.needs_manual_grade)
+                .join(SubmittedNotebook, SubmittedNotebook.assignment_id == SubmittedAssignment.id)
+                .join(Grade, Grade.notebook_id == SubmittedNotebook.id)
+                .filter(SubmittedAssignment.assignment_id == assignment.id))
+        found: dict[str, list[CellScore]] = {}
+        for student, cell_id, auto_score, manual_score, extra_credit, needs_manual_grade in rows:
+            if student not in result:
                 continue
-            scores = SubmissionScores(student)
-            for notebook in submission.notebooks:
-                if notebook.name not in bonus_by_notebook:
-                    bonus_by_notebook[notebook.name] = course_bonus_points(course_root, lab, notebook.name)
-                bonus = bonus_by_notebook[notebook.name]
-                for grade in notebook.grades:
-                    scores.cells[grade.name] = CellScore(
-                        grade_id=grade.name,
-                        max_score=bonus.get(grade.name, float(grade.max_score)),
-                        auto_score=None if grade.auto_score is None else float(grade.auto_score),
-                        manual_score=None if grade.manual_score is None else float(grade.manual_score),
-                        needs_manual_grade=bool(grade.needs_manual_grade),
-                        autograded=is_autograded_grade(grade),
-                        extra_credit=None if grade.extra_credit is None else float(grade.extra_credit),
-                        bonus=is_bonus_id(grade.name),
-                    )
-            result[student] = scores
+            facts = cells[cell_id]
+            found.setdefault(student, []).append(CellScore(
+                grade_id=facts.name,
+                max_score=facts.max_score,
+                auto_score=None if auto_score is None else float(auto_score),
+                manual_score=None if manual_score is None else float(manual_score),
+                needs_manual_grade=bool(needs_manual_grade),
+                autograded=facts.autograded,
+                extra_credit=None if extra_credit is None else float(extra_credit),
+                bonus=is_bonus_id(facts.name),
+            ))
+    last = len(order)
+    for student, student_cells in found.items():
+        student_cells.sort(key=lambda cell: (order.get(cell.grade_id, last), cell.grade_id))
+        result[student].cells = {cell.grade_id: cell for cell in student_cells}
     return result
 
 
-def course_bonus_points(course_root: Path, lab: str, notebook: str) -> dict[str, float]:
-    """Grade id -> bonus points of the course's own instructor notebook ``source/<lab>/<notebook>.ipynb``; empty when
-    the course folder has no such notebook."""
-    from .notebooks import NotebookError, bonus_points, read_notebook
+@dataclass(frozen=True)
+class _CellFacts:
+    """What the gradebook records of one graded cell of a lab, the same for every submission."""
+
+    name: str
+    max_score: float
+    autograded: bool
+
+
+@dataclass(frozen=True)
+class NotebookFacts:
+    """What ``read_scores`` takes from the course's own instructor notebook: its grade ids in notebook order and the
+    bonus points of its bonus cells (both empty when the course folder has no such notebook)."""
+
+    grade_ids: tuple[str, ...] = ()
+    bonus: dict[str, float] = field(default_factory=dict)
+
+
+def course_notebook_facts(course_root: Path, lab: str, notebook: str) -> NotebookFacts:
+    """The grade ids and bonus points of the course's own instructor notebook ``source/<lab>/<notebook>.ipynb``."""
+    from .notebooks import NotebookError, bonus_points, cells_by_grade_id, read_notebook
 
     path = course_root / "source" / lab / f"{notebook}.ipynb"
     try:
-        return bonus_points(read_notebook(path)) if path.is_file() else {}
+        nb = read_notebook(path) if path.is_file() else None
     except NotebookError:
-        return {}
+        nb = None
+    if nb is None:
+        return NotebookFacts()
+    return NotebookFacts(tuple(cells_by_grade_id(nb)), bonus_points(nb))
 
 
 def is_autograded_grade(grade) -> bool:
     """Whether a gradebook grade is an autograded test cell's: a code grade cell that is not also a solution cell (a
     manually graded answer). Its extra credit, a bonus test's points, is the grader's (``AwardBonusPoints``)."""
     cell = grade.cell
-    return cell.cell_type == "code" and cell.name not in {solution.name for solution in cell.notebook.solution_cells}
+    return _is_autograded_cell(cell, {solution.name for solution in cell.notebook.solution_cells})
+
+
+def _is_autograded_cell(cell, solution_names: set[str]) -> bool:
+    """Whether a gradebook grade or task cell is an autograded test: code, and not also a solution cell."""
+    return cell.cell_type == "code" and cell.name not in solution_names

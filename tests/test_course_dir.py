@@ -195,3 +195,44 @@ def test_nbgrader_stops_when_the_course_settings_cannot_load(course_dir, tmp_pat
             f"the error must say why nbgrader stopped:\n{(result.stderr + result.stdout)[-2000:]}")
     after = (course_dir / "autograded" / "alice" / LAB / f"{LAB}.ipynb").stat().st_mtime_ns
     assert after == before, "nbgrader must stop before grading anything with its stock settings"
+
+
+def test_read_scores_agrees_with_nbgrader_grade_by_grade(course_dir, tmp_path):
+    """read_scores reads the gradebook in two queries; every value must be what nbgrader's own objects say of each
+    grade (its score and maximum, manual and extra-credit points a TA entered included), a bonus cell's maximum the
+    course's, and each submission's cells in the order of the lab's notebook."""
+    import shutil
+
+    from nbgrader.api import Gradebook
+
+    from course.nbgrader_run import is_autograded_grade
+
+    course = shutil.copytree(course_dir, tmp_path / "course")  # the module's course stays as the other tests left it
+    written = "q1_3_answer"
+    with Gradebook(db_url_for(course)) as gb:  # a TA grades alice's written answer in the formgrader
+        grade = gb.find_grade(written, LAB, LAB, "alice")
+        grade.manual_score, grade.extra_credit = 1.5, 0.25
+        gb.db.commit()
+    scores = read_scores(course, LAB)
+    source = read_notebook(course / "source" / LAB / f"{LAB}.ipynb")
+    order = [gid for gid in cells_by_grade_id(source) if is_graded(cells_by_grade_id(source)[gid])]
+    with Gradebook(db_url_for(course)) as gb:
+        students = {submission.student.id for submission in gb.find_assignment(LAB).submissions}
+        assert set(scores) == students, "one entry per submission in the gradebook"
+        for student in students:
+            grades = {grade.name: grade for grade in gb.find_submission_notebook(LAB, LAB, student).grades}
+            cells = scores[student].cells
+            assert list(cells) == [gid for gid in order if gid in grades], (
+                f"{student}'s cells must come in the notebook's order and be exactly the gradebook's")
+            for gid, grade in grades.items():
+                cell = cells[gid]
+                bonus = is_bonus_cell(cells_by_grade_id(source)[gid])
+                assert (cell.score, cell.auto_score, cell.manual_score, cell.extra_credit, cell.needs_manual_grade,
+                        cell.autograded, cell.bonus) == (
+                    grade.score, grade.auto_score, grade.manual_score, grade.extra_credit, grade.needs_manual_grade,
+                    is_autograded_grade(grade), bonus), f"{student}'s {gid} must read as nbgrader's grade has it"
+                expected_max = cell_points(cells_by_grade_id(source)[gid]) if bonus else grade.max_score
+                assert cell.max_score == expected_max, f"{gid}'s maximum: {cell.max_score} != {expected_max}"
+    assert scores["alice"].cells[written].score == 1.75, "a TA's manual points and extra credit count"
+    assert read_scores(course, LAB, ["alice", "nobody"]).keys() == {"alice"}, "only the students asked for"
+    assert read_scores(course, "no-such-lab") == {}, "a lab the gradebook does not have reads as no submissions"
