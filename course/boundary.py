@@ -529,6 +529,17 @@ def warm_imports(needed: set[str], folder: Path | None, modules: list[str] = ())
                 torch.empty(1, device="cuda")  # the CUDA context: about a second, paid here rather than in a test
 
 
+def warm_cuda_libraries(torch) -> None:
+    """Make the first GPU calls that test cells make (a matrix product, attention, ``assert_close``): a fresh process
+    loads cuBLAS and each kernel on first use. ``course.fork_server``'s spares call it before their job comes.
+    Values, random states and settings are left as they were; the blocks it used stay in torch's allocator cache."""
+    a = torch.ones(4, 4, device="cuda")
+    q = torch.ones(1, 1, 4, 4, device="cuda")
+    torch.testing.assert_close(a @ a, a @ a)
+    torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    torch.cuda.synchronize()
+
+
 def _installed_elsewhere(top: str, folder: Path | None) -> bool:
     """Whether module ``top`` is found outside ``folder`` and the current folder (an installed library)."""
     if top in sys.modules:

@@ -16,9 +16,16 @@ torch operation runs in the server; each child sizes torch's threads from its ow
 CPUs; numpy's BLAS in the grader stays single-threaded), no instructor files (each child imports the lab's
 ``utils``), no sockets.
 
+A grading process that runs test cells on a GPU creates a CUDA context of its own: 0.16 s in one process, 0.8 s
+while seven others start theirs (reports/start-costs-h100-libraries.md), and the first test cell waited for it. A
+request marked ``ahead`` therefore also has the server fork a *spare* for the next such request: a child that
+creates its CUDA context and loads what test cells first call (cuBLAS, attention) while the current submission
+grades, then waits for its job. The next ``ahead`` request whose environment agrees on every variable CUDA reads at
+start (``spare_key``) is handed to that spare instead of a fresh fork; anything else gets a fresh fork, as before.
+
 ``python -m course.fork_server``: the server. It reads one JSON request per line on stdin
-(``{"id", "args", "cwd", "env", "output"}``) and answers on stdout ``{"id", "pid"}`` when it forked the
-child and ``{"id", "status"}`` when the child ended (the exit status, or minus the signal that ended it).
+(``{"id", "args", "cwd", "env", "output", "ahead"}``) and answers on stdout ``{"id", "pid"}`` when a child took
+it and ``{"id", "status"}`` when the child ended (the exit status, or minus the signal that ended it).
 ``EFFICIENT_AI_FORK_SERVER=off`` makes ``course.nbgrader_run`` start every nbgrader process with ``python`` instead.
 """
 from __future__ import annotations
@@ -127,7 +134,8 @@ def _child(request: dict, server_pid: int) -> None:
     code = 1
     try:
         die_with_parent(server_pid)
-        os.setsid()
+        if os.getsid(0) != os.getpid():  # a spare made its session when it was forked
+            os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
         output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(devnull, 0)
@@ -168,6 +176,117 @@ def _child(request: dict, server_pid: int) -> None:
             os._exit(code)
 
 
+# What CUDA, torch's CUDA allocator and the dynamic loader (as CUDA's libraries load) read when a spare prepares: a
+# spare serves only requests that agree on these variables with the request it was made for (its worker's).
+CUDA_ENV_PREFIXES = ("CUDA_", "NVIDIA_", "PYTORCH_", "TORCH_CUDA", "LD_")
+
+
+def spare_key(env: dict[str, str]) -> str:
+    """The part of a request's environment that a spare's CUDA context was made with (``CUDA_ENV_PREFIXES``)."""
+    return json.dumps(sorted((k, v) for k, v in env.items() if k.startswith(CUDA_ENV_PREFIXES)))
+
+
+def _prepare_cuda() -> None:
+    """In a spare: create torch's CUDA context and make the first calls test cells make (``warm_cuda_libraries``),
+    then return the allocator's blocks; nothing where torch sees no GPU. Errors are left for the grading to meet."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        if torch.cuda.is_available():
+            from .boundary import warm_cuda_libraries
+
+            torch.empty(1, device="cuda")
+            warm_cuda_libraries(torch)
+            torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - the grading process's own first CUDA call meets the same error
+        pass
+
+
+def _spare(env: dict[str, str], server_pid: int, jobs: int) -> None:
+    """In a child forked ahead of its job: its own session, the environment of the request it was made for,
+    ``_prepare_cuda``, then wait for one request on the pipe ``jobs`` and run it as ``_child`` does; exit when the
+    pipe closes first."""
+    try:
+        die_with_parent(server_pid)
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.close(devnull)
+        os.environ.clear()
+        os.environ.update(env)
+        _prepare_cuda()
+        with os.fdopen(jobs, "rb") as pipe:
+            line = pipe.readline()
+        request = json.loads(line) if line else None
+    except BaseException:  # noqa: BLE001 - the server hands the job to a fresh fork instead
+        os._exit(1)
+    if request is None:
+        os._exit(0)
+    _child(request, server_pid)
+
+
+class _Spares:
+    """The server's spares: per ``spare_key``, the children waiting for a job and the pipes that hand it to them."""
+
+    def __init__(self):
+        self.waiting: dict[str, list[tuple[int, int]]] = {}  # key -> [(pid, write end of its pipe)]
+
+    def pids(self) -> set[int]:
+        return {pid for spares in self.waiting.values() for pid, _ in spares}
+
+    def write_ends(self) -> list[int]:
+        return [fd for spares in self.waiting.values() for _, fd in spares]
+
+    def make(self, key: str, env: dict[str, str], server_pid: int) -> None:
+        """Fork a spare for ``key`` (nothing happens where no process is to be had)."""
+        read_end, write_end = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read_end)
+            os.close(write_end)
+            return
+        if pid == 0:
+            os.close(write_end)
+            _close_all(self.write_ends())
+            _spare(env, server_pid, read_end)
+        os.close(read_end)
+        self.waiting.setdefault(key, []).append((pid, write_end))
+
+    def hand(self, key: str, request: dict) -> int | None:
+        """Give ``request`` to a spare made for ``key``; its pid, or None where none took it."""
+        while self.waiting.get(key):
+            pid, write_end = self.waiting[key].pop(0)
+            try:
+                os.write(write_end, (json.dumps(request) + "\n").encode())
+                return pid
+            except OSError:  # it ended before its job came: reaped with the others
+                continue
+            finally:
+                os.close(write_end)
+        return None
+
+    def forget(self, pid: int) -> bool:
+        """A spare that ended before its job (reaped by the server); whether ``pid`` was one."""
+        for spares in self.waiting.values():
+            for entry in spares:
+                if entry[0] == pid:
+                    spares.remove(entry)
+                    os.close(entry[1])
+                    return True
+        return False
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def serve() -> None:
     """Answer requests on stdin until it closes or the answers cannot be written; then kill the children still
     running (their client is gone: nothing would read their results) and return."""
@@ -180,6 +299,7 @@ def serve() -> None:
     sys.stdout = sys.stderr  # nothing but answers on the answer channel
     server_pid = os.getpid()
     running: dict[int, int] = {}  # pid -> request id
+    spares = _Spares()
 
     def answer(message: dict) -> bool:
         try:
@@ -201,30 +321,38 @@ def serve() -> None:
             while client and b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 request = json.loads(line)
-                try:
-                    pid = os.fork()
-                except OSError as exc:  # no process to be had: the client starts it the usual way
-                    client = answer({"id": request["id"], "error": str(exc)})
-                    continue
-                if pid == 0:
-                    _child(request, server_pid)
+                key = spare_key(request["env"]) if request.get("ahead") else None
+                pid = spares.hand(key, request) if key is not None else None
+                if pid is None:
+                    try:
+                        pid = os.fork()
+                    except OSError as exc:  # no process to be had: the client starts it the usual way
+                        client = answer({"id": request["id"], "error": str(exc)})
+                        continue
+                    if pid == 0:
+                        _close_all(spares.write_ends())
+                        _child(request, server_pid)
                 running[pid] = request["id"]
                 client = answer({"id": request["id"], "pid": pid})
-        while client and running:
+                if key is not None:
+                    spares.make(key, request["env"], server_pid)  # for the next request of this worker
+        while client and (running or spares.waiting):
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
+            if pid not in running and spares.forget(pid):
+                continue
             client = answer({"id": running.pop(pid, None), "status": os.waitstatus_to_exitcode(status)})
-    for pid in running:
+    for pid in [*running, *spares.pids()]:
         kill_group(pid)
         try:
             os.kill(pid, signal.SIGKILL)  # in case it has not made its own session yet
         except OSError:
             pass
-    for pid in running:
+    for pid in [*running, *spares.pids()]:
         try:
             os.waitpid(pid, 0)
         except ChildProcessError:
@@ -286,8 +414,10 @@ class ForkServer:
         self._thread.start()
 
     def run(self, args: list[str], cwd: str, env: dict[str, str], output: str,
-            timeout_s: float | None) -> tuple[int, bool]:
+            timeout_s: float | None, ahead: bool = False) -> tuple[int, bool]:
         """Run ``nbgrader ARGS`` in a forked child; its exit status and whether it was killed at ``timeout_s``.
+        ``ahead``: run it in a spare made for an earlier ``ahead`` run with the same ``spare_key`` if one waits, and
+        make a spare for the next (for the runs that execute test cells, one worker's after another's).
 
         Raises:
             ForkServerGone: the server is not running (nothing was started).
@@ -301,7 +431,7 @@ class ForkServer:
             self._waiting[request_id] = request
             try:
                 self._process.stdin.write((json.dumps({"id": request_id, "args": args, "cwd": cwd, "env": env,
-                                                       "output": output}) + "\n").encode())
+                                                       "output": output, "ahead": ahead}) + "\n").encode())
                 self._process.stdin.flush()
             except OSError as exc:
                 self._waiting.pop(request_id, None)

@@ -104,7 +104,8 @@ def run_nbgrader(
         handle, output_path = tempfile.mkstemp(prefix="efficient-ai-nbgrader-", suffix=".log")
         os.close(handle)
         try:
-            code, timed_out = server.run(args, str(course_root), full_env, output_path, timeout_s)
+            executes = args[:1] == ["autograde"] and "--no-execute" not in args  # runs test cells, maybe on a GPU
+            code, timed_out = server.run(args, str(course_root), full_env, output_path, timeout_s, ahead=executes)
             with open(output_path, encoding="utf-8", errors="replace") as handle_out:
                 output = handle_out.read()
             return NbgraderResult(-9 if timed_out else code, output, timed_out)

@@ -261,6 +261,17 @@ def notebook_parts(graded: dict[Path, float]) -> dict[str, float]:
     return {name: statistics.median(run.get(name, 0.0) for run in runs) for name in runs[0]} if runs else {}
 
 
+def test_stretches(graded: dict[Path, float]) -> dict[str, float]:
+    """Median seconds per submission of each stretch of test cells the grader ran between two kernel cells
+    (``tests #index grade_id, ...``, as ``bench_grading_breakdown.split_run`` labels them)."""
+    from bench_grading_breakdown import split_run
+
+    runs = [{name: s for name, s in split_run(notebook, 0.0, 0.0)[1].items() if name.startswith("tests ")}
+            for notebook in graded]
+    names = dict.fromkeys(name for run in runs for name in run)
+    return {name: statistics.median(run.get(name, 0.0) for run in runs) for name in names}
+
+
 def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = True, pin: bool = True,
                 zygote: bool = True, cell_times: bool = False) -> dict:
     os.environ.pop(POOL_OFF_ENV, None)
@@ -288,8 +299,9 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
         busy_after, total_after = cpu_jiffies()
         # a cell that fails only under some way of grading (a written answer's code, say) costs no autograded point
         errors = {student: failed_cells(course / "autograded" / student / lab / f"{lab}.ipynb") for student in outcomes}
-        parts = notebook_parts({course / "autograded" / s / lab / f"{lab}.ipynb": outcome.seconds
-                                for s, outcome in outcomes.items()}) if cell_times else {}
+        graded = {course / "autograded" / s / lab / f"{lab}.ipynb": outcome.seconds for s, outcome in outcomes.items()}
+        parts = notebook_parts(graded) if cell_times else {}
+        stretches = test_stretches(graded) if cell_times else {}
     # the reference solution earns every autograded cell's points, or the run is reported as failed
     failed = [f"{o.student}: {o.status}: {o.reason}" for o in outcomes.values() if o.status != "ok"]
     failed += [f"{student}: {cell.grade_id} earned {cell.score:g} of {cell.max_score:g}"
@@ -309,7 +321,7 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
             "kernel_main_wait_s": cpu.kernel_main_wait_s, "cores": os.cpu_count() or 1,
             "submissions_per_minute": submissions / seconds * 60, "failed": failed,
             "autograde_seconds": [outcomes[s].seconds for s in sorted(outcomes)], **timeline.summary(seconds),
-            **({"notebook_parts_s": parts} if parts else {})}
+            **({"notebook_parts_s": parts, "test_stretches_s": stretches} if parts else {})}
 
 
 def failed_cells(notebook: Path) -> list[str]:
@@ -486,6 +498,25 @@ def _notebook_parts_table(rows: list[dict]) -> list[str]:
         values = [sum(row["notebook_parts_s"].values()) if name.startswith("in all")
                   else row["notebook_parts_s"].get(name, 0.0) for row in rows]
         lines.append(f"| {name} | " + " | ".join(f"{value:.2f}" for value in values) + " |")
+    return lines + _test_stretches_table(rows)
+
+
+def _test_stretches_table(rows: list[dict], shown: int = 10) -> list[str]:
+    """Report lines: the ``shown`` stretches of test cells whose median grew most from the first ``--cell-times`` row
+    to the last (rows of reports made before the stretches were kept have none)."""
+    rows = [row for row in rows if row.get("test_stretches_s")]
+    if len(rows) < 2:
+        return []
+    first, last = rows[0]["test_stretches_s"], rows[-1]["test_stretches_s"]
+    grown = sorted(first.keys() & last.keys(), key=lambda name: last[name] - first[name], reverse=True)[:shown]
+    lines = ["", f"The {len(grown)} stretches of test cells (the grader's, run between two kernel cells) that grew most "
+             "from the first of these rows to the last, median seconds per submission:", "",
+             "| test cells | " + " | ".join(f"{row['workers']} worker{'s' if row['workers'] > 1 else ''}"
+                                          for row in rows) + " |",
+             "| --- | " + "--- | " * len(rows)]
+    lines[-1] = lines[-1].rstrip()
+    for name in grown:
+        lines.append(f"| {name} | " + " | ".join(f"{row['test_stretches_s'].get(name, 0.0):.2f}" for row in rows) + " |")
     return lines
 
 

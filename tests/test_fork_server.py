@@ -121,3 +121,111 @@ def test_killing_the_grader_ends_its_nbgrader_processes(root, tmp_path, mode):
     client.wait()
     left = wait_until_no_process_works_in(tmp_path)
     assert not left, f"nbgrader ({mode}) must end with the process that ran it: still running {left}"
+
+
+class RawServer:
+    """``python -m course.fork_server`` spoken to line by line, as ``ForkServer`` does, to see which process ran what."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path, self.next_id = tmp_path, 0
+        self.process = subprocess.Popen([sys.executable, "-m", "course.fork_server"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, cwd=REPO, start_new_session=True,
+                                        env={**nbgrader_run.nbgrader_env(), **fork_server.SERVER_ENV})
+        assert self.answer().get(fork_server.READY), "the server says when it is ready"
+
+    def answer(self) -> dict:
+        import json
+
+        line = self.process.stdout.readline()
+        assert line, "the fork server ended"
+        return json.loads(line)
+
+    def run(self, env: dict[str, str], ahead: bool = True) -> tuple[int, int, str]:
+        """``nbgrader --version`` in a child; its pid, exit status and output."""
+        import json
+
+        self.next_id += 1
+        output = self.tmp_path / f"run{self.next_id}.log"
+        request = {"id": self.next_id, "args": ["--version"], "cwd": str(self.tmp_path), "env": env,
+                   "output": str(output), "ahead": ahead}
+        self.process.stdin.write((json.dumps(request) + "\n").encode())
+        self.process.stdin.flush()
+        pid = self.answer()["pid"]
+        ended = self.answer()
+        assert ended["id"] == self.next_id
+        return pid, ended["status"], output.read_text()
+
+    def children(self) -> set[int]:
+        """The server's child processes now (Linux ``/proc``)."""
+        found = set()
+        for task in os.listdir(f"/proc/{self.process.pid}/task"):
+            with open(f"/proc/{self.process.pid}/task/{task}/children") as handle:
+                found |= {int(pid) for pid in handle.read().split()}
+        return found
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+def _wait_for(condition, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the server's children from /proc")
+def test_a_spare_made_ahead_runs_the_next_run_of_its_worker_only(tmp_path):
+    """An ``ahead`` run leaves a spare (a child forked for the next run, its CUDA context made where there is a GPU);
+    the next ``ahead`` run with the same CUDA environment runs in it, with its own folder, output and environment; a
+    run for another GPU gets a fresh child, and closing the server ends the spares that wait."""
+    server = RawServer(tmp_path)
+    try:
+        env = {**nbgrader_run.nbgrader_env(), "CUDA_VISIBLE_DEVICES": "0"}
+        first, status, output = server.run(env)
+        assert status == 0 and "Python version" in output, output
+        assert _wait_for(lambda: len(server.children()) == 1), "an ahead run leaves one spare for the next"
+        (spare,) = server.children()
+        assert spare != first
+        second, status, output = server.run({**env, "MARK": "second"})
+        assert second == spare, "the next ahead run of the same worker must run in the spare made for it"
+        assert status == 0 and "Python version" in output, f"a spare runs nbgrader as a fresh child would: {output}"
+        assert _wait_for(lambda: len(server.children()) == 1 and spare not in server.children()), (
+            "the spare ended with its run, and a new one waits for the next")
+        (next_spare,) = server.children()
+        other, status, _ = server.run({**env, "CUDA_VISIBLE_DEVICES": "1"})
+        assert other != next_spare and status == 0, "a run for another GPU must not take a spare made for GPU 0"
+        plain, status, _ = server.run(env, ahead=False)
+        assert plain != next_spare and status == 0, "a run not marked ahead gets a fresh child"
+        assert next_spare in server.children(), "the spare for GPU 0 still waits"
+    finally:
+        waiting = server.children()
+        server.close()
+    assert waiting and _wait_for(lambda: not any(_alive(pid) for pid in waiting)), (
+        f"closing the server must end its spares: {waiting} still run")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the server's children from /proc")
+def test_a_spare_that_died_before_its_run_is_replaced_by_a_fresh_child(tmp_path):
+    server = RawServer(tmp_path)
+    try:
+        env = nbgrader_run.nbgrader_env()
+        server.run(env)
+        assert _wait_for(lambda: len(server.children()) == 1)
+        (spare,) = server.children()
+        os.kill(spare, signal.SIGKILL)
+        assert _wait_for(lambda: not _alive(spare)), "the server reaps a spare that ended"
+        pid, status, output = server.run(env)
+        assert pid != spare and status == 0 and "Python version" in output, (
+            f"a run whose spare died must run in a fresh child: {output}")
+    finally:
+        server.close()
