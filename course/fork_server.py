@@ -260,7 +260,7 @@ class _Spares:
         while self.waiting.get(key):
             pid, write_end = self.waiting[key].pop(0)
             try:
-                os.write(write_end, (json.dumps(request) + "\n").encode())
+                _write_all(write_end, (json.dumps(request) + "\n").encode())
                 return pid
             except OSError:  # it ended before its job came: reaped with the others
                 continue
@@ -277,6 +277,11 @@ class _Spares:
                     os.close(entry[1])
                     return True
         return False
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def _close_all(fds: list[int]) -> None:

@@ -263,9 +263,9 @@ def read_scores(course_root: Path, lab: str, students: list[str] | None = None) 
     0); its score is the gradebook's, extra credit included. Each submission's cells are in the order of that notebook
     (cells it does not have come last, by name), whatever order the database returns rows in.
 
-    The gradebook is read with one query for the lab's cells and one for every submission's grades, so the time does
-    not grow with queries per grade: nbgrader's ORM objects load each grade's maximum and cell lazily, one query each,
-    which took seconds for a class of a hundred (scripts/bench_report_writing.py).
+    The gradebook is read in a few queries whatever the class size (the lab's cells, its submissions, and every
+    submission's grades in one): nbgrader's ORM objects load each grade's maximum and cell lazily, a query each, which
+    took about 5 s for a class of 300 on two cores (scripts/bench_report_writing.py).
     """
     from nbgrader.api import Grade, Gradebook, MissingEntry, SubmittedAssignment, SubmittedNotebook
 
