@@ -520,6 +520,22 @@ def _test_stretches_table(rows: list[dict], shown: int = 10) -> list[str]:
     return lines
 
 
+def _failed_runs(rows: list[dict], shown: int = 6) -> list[str]:
+    """Report lines naming every run in which a reference submission lost points, failed or raised (none when every
+    run graded correctly): such a run's figures do not measure correct grading."""
+    failed = [row for row in rows if row.get("failed")]
+    if not failed:
+        return []
+    lines = ["", "**Failed runs**: a reference submission lost points, failed or had a cell raise, so these rows do not "
+             "measure correct grading:", ""]
+    for row in failed:
+        more = len(row["failed"]) - shown
+        listed = "; ".join(f"`{entry}`" for entry in row["failed"][:shown]) + (f"; and {more} more" if more > 0 else "")
+        lines.append(f"- {row['workers']} worker{'s' if row['workers'] > 1 else ''}, {row['submissions']} submissions: "
+                     f"{listed}")
+    return lines
+
+
 def write_report(stem: Path, lab: str, machine: str, boot: str, commands: list[str], rows: list[dict]) -> None:
     """``stem``.md (the tables) and ``stem``.json (every row) of a report measured on ``machine`` (boot id ``boot``)."""
     measured_by = " and then ".join(f"`{c}`" for c in commands)
@@ -548,6 +564,7 @@ def write_report(stem: Path, lab: str, machine: str, boot: str, commands: list[s
                      f"{row['seconds'] / row['submissions']:.1f} | {statistics.median(row['autograde_seconds']):.1f} | "
                      f"{row.get('before_first_s', 0):.0f} / {row.get('after_last_s', 0):.0f} | "
                      f"{_recordings(row)} | {_percent(row['cpu_busy_percent'])} | {_percent(row['gpu_busy_percent'])} |")
+    lines += _failed_runs(rows)
     by_kind = [row for row in rows if row.get("cpu_s_by_kind") and row.get("cores")]
     if by_kind:
         lines += ["", "CPU time per submission, by process (seconds of user and system time; `ProcessCpu`):", "",
@@ -645,11 +662,13 @@ def main() -> int:
     stem = args.out / ("grading-throughput" + (f"-{args.tag}" if args.tag else ""))
     rows, commands = earlier_rows(stem.with_suffix(".json"), args.lab, machine) if args.append else ([], [])
     commands.append(command)
+    measured: list[dict] = []
     for workers, submissions in zip(args.workers, sizes):
         for ahead in modes:
             for pin, zygote in [(p, z) for p in (pins if workers > 1 else pins[:1]) for z in zygotes]:
                 row = grade_class(args.lab, submissions, workers, ahead, pin, zygote, args.cell_times)
                 rows.append(row)
+                measured.append(row)
                 print(f"workers={workers} kernels_ahead={ahead} pinned={pin} forked={row['forked']} "
                       f"sandboxed={row['sandboxed']}: "
                       f"{row['seconds']:.0f} s, "
@@ -663,6 +682,10 @@ def main() -> int:
                       flush=True)
                 write_report(stem, args.lab, machine, boot_id(), commands, rows)  # each row kept, if a limit cuts the rest
     print(f"wrote {stem.with_suffix('.md')}")
+    if any(row["failed"] for row in measured):
+        print("FAILED: a reference submission lost points, failed or raised in a run above (the report lists them); "
+              "its figures do not measure correct grading", file=sys.stderr)
+        return 1
     return 0
 
 

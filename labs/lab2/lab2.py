@@ -2489,6 +2489,11 @@ def _q5_1_hidden_tests():
     # timed backward contains a backward call and no forward call, so it lies between the shortest backward and
     # the shortest forward plus backward (a backward timed with its forward lands above); a loaded machine then
     # misgrades a correct answer only where it delays one timed backward by more than a whole forward (0.3 s).
+    # On a GPU each call's duration is read from CUDA events recorded at its start and end on the stream it runs
+    # on, like benchmark_latency's: events around a timed call then enclose the call's own in stream order, and so
+    # does a synchronised clock. (A CPU clock read inside the call is not enclosed: a GPU shared with other
+    # processes may reach the timing's start event after the call began, and a correct forward_ms then fell a
+    # fraction of a millisecond short.)
     forward_s, backward_s, forward_bytes, backward_bytes = 0.3, 0.005, 4_000_000, 16_000_000
 
     @kernel_side
@@ -2507,25 +2512,37 @@ def _q5_1_hidden_tests():
                 out.register_hook(lambda grad: seen.__setitem__("backward", seen["backward"] + 1))
             return out
 
-        spent = {"forward": [], "backward": []}  # the duration of every call of KnownCost, seconds
+        spent = {"forward": [], "backward": []}  # (start, end) of every call of KnownCost: see stamp
+
+        def stamp(device):
+            """Now, on the clock a timing of work on `device` reads: a CUDA event recorded on the current stream (in
+            order with the call's GPU work) or, on the CPU, time.perf_counter()."""
+            if device.type != "cuda":
+                return time.perf_counter()
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+
+        def seconds(began, ended):
+            return ended - began if isinstance(began, float) else began.elapsed_time(ended) / 1e3
 
         class KnownCost(torch.autograd.Function):
             @staticmethod
             def forward(ctx, q, k, v):
-                began = time.perf_counter()
+                began = stamp(q.device)
                 scratch = torch.ones(forward_bytes // 8, dtype=torch.float64, device=q.device)
                 time.sleep(forward_s)
                 out = q + k + v * scratch[0].to(v.dtype)
-                spent["forward"].append(time.perf_counter() - began)
+                spent["forward"].append((began, stamp(q.device)))
                 return out
 
             @staticmethod
             def backward(ctx, grad_out):
-                began = time.perf_counter()
+                began = stamp(grad_out.device)
                 scratch = torch.ones(backward_bytes // 8, dtype=torch.float64, device=grad_out.device)
                 time.sleep(backward_s)
                 grad = grad_out * scratch[0].to(grad_out.dtype)
-                spent["backward"].append(time.perf_counter() - began)
+                spent["backward"].append((began, stamp(grad_out.device)))
                 return grad, grad, grad
 
         def known_cost(q, k, v):
@@ -2537,7 +2554,10 @@ def _q5_1_hidden_tests():
             spent["forward"].clear()
             spent["backward"].clear()
             result = benchmark_attention(known_cost, 2, 16, 8, n_warmup=1, n_repeat=2)
-            return {"result": result, "forward_s": list(spent["forward"]), "backward_s": list(spent["backward"])}
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # every event recorded
+            return {"result": result, "forward_s": [seconds(*call) for call in spent["forward"]],
+                    "backward_s": [seconds(*call) for call in spent["backward"]]}
 
         def oom_in_backward(q, k, v):
             out = toy_attention(q, k, v)
