@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 
-from .kernel_boot import FORK_SAFE_ENV
+from .kernel_boot import FORK_SAFE_ENV, create_cuda_context
 from .processes import close_and_wait, die_with_parent, kill_group
 
 MODE_ENV = "EFFICIENT_AI_FORK_SERVER"
@@ -187,19 +187,19 @@ def spare_key(env: dict[str, str]) -> str:
 
 
 def _prepare_cuda() -> None:
-    """In a spare: create torch's CUDA context and make the first calls test cells make (``warm_cuda_libraries``),
-    then return the allocator's blocks; nothing where torch sees no GPU. Errors are left for the grading to meet."""
+    """In a spare: create torch's CUDA context as a kernel started ahead does (``kernel_boot.create_cuda_context``),
+    then make the first calls test cells make (``warm_cuda_libraries``) and return the allocator's blocks; nothing
+    where torch sees no GPU. Errors are left for the grading to meet."""
+    create_cuda_context()
     torch = sys.modules.get("torch")
-    if torch is None:
+    if torch is None or not torch.cuda.is_initialized():
         return
     try:
-        if torch.cuda.is_available():
-            from .boundary import warm_cuda_libraries
+        from .boundary import warm_cuda_libraries
 
-            torch.empty(1, device="cuda")
-            warm_cuda_libraries(torch)
-            torch.cuda.empty_cache()
-    except Exception:  # noqa: BLE001 - the grading process's own first CUDA call meets the same error
+        warm_cuda_libraries(torch)
+        torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - the grading process's own first GPU call meets the same error
         pass
 
 

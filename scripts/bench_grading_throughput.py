@@ -243,31 +243,29 @@ class Timeline:
 OUTSIDE_CELLS = "before the first cell and after the last (nbgrader, kernel hand-over, guard, scoring)"
 
 
-def notebook_parts(graded: dict[Path, float]) -> dict[str, float]:
+def notebook_parts(graded: dict[Path, float]) -> tuple[dict[str, float], dict[str, float]]:
     """Median seconds per submission of each part of the graded notebooks (``graded``: each notebook and its
     autograde's seconds), from the cell timestamps nbclient recorded (``bench_grading_breakdown.split_run``): each
     part's cells, the grader's requests between cells, the test cells the grader ran (the stretches between two
-    kernel cells that held them), and the rest of the autograde (``OUTSIDE_CELLS``)."""
+    kernel cells that held them), and the rest of the autograde (``OUTSIDE_CELLS``); and of each stretch of test
+    cells (``tests #index grade_id, ...``, as ``split_run`` labels them)."""
     from bench_grading_breakdown import split_run
 
-    runs = []
+    runs, stretch_runs = [], []
     for notebook, autograde_s in graded.items():
         steps, cells = split_run(notebook, 0.0, 0.0)
+        stretches = {name: s for name, s in cells.items() if name.startswith("tests ")}
         parts = {name: seconds for name, seconds in steps.items() if name.startswith(("cells:", "between"))}
-        parts["test cells (the grader's)"] = sum(s for name, s in cells.items() if name.startswith("tests "))
+        parts["test cells (the grader's)"] = sum(stretches.values())
         parts["between cells (guard checks, grader requests)"] -= parts["test cells (the grader's)"]
         parts[OUTSIDE_CELLS] = autograde_s - sum(parts.values())
         runs.append(parts)
-    return {name: statistics.median(run.get(name, 0.0) for run in runs) for name in runs[0]} if runs else {}
+        stretch_runs.append(stretches)
+    return _medians(runs), _medians(stretch_runs)
 
 
-def test_stretches(graded: dict[Path, float]) -> dict[str, float]:
-    """Median seconds per submission of each stretch of test cells the grader ran between two kernel cells
-    (``tests #index grade_id, ...``, as ``bench_grading_breakdown.split_run`` labels them)."""
-    from bench_grading_breakdown import split_run
-
-    runs = [{name: s for name, s in split_run(notebook, 0.0, 0.0)[1].items() if name.startswith("tests ")}
-            for notebook in graded]
+def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Per name, the median over ``runs`` (0 where a run lacks the name), names in the order they first appear."""
     names = dict.fromkeys(name for run in runs for name in run)
     return {name: statistics.median(run.get(name, 0.0) for run in runs) for name in names}
 
@@ -300,8 +298,7 @@ def grade_class(lab: str, submissions: int, workers: int, kernels_ahead: bool = 
         # a cell that fails only under some way of grading (a written answer's code, say) costs no autograded point
         errors = {student: failed_cells(course / "autograded" / student / lab / f"{lab}.ipynb") for student in outcomes}
         graded = {course / "autograded" / s / lab / f"{lab}.ipynb": outcome.seconds for s, outcome in outcomes.items()}
-        parts = notebook_parts(graded) if cell_times else {}
-        stretches = test_stretches(graded) if cell_times else {}
+        parts, stretches = notebook_parts(graded) if cell_times else ({}, {})
     # the reference solution earns every autograded cell's points, or the run is reported as failed
     failed = [f"{o.student}: {o.status}: {o.reason}" for o in outcomes.values() if o.status != "ok"]
     failed += [f"{student}: {cell.grade_id} earned {cell.score:g} of {cell.max_score:g}"
@@ -480,6 +477,10 @@ def _kernel_threads_table(rows: list[dict], shown: int = 6) -> list[str]:
     return lines
 
 
+def _workers(row: dict) -> str:
+    return f"{row['workers']} worker{'s' if row['workers'] > 1 else ''}"
+
+
 def _notebook_parts_table(rows: list[dict]) -> list[str]:
     """Report lines: median seconds per submission of each part of the notebook (``--cell-times`` rows), a column
     per row."""
@@ -490,7 +491,7 @@ def _notebook_parts_table(rows: list[dict]) -> list[str]:
     lines = ["", "Where a submission's time went, median seconds per submission by part of the notebook, from the cell "
              "timestamps nbclient recorded (`--cell-times`; each part's cells as the kernel ran them, the test cells "
              "the grader ran between them, and the grader's other requests between cells):", "",
-             "| part | " + " | ".join(f"{row['workers']} worker{'s' if row['workers'] > 1 else ''}, "
+             "| part | " + " | ".join(f"{_workers(row)}, "
                                      f"{row['submissions']} submissions" for row in rows) + " |",
              "| --- | " + "--- | " * len(rows)]
     lines[-1] = lines[-1].rstrip()
@@ -511,8 +512,7 @@ def _test_stretches_table(rows: list[dict], shown: int = 10) -> list[str]:
     grown = sorted(first.keys() & last.keys(), key=lambda name: last[name] - first[name], reverse=True)[:shown]
     lines = ["", f"The {len(grown)} stretches of test cells (the grader's, run between two kernel cells) that grew most "
              "from the first of these rows to the last, median seconds per submission:", "",
-             "| test cells | " + " | ".join(f"{row['workers']} worker{'s' if row['workers'] > 1 else ''}"
-                                          for row in rows) + " |",
+             "| test cells | " + " | ".join(_workers(row) for row in rows) + " |",
              "| --- | " + "--- | " * len(rows)]
     lines[-1] = lines[-1].rstrip()
     for name in grown:
@@ -531,7 +531,7 @@ def _failed_runs(rows: list[dict], shown: int = 6) -> list[str]:
     for row in failed:
         more = len(row["failed"]) - shown
         listed = "; ".join(f"`{entry}`" for entry in row["failed"][:shown]) + (f"; and {more} more" if more > 0 else "")
-        lines.append(f"- {row['workers']} worker{'s' if row['workers'] > 1 else ''}, {row['submissions']} submissions: "
+        lines.append(f"- {_workers(row)}, {row['submissions']} submissions: "
                      f"{listed}")
     return lines
 
