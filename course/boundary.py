@@ -37,6 +37,7 @@ import threading
 from pathlib import Path
 
 KERNEL_SOURCE = Path(__file__).with_name("boundary_kernel.py")
+INSTRUCTOR_MODULES = ("utils", "checks")  # the lab's own modules (source/<lab>/): the grader imports its copies
 HELPERS_TAG = "test-helpers"  # a locked cell with this tag also runs in the grader (helpers hidden tests call)
 REF_TAG = "__efficient_ai_ref__"
 COMM_TARGET = "efficient_ai_boundary"  # the Jupyter comm target of the kernel's server (boundary_kernel.py)
@@ -319,6 +320,7 @@ class GraderSide:
         self._pending: list[tuple[str, list[str]]] = []  # locked cells not yet taken into the grader
         self.needed = needed  # names the notebook's test cells read (None: all): other imports are not made here
         self._cells = 0
+        self.last_failures: list[str] = []  # the failed checks of the last test cell (checks.Scorecard.failures)
         self._warming = warming  # warm_imports, running: joined before the first locked cell is taken
 
     def run_locked_cell(self, source: str, tags) -> None:
@@ -346,8 +348,9 @@ class GraderSide:
             linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # kernel_side source
         else:
             nodes = [node for node in tree.body if _import_wanted(node, self.needed)]
-        if "utils" in sys.modules and self.folder and not _from_folder(sys.modules["utils"], self.folder):
-            del sys.modules["utils"]  # another course's copy: this lab's tests use its own instructor files
+        for name in INSTRUCTOR_MODULES:
+            if name in sys.modules and self.folder and not _from_folder(sys.modules[name], self.folder):
+                del sys.modules[name]  # another course's copy: this lab's tests use its own instructor files
         with _instructor_imports(self.folder):
             for node in nodes:
                 module = ast.Module(body=[node], type_ignores=[])
@@ -370,15 +373,19 @@ class GraderSide:
         for key in self.needed.intersection(exported):
             self.base[key] = getattr(module, key)
 
-    def run_test_cell(self, source: str, label: str) -> tuple[str, tuple[str, str] | None]:
-        """Run one test cell here; what it printed and its error (type name, message), or None when it passed."""
+    def run_test_cell(self, source: str, label: str) -> tuple[str, tuple[str, str] | None, float]:
+        """Run one test cell here: what it printed, its error (type name, message) or None, and the weighted share
+        of its ``checks.check`` blocks that passed (1.0 for a cell without any; 0.0 after an error)."""
         filename = f"<test cell {label}>"
         try:
             code = compile(source, filename, "exec")
         except SyntaxError as exc:
-            return "", ("SyntaxError", f"the test cell does not compile: {exc}")
+            return "", ("SyntaxError", f"the test cell does not compile: {exc}"), 0.0
         link = self.link
         self._take_pending()
+        contract = self._contract()
+        if contract is not None:
+            contract.begin_cell(graded=True, passthrough=(BoundaryError,))
         namespace = dict(self.base)
         printed = io.StringIO()
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -391,14 +398,28 @@ class GraderSide:
         except KernelLost:
             raise
         except BoundaryError as exc:
-            return printed.getvalue(), ("GradingBoundaryError", f"the kernel's answer could not be read: {exc}")
+            return printed.getvalue(), ("GradingBoundaryError", f"the kernel's answer could not be read: {exc}"), 0.0
         except Exception as exc:  # noqa: BLE001 - a failed test, in any form, is that cell's failure
-            return printed.getvalue(), (type(exc).__name__, str(exc))
+            return printed.getvalue(), (type(exc).__name__, str(exc)), 0.0
         finally:
+            card = contract.end_cell() if contract is not None else None
             linecache.cache.pop(filename, None)
             with contextlib.suppress(BoundaryError):
                 link.release()
-        return printed.getvalue(), None
+        self.last_failures = card.failures() if card is not None else []
+        if card is None or card.share == 1.0:
+            return printed.getvalue(), None, 1.0
+        failures = "\n".join(self.last_failures)
+        if card.share == 0.0:
+            return printed.getvalue(), ("AssertionError", f"every check of this cell failed:\n{failures}"), 0.0
+        return printed.getvalue() + failures + "\n", None, card.share
+
+    def _contract(self):
+        """The instructor's ``checks`` module when this lab's tests use it (imported by a locked cell), else None."""
+        module = sys.modules.get("checks")
+        if module is None or self.folder is None or not _from_folder(module, self.folder):
+            return None
+        return module if hasattr(module, "begin_cell") else None
 
 
 def names_tests_read(nb) -> set[str]:

@@ -1,6 +1,6 @@
 """build: labs/labN/labN.py -> source/labN/ (instructor notebook) -> release/labN/ (student bundle).
 
-``source/labN/`` gets the notebook plus copies of ``utils.py`` and ``assets/``; nbgrader copies every
+``source/labN/`` gets the notebook plus copies of ``utils.py``, ``checks.py`` and ``assets/``; nbgrader copies every
 non-notebook file of ``source/labN/`` into ``release/labN/``, which makes the release self-contained, and
 ``nbgrader autograde`` overwrites a student's copies with these. Files are written only when their content
 changes, so a second build changes nothing.
@@ -19,7 +19,7 @@ from .nbgrader_run import run_nbgrader
 from .notebooks import NB_VERSION, mark_bonus
 from .paths import REPO_ROOT, lab_text_path
 
-SUPPORT_FILES = ("utils.py",)
+SUPPORT_FILES = ("utils.py", "checks.py")  # the student helper module and the test contract
 SUPPORT_DIRS = ("assets",)
 # What ipykernel reports about its language, so that JupyterLab, which writes the kernel's language_info into the
 # notebook when it connects, finds nothing to change and does not mark a freshly opened notebook as modified. A

@@ -5,6 +5,7 @@ import ast
 import hashlib
 import hmac
 import json
+import math
 import os
 import re
 import secrets
@@ -45,18 +46,44 @@ MIB = 1024 * 1024
 MAX_KERNEL_RESTARTS = 3
 
 
+# Marks the partial-credit results this grading process wrote (a secret of the process: the kernel never sees it).
+_PARTIAL_CREDIT_TOKEN = secrets.token_hex(16)
+
+
+def partial_credit_output(cell, share: float, failed: list[str]) -> NotebookNode:
+    """The ``execute_result`` that records a test cell's partial credit: the weighted share of its checks that passed
+    (``checks.py``) times the cell's nbgrader points, rounded down to a hundredth, as nbgrader's ``determine_grade``
+    reads it. A bonus cell (nbgrader points 0) shows 0 here; ``AwardBonusPoints`` reads the share from the metadata."""
+    points = float(cell.metadata.get("nbgrader", {}).get("points", 0) or 0)
+    score = math.floor(share * points * 100 + 1e-9) / 100
+    return NotebookNode(output_type="execute_result", execution_count=None, data={"text/plain": f"{score:g}"},
+                        metadata={"efficient_ai": {"partial_credit": _PARTIAL_CREDIT_TOKEN, "share": share,
+                                                   "failed": failed}})
+
+
+def partial_credit_share(cell) -> float | None:
+    """The share of a test cell's checks that passed, when this grading process recorded partial credit on it."""
+    for out in cell.get("outputs", []):
+        mark = (out.get("metadata") or {}).get("efficient_ai") or {}
+        if out.get("output_type") == "execute_result" and mark.get("partial_credit") == _PARTIAL_CREDIT_TOKEN:
+            return float(mark["share"])
+    return None
+
+
 class DropTestResults(NbGraderPreprocessor):
-    """Remove ``execute_result`` outputs from autograded test cells before nbgrader scores them.
+    """Remove ``execute_result`` outputs from autograded test cells before nbgrader scores them, except the partial
+    credit this grading process recorded (``partial_credit_output``).
 
     nbgrader reads a number shown as a test cell's result as partial credit, and stops at the first such
     output, even when an assertion error follows it. Our test cells never end in an expression (``check``
-    enforces it), so any result there was put there by student code (``get_ipython().displayhook(5)``).
+    enforces it), so any other result there was put there by student code (``get_ipython().displayhook(5)``).
     Without it the cell scores on its errors alone.
     """
 
     def preprocess_cell(self, cell, resources, cell_index):
         if is_autograded_test(cell):
-            cell.outputs = [out for out in cell.get("outputs", []) if out.get("output_type") != "execute_result"]
+            cell.outputs = [out for out in cell.get("outputs", []) if out.get("output_type") != "execute_result"
+                            or partial_credit_share({"outputs": [out]}) is not None]
         return cell, resources
 
 
@@ -95,7 +122,9 @@ class AwardBonusPoints(NbGraderPreprocessor):
                     self.log.warning("Bonus cell %s is not in the gradebook: no bonus recorded", gid)
                     continue
                 if is_autograded_test(reference[gid]):
-                    grade.extra_credit = self._earned(reference[gid], submitted.get(gid), points)
+                    share = partial_credit_share(submitted[gid]) if gid in submitted else None
+                    grade.extra_credit = self._earned(reference[gid], submitted.get(gid), points) if share is None \
+                        else math.floor(share * points * 100 + 1e-9) / 100
                 elif grade.auto_score is None:
                     grade.auto_score = 0.0  # the TA's extra credit alone counts (nbgrader ignores it without a score)
             gb.db.commit()
@@ -228,7 +257,12 @@ class StripHiddenTests(NbGraderPreprocessor):
             cell.source = "\n".join(kept)
         outputs = []
         for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
+            mark = (out.get("metadata") or {}).get("efficient_ai") or {}
+            if out.get("output_type") == "execute_result" and "share" in mark:  # partial credit (checks.py)
+                failed = "\n".join(str(line)[: self.max_message_chars] for line in mark.get("failed", []))
+                outputs.append(NotebookNode(output_type="stream", name="stdout", text=self._redact(
+                    f"Partial credit: {float(mark['share']):.0%} of this cell's checks (by weight) passed.\n{failed}\n")))
+            elif out.get("output_type") == "error":
                 message = str(out.get("evalue", ""))
                 if len(message) > self.max_message_chars:
                     message = message[: self.max_message_chars] + " [...]"
@@ -714,8 +748,9 @@ class GuardedExecute(Execute):
             cell.outputs = [_error_output("NotRun", self._stopped)]
             return
         self._test_deadline = time.monotonic() + (self.timeout or KERNEL_REPLY_TIMEOUT_S)
+        share = 0.0
         try:
-            printed, error = self._grader.run_test_cell(cell.source, gid or str(index))
+            printed, error, share = self._grader.run_test_cell(cell.source, gid or str(index))
         except boundary.KernelLost:
             if not self._kernel_lost:  # the kernel answered, but not with its boundary server's answer
                 printed, error = "", ("BoundaryError", "the kernel sent no answer to a request of this test: student "
@@ -729,6 +764,8 @@ class GuardedExecute(Execute):
                                              text=_shorten(printed, self.max_cell_output_bytes)))
         if error:
             cell.outputs.append(_error_output(error[0], _shorten(error[1], self.max_error_bytes)))
+        elif share < 1.0:
+            cell.outputs.append(partial_credit_output(cell, share, self._grader.last_failures))
         if self._kernel_lost:
             self._recover(f"in {where}")
         else:

@@ -179,6 +179,11 @@ def find_headings(nb) -> list[Heading]:
     return headings
 
 
+def autograded_points_by_cell(nb) -> dict[str, float]:
+    """Max points of each autograded test cell, by grade id (a bonus cell's bonus points)."""
+    return {grade_id(cell): cell_points(cell) for cell in nb.cells if is_autograded_test(cell)}
+
+
 def autograded_points_by_question(nb) -> dict[str, float]:
     """Max points of the autograded test cells, summed per question key."""
     totals: dict[str, float] = {}

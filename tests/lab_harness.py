@@ -4,8 +4,8 @@ Used by tests/test_labs.py as a subprocess:
 ``python tests/lab_harness.py LAB VARIANTS_MODULE OUT_JSON``. The notebook runs top to bottom at quick scale in
 a scratch copy of ``source/LAB/`` (so ``from utils import *`` finds the instructor's utils.py). Then, for each
 prepared answer (``ALTERNATIVES`` and ``WRONG`` in the variants module), the answer replaces its solution cell,
-every autograded test cell runs again, and the reference answer is restored. The JSON result lists, per run,
-which test cells passed and the first line of each failure.
+every autograded test cell runs again, and the reference answer is restored. The JSON result lists, per run and
+test cell, ``[passed, first line of its first failure, share of its checks' weight that passed]``.
 """
 from __future__ import annotations
 
@@ -102,6 +102,21 @@ def run_cell(source: str, namespace: dict, name: str) -> tuple[bool, str]:
         plt.close("all")
 
 
+def run_test_cell(source: str, namespace: dict, name: str) -> tuple[bool, str, float]:
+    """Run one autograded test cell as the grader scores it: (passed, first line of its first failure, share of its
+    ``checks.check`` weight that passed; 0.0 after an error outside the checks)."""
+    contract = sys.modules.get("checks")
+    if contract is not None:
+        contract.begin_cell(graded=True)
+    ok, error = run_cell(source, namespace, name)
+    card = contract.end_cell() if contract is not None else None
+    if not ok:
+        return False, error, 0.0
+    if card is None or card.share == 1.0:
+        return True, "", 1.0
+    return False, card.failures()[0].splitlines()[0][:300], card.share
+
+
 def main(lab: str, variants_path: str, out_path: str) -> int:
     os.environ["EFFICIENT_AI_SCALE"] = "quick"
     os.environ.setdefault("MPLBACKEND", "Agg")
@@ -120,10 +135,11 @@ def main(lab: str, variants_path: str, out_path: str) -> int:
     result: dict = {"reference": {}, "setup_errors": {}, "variants": []}
     for index, cell in enumerate(cells):
         gid = grade_id(cell) or f"code-cell-{index}"
-        ok, error = run_cell(cell.source, namespace, gid)
         if is_autograded_test(cell):
-            result["reference"][gid] = [ok, error]
-        elif not ok:
+            result["reference"][gid] = list(run_test_cell(cell.source, namespace, gid))
+            continue
+        ok, error = run_cell(cell.source, namespace, gid)
+        if not ok:
             result["setup_errors"][gid] = error
 
     def try_answer(kind: str, cell_id: str, label: str, source: str) -> None:
@@ -133,7 +149,7 @@ def main(lab: str, variants_path: str, out_path: str) -> int:
         ok, error = run_cell(source, namespace, cell_id)
         rerun = set(affected_tests(cell_id, reference, tests))
         runs = {
-            gid: list(run_cell(test_source, namespace, gid)) if gid in rerun else result["reference"][gid]
+            gid: list(run_test_cell(test_source, namespace, gid)) if gid in rerun else result["reference"][gid]
             for gid, test_source in tests
         }
         result["variants"].append({"kind": kind, "cell": cell_id, "label": label, "answer_error": error, "tests": runs})

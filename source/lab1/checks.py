@@ -1,0 +1,351 @@
+"""The test contract: how every lab's tests compare a student's answers, and how a test cell earns partial credit.
+
+Every public and hidden test of every lab compares answers through this module, so that one policy holds everywhere
+(docs/AUTHORING.md, "The test contract"):
+
+- **Forms.** An answer is accepted in every form a question's words allow: a number as a Python ``int``/``float``,
+  a NumPy scalar or a one-element tensor; an integer count also as an integral float; a label as a ``str`` or
+  ``np.str_``, compared without surrounding spaces or case. Subclasses that could lie in a comparison (an ``int``
+  whose ``__eq__`` is always true) and ``bool`` are refused with a message that names the type.
+- **Tolerance.** A real answer is held to ``REL_TOL`` (a float32 computation passes); a question that wants more
+  says so and passes its own tolerance. Tensors are compared in float64 on the CPU, with a default tolerance taken
+  from the dtype the answer has.
+- **Messages.** A failure states the contract and the expected value at full precision.
+- **Partial credit.** A test cell's checks sit in ``with check("what it checks", weight=w):`` blocks. A failed
+  block is recorded and the next one runs; the cell ends with ``finish_checks()``. In a notebook that call raises
+  an ``AssertionError`` listing every failed check; when grading, the grader records the weighted share of the
+  checks that passed as the cell's score (course/boundary.py). Code outside the blocks is all or nothing: an
+  error there (the function is missing, say) costs the whole cell.
+
+This file is the graders' and the tests' (``release/`` ships it so that public tests run in a student's notebook);
+nothing in it is needed to answer a question.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import torch
+
+__all__ = [
+    "REL_TOL", "check", "finish_checks", "ChecksFailed",
+    "as_real", "as_integer", "as_label", "as_tensor", "as_dict",
+    "assert_close", "assert_integer", "assert_label", "assert_reals_by_key", "assert_tensor_close",
+    "assert_calls", "output_devices_with_meta_default",
+]
+
+REL_TOL = 1e-5
+"""Default relative tolerance of a real answer: float32 arithmetic (about 1e-7 per operation) meets it."""
+
+# Default (rtol, atol) of a tensor answer against a float64 reference, by the answer's dtype: what a computation
+# in that dtype meets on the small inputs tests use.
+TENSOR_TOL = {
+    torch.float64: (1e-7, 1e-9),
+    torch.float32: (1e-4, 1e-5),
+    torch.bfloat16: (3e-2, 1e-2),
+    torch.float16: (3e-3, 1e-3),
+}
+
+_NUMPY_INTEGERS = frozenset(np.dtype(code).type for code in "bBhHiIlLqQ")
+_NUMPY_REALS = _NUMPY_INTEGERS | frozenset(np.dtype(code).type for code in "efdg")
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _type_name(value) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+# -- partial credit ---------------------------------------------------------------------------------------------
+class ChecksFailed(AssertionError):
+    """Raised by ``finish_checks`` in a notebook when some checks of the cell failed; its message lists them."""
+
+
+class Scorecard:
+    """The checks one test cell ran: ``results`` holds ``(name, weight, failure message or None)`` in order."""
+
+    def __init__(self, graded: bool = False, passthrough: tuple = (), cell: object = None):
+        self.graded = graded  # True in the grader: finish_checks leaves the verdict to it
+        self.passthrough = passthrough  # exception types a check never catches (the grader's own errors)
+        self.cell = cell  # which notebook cell this card belongs to (IPython's execution count), None in the grader
+        self.results: list[tuple[str, float, str | None]] = []
+
+    @property
+    def total(self) -> float:
+        return sum(weight for _, weight, _ in self.results)
+
+    @property
+    def share(self) -> float:
+        """Weighted share of the checks that passed, in [0, 1]; 1.0 for a cell that ran none."""
+        total = self.total
+        return 1.0 if total == 0 else sum(w for _, w, failed in self.results if failed is None) / total
+
+    def failures(self) -> list[str]:
+        """One line per failed check: its name, its weight out of the cell's, and its message."""
+        return [f"FAILED {name} (weight {weight:g} of {self.total:g}): {message}"
+                for name, weight, message in self.results if message is not None]
+
+
+_card: Scorecard | None = None
+
+
+def _execution_count():
+    with contextlib.suppress(Exception):
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            return shell.execution_count
+    return None
+
+
+def begin_cell(graded: bool = True, passthrough: tuple = ()) -> Scorecard:
+    """Start the scorecard of one test cell (the grader calls this before it runs a cell, ``end_cell`` after)."""
+    global _card
+    _card = Scorecard(graded=graded, passthrough=tuple(passthrough))
+    return _card
+
+
+def end_cell() -> Scorecard | None:
+    """The scorecard of the cell that just ran, and forget it."""
+    global _card
+    card, _card = _card, None
+    return card
+
+
+def _current_card() -> Scorecard:
+    global _card
+    if _card is None or (not _card.graded and _card.cell != _execution_count()):
+        _card = Scorecard(cell=_execution_count())  # a new notebook cell (an earlier one may have stopped early)
+    return _card
+
+
+@contextlib.contextmanager
+def check(name: str, weight: float = 1):
+    """One weighted check of a test cell: a failure inside the block is recorded and the cell goes on.
+
+    Args:
+        name: what the block checks, as a student reads it ("matches A @ B for float32 and float64 inputs").
+        weight: its share of the cell's points, relative to the other checks of the cell (> 0).
+
+    An ``AssertionError`` is recorded with its message; any other exception raised by the student's code is recorded
+    as ``TypeName: message``. The grader's own errors (a lost kernel) are never caught.
+    """
+    assert weight > 0, f"check({name!r}) needs a positive weight, got {weight!r}"
+    card = _current_card()
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - a failed check, in any form, is that check's failure
+        if card.passthrough and isinstance(exc, card.passthrough):
+            raise
+        message = str(exc) if isinstance(exc, AssertionError) else f"{type(exc).__name__}: {exc}"
+        card.results.append((name, float(weight), message or "failed"))
+    else:
+        card.results.append((name, float(weight), None))
+
+
+def finish_checks(label: str = "") -> None:
+    """End a test cell: in a notebook, raise ``ChecksFailed`` listing the failed checks, else print that all passed.
+
+    Args:
+        label: what the cell tests, printed with the result ("Question 1.1").
+
+    When grading, the grader reads the cell's checks itself and records their weighted share as the score.
+    """
+    global _card
+    card = _current_card()
+    if card.graded:
+        return
+    _card = None
+    failed = card.failures()
+    if failed:
+        raise ChecksFailed(f"{label + ': ' if label else ''}{len(failed)} of {len(card.results)} checks failed "
+                           f"({card.share:.0%} of this cell's weight passed):\n" + "\n".join(failed))
+    print(f"{label + ': ' if label else ''}all {len(card.results)} checks passed")
+
+
+# -- answers in every allowed form ------------------------------------------------------------------------------
+def _one_element(value, what):
+    if (value.numel() if type(value) is not np.ndarray else value.size) != 1:
+        raise AssertionError(f"{what} must be a number, got a {type(value).__name__} of shape {tuple(value.shape)}")
+    return value.reshape(()).item()
+
+
+def as_real(value, what: str) -> float:
+    """``value`` as a Python float: an int/float, a NumPy int/float scalar, or a one-element tensor or array.
+
+    Raises:
+        AssertionError: any other type (``bool``, ``str``, subclasses, complex numbers) or a NaN.
+    """
+    kind = type(value)
+    if kind in (int, float) or kind in _NUMPY_REALS:
+        number = float(value)
+    elif kind in _TENSOR_TYPES or kind is np.ndarray:
+        if kind is np.ndarray and value.dtype.kind not in "iuf" or kind in _TENSOR_TYPES and (
+                value.dtype == torch.bool or value.is_complex()):
+            raise AssertionError(f"{what} must be a real number, got a {kind.__name__} of dtype {value.dtype}")
+        if kind in _TENSOR_TYPES and value.device.type == "meta":
+            raise AssertionError(f"{what} must be a number with a value, got a tensor on the meta device")
+        number = float(_one_element(value, what))
+    else:
+        raise AssertionError(f"{what} must be a number (a Python or NumPy int or float, or a one-element tensor), "
+                             f"got {_type_name(value)}")
+    if math.isnan(number):
+        raise AssertionError(f"{what} must be a number, got NaN")
+    return number
+
+
+def as_integer(value, what: str) -> int:
+    """``value`` as a Python int: an int, a NumPy integer, an integral float or a one-element tensor holding one.
+
+    Raises:
+        AssertionError: another type, or a number with a fractional part.
+    """
+    kind = type(value)
+    if kind is int or kind in _NUMPY_INTEGERS:
+        return int(value)
+    number = as_real(value, what)
+    if not (math.isfinite(number) and number.is_integer()):
+        raise AssertionError(f"{what} must be a whole number, got {number!r}")
+    return int(number)
+
+
+def as_label(value, what: str) -> str:
+    """``value`` as a label: a ``str`` or ``np.str_``, without surrounding spaces, case folded."""
+    if type(value) not in (str, np.str_):
+        raise AssertionError(f"{what} must be a string, got {_type_name(value)}")
+    return str(value).strip().casefold()
+
+
+def as_tensor(value, what: str) -> torch.Tensor:
+    """``value`` itself when it is a ``torch.Tensor`` (or ``nn.Parameter``), detached; no other subclass."""
+    if type(value) not in _TENSOR_TYPES:
+        raise AssertionError(f"{what} must be a torch.Tensor, got {_type_name(value)}")
+    return value.detach()
+
+
+def as_dict(value, what: str) -> dict:
+    """``value`` as a plain ``dict`` (a ``dict``, ``OrderedDict`` or ``defaultdict``; keys as they are)."""
+    import collections
+
+    if type(value) not in (dict, collections.OrderedDict, collections.defaultdict):
+        raise AssertionError(f"{what} must be a dict, got {_type_name(value)}")
+    return dict(value)
+
+
+# -- comparisons ----------------------------------------------------------------------------------------------------
+def assert_close(got, expected, what: str, rel_tol: float = REL_TOL, abs_tol: float = 0.0,
+                 formula: str | None = None) -> float:
+    """``got`` must be a number within ``rel_tol`` (relative) or ``abs_tol`` of ``expected``; returns it as a float.
+
+    Args:
+        got: the student's answer, in any form ``as_real`` takes.
+        expected: the value the test computed (float64).
+        what: how the answer is named in messages ("gemm_mac(x, y)").
+        rel_tol, abs_tol: the tolerance; the default is what a float32 computation meets.
+        formula: how the expected value is defined, shown in the message.
+    """
+    value = as_real(got, what)
+    expected = float(expected)
+    ok = math.isclose(value, expected, rel_tol=rel_tol, abs_tol=abs_tol) or (
+        math.isinf(expected) and value == expected)
+    defined = f" = {formula}" if formula else ""
+    tol = f"relative {rel_tol:g}" + (f", absolute {abs_tol:g}" if abs_tol else "")
+    assert ok, f"{what} must be{defined} {expected!r} (to a {tol}), got {value!r}"
+    return value
+
+
+def assert_integer(got, expected: int, what: str, formula: str | None = None) -> int:
+    """``got`` must be exactly the whole number ``expected`` (an int in any form ``as_integer`` takes)."""
+    value = as_integer(got, what)
+    defined = f" = {formula}" if formula else ""
+    assert value == int(expected), f"{what} must be{defined} {int(expected):,}, got {value:,}"
+    return value
+
+
+def assert_label(got, expected: str, what: str, choices=None) -> str:
+    """``got`` must be the label ``expected`` (spaces around it and case do not matter)."""
+    value = as_label(got, what)
+    options = f" (one of {sorted(choices)})" if choices else ""
+    assert value == expected.strip().casefold(), f"{what} must be {expected!r}{options}, got {got!r}"
+    return value
+
+
+def assert_reals_by_key(got, expected_by_key: dict, what: str, rel_tol: float = REL_TOL,
+                        formula: str | None = None) -> dict:
+    """``got`` must be a dict with exactly the keys of ``expected_by_key``, each value ``assert_close`` to its own."""
+    table = as_dict(got, what)
+    assert set(table) == set(expected_by_key), (
+        f"{what} must have exactly the keys {sorted(expected_by_key, key=str)}, got {sorted(table, key=str)}")
+    return {key: assert_close(table[key], expected, f"{what}[{key!r}]", rel_tol=rel_tol, formula=formula)
+            for key, expected in expected_by_key.items()}
+
+
+def assert_tensor_close(got, expected: torch.Tensor, what: str, rtol: float | None = None, atol: float | None = None,
+                        dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
+    """``got`` must be a tensor of ``expected``'s shape whose values match it; returns it detached.
+
+    Args:
+        got: the student's tensor.
+        expected: the reference, computed by the test (float64 on the CPU where precision matters).
+        what: how the answer is named in messages.
+        rtol, atol: the tolerance; by default ``TENSOR_TOL`` of ``got``'s dtype (float64 when it has another).
+        dtype: when given, ``got`` must have exactly this dtype.
+        device: when given, ``got`` must be on this device (``torch.device`` or a string such as ``"cpu"``).
+    """
+    tensor = as_tensor(got, what)
+    assert tuple(tensor.shape) == tuple(expected.shape), (
+        f"{what} must have shape {tuple(expected.shape)}, got {tuple(tensor.shape)}")
+    if dtype is not None:
+        assert tensor.dtype == dtype, f"{what} must have dtype {dtype}, got {tensor.dtype}"
+    if device is not None:
+        assert tensor.device == torch.device(device), f"{what} must be on {torch.device(device)}, got {tensor.device}"
+    default_rtol, default_atol = TENSOR_TOL.get(tensor.dtype, TENSOR_TOL[torch.float64])
+    rtol = default_rtol if rtol is None else rtol
+    atol = default_atol if atol is None else atol
+    if tensor.dtype == torch.bool or expected.dtype == torch.bool:
+        mismatched = int((tensor.cpu() != expected.cpu()).sum())
+        assert mismatched == 0, f"{what} differs from the expected boolean tensor in {mismatched} elements"
+        return tensor
+    got64, want64 = tensor.to("cpu", torch.float64), expected.detach().to("cpu", torch.float64)
+    same_nonfinite = torch.equal(torch.isnan(got64), torch.isnan(want64)) and torch.equal(
+        got64[torch.isinf(want64)], want64[torch.isinf(want64)])
+    finite = torch.isfinite(want64)
+    excess = (got64[finite] - want64[finite]).abs() - (atol + rtol * want64[finite].abs())
+    if not same_nonfinite or (excess.numel() and excess.max().item() > 0) or not torch.isfinite(got64[finite]).all():
+        err = (got64[finite] - want64[finite]).abs()
+        worst = err.max().item() if err.numel() else float("nan")
+        raise AssertionError(f"{what} must match the reference to rtol {rtol:g}, atol {atol:g}; "
+                             f"largest absolute error {worst!r}" + ("" if same_nonfinite else
+                                                                    " (and its NaN or infinite entries differ)"))
+    return tensor
+
+
+def assert_calls(called, what: str, forbidden=(), required=()) -> None:
+    """A record of the torch functions a call used (``record_torch_calls``' names) must avoid ``forbidden`` and
+    include every name of ``required``."""
+    names = {str(name) for name in called}
+    used = sorted(names & set(forbidden))
+    assert not used, f"{what} must not call {used}"
+    missing = sorted(set(required) - names)
+    assert not missing, f"{what} must call {missing}; it called {sorted(names)}"
+
+
+# -- probes that run beside the student's code (pass them to ``kernel_side``) -----------------------------------
+def output_devices_with_meta_default(fn, *args, **kwargs) -> list:
+    """Call ``fn(*args, **kwargs)`` with PyTorch's default device set to ``meta``; the devices of its tensor outputs.
+
+    A function that must return its result on its input's device and creates it without naming that device
+    (``torch.tensor(values)``, ``torch.zeros(n)``) puts it on ``meta`` here: a CPU grader sees the mistake a GPU
+    grader would. Use it from a test as ``kernel_side(output_devices_with_meta_default)(student_fn, x)``.
+
+    Returns:
+        list[str]: ``str(device)`` of every tensor in the result (a tensor, or a tuple/list/dict of them), in order.
+    """
+    import torch
+
+    with torch.device("meta"):
+        out = fn(*args, **kwargs)
+    items = list(out.values()) if isinstance(out, dict) else list(out) if isinstance(out, (list, tuple)) else [out]
+    return [str(item.device) for item in items if isinstance(item, torch.Tensor)]
