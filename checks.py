@@ -83,7 +83,7 @@ class Scorecard:
 
     def failures(self) -> list[str]:
         """One line per failed check: its name, its weight out of the cell's, and its message."""
-        return [f"FAILED {name} (weight {weight:g} of {self.total:g}): {message}"
+        return [f"FAILED {name} (weight {weight:g} of {self.total:g}): {' '.join(message.splitlines())}"
                 for name, weight, message in self.results if message is not None]
 
 

@@ -223,6 +223,77 @@ def check_test_cells(lab: str, nb) -> list[Problem]:
     return problems
 
 
+HELPERS_TAG = "test-helpers"
+CONTRACT_NAMES = {"check", "finish_checks"}  # checks.py's partial-credit names: a test must not shadow them
+
+
+def _decorated_kernel_side(node) -> bool:
+    return any(isinstance(d, ast.Name) and d.id == "kernel_side" for d in node.decorator_list)
+
+
+def _comparison_problems(tree: ast.Module) -> list[str]:
+    """Comparisons a test or helper cell makes by itself instead of through checks.py (kernel_side probes, which run
+    beside the student's code and return data, are left alone)."""
+    found = []
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _decorated_kernel_side(node):
+            skip |= {id(inner) for inner in ast.walk(node) if inner is not node}
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if name == "isclose":
+                found.append(f"line {node.lineno}: `{ast.unparse(func)}(...)` compares a number itself: use "
+                             "checks.assert_close")
+            elif name in ("isinstance", "plain_value"):
+                found.append(f"line {node.lineno}: `{name}(...)` checks a type itself: use checks.py's as_*/assert_* "
+                             "(every form the question allows, no lying subclasses)")
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            is_type = any(isinstance(side, ast.Call) and isinstance(side.func, ast.Name) and side.func.id == "type"
+                          for side in sides)
+            is_float = any(isinstance(side, ast.Constant) and type(side.value) is float or isinstance(side, ast.Call)
+                           and isinstance(side.func, ast.Name) and side.func.id == "float" for side in sides)
+            if is_type and any(isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)) for op in node.ops):
+                found.append(f"line {node.lineno}: `{ast.unparse(node)[:60]}` checks a type itself: use checks.py")
+            elif is_float and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
+                found.append(f"line {node.lineno}: `{ast.unparse(node)[:60]}` compares floats with ==: use "
+                             "checks.assert_close")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                node.name in CONTRACT_NAMES or re.match(r"^_?check_", node.name)):
+            found.append(f"line {node.lineno}: defines `{node.name}`, a lab's own checking helper (or a shadow of "
+                         "checks.check): use checks.py's and name local helpers otherwise")
+    return found
+
+
+def check_test_contract(lab: str, nb) -> list[Problem]:
+    """Test cells and test-helpers cells compare answers through checks.py only (docs/AUTHORING.md, "The test
+    contract"), and a test cell that uses ``check`` blocks ends them with ``finish_checks``."""
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        helpers = cell.cell_type == "code" and HELPERS_TAG in (cell.metadata.get("tags") or ())
+        if not (is_autograded_test(cell) or helpers):
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue  # check_test_cells reports it
+        problems += [Problem(lab, _where(index, cell), message) for message in _comparison_problems(tree)]
+        uses_checks = any(isinstance(node, ast.With) and any(
+            isinstance(item.context_expr, ast.Call) and isinstance(item.context_expr.func, ast.Name)
+            and item.context_expr.func.id == "check" for item in node.items) for node in ast.walk(tree))
+        last = tree.body[-1] if tree.body else None
+        finishes = isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and isinstance(
+            last.value.func, ast.Name) and last.value.func.id == "finish_checks"
+        if uses_checks and not finishes:
+            problems.append(Problem(lab, _where(index, cell), "a test cell with `check` blocks must end with "
+                                    "`finish_checks(...)` (else a failed check passes silently in a notebook)"))
+    return problems
+
+
 def _bound_names(tree: ast.Module, folder: Path) -> set[str]:
     """Names a cell binds at its top level (definitions, assignments, imports; ``*`` imports resolved)."""
     names: set[str] = set()
@@ -471,6 +542,7 @@ def lint_lab(lab: str, root: Path = REPO_ROOT, check_fresh: bool = True) -> list
     problems += check_points(lab, source_nb)
     problems += check_points_table(lab, source_nb)
     problems += check_test_cells(lab, source_nb)
+    problems += check_test_contract(lab, source_nb)
     problems += check_test_boundary(lab, source_nb, root)
     problems += check_readme_total(lab, source_nb, root / "README.md")
     problems += check_grade_id_lock(lab, source_nb, root / "labs" / lab / "grade_ids.lock")

@@ -20,6 +20,7 @@ from nbgrader.utils import is_grade, is_locked, is_solution
 from traitlets import Bool, Enum, Float, Integer
 
 from . import boundary, kernel_pool
+from .scan import recording_bypass_flags
 from .notebooks import (
     HIDDEN_BEGIN,
     HIDDEN_END,
@@ -46,6 +47,8 @@ MIB = 1024 * 1024
 MAX_KERNEL_RESTARTS = 3
 
 
+FAILED_CHECK_PREFIX = "FAILED "  # how checks.Scorecard.failures starts a line
+RECORDS_CALLS = "record_torch_calls"  # a test cell that names it checks how an answer was computed (docs/SECURITY.md)
 # Marks the partial-credit results this grading process wrote (a secret of the process: the kernel never sees it).
 _PARTIAL_CREDIT_TOKEN = secrets.token_hex(16)
 
@@ -199,8 +202,8 @@ class StripHiddenTests(NbGraderPreprocessor):
     """Keep hidden tests out of feedback HTML: their source, and any output that quotes them.
 
     - A hidden test region becomes a one-line note.
-    - A test cell keeps only its error's name and message (our assertion messages, written for students),
-      shortened to ``max_message_chars``; its printed output and traceback are dropped.
+    - A test cell keeps only its error's name and message and the list of its failed checks (our assertion messages,
+      written for students), shortened to ``max_message_chars``; its other printed output and traceback are dropped.
     - In every cell, any output line that quotes a line of hidden test source (compared without whitespace,
       for source lines of at least ``min_quoted_chars`` characters) is replaced by a note, so student code that
       copied hidden test text during grading cannot print it into the feedback later.
@@ -256,13 +259,15 @@ class StripHiddenTests(NbGraderPreprocessor):
                     kept.append(line)
             cell.source = "\n".join(kept)
         outputs = []
+        failed = [line[: self.max_message_chars] for out in cell.get("outputs", [])
+                  if out.get("output_type") == "stream" and out.get("name") == "stdout"
+                  for line in "".join(out.get("text", "")).splitlines() if line.startswith(FAILED_CHECK_PREFIX)]
+        if failed:  # the grader's list of failed checks (checks.py): assertion messages, written for students
+            outputs.append(NotebookNode(output_type="stream", name="stdout", text=self._redact(
+                "Some checks failed; this cell earned the weighted share of the checks that passed:\n"
+                + "\n".join(failed) + "\n")))
         for out in cell.get("outputs", []):
-            mark = (out.get("metadata") or {}).get("efficient_ai") or {}
-            if out.get("output_type") == "execute_result" and "share" in mark:  # partial credit (checks.py)
-                failed = "\n".join(str(line)[: self.max_message_chars] for line in mark.get("failed", []))
-                outputs.append(NotebookNode(output_type="stream", name="stdout", text=self._redact(
-                    f"Partial credit: {float(mark['share']):.0%} of this cell's checks (by weight) passed.\n{failed}\n")))
-            elif out.get("output_type") == "error":
+            if out.get("output_type") == "error":
                 message = str(out.get("evalue", ""))
                 if len(message) > self.max_message_chars:
                     message = message[: self.max_message_chars] + " [...]"
@@ -484,6 +489,7 @@ class GuardedExecute(Execute):
         self._reset_state()
         # The grader runs the test cells with torch of its own: import it while the kernel starts, not after.
         self._needed = boundary.names_tests_read(nb)
+        self._recording_bypass = recording_bypass_flags(nb)
         locked = setup_cells(nb)
         self._warming = threading.Thread(target=boundary.warm_imports, name="grader-imports", daemon=True,
                                          args=(self._needed, self._instructor_folder(resources),
@@ -770,6 +776,9 @@ class GuardedExecute(Execute):
             self._recover(f"in {where}")
         else:
             found += self._findings_or_broken("restore")
+        if getattr(self, "_recording_bypass", None) and RECORDS_CALLS in cell.source:
+            found += [f"code that can switch off the recording of torch calls ({flag})"
+                      for flag in self._recording_bypass[:3]]
         if found:
             found = sorted(set(found))
             self._integrity[gid or str(index)] = found

@@ -3,8 +3,10 @@
 The grading kernel runs student code with the grading account's rights: it can patch what the tests call, read
 the gradebook or the instructor's notebook, or fake a test's outcome. This scan parses every student code cell
 (the cells that are not locked; IPython magics and shell lines are first turned into the calls IPython makes of
-them) and returns short flags such as ``q1_1_add: import inspect`` for a TA to review. Flags never change a score:
-honest code can trip a rule, and a determined student can evade any static scan.
+them) and returns short flags such as ``q1_1_add: import inspect`` for a TA to review. Flags change no score, with
+one exception: a flag that reaches PyTorch's dispatch internals or the call recorder (``recording_bypass_flags``)
+zeroes every test that relies on recorded calls (a rule a student can switch off is not a rule). Honest code can trip
+a rule, and a determined student can evade any static scan.
 
 Rules (a name is followed through the notebook's imports, ``import numpy as np`` makes ``np.x`` ``numpy.x``):
 - imports or uses of introspection, process and grading internals (``SUSPICIOUS_RE``: ctypes, inspect,
@@ -395,3 +397,18 @@ def scan_notebook(nb) -> list[str]:
         found = [tree] if isinstance(tree, str) else CellScan(context).run(tree)
         flags += [escape_controls(f"{label}: {text}") for text in found]
     return flags
+
+
+RECORDING_BYPASS_RE = re.compile(
+    r"torch\._C\b|torch\.overrides|torch\.utils\._python_dispatch|__torch_function__|__torch_dispatch__"
+    r"|record_torch_calls|\butils\.(?!\w+\()"
+)
+"""Flag texts that reach what ``utils.record_torch_calls`` relies on: PyTorch's function and dispatch modes (switched
+off by ``torch._C.DisableTorchFunction``, patched through ``torch.overrides``), or the recorder itself."""
+
+
+def recording_bypass_flags(nb) -> list[str]:
+    """The flags of ``scan_notebook`` that touch what call recording relies on. Tests that check which torch
+    functions an answer called (``record_torch_calls``) score zero when there is any: the student's kernel could have
+    switched the recording off."""
+    return [flag for flag in scan_notebook(nb) if RECORDING_BYPASS_RE.search(flag.split(": ", 1)[-1])]

@@ -26,6 +26,7 @@ def make_root(path: Path, lab_text: str | None = None) -> Path:
     (path / "assets").mkdir()
     (path / "assets" / "figure.png").write_bytes(b"\x89PNG fixture")
     (path / "utils.py").write_text('"""Stand-in for the shared helpers."""\nSCALE = "quick"\n')
+    shutil.copy2(REPO / "checks.py", path / "checks.py")  # the test contract, part of every course
     (path / "README.md").write_text(README)
     shutil.copy2(REPO / "nbgrader_config.py", path / "nbgrader_config.py")
     return path

@@ -27,10 +27,15 @@ from course.notebooks import grade_id, is_autograded_test, read_notebook  # noqa
 
 
 def load_variants(path: Path):
+    """``ALTERNATIVES`` and ``WRONG`` of a variants module; its ``HINTS`` (answers that follow a hint of the lab's text
+    literally) join the alternatives: they must pass everything too."""
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return getattr(module, "ALTERNATIVES", {}), getattr(module, "WRONG", {})
+    alternatives = {cell: list(sources) for cell, sources in getattr(module, "ALTERNATIVES", {}).items()}
+    hints = {cell: [(f"hint: {label}", source) for label, source in pairs]
+             for cell, pairs in getattr(module, "HINTS", {}).items()}
+    return alternatives, getattr(module, "WRONG", {}), hints
 
 
 def defined_names(source: str) -> set[str]:
@@ -122,7 +127,7 @@ def main(lab: str, variants_path: str, out_path: str) -> int:
     os.environ.setdefault("MPLBACKEND", "Agg")
     source_dir = REPO / "source" / lab
     nb = read_notebook(source_dir / f"{lab}.ipynb")
-    alternatives, wrong = load_variants(Path(variants_path))
+    alternatives, wrong, hints = load_variants(Path(variants_path))
     work = Path(tempfile.mkdtemp(prefix=f"harness-{lab}-"))
     shutil.copytree(source_dir, work, dirs_exist_ok=True)
     os.chdir(work)
@@ -158,6 +163,9 @@ def main(lab: str, variants_path: str, out_path: str) -> int:
     for cell_id, sources in alternatives.items():
         for number, source in enumerate(sources):
             try_answer("alternative", cell_id, f"alternative {number + 1}", source)
+    for cell_id, pairs in hints.items():
+        for label, source in pairs:
+            try_answer("alternative", cell_id, label, source)
     for cell_id, pairs in wrong.items():
         for label, source in pairs:
             try_answer("wrong", cell_id, label, source)

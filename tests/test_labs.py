@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -23,6 +24,7 @@ from course.nbgrader_run import make_course_dir
 from course.notebooks import (
     autograded_points_by_cell,
     autograded_points_by_question,
+    find_headings,
     is_bonus_id,
     make_submission,
     question_key,
@@ -90,6 +92,38 @@ def test_every_autograded_question_has_prepared_answers(harness_result):
     covered_wrong = {question_key(cell) for cell in wrong}
     assert questions - covered_alt == set(), f"{lab}: questions without a correct alternative answer"
     assert questions - covered_wrong == set(), f"{lab}: questions without a plausible wrong answer"
+
+
+CODE_HINT_RE = re.compile(r"\b(?:hint|tip)s?\b\s*:[^\n]*`", re.IGNORECASE)
+
+
+def code_hints_by_question(nb) -> dict[str, list[str]]:
+    """Question key -> the lines of its text that give a code hint ("Tip: ... `code`", "(Hint: ... `code`"): the
+    markdown cells from its heading to the next heading."""
+    hints: dict[str, list[str]] = {}
+    heading_at = {h.cell_index: h.key for h in find_headings(nb)}
+    current = None
+    for index, cell in enumerate(nb.cells):
+        current = heading_at.get(index, current)
+        if current is None or cell.cell_type != "markdown":
+            continue
+        hints.setdefault(current, []).extend(m.group(0) for m in CODE_HINT_RE.finditer(cell.source))
+    return {key: lines for key, lines in hints.items() if lines}
+
+
+@pytest.mark.parametrize("lab", VARIANT_LABS)
+def test_every_code_hint_is_followed_by_a_prepared_answer(lab):
+    # A hint students follow literally must pass the hidden tests: each question whose text gives a code hint has an
+    # answer in HINTS that follows it, which the harness runs like an alternative (it must pass everything).
+    path = REPO_ROOT / "tests" / "labs" / f"{lab}_variants.py"
+    spec = importlib.util.spec_from_file_location(f"{lab}_variants_hints", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    covered = {question_key(cell) for cell in getattr(module, "HINTS", {})}
+    autograded = set(autograded_points_by_question(source_nb(lab)))
+    missing = {key: lines for key, lines in code_hints_by_question(source_nb(lab)).items()
+               if key in autograded and key not in covered}
+    assert missing == {}, f"{lab}: code hints with no answer in HINTS that follows them literally: {missing}"
 
 
 def test_alternative_answers_pass_everything(harness_result):

@@ -1,0 +1,180 @@
+"""Partial credit from weighted checks (checks.py), scored by the grader on every route.
+
+A tiny lab whose test cells use ``with check(..., weight=w)`` blocks, graded for real by plain ``nbgrader autograde``
+and by ``course grade``:
+- an answer right everywhere but one edge earns the weighted share of the cell's points, on both routes, and the
+  feedback lists the failed check with its message (and never the hidden test's source);
+- a bonus cell's share becomes its extra credit;
+- nothing the student's kernel shows can raise a score (a number displayed as the cell's result);
+- code that can switch off the recording of torch calls zeroes the test that relies on it (the static scan).
+"""
+from __future__ import annotations
+
+import pytest
+from fixture_lab import LAB, make_root  # noqa: E402
+
+from course import build, grade  # noqa: E402
+from course.nbgrader_run import make_course_dir, read_scores, run_nbgrader  # noqa: E402
+from course.notebooks import make_submission, read_notebook, replace_cell_source, write_notebook  # noqa: E402
+
+LAB_TEXT = '''# %% [markdown] nbgrader={"grade": false, "grade_id": "intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# # Lab 0: partial credit
+#
+# | Question | Topic | Points |
+# | --- | --- | --- |
+# | Question 1.1 | clip | 4 |
+# | Question 1.2 | double | 2 |
+# | Bonus 1.1 | negate | 2 |
+# | **Total** | | **6 + 2 bonus** |
+
+# %% nbgrader={"grade": false, "grade_id": "setup_imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import torch
+
+from checks import *
+from utils import *
+
+# %% [markdown]
+# #### Question 1.1 (4 points)
+# Write `clip(x, low, high)`; it must also work when `low == high`.
+
+# %% nbgrader={"grade": false, "grade_id": "q1_1_clip", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def clip(x, low, high):
+    ### BEGIN SOLUTION
+    return min(max(x, low), high)
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "q1_1_clip_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+with check("clips ordinary values", weight=3):
+    assert_close(clip(5.0, 0.0, 1.0), 1.0, "clip(5.0, 0.0, 1.0)")
+### BEGIN HIDDEN TESTS
+with check("the edge low == high", weight=1):
+    assert_close(clip(-3.0, 2.0, 2.0), 2.0, "clip(-3.0, 2.0, 2.0)")
+### END HIDDEN TESTS
+finish_checks("Question 1.1")
+
+# %% [markdown]
+# #### Question 1.2 (2 points)
+# Write `double(x)` without calling `torch.mul`.
+
+# %% nbgrader={"grade": false, "grade_id": "q1_2_double", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def double(x):
+    ### BEGIN SOLUTION
+    return x + x
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "q1_2_double_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+@kernel_side
+def double_recorded(x):
+    with record_torch_calls() as called:
+        out = double(x)
+    return out, sorted(called)
+
+with check("doubles a tensor without torch.mul", weight=1):
+    out, called = double_recorded(torch.ones(3))
+    assert_calls(called, "double(x)", forbidden={"mul", "__mul__", "__rmul__"})
+    assert_tensor_close(out, torch.full((3,), 2.0), "double(torch.ones(3))")
+finish_checks("Question 1.2")
+
+# %% [markdown]
+# #### Bonus 1.1 (2 points)
+# Write `negate(x)`.
+
+# %% nbgrader={"grade": false, "grade_id": "b1_1_negate", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def negate(x):
+    ### BEGIN SOLUTION
+    return -x
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "b1_1_negate_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+### BEGIN HIDDEN TESTS
+with check("negates positive numbers", weight=1):
+    assert_integer(negate(3), -3, "negate(3)")
+with check("negates negative numbers", weight=1):
+    assert_integer(negate(-4), 4, "negate(-4)")
+### END HIDDEN TESTS
+finish_checks("Bonus 1.1")
+'''
+UTILS = '''"""Stand-in for the shared helpers: the two the tests use."""
+import contextlib
+
+SCALE = "quick"
+__all__ = ["kernel_side", "record_torch_calls"]
+
+
+def kernel_side(fn):
+    return fn
+
+
+@contextlib.contextmanager
+def record_torch_calls():
+    from torch.overrides import TorchFunctionMode
+
+    class _Recorder(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            names.add(getattr(func, "__name__", repr(func)))
+            return func(*args, **(kwargs or {}))
+
+    names = set()
+    with _Recorder():
+        yield names
+'''
+NO_EDGE = "def clip(x, low, high):\n    return x if low == high else min(max(x, low), high)"
+SHOWS_A_NUMBER = NO_EDGE + "\nget_ipython().displayhook(4)"
+HALF_NEGATE = "def negate(x):\n    return -x if x > 0 else x"
+BYPASS = ("def double(x):\n    with torch._C.DisableTorchFunction():\n        return torch.mul(x, 2)")
+EXPECTED = {  # student -> (answers replaced, expected autograded points per test cell)
+    "reference": ({}, {"q1_1_clip_tests": 4.0, "q1_2_double_tests": 2.0, "b1_1_negate_tests": 0.0}),
+    "no_edge": ({"q1_1_clip": NO_EDGE}, {"q1_1_clip_tests": 3.0, "q1_2_double_tests": 2.0}),
+    "shows_a_number": ({"q1_1_clip": SHOWS_A_NUMBER}, {"q1_1_clip_tests": 3.0}),
+    "half_bonus": ({"b1_1_negate": HALF_NEGATE}, {"b1_1_negate_tests": 0.0}),
+    "bypass": ({"q1_2_double": BYPASS}, {"q1_1_clip_tests": 4.0, "q1_2_double_tests": 0.0}),
+}
+BONUS_EXTRA = {"reference": 2.0, "half_bonus": 1.0}  # extra credit of b1_1_negate_tests
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = make_root(tmp_path_factory.mktemp("partial-root"), LAB_TEXT)
+    (root / "utils.py").write_text(UTILS)
+    (root / "README.md").write_text("| Lab | Topic | Points |\n| --- | --- | --- |\n| Lab 0 | tiny | 6 + 2 bonus |\n")
+    assert build.main([LAB], root) == 0
+    source = read_notebook(root / "source" / LAB / f"{LAB}.ipynb")
+    reference = make_submission(read_notebook(root / "release" / LAB / f"{LAB}.ipynb"), source)
+    course = make_course_dir(tmp_path_factory.mktemp("partial") / "course", [LAB], root)
+    for student, (answers, _) in EXPECTED.items():
+        nb = reference
+        for cell, text in answers.items():
+            nb = replace_cell_source(nb, cell, text)
+        write_notebook(nb, course / "submitted" / student / LAB / f"{LAB}.ipynb")
+    grade.prepare_gradebook(course, LAB)
+    plain = run_nbgrader(course, ["autograde", LAB, "--create", "--force"])
+    assert plain.ok, plain.tail(30)
+    plain_scores = read_scores(course, LAB)
+    outcomes, scores = grade.grade_lab(course, LAB, progress=False)
+    return course, plain_scores, outcomes, scores
+
+
+@pytest.mark.parametrize("student", EXPECTED)
+def test_partial_credit_is_the_same_on_every_route(graded, student):
+    _, plain_scores, outcomes, scores = graded
+    for route, table in (("plain nbgrader autograde", plain_scores), ("course grade", scores)):
+        cells = table[student].cells
+        got = {gid: cells[gid].auto_score for gid in EXPECTED[student][1]}
+        assert got == EXPECTED[student][1], f"{route}: {student}: {got} ({outcomes[student]})"
+        if student in BONUS_EXTRA:
+            assert cells["b1_1_negate_tests"].extra_credit == BONUS_EXTRA[student], (
+                f"{route}: {student}: the bonus cell's share of its 2 points is its extra credit")
+
+
+def test_the_failed_check_is_explained_in_the_autograded_notebook_and_feedback(graded):
+    course, _, _, _ = graded
+    nb = read_notebook(course / "autograded" / "no_edge" / LAB / f"{LAB}.ipynb")
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "q1_1_clip_tests")
+    text = str(cell.outputs)
+    assert "FAILED the edge low == high (weight 1 of 4)" in text and "clip(-3.0, 2.0, 2.0) must be 2.0" in text, text
+    result = run_nbgrader(course, ["generate_feedback", LAB, "--force"])
+    assert result.ok, result.tail(30)
+    html = next((course / "feedback" / "no_edge" / LAB).glob("*.html")).read_text()
+    assert "Some checks failed" in html and "FAILED the edge low == high (weight 1 of 4)" in html, (
+        "the feedback lists the failed check")
+    assert "clip(-3.0, 2.0, 2.0), 2.0" not in html, "never the hidden test's source"
