@@ -20,7 +20,6 @@ from nbgrader.utils import is_grade, is_locked, is_solution
 from traitlets import Bool, Enum, Float, Integer
 
 from . import boundary, kernel_pool
-from .scan import recording_bypass_flags
 from .notebooks import (
     HIDDEN_BEGIN,
     HIDDEN_END,
@@ -33,6 +32,7 @@ from .notebooks import (
     region_lines,
     strip_lines,
 )
+from .scan import recording_bypass_flags
 
 GUARD_SOURCE = Path(__file__).with_name("guard_kernel.py")
 GRADING_REPORT = "grading_report.json"  # written beside each autograded notebook
