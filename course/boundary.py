@@ -544,6 +544,8 @@ def warm_imports(needed: set[str], folder: Path | None, modules: list[str] = ())
             if name not in sys.modules and _installed_elsewhere(name.split(".")[0], folder):
                 importlib.import_module(name)
     torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)  # as in the grading kernels (nbgrader_ext.GRADING_KERNEL_SETTINGS)
     if torch is not None and "DEVICE" in needed:
         with contextlib.suppress(Exception):
             if torch.cuda.is_available():

@@ -47,6 +47,15 @@ MIB = 1024 * 1024
 MAX_KERNEL_RESTARTS = 3
 
 
+# Settings of a grading kernel, made before any student code: cuDNN's attention prepares its kernels on each shape's
+# first call in a process, on the CPU, and every grading kernel is a fresh process; FlashAttention or the
+# memory-efficient kernel give the same results. A student's own kernel keeps PyTorch's defaults.
+GRADING_KERNEL_SETTINGS = (
+    "import sys as _s\n"
+    "if 'torch' in _s.modules and hasattr(_s.modules['torch'].backends.cuda, 'enable_cudnn_sdp'):\n"
+    "    _s.modules['torch'].backends.cuda.enable_cudnn_sdp(False)\n"
+    "del _s\n"
+)
 FAILED_CHECK_PREFIX = "FAILED "  # how checks.Scorecard.failures starts a line
 RECORDS_CALLS = "record_torch_calls"  # a test cell that names it checks how an answer was computed (docs/SECURITY.md)
 # Marks the partial-credit results this grading process wrote (a secret of the process: the kernel never sees it).
@@ -626,6 +635,7 @@ class GuardedExecute(Execute):
         # The guard's functions get a private copy of the builtins, taken before any student code runs: replacing
         # builtins.type or builtins.getattr later cannot change how the guard itself works.
         source = (
+            GRADING_KERNEL_SETTINGS +
             "import builtins as _b\n"
             "_g = {'__builtins__': dict(vars(_b)), '__name__': '_efficient_ai_guard'}\n"
             f"exec(compile({GUARD_SOURCE.read_text()!r}, '<grading guard>', 'exec'), _g)\n"
@@ -797,6 +807,7 @@ class GuardedExecute(Execute):
     def _install_boundary(self) -> None:
         """The boundary's server in the kernel, and the comm the grader's requests travel on (``_ask``)."""
         source = (
+            GRADING_KERNEL_SETTINGS +
             "import builtins as _b\n"
             "_g = {'__builtins__': dict(vars(_b)), '__name__': '_efficient_ai_boundary'}\n"
             f"exec(compile({boundary.KERNEL_SOURCE.read_text()!r}, '<grading boundary>', 'exec'), _g)\n"

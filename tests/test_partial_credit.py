@@ -6,7 +6,8 @@ and by ``course grade``:
   feedback lists the failed check with its message (and never the hidden test's source);
 - a bonus cell's share becomes its extra credit;
 - nothing the student's kernel shows can raise a score (a number displayed as the cell's result);
-- code that can switch off the recording of torch calls zeroes the test that relies on it (the static scan).
+- code that can switch off the recording of torch calls zeroes the test that relies on it (the static scan);
+- a grading kernel runs with the grader's settings (cuDNN attention off), which ``import utils`` no longer makes.
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ LAB_TEXT = '''# %% [markdown] nbgrader={"grade": false, "grade_id": "intro", "lo
 # | --- | --- | --- |
 # | Question 1.1 | clip | 4 |
 # | Question 1.2 | double | 2 |
+# | Question 1.3 | the kernel's attention backends | 1 |
 # | Bonus 1.1 | negate | 2 |
-# | **Total** | | **6 + 2 bonus** |
+# | **Total** | | **7 + 2 bonus** |
 
 # %% nbgrader={"grade": false, "grade_id": "setup_imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import torch
@@ -76,6 +78,23 @@ with check("doubles a tensor without torch.mul", weight=1):
 finish_checks("Question 1.2")
 
 # %% [markdown]
+# #### Question 1.3 (1 points)
+# Write `cudnn_attention_on()`: whether PyTorch may use cuDNN's attention in this kernel.
+
+# %% nbgrader={"grade": false, "grade_id": "q1_3_cudnn", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def cudnn_attention_on():
+    ### BEGIN SOLUTION
+    return torch.backends.cuda.cudnn_sdp_enabled()
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "q1_3_cudnn_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+### BEGIN HIDDEN TESTS
+with check("a grading kernel runs with cuDNN attention off (the grader's setting)", weight=1):
+    assert cudnn_attention_on() is False, "the grader turns cuDNN attention off in its kernels"
+### END HIDDEN TESTS
+finish_checks("Question 1.3")
+
+# %% [markdown]
 # #### Bonus 1.1 (2 points)
 # Write `negate(x)`.
 
@@ -123,7 +142,8 @@ SHOWS_A_NUMBER = NO_EDGE + "\nget_ipython().displayhook(4)"
 HALF_NEGATE = "def negate(x):\n    return -x if x > 0 else x"
 BYPASS = ("def double(x):\n    with torch._C.DisableTorchFunction():\n        return torch.mul(x, 2)")
 EXPECTED = {  # student -> (answers replaced, expected autograded points per test cell)
-    "reference": ({}, {"q1_1_clip_tests": 4.0, "q1_2_double_tests": 2.0, "b1_1_negate_tests": 0.0}),
+    "reference": ({}, {"q1_1_clip_tests": 4.0, "q1_2_double_tests": 2.0, "q1_3_cudnn_tests": 1.0,
+                       "b1_1_negate_tests": 0.0}),
     "no_edge": ({"q1_1_clip": NO_EDGE}, {"q1_1_clip_tests": 3.0, "q1_2_double_tests": 2.0}),
     "shows_a_number": ({"q1_1_clip": SHOWS_A_NUMBER}, {"q1_1_clip_tests": 3.0}),
     "half_bonus": ({"b1_1_negate": HALF_NEGATE}, {"b1_1_negate_tests": 0.0}),
@@ -136,7 +156,7 @@ BONUS_EXTRA = {"reference": 2.0, "half_bonus": 1.0}  # extra credit of b1_1_nega
 def graded(tmp_path_factory):
     root = make_root(tmp_path_factory.mktemp("partial-root"), LAB_TEXT)
     (root / "utils.py").write_text(UTILS)
-    (root / "README.md").write_text("| Lab | Topic | Points |\n| --- | --- | --- |\n| Lab 0 | tiny | 6 + 2 bonus |\n")
+    (root / "README.md").write_text("| Lab | Topic | Points |\n| --- | --- | --- |\n| Lab 0 | tiny | 7 + 2 bonus |\n")
     assert build.main([LAB], root) == 0
     source = read_notebook(root / "source" / LAB / f"{LAB}.ipynb")
     reference = make_submission(read_notebook(root / "release" / LAB / f"{LAB}.ipynb"), source)
