@@ -123,6 +123,7 @@ except ImportError:
     triton = tl = _TritonMissing()
 
 from utils import *
+from checks import *
 
 print_environment_report("lab2")
 if TRITON_AVAILABLE:
@@ -130,6 +131,95 @@ if TRITON_AVAILABLE:
     print(f"Triton {triton.__version__}: kernels run {mode}")
 else:
     print(TRITON_MISSING)
+
+# %% nbgrader={"grade": false, "grade_id": "lab2_test_helpers", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["test-helpers"]
+# Helpers of this lab's tests. Every comparison goes through checks.py; these only take answers apart (a tuple, a
+# truth value, a benchmark's dict), accept NaN where a question asks for it, and apply the carry-forward rule
+# (docs/AUTHORING.md, "a mistake is charged once").
+import numpy as np
+
+
+def as_tuple(got, length, what):
+    """``got`` as a tuple of ``length`` items (a tuple, or any sequence of that length, such as a list)."""
+    try:
+        items = tuple(got)
+    except TypeError:
+        raise AssertionError(f"{what} must return a tuple of {length} values, got {got!r}") from None
+    assert len(items) == length, f"{what} must return a tuple of {length} values, got {len(items)}: {got!r}"
+    return items
+
+
+def as_truth(got, what):
+    """``got`` as True or False: a Python bool, a NumPy bool or a one-element boolean tensor."""
+    if got is True or got is np.True_:
+        return True
+    if got is False or got is np.False_:
+        return False
+    try:
+        tensor = as_tensor(got, what)
+    except AssertionError:
+        raise AssertionError(f"{what} must be True or False, got {got!r} ({type(got).__name__})") from None
+    assert tensor.dtype == torch.bool and tensor.numel() == 1, (
+        f"{what} must be True or False, got a tensor of dtype {tensor.dtype} and shape {tuple(tensor.shape)}")
+    return bool(tensor.item())
+
+
+def assert_nan(got, what):
+    """``got`` must be NaN, as a number in any form ``checks.as_real`` takes (which refuses NaN, so ask it)."""
+    try:
+        value = as_real(got, what)
+    except AssertionError as exc:
+        if str(exc) == f"{what} must be a number, got NaN":
+            return
+        raise
+    raise AssertionError(f"{what} must be NaN (float('nan')), got {value!r}")
+
+
+def carry_forward(compute, *args):
+    """``compute(*args)``, a value computed from a student's answer to an earlier question; None when that answer
+    raises or gives no usable value (then only the reference counts)."""
+    try:
+        return compute(*args)
+    except Exception:  # noqa: BLE001 - an earlier answer that fails is charged in its own question
+        return None
+
+
+def assert_close_or_carried(got, expected, carried, what, rel_tol=REL_TOL, formula=None, carried_from=""):
+    """``assert_close(got, expected)``, or else ``assert_close(got, carried)``: ``carried`` is the same formula applied
+    to the student's own earlier answers (``carried_from``), so that a mistake there is not charged here again."""
+    try:
+        return assert_close(got, expected, what, rel_tol=rel_tol, formula=formula)
+    except AssertionError as exc:
+        if carried is None:
+            raise
+        try:
+            return assert_close(got, carried, what, rel_tol=rel_tol)
+        except AssertionError:
+            raise AssertionError(f"{exc} (nor {carried!r}, the same formula applied to your {carried_from})") from None
+
+
+def assert_tensor_close_or_carried(got, expected, carried, what, carried_from="", **kwargs):
+    """``assert_tensor_close(got, expected)``, or else against ``carried``, the reference computed with the student's
+    own earlier answer (``carried_from``); keyword arguments go to ``assert_tensor_close``."""
+    try:
+        return assert_tensor_close(got, expected, what, **kwargs)
+    except AssertionError as exc:
+        if carried is None:
+            raise
+        try:
+            return assert_tensor_close(got, carried, what, **kwargs)
+        except AssertionError:
+            raise AssertionError(f"{exc} (nor does it match the same computation with your {carried_from})") from None
+
+
+def benchmark_attention_result(result, what):
+    """The dict ``benchmark_attention`` returned (Question 5.1), with its four keys."""
+    result = as_dict(result, what)
+    missing = sorted({"status", "forward_ms", "backward_ms", "peak_memory_gb"} - set(result))
+    assert not missing, (f"{what} must return a dict with keys status, forward_ms, backward_ms, peak_memory_gb; "
+                         f"missing {missing}")
+    return result
+
 
 # %% [markdown]
 # # Part 1: Fusion by arithmetic
@@ -180,43 +270,52 @@ def relu_matmul_hbm_bytes(n, k=None, bytes_per_element=2, fused=True):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q1_1_hbm_bytes_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-_fused = relu_matmul_hbm_bytes(1024)
-_unfused = relu_matmul_hbm_bytes(1024, fused=False)
-assert isinstance(_fused, int) and isinstance(_unfused, int), (
-    f"relu_matmul_hbm_bytes must return an int number of bytes, got {type(_fused).__name__}, {type(_unfused).__name__}")
-assert 0 < _fused < _unfused, (
-    f"fusing the relu into the matmul must move fewer bytes than eager: got fused {_fused}, unfused {_unfused}")
-assert relu_matmul_hbm_bytes(2048) == 4 * _fused, (
-    "for square matrices every term is proportional to n^2: doubling n must quadruple the bytes")
-assert relu_matmul_hbm_bytes(1024, bytes_per_element=4) == 2 * _fused, "fp32 (4 bytes) must move twice the bytes of bf16 (2)"
-assert relu_matmul_hbm_bytes(1024, k=1024) == _fused, "k=None must mean k = n (square matrices)"
-del _fused, _unfused
-print("Question 1.1: public tests passed")
+def _q1_1_public_tests():
+    with check("public: fused moves fewer bytes than eager, every term grows as n^2, fp32 doubles it, k=None is k = n",
+               weight=2):
+        fused = as_integer(relu_matmul_hbm_bytes(1024), "relu_matmul_hbm_bytes(1024)")
+        unfused = as_integer(relu_matmul_hbm_bytes(1024, fused=False), "relu_matmul_hbm_bytes(1024, fused=False)")
+        assert 0 < fused < unfused, (
+            f"fusing the relu into the matmul must move fewer bytes than eager: got fused {fused:,}, unfused {unfused:,}")
+        assert_integer(relu_matmul_hbm_bytes(2048), 4 * fused, "relu_matmul_hbm_bytes(2048)",
+                       formula="4 x relu_matmul_hbm_bytes(1024) (for square matrices every term grows as n^2)")
+        assert_integer(relu_matmul_hbm_bytes(1024, bytes_per_element=4), 2 * fused,
+                       "relu_matmul_hbm_bytes(1024, bytes_per_element=4)", formula="2 x the bf16 bytes")
+        assert_integer(relu_matmul_hbm_bytes(1024, k=1024), fused, "relu_matmul_hbm_bytes(1024, k=1024)",
+                       formula="relu_matmul_hbm_bytes(1024) (k=None means k = n)")
+
+
+_q1_1_public_tests()
+del _q1_1_public_tests
 ### BEGIN HIDDEN TESTS
 def _q1_1_hidden_tests():
-    cases = [(1024, None, 2), (1000, None, 4), (8192, None, 2), (4096, 64, 2), (300, 7, 4), (16384, 128, 2), (5, 3, 1)]
-    for n, k, b in cases:
-        kk = n if k is None else k
-        io_elements = 2 * n * kk + n * n
-        expected_fused = io_elements * b
-        expected_unfused = (io_elements + 2 * n * n) * b
-        where = f"n={n}, k={k}, bytes_per_element={b}"
-        got_fused = plain_value(relu_matmul_hbm_bytes(n, k=k, bytes_per_element=b, fused=True), "int",
-                                f"relu_matmul_hbm_bytes({where}, fused=True)")
-        got_unfused = plain_value(relu_matmul_hbm_bytes(n, k=k, bytes_per_element=b, fused=False), "int",
-                                  f"relu_matmul_hbm_bytes({where}, fused=False)")
-        assert got_fused == expected_fused, (
-            f"relu_matmul_hbm_bytes({where}, fused=True) must count A (n x k) and B (k x n) read once and the "
-            f"(n x n) output written once: expected {expected_fused}, got {got_fused}")
-        assert got_unfused == expected_unfused, (
-            f"relu_matmul_hbm_bytes({where}, fused=False) must add the relu kernel's read of the (n x n) product "
-            f"and its write of the output to the matmul's traffic: expected {expected_unfused}, got {got_unfused}")
-    assert relu_matmul_hbm_bytes(64, 16) == relu_matmul_hbm_bytes(64, k=16), "k is the second positional argument"
+    def grade_cases(cases):
+        for n, k, b in cases:
+            kk = n if k is None else k
+            io_elements = 2 * n * kk + n * n
+            where = f"n={n}, k={k}, bytes_per_element={b}"
+            assert_integer(relu_matmul_hbm_bytes(n, k=k, bytes_per_element=b, fused=True), io_elements * b,
+                           f"relu_matmul_hbm_bytes({where}, fused=True)",
+                           formula="(A (n x k) read + B (k x n) read + the (n x n) output written) x bytes_per_element")
+            assert_integer(relu_matmul_hbm_bytes(n, k=k, bytes_per_element=b, fused=False),
+                           (io_elements + 2 * n * n) * b, f"relu_matmul_hbm_bytes({where}, fused=False)",
+                           formula="the matmul's bytes + the relu kernel's read of the (n x n) product and write of "
+                                   "its output")
+
+    with check("square matrices (k=None), fused and eager, bf16 and fp32", weight=2):
+        grade_cases([(1024, None, 2), (1000, None, 4), (8192, None, 2), (5, None, 1)])
+    with check("rectangular matrices: k != n", weight=1):
+        grade_cases([(4096, 64, 2), (300, 7, 4), (16384, 128, 2), (5, 3, 1)])
+    with check("k is the second positional argument", weight=1):
+        assert_integer(relu_matmul_hbm_bytes(64, 16), as_integer(relu_matmul_hbm_bytes(64, k=16), "relu_matmul_hbm_bytes(64, k=16)"),
+                       "relu_matmul_hbm_bytes(64, 16)", formula="relu_matmul_hbm_bytes(64, k=16)")
 
 
 _q1_1_hidden_tests()
 del _q1_1_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 1.1")
+
 
 # %% [markdown]
 # #### Question 1.2 (4 points)
@@ -235,8 +334,8 @@ del _q1_1_hidden_tests
 #
 # A note on the wording of the classic version of this problem: "if memory-bound, the compiled function is 40%
 # faster" mixes two things. When fusion moves 6 bytes where eager moves 10, the fused kernel takes 40% *less
-# time*, which is a speedup of $10/6 \approx 1.67\times$, i.e. 67% *faster*. Return the ratio (1.67 here) as a
-# `float`; the tests accept a relative difference of 1% from the exact value of this model.
+# time*, which is a speedup of $10/6 \approx 1.67\times$, i.e. 67% *faster*. Return the ratio (1.67 here), a
+# number; the tests accept a relative difference of 1% from the exact value of this model.
 
 # %% nbgrader={"grade": false, "grade_id": "q1_2_predicted_speedup", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def predicted_compile_speedup(n, peak_tflops, bandwidth_tb_s, k=None, bytes_per_element=2):
@@ -267,43 +366,63 @@ def predicted_compile_speedup(n, peak_tflops, bandwidth_tb_s, k=None, bytes_per_
 
 
 # %% nbgrader={"grade": true, "grade_id": "q1_2_predicted_speedup_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-_h100 = GPU_SPECS["H100-SXM"]
-_small = predicted_compile_speedup(64, _h100["bf16_tflops"], _h100["memory_bandwidth_tb_s"])
-_large = predicted_compile_speedup(16384, _h100["bf16_tflops"], _h100["memory_bandwidth_tb_s"])
-assert isinstance(_small, float), f"predicted_compile_speedup must return a float, got {type(_small).__name__}"
-assert abs(_small - 5 / 3) < 1e-6, (
-    f"a small square relu(A @ B) is memory-bound: eager moves 5 n^2 numbers, fused 3 n^2, so the predicted "
-    f"speedup is 5/3; got {_small}")
-assert 1.0 <= _large < 1.1, (
-    f"a large square matmul is compute-bound: the relu round trip becomes a small fraction of the time, so the "
-    f"speedup must approach 1 (between 1.0 and 1.1 at n=16384 on an H100), got {_large}")
-del _h100, _small, _large
-print("Question 1.2: public tests passed")
+def _q1_2_public_tests():
+    h100 = GPU_SPECS["H100-SXM"]
+    with check("public: a small square relu(A @ B) is memory-bound (5/3); a large one approaches 1", weight=2):
+        assert_close(predicted_compile_speedup(64, h100["bf16_tflops"], h100["memory_bandwidth_tb_s"]), 5 / 3,
+                     "predicted_compile_speedup(64, H100 bf16 peak, H100 bandwidth)", rel_tol=1e-2,
+                     formula="5 n^2 / 3 n^2 (a small product is memory-bound: eager moves 5 n^2 numbers, fused 3 n^2)")
+        large = as_real(predicted_compile_speedup(16384, h100["bf16_tflops"], h100["memory_bandwidth_tb_s"]),
+                        "predicted_compile_speedup(16384, H100 bf16 peak, H100 bandwidth)")
+        assert 1.0 <= large < 1.1, (
+            f"a large square matmul is compute-bound: the relu round trip becomes a small fraction of the time, so the "
+            f"speedup must approach 1 (between 1.0 and 1.1 at n=16384 on an H100), got {large!r}")
+
+
+_q1_2_public_tests()
+del _q1_2_public_tests
 ### BEGIN HIDDEN TESTS
 def _q1_2_hidden_tests():
-    def expected(n, peak, bw, k, b):
+    def expected(n, peak, bw, k, b, matmul_bytes=None, relu_bytes=None):
         kk = n if k is None else k
         flops = 2.0 * n * n * kk
-        mm_s = max(flops / (peak * 1e12), (2 * n * kk + n * n) * b / (bw * 1e12))
-        relu_s = 2 * n * n * b / (bw * 1e12)
-        return (mm_s + relu_s) / mm_s
+        matmul_bytes = (2 * n * kk + n * n) * b if matmul_bytes is None else matmul_bytes
+        relu_bytes = 2 * n * n * b if relu_bytes is None else relu_bytes
+        mm_s = max(flops / (peak * 1e12), matmul_bytes / (bw * 1e12))
+        return (mm_s + relu_bytes / (bw * 1e12)) / mm_s
+
+    def carried(n, peak, bw, k, b):
+        """The same model on the bytes of the student's relu_matmul_hbm_bytes (Question 1.1): a mistake there is
+        charged there only."""
+        fused = as_integer(relu_matmul_hbm_bytes(n, k=k, bytes_per_element=b, fused=True), "relu_matmul_hbm_bytes")
+        unfused = as_integer(relu_matmul_hbm_bytes(n, k=k, bytes_per_element=b, fused=False), "relu_matmul_hbm_bytes")
+        return expected(n, peak, bw, k, b, matmul_bytes=fused, relu_bytes=unfused - fused)
+
+    def grade_cases(gpus, cases):
+        for peak, bw in gpus:
+            for n, k, b in cases:
+                where = (f"predicted_compile_speedup(n={n}, peak_tflops={peak}, bandwidth_tb_s={bw}, k={k}, "
+                         f"bytes_per_element={b})")
+                assert_close_or_carried(
+                    predicted_compile_speedup(n, peak, bw, k=k, bytes_per_element=b), expected(n, peak, bw, k, b),
+                    carry_forward(carried, n, peak, bw, k, b), where, rel_tol=1e-2,
+                    formula="(t_matmul + t_relu) / t_fused with t = max(FLOPs / peak, bytes / bandwidth) per kernel",
+                    carried_from="relu_matmul_hbm_bytes (Question 1.1)")
 
     gpus = [(989.4, 3.35), (312.0, 2.039), (65.0, 0.32), (121.0, 0.3), (19.5, 1.555)]
-    cases = [(128, None, 2), (700, None, 2), (1000, None, 4), (2048, None, 2), (8192, None, 2), (8192, 64, 2),
-             (4096, 200, 4), (20000, 128, 2)]
-    for peak, bw in gpus:
-        for n, k, b in cases:
-            want = expected(n, peak, bw, k, b)
-            where = f"predicted_compile_speedup(n={n}, peak_tflops={peak}, bandwidth_tb_s={bw}, k={k}, bytes_per_element={b})"
-            got = plain_value(predicted_compile_speedup(n, peak, bw, k=k, bytes_per_element=b), "real", where)
-            assert math.isclose(got, want, rel_tol=1e-2), (
-                f"{where} must be (t_matmul + t_relu) / t_fused with t = max(FLOPs / peak, bytes / bandwidth) per "
-                f"kernel: expected {want!r}, got {got!r} (1% tolerance)")
+    with check("square matrices, memory-bound and compute-bound, on five GPUs", weight=2):
+        grade_cases(gpus, [(128, None, 2), (700, None, 2), (2048, None, 2), (8192, None, 2)])
+    with check("the roofline's max per kernel near and above the ridge point (large and fp32 products)", weight=1):
+        grade_cases(gpus, [(1000, None, 4), (20000, 128, 2)])
+    with check("rectangular products: k != n", weight=1):
+        grade_cases(gpus, [(8192, 64, 2), (4096, 200, 4)])
 
 
 _q1_2_hidden_tests()
 del _q1_2_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 1.2")
+
 
 # %% [markdown]
 # ### Measuring it
@@ -497,28 +616,43 @@ def chain_io_bytes(seq_len, kv_head, bytes_per_element=2):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q2_1_chain_io_bytes_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-_io = chain_io_bytes(10_000, 128)
-assert isinstance(_io, tuple) and len(_io) == 2, f"chain_io_bytes must return a tuple (input_bytes, output_bytes), got {_io!r}"
-assert all(isinstance(x, int) for x in _io), f"chain_io_bytes must return ints, got {[type(x).__name__ for x in _io]}"
-assert chain_io_bytes(20_000, 128) == tuple(2 * x for x in _io), "inputs and output grow linearly with SEQ"
-assert _io[0] > _io[1] > 0, "three inputs of SEQ x KV_HEAD outweigh one output of KV_HEAD x SEQ"
-del _io
-print("Question 2.1: public tests passed")
+def _q2_1_public_tests():
+    with check("public: a pair (input_bytes, output_bytes) that grows linearly with SEQ; inputs outweigh the output",
+               weight=1):
+        inputs, output = (as_integer(x, "chain_io_bytes(10_000, 128)") for x in
+                          as_tuple(chain_io_bytes(10_000, 128), 2, "chain_io_bytes(10_000, 128)"))
+        doubled = [as_integer(x, "chain_io_bytes(20_000, 128)") for x in
+                   as_tuple(chain_io_bytes(20_000, 128), 2, "chain_io_bytes(20_000, 128)")]
+        assert doubled == [2 * inputs, 2 * output], (
+            f"inputs and output grow linearly with SEQ: chain_io_bytes(20_000, 128) must be {(2 * inputs, 2 * output)}, "
+            f"got {tuple(doubled)}")
+        assert inputs > output > 0, "three inputs of SEQ x KV_HEAD outweigh one output of KV_HEAD x SEQ"
+
+
+_q2_1_public_tests()
+del _q2_1_public_tests
 ### BEGIN HIDDEN TESTS
 def _q2_1_hidden_tests():
-    for seq, kv, b in [(10_000, 128, 2), (4096, 64, 4), (333, 17, 2), (1, 1, 1), (65536, 256, 2)]:
-        where = f"chain_io_bytes(seq_len={seq}, kv_head={kv}, bytes_per_element={b})"
-        got = chain_io_bytes(seq, kv, b)
-        assert type(got) is tuple and len(got) == 2, f"{where} must return a tuple of two ints, got {got!r}"
-        got = tuple(plain_value(x, "int", where) for x in got)
-        want = (3 * seq * kv * b, seq * kv * b)
-        assert got == want, (
-            f"{where} must be (bytes of A, B and C, bytes of the KV_HEAD x SEQ output) = {want}, got {got}")
+    def grade_cases(cases):
+        for seq, kv, b in cases:
+            where = f"chain_io_bytes(seq_len={seq}, kv_head={kv}, bytes_per_element={b})"
+            got_in, got_out = as_tuple(chain_io_bytes(seq, kv, b), 2, where)
+            assert_integer(got_in, 3 * seq * kv * b, f"{where}[0] (input_bytes)",
+                           formula="3 x SEQ x KV_HEAD x bytes_per_element (A, B and C)")
+            assert_integer(got_out, seq * kv * b, f"{where}[1] (output_bytes)",
+                           formula="KV_HEAD x SEQ x bytes_per_element")
+
+    with check("bf16 inputs and output of several sizes", weight=2):
+        grade_cases([(10_000, 128, 2), (333, 17, 2), (65536, 256, 2)])
+    with check("other bytes_per_element (4 and 1)", weight=1):
+        grade_cases([(4096, 64, 4), (1, 1, 1)])
 
 
 _q2_1_hidden_tests()
 del _q2_1_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 2.1")
+
 
 # %% [markdown]
 # #### Question 2.2 (3 points)
@@ -545,25 +679,30 @@ def chain_flops(seq_len, kv_head):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q2_2_chain_flops_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-_flops = chain_flops(10_000, 128)
-assert isinstance(_flops, int), f"chain_flops must return an int, got {type(_flops).__name__}"
-assert math.isclose(chain_flops(20_000, 128), 4 * _flops, rel_tol=1e-3), "both products grow with SEQ^2"
-assert math.isclose(chain_flops(10_000, 256), 2 * _flops, rel_tol=1e-3), "both products grow linearly with KV_HEAD"
-del _flops
-print("Question 2.2: public tests passed")
+def _q2_2_public_tests():
+    with check("public: both products grow as SEQ^2 and linearly with KV_HEAD", weight=1):
+        flops = as_real(chain_flops(10_000, 128), "chain_flops(10_000, 128)")
+        assert_close(chain_flops(20_000, 128), 4 * flops, "chain_flops(20_000, 128)", rel_tol=1e-3,
+                     formula="4 x chain_flops(10_000, 128) (both products grow as SEQ^2)")
+        assert_close(chain_flops(10_000, 256), 2 * flops, "chain_flops(10_000, 256)", rel_tol=1e-3,
+                     formula="2 x chain_flops(10_000, 128) (both products grow linearly with KV_HEAD)")
+
+
+_q2_2_public_tests()
+del _q2_2_public_tests
 ### BEGIN HIDDEN TESTS
 def _q2_2_hidden_tests():
-    for seq, kv in [(10_000, 128), (4096, 64), (1000, 300), (65536, 128), (777, 96)]:
-        want = 4 * kv * seq * seq
-        got = plain_value(chain_flops(seq, kv), "int", f"chain_flops(seq_len={seq}, kv_head={kv})")
-        assert math.isclose(got, want, rel_tol=1e-2), (
-            f"chain_flops(seq_len={seq}, kv_head={kv}) must count 2 FLOPs per multiply-add of A @ B "
-            f"(SEQ x SEQ x KV_HEAD) and of C @ relu(.) (KV_HEAD x SEQ x SEQ): expected {want}, got {got}")
+    with check("the FLOPs of A @ B and of C @ relu(A @ B) for several sizes (1% tolerance)", weight=2):
+        for seq, kv in [(10_000, 128), (4096, 64), (1000, 300), (65536, 128), (777, 96)]:
+            assert_close(chain_flops(seq, kv), 4 * kv * seq * seq, f"chain_flops(seq_len={seq}, kv_head={kv})",
+                         rel_tol=1e-2, formula="2 FLOPs x (SEQ x SEQ x KV_HEAD + KV_HEAD x SEQ x SEQ) multiply-adds")
 
 
 _q2_2_hidden_tests()
 del _q2_2_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 2.2")
+
 
 # %% [markdown]
 # #### Question 2.3 (4 points)
@@ -602,31 +741,50 @@ def chain_intensity(seq_len, kv_head, bytes_per_element=2, intermediate_round_tr
 
 
 # %% nbgrader={"grade": true, "grade_id": "q2_3_chain_intensity_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-_ideal = chain_intensity(10_000, 128)
-_one_trip = chain_intensity(10_000, 128, intermediate_round_trips=1)
-assert isinstance(_ideal, float), f"chain_intensity must return a float, got {type(_ideal).__name__}"
-assert math.isclose(_ideal, 10_000 / 2, rel_tol=1e-3), f"the ideal intensity in bf16 is SEQ/2 = 5000 FLOP/byte, got {_ideal}"
-assert 0.9 * 128 < _one_trip < 128, (
-    f"with one round trip of the SEQ x SEQ intermediate the intensity drops to just under KV_HEAD = 128, got {_one_trip}")
-del _ideal, _one_trip
-print("Question 2.3: public tests passed")
+def _q2_3_public_tests():
+    with check("public: SEQ/2 FLOP/byte ideally in bf16, just under KV_HEAD with one round trip", weight=1):
+        assert_close(chain_intensity(10_000, 128), 10_000 / 2, "chain_intensity(10_000, 128)", rel_tol=1e-3,
+                     formula="SEQ / 2 (the ideal intensity in bf16)")
+        one_trip = as_real(chain_intensity(10_000, 128, intermediate_round_trips=1),
+                           "chain_intensity(10_000, 128, intermediate_round_trips=1)")
+        assert 0.9 * 128 < one_trip < 128, (
+            f"with one round trip of the SEQ x SEQ intermediate the intensity drops to just under KV_HEAD = 128, got "
+            f"{one_trip!r}")
+
+
+_q2_3_public_tests()
+del _q2_3_public_tests
 ### BEGIN HIDDEN TESTS
 def _q2_3_hidden_tests():
-    for seq, kv, b, trips in [(10_000, 128, 2, 0), (10_000, 128, 2, 1), (10_000, 128, 2, 2), (4096, 64, 4, 1),
-                              (2048, 256, 2, 3), (65536, 128, 2, 2), (500, 500, 1, 1), (1000, 32, 4, 0)]:
-        flops = 4.0 * kv * seq * seq
-        hbm_bytes = 4.0 * seq * kv * b + trips * 2.0 * seq * seq * b
-        want = flops / hbm_bytes
-        where = f"chain_intensity(seq_len={seq}, kv_head={kv}, bytes_per_element={b}, intermediate_round_trips={trips})"
-        got = plain_value(chain_intensity(seq, kv, bytes_per_element=b, intermediate_round_trips=trips), "real", where)
-        assert math.isclose(got, want, rel_tol=5e-3), (
-            f"{where} must be 4 KV_HEAD SEQ^2 FLOPs over (inputs + output + trips x (write + read) of SEQ x SEQ) "
-            f"bytes: expected {want!r}, got {got!r} (0.5% tolerance)")
+    def carried(seq, kv, b, trips):
+        """The same formula on the student's chain_flops and chain_io_bytes (Questions 2.1, 2.2)."""
+        flops = as_real(chain_flops(seq, kv), "chain_flops")
+        io_bytes = sum(as_real(x, "chain_io_bytes") for x in as_tuple(chain_io_bytes(seq, kv, b), 2, "chain_io_bytes"))
+        return flops / (io_bytes + trips * 2.0 * seq * seq * b)
+
+    def grade_cases(cases):
+        for seq, kv, b, trips in cases:
+            want = 4.0 * kv * seq * seq / (4.0 * seq * kv * b + trips * 2.0 * seq * seq * b)
+            where = (f"chain_intensity(seq_len={seq}, kv_head={kv}, bytes_per_element={b}, "
+                     f"intermediate_round_trips={trips})")
+            assert_close_or_carried(
+                chain_intensity(seq, kv, bytes_per_element=b, intermediate_round_trips=trips), want,
+                carry_forward(carried, seq, kv, b, trips), where, rel_tol=5e-3,
+                formula="4 KV_HEAD SEQ^2 FLOPs / (inputs + output + trips x (write + read) of SEQ x SEQ) bytes",
+                carried_from="chain_flops and chain_io_bytes (Questions 2.1 and 2.2)")
+
+    with check("no round trip of the intermediate (the ideal), bf16 and fp32", weight=1):
+        grade_cases([(10_000, 128, 2, 0), (1000, 32, 4, 0), (65536, 128, 2, 0)])
+    with check("round trips of the SEQ x SEQ intermediate (a write and a read each)", weight=1):
+        grade_cases([(10_000, 128, 2, 1), (10_000, 128, 2, 2), (4096, 64, 4, 1), (2048, 256, 2, 3),
+                     (65536, 128, 2, 2), (500, 500, 1, 1)])
 
 
 _q2_3_hidden_tests()
 del _q2_3_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 2.3")
+
 
 # %% [markdown]
 # ### Measuring it on the roofline
@@ -765,31 +923,38 @@ def reassociated_chain_cost(seq_len, kv_head, bytes_per_element=2):
 
 
 # %% nbgrader={"grade": true, "grade_id": "b2_5_reassociated_cost_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-_cost = reassociated_chain_cost(10_000, 128)
-assert isinstance(_cost, tuple) and len(_cost) == 2, f"reassociated_chain_cost must return (flops, hbm_bytes), got {_cost!r}"
-assert all(isinstance(x, int) for x in _cost), "reassociated_chain_cost must return two ints"
-del _cost
-print("Bonus 2.5: public tests passed")
+def _b2_5_public_tests():
+    with check("public: a pair (flops, hbm_bytes) of whole numbers", weight=1):
+        flops, hbm_bytes = as_tuple(reassociated_chain_cost(10_000, 128), 2, "reassociated_chain_cost(10_000, 128)")
+        as_integer(flops, "reassociated_chain_cost(10_000, 128)[0] (flops)")
+        as_integer(hbm_bytes, "reassociated_chain_cost(10_000, 128)[1] (hbm_bytes)")
+
+
+_b2_5_public_tests()
+del _b2_5_public_tests
 ### BEGIN HIDDEN TESTS
 def _b2_5_hidden_tests():
-    for seq, kv, b in [(10_000, 128, 2), (4096, 64, 4), (999, 33, 2), (1, 1, 1), (65536, 256, 2)]:
-        want_flops = 4 * kv * kv * seq
-        want_bytes = (4 * kv * seq + 2 * kv * kv) * b
+    cases = [(10_000, 128, 2), (4096, 64, 4), (999, 33, 2), (1, 1, 1), (65536, 256, 2)]
+    results = {}
+    for seq, kv, b in cases:
         where = f"reassociated_chain_cost(seq_len={seq}, kv_head={kv}, bytes_per_element={b})"
-        got = reassociated_chain_cost(seq, kv, b)
-        assert type(got) is tuple and len(got) == 2, f"{where} must return a tuple (flops, hbm_bytes), got {got!r}"
-        flops, hbm_bytes = (plain_value(x, "int", where) for x in got)
-        assert flops == want_flops, (
-            f"{where}: (C @ A) costs 2 KV_HEAD^2 SEQ FLOPs and (C @ A) @ B as much again: expected {want_flops}, "
-            f"got {flops}")
-        assert hbm_bytes == want_bytes, (
-            f"{where}: kernel 1 reads C and A and writes KV_HEAD x KV_HEAD; kernel 2 reads that and B and writes "
-            f"KV_HEAD x SEQ: expected {want_bytes} bytes, got {hbm_bytes}")
+        results[seq, kv, b] = (where, as_tuple(reassociated_chain_cost(seq, kv, b), 2, where))
+    with check("FLOPs of (C @ A) @ B", weight=2):
+        for (seq, kv, b), (where, (flops, _)) in results.items():
+            assert_integer(flops, 4 * kv * kv * seq, f"{where}[0] (flops)",
+                           formula="2 KV_HEAD^2 SEQ for C @ A + as much again for (C @ A) @ B")
+    with check("HBM bytes of the two kernels", weight=2):
+        for (seq, kv, b), (where, (_, hbm_bytes)) in results.items():
+            assert_integer(hbm_bytes, (4 * kv * seq + 2 * kv * kv) * b, f"{where}[1] (hbm_bytes)",
+                           formula="(C, A read + KV_HEAD x KV_HEAD written; that read + B read + KV_HEAD x SEQ written) "
+                                   "x bytes_per_element")
 
 
 _b2_5_hidden_tests()
 del _b2_5_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Bonus 2.5")
+
 
 # %%
 def chain_no_relu_right(a, b, c):
@@ -865,9 +1030,14 @@ if not run_compiled:
 # - `mask`: `None`, or a boolean tensor that broadcasts to `(B, H, S_q, S_kv)` (for example `(S_q, S_kv)` or
 #   `(B, 1, S_q, S_kv)`), `True` where the query may attend to the key;
 # - return `(B, S_q, H, D)` in the dtype of `q`; do not modify the inputs;
+# - compute with `torch.einsum` (the scores and the output), not with a fused attention
+#   (`F.scaled_dot_product_attention`, `flash_attn_func`, `nn.MultiheadAttention`): the tests check which torch
+#   functions your code calls, and Part 5 times this function as the *eager* baseline;
 # - precision: the tests compare with a float64 reference to a maximum absolute difference of 1e-5 for float64
 #   inputs and 1e-4 for float32 inputs, so computing in float32 is fine (for example
-#   `torch.softmax(scores, dim=-1, dtype=torch.float32)`); half precision (bf16, fp16) inside is not.
+#   `weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)`: the softmax in float32, the weights
+#   cast back to the dtype of `v` so that the second einsum gets two tensors of one dtype); half precision (bf16,
+#   fp16) inside is not.
 #
 # (The classic version of this code has a subtle bug: it computes the output with
 # `einsum("bhst,bshd->bshd", weights, v)`. What does that return, given that each row of `weights` sums to 1?)
@@ -896,21 +1066,27 @@ def einsum_attention(q, k, v, mask=None):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q3_1_einsum_attention_tests", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
-_gen = torch.Generator().manual_seed(0)
-_q, _k, _v = (torch.randn(2, 5, 3, 4, generator=_gen).to(DEVICE) for _ in range(3))
-_out = einsum_attention(_q, _k, _v)
-assert isinstance(_out, torch.Tensor) and tuple(_out.shape) == (2, 5, 3, 4), (
-    f"einsum_attention must return a (B, S_q, H, D) = (2, 5, 3, 4) tensor, got {getattr(_out, 'shape', _out)}")
-_want = F.scaled_dot_product_attention(_q.transpose(1, 2), _k.transpose(1, 2), _v.transpose(1, 2)).transpose(1, 2)
-torch.testing.assert_close(_out, _want, atol=1e-4, rtol=1e-4, msg=lambda m: (
-    f"einsum_attention(q, k, v) must equal F.scaled_dot_product_attention on the same inputs (bhsd layout): {m}"))
-_mask = torch.ones(5, 5, dtype=torch.bool, device=DEVICE).tril()
-_want = F.scaled_dot_product_attention(_q.transpose(1, 2), _k.transpose(1, 2), _v.transpose(1, 2),
-                                       attn_mask=_mask).transpose(1, 2)
-torch.testing.assert_close(einsum_attention(_q, _k, _v, mask=_mask), _want, atol=1e-4, rtol=1e-4, msg=lambda m: (
-    f"einsum_attention(q, k, v, mask) with a (S, S) boolean mask (True = attend) must equal SDPA with attn_mask: {m}"))
-del _gen, _q, _k, _v, _out, _want, _mask
-print("Question 3.1: public tests passed")
+def _q3_1_public_tests():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 5, 3, 4, generator=gen) for _ in range(3))
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+
+    def reference(mask=None):  # F.scaled_dot_product_attention in float64, in its (B, H, S, D) layout
+        q64, k64, v64 = (t.double().transpose(1, 2) for t in (q, k, v))
+        return F.scaled_dot_product_attention(q64, k64, v64, attn_mask=mask).transpose(1, 2)
+
+    with check("public: equals F.scaled_dot_product_attention (float32 q, k, v of shape (2, 5, 3, 4)), without and "
+               "with a (S, S) boolean mask", weight=2):
+        assert_tensor_close(einsum_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)), reference(),
+                            "einsum_attention(q, k, v) for float32 (2, 5, 3, 4) inputs", rtol=0, atol=1e-4,
+                            dtype=torch.float32)
+        assert_tensor_close(einsum_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), mask=mask.to(DEVICE)),
+                            reference(mask), "einsum_attention(q, k, v, mask) with a (5, 5) causal boolean mask "
+                            "(True = may attend)", rtol=0, atol=1e-4, dtype=torch.float32)
+
+
+_q3_1_public_tests()
+del _q3_1_public_tests
 ### BEGIN HIDDEN TESTS
 def _q3_1_hidden_tests():
     def reference(q, k, v, mask=None):
@@ -930,49 +1106,72 @@ def _q3_1_hidden_tests():
         result = fn(*args, **kwargs)
         return result, all(torch.equal(t, c) for t, c in zip(tensors, copies))
 
-    def check(b, s_q, s_kv, h, d, dtype, mask_shape=None, scale=1.0, noncontiguous=False):
-        q = (torch.randn(b, s_q, h, d, generator=gen, dtype=torch.float64) * scale)
-        k = (torch.randn(b, s_kv, h, d, generator=gen, dtype=torch.float64) * scale)
+    @kernel_side
+    def torch_calls_of(fn, *args, **kwargs):
+        """The names of the torch functions fn(*args, **kwargs) called (record_torch_calls), run in the kernel."""
+        with record_torch_calls() as called:
+            fn(*args, **kwargs)
+        return sorted(called)
+
+    def inputs(b, s_q, s_kv, h, d, scale=1.0, mask_shape=None):
+        q = torch.randn(b, s_q, h, d, generator=gen, dtype=torch.float64) * scale
+        k = torch.randn(b, s_kv, h, d, generator=gen, dtype=torch.float64) * scale
         v = torch.randn(b, s_kv, h, d, generator=gen, dtype=torch.float64)
         mask = None
         if mask_shape is not None:
             mask = torch.rand(*mask_shape, generator=gen) < 0.6
             mask[..., 0] = True  # every query keeps at least one key
-        want = reference(q, k, v, mask)
+        return q, k, v, mask
+
+    unchanged_flags = []
+
+    def grade_case(b, s_q, s_kv, h, d, dtype, mask_shape=None, scale=1.0, noncontiguous=False):
+        q, k, v, mask = inputs(b, s_q, s_kv, h, d, scale, mask_shape)
         if noncontiguous:  # same values, stored as (B, H, S, D) and viewed as (B, S, H, D)
             qd, kd, vd = (t.transpose(1, 2).contiguous().to(DEVICE, dtype).transpose(1, 2) for t in (q, k, v))
         else:
             qd, kd, vd = (t.to(DEVICE, dtype) for t in (q, k, v))
-        md = None if mask is None else mask.to(DEVICE)
-        out, unchanged = call_keeping_inputs(einsum_attention, qd, kd, vd, mask=md)
-        where = (f"q {tuple(q.shape)}, k/v {tuple(k.shape)}, {dtype}, mask "
-                 f"{'None' if mask is None else tuple(mask.shape)}")
-        out = plain_value(out, "tensor", f"einsum_attention for {where}")
-        assert tuple(out.shape) == (b, s_q, h, d), (
-            f"einsum_attention for {where} must return shape {(b, s_q, h, d)}, got {getattr(out, 'shape', out)}")
-        assert out.dtype == dtype, f"einsum_attention for {where} must return q's dtype {dtype}, got {out.dtype}"
-        assert unchanged is True, f"einsum_attention must not modify q, k, v or the mask in place ({where})"
-        err = (out.detach().to("cpu", torch.float64) - want).abs().max().item()
+        out, unchanged = call_keeping_inputs(einsum_attention, qd, kd, vd, mask=None if mask is None else mask.to(DEVICE))
+        unchanged_flags.append(unchanged)
+        where = (f"einsum_attention for q {tuple(q.shape)}, k/v {tuple(k.shape)}, {dtype}, mask "
+                 f"{'None' if mask is None else tuple(mask.shape)} (softmax(q k^T / sqrt(D)) over the keys, times v)")
         tol = 1e-5 if dtype == torch.float64 else 1e-4
-        assert err <= tol, (
-            f"einsum_attention must compute softmax(q k^T / sqrt(D), over the keys) v per batch and head "
-            f"(True in the mask = may attend) for {where}: max abs error {err!r} > {tol:g} against a float64 "
-            f"reference")
+        assert_tensor_close(out, reference(q, k, v, mask), where, rtol=0, atol=tol, dtype=dtype)
 
-    check(1, 7, 7, 1, 8, torch.float64)
-    check(3, 6, 11, 2, 5, torch.float64)  # cross-attention: S_q != S_kv
-    check(2, 9, 4, 3, 1, torch.float64)  # head_dim 1
-    check(2, 8, 8, 2, 16, torch.float64, scale=3.0)  # large scores: the 1/sqrt(D) matters
-    check(2, 10, 10, 4, 6, torch.float32, noncontiguous=True)
-    check(2, 6, 9, 3, 4, torch.float64, mask_shape=(2, 1, 6, 9))
-    check(2, 7, 7, 3, 4, torch.float64, mask_shape=(2, 3, 7, 7))
-    check(1, 5, 12, 2, 7, torch.float64, mask_shape=(5, 12))
-    check(3, 8, 8, 1, 32, torch.float32, mask_shape=(8, 8))
+    with check("float64 inputs: self- and cross-attention (S_q != S_kv), head_dim 1, large scores", weight=4):
+        grade_case(1, 7, 7, 1, 8, torch.float64)
+        grade_case(3, 6, 11, 2, 5, torch.float64)  # cross-attention: S_q != S_kv
+        grade_case(2, 9, 4, 3, 1, torch.float64)  # head_dim 1
+        grade_case(2, 8, 8, 2, 16, torch.float64, scale=3.0)  # large scores: the 1/sqrt(D) matters
+    with check("float32 inputs, also stored in another layout (transposed views)", weight=1):
+        grade_case(2, 10, 10, 4, 6, torch.float32, noncontiguous=True)
+        grade_case(3, 8, 8, 1, 32, torch.float32, mask_shape=(8, 8))
+    with check("masks that broadcast: (B, 1, S_q, S_kv), (B, H, S_q, S_kv), (S_q, S_kv)", weight=1):
+        grade_case(2, 6, 9, 3, 4, torch.float64, mask_shape=(2, 1, 6, 9))
+        grade_case(2, 7, 7, 3, 4, torch.float64, mask_shape=(2, 3, 7, 7))
+        grade_case(1, 5, 12, 2, 7, torch.float64, mask_shape=(5, 12))
+    with check("q, k, v and the mask are not modified", weight=1):
+        grade_case(2, 6, 6, 2, 4, torch.float64, mask_shape=(6, 6))
+        assert unchanged_flags and all(flag is True for flag in unchanged_flags), (
+            f"einsum_attention must not modify q, k, v or the mask in place: {unchanged_flags.count(False)} of "
+            f"{len(unchanged_flags)} calls changed an argument")
+    with check("computed with torch.einsum, not a fused attention (scaled_dot_product_attention, flash_attn_func, "
+               "nn.MultiheadAttention)", weight=1):
+        q, k, v, mask = inputs(2, 6, 6, 2, 4, mask_shape=(6, 6))
+        for args in ((q, k, v), (q, k, v, mask)):
+            called = torch_calls_of(einsum_attention, *(t.to(DEVICE) for t in args))
+            assert_calls(called, "einsum_attention (the question prescribes torch.einsum)", required=("einsum",),
+                         forbidden=("scaled_dot_product_attention", "_scaled_dot_product_attention_math",
+                                    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                                    "_scaled_dot_product_flash_attention_for_cpu", "multi_head_attention_forward",
+                                    "flash_attn_func"))
 
 
 _q3_1_hidden_tests()
 del _q3_1_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 3.1")
+
 
 # %% [markdown]
 # The classic buggy output line, for the record: with `"bhst,bshd->bshd"` the value index is tied to the
@@ -1041,52 +1240,67 @@ einsum_round_trips = 3  # einsum -> masked_fill, masked_fill -> softmax, softmax
 
 
 # %% nbgrader={"grade": true, "grade_id": "q3_2_attention_cost_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-_cost = attention_cost(8, 4096, 16, 64)
-assert isinstance(_cost, dict) and {"flops", "hbm_bytes", "intensity"} <= set(_cost), (
-    f"attention_cost must return a dict with keys 'flops', 'hbm_bytes', 'intensity', got {_cost!r}")
-assert math.isclose(_cost["intensity"], _cost["flops"] / _cost["hbm_bytes"], rel_tol=1e-9), "intensity = flops / hbm_bytes"
-assert math.isclose(_cost["intensity"], 4096 / 2, rel_tol=1e-6), (
-    f"without score round trips the bf16 intensity of self-attention is seq_len / 2 = 2048, got {_cost['intensity']}")
-assert attention_cost(8, 4096, 16, 64, score_round_trips=2)["intensity"] < 64, (
-    "with the S x S matrix going through HBM the intensity falls below head_dim")
-assert type(einsum_round_trips) is int, f"einsum_round_trips must be an int, got {type(einsum_round_trips).__name__}"
-del _cost
-print("Question 3.2: public tests passed")
+def _q3_2_public_tests():
+    with check("public: a dict with flops, hbm_bytes and intensity = flops / hbm_bytes; seq_len / 2 without round "
+               "trips; below head_dim with them; einsum_round_trips a whole number", weight=1):
+        cost = as_dict(attention_cost(8, 4096, 16, 64), "attention_cost(8, 4096, 16, 64)")
+        missing = sorted({"flops", "hbm_bytes", "intensity"} - set(cost))
+        assert not missing, f"attention_cost must return a dict with keys 'flops', 'hbm_bytes', 'intensity'; missing {missing}"
+        flops = as_integer(cost["flops"], "attention_cost(8, 4096, 16, 64)['flops']")
+        hbm_bytes = as_integer(cost["hbm_bytes"], "attention_cost(8, 4096, 16, 64)['hbm_bytes']")
+        assert_close(cost["intensity"], flops / hbm_bytes, "attention_cost(8, 4096, 16, 64)['intensity']",
+                     formula="flops / hbm_bytes")
+        assert_close(cost["intensity"], 4096 / 2, "attention_cost(8, 4096, 16, 64)['intensity']",
+                     formula="seq_len / 2 (bf16, no score round trips)")
+        tripped = as_dict(attention_cost(8, 4096, 16, 64, score_round_trips=2), "attention_cost(..., score_round_trips=2)")
+        assert as_real(tripped.get("intensity"), "attention_cost(8, 4096, 16, 64, score_round_trips=2)['intensity']") < 64, (
+            "with the S x S matrix going through HBM the intensity falls below head_dim")
+        as_integer(einsum_round_trips, "einsum_round_trips")
+
+
+_q3_2_public_tests()
+del _q3_2_public_tests
 ### BEGIN HIDDEN TESTS
 def _q3_2_hidden_tests():
-    for b, s, h, d, nb, trips in [(8, 4096, 16, 64, 2, 0), (1, 1000, 1, 128, 2, 1), (4, 2048, 8, 32, 4, 2),
-                                  (2, 300, 3, 7, 2, 3), (16, 512, 12, 64, 1, 1), (1, 65536, 32, 128, 2, 2)]:
-        flops = 4 * b * h * s * s * d
-        hbm = 4 * b * s * h * d * nb + trips * 2 * b * h * s * s * nb
+    cases = [(8, 4096, 16, 64, 2, 0), (1, 1000, 1, 128, 2, 1), (4, 2048, 8, 32, 4, 2), (2, 300, 3, 7, 2, 3),
+             (16, 512, 12, 64, 1, 1), (1, 65536, 32, 128, 2, 2)]
+    results = []
+    for b, s, h, d, nb, trips in cases:
         where = (f"attention_cost(batch={b}, seq_len={s}, heads={h}, head_dim={d}, bytes_per_element={nb}, "
                  f"score_round_trips={trips})")
-        got = plain_value(attention_cost(b, s, h, d, bytes_per_element=nb, score_round_trips=trips), "dict", where)
-        got = {"flops": plain_value(got.get("flops"), "int", f"{where}['flops']"),
-               "hbm_bytes": plain_value(got.get("hbm_bytes"), "int", f"{where}['hbm_bytes']"),
-               "intensity": plain_value(got.get("intensity"), "real", f"{where}['intensity']")}
-        assert math.isclose(got["flops"], flops, rel_tol=1e-9), (
-            f"{where}['flops'] must be 2 x (2 B H S^2 D) for Q K^T and P V: expected {flops}, got {got['flops']}")
-        assert math.isclose(got["hbm_bytes"], hbm, rel_tol=1e-9), (
-            f"{where}['hbm_bytes'] must be Q, K, V read + O written (4 B S H D numbers) plus trips x (write + read) "
-            f"of the B H S^2 matrix: expected {hbm}, got {got['hbm_bytes']}")
-        assert math.isclose(got["intensity"], flops / hbm, rel_tol=1e-9), (
-            f"{where}['intensity'] must be flops / hbm_bytes = {flops / hbm!r}, got {got['intensity']!r}")
-    rounds = plain_value(einsum_round_trips, "int", "einsum_round_trips")
-    assert rounds == 3, (
-        f"einsum_round_trips: the scores go einsum -> masked_fill, the masked scores masked_fill -> softmax, the "
-        f"probabilities softmax -> einsum; each is one write and one read of the S x S matrix: expected 3, got {rounds}")
+        got = as_dict(attention_cost(b, s, h, d, bytes_per_element=nb, score_round_trips=trips), where)
+        results.append((where, got, 4 * b * h * s * s * d, 4 * b * s * h * d * nb + trips * 2 * b * h * s * s * nb))
+    with check("flops: Q K^T and P V", weight=1):
+        for where, got, flops, _ in results:
+            assert_integer(got.get("flops"), flops, f"{where}['flops']", formula="2 x (2 B H S^2 D)")
+    with check("hbm_bytes: Q, K, V read, O written, plus the round trips of the (B, H, S, S) matrix", weight=1):
+        for where, got, _, hbm in results:
+            assert_integer(got.get("hbm_bytes"), hbm, f"{where}['hbm_bytes']",
+                           formula="4 B S H D numbers + trips x (write + read) of B H S^2 numbers, x bytes_per_element")
+    with check("intensity: flops / hbm_bytes (of your own flops and hbm_bytes)", weight=1):
+        for where, got, _, _ in results:  # each mistake is charged once: the ratio of the dict's own numbers
+            own = as_real(got.get("flops"), f"{where}['flops']") / as_real(got.get("hbm_bytes"), f"{where}['hbm_bytes']")
+            assert_close(got.get("intensity"), own, f"{where}['intensity']", rel_tol=1e-6,
+                         formula="flops / hbm_bytes of the same dict")
+    with check("einsum_round_trips: the round trips of the masked einsum attention", weight=1):
+        assert_integer(einsum_round_trips, 3, "einsum_round_trips",
+                       formula="einsum -> masked_fill, masked_fill -> softmax, softmax -> einsum: one write and one "
+                               "read of the S x S matrix each")
 
 
 _q3_2_hidden_tests()
 del _q3_2_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 3.2")
+
 
 # %% [markdown]
 # #### Question 3.3 (3 points)
 #
 # A decoder predicts token $i+1$ from tokens $0..i$, so query $i$ may only attend to keys $j \le i$ (itself
-# included). Write `causal_mask(seq_len, device=None)`: a boolean `(seq_len, seq_len)` tensor on `device`,
-# `True` where key `j` (column) is visible to query `i` (row).
+# included). Write `causal_mask(seq_len, device=None)`: a boolean `(seq_len, seq_len)` tensor created on
+# `device` (`None`: PyTorch's default device, as for `torch.ones(..., device=None)`), `True` where key `j` (column)
+# is visible to query `i` (row). The tests check the device even on a CPU: pass `device=` to what creates the mask.
 #
 # (Compare with the classic JAX version, which subtracts `1e6 * triu(ones, 1)` from the scores: it works, but
 # only because 1e6 dwarfs the scores, and it builds the mask from a global `SEQ_LEN` instead of the input's
@@ -1110,29 +1324,42 @@ def causal_mask(seq_len, device=None):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q3_3_causal_mask_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-_mask = causal_mask(4)
-assert isinstance(_mask, torch.Tensor) and _mask.dtype == torch.bool and tuple(_mask.shape) == (4, 4), (
-    f"causal_mask(4) must be a (4, 4) boolean tensor, got {getattr(_mask, 'dtype', None)} {getattr(_mask, 'shape', _mask)}")
-assert _mask[0].tolist() == [True, False, False, False], (
-    f"row 0 (the first query) may attend to key 0 only, got {_mask[0].tolist()}")
-del _mask
-print("Question 3.3: public tests passed")
+def _q3_3_public_tests():
+    with check("public: causal_mask(4) is a (4, 4) boolean tensor whose row 0 sees key 0 only", weight=1):
+        want = torch.tensor([[j <= i for j in range(4)] for i in range(4)])
+        got = assert_tensor_close(causal_mask(4), want, "causal_mask(4)", dtype=torch.bool)
+        assert got[0].tolist() == [True, False, False, False], (
+            f"row 0 (the first query) may attend to key 0 only, got {got[0].tolist()}")
+
+
+_q3_3_public_tests()
+del _q3_3_public_tests
 ### BEGIN HIDDEN TESTS
 def _q3_3_hidden_tests():
-    for s in (1, 2, 5, 17, 64):
-        got = plain_value(causal_mask(s, device=DEVICE), "tensor", f"causal_mask({s})")
-        want = torch.tensor([[j <= i for j in range(s)] for i in range(s)], dtype=torch.bool)
-        assert got.dtype == torch.bool, "causal_mask must return a boolean tensor"
-        assert got.device.type == DEVICE.type, f"causal_mask(..., device={DEVICE}) must create the mask on {DEVICE}"
-        assert tuple(got.shape) == (s, s), f"causal_mask({s}) must have shape ({s}, {s}), got {tuple(got.shape)}"
-        assert torch.equal(got.cpu(), want), (
-            f"causal_mask({s})[i, j] must be True exactly when j <= i (the diagonal included): "
-            f"{int((got.cpu() != want).sum())} wrong entries")
+    with check("causal_mask(s)[i, j] is True exactly when j <= i, boolean (s, s), for s from 1 to 64", weight=2):
+        for s in (1, 2, 5, 17, 64):
+            want = torch.tensor([[j <= i for j in range(s)] for i in range(s)], dtype=torch.bool)
+            assert_tensor_close(causal_mask(s, device=DEVICE), want,
+                                f"causal_mask({s}, device={DEVICE}) (True exactly when key j <= query i)", dtype=torch.bool)
+    with check("the mask is created on the device asked for (device=None: PyTorch's default device)", weight=1):
+        got = as_tensor(causal_mask(6, device=DEVICE), f"causal_mask(6, device={DEVICE})")
+        assert got.device.type == DEVICE.type, f"causal_mask(6, device={DEVICE}) must be on {DEVICE}, got {got.device}"
+        probe = kernel_side(output_devices_with_meta_default)  # PyTorch's default device is `meta` during the call
+        for args, want in (((6, DEVICE), DEVICE.type), ((6,), "meta")):
+            devices = probe(causal_mask, *args)
+            where = f"causal_mask{args}" if len(args) > 1 else "causal_mask(6) (device=None)"
+            assert devices is None or [torch.device(d).type for d in devices] == [want], (
+                f"{where} must create the mask on {want}" + (" (PyTorch's default device, meta during this check)"
+                                                             if want == "meta" else "")
+                + f": with PyTorch's default device set to meta it returned tensors on {devices}; pass device= to "
+                  f"the function that creates the mask")
 
 
 _q3_3_hidden_tests()
 del _q3_3_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 3.3")
+
 
 # %% [markdown]
 # #### Question 3.4 (5 points)
@@ -1145,7 +1372,8 @@ del _q3_3_hidden_tests
 #
 # Write `segment_mask(segment_ids, causal=False)`: for `segment_ids` of shape `(B, S)` (integers; tokens with
 # equal ids belong together), return a boolean `(B, 1, S, S)` mask (the `1` broadcasts over heads), `True` where
-# query `i` and key `j` have the same segment id and, if `causal`, `j <= i`.
+# query `i` and key `j` have the same segment id and, if `causal`, `j <= i`, on the device of `segment_ids` (create
+# every tensor you need with `device=segment_ids.device`).
 
 # %% nbgrader={"grade": false, "grade_id": "q3_4_segment_mask", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def segment_mask(segment_ids, causal=False):
@@ -1168,35 +1396,40 @@ def segment_mask(segment_ids, causal=False):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q3_4_segment_mask_tests", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
-_ids = torch.tensor([[0, 0, 1, 1, 1]], device=DEVICE)
-_mask = segment_mask(_ids)
-assert isinstance(_mask, torch.Tensor) and _mask.dtype == torch.bool and tuple(_mask.shape) == (1, 1, 5, 5), (
-    f"segment_mask of (1, 5) ids must be a (1, 1, 5, 5) boolean tensor, got {getattr(_mask, 'shape', _mask)}")
-assert _mask[0, 0, 3].tolist() == [False, False, True, True, True], (
-    f"token 3 (segment 1) must see exactly the tokens of segment 1, got {_mask[0, 0, 3].tolist()}")
-del _ids, _mask
-print("Question 3.4: public tests passed")
+def _q3_4_public_tests():
+    with check("public: a (1, 1, 5, 5) boolean mask; token 3 (segment 1) sees exactly the tokens of segment 1", weight=1):
+        ids = torch.tensor([[0, 0, 1, 1, 1]])
+        want = (ids[:, :, None] == ids[:, None, :])[:, None]
+        got = assert_tensor_close(segment_mask(ids.to(DEVICE)), want, "segment_mask([[0, 0, 1, 1, 1]])", dtype=torch.bool)
+        assert got[0, 0, 3].tolist() == [False, False, True, True, True], (
+            f"token 3 (segment 1) must see exactly the tokens of segment 1, got {got[0, 0, 3].tolist()}")
+
+
+_q3_4_public_tests()
+del _q3_4_public_tests
 ### BEGIN HIDDEN TESTS
 def _q3_4_hidden_tests():
     gen = torch.Generator().manual_seed(3_4)
     ids = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3],
                         [5, 5, 5, 5, 5, 5, 9, 9, 9, 9, 9, 9, 9],
                         [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]])
-    for causal in (False, True):
-        got = plain_value(segment_mask(ids.to(DEVICE), causal=causal), "tensor", f"segment_mask(ids, causal={causal})")
-        want = torch.zeros(3, 1, 13, 13, dtype=torch.bool)
-        for b in range(3):
-            for i in range(13):
-                for j in range(13):
-                    want[b, 0, i, j] = bool(ids[b, i] == ids[b, j]) and (j <= i or not causal)
-        assert got.dtype == torch.bool, "segment_mask must return a boolean tensor"
-        assert tuple(got.shape) == (3, 1, 13, 13), (
-            f"segment_mask of (B, S) = (3, 13) ids must have shape (B, 1, S, S) = (3, 1, 13, 13), got {tuple(got.shape)}")
-        assert got.device.type == DEVICE.type, "segment_mask must return the mask on the device of segment_ids"
-        bad = int((got.cpu() != want).sum())
-        assert bad == 0, (
-            f"segment_mask(ids, causal={causal})[b, 0, i, j] must be True exactly when ids[b, i] == ids[b, j]"
-            + (" and j <= i" if causal else "") + f": {bad} wrong entries")
+    same = (ids[:, :, None] == ids[:, None, :])[:, None]  # (B, 1, S, S)
+
+    def carried_causal(seq_len):
+        """The causal rule as the student's causal_mask (Question 3.3) states it: a mistake there is charged there."""
+        return as_tensor(causal_mask(seq_len, device=DEVICE), "causal_mask").cpu().bool()
+
+    with check("causal=False: True exactly where the segment ids are equal, shape (B, 1, S, S), boolean", weight=3):
+        assert_tensor_close(segment_mask(ids.to(DEVICE), causal=False), same,
+                            "segment_mask(ids (3, 13), causal=False) (True exactly when ids[b, i] == ids[b, j])",
+                            dtype=torch.bool)
+    with check("causal=True: same segment and key j <= query i", weight=1):
+        tril = torch.ones(13, 13, dtype=torch.bool).tril()
+        carried = carry_forward(lambda: same & carried_causal(13))
+        assert_tensor_close_or_carried(segment_mask(ids.to(DEVICE), causal=True), same & tril, carried,
+                                       "segment_mask(ids (3, 13), causal=True) (True exactly when ids[b, i] == "
+                                       "ids[b, j] and j <= i)", carried_from="causal_mask (Question 3.3)",
+                                       dtype=torch.bool)
 
     # Packed attention must equal attention on each sequence separately (reference attention in float64).
     def reference(q, k, v, mask=None):
@@ -1205,26 +1438,44 @@ def _q3_4_hidden_tests():
             scores = scores.masked_fill(~mask, float("-inf"))
         return torch.einsum("bhst,bthd->bshd", torch.softmax(scores, dim=-1), v)
 
-    lengths = [3, 5, 2, 4]
-    ids = torch.cat([torch.full((n,), index) for index, n in enumerate(lengths)])[None]
-    q, k, v = (torch.randn(1, sum(lengths), 2, 8, generator=gen, dtype=torch.float64) for _ in range(3))
-    for causal in (False, True):
-        packed = reference(q, k, v, segment_mask(ids.to(DEVICE), causal=causal).cpu())
-        start = 0
-        for n in lengths:
-            part = slice(start, start + n)
-            mask = torch.ones(n, n, dtype=torch.bool).tril() if causal else None
-            alone = reference(q[:, part], k[:, part], v[:, part], mask)
-            err = (packed[:, part] - alone).abs().max().item()
-            assert err < 1e-10, (
-                f"with segment_mask(ids, causal={causal}), attention on packed sequences {lengths} must equal "
-                f"attention on each sequence alone; sequence at {start}:{start + n} differs by {err:.3g}")
-            start += n
+    with check("attention with the mask on packed sequences equals attention on each sequence alone", weight=1):
+        lengths = [3, 5, 2, 4]
+        packed_ids = torch.cat([torch.full((n,), index) for index, n in enumerate(lengths)])[None]
+        q, k, v = (torch.randn(1, sum(lengths), 2, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+        for causal in (False, True):
+            mask = as_tensor(segment_mask(packed_ids.to(DEVICE), causal=causal), "segment_mask").cpu()
+            packed = reference(q, k, v, mask)
+            start = 0
+            for n in lengths:
+                part = slice(start, start + n)
+                alone = reference(q[:, part], k[:, part], v[:, part],
+                                  torch.ones(n, n, dtype=torch.bool).tril() if causal else None)
+                carried = carry_forward(lambda: reference(q[:, part], k[:, part], v[:, part], carried_causal(n))) \
+                    if causal else None
+                assert_tensor_close_or_carried(
+                    packed[:, part], alone, carried,
+                    f"attention with segment_mask(ids, causal={causal}) on packed sequences {lengths}, sequence at "
+                    f"{start}:{start + n} (must equal attention on that sequence alone)",
+                    carried_from="causal_mask (Question 3.3)", rtol=0, atol=1e-10)
+                start += n
+    with check("the mask is on the device of segment_ids", weight=1):
+        for causal in (False, True):
+            got = as_tensor(segment_mask(ids.to(DEVICE), causal=causal), f"segment_mask(ids, causal={causal})")
+            assert got.device.type == DEVICE.type, (
+                f"segment_mask(ids, causal={causal}) must return the mask on the device of segment_ids ({DEVICE}), "
+                f"got {got.device}")
+            devices = kernel_side(output_devices_with_meta_default)(segment_mask, ids, causal=causal)
+            assert devices is None or [torch.device(d).type for d in devices] == ["cpu"], (
+                f"segment_mask(ids on the CPU, causal={causal}) must return the mask on the device of segment_ids "
+                f"(cpu): with PyTorch's default device set to meta it returned tensors on {devices}; create every "
+                f"tensor with device=segment_ids.device")
 
 
 _q3_4_hidden_tests()
 del _q3_4_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 3.4")
+
 
 # %%
 packed_ids = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2]])
@@ -1246,7 +1497,8 @@ print(segment_mask(packed_ids, causal=True)[0, 0].int())
 # the same way, up to a maximum absolute difference of `atol` (floating-point sums in another order differ in
 # the last bits), and `False` otherwise. The tolerance is absolute only: the tests use outputs in the thousands,
 # where a relative tolerance (such as `torch.allclose`'s default `rtol=1e-5`) would accept differences a
-# thousand times larger than `atol`. Return a Python `bool`.
+# thousand times larger than `atol`. Return `True` or `False` (a Python `bool`; a one-element boolean tensor is
+# accepted too).
 
 # %% nbgrader={"grade": false, "grade_id": "q3_5_permutation_check", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def is_permutation_equivariant(attn_fn, q, k, v, perm, atol=1e-5):
@@ -1286,16 +1538,23 @@ def _example_attention_functions():
 
 
 _plain_attention, _running_sum = _example_attention_functions()
-_gen = torch.Generator().manual_seed(5)
-_q, _k, _v = (torch.randn(2, 6, 2, 4, generator=_gen).to(DEVICE) for _ in range(3))
-_perm = torch.tensor([3, 0, 5, 1, 4, 2], device=DEVICE)
-_result = is_permutation_equivariant(_plain_attention, _q, _k, _v, _perm)
-assert isinstance(_result, bool), f"is_permutation_equivariant must return a Python bool, got {type(_result).__name__}"
-assert _result is True, "attention without a mask is permutation-equivariant: expected True"
-_result = is_permutation_equivariant(_running_sum, _q, _k, _v, _perm)
-assert _result is False, "a running sum over the sequence depends on the order of the tokens: expected False"
-del _running_sum, _gen, _q, _k, _v, _perm, _result
-print("Question 3.5: public tests passed")
+
+
+def _q3_5_public_tests():
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 6, 2, 4, generator=gen).to(DEVICE) for _ in range(3))
+    perm = torch.tensor([3, 0, 5, 1, 4, 2], device=DEVICE)
+    with check("public: plain attention is equivariant (True); a running sum over the sequence is not (False)", weight=1):
+        assert as_truth(is_permutation_equivariant(_plain_attention, q, k, v, perm),
+                        "is_permutation_equivariant(plain attention, ...)") is True, (
+            "attention without a mask is permutation-equivariant: expected True")
+        assert as_truth(is_permutation_equivariant(_running_sum, q, k, v, perm),
+                        "is_permutation_equivariant(running sum, ...)") is False, (
+            "a running sum over the sequence depends on the order of the tokens: expected False")
+
+
+_q3_5_public_tests()
+del _running_sum, _q3_5_public_tests
 ### BEGIN HIDDEN TESTS
 def _q3_5_hidden_tests():
     gen = torch.Generator().manual_seed(3_5)
@@ -1336,32 +1595,39 @@ def _q3_5_hidden_tests():
                 "thousands_plus_2e-6": values_in_thousands_plus(2e-6)}
 
     fns = attention_functions(_plain_attention, positions, mask)
-    cases = [
-        (_plain_attention, True, "attention without a mask"),
-        (fns["causal"], False, "causal attention"),
-        (fns["keys_with_positions"], False, "attention whose keys carry a positional encoding"),
-        (fns["plain_with_rounding_noise"], True, "attention plus a 1e-7 perturbation (within atol)"),
-        (fns["mean_over_sequence"], True, "the mean over the sequence"),
-        (fns["reversed_sequence"], False, "reversing the sequence"),
-    ]
-    float64_cases = [  # float64 inputs: exactly equivariant up to the offset
-        (fns["thousands_plus_3e-5"], False, "outputs in the thousands plus an offset of up to 3e-5 (above atol=1e-5)"),
-        (fns["thousands_plus_2e-6"], True, "outputs in the thousands plus an offset of up to 2e-6 (within atol=1e-5)"),
-    ]
-    inputs64 = tuple(t.double() for t in (q, k, v))
-    for (fn, expected, name), inputs in [(case, (q, k, v)) for case in cases] + [(case, inputs64) for case in float64_cases]:
-        got = is_permutation_equivariant(fn, *inputs, perm)
-        assert type(got) is bool, f"is_permutation_equivariant must return a Python bool, got {type(got).__name__}"
-        assert got is expected, (
-            f"is_permutation_equivariant must compare attn_fn(q[:, perm], k[:, perm], v[:, perm]) with "
-            f"attn_fn(q, k, v)[:, perm] within atol: for {name} expected {expected}, got {got}")
-    assert is_permutation_equivariant(fns["plain_with_rounding_noise"], q, k, v, perm, atol=1e-9) is False, (
-        "atol is the largest absolute difference counted as equal: a 1e-7 difference with atol=1e-9 is not equal")
+
+    def grade_cases(cases, inputs, **kwargs):
+        for fn, expected, name in cases:
+            got = as_truth(is_permutation_equivariant(fn, *inputs, perm, **kwargs), "is_permutation_equivariant")
+            assert got is expected, (
+                f"is_permutation_equivariant must compare attn_fn(q[:, perm], k[:, perm], v[:, perm]) with "
+                f"attn_fn(q, k, v)[:, perm] within atol: for {name} expected {expected}, got {got}")
+
+    with check("equivariant and non-equivariant functions (plain, causal, positional keys, mean, reversed)", weight=3):
+        grade_cases([(_plain_attention, True, "attention without a mask"),
+                     (fns["causal"], False, "causal attention"),
+                     (fns["keys_with_positions"], False, "attention whose keys carry a positional encoding"),
+                     (fns["mean_over_sequence"], True, "the mean over the sequence"),
+                     (fns["reversed_sequence"], False, "reversing the sequence")], (q, k, v))
+    with check("differences within atol count as equal, above it not (atol=1e-5 and atol=1e-9)", weight=1):
+        grade_cases([(fns["plain_with_rounding_noise"], True, "attention plus a 1e-7 perturbation (within atol=1e-5)")],
+                    (q, k, v))
+        grade_cases([(fns["plain_with_rounding_noise"], False, "attention plus a 1e-7 perturbation with atol=1e-9")],
+                    (q, k, v), atol=1e-9)
+    with check("the tolerance is absolute: outputs in the thousands (float64)", weight=1):
+        grade_cases([(fns["thousands_plus_3e-5"], False, "outputs in the thousands plus an offset of up to 3e-5 "
+                                                           "(above atol=1e-5)"),
+                     (fns["thousands_plus_2e-6"], True, "outputs in the thousands plus an offset of up to 2e-6 "
+                                                          "(within atol=1e-5)")],
+                    tuple(t.double() for t in (q, k, v)))
 
 
 _q3_5_hidden_tests()
 del _q3_5_hidden_tests
 ### END HIDDEN TESTS
+del _plain_attention
+finish_checks("Question 3.5")
+
 
 # %%
 perm_demo = torch.arange(demo_q.shape[1]).roll(1)  # a fixed permutation that moves every token
@@ -1423,66 +1689,75 @@ def online_softmax_update(running_max, running_sum, scores_block):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q4_1_1_online_update_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-_x = torch.tensor([[1.0, 2.0, 3.0, 6.0, 4.0, 5.0]], dtype=torch.float64, device=DEVICE)
-_m = torch.full((1,), float("-inf"), dtype=torch.float64, device=DEVICE)
-_l = torch.zeros(1, dtype=torch.float64, device=DEVICE)
-_m, _l = online_softmax_update(_m, _l, _x[:, :3])
-assert _m.shape == (1,) and _l.shape == (1,), f"online_softmax_update must return (...)-shaped tensors, got {_m.shape}, {_l.shape}"
-assert _m.item() == 3.0 and math.isclose(_l.item(), math.exp(-2) + math.exp(-1) + 1), (
-    f"after the block [1, 2, 3] from (-inf, 0): max 3, sum e^-2 + e^-1 + e^0; got ({_m.item()}, {_l.item()})")
-_m, _l = online_softmax_update(_m, _l, _x[:, 3:])
-_want = sum(math.exp(v - 6.0) for v in [1, 2, 3, 6, 4, 5])
-assert _m.item() == 6.0 and math.isclose(_l.item(), _want, rel_tol=1e-12), (
-    f"after [1, 2, 3] then [6, 4, 5]: max 6 and the OLD sum rescaled by exp(3 - 6) plus the new terms = {_want:.6f}; "
-    f"got ({_m.item()}, {_l.item():.6f})")
-_m, _l = online_softmax_update(torch.full((1,), float("-inf"), device=DEVICE), torch.zeros(1, device=DEVICE),
-                               torch.full((1, 4), float("-inf"), device=DEVICE))
-assert _m.item() == float("-inf") and _l.item() == 0.0, (
-    f"a row that has seen only -inf must stay (-inf, 0) (no NaN), got ({_m.item()}, {_l.item()})")
-del _x, _m, _l, _want
-print("Question 4.1.1: public tests passed")
+def _q4_1_1_public_tests():
+    x = torch.tensor([[1.0, 2.0, 3.0, 6.0, 4.0, 5.0]], dtype=torch.float64, device=DEVICE)
+    start = (torch.full((1,), float("-inf"), dtype=torch.float64, device=DEVICE),
+             torch.zeros(1, dtype=torch.float64, device=DEVICE))
+    with check("public: [1, 2, 3] from (-inf, 0), then [6, 4, 5]: the old sum is rescaled to the new max", weight=1):
+        m, l = as_tuple(online_softmax_update(*start, x[:, :3]), 2, "online_softmax_update(-inf, 0, [1, 2, 3])")
+        want = torch.tensor([math.exp(-2) + math.exp(-1) + 1], dtype=torch.float64)
+        assert_tensor_close(m, torch.tensor([3.0], dtype=torch.float64), "new_max after the block [1, 2, 3]", rtol=0, atol=0)
+        assert_tensor_close(l, want, "new_sum after the block [1, 2, 3] (e^-2 + e^-1 + e^0)", rtol=1e-12, atol=0)
+        m, l = as_tuple(online_softmax_update(m.to(DEVICE), l.to(DEVICE), x[:, 3:]), 2,
+                        "online_softmax_update(3, e^-2 + e^-1 + 1, [6, 4, 5])")
+        want = torch.tensor([sum(math.exp(value - 6.0) for value in [1, 2, 3, 6, 4, 5])], dtype=torch.float64)
+        assert_tensor_close(m, torch.tensor([6.0], dtype=torch.float64), "new_max after [1, 2, 3] then [6, 4, 5]",
+                            rtol=0, atol=0)
+        assert_tensor_close(l, want, "new_sum after [1, 2, 3] then [6, 4, 5] (the OLD sum rescaled by exp(3 - 6) plus "
+                                     "the new terms)", rtol=1e-12, atol=0)
+    with check("public: a row that has seen only -inf stays (-inf, 0), no NaN", weight=1):
+        m, l = as_tuple(online_softmax_update(*start, torch.full((1, 4), float("-inf"), dtype=torch.float64,
+                                                                  device=DEVICE)), 2, "online_softmax_update")
+        assert_tensor_close(m, torch.tensor([float("-inf")], dtype=torch.float64), "new_max of a row of -inf", rtol=0, atol=0)
+        assert_tensor_close(l, torch.zeros(1, dtype=torch.float64), "new_sum of a row of -inf", rtol=0, atol=0)
+
+
+_q4_1_1_public_tests()
+del _q4_1_1_public_tests
 ### BEGIN HIDDEN TESTS
 def _q4_1_1_hidden_tests():
     gen = torch.Generator().manual_seed(4_1)
-    x = torch.randn(3, 4, 23, generator=gen, dtype=torch.float64) * 30
-    x[0, 1, 5:9] = float("-inf")
-    x[2, 3, :6] = float("-inf")  # the first block of this row is fully masked
-    bounds = [0, 6, 7, 13, 23]  # blocks of widths 6, 1, 6, 10
-    m = torch.full((3, 4), float("-inf"), dtype=torch.float64)
-    l = torch.zeros(3, 4, dtype=torch.float64)
-    for start, stop in zip(bounds[:-1], bounds[1:]):
-        result = online_softmax_update(m.to(DEVICE), l.to(DEVICE), x[..., start:stop].to(DEVICE))
-        assert type(result) is tuple and len(result) == 2, (
-            f"online_softmax_update must return a tuple (new_max, new_sum), got {type(result).__name__}")
-        m, l = (plain_value(t, "tensor", f"online_softmax_update's {name}").cpu()
-                for t, name in zip(result, ("new_max", "new_sum")))
-        seen = x[..., :stop]
-        want_m = seen.amax(dim=-1)
-        safe = torch.where(torch.isneginf(want_m), torch.zeros_like(want_m), want_m)
-        want_l = torch.exp(seen - safe[..., None]).sum(dim=-1)
-        assert tuple(m.shape) == (3, 4) and tuple(l.shape) == (3, 4), "online_softmax_update must return (...)-shaped max and sum"
-        assert not torch.isnan(m).any() and not torch.isnan(l).any(), (
-            "online_softmax_update produced NaN: rows whose scores so far are all -inf must keep (-inf, 0)")
-        assert torch.equal(m, want_m), f"after the scores [:{stop}] the running max must be their max"
-        err = ((l - want_l).abs() / want_l.clamp_min(1e-300)).max().item()
-        assert err < 1e-9, (
-            f"after the scores [:{stop}] the running sum must be sum(exp(score - running max)): when the max grows, "
-            f"the old sum must be multiplied by exp(old max - new max); max relative error {err:.3g}")
-    # Arbitrary state in, formula out.
-    m0 = torch.randn(5, generator=gen, dtype=torch.float64) * 3
-    l0 = torch.rand(5, generator=gen, dtype=torch.float64) * 4 + 0.5
-    block = torch.randn(5, 3, generator=gen, dtype=torch.float64) * 3
-    m1, l1 = (plain_value(t, "tensor", "online_softmax_update") for t in
-              online_softmax_update(m0.to(DEVICE), l0.to(DEVICE), block.to(DEVICE)))
-    want_m = torch.maximum(m0, block.amax(-1))
-    want_l = l0 * torch.exp(m0 - want_m) + torch.exp(block - want_m[:, None]).sum(-1)
-    assert torch.equal(m1.cpu(), want_m) and torch.allclose(l1.cpu(), want_l, rtol=1e-9, atol=0.0), (
-        "online_softmax_update(m, l, X) must return m' = max(m, max X) and l' = l exp(m - m') + sum exp(X - m')")
+
+    def grade_blocks(x, bounds):
+        m = torch.full(x.shape[:-1], float("-inf"), dtype=torch.float64)
+        l = torch.zeros(x.shape[:-1], dtype=torch.float64)
+        for start, stop in zip(bounds[:-1], bounds[1:]):
+            where = f"online_softmax_update after the scores [:{stop}] of a {tuple(x.shape)} float64 tensor"
+            m, l = (as_tensor(t, where).cpu() for t in
+                    as_tuple(online_softmax_update(m.to(DEVICE), l.to(DEVICE), x[..., start:stop].to(DEVICE)), 2, where))
+            seen = x[..., :stop]
+            want_m = seen.amax(dim=-1)
+            safe = torch.where(torch.isneginf(want_m), torch.zeros_like(want_m), want_m)
+            assert_tensor_close(m, want_m, f"{where}: new_max (the max of the scores so far, exactly)", rtol=0, atol=0,
+                                dtype=torch.float64)
+            assert_tensor_close(l, torch.exp(seen - safe[..., None]).sum(dim=-1),
+                                f"{where}: new_sum (sum of exp(score - running max); when the max grows, the old sum "
+                                f"is multiplied by exp(old max - new max))", rtol=1e-9, atol=0, dtype=torch.float64)
+
+    with check("a sequence of blocks of widths 6, 1, 6 and 10 with scores up to +-100, from (-inf, 0)", weight=2):
+        grade_blocks(torch.randn(3, 4, 23, generator=gen, dtype=torch.float64) * 30, [0, 6, 7, 13, 23])
+    with check("masked scores: some -inf, and a row whose first block is all -inf stays (-inf, 0), no NaN", weight=1):
+        x = torch.randn(3, 4, 23, generator=gen, dtype=torch.float64) * 30
+        x[0, 1, 5:9] = float("-inf")
+        x[2, 3, :6] = float("-inf")  # the first block of this row is fully masked
+        x[1, 2, :] = float("-inf")  # every block of this row
+        grade_blocks(x, [0, 6, 7, 13, 23])
+    with check("an arbitrary state in: m' = max(m, max X) and l' = l exp(m - m') + sum exp(X - m')", weight=1):
+        m0 = torch.randn(5, generator=gen, dtype=torch.float64) * 3
+        l0 = torch.rand(5, generator=gen, dtype=torch.float64) * 4 + 0.5
+        block = torch.randn(5, 3, generator=gen, dtype=torch.float64) * 3
+        m1, l1 = as_tuple(online_softmax_update(m0.to(DEVICE), l0.to(DEVICE), block.to(DEVICE)), 2, "online_softmax_update")
+        want_m = torch.maximum(m0, block.amax(-1))
+        assert_tensor_close(m1, want_m, "online_softmax_update(m, l, X)'s new_max = max(m, max X)", rtol=0, atol=0)
+        assert_tensor_close(l1, l0 * torch.exp(m0 - want_m) + torch.exp(block - want_m[:, None]).sum(-1),
+                            "online_softmax_update(m, l, X)'s new_sum = l exp(m - m') + sum exp(X - m')", rtol=1e-9, atol=0)
 
 
 _q4_1_1_hidden_tests()
 del _q4_1_1_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 4.1.1")
+
 
 # %% [markdown]
 # ### Checking how a function computes
@@ -1493,7 +1768,9 @@ del _q4_1_1_hidden_tests
 # largest tensor an operation creates and the largest one an operation reads (views such as slices and
 # transposes share memory and count as neither; allocations such as `new_zeros` or `empty_like` read no values),
 # and how many operations ran. `run_with_probe(fn, *args, **kwargs)` calls `fn` inside a new probe and returns
-# `(fn's result, probe)`; the tests of Questions 4.1.2, 4.2 and Bonus 4.4 use it. Use it yourself to see what your
+# `(fn's result, probe)`; the tests of Questions 4.1.2, 4.2 and Bonus 4.4 use it.
+# `run_with_probe_watching(x, fn, *args)` also records which elements of the tensor `x` each operation reads, and
+# so whether `fn` made one pass over `x` (Question 4.1.2). Use it yourself to see what your
 # code allocates. (It refuses to measure when the probe was changed or switched off during the call: such a
 # measurement could not be trusted.)
 
@@ -1513,22 +1790,62 @@ class LargestTensorProbe(TorchDispatchMode):
         largest_input_op (str | None): That operation, and the shape of the input.
         num_ops (int): Number of operations seen, views excluded.
         op_names (set[str]): Names of all operations seen (e.g. "aten::bmm").
+        watched_reads (int): With `watched` (a tensor) given: how many operations read elements of it.
+        most_open_elements (int): With `watched`: the largest number of its elements that, at one operation, had
+            been read before and were read again later (a single pass over `watched`, block by block, keeps this to
+            the block being worked on; a second pass over it makes it every element).
+        most_open_op (str | None): The operation where that happened.
     """
 
     VALUE_FREE_OPS = frozenset({"aten::new_empty", "aten::new_empty_strided", "aten::new_zeros", "aten::new_ones",
                                 "aten::new_full", "aten::empty_like", "aten::zeros_like", "aten::ones_like",
                                 "aten::full_like"})
 
-    def __init__(self):
+    def __init__(self, watched=None):
         super().__init__()
         self.largest_numel, self.largest_op = 0, None
         self.largest_input_numel, self.largest_input_op = 0, None
         self.num_ops, self.op_names = 0, set()
+        self.watched, self._reads = watched, []  # (operation index, description, storage indices it read)
+
+    @property
+    def watched_reads(self):
+        return len(self._reads)
+
+    def _open_elements(self):
+        """(most elements of `watched` read before and again after one operation, that operation)."""
+        if not self._reads:
+            return 0, None
+        size = max(int(indices.max()) for _, _, indices in self._reads) + 1
+        first = torch.full((size,), len(self._reads) + self.num_ops + 1, dtype=torch.long)
+        last = torch.full((size,), -1, dtype=torch.long)
+        for index, _, indices in self._reads:
+            first[indices] = torch.minimum(first[indices], torch.tensor(index))
+            last[indices] = torch.maximum(last[indices], torch.tensor(index))
+        most, where = 0, None
+        for index, description, _ in self._reads:
+            open_now = int(((first <= index) & (last >= index)).sum())
+            if open_now > most:
+                most, where = open_now, description
+        return most, where
 
     def summary(self):
         """What the probe saw, as plain data: a dict of the attributes above."""
-        return {name: getattr(self, name) for name in ("largest_numel", "largest_op", "largest_input_numel",
-                                                       "largest_input_op", "num_ops", "op_names")}
+        seen = {name: getattr(self, name) for name in ("largest_numel", "largest_op", "largest_input_numel",
+                                                       "largest_input_op", "num_ops", "op_names", "watched_reads")}
+        seen["most_open_elements"], seen["most_open_op"] = self._open_elements()
+        return seen
+
+    def _record_reads(self, name, args, kwargs):
+        """Which elements of `watched` (as indices into its storage) the operation `name` read."""
+        storage = self.watched.untyped_storage()
+        for tensor in tree_leaves((args, kwargs)):
+            if (torch.is_tensor(tensor) and tensor.numel() and tensor.device == self.watched.device
+                    and tensor.untyped_storage().data_ptr() == storage.data_ptr()):
+                numel = storage.nbytes() // tensor.element_size()
+                indices = torch.arange(numel).as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+                self._reads.append((self.num_ops, f"{name} read {tuple(tensor.shape)} of it",
+                                    indices.reshape(-1).clone()))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -1537,12 +1854,14 @@ class LargestTensorProbe(TorchDispatchMode):
         if func.is_view:  # views share their input's memory
             return out
         self.num_ops += 1
+        if self.watched is not None and name.split(".")[0] not in self.VALUE_FREE_OPS:
+            self._record_reads(name, args, kwargs)
         for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor) and tensor.numel() > self.largest_numel:
+            if torch.is_tensor(tensor) and tensor.numel() > self.largest_numel:
                 self.largest_numel, self.largest_op = tensor.numel(), f"{name} -> {tuple(tensor.shape)}"
         if name.split(".")[0] not in self.VALUE_FREE_OPS:
             for tensor in tree_leaves((args, kwargs)):
-                if isinstance(tensor, torch.Tensor) and tensor.numel() > self.largest_input_numel:
+                if torch.is_tensor(tensor) and tensor.numel() > self.largest_input_numel:
                     self.largest_input_numel, self.largest_input_op = tensor.numel(), f"{name} <- {tuple(tensor.shape)}"
         return out
 
@@ -1568,12 +1887,16 @@ def _make_run_with_probe(probe_class):
             AssertionError: The probe cannot be trusted: its class or TorchDispatchMode was changed, or the probe
                 did not see operations before and after fn ran (fn switched it off).
         """
+        return run_watching(None, fn, *args, **kwargs)
+
+    def run_watching(tensor, fn, *args, **kwargs):
+        """run_with_probe, the probe also recording which elements of `tensor` each operation reads."""
         for owner, attributes in watched:
             changed = sorted(name for name, value in attributes.items() if vars(owner).get(name) is not value)
             changed += sorted(set(vars(owner)) - set(attributes)) if owner is probe_class else []
             assert not changed, (f"{owner.__name__} was changed ({', '.join(changed)}): the memory probe cannot be "
                                  f"trusted, so this test cannot pass")
-        with probe_class() as probe:
+        with probe_class(tensor) as probe:
             torch.zeros(1)  # a sentinel operation the probe must see before fn runs...
             seen_before = probe.num_ops
             result = fn(*args, **kwargs)
@@ -1585,17 +1908,17 @@ def _make_run_with_probe(probe_class):
         probe.num_ops = seen_by_fn
         return result, probe
 
-    return run_with_probe
+    return run_with_probe, run_watching
 
 
-run_with_probe = _make_run_with_probe(LargestTensorProbe)
+run_with_probe, run_with_probe_watching = _make_run_with_probe(LargestTensorProbe)
 
 # %% [markdown]
 # #### Question 4.1.2 (3 points)
 #
 # Write `blockwise_logsumexp(x, block_size)`: the log-sum-exp of `x` over its last dimension, computed block by
-# block with the online update (blocks of `block_size` along the last dimension; the last block may be
-# shorter). Call your `online_softmax_update` or write the update inline. Return $-\infty$ for a row of
+# block with the online update in **one pass** over `x` (blocks of `block_size` along the last dimension; the last
+# block may be shorter). Call your `online_softmax_update` or write the update inline. Return $-\infty$ for a row of
 # $-\infty$, like `torch.logsumexp`. What the tests check:
 # - **stability**: scores lie far outside the range where `exp` is finite (it overflows above about 709 in
 #   float64 and 88.7 in float32, and underflows to 0 below about -745 and -104): the tests use scores in the
@@ -1604,6 +1927,10 @@ run_with_probe = _make_run_with_probe(LargestTensorProbe)
 #   than `2 * x[..., :block_size].numel()` elements (views such as slices do not count). The tests run your
 #   function with `run_with_probe` (above) at small block sizes, so `torch.logsumexp(x, -1)` or `x.amax(-1)` on
 #   whole rows, or a padded copy of `x`, fail;
+# - **one pass**: each block is read when its turn comes and never again once the function has moved on to the next
+#   block (that is what makes the update *online*). The tests run your function with `run_with_probe_watching`,
+#   which records which elements of `x` each operation reads: a first pass over the blocks for the max and a second
+#   one for the sum fails;
 # - **precision**: compute in the dtype of `x`; the result must match `torch.logsumexp` in float64 to a relative
 #   1e-9 for float64 inputs and 1e-5 for float32 inputs (relative to `max(1, |lse|)`).
 
@@ -1632,72 +1959,110 @@ def blockwise_logsumexp(x, block_size):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q4_1_2_blockwise_lse_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-_x = torch.tensor([[0.5, -1.0, 2.0, 0.0, 3.0], [1.0, 1.0, 1.0, 1.0, 1.0]], dtype=torch.float64, device=DEVICE)
-_got = blockwise_logsumexp(_x, 2)
-assert isinstance(_got, torch.Tensor) and tuple(_got.shape) == (2,), f"blockwise_logsumexp of (2, 5) must have shape (2,), got {getattr(_got, 'shape', _got)}"
-torch.testing.assert_close(_got, torch.logsumexp(_x, dim=-1), msg=lambda m: f"blockwise_logsumexp(x, 2) must equal torch.logsumexp(x, -1): {m}")
-del _x, _got
-print("Question 4.1.2: public tests passed")
+def _q4_1_2_public_tests():
+    x = torch.tensor([[0.5, -1.0, 2.0, 0.0, 3.0], [1.0, 1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    with check("public: blockwise_logsumexp(x, 2) equals torch.logsumexp(x, -1) for x (2, 5) in float64", weight=2):
+        assert_tensor_close(blockwise_logsumexp(x.to(DEVICE), 2), torch.logsumexp(x, dim=-1),
+                            "blockwise_logsumexp(x (2, 5), 2)", rtol=1e-9, atol=0, dtype=torch.float64)
+
+
+_q4_1_2_public_tests()
+del _q4_1_2_public_tests
 ### BEGIN HIDDEN TESTS
 def _q4_1_2_hidden_tests():
     gen = torch.Generator().manual_seed(4_11)
 
     @kernel_side
-    def probed(fn, *args, **kwargs):
-        """run_with_probe in the kernel, next to the student's code: (fn's result, what the probe saw, as a dict)."""
-        result, probe = run_with_probe(fn, *args, **kwargs)
+    def probed(fn, x, *args):
+        """fn(x, *args) in the kernel inside run_with_probe, watching the reads of x: (fn's result, what the probe saw,
+        as a dict)."""
+        result, probe = run_with_probe_watching(x, fn, x, *args)
         return result, probe.summary()
 
-    def check(x, block, tol, probe=False):
-        want = torch.logsumexp(x.double(), dim=-1)  # float64, and stable
-        if probe:
-            got, seen = probed(blockwise_logsumexp, x.to(DEVICE), block)
-        else:
-            got, seen = blockwise_logsumexp(x.to(DEVICE), block), None
+    def carried(x, block):
+        """The log-sum-exp computed block by block with the student's online_softmax_update (Question 4.1.1): a
+        blockwise_logsumexp that calls it is charged for its mistakes there only."""
+        m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=DEVICE)
+        l = torch.zeros(x.shape[:-1], dtype=x.dtype, device=DEVICE)
+        for start in range(0, x.shape[-1], block):
+            m, l = (as_tensor(t, "online_softmax_update").to(DEVICE) for t in
+                    as_tuple(online_softmax_update(m, l, x[..., start:start + block].to(DEVICE)), 2, "online_softmax_update"))
+        return (m + torch.log(l)).cpu().double()
+
+    def grade_value(x, block, tol):
         largest = x[torch.isfinite(x)].abs().max().item()
-        where = f"blockwise_logsumexp(x {tuple(x.shape)} {x.dtype} with |scores| up to {largest:.0f}, block_size={block})"
-        got = plain_value(got, "tensor", where)
-        assert tuple(got.shape) == tuple(x.shape[:-1]) and got.dtype == x.dtype, (
+        where = (f"blockwise_logsumexp(x {tuple(x.shape)} {x.dtype} with |scores| up to {largest:.0f}, block_size={block}) "
+                 f"(torch.logsumexp(x, -1) over all {x.shape[-1]} scores, the last block may be shorter; relative to "
+                 f"max(1, |lse|))")
+        got = as_tensor(blockwise_logsumexp(x.to(DEVICE), block), where)
+        want = torch.logsumexp(x.double(), dim=-1)  # float64, and stable
+        scale = want.abs().clamp_min(1.0)
+        scale[torch.isinf(want)] = 1.0
+        other = carry_forward(carried, x, block)
+        assert_tensor_close_or_carried(
+            got.cpu().double() / scale if got.dtype == x.dtype else got, want / scale,
+            None if other is None else other / scale, where, carried_from="online_softmax_update (Question 4.1.1)",
+            rtol=0, atol=tol)
+        assert got.dtype == x.dtype and tuple(got.shape) == tuple(x.shape[:-1]), (
             f"{where} must return shape {tuple(x.shape[:-1])} and dtype {x.dtype}, got {tuple(got.shape)}, {got.dtype}")
-        got = got.cpu().double()
-        infinite = torch.isneginf(want)
-        assert torch.equal(torch.isneginf(got), infinite), f"{where}: exactly the rows of -inf must give -inf"
-        assert torch.isfinite(got[~infinite]).all(), (
-            f"{where} overflowed or underflowed: use lse = running max + log(running sum of exp(score - max))")
-        err = ((got - want).abs() / want.abs().clamp_min(1.0))[~infinite].max().item()
-        assert err <= tol, (
-            f"{where} must equal torch.logsumexp(x, -1) over all {x.shape[-1]} scores (the last block may be shorter) "
-            f"to a relative {tol:g}; largest relative error {err!r}")
-        if probe:
-            rows = x[..., 0].numel()
-            limit = 2 * rows * min(block, x.shape[-1])
+
+    def grade_probe(x, block, rule):
+        rows = x[..., 0].numel()
+        limit = 2 * rows * min(block, x.shape[-1])
+        where = f"blockwise_logsumexp(x {tuple(x.shape)} {x.dtype}, block_size={block})"
+        _, seen = probed(blockwise_logsumexp, x.to(DEVICE), block)
+        if rule == "memory":
             blocks = -(-x.shape[-1] // block)
             assert seen["num_ops"] >= blocks, (
                 f"{where}: the probe saw {seen['num_ops']} PyTorch operations for {blocks} blocks; compute every block "
                 f"with PyTorch operations")
             worst_numel, worst_op = max((seen["largest_input_numel"], seen["largest_input_op"]),
-                                       (seen["largest_numel"], seen["largest_op"]))
+                                        (seen["largest_numel"], seen["largest_op"]))
             assert worst_numel <= limit, (
                 f"{where} must work block by block: no operation may read or create more than 2 x {rows} rows x "
                 f"{block} = {limit} elements, but {worst_op} has {worst_numel}")
+        else:
+            assert seen["watched_reads"] > 0, f"{where}: the probe saw no PyTorch operation read x"
+            assert seen["most_open_elements"] <= limit, (
+                f"{where} must make one pass over x: once it has moved on from a block, it may not read that block "
+                f"again (a first pass for the max and a second for the sum is two passes). At one point "
+                f"{seen['most_open_elements']} elements of x had been read and were still to be read again (at most "
+                f"{limit}, two blocks of every row); {seen['most_open_op']}")
 
-    x = torch.randn(2, 3, 37, generator=gen, dtype=torch.float64) * 1000  # exp overflows beyond ~709
-    x[0, 0] = float("-inf")
-    x[1, 2, ::2] = float("-inf")
-    x[0, 1] = -3000 + torch.randn(37, generator=gen, dtype=torch.float64)  # exp underflows: every term is 0
-    for block in (1, 5, 8, 36, 37, 100):
-        check(x, block, 1e-9)
-    for block in (3, 8):
-        check(x, block, 1e-9, probe=True)
-    x32 = torch.randn(4, 10, generator=gen) * 60  # float32's exp overflows beyond ~88.7
-    x32[3] -= 400  # ...and underflows
-    check(x32, 3, 1e-5)
-    check(x32, 4, 1e-5, probe=True)
+    x = torch.randn(2, 3, 37, generator=gen, dtype=torch.float64) * 3
+    with check("float64 scores of moderate size, block sizes that do and do not divide the row (1 to 100)", weight=4):
+        for block in (1, 5, 8, 36, 37, 100):
+            grade_value(x, block, 1e-9)
+    with check("stability: scores in the thousands of either sign (float64), and beyond float32's exp range", weight=1):
+        big = torch.randn(2, 3, 37, generator=gen, dtype=torch.float64) * 1000  # exp overflows beyond ~709
+        big[0, 1] = -3000 + torch.randn(37, generator=gen, dtype=torch.float64)  # exp underflows: every term is 0
+        for block in (5, 8):
+            grade_value(big, block, 1e-9)
+        x32 = torch.randn(4, 10, generator=gen) * 60  # float32's exp overflows beyond ~88.7
+        x32[3] -= 400  # ...and underflows
+        grade_value(x32, 3, 1e-5)
+    with check("-inf scores: a row of -inf gives -inf, masked scores count as 0", weight=1):
+        masked = torch.randn(2, 3, 37, generator=gen, dtype=torch.float64) * 1000
+        masked[0, 0] = float("-inf")
+        masked[1, 2, ::2] = float("-inf")
+        masked[1, 0, :9] = float("-inf")  # the first blocks of this row are fully masked
+        for block in (4, 8):
+            grade_value(masked, block, 1e-9)
+    with check("block by block: no operation reads or creates more than two blocks' worth of every row", weight=1):
+        for block in (3, 8):
+            grade_probe(x, block, "memory")
+        grade_probe(torch.randn(4, 10, generator=gen) * 60, 4, "memory")
+    with check("one pass: each block is read once and not again after the next one (online, not two passes)", weight=1):
+        for block in (3, 8):
+            grade_probe(x, block, "one pass")
+        grade_probe(torch.randn(4, 10, generator=gen) * 60, 4, "one pass")
 
 
 _q4_1_2_hidden_tests()
 del _q4_1_2_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 4.1.2")
+
 
 # %%
 scores_demo = torch.randn(3, 10) * 5
@@ -1796,24 +2161,6 @@ def tiled_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q4_2_tiled_forward_tests", "locked": true, "points": 10, "schema_version": 3, "solution": false, "task": false}
-_gen = torch.Generator().manual_seed(42)
-_q, _k, _v = (torch.randn(2, 70, 3, 16, generator=_gen).to(DEVICE) for _ in range(3))
-for _causal in (False, True):
-    _out, _lse = tiled_attention_forward(_q, _k, _v, causal=_causal, block_q=32, block_k=16)
-    assert tuple(_out.shape) == (2, 70, 3, 16) and tuple(_lse.shape) == (2, 3, 70), (
-        f"tiled_attention_forward must return out (B, S, H, D) = (2, 70, 3, 16) and lse (B, H, S) = (2, 3, 70), "
-        f"got {tuple(_out.shape)} and {tuple(_lse.shape)}")
-    _want = F.scaled_dot_product_attention(_q.transpose(1, 2), _k.transpose(1, 2), _v.transpose(1, 2),
-                                           is_causal=_causal).transpose(1, 2)
-    torch.testing.assert_close(_out, _want, atol=1e-4, rtol=1e-4, msg=lambda m: (
-        f"tiled_attention_forward(causal={_causal}) must equal attention (F.scaled_dot_product_attention): {m}"))
-    _scores = torch.einsum("bshd,bthd->bhst", _q, _k) / math.sqrt(16)
-    if _causal:
-        _scores = _scores.masked_fill(~torch.ones(70, 70, dtype=torch.bool, device=DEVICE).tril(), float("-inf"))
-    torch.testing.assert_close(_lse.float(), torch.logsumexp(_scores, dim=-1), atol=1e-4, rtol=1e-4, msg=lambda m: (
-        f"lse (causal={_causal}) must be the log-sum-exp of the scaled scores over the visible keys: {m}"))
-
-
 @kernel_side
 def _run_with_probe(fn, *args, **kwargs):
     """run_with_probe in the kernel, next to the student's code: (fn's result, what the probe saw, as a dict)."""
@@ -1821,18 +2168,37 @@ def _run_with_probe(fn, *args, **kwargs):
     return result, probe.summary()
 
 
-# Memory: S = 128, tiles of 32 x 32. Nothing larger than max(2 x q, 2 x B x H x 32 x 32) elements is allowed.
-_q = torch.randn(1, 128, 2, 4, generator=_gen).to(DEVICE)
-_, _probe = _run_with_probe(tiled_attention_forward, _q, _q, _q, causal=False, block_q=32, block_k=32)
-_limit = 2 * max(_q.numel(), 1 * 2 * 32 * 32)
-assert not any("scaled_dot_product" in _name for _name in _probe["op_names"]), (
-    "tiled_attention_forward must compute the tiles itself, not call scaled_dot_product_attention")
-assert _probe["largest_numel"] <= _limit, (
-    f"tiled_attention_forward must never hold more than one block_q x block_k tile of scores per (batch, head): for "
-    f"q (1, 128, 2, 4) with 32 x 32 tiles the largest tensor may have at most {_limit:,} elements, but it "
-    f"created one of {_probe['largest_numel']:,} ({_probe['largest_op']}). Loop over query tiles and, inside, key tiles.")
-del _gen, _q, _k, _v, _causal, _out, _lse, _want, _scores, _probe, _limit
-print("Question 4.2: public tests passed")
+def _q4_2_public_tests():
+    gen = torch.Generator().manual_seed(42)
+    q, k, v = (torch.randn(2, 70, 3, 16, generator=gen) for _ in range(3))
+    with check("public: out and lse for q, k, v (2, 70, 3, 16) in float32, tiles 32 x 16, causal off and on", weight=1):
+        for causal in (False, True):
+            result = tiled_attention_forward(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), causal=causal, block_q=32,
+                                             block_k=16)
+            out, lse = as_tuple(result, 2, f"tiled_attention_forward(causal={causal})")
+            q64, k64, v64 = (t.double().transpose(1, 2) for t in (q, k, v))
+            want = F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal).transpose(1, 2)
+            assert_tensor_close(out, want, f"tiled_attention_forward(causal={causal})'s out (attention, as "
+                                           f"F.scaled_dot_product_attention computes it)", rtol=0, atol=2e-5,
+                                dtype=torch.float32)
+            scores = torch.einsum("bshd,bthd->bhst", q.double(), k.double()) / math.sqrt(16)
+            if causal:
+                scores = scores.masked_fill(~torch.ones(70, 70, dtype=torch.bool).tril(), float("-inf"))
+            assert_tensor_close(lse, torch.logsumexp(scores, dim=-1), f"tiled_attention_forward(causal={causal})'s lse "
+                                "(the log-sum-exp of the scaled scores over the visible keys)", rtol=0, atol=2e-4)
+    with check("public: memory: q (1, 128, 2, 4) with 32 x 32 tiles holds at most one tile of scores", weight=1):
+        q = torch.randn(1, 128, 2, 4, generator=gen).to(device=DEVICE)
+        _, probe = _run_with_probe(tiled_attention_forward, q, q, q, causal=False, block_q=32, block_k=32)
+        limit = 2 * max(q.numel(), 1 * 2 * 32 * 32)
+        assert limit >= probe["largest_numel"], (
+            f"tiled_attention_forward must never hold more than one block_q x block_k tile of scores per (batch, "
+            f"head): for q (1, 128, 2, 4) with 32 x 32 tiles the largest tensor may have at most {limit:,} elements, "
+            f"but it created one of {probe['largest_numel']:,} ({probe['largest_op']}). Loop over query tiles and, "
+            f"inside, key tiles.")
+
+
+_q4_2_public_tests()
+del _q4_2_public_tests
 ### BEGIN HIDDEN TESTS
 def _q4_2_hidden_tests():
     gen = torch.Generator().manual_seed(4_2)
@@ -1845,59 +2211,68 @@ def _q4_2_hidden_tests():
             scores = scores.masked_fill(~visible, float("-inf"))
         return torch.einsum("bhst,bthd->bshd", torch.softmax(scores, dim=-1), v), torch.logsumexp(scores, dim=-1)
 
-    def check(b, s_q, s_kv, h, d, causal, block_q, block_k, dtype, scale=1.0):
+    lse_cases = []
+
+    def grade_case(b, s_q, s_kv, h, d, causal, block_q, block_k, dtype, scale=1.0):
         q = torch.randn(b, s_q, h, d, generator=gen, dtype=torch.float64) * scale
         k = torch.randn(b, s_kv, h, d, generator=gen, dtype=torch.float64) * scale
         v = torch.randn(b, s_kv, h, d, generator=gen, dtype=torch.float64)
         want_out, want_lse = reference(q, k, v, causal)
-        result = tiled_attention_forward(q.to(DEVICE, dtype), k.to(DEVICE, dtype), v.to(DEVICE, dtype),
-                                         causal=causal, block_q=block_q, block_k=block_k)
         where = (f"q {(b, s_q, h, d)}, k/v {(b, s_kv, h, d)}, causal={causal}, block_q={block_q}, "
                  f"block_k={block_k}, {dtype}")
-        assert type(result) is tuple and len(result) == 2, (
-            f"tiled_attention_forward must return a tuple (out, lse) for {where}, got {type(result).__name__}")
-        out, lse = (plain_value(t, "tensor", f"tiled_attention_forward's {name}") for t, name in zip(result, ("out", "lse")))
-        assert tuple(out.shape) == (b, s_q, h, d), f"out must be (B, S_q, H, D) for {where}, got {tuple(out.shape)}"
-        assert tuple(lse.shape) == (b, h, s_q), f"lse must be (B, H, S_q) for {where}, got {tuple(lse.shape)}"
-        assert out.dtype == dtype, f"out must have q's dtype {dtype} for {where}, got {out.dtype}"
+        result = tiled_attention_forward(q.to(DEVICE, dtype), k.to(DEVICE, dtype), v.to(DEVICE, dtype),
+                                         causal=causal, block_q=block_q, block_k=block_k)
+        out, lse = as_tuple(result, 2, f"tiled_attention_forward for {where}")
         tol = 1e-9 if dtype == torch.float64 else 2e-5
-        err = (out.to("cpu", torch.float64) - want_out).abs().max().item()
-        assert err <= tol, (
-            f"tiled_attention_forward must equal attention for {where}: max abs error {err:.3g} > {tol:g} against a "
-            f"float64 reference (rescale the running sum AND the running output when the max grows)")
-        err = (lse.to("cpu", torch.float64) - want_lse).abs().max().item()
-        assert err <= 10 * tol, (
-            f"lse must be log(sum_j exp(q_i . k_j / sqrt(D))) over visible keys = running max + log(running sum), for "
-            f"{where}: max abs error {err:.3g}")
+        lse_cases.append((lse, want_lse, where, 10 * tol))
+        assert_tensor_close(out, want_out, f"tiled_attention_forward's out for {where} (attention; rescale the running "
+                                           f"sum AND the running output when the max grows)", rtol=0, atol=tol, dtype=dtype)
 
-    check(1, 77, 77, 2, 8, False, 16, 32, torch.float64)
-    check(2, 77, 77, 3, 8, True, 16, 32, torch.float64)
-    check(1, 64, 64, 1, 16, True, 32, 16, torch.float64, scale=4.0)  # large scores: the max matters
-    check(2, 50, 90, 2, 5, False, 24, 20, torch.float64)  # cross-attention
-    check(1, 33, 33, 2, 7, True, 64, 64, torch.float64)  # one tile
-    check(1, 45, 45, 1, 12, True, 8, 8, torch.float64)
-    check(2, 40, 40, 2, 16, False, 16, 16, torch.float32)
+    with check("out: self- and cross-attention, float64 and float32, sequence lengths not multiples of the tiles",
+               weight=4):
+        grade_case(1, 77, 77, 2, 8, False, 16, 32, torch.float64)
+        grade_case(2, 50, 90, 2, 5, False, 24, 20, torch.float64)  # cross-attention
+        grade_case(1, 40, 40, 1, 6, False, 64, 64, torch.float64, scale=4.0)  # one tile, large scores
+        grade_case(2, 40, 40, 2, 16, False, 16, 16, torch.float32)
+    with check("out with causal=True (query i sees keys j <= i), several tile shapes", weight=1):
+        grade_case(2, 77, 77, 3, 8, True, 16, 32, torch.float64)
+        grade_case(1, 64, 64, 1, 16, True, 32, 16, torch.float64, scale=4.0)  # large scores: the max matters
+        grade_case(1, 33, 33, 2, 7, True, 64, 64, torch.float64)  # one tile
+        grade_case(1, 45, 45, 1, 12, True, 8, 8, torch.float64)
+    with check("lse: log of the sum over visible keys of exp(q_i . k_j / sqrt(D)), shape (B, H, S_q)", weight=1):
+        assert lse_cases, "no case returned an lse"
+        for lse, want_lse, where, tol in lse_cases:
+            assert_tensor_close(lse, want_lse, f"tiled_attention_forward's lse for {where} (running max + log(running "
+                                               f"sum))", rtol=0, atol=tol)
 
+    probes = []
     for causal, block_q, block_k in [(True, 32, 32), (False, 16, 64)]:
         q = torch.randn(1, 128, 2, 4, generator=gen).to(DEVICE)
         _, probe = _run_with_probe(tiled_attention_forward, q, q, q, causal=causal, block_q=block_q, block_k=block_k)
-        limit = 2 * max(q.numel(), 2 * block_q * block_k)
-        pairs = sum(1 for i in range(0, 128, block_q) for j in range(0, 128, block_k) if not causal or j < i + block_q)
-        assert not any("scaled_dot_product" in name for name in probe["op_names"]), (
-            "tiled_attention_forward must not call scaled_dot_product_attention")
-        assert probe["num_ops"] >= pairs, (
-            f"tiled_attention_forward(causal={causal}, block_q={block_q}, block_k={block_k}) on q (1, 128, 2, 4): the "
-            f"probe saw {probe['num_ops']} PyTorch operations for {pairs} (query tile, key tile) pairs; compute every "
-            f"tile with PyTorch operations")
-        assert probe["largest_numel"] <= limit, (
-            f"tiled_attention_forward(causal={causal}, block_q={block_q}, block_k={block_k}) on q (1, 128, 2, 4) must "
-            f"hold at most one tile of scores per (batch, head): it created a tensor of {probe['largest_numel']:,} "
-            f"elements ({probe['largest_op']}); the limit is {limit:,}")
+        probes.append((causal, block_q, block_k, probe))
+    with check("memory: at most one tile of scores per (batch, head) at a time (no S x S matrix, row or mask)", weight=1):
+        for causal, block_q, block_k, probe in probes:
+            limit = 2 * max(128 * 2 * 4, 2 * block_q * block_k)
+            assert probe["largest_numel"] <= limit, (
+                f"tiled_attention_forward(causal={causal}, block_q={block_q}, block_k={block_k}) on q (1, 128, 2, 4) "
+                f"must hold at most one tile of scores per (batch, head): it created a tensor of "
+                f"{probe['largest_numel']:,} elements ({probe['largest_op']}); the limit is {limit:,}")
+    with check("tile by tile: the tiles are computed with PyTorch operations, not scaled_dot_product_attention", weight=1):
+        for causal, block_q, block_k, probe in probes:
+            pairs = sum(1 for i in range(0, 128, block_q) for j in range(0, 128, block_k) if not causal or j < i + block_q)
+            assert not any("scaled_dot_product" in name for name in probe["op_names"]), (
+                "tiled_attention_forward must not call scaled_dot_product_attention")
+            assert probe["num_ops"] >= pairs, (
+                f"tiled_attention_forward(causal={causal}, block_q={block_q}, block_k={block_k}) on q (1, 128, 2, 4): "
+                f"the probe saw {probe['num_ops']} PyTorch operations for {pairs} (query tile, key tile) pairs; "
+                f"compute every tile with PyTorch operations")
 
 
 _q4_2_hidden_tests()
 del _q4_2_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 4.2")
+
 
 # %%
 with LargestTensorProbe() as probe:
@@ -1946,6 +2321,18 @@ print("max |tiled - einsum|:", (tiled_out - einsum_attention(probe_q, probe_q, p
 # and inputs and outputs in other layouts than contiguous `(B, S, H, D)` (transposed views, padded rows): use
 # every stride the kernel receives. They compare with a float64 reference with a tolerance of 2e-2 (on a GPU,
 # `tl.dot` on float32 tiles uses TF32, which rounds inputs to 10 bits of mantissa).
+#
+# **What the grader's Triton supports.** The autograder runs your kernel on a CPU in Triton's interpreter
+# (`TRITON_INTERPRET=1`, Triton 3.9), which does not implement everything a GPU compiles. Use these, which it runs
+# and the tests grade: `tl.program_id`, `tl.arange`, pointer arithmetic with the strides and
+# `tl.load(ptrs, mask=..., other=...)` / `tl.store(ptrs, values, mask=...)`, `tl.dot` (also with `acc=`), `tl.trans`
+# (or `.T`), `tl.zeros`, `tl.full`, `tl.where`, `tl.max`, `tl.sum`, `tl.maximum`, `tl.minimum`, `tl.exp`, `tl.exp2`,
+# `tl.log`, `tl.log2`, `.to(dtype)`, and Python loops (`for ... in range(...)`, `tl.range`, `tl.static_range`) and
+# `if` on a `tl.constexpr`. Do **not** use block pointers (`tl.make_block_ptr`, `tl.advance`), which some versions
+# of Triton's FlashAttention tutorial use: Triton 3.9's interpreter refuses them ("Block pointers have been removed
+# in favor of the tensor descriptor API"), so such a kernel fails every test even if it runs on your GPU. Tensor
+# descriptors (`tl.make_tensor_descriptor`) run in the interpreter only when the last dimension has stride 1, which
+# the tests' layouts (`head_dim` strided by `H`) do not have: address tiles with pointers and strides.
 
 # %% nbgrader={"grade": false, "grade_id": "q4_3_triton_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @triton.jit
@@ -2066,16 +2453,22 @@ def _triton_attention_forward(q, k, v, causal=False):
     return triton_attention_forward(q, k, v, causal=causal)
 
 
-_gen = torch.Generator().manual_seed(43)
-_q, _k, _v = (torch.randn(1, 37, 2, 16, generator=_gen) for _ in range(3))
-_out, _lse = _triton_attention_forward(_q.to(DEVICE), _k.to(DEVICE), _v.to(DEVICE))
-assert tuple(_out.shape) == (1, 37, 2, 16) and tuple(_lse.shape) == (1, 2, 37), (
-    f"triton_attention_forward must return out (1, 37, 2, 16) and lse (1, 2, 37), got {tuple(_out.shape)}, {tuple(_lse.shape)}")
-_want = F.scaled_dot_product_attention(_q.transpose(1, 2), _k.transpose(1, 2), _v.transpose(1, 2)).transpose(1, 2)
-torch.testing.assert_close(_out.cpu(), _want, atol=2e-2, rtol=2e-2, msg=lambda m: (
-    f"triton_attention_forward(q, k, v) must equal attention for q, k, v of shape (1, 37, 2, 16): {m}"))
-del _gen, _q, _k, _v, _out, _lse, _want
-print("Question 4.3: public tests passed")
+def _q4_3_public_tests():
+    gen = torch.Generator().manual_seed(43)
+    q, k, v = (torch.randn(1, 37, 2, 16, generator=gen) for _ in range(3))
+    with check("public: triton_attention_forward(q, k, v) equals attention for q, k, v (1, 37, 2, 16)", weight=2):
+        out, lse = as_tuple(_triton_attention_forward(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)), 2,
+                            "triton_attention_forward(q, k, v)")
+        q64, k64, v64 = (t.double().transpose(1, 2) for t in (q, k, v))
+        assert_tensor_close(out, F.scaled_dot_product_attention(q64, k64, v64).transpose(1, 2),
+                            "triton_attention_forward(q, k, v)'s out for q, k, v (1, 37, 2, 16)", rtol=0, atol=2e-2)
+        scores = torch.einsum("bshd,bthd->bhst", q.double(), k.double()) / math.sqrt(16)
+        assert_tensor_close(lse, torch.logsumexp(scores, dim=-1), "triton_attention_forward(q, k, v)'s lse", rtol=0,
+                            atol=2e-2)
+
+
+_q4_3_public_tests()
+del _q4_3_public_tests
 ### BEGIN HIDDEN TESTS
 def _q4_3_hidden_tests():
     @kernel_side
@@ -2125,7 +2518,9 @@ def _q4_3_hidden_tests():
         launch_flash_attention_forward(qd, kd, vd, out, lse, causal=causal, block_m=block_m, block_n=block_n)
         return out, lse
 
-    def check(b, s_q, s_kv, h, d, causal, block_m, block_n, layouts=("bshd",) * 4, scale=1.0):
+    lse_cases = []
+
+    def grade_case(b, s_q, s_kv, h, d, causal, block_m, block_n, layouts=("bshd",) * 4, scale=1.0, lse_too=False):
         q = torch.randn(b, s_q, h, d, generator=gen) * scale
         k = torch.randn(b, s_kv, h, d, generator=gen) * scale
         v = torch.randn(b, s_kv, h, d, generator=gen)
@@ -2133,30 +2528,37 @@ def _q4_3_hidden_tests():
         out, lse = launch_in_layouts(q, k, v, layouts, causal, block_m, block_n)
         where = (f"q {(b, s_q, h, d)}, k/v {(b, s_kv, h, d)}, causal={causal}, BLOCK_M={block_m}, BLOCK_N={block_n}, "
                  f"layouts of q, k, v, out: {', '.join(layouts)}")
-        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), (
-            f"your kernel must write a number into every element of O and LSE (the test filled them with NaN before "
-            f"launching it) for {where}: {int(torch.isnan(out).sum())} of O and {int(torch.isnan(lse).sum())} of LSE "
-            f"are still NaN (not written, or computed as NaN: a row with no visible key divides 0 by 0)")
-        err = (out.cpu().double() - want_out).abs().max().item()
-        assert err < 2e-2, (
-            f"your kernel must compute attention for {where}: max abs error {err!r} against a float64 reference "
-            f"(address every tensor with its strides; scale by 1/sqrt(D); mask keys past the end and, if causal, keys "
-            f"after the query; rescale l_i and acc by exp(m_old - m_new))")
-        err = (lse.cpu().double() - want_lse).abs().max().item()
-        assert err < 2e-2, (
-            f"LSE must be m_i + log(l_i), the log-sum-exp of the scaled scores over visible keys, for {where}: max "
-            f"abs error {err!r}")
+        lse_cases.append((lse, want_lse, where))
+        assert_tensor_close(out, want_out, f"your kernel's O for {where} (attention against a float64 reference: "
+                                           f"address every tensor with its strides; scale by 1/sqrt(D); mask keys past "
+                                           f"the end and, if causal, keys after the query; rescale l_i and acc by "
+                                           f"exp(m_old - m_new); every element written, none left NaN)",
+                            rtol=0, atol=2e-2)
+        if lse_too:
+            assert_tensor_close(lse, want_lse, f"your kernel's LSE for {where} (m_i + log(l_i))", rtol=0, atol=2e-2)
 
-    check(1, 50, 50, 2, 32, True, 16, 32)
-    check(2, 80, 80, 1, 16, True, 32, 16, scale=2.0)
-    check(1, 45, 70, 2, 24, False, 64, 64)  # head_dim padded to 32, cross-attention
-    check(2, 40, 40, 3, 16, False, 16, 16, layouts=("bhsd", "bhsd", "bhsd", "bhsd"))
-    check(2, 37, 37, 2, 16, True, 16, 16, layouts=("padded", "bsdh", "sbhd", "bhsd"))
+    with check("O, contiguous (B, S, H, D): cross-attention, head_dim padded to BLOCK_D, tiles of 16 to 64", weight=3):
+        grade_case(1, 45, 70, 2, 24, False, 64, 64)  # head_dim padded to 32, cross-attention
+        grade_case(2, 50, 50, 1, 16, False, 16, 32)
+    with check("O with causal=True", weight=1):
+        grade_case(1, 50, 50, 2, 32, True, 16, 32)
+        grade_case(2, 80, 80, 1, 16, True, 32, 16, scale=2.0)
+    with check("LSE: m_i + log(l_i), the log-sum-exp of the scaled scores over the visible keys", weight=1):
+        assert lse_cases, "no launch returned an LSE"
+        for lse, want_lse, where in lse_cases:
+            assert_tensor_close(lse, want_lse, f"your kernel's LSE for {where} (m_i + log(l_i), every element written)",
+                                rtol=0, atol=2e-2)
+    with check("inputs and outputs in other layouts (transposed views, head_dim strided, padded rows): every stride",
+               weight=1):
+        grade_case(2, 40, 40, 3, 16, False, 16, 16, layouts=("bhsd", "bhsd", "bhsd", "bhsd"))
+        grade_case(2, 37, 37, 2, 16, True, 16, 16, layouts=("padded", "bsdh", "sbhd", "bhsd"))
 
 
 _q4_3_hidden_tests()
 del _q4_3_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 4.3")
+
 
 # %%
 if TRITON_AVAILABLE:
@@ -2260,14 +2662,20 @@ def _b4_4_reference_grads(q, k, v, grad_out, causal):
     return out.detach(), torch.logsumexp(scores, dim=-1).detach(), grads
 
 
-_gen = torch.Generator().manual_seed(44)
-_q, _k, _v, _do = (torch.randn(1, 20, 2, 8, generator=_gen, dtype=torch.float64) for _ in range(4))
-_out, _lse, _want = _b4_4_reference_grads(_q, _k, _v, _do, False)
-_got = flash_attention_backward(*(t.to(DEVICE) for t in (_q, _k, _v, _out, _lse, _do)), block_q=8, block_k=8)
-for _name, _g, _w in zip(("dq", "dk", "dv"), _got, _want):
-    torch.testing.assert_close(_g.cpu(), _w, msg=lambda m: f"flash_attention_backward's {_name} must equal autograd's: {m}")
-del _gen, _q, _k, _v, _do, _out, _lse, _want, _got, _name, _g, _w
-print("Bonus 4.4: public tests passed")
+def _b4_4_public_tests():
+    gen = torch.Generator().manual_seed(44)
+    q, k, v, do = (torch.randn(1, 20, 2, 8, generator=gen, dtype=torch.float64) for _ in range(4))
+    out, lse, want = _b4_4_reference_grads(q, k, v, do, False)
+    with check("public: dq, dk, dv equal autograd's for float64 q, k, v (1, 20, 2, 8), tiles 8 x 8", weight=2):
+        got = as_tuple(flash_attention_backward(*(t.to(DEVICE) for t in (q, k, v, out, lse, do)), block_q=8, block_k=8),
+                       3, "flash_attention_backward")
+        for name, grad, want_grad in zip(("dq", "dk", "dv"), got, want):
+            assert_tensor_close(grad, want_grad, f"flash_attention_backward's {name} (autograd's gradient of attention)", rtol=0,
+                                atol=1e-8, dtype=torch.float64)
+
+
+_b4_4_public_tests()
+del _b4_4_public_tests
 ### BEGIN HIDDEN TESTS
 def _b4_4_hidden_tests():
     gen = torch.Generator().manual_seed(4_4)
@@ -2278,56 +2686,56 @@ def _b4_4_hidden_tests():
         result, probe = run_with_probe(fn, *args, **kwargs)
         return result, probe.summary()
 
-    def check(b, s_q, s_kv, h, d, causal, block_q, block_k, dtype):
+    def grade_case(b, s_q, s_kv, h, d, causal, block_q, block_k, dtype):
         q = torch.randn(b, s_q, h, d, generator=gen, dtype=torch.float64)
         k = torch.randn(b, s_kv, h, d, generator=gen, dtype=torch.float64)
         v = torch.randn(b, s_kv, h, d, generator=gen, dtype=torch.float64)
         do = torch.randn(b, s_q, h, d, generator=gen, dtype=torch.float64)
         out, lse, want = _b4_4_reference_grads(q, k, v, do, causal)
         lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        got = flash_attention_backward(q.to(DEVICE, dtype), k.to(DEVICE, dtype), v.to(DEVICE, dtype), out.to(DEVICE, dtype),
-                                       lse.to(DEVICE, lse_dtype), do.to(DEVICE, dtype), causal=causal, block_q=block_q,
-                                       block_k=block_k)
         where = f"q {(b, s_q, h, d)}, k/v {(b, s_kv, h, d)}, causal={causal}, tiles {block_q}x{block_k}, {dtype}"
-        assert type(got) is tuple and len(got) == 3, (
-            f"flash_attention_backward must return a tuple (dq, dk, dv) for {where}, got {type(got).__name__}")
-        got = [plain_value(g, "tensor", f"flash_attention_backward's {name}") for g, name in zip(got, ("dq", "dk", "dv"))]
+        got = as_tuple(flash_attention_backward(q.to(DEVICE, dtype), k.to(DEVICE, dtype), v.to(DEVICE, dtype),
+                                                out.to(DEVICE, dtype), lse.to(DEVICE, lse_dtype), do.to(DEVICE, dtype),
+                                                causal=causal, block_q=block_q, block_k=block_k),
+                       3, f"flash_attention_backward for {where}")
         tol = 1e-8 if dtype == torch.float64 else 1e-3
-        for name, g, w, ref in zip(("dq", "dk", "dv"), got, want, (q, k, v)):
-            assert tuple(g.shape) == tuple(ref.shape), f"{name} must have shape {tuple(ref.shape)} for {where}, got {tuple(g.shape)}"
-            assert g.dtype == dtype, f"{name} must have the input dtype {dtype} for {where}, got {g.dtype}"
-            err = (g.to("cpu", torch.float64) - w).abs().max().item()
-            assert err <= tol, (
-                f"flash_attention_backward's {name} must equal autograd's gradient of attention for {where}: max abs "
-                f"error {err:.3g} > {tol:g} (P = exp(s - lse), dS = P (dP - rowsum(dO * O)), scale dQ and dK by "
-                f"1/sqrt(D))")
+        for name, g, w in zip(("dq", "dk", "dv"), got, want):
+            assert_tensor_close(g, w, f"flash_attention_backward's {name} for {where} (autograd's gradient of "
+                                      f"attention: P = exp(s - lse), dS = P (dP - rowsum(dO * O)), dQ and dK scaled by "
+                                      f"1/sqrt(D))", rtol=0, atol=tol, dtype=dtype)
 
-    check(2, 37, 37, 2, 8, True, 16, 8, torch.float64)
-    check(1, 30, 45, 3, 5, False, 16, 16, torch.float64)
-    check(1, 50, 50, 1, 16, True, 64, 64, torch.float64)
-    check(2, 24, 24, 2, 16, False, 8, 16, torch.float32)
-
-    q = torch.randn(1, 128, 2, 4, generator=gen).to(DEVICE)
-    with torch.no_grad():
-        scores = torch.einsum("bshd,bthd->bhst", q, q) / math.sqrt(4)
-        lse = torch.logsumexp(scores, dim=-1)
-        out = torch.einsum("bhst,bthd->bshd", torch.softmax(scores, dim=-1), q)
-        del scores
-    _, probe = probed(flash_attention_backward, q, q, q, out, lse, torch.ones_like(q), causal=True,
-                              block_q=32, block_k=32)
-    limit = 2 * max(q.numel(), 2 * 32 * 32)
-    pairs = 4 * 5 // 2  # causal 128 x 128 in 32 x 32 tiles: the tiles on and below the diagonal
-    assert probe["num_ops"] >= pairs, (
-        f"flash_attention_backward(causal=True) on q (1, 128, 2, 4) with 32 x 32 tiles: the probe saw "
-        f"{probe['num_ops']} PyTorch operations for {pairs} tile pairs; compute every tile with PyTorch operations")
-    assert probe["largest_numel"] <= limit, (
-        f"flash_attention_backward must recompute one tile of P at a time: for q (1, 128, 2, 4) with 32 x 32 tiles it "
-        f"created a tensor of {probe['largest_numel']:,} elements ({probe['largest_op']}); the limit is {limit:,}")
+    with check("float64 gradients: cross-attention and tiles that do not divide the sequence", weight=3):
+        grade_case(1, 30, 45, 3, 5, False, 16, 16, torch.float64)
+        grade_case(2, 33, 33, 2, 8, False, 8, 16, torch.float64)
+    with check("causal=True", weight=1):
+        grade_case(2, 37, 37, 2, 8, True, 16, 8, torch.float64)
+        grade_case(1, 50, 50, 1, 16, True, 64, 64, torch.float64)
+    with check("float32 inputs: gradients in float32 to 1e-3", weight=1):
+        grade_case(2, 24, 24, 2, 16, False, 8, 16, torch.float32)
+    with check("tile by tile: one tile of P at a time, every tile computed with PyTorch operations", weight=1):
+        q = torch.randn(1, 128, 2, 4, generator=gen).to(DEVICE)
+        with torch.no_grad():
+            scores = torch.einsum("bshd,bthd->bhst", q, q) / math.sqrt(4)
+            lse = torch.logsumexp(scores, dim=-1)
+            out = torch.einsum("bhst,bthd->bshd", torch.softmax(scores, dim=-1), q)
+            del scores
+        _, probe = probed(flash_attention_backward, q, q, q, out, lse, torch.ones_like(q), causal=True,
+                          block_q=32, block_k=32)
+        limit = 2 * max(q.numel(), 2 * 32 * 32)
+        pairs = 4 * 5 // 2  # causal 128 x 128 in 32 x 32 tiles: the tiles on and below the diagonal
+        assert probe["num_ops"] >= pairs, (
+            f"flash_attention_backward(causal=True) on q (1, 128, 2, 4) with 32 x 32 tiles: the probe saw "
+            f"{probe['num_ops']} PyTorch operations for {pairs} tile pairs; compute every tile with PyTorch operations")
+        assert probe["largest_numel"] <= limit, (
+            f"flash_attention_backward must recompute one tile of P at a time: for q (1, 128, 2, 4) with 32 x 32 tiles "
+            f"it created a tensor of {probe['largest_numel']:,} elements ({probe['largest_op']}); the limit is {limit:,}")
 
 
 _b4_4_hidden_tests()
 del _b4_4_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Bonus 4.4")
+
 
 # %%
 class FlashAttention(torch.autograd.Function):
@@ -2377,7 +2785,8 @@ for name, mine, theirs in zip(("dq", "dk", "dv"), flash_grads, eager_grads):
 # Write `benchmark_attention(attn_fn, batch_size, seq_len, d_model, *, dtype=torch.float32, device=DEVICE,
 # backward=True, n_warmup=3, n_repeat=10)`. It returns a dict with four keys:
 # - `"status"`: `"ok"`, or `"oom"` if any step ran out of memory (`torch.OutOfMemoryError`, which is
-#   `torch.cuda.OutOfMemoryError`, or `MemoryError`); every other exception must propagate;
+#   `torch.cuda.OutOfMemoryError`, or `MemoryError`); every other exception must propagate, a `RuntimeError` that
+#   is not an out-of-memory error (a shape mismatch, say) included;
 # - `"forward_ms"`: latency of `attn_fn(q, k, v)` in ms (`benchmark_latency`), with `q`, `k`, `v` random
 #   tensors of shape `(batch_size, seq_len, 1, d_model)` of `dtype` on `device`, created with
 #   `requires_grad=backward`;
@@ -2389,7 +2798,7 @@ for name, mine, theirs in zip(("dq", "dk", "dv"), flash_grads, eager_grads):
 #   (forward only when `backward=False`), with `benchmark_memory`;
 # - with status `"oom"`, the three numbers are `float("nan")`.
 #
-# Return Python `float`s and a `str` status. The hidden tests benchmark a function whose forward and backward
+# Return the status as a string and the three numbers as floats. The hidden tests benchmark a function whose forward and backward
 # passes take known times and allocate known amounts of memory (its backward allocates more than its forward),
 # and check each number you report against those, from below and from above.
 
@@ -2470,17 +2879,27 @@ def _example_attention_functions():
 
 
 _toy_attention, _oom_attention = _example_attention_functions()
-_result = benchmark_attention(_toy_attention, 2, 16, 8, n_warmup=1, n_repeat=2)
-assert isinstance(_result, dict) and {"status", "forward_ms", "backward_ms", "peak_memory_gb"} <= set(_result), (
-    f"benchmark_attention must return a dict with status, forward_ms, backward_ms, peak_memory_gb; got {_result!r}")
-assert _result["status"] == "ok", f"a run that fits in memory must have status 'ok', got {_result['status']!r}"
-assert all(isinstance(_result[_key], float) and _result[_key] > 0 for _key in ("forward_ms", "backward_ms")), (
-    f"forward_ms and backward_ms must be positive floats, got {_result}")
-_result = benchmark_attention(_oom_attention, 2, 16, 8, n_warmup=1, n_repeat=2)
-assert _result["status"] == "oom" and all(math.isnan(_result[_key]) for _key in ("forward_ms", "backward_ms", "peak_memory_gb")), (
-    f"an out-of-memory error must give status 'oom' and NaN numbers instead of raising, got {_result}")
-del _oom_attention, _result
-print("Question 5.1: public tests passed")
+
+
+def _q5_1_public_tests():
+    with check("public: a run that fits gives status 'ok' and positive latencies; an out-of-memory error gives 'oom' "
+               "and NaN numbers", weight=2):
+        result = benchmark_attention_result(benchmark_attention(_toy_attention, 2, 16, 8, n_warmup=1, n_repeat=2),
+                                            "benchmark_attention(toy attention, 2, 16, 8)")
+        assert_label(result["status"], "ok", "benchmark_attention(toy attention, 2, 16, 8)['status']", choices=("ok", "oom"))
+        for name in ("forward_ms", "backward_ms"):
+            assert as_real(result[name], f"benchmark_attention(toy attention, 2, 16, 8)['{name}']") > 0, (
+                f"{name} must be a positive latency in ms, got {result[name]!r}")
+        result = benchmark_attention_result(benchmark_attention(_oom_attention, 2, 16, 8, n_warmup=1, n_repeat=2),
+                                            "benchmark_attention(an attention that runs out of memory, 2, 16, 8)")
+        assert_label(result["status"], "oom", "benchmark_attention(an attention that runs out of memory, ...)['status']",
+                     choices=("ok", "oom"))
+        for name in ("forward_ms", "backward_ms", "peak_memory_gb"):
+            assert_nan(result[name], f"benchmark_attention(an attention that runs out of memory, ...)['{name}']")
+
+
+_q5_1_public_tests()
+del _oom_attention, _q5_1_public_tests
 ### BEGIN HIDDEN TESTS
 def _q5_1_hidden_tests():
     # A function whose costs are known: the forward sleeps forward_s and allocates forward_bytes for a moment; the
@@ -2574,91 +2993,109 @@ def _q5_1_hidden_tests():
         def broken(q, k, v):
             raise ValueError("a bug, not a lack of memory")
 
-        return {"recording": recording, "recorded": lambda: dict(seen), "benchmark_known_cost": benchmark_known_cost,
-                "oom_in_backward": oom_in_backward, "host_out_of_memory": host_out_of_memory, "broken": broken}
+        def shape_error(q, k, v):  # a RuntimeError that is not an out-of-memory error
+            return toy_attention(q, k[..., :-1], v)
 
-    def checked(result, what):
-        """The result as a plain dict with an exact str status and exact float numbers."""
-        result = plain_value(result, "dict", what)
-        assert {"status", "forward_ms", "backward_ms", "peak_memory_gb"} <= set(result), (
-            f"{what} must return a dict with keys status, forward_ms, backward_ms, peak_memory_gb; got {sorted(result)}")
-        assert type(result["status"]) is str, f"{what}: status must be a str, got {type(result['status']).__name__}"
-        for key in ("forward_ms", "backward_ms", "peak_memory_gb"):
-            assert type(result[key]) is float, f"{what}: {key} must be a Python float, got {type(result[key]).__name__}"
-        return result
+        return {"recording": recording, "recorded": lambda: dict(seen), "benchmark_known_cost": benchmark_known_cost,
+                "oom_in_backward": oom_in_backward, "host_out_of_memory": host_out_of_memory, "broken": broken,
+                "shape_error": shape_error}
 
     fns = attention_functions(_toy_attention, forward_s, backward_s, forward_bytes, backward_bytes)
-    batch, seq, d = 3, 40, 8
-    result = checked(benchmark_attention(fns["recording"], batch, seq, d, dtype=torch.float64, n_warmup=1, n_repeat=3),
-                     "benchmark_attention(attn_fn, 3, 40, 8, dtype=torch.float64)")
-    seen = fns["recorded"]()
-    assert result["status"] == "ok", f"expected status 'ok', got {result}"
-    assert seen["shapes"] == {((batch, seq, 1, d),) * 3}, (
-        f"q, k and v must have shape (batch_size, seq_len, 1, d_model) = {(batch, seq, 1, d)}, got {seen['shapes']}")
-    assert seen["dtypes"] == {torch.float64}, f"q, k, v must have the requested dtype float64, got {seen['dtypes']}"
-    assert seen["requires_grad"] == {(True, True, True)}, (
-        f"with backward=True, q, k and v must require gradients, got {seen['requires_grad']}")
-    assert seen["backward"] >= 3, f"backward_ms must time real backward passes (>= n_repeat = 3), saw {seen['backward']}"
-    assert result["forward_ms"] > 0 and result["backward_ms"] > 0, f"latencies must be positive, got {result}"
-    scores_gb = batch * seq * seq * 8 / 1e9  # one float64 score matrix
-    assert result["peak_memory_gb"] >= scores_gb, (
-        f"peak_memory_gb must measure the forward and backward pass (benchmark_memory), in GB: this attention holds at "
-        f"least one {batch} x {seq} x {seq} float64 matrix ({scores_gb!r} GB), got {result['peak_memory_gb']!r}")
+    with check("q, k, v of shape (batch_size, seq_len, 1, d_model), the requested dtype, requiring gradients; real "
+               "backward passes; positive latencies; peak memory in GB of the forward and backward pass", weight=2):
+        batch, seq, d = 3, 40, 8
+        what = "benchmark_attention(attn_fn, 3, 40, 8, dtype=torch.float64)"
+        result = benchmark_attention_result(
+            benchmark_attention(fns["recording"], batch, seq, d, dtype=torch.float64, n_warmup=1, n_repeat=3), what)
+        seen = fns["recorded"]()
+        assert_label(result["status"], "ok", f"{what}['status']", choices=("ok", "oom"))
+        assert seen["shapes"] == {((batch, seq, 1, d),) * 3}, (
+            f"q, k and v must have shape (batch_size, seq_len, 1, d_model) = {(batch, seq, 1, d)}, got {seen['shapes']}")
+        assert seen["dtypes"] == {torch.float64}, f"q, k, v must have the requested dtype float64, got {seen['dtypes']}"
+        assert seen["requires_grad"] == {(True, True, True)}, (
+            f"with backward=True, q, k and v must require gradients, got {seen['requires_grad']}")
+        assert seen["backward"] >= 3, f"backward_ms must time real backward passes (>= n_repeat = 3), saw {seen['backward']}"
+        for key in ("forward_ms", "backward_ms"):
+            assert as_real(result[key], f"{what}['{key}']") > 0, f"{what}['{key}'] must be positive, got {result[key]!r}"
+        scores_gb = batch * seq * seq * 8 / 1e9  # one float64 score matrix
+        peak = as_real(result["peak_memory_gb"], f"{what}['peak_memory_gb']")
+        assert peak >= scores_gb, (
+            f"peak_memory_gb must measure the forward and backward pass (benchmark_memory), in GB: this attention holds "
+            f"at least one {batch} x {seq} x {seq} float64 matrix ({scores_gb!r} GB), got {peak!r}")
 
-    fns = attention_functions(_toy_attention, forward_s, backward_s, forward_bytes, backward_bytes)  # a new record
-    result = checked(benchmark_attention(fns["recording"], 2, 24, 4, backward=False, n_warmup=1, n_repeat=2),
-                     "benchmark_attention(..., backward=False)")
-    seen = fns["recorded"]()
-    assert result["status"] == "ok" and seen["backward"] == 0, "with backward=False no backward pass may run"
-    assert seen["requires_grad"] == {(False, False, False)}, "with backward=False, q, k, v must not require gradients"
-    assert math.isnan(result["backward_ms"]), f"with backward=False, backward_ms must be NaN, got {result['backward_ms']}"
-    assert math.isfinite(result["forward_ms"]) and math.isfinite(result["peak_memory_gb"]), (
-        f"with backward=False, forward_ms and peak_memory_gb are still measured, got {result}")
+    with check("backward=False: no backward pass, inputs without gradients, backward_ms NaN, the rest measured", weight=1):
+        fns = attention_functions(_toy_attention, forward_s, backward_s, forward_bytes, backward_bytes)  # a new record
+        what = "benchmark_attention(attn_fn, 2, 24, 4, backward=False)"
+        result = benchmark_attention_result(
+            benchmark_attention(fns["recording"], 2, 24, 4, backward=False, n_warmup=1, n_repeat=2), what)
+        seen = fns["recorded"]()
+        assert_label(result["status"], "ok", f"{what}['status']", choices=("ok", "oom"))
+        assert seen["backward"] == 0, "with backward=False no backward pass may run"
+        assert seen["requires_grad"] == {(False, False, False)}, "with backward=False, q, k, v must not require gradients"
+        assert_nan(result["backward_ms"], f"{what}['backward_ms']")
+        for key in ("forward_ms", "peak_memory_gb"):
+            assert math.isfinite(as_real(result[key], f"{what}['{key}']")), f"{what}['{key}'] must be measured"
 
     what = (f"benchmark_attention(f, 2, 16, 8) of a function f whose forward takes {forward_s * 1e3:g} ms and allocates "
             f"{forward_bytes:,} bytes, and whose backward takes {backward_s * 1e3:g} ms and allocates {backward_bytes:,} bytes")
-    run = plain_value(fns["benchmark_known_cost"](), "dict", what)
-    result = checked(run["result"], what)
-    assert result["status"] == "ok", f"{what}: expected status 'ok', got {result['status']!r}"
-    forward_calls_s, backward_calls_s = ([plain_value(t, "real", "a call's duration") for t in run[key]]
-                                         for key in ("forward_s", "backward_s"))
-    assert forward_calls_s and backward_calls_s, (
-        f"{what}: benchmark_attention must call f and run its backward pass; it made {len(forward_calls_s)} forward "
-        f"and {len(backward_calls_s)} backward calls")
-    low, high = min(forward_calls_s) * 1e3 * (1 - 1e-3), 5 * max(forward_calls_s) * 1e3
-    assert low <= result["forward_ms"] < high, (
-        f"{what}: forward_ms must be the measured latency of the forward call in ms: at least {low!r} (its shortest "
-        f"call) and below {high!r}; got {result['forward_ms']!r}")
-    low, high = min(backward_calls_s) * 1e3 * (1 - 1e-3), (min(forward_calls_s) + min(backward_calls_s)) * 1e3
-    assert low <= result["backward_ms"] < high, (
-        f"{what}: backward_ms must time the backward pass alone (its forward call outside the timed region), in ms: "
-        f"at least {low!r} (its shortest call) and below {high!r} (a forward call and a backward pass); got "
-        f"{result['backward_ms']!r}")
-    low, high = backward_bytes / 1e9, 2 * backward_bytes / 1e9
-    assert low <= result["peak_memory_gb"] < high, (
-        f"{what}: peak_memory_gb must be the peak of one forward and backward pass in GB (1e9 bytes), between {low!r} "
-        f"and {high!r}; got {result['peak_memory_gb']!r}")
-
-    result = checked(benchmark_attention(fns["oom_in_backward"], 2, 16, 8, n_warmup=1, n_repeat=2), "benchmark_attention")
-    assert result["status"] == "oom" and all(math.isnan(result[key]) for key in ("forward_ms", "backward_ms", "peak_memory_gb")), (
-        f"an out-of-memory error in the backward pass must also give status 'oom' with NaN numbers, got {result}")
-
-    result = checked(benchmark_attention(fns["host_out_of_memory"], 2, 16, 8, n_warmup=1, n_repeat=2), "benchmark_attention")
-    assert result["status"] == "oom" and all(math.isnan(result[key]) for key in ("forward_ms", "backward_ms", "peak_memory_gb")), (
-        f"a MemoryError must also give status 'oom' with NaN numbers, got {result}")
-
-    try:
-        benchmark_attention(fns["broken"], 2, 16, 8, n_warmup=1, n_repeat=2)
-    except ValueError:
-        pass
-    else:
-        raise AssertionError("benchmark_attention must let errors other than out-of-memory propagate (a bug must not "
-                             "be reported as 'oom')")
+    known = {}
+    with check("forward_ms: the measured latency of the forward call (known-cost function)", weight=1):
+        run = as_dict(fns["benchmark_known_cost"](), what)
+        known["result"] = result = benchmark_attention_result(run["result"], what)
+        assert_label(result["status"], "ok", f"{what}['status']", choices=("ok", "oom"))
+        known["forward_s"], known["backward_s"] = ([as_real(t, "a call's duration") for t in run[key]]
+                                                   for key in ("forward_s", "backward_s"))
+        assert known["forward_s"] and known["backward_s"], (
+            f"{what}: benchmark_attention must call f and run its backward pass; it made {len(known['forward_s'])} "
+            f"forward and {len(known['backward_s'])} backward calls")
+        low, high = min(known["forward_s"]) * 1e3 * (1 - 1e-3), 5 * max(known["forward_s"]) * 1e3
+        forward_ms = as_real(result["forward_ms"], f"{what}['forward_ms']")
+        assert low <= forward_ms < high, (
+            f"{what}: forward_ms must be the measured latency of the forward call in ms: at least {low!r} (its "
+            f"shortest call) and below {high!r}; got {forward_ms!r}")
+    with check("backward_ms: the backward pass alone, its forward call outside the timed region", weight=1):
+        assert known, "the known-cost benchmark did not run (see the check above)"
+        low = min(known["backward_s"]) * 1e3 * (1 - 1e-3)
+        high = (min(known["forward_s"]) + min(known["backward_s"])) * 1e3
+        backward_ms = as_real(known["result"]["backward_ms"], f"{what}['backward_ms']")
+        assert low <= backward_ms < high, (
+            f"{what}: backward_ms must time the backward pass alone (its forward call outside the timed region), in "
+            f"ms: at least {low!r} (its shortest call) and below {high!r} (a forward call and a backward pass); got "
+            f"{backward_ms!r}")
+    with check("peak_memory_gb: the peak of one forward and backward pass, in GB (1e9 bytes)", weight=1):
+        assert known, "the known-cost benchmark did not run (see the checks above)"
+        low, high = backward_bytes / 1e9, 2 * backward_bytes / 1e9
+        peak = as_real(known["result"]["peak_memory_gb"], f"{what}['peak_memory_gb']")
+        assert low <= peak < high, (
+            f"{what}: peak_memory_gb must be the peak of one forward and backward pass in GB (1e9 bytes), between "
+            f"{low!r} and {high!r}; got {peak!r}")
+    with check("out of memory in the backward pass, and a host MemoryError: status 'oom' with NaN numbers", weight=1):
+        for name, what in (("oom_in_backward", "an out-of-memory error in the backward pass"),
+                           ("host_out_of_memory", "a MemoryError")):
+            result = benchmark_attention_result(benchmark_attention(fns[name], 2, 16, 8, n_warmup=1, n_repeat=2),
+                                                f"benchmark_attention for {what}")
+            assert_label(result["status"], "oom", f"benchmark_attention for {what}: status", choices=("ok", "oom"))
+            for key in ("forward_ms", "backward_ms", "peak_memory_gb"):
+                assert_nan(result[key], f"benchmark_attention for {what}: {key}")
+    with check("errors other than out-of-memory propagate: a ValueError, and a RuntimeError from a shape mismatch",
+               weight=1):
+        for name, error, what in (("broken", ValueError, "a ValueError"),
+                                  ("shape_error", RuntimeError, "a RuntimeError from mismatched shapes in einsum")):
+            try:
+                result = benchmark_attention(fns[name], 2, 16, 8, n_warmup=1, n_repeat=2)
+            except error:
+                continue
+            raise AssertionError(
+                f"benchmark_attention must let errors other than out-of-memory propagate: an attn_fn that raises {what} "
+                f"(not an out-of-memory error) must not be reported as {result!r}. Catch torch.OutOfMemoryError and "
+                f"MemoryError (or use run_oom_safe), not every RuntimeError")
 
 
 _q5_1_hidden_tests()
 del _q5_1_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 5.1")
+
 
 # %% [markdown]
 # ### The sweep

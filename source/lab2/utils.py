@@ -18,8 +18,9 @@ Units: time in milliseconds (ms) unless a name says otherwise (``*_s``, ``*_us``
 bandwidth in TB/s (1e12 bytes/s), compute in TFLOP/s (1e12 FLOP/s), arithmetic intensity in FLOP/byte.
 
 Everything runs on CPU and on CUDA. transformers is imported only when a model helper needs it, so
-``import utils`` costs little more than ``import torch`` and matplotlib. Importing it turns PyTorch's cuDNN attention
-backend off (see ``DEVICE``'s section for why).
+``import utils`` costs little more than ``import torch`` and matplotlib. Importing it changes no global state
+(PyTorch's backends, the profiler, logging, warnings, the environment); ``quiet_library_messages()``, which each lab's
+setup cell calls, silences the library messages a student cannot act on.
 """
 
 import collections
@@ -53,6 +54,7 @@ __all__ = [
     "at_scale",
     "progress",
     "print_environment_report",
+    "quiet_library_messages",
     "GPU_SPECS",
     "detect_gpu",
     "get_ridge_point",
@@ -103,14 +105,6 @@ __all__ = [
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 """torch.device: ``cuda`` when a CUDA GPU is visible, else ``cpu``. Notebooks and tests put tensors here."""
-
-# cuDNN's attention prepares its kernels the first time each shape runs in a process, on the CPU: on an H100, Lab 1's
-# first prefill of two layers took 1.6 s (1.4 CPU-seconds) with it and 0.2 s without (0.01 s the second time), and every
-# grading kernel is a fresh process (reports/cell-costs-h100.md). The labs therefore leave it off, here, for the
-# student's kernel and the grader alike; scaled_dot_product_attention runs FlashAttention or the memory-efficient
-# kernel instead, as on GPUs without cuDNN attention. torch.backends.cuda.enable_cudnn_sdp(True) turns it back on.
-if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
-    torch.backends.cuda.enable_cudnn_sdp(False)
 
 _SCALES = ("teaching", "quick")
 _SCALE_ENV = "EFFICIENT_AI_SCALE"
@@ -1262,7 +1256,7 @@ def _without_kineto_usdt_lines():
 
 def _quiet_profiler_calls() -> None:
     """Run the profiler's start and stop calls (all ``torch.profiler.profile`` and ``torch.autograd.profiler``
-    use) through ``_without_kineto_usdt_lines``. Applied once, when utils is imported."""
+    use) through ``_without_kineto_usdt_lines`` (once per process; ``quiet_library_messages`` calls it)."""
     import torch.autograd.profiler as autograd_profiler
 
     for name in ("_prepare_profiler", "_enable_profiler", "_disable_profiler"):
@@ -1277,9 +1271,6 @@ def _quiet_profiler_calls() -> None:
 
         quiet._drops_usdt_lines = True
         setattr(autograd_profiler, name, quiet)
-
-
-_quiet_profiler_calls()
 
 
 class _DropBenignAutotuneErrors(logging.Filter):
@@ -1305,22 +1296,27 @@ _BENIGN_WARNINGS = (
 )
 
 
-def _quiet_known_benign_messages() -> None:
-    """Silence what a correct run prints that is not about the student's code: Inductor's benign autotuning
-    errors (``_DropBenignAutotuneErrors``), its "Autotune Choices Stats" JSON on stderr after every
-    ``max-autotune`` search, and ``_BENIGN_WARNINGS``. Applied once, when utils is imported."""
+def quiet_library_messages() -> None:
+    """Silence what a correct run prints that is not about your code and that you cannot act on.
+
+    Kineto's ``USDT:... profiler_start`` lines on stderr at every profiler start and stop, Inductor's benign
+    autotuning errors (a candidate kernel too big for the GPU's shared memory, which it skips), its "Autotune Choices
+    Stats" JSON after every ``max-autotune`` search, and the warnings in ``_BENIGN_WARNINGS``. Every other message,
+    warning and error still shows. Each lab's setup cell calls it; importing utils changes nothing by itself.
+    """
     import warnings
 
-    logging.getLogger("torch._inductor.select_algorithm").addFilter(_DropBenignAutotuneErrors())
+    _quiet_profiler_calls()
+
+    autotune_log = logging.getLogger("torch._inductor.select_algorithm")
+    if not any(isinstance(known, _DropBenignAutotuneErrors) for known in autotune_log.filters):
+        autotune_log.addFilter(_DropBenignAutotuneErrors())
     # Read by torch._inductor.config when it is first imported (importing it here would cost seconds).
     os.environ.setdefault("TORCHINDUCTOR_MAX_AUTOTUNE_REPORT_CHOICES_STATS", "0")
     if "torch._inductor.config" in sys.modules:
         sys.modules["torch._inductor.config"].max_autotune_report_choices_stats = False
     for message in _BENIGN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
-
-
-_quiet_known_benign_messages()
 
 default_schedule = torch.profiler.schedule(wait=1, warmup=3, active=5, repeat=1)
 """torch.profiler schedule for a loop of 10 ``prof.step()`` calls: step 0 is skipped, steps 1-3 warm up
