@@ -3,7 +3,11 @@
 ``ALTERNATIVES``: solution cell grade id -> full replacement sources that are correct but written differently
 from the reference (other loop orders, float64 inside, other exact formulas); each must pass every test.
 ``WRONG``: solution cell grade id -> (label, full replacement source) pairs, each a plausible mistake; each must
-fail the test cells of its own question and no other.
+fail the test cells of its own question and no other (partial credit is fine).
+``HINTS``: solution cell grade id -> (the hint's words, full replacement source) pairs: an answer that follows a code
+hint of the lab's text literally; the harness runs them like alternatives (each must pass every test).
+
+Comments "issue 36 (n)" name the point of issue 36 ("One test contract for all labs") a variant was added for.
 """
 
 # --------------------------------------------------------------------------------------------------------
@@ -50,6 +54,44 @@ def gemm(A, B):
             i += 1
         j += 1
     return torch.tensor(out, dtype=A.dtype, device=A.device)
+'''
+
+# issue 36 (3): A.new_zeros keeps A's device and dtype, also under another default device.
+GEMM_NEW_ZEROS_IJK = '''
+def gemm(A, B):
+    N, K = A.shape
+    M = B.shape[1]
+    C = A.new_zeros((N, M))
+    for i in range(N):
+        for j in range(M):
+            for k in range(K):
+                C[i, j] = C[i, j] + A[i, k] * B[k, j]
+    return C
+'''
+
+GEMM_HINT_LISTS = '''
+def gemm(A, B):
+    a = A.tolist()
+    b = B.tolist()
+    N, K, M = len(a), len(b), len(b[0])
+    c = [[0.0 for _ in range(M)] for _ in range(N)]
+    for i in range(N):
+        for j in range(M):
+            for k in range(K):
+                c[i][j] += a[i][k] * b[k][j]
+    return torch.tensor(c, dtype=A.dtype, device=A.device)
+'''
+
+GEMM_HINT_ELEMENTS = '''
+def gemm(A, B):
+    N, K = A.shape
+    M = B.shape[1]
+    C = torch.zeros(N, M, dtype=A.dtype, device=A.device)
+    for i in range(N):
+        for j in range(M):
+            for k in range(K):
+                C[i, j] += A[i, k] * B[k, j]
+    return C
 '''
 
 GEMM_WRONG = [
@@ -120,36 +162,139 @@ def gemm(A, B):
                 c[i][j] += a[i][k] * b[k][j]
     return torch.tensor(c, device=A.device)
 '''),
+    # issue 36 (3): passed on a CPU grader before (the default device is the CPU); lands on the GPU's default there.
+    ("builds the result on the default device, not A's (no device=A.device)", '''
+def gemm(A, B):
+    a, b = A.tolist(), B.tolist()
+    n, inner, m = A.shape[0], A.shape[1], B.shape[1]
+    c = [[0.0] * m for _ in range(n)]
+    for i in range(n):
+        for j in range(m):
+            for k in range(inner):
+                c[i][j] += a[i][k] * b[k][j]
+    return torch.tensor(c, dtype=A.dtype)
+'''),
+    # issue 36 (3): torch.zeros without device=: accumulates A's elements into a tensor on the default device.
+    ("allocates C with torch.zeros on the default device", '''
+def gemm(A, B):
+    N, K = A.shape
+    M = B.shape[1]
+    C = torch.zeros(N, M, dtype=A.dtype)
+    for i in range(N):
+        for j in range(M):
+            for k in range(K):
+                C[i, j] += A[i, k] * B[k, j]
+    return C
+'''),
 ]
 
 # --------------------------------------------------------------------------------------------------------
 # Question 1.2: latency
 # --------------------------------------------------------------------------------------------------------
-LATENCY_EVENTS_LIST = '''
+# issue 36 (4): the question prescribes time.perf_counter() with synchronize_device() after the warm-up and before
+# the clock is read; these time each call (the mean of per-call intervals is the mean of one timed call).
+LATENCY_PER_CALL_MEAN = """
 import statistics
 
 def latency(fn, *args, warmup=10, repeat=100, **kwargs):
     for _ in range(warmup):
         fn(*args, **kwargs)
+    times = []
+    for _ in range(repeat):
+        synchronize_device()
+        t0 = time.perf_counter()
+        fn(*args, **kwargs)
+        synchronize_device()
+        times.append(time.perf_counter() - t0)
+    return statistics.mean(times)
+"""
+
+LATENCY_WHOLE_LOOP = """
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    for _ in range(warmup):
+        fn(*args, **kwargs)
     synchronize_device()
-    if DEVICE.type == "cuda":
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
-        for start, end in zip(starts, ends):
-            start.record()
-            fn(*args, **kwargs)
-            end.record()
-        torch.cuda.synchronize()
-        return statistics.mean(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1000.0
+    start_ns = time.perf_counter_ns()
+    for _ in range(repeat):
+        fn(*args, **kwargs)
+    synchronize_device()
+    return (time.perf_counter_ns() - start_ns) / repeat / 1e9
+"""
+
+_LATENCY_BODY = """
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    for _ in range({warmup}):
+        fn(*args, {kwargs})
+    {sync_after_warmup}
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        fn(*args, **kwargs)
+        fn(*args, {kwargs})
+        {sync_after_call}
         times.append(time.perf_counter() - t0)
-    return statistics.mean(times)
-'''
+    return {result}
+"""
 
-LATENCY_WHOLE_LOOP = '''
+
+def _latency(warmup="warmup", kwargs="**kwargs", result="sum(times) / len(times)",
+             sync_after_warmup="synchronize_device()", sync_after_call="synchronize_device()"):
+    return _LATENCY_BODY.format(warmup=warmup, kwargs=kwargs, result=result, sync_after_warmup=sync_after_warmup,
+                                sync_after_call=sync_after_call)
+
+
+LATENCY_ALTERNATIVES = [
+    LATENCY_PER_CALL_MEAN,
+    LATENCY_WHOLE_LOOP,
+    # issue 36 (1): the result as a number in another form (was WRONG "returns a tensor": the question asked for a
+    # Python float; it now asks for a number, as checks.py's contract does).
+    _latency(result="torch.tensor(times).mean()"),
+    _latency(result="np.mean(times)"),  # issue 36 (1): a NumPy float64
+]
+
+LATENCY_WARMUP_TIMED = """
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    synchronize_device()
+    start_s = time.perf_counter()
+    for _ in range(warmup):
+        fn(*args, **kwargs)
+    for _ in range(repeat):
+        fn(*args, **kwargs)
+    synchronize_device()
+    return (time.perf_counter() - start_s) / repeat
+"""
+
+LATENCY_WARMUP_AVERAGED = """
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    times = []
+    for call in range(warmup + repeat):
+        synchronize_device()
+        t0 = time.perf_counter()
+        fn(*args, **kwargs)
+        synchronize_device()
+        times.append(time.perf_counter() - t0)
+    return sum(times) / len(times)
+"""
+
+LATENCY_WRONG = [
+    ("times the warm-up calls too (one timer around everything, divided by repeat)", LATENCY_WARMUP_TIMED),
+    ("averages over the warm-up and the timed calls", LATENCY_WARMUP_AVERAGED),
+    ("returns a made-up constant", """
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    for _ in range(warmup + repeat):
+        fn(*args, **kwargs)
+    return 0.001
+"""),
+    ("returns milliseconds", _latency(result="sum(times) / len(times) * 1000")),
+    ("returns the total of all timed calls", _latency(result="sum(times)")),
+    ("drops the keyword arguments", _latency(kwargs="")),
+    ("never warms up", _latency(warmup="0")),
+    # issue 36 (4a): these passed on a CPU grader before (nothing is queued there); on a GPU they time the launches.
+    ("never synchronises (perf_counter around asynchronous calls)",
+     _latency(sync_after_warmup="pass", sync_after_call="pass")),
+    ("synchronises after the warm-up only, not before reading the clock", _latency(sync_after_call="pass")),
+    ("synchronises before reading the clock only, not after the warm-up (times the warm-up's queued work)",
+     _latency(sync_after_warmup="pass")),
+    ("synchronises with torch.cuda.synchronize() when CUDA is available, not synchronize_device()", """
 def latency(fn, *args, warmup=10, repeat=100, **kwargs):
     for _ in range(warmup):
         fn(*args, **kwargs)
@@ -161,65 +306,11 @@ def latency(fn, *args, warmup=10, repeat=100, **kwargs):
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return (time.perf_counter_ns() - start_ns) / repeat / 1e9
-'''
-
-_LATENCY_BODY = '''
-def latency(fn, *args, warmup=10, repeat=100, **kwargs):
-    for _ in range({warmup}):
-        fn(*args, {kwargs})
-    synchronize_device()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn(*args, {kwargs})
-        synchronize_device()
-        times.append(time.perf_counter() - t0)
-    return {result}
-'''
-
-
-def _latency(warmup="warmup", kwargs="**kwargs", result="sum(times) / len(times)"):
-    return _LATENCY_BODY.format(warmup=warmup, kwargs=kwargs, result=result)
-
-
-LATENCY_WARMUP_TIMED = '''
-def latency(fn, *args, warmup=10, repeat=100, **kwargs):
-    synchronize_device()
-    start_s = time.perf_counter()
-    for _ in range(warmup):
-        fn(*args, **kwargs)
-    for _ in range(repeat):
-        fn(*args, **kwargs)
-    synchronize_device()
-    return (time.perf_counter() - start_s) / repeat
-'''
-
-LATENCY_WARMUP_AVERAGED = '''
-def latency(fn, *args, warmup=10, repeat=100, **kwargs):
-    times = []
-    for call in range(warmup + repeat):
-        synchronize_device()
-        t0 = time.perf_counter()
-        fn(*args, **kwargs)
-        synchronize_device()
-        times.append(time.perf_counter() - t0)
-    return sum(times) / len(times)
-'''
-
-LATENCY_WRONG = [
-    ("times the warm-up calls too (one timer around everything, divided by repeat)", LATENCY_WARMUP_TIMED),
-    ("averages over the warm-up and the timed calls", LATENCY_WARMUP_AVERAGED),
-    ("returns a made-up constant", '''
-def latency(fn, *args, warmup=10, repeat=100, **kwargs):
-    for _ in range(warmup + repeat):
-        fn(*args, **kwargs)
-    return 0.001
-'''),
-    ("returns milliseconds", _latency(result="sum(times) / len(times) * 1000")),
-    ("returns the total of all timed calls", _latency(result="sum(times)")),
-    ("drops the keyword arguments", _latency(kwargs="")),
-    ("never warms up", _latency(warmup="0")),
-    ("returns a tensor", _latency(result="torch.tensor(times).mean()")),
+"""),
+    # issue 36 (4b): these passed before (every timed call took the same time, so median = min = mean).
+    ("returns the median of the timed calls", _latency(result="statistics.median(times)").replace(
+        "def latency", "import statistics\n\ndef latency", 1)),
+    ("returns the fastest timed call (minimum)", _latency(result="min(times)")),
 ]
 
 # --------------------------------------------------------------------------------------------------------
@@ -233,6 +324,14 @@ import math
 
 def gemm_mac(x, y):
     return math.prod([*x.shape, y.shape[1]])
+''',
+    # issue 36 (1): a count in another form: an integral float (was WRONG "returns a float") and a NumPy integer.
+    '''
+def gemm_mac(x, y):
+    return float(x.shape[0] * x.shape[1] * y.shape[1])
+''', '''
+def gemm_mac(x, y):
+    return np.prod([x.shape[0], x.shape[1], y.shape[1]], dtype=np.int64)
 ''']
 
 GEMM_MAC_WRONG = [
@@ -243,10 +342,6 @@ def gemm_mac(x, y):
     ("uses N*N*M (square assumption)", '''
 def gemm_mac(x, y):
     return x.shape[0] * x.shape[0] * y.shape[1]
-'''),
-    ("returns a float", '''
-def gemm_mac(x, y):
-    return float(x.shape[0] * x.shape[1] * y.shape[1])
 '''),
 ]
 
@@ -260,6 +355,11 @@ def gemm_io(A, B):
     m = B.shape[1]
     return bytes_per_element * n * k + bytes_per_element * k * m + bytes_per_element * n * m
 ''']
+
+GEMM_IO_ALTERNATIVES.append('''
+def gemm_io(A, B):
+    return torch.tensor((A.numel() + B.numel() + A.shape[0] * B.shape[1]) * A.element_size())  # issue 36 (1)
+''')
 
 GEMM_IO_WRONG = [
     ("hard-codes 4 bytes per element", '''
@@ -275,6 +375,20 @@ def gemm_io(A, B):
     ("output counted with A's shape", '''
 def gemm_io(A, B):
     return (2 * A.numel() + B.numel()) * A.element_size()
+'''),
+    # issue 36 (8): a mistake is charged once. The Part 2 intensities built from this gemm_io (as a student who used it
+    # there would) must still earn their points: only Question 1.4 loses. Last of the list: the dictionaries it
+    # rebuilds stay until the Part 2 variants that come next put the reference's back.
+    ("forgets the output write, and Questions 2.1.1 and 2.2 use it (carry-forward)", '''
+def gemm_io(A, B):
+    return (A.numel() + B.numel()) * A.element_size()
+
+gemm_intensity_by_n = {n: 2 * gemm_mac(torch.empty(n, n, device="meta"), torch.empty(n, n, device="meta"))
+                          / gemm_io(torch.empty(n, n, device="meta"), torch.empty(n, n, device="meta"))
+                       for n in roofline_sizes}
+gemv_intensity_by_n = {n: 2 * gemm_mac(torch.empty(n, n, device="meta"), torch.empty(n, 1, device="meta"))
+                          / gemm_io(torch.empty(n, n, device="meta"), torch.empty(n, 1, device="meta"))
+                       for n in roofline_sizes}
 '''),
 ]
 
@@ -411,6 +525,17 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None):
     return torch.bmm(probs.reshape(B * H, L_q, L_kv), v.reshape(B * H, L_kv, d)).view(B, H, L_q, d)
 '''
 
+# issue 36 (5): a softmax of its own in float32 that subtracts each row's maximum (also what the question's hint says).
+SDPA_PER_ROW_MAX_FLOAT32 = '''
+def scaled_dot_product_attention(q, k, v, attn_mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    scores = scores - scores.max(dim=-1, keepdim=True).values
+    weights = torch.exp(scores)
+    return (weights / weights.sum(dim=-1, keepdim=True)) @ v
+'''
+
 _SDPA_BODY = '''
 def scaled_dot_product_attention(q, k, v, attn_mask=None):
     scores = torch.matmul(q, k.transpose(-2, -1)){scale}
@@ -439,6 +564,23 @@ SDPA_WRONG = [
 def scaled_dot_product_attention(q, k, v, attn_mask=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
 '''),
+    # issue 36 (5): passed before: no test had rows whose maxima differ by more than exp's range.
+    ("stable softmax with the global maximum, not each row's",
+     _sdpa(softmax="weights = (scores - scores.max()).exp(); probs = weights / weights.sum(dim=-1, keepdim=True)")),
+    # issue 36 (3): passed on a CPU grader before; the output is allocated on the default device.
+    ("writes each head into an output allocated on the default device", '''
+def scaled_dot_product_attention(q, k, v, attn_mask=None):
+    B, H, L_q, d = q.shape
+    out = torch.empty(B, H, L_q, d, dtype=q.dtype)
+    for b in range(B):
+        for h in range(H):
+            scores = q[b, h] @ k[b, h].T / math.sqrt(d)
+            if attn_mask is not None:
+                mask = attn_mask.expand(B, H, L_q, k.shape[-2])[b, h]
+                scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+            out[b, h] = torch.softmax(scores, dim=-1) @ v[b, h]
+    return out
+'''),
 ]
 
 # --------------------------------------------------------------------------------------------------------
@@ -465,6 +607,17 @@ def calc_attn_mac(B, H, L_q, L_kv, D_h):
     ("uses L_q for both lengths", '''
 def calc_attn_mac(B, H, L_q, L_kv, D_h):
     return 2 * B * H * L_q * L_q * D_h
+'''),
+    # issue 36 (8): a mistake is charged once: Bonus 3.1 built on this calc_attn_mac keeps its points.
+    ("counts FLOPs, and Bonus 3.1 uses it (carry-forward)", '''
+def calc_attn_mac(B, H, L_q, L_kv, D_h):
+    return 4 * B * H * L_q * L_kv * D_h
+
+def calc_attn_module_mac(batch_size, query_len, kv_len, gemma_config):
+    H, n_h = gemma_config.hidden_size, gemma_config.num_attention_heads
+    n_kv, d = gemma_config.num_key_value_heads, gemma_config.head_dim
+    projections = batch_size * query_len * H * d * (2 * n_h + 2 * n_kv)
+    return projections + calc_attn_mac(batch_size, n_h, query_len, kv_len, d)
 '''),
 ]
 
@@ -554,6 +707,15 @@ def calc_attn_module_io(batch_size, query_len, kv_len, gemma_config):
     d = gemma_config.head_dim
     bytes_per_elem = {bytes_per_elem}
 '''
+
+ATTN_IO_WRONG.append(
+    # issue 36 (8): a mistake is charged once: Bonus 3.2 built on this calc_attn_io keeps its points.
+    ("bf16 bytes instead of fp32, and Bonus 3.2 uses it (carry-forward)", _attn_io(bytes_per_element=2)
+     + _MODULE_IO_HEAD.format(bytes_per_elem=2) + '''
+    x, q, kv = B * S_q * H, B * S_q * n_h * d, B * S_kv * n_kv * d
+    elements = (x + n_h * d * H + q) + 2 * (x + n_kv * d * H + kv) + 4 * (q + kv) + (q + H * n_h * d + x)
+    return elements * bytes_per_elem + calc_attn_io(B, n_h, S_q, S_kv, d) // 4 * bytes_per_elem
+'''))
 
 _MODULE_IO_BODY = '''
     x = B * S_q * H
@@ -690,6 +852,11 @@ def _gelu(half="0.5", root="math.sqrt(2.0 / math.pi)", cubic="0.044715"):
     return _GELU_BODY.format(half=half, root=root, cubic=cubic)
 
 
+GELU_ALTERNATIVES.append('''
+def gelu_tanh_python(input):
+    return 0.5 * input * (1 + torch.tanh(math.sqrt(2 / math.pi) * (input + 0.044715 * input ** 3)))
+''')
+
 GELU_WRONG = [
     ("calls F.gelu", '''
 def gelu_tanh_python(input):
@@ -702,17 +869,24 @@ def gelu_tanh_python(input):
     ("constant 0.04715 instead of 0.044715", _gelu(cubic="0.04715")),
     ("sqrt(2 * pi) instead of sqrt(2 / pi)", _gelu(root="math.sqrt(2.0 * math.pi)")),
     ("drops the factor 0.5", _gelu(half="1.0")),
+    # issue 36 (3): passed on a CPU grader before; the output is preallocated on the default device.
+    ("copies the result into a tensor allocated on the default device", '''
+def gelu_tanh_python(input):
+    out = torch.empty(input.shape, dtype=input.dtype)
+    out.copy_(0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * input ** 3))))
+    return out
+'''),
 ]
 
 ALTERNATIVES = {
-    "q1_1_gemm": [GEMM_ELEMENTWISE_IKJ, GEMM_COMPREHENSION_FLOAT64, GEMM_WHILE_JIK],
-    "q1_2_latency": [LATENCY_EVENTS_LIST, LATENCY_WHOLE_LOOP],
+    "q1_1_gemm": [GEMM_ELEMENTWISE_IKJ, GEMM_COMPREHENSION_FLOAT64, GEMM_WHILE_JIK, GEMM_NEW_ZEROS_IJK],
+    "q1_2_latency": LATENCY_ALTERNATIVES,
     "q1_3_gemm_mac": GEMM_MAC_ALTERNATIVES,
     "q1_4_gemm_io": GEMM_IO_ALTERNATIVES,
     "q2_1_1_intensity": GEMM_AI_ALTERNATIVES,
     "q2_1_2_threshold": THRESHOLD_ALTERNATIVES,
     "q2_2_intensity": GEMV_AI_ALTERNATIVES,
-    "q3_1_1_sdpa": [SDPA_MANUAL_SOFTMAX_FLOAT64, SDPA_BMM],
+    "q3_1_1_sdpa": [SDPA_MANUAL_SOFTMAX_FLOAT64, SDPA_BMM, SDPA_PER_ROW_MAX_FLOAT32],
     "q3_1_2_attn_mac": ATTN_MAC_ALTERNATIVES,
     "b3_1_attn_module_mac": MODULE_MAC_ALTERNATIVES,
     "q3_2_attn_io": ATTN_IO_ALTERNATIVES,
@@ -738,4 +912,54 @@ WRONG = {
     "q3_4_2_intensity": DECODE_AI_WRONG,
     "q3_4_3_intensity": PREFILL_AI_WRONG,
     "q4_3_1_gelu": GELU_WRONG,
+}
+
+# issue 36 (7): every code hint of Lab 1's text, followed literally, must pass every test.
+HINTS = {
+    "q1_1_gemm": [
+        ("Tip: converting the inputs once to Python lists (`A.tolist()`) and building the result at the end "
+         "(`torch.tensor(..., dtype=A.dtype, device=A.device)`)", GEMM_HINT_LISTS),
+        ("Tip: indexing a tensor element by element (`A[i, k]`) ... both are accepted", GEMM_HINT_ELEMENTS),
+    ],
+    "q1_2_latency": [
+        ("time with `time.perf_counter()` and synchronise with `synchronize_device()`: after the warm-up, before you "
+         "start the clock, and after the timed call(s), before you read it", _latency()),
+    ],
+    "q1_4_gemm_io": [
+        ("Use the tensors' element size", '''
+def gemm_io(A, B):
+    N, K = A.shape
+    M = B.shape[1]
+    return (N * K + K * M + N * M) * A.element_size()
+'''),
+    ],
+    "q2_1_1_intensity": [
+        ("float32 arithmetic (a one-element tensor, say) is fine", '''
+gemm_intensity_by_n = {}
+for n in roofline_sizes:
+    size = torch.tensor(float(n))
+    gemm_intensity_by_n[n] = 2 * size ** 3 / (4 * 3 * size ** 2)
+'''),
+        ("or with your `gemm_mac` and `gemm_io` on `meta` tensors", GEMM_AI_ALTERNATIVES[2]),
+    ],
+    "q3_1_1_sdpa": [
+        ("You may use `torch.matmul`/`@`, `torch.softmax`", '''
+def scaled_dot_product_attention(q, k, v, attn_mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    return torch.softmax(scores, dim=-1) @ v
+'''),
+        ("if you write your own [softmax], subtract the row maximum first", SDPA_PER_ROW_MAX_FLOAT32),
+    ],
+    "q3_4_2_intensity": [
+        ("using `calc_mlp_flops` and `calc_mlp_io`", DECODE_AI_ALTERNATIVES[0]),
+    ],
+    "q4_3_1_gelu": [
+        ("with elementwise PyTorch operations: `torch.tanh`, powers, multiplications, additions, "
+         "`math.sqrt`/`math.pi` for the constant", GELU_ALTERNATIVES[-1]),
+    ],
 }
