@@ -180,15 +180,6 @@ ALTERNATIVES["q3_1_einsum_attention"] = [
                                       "weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)")),
     '''
 def einsum_attention(q, k, v, mask=None):
-    # matmul on (B, H, S, D) views, float64 inside, mask with the most negative float instead of -inf
-    qh, kh, vh = (t.transpose(1, 2).to(torch.float64) for t in (q, k, v))
-    scores = qh @ kh.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if mask is not None:
-        scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
-    return (torch.softmax(scores, dim=-1) @ vh).transpose(1, 2).to(q.dtype)
-''',
-    '''
-def einsum_attention(q, k, v, mask=None):
     # explicit, stable softmax; scale the scores rather than q
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / q.shape[-1] ** 0.5
     if mask is not None:
@@ -199,6 +190,17 @@ def einsum_attention(q, k, v, mask=None):
 ''',
 ]
 WRONG["q3_1_einsum_attention"] = [
+    # Issue 36, point 5 (prescribed method): right values with matmul, but the question prescribes torch.einsum. This was
+    # an ALTERNATIVE before the method was checked; it now loses the method check only.
+    ("right values with @ (matmul) instead of the prescribed torch.einsum", '''
+def einsum_attention(q, k, v, mask=None):
+    # matmul on (B, H, S, D) views, float64 inside, mask with the most negative float instead of -inf
+    qh, kh, vh = (t.transpose(1, 2).to(torch.float64) for t in (q, k, v))
+    scores = qh @ kh.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
+    return (torch.softmax(scores, dim=-1) @ vh).transpose(1, 2).to(q.dtype)
+'''),
     ("no 1/sqrt(D) scaling",
      _mutate("q3_1_einsum_attention", ("scale = 1.0 / math.sqrt(q.shape[-1])", "scale = 1.0"))),
     ("softmax over the queries instead of the keys",
@@ -747,3 +749,344 @@ def benchmark_attention(attn_fn, batch_size, seq_len, d_model, *, dtype=torch.fl
             "peak_memory_gb": 4 * scores_gb}
 '''),
 ]
+
+# =============================================================================================================
+# Issue 36 ("One test contract for all labs"): one variant per point, named in a comment. HINTS: answers that follow a
+# hint of the lab's text literally; the harness runs them like ALTERNATIVES (they must pass everything).
+# =============================================================================================================
+HINTS: dict[str, list[tuple[str, str]]] = {}
+
+# -- Point 1: every form the question allows (NumPy scalars, integral floats, one-element tensors, np.str_) ----------
+ALTERNATIVES["q1_1_hbm_bytes"].append('''
+import numpy as np
+
+
+def relu_matmul_hbm_bytes(n, k=None, bytes_per_element=2, fused=True):
+    # A NumPy integer (what arithmetic on NumPy shapes gives).
+    k = n if k is None else k
+    elements = np.int64(2 * n * k + n * n) + (0 if fused else np.int64(2 * n * n))
+    return elements * np.int64(bytes_per_element)
+''')
+ALTERNATIVES["q1_1_hbm_bytes"].append('''
+def relu_matmul_hbm_bytes(n, k=None, bytes_per_element=2, fused=True):
+    # An integral float: 4096.0 bytes is 4096 bytes.
+    k = n if k is None else k
+    return float((2 * n * k + n * n + (0 if fused else 2 * n * n)) * bytes_per_element)
+''')
+WRONG["q1_1_hbm_bytes"].append(
+    ("tampering: an int subclass whose == always says yes", '''
+class _Yes(int):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+
+
+def relu_matmul_hbm_bytes(n, k=None, bytes_per_element=2, fused=True):
+    return _Yes(1)
+'''))
+ALTERNATIVES["q1_2_predicted_speedup"].append('''
+import numpy as np
+
+
+def predicted_compile_speedup(n, peak_tflops, bandwidth_tb_s, k=None, bytes_per_element=2):
+    # The ratio as a NumPy float32 (well within the 1% the question allows).
+    k = n if k is None else k
+    flops = np.float32(2.0 * n * n * k)
+    mm = max(flops / np.float32(peak_tflops * 1e12), np.float32((2 * n * k + n * n) * bytes_per_element / (bandwidth_tb_s * 1e12)))
+    relu = np.float32(2 * n * n * bytes_per_element / (bandwidth_tb_s * 1e12))
+    return (mm + relu) / mm
+''')
+ALTERNATIVES["q2_1_chain_io_bytes"].append('''
+import numpy as np
+
+
+def chain_io_bytes(seq_len, kv_head, bytes_per_element=2):
+    # NumPy integers in the tuple.
+    per_matrix = np.int64(seq_len) * np.int64(kv_head) * np.int64(bytes_per_element)
+    return 3 * per_matrix, per_matrix
+''')
+ALTERNATIVES["q2_2_chain_flops"].append('''
+def chain_flops(seq_len, kv_head):
+    # A float (the question allows 1%).
+    return 4.0 * seq_len * seq_len * kv_head
+''')
+ALTERNATIVES["q2_3_chain_intensity"].append('''
+def chain_intensity(seq_len, kv_head, bytes_per_element=2, intermediate_round_trips=0):
+    # A one-element float32 tensor.
+    flops = torch.tensor(4.0 * kv_head * seq_len * seq_len, dtype=torch.float32)
+    hbm = torch.tensor(4.0 * seq_len * kv_head * bytes_per_element
+                       + intermediate_round_trips * 2.0 * seq_len * seq_len * bytes_per_element, dtype=torch.float32)
+    return flops / hbm
+''')
+ALTERNATIVES["b2_5_reassociated_cost"].append('''
+import numpy as np
+
+
+def reassociated_chain_cost(seq_len, kv_head, bytes_per_element=2):
+    # A list of NumPy integers.
+    s, h = np.int64(seq_len), np.int64(kv_head)
+    return [4 * h * h * s, (4 * h * s + 2 * h * h) * bytes_per_element]
+''')
+# Point 1, the known defect of Question 3.2: the tests demanded exact Python ints the question never mentions.
+ALTERNATIVES["q3_2_attention_cost"].append('''
+import numpy as np
+
+
+def attention_cost(batch, seq_len, heads, head_dim, bytes_per_element=2, score_round_trips=0):
+    # NumPy integers for the counts, a float32 intensity: every integer form is accepted.
+    flops = np.int64(4) * batch * heads * seq_len * seq_len * head_dim
+    hbm = np.int64(4) * batch * seq_len * heads * head_dim * bytes_per_element + (
+        np.int64(score_round_trips) * 2 * batch * heads * seq_len * seq_len * bytes_per_element)
+    return {"flops": flops, "hbm_bytes": float(hbm), "intensity": np.float32(flops / hbm)}
+
+
+einsum_round_trips = np.int64(3)
+''')
+WRONG["q3_2_attention_cost"].append(
+    # Point 9: the intensity is checked against the dict's own numbers, so this mistake costs the intensity check only.
+    ("intensity upside down: bytes per FLOP",
+     _mutate("q3_2_attention_cost", ('"intensity": flops / hbm_bytes}', '"intensity": hbm_bytes / flops}'))))
+ALTERNATIVES["q3_5_permutation_check"].append('''
+def is_permutation_equivariant(attn_fn, q, k, v, perm, atol=1e-5):
+    # A one-element boolean tensor.
+    perm = perm.to(q.device)
+    difference = (attn_fn(q[:, perm], k[:, perm], v[:, perm]) - attn_fn(q, k, v)[:, perm]).abs().max()
+    return difference <= atol
+''')
+ALTERNATIVES["q5_1_benchmark_attention"].append(_mutate(
+    "q5_1_benchmark_attention",
+    # NumPy numbers and an np.str_ status.
+    ('''        return {"status": "oom", "forward_ms": float("nan"), "backward_ms": float("nan"), "peak_memory_gb": float("nan")}''',
+     '''        import numpy as np
+        return {"status": np.str_("oom"), "forward_ms": np.float64("nan"), "backward_ms": np.float32("nan"),
+                "peak_memory_gb": np.nan}'''),
+    ('''    return {"status": "ok", "forward_ms": float(forward_ms), "backward_ms": float(backward_ms),
+            "peak_memory_gb": float(peak_gb)}''',
+     '''    import numpy as np
+    return {"status": np.str_("OK"), "forward_ms": np.float64(forward_ms), "backward_ms": np.float64(backward_ms),
+            "peak_memory_gb": np.float64(peak_gb)}''')))
+
+# -- Point 3: the device rule, checked on a CPU grader with PyTorch's default device set to meta -------------------
+ALTERNATIVES["q3_3_causal_mask"].append('''
+def causal_mask(seq_len, device=None):
+    # Created on the default device, then moved: the meta probe cannot tell, the ordinary device check decides.
+    return torch.ones(seq_len, seq_len, dtype=torch.bool).tril().to(device)
+''')
+WRONG["q3_3_causal_mask"] += [
+    ("device argument ignored (the mask lands on the default device)",
+     _mutate("q3_3_causal_mask", ("positions = torch.arange(seq_len, device=device)", "positions = torch.arange(seq_len)"))),
+    ("device=None taken as the CPU instead of PyTorch's default device",
+     _mutate("q3_3_causal_mask", ("positions = torch.arange(seq_len, device=device)",
+                                  'positions = torch.arange(seq_len, device=device if device is not None else "cpu")'))),
+]
+WRONG["q3_4_segment_mask"].append(
+    ("mask allocated without the device of segment_ids, then filled", '''
+def segment_mask(segment_ids, causal=False):
+    batch, seq_len = segment_ids.shape
+    mask = torch.zeros(batch, 1, seq_len, seq_len, dtype=torch.bool)
+    for b in range(batch):
+        mask[b, 0] = segment_ids[b][:, None] == segment_ids[b][None, :]
+    if causal:
+        mask = mask & torch.ones(seq_len, seq_len, dtype=torch.bool, device=segment_ids.device).tril()
+    return mask
+'''))
+
+# -- Point 4: probes that discriminate ------------------------------------------------------------------------------
+WRONG["q5_1_benchmark_attention"].append(
+    ("every RuntimeError reported as 'oom' (a shape error is not out of memory)",
+     _mutate("q5_1_benchmark_attention", ("    status, result = run_oom_safe(measure)\n",
+                                          "    try:\n        status, result = 'ok', measure()\n"
+                                          "    except (torch.OutOfMemoryError, MemoryError, RuntimeError):\n"
+                                          "        status, result = 'oom', None\n"))))
+ALTERNATIVES["q5_1_benchmark_attention"].append(_mutate(
+    "q5_1_benchmark_attention",
+    # Its own test for out-of-memory: the exception types, or a RuntimeError that says so.
+    ("    status, result = run_oom_safe(measure)\n",
+     "    try:\n        status, result = 'ok', measure()\n"
+     "    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:\n"
+     "        if isinstance(exc, RuntimeError) and not isinstance(exc, torch.OutOfMemoryError) "
+     "and 'out of memory' not in str(exc):\n            raise\n"
+     "        status, result = 'oom', None\n")))
+WRONG["q4_1_2_blockwise_lse"].append(
+    ("two passes over the blocks: the max block by block, then the sum block by block", '''
+def blockwise_logsumexp(x, block_size):
+    row_max = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
+    for start in range(0, x.shape[-1], block_size):
+        row_max = torch.maximum(row_max, x[..., start:start + block_size].amax(dim=-1))
+    shift = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)
+    total = torch.zeros_like(shift)
+    for start in range(0, x.shape[-1], block_size):
+        total = total + torch.exp(x[..., start:start + block_size] - shift[..., None]).sum(dim=-1)
+    return shift + torch.log(total)
+'''))
+ALTERNATIVES["q4_1_2_blockwise_lse"].append('''
+def blockwise_logsumexp(x, block_size):
+    # One pass, blocks taken from the last to the first (the online update does not care about the order).
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
+    l = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    starts = list(range(0, x.shape[-1], block_size))
+    for start in reversed(starts):
+        block = x[..., start:start + block_size]
+        m_new = torch.maximum(m, block.amax(dim=-1))
+        shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+        l = l * torch.exp(m - shift) + torch.exp(block - shift[..., None]).sum(dim=-1)
+        m = m_new
+    return m + torch.log(l)
+''')
+
+# -- Point 5: the prescribed method (torch.einsum, no fused attention) ---------------------------------------------
+WRONG["q3_1_einsum_attention"].append(
+    ("a wrapper around F.scaled_dot_product_attention (right values, not the prescribed einsum)", '''
+def einsum_attention(q, k, v, mask=None):
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+    return out.transpose(1, 2)
+'''))
+ALTERNATIVES["q3_1_einsum_attention"].append('''
+def einsum_attention(q, k, v, mask=None):
+    # einsum for both products, the mask applied with torch.where, computed in float64 and cast back.
+    q64, k64, v64 = (t.to(torch.float64) for t in (q, k, v))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q64, k64) * q.shape[-1] ** -0.5
+    if mask is not None:
+        scores = torch.where(mask, scores, torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device))
+    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), v64).to(q.dtype)
+''')
+
+# -- Point 6: every code hint, followed literally -------------------------------------------------------------------
+HINTS["q3_1_einsum_attention"] = [
+    ("weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)",
+     _mutate("q3_1_einsum_attention", ("weights = torch.softmax(scores, dim=-1)",
+                                       "weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)"))),
+]
+HINTS["q3_3_causal_mask"] = [
+    ("pass device= to what creates the mask", '''
+def causal_mask(seq_len, device=None):
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+'''),
+]
+HINTS["q3_4_segment_mask"] = [
+    ("create every tensor you need with device=segment_ids.device", '''
+def segment_mask(segment_ids, causal=False):
+    seq_len = segment_ids.shape[1]
+    allowed = segment_ids[:, :, None] == segment_ids[:, None, :]
+    if causal:
+        allowed = allowed & torch.ones(seq_len, seq_len, dtype=torch.bool, device=segment_ids.device).tril()
+    return allowed[:, None]
+'''),
+]
+HINTS["q4_1_2_blockwise_lse"] = [
+    ("Call your online_softmax_update", '''
+def blockwise_logsumexp(x, block_size):
+    running_max = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
+    running_sum = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    for start in range(0, x.shape[-1], block_size):
+        running_max, running_sum = online_softmax_update(running_max, running_sum, x[..., start:start + block_size])
+    return running_max + torch.log(running_sum)
+'''),
+]
+HINTS["q5_1_benchmark_attention"] = [
+    ("run_oom_safe(fn, ...) returns ('ok', result) or ('oom', None)", _REFERENCE["q5_1_benchmark_attention"]),
+]
+
+# -- Point 7: Triton constructs the grader's interpreter (Triton 3.9, TRITON_INTERPRET=1) runs --------------------------
+_TRITON_SIGNATURE = '''
+@triton.jit
+def _flash_attention_forward_kernel(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_ob, stride_os, stride_oh, stride_od,
+    stride_lb, stride_lh, stride_ls,
+    num_heads, seq_len_q, seq_len_kv, head_dim, scale,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+'''
+HINTS["q4_3_triton_forward"] = [
+    ("tl.dot (also with acc=), tl.trans, tl.range, tl.full, tl.minimum: the constructs the text lists", _TRITON_SIGNATURE + '''
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qs + dims[None, :] * stride_qd,
+                mask=(rows[:, None] < seq_len_q) & (dims[None, :] < head_dim), other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    end = seq_len_kv
+    if CAUSAL:
+        end = tl.minimum(seq_len_kv, (pid_m + 1) * BLOCK_M)
+    for start in tl.range(0, end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        kv_ok = (cols[:, None] < seq_len_kv) & (dims[None, :] < head_dim)
+        k = tl.load(K + b * stride_kb + h * stride_kh + cols[:, None] * stride_ks + dims[None, :] * stride_kd,
+                    mask=kv_ok, other=0.0)  # (BLOCK_N, BLOCK_D), transposed for the product
+        v = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vs + dims[None, :] * stride_vd,
+                    mask=kv_ok, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale
+        keep = cols[None, :] < seq_len_kv
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None])
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None])
+        m_i = m_new
+    tl.store(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + dims[None, :] * stride_od,
+             (acc / l_i[:, None]).to(O.dtype.element_ty), mask=(rows[:, None] < seq_len_q) & (dims[None, :] < head_dim))
+    tl.store(LSE + b * stride_lb + h * stride_lh + rows * stride_ls, m_i + tl.log(l_i), mask=rows < seq_len_q)
+'''),
+]
+WRONG["q4_3_triton_forward"].append(
+    # The grader's Triton 3.9 interpreter refuses block pointers: a kernel that uses them (as a GPU allows) scores 0 on
+    # this question only, which is why the question's text now says which constructs to use.
+    ("block pointers (tl.make_block_ptr), which the grader's interpreter refuses",
+     _mutate("q4_3_triton_forward",
+             ("q = tl.load(q_ptrs, mask=(offs_m[:, None] < seq_len_q) & d_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)",
+              "q_block = tl.make_block_ptr(Q + b * stride_qb + h * stride_qh, shape=(seq_len_q, head_dim), "
+              "strides=(stride_qs, stride_qd), offsets=(pid_m * BLOCK_M, 0), block_shape=(BLOCK_M, BLOCK_D), order=(1, 0))\n"
+              "    q = tl.load(q_block, boundary_check=(0, 1), padding_option='zero')"))))
+
+# -- Point 8: a mistake is charged once (carry-forward). Each cell below defines the wrong earlier answer AND a later
+# answer that calls it: the earlier question's tests must fail, the later one's must pass. (When the harness restores
+# the earlier cell, the later function calls the reference and stays correct.) ---------------------------------------
+WRONG["q1_1_hbm_bytes"].append(
+    ("relu round trip counted once; predicted_compile_speedup (Question 1.2) built on it must not lose points",
+     _mutate("q1_1_hbm_bytes", ("relu_elements = 0 if fused else 2 * n * n", "relu_elements = 0 if fused else n * n"))
+     + '''
+
+def predicted_compile_speedup(n, peak_tflops, bandwidth_tb_s, k=None, bytes_per_element=2):
+    k = n if k is None else k
+    fused_bytes = relu_matmul_hbm_bytes(n, k, bytes_per_element, fused=True)
+    relu_bytes = relu_matmul_hbm_bytes(n, k, bytes_per_element, fused=False) - fused_bytes
+    matmul_s = max(2 * n * k * n / (peak_tflops * 1e12), fused_bytes / (bandwidth_tb_s * 1e12))
+    return (matmul_s + relu_bytes / (bandwidth_tb_s * 1e12)) / matmul_s
+'''))
+WRONG["q2_2_chain_flops"].append(
+    ("MACs instead of FLOPs; chain_intensity (Question 2.3) built on it must not lose points",
+     _mutate("q2_2_chain_flops", ("return int(first + second)", "return int((first + second) // 2)")) + '''
+
+def chain_intensity(seq_len, kv_head, bytes_per_element=2, intermediate_round_trips=0):
+    io_bytes = sum(chain_io_bytes(seq_len, kv_head, bytes_per_element))
+    trips = intermediate_round_trips * 2 * seq_len * seq_len * bytes_per_element
+    return chain_flops(seq_len, kv_head) / (io_bytes + trips)
+'''))
+WRONG["q3_3_causal_mask"].append(
+    ("diagonal excluded; segment_mask (Question 3.4) built on causal_mask must not lose points",
+     _mutate("q3_3_causal_mask", ("return positions[None, :] <= positions[:, None]", "return positions[None, :] < positions[:, None]"))
+     + '''
+
+def segment_mask(segment_ids, causal=False):
+    allowed = segment_ids[:, :, None] == segment_ids[:, None, :]
+    if causal:
+        allowed = allowed & causal_mask(segment_ids.shape[1], device=segment_ids.device)
+    return allowed[:, None]
+'''))
+WRONG["q4_1_1_online_update"].append(
+    ("running sum not rescaled; blockwise_logsumexp (Question 4.1.2) calling it must not lose points",
+     _mutate("q4_1_1_online_update", ("new_sum = running_sum * torch.exp(running_max - shift) + ", "new_sum = running_sum + "))
+     + "\n\n" + HINTS["q4_1_2_blockwise_lse"][0][1]))
