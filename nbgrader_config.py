@@ -43,8 +43,8 @@ try:
     from course.feedback import TEMPLATES_DIR, toc_label
     from course.paths import COURSE_ID
     from course.nbgrader_ext import (
-        AwardBonusPoints, DropTestResults, GuardedExecute, NeutraliseCellMetadata, QuietOverwriteCells, ShowBonusPoints,
-        StripHiddenTests,
+        AwardBonusPoints, DropTestResults, GuardedExecute, NeutraliseCellMetadata, QuietOverwriteCells,
+        RecoverCellMetadata, ShowBonusPoints, StripHiddenTests,
     )
     from course.sanitize import SanitizeNotebook, clean_html, markdown2html
     from course.sandbox import configure_sandbox
@@ -85,7 +85,8 @@ c.IgnorePattern.pattern = r"(?s).*"
 # `nbgrader autograde` and the formgrader's Autograde button grade a submission as `course grade` does
 # (GuardedExecute removes the same again before any cell runs; docs/SECURITY.md).
 c.Autograde.sanitize_preprocessors = [
-    ClearOutput, DeduplicateIds, OverwriteKernelspec, QuietOverwriteCells, NeutraliseCellMetadata, CheckCellMetadata,
+    ClearOutput, DeduplicateIds, OverwriteKernelspec, RecoverCellMetadata, QuietOverwriteCells, NeutraliseCellMetadata,
+    CheckCellMetadata,
 ]
 
 # nbgrader's autograde pipeline with three changes. GuardedExecute runs the notebook with the grading guard, keeps

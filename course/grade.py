@@ -36,7 +36,7 @@ from .nbgrader_run import (
     start_fork_server,
     worker_envs,
 )
-from .outcome import Outcome
+from .outcome import NEEDS_TA, Outcome
 from .paths import REPO_ROOT
 from .quoting import escape_controls
 from .recorded import is_recorded, mark_recorded
@@ -621,6 +621,8 @@ def grade_staged(
         if student not in done and outcomes[student].status == "failed" and not (submission.zero and not submission.gradable):
             mark_earlier_scores_stale(course_root, lab, outcomes[student])
     for student, submission in everything.items():  # staging's notes first, then what grading itself reported
+        if submission.review and outcomes[student].status == "ok":
+            outcomes[student].status, outcomes[student].reason = NEEDS_TA, submission.review
         outcomes[student].notes = submission.notes + outcomes[student].notes
         outcomes[student].flags = submission.flags + outcomes[student].flags
     return {s: outcomes[s] for s in students}

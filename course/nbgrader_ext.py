@@ -32,6 +32,7 @@ from .notebooks import (
     region_lines,
     strip_lines,
 )
+from .recover import recover_metadata, release_of
 from .scan import recording_bypass_flags
 
 GUARD_SOURCE = Path(__file__).with_name("guard_kernel.py")
@@ -358,6 +359,21 @@ class NeutraliseCellMetadata(NbGraderPreprocessor):
             if found:
                 removed[_where(cell, index)] = found
         nb.metadata[NEUTRALISED_KEY] = removed
+        return nb, resources
+
+
+class RecoverCellMetadata(NbGraderPreprocessor):
+    """Give back the nbgrader metadata a submission lost (a notebook pasted into a fresh one, an editor that drops
+    metadata), by where its cells sit (``course.recover``), before nbgrader looks for its graded cells. What was
+    recovered, and any answer that could not be placed (a TA must look), is logged; ``course grade`` does the same
+    when it stages the submission and records the status ``needs-TA``."""
+
+    def preprocess(self, nb, resources):
+        source = read_course_source(self.config, resources["nbgrader"], self.log, "Cell metadata not recovered")
+        if source is None:
+            return nb, resources
+        for note in recover_metadata(nb, release_of(source), source).notes():
+            self.log.warning("%s: %s", resources["nbgrader"].get("student"), note)
         return nb, resources
 
 

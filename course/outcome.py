@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+NEEDS_TA = "needs-TA"  # graded, but a TA must look first (the reason says why)
+
 
 @dataclass
 class Outcome:
     """How autograding one submission went."""
 
     student: str
-    status: str  # "ok", "partial" (execution stopped early; points so far recorded) or "failed"
+    status: str  # "ok", "partial" (execution stopped early; points so far recorded), "needs-TA" (graded, but an
+    # answer could not be placed: see reason) or "failed"
     reason: str = ""
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # repairs made to the submission before grading

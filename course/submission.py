@@ -32,6 +32,7 @@ from .nbgrader_run import db_url_for, is_autograded_grade
 from .notebooks import NB_VERSION, NotebookError, grade_id, nbgrader_meta, read_notebook, write_notebook
 from .paths import COURSE_ID
 from .quoting import escape_controls
+from .recover import recover_metadata, release_of
 from .scan import is_locked, scan_notebook
 
 NO_NOTEBOOK = "no notebook submitted"
@@ -55,6 +56,8 @@ class Staged:
             itself failed and a TA must look.
         notes: the repairs made, one short sentence each.
         flags: suspicious constructs in the student's code (``course.scan``); they never change a score.
+        review: why a TA must look at it although it was graded (answers that lost their metadata and could not be
+            placed, ``course.recover``); empty otherwise.
     """
 
     student: str
@@ -63,6 +66,7 @@ class Staged:
     zero: bool = True
     notes: list[str] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)
+    review: str = ""
 
     @property
     def gradable(self) -> bool:
@@ -230,10 +234,12 @@ class Instructor:
         source_nb: ``source/<lab>/<lab>.ipynb``.
         reference: its graded and locked cells as the release has them, by grade id, in notebook order:
             locked as nbgrader locks them, solutions replaced by stubs, hidden tests and mark schemes removed.
+        release_nb: the whole notebook as the release has it.
     """
 
     source_nb: nbformat.NotebookNode
     reference: dict[str, nbformat.NotebookNode]
+    release_nb: nbformat.NotebookNode
 
     @classmethod
     def load(cls, course_root: Path, lab: str) -> "Instructor":
@@ -242,13 +248,9 @@ class Instructor:
         Raises:
             NotebookError: the instructor's notebook cannot be read.
         """
-        from nbgrader.preprocessors import ClearHiddenTests, ClearMarkScheme, ClearSolutions, LockCells
-
         source_nb = read_notebook(course_root / "source" / lab / f"{lab}.ipynb")
-        nb, resources = copy.deepcopy(source_nb), {}
-        for preprocessor in (LockCells(), ClearSolutions(), ClearHiddenTests(), ClearMarkScheme()):
-            nb, resources = preprocessor.preprocess(nb, resources)
-        return cls(source_nb, {gid: cell for cell in nb.cells if (gid := grade_id(cell))})
+        nb = release_of(source_nb)
+        return cls(source_nb, {gid: cell for cell in nb.cells if (gid := grade_id(cell))}, nb)
 
 
 def _plain(cell) -> nbformat.NotebookNode:
@@ -422,6 +424,7 @@ def stage_submission(
     staged = _stage(course_root, lab, student, staging_root, instructor)
     staged.notes = [escape_controls(note) for note in staged.notes]
     staged.reason = escape_controls(staged.reason)
+    staged.review = escape_controls(staged.review)
     return staged
 
 
@@ -451,7 +454,11 @@ def _stage(course_root: Path, lab: str, student: str, staging_root: Path, instru
     except NotebookError as exc:
         staged.reason = f"not a valid notebook ({exc})"
         return staged
-    staged.notes += notes + repair_kernelspec(nb, instructor.source_nb) + repair_cells(nb, instructor.reference)
+    recovery = recover_metadata(nb, instructor.release_nb, instructor.source_nb)
+    if recovery.unplaced:
+        staged.review = f"answers without nbgrader metadata that could not be placed: {', '.join(recovery.unplaced)}"
+    staged.notes += (notes + recovery.notes() + repair_kernelspec(nb, instructor.source_nb)
+                     + repair_cells(nb, instructor.reference))
     staged.notebook = dest / f"{lab}.ipynb"
     write_notebook(nb, staged.notebook)
     return staged

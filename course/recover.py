@@ -1,0 +1,152 @@
+"""recover: give back the nbgrader metadata a submission lost, by where its cells sit.
+
+A student who pastes their work into a fresh notebook, or an editor that drops metadata it does not know (Colab,
+VS Code, nbformat 4.4 without cell ids), hands in cells without ``metadata.nbgrader``. nbgrader then finds none of
+the lab's answers and tests. This module aligns such cells with the release notebook:
+
+- **anchors**: the instructor's locked cells (setup code, explanations, test cells as the release has them) are
+  found in the submission by their text, in order;
+- **answers** sit between two anchors: a code answer is the unlabelled code cell there that defines what the
+  instructor's solution defines (``def gemm``), or the only code cell there; a written answer is the only markdown
+  cell there that is not an anchor (several answers between the same anchors are taken in order when their numbers
+  match).
+
+Each recovered cell gets the release cell's nbgrader metadata. An answer whose candidates are ambiguous is left
+unplaced and named, so that grading can say the submission needs a TA instead of scoring a missing answer as zero.
+Used by staging (``course.submission``) and by the ``RecoverCellMetadata`` sanitize step of plain ``nbgrader
+autograde`` (``course.nbgrader_ext``).
+"""
+from __future__ import annotations
+
+import ast
+import copy
+from dataclasses import dataclass, field
+
+from .notebooks import grade_id
+from .scan import is_locked
+
+
+@dataclass
+class Recovery:
+    """What ``recover_metadata`` did: the grade ids it recovered and the answers it could not place."""
+
+    anchors: list[str] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+    unplaced: list[str] = field(default_factory=list)
+
+    def notes(self) -> list[str]:
+        """Sentences for the TA (empty when nothing was missing)."""
+        notes = []
+        if self.anchors or self.answers:
+            notes.append(f"nbgrader metadata was missing: {len(self.anchors) + len(self.answers)} cells recovered by "
+                         f"their place in the notebook (answers: {', '.join(self.answers) or 'none'})")
+        if self.unplaced:
+            notes.append(f"answers that could not be placed (a TA must look): {', '.join(self.unplaced)}")
+        return notes
+
+
+def release_of(source_nb):
+    """The release notebook of an instructor notebook, derived with nbgrader's own preprocessors: cells locked as
+    nbgrader locks them, solutions replaced by stubs, hidden tests and mark schemes removed."""
+    from nbgrader.preprocessors import ClearHiddenTests, ClearMarkScheme, ClearSolutions, LockCells
+
+    nb, resources = copy.deepcopy(source_nb), {}
+    for preprocessor in (LockCells(), ClearSolutions(), ClearHiddenTests(), ClearMarkScheme()):
+        nb, resources = preprocessor.preprocess(nb, resources)
+    return nb
+
+
+def _text(source: str) -> str:
+    return "\n".join(line.rstrip() for line in source.strip().splitlines())
+
+
+def defined_names(source: str) -> set[str]:
+    """Top-level names a code cell defines (functions, classes, assigned variables); empty when it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def recover_metadata(nb, release_nb, source_nb) -> Recovery:
+    """Label, in place, the cells of ``nb`` that lost their nbgrader metadata.
+
+    Args:
+        nb: the submitted notebook.
+        release_nb: the release notebook (as students got it; ``course.submission.Instructor.release_nb``).
+        source_nb: the instructor's notebook (what each code answer of the solution defines).
+
+    Returns:
+        What was recovered and what could not be placed. Cells that keep their metadata are left alone.
+    """
+    reference = {gid: cell for cell in release_nb.cells if (gid := grade_id(cell))}
+    solutions = {gid: cell.source for cell in source_nb.cells if (gid := grade_id(cell))}
+    ordinary = {_text(cell.source) for cell in release_nb.cells if grade_id(cell) is None}
+    order = list(reference)
+    at = {gid: index for index, gid in enumerate(order)}
+    labelled = {grade_id(cell): i for i, cell in enumerate(nb.cells) if grade_id(cell) in at}
+    unlabelled = [i for i, cell in enumerate(nb.cells) if grade_id(cell) is None]
+    # Answers are looked for among the unlabelled cells that are not the release's own explanations or demo code
+    free = [i for i in unlabelled if _text(nb.cells[i].source) not in ordinary]
+    recovery = Recovery()
+    if len(labelled) == len(order) or not unlabelled:
+        return recovery
+
+    def label(i: int, gid: str) -> None:
+        nb.cells[i].metadata["nbgrader"] = copy.deepcopy(reference[gid].metadata["nbgrader"])
+        labelled[gid] = i
+        unlabelled.remove(i)
+        if i in free:
+            free.remove(i)
+
+    last = -1
+    for gid in order:  # anchors, matched by their text in order
+        if gid in labelled:
+            last = max(last, labelled[gid])
+            continue
+        ref = reference[gid]
+        if not is_locked(ref):
+            continue
+        match = next((i for i in unlabelled if i > last and nb.cells[i].cell_type == ref.cell_type
+                      and _text(nb.cells[i].source) == _text(ref.source)), None)
+        if match is not None:
+            label(match, gid)
+            recovery.anchors.append(gid)
+            last = match
+
+    slots: dict[tuple[int, int, str], list[str]] = {}
+    for gid in order:  # answers, grouped by the anchors around them
+        if gid in labelled or is_locked(reference[gid]):
+            continue
+        before = max((labelled[g] for g in order[: at[gid]] if g in labelled), default=-1)
+        after = min((labelled[g] for g in order[at[gid] + 1:] if g in labelled), default=len(nb.cells))
+        slots.setdefault((before, after, reference[gid].cell_type), []).append(gid)
+    for (before, after, kind), gids in slots.items():
+        candidates = [i for i in free if before < i < after and nb.cells[i].cell_type == kind]
+        for gid in list(gids):  # a code answer: the cell that defines what the solution defines
+            wanted = defined_names(solutions.get(gid, "")) if kind == "code" else set()
+            definers = [i for i in (candidates or free) if wanted and wanted & defined_names(nb.cells[i].source)
+                        and nb.cells[i].cell_type == kind]
+            if definers:
+                label(definers[-1], gid)  # the last definition is the one the tests see
+                candidates = [i for i in candidates if i in free]
+                recovery.answers.append(gid)
+                gids.remove(gid)
+        if not gids or not candidates:
+            continue  # nothing left to place: a missing answer is restored as the release stub
+        if len(candidates) == len(gids):
+            for i, gid in zip(candidates, gids):
+                label(i, gid)
+                recovery.answers.append(gid)
+        else:
+            recovery.unplaced += gids
+    recovery.unplaced = [gid for gid in order if gid in set(recovery.unplaced)]
+    return recovery
