@@ -1,4 +1,4 @@
-"""Command line: ``python -m course {build,lint,check,grade,feedback,demo} ...``."""
+"""Command line: ``python -m course {build,lint,check,bundle,grade,feedback,solutions,demo} ...``."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +24,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = sub.add_parser("check", help="pre-release gate: lint, then autograde reference (full marks) and blank (zero)")
     p.add_argument("labs", nargs="*", help="labs to check (default: all)")
 
+    p = sub.add_parser("bundle", help="what students get: OUT/labN/ (for a student repository) and OUT/labN.zip (for an LMS)")
+    p.add_argument("labs", nargs="*", help="labs to bundle (default: all)")
+    p.add_argument("--out", type=Path, required=True, help="folder to write the bundles into (outside labs/, source/, release/)")
+
     p = sub.add_parser("grade", help="autograde every submission in submitted/<student>/<lab>/")
     p.add_argument("lab")
     p.add_argument("--student", action="append", help="grade only this student (repeatable)")
@@ -42,6 +46,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--exchange", help="nbgrader exchange folder to release feedback into (optional)")
     p.add_argument("--force", action="store_true", help="generate feedback even where written answers are ungraded")
     p.add_argument("--course-dir", type=Path, default=REPO_ROOT, help="nbgrader course folder (default: this repository)")
+
+    p = sub.add_parser("solutions", help="after the deadline: OUT/labN_solution.ipynb, model solutions without hidden tests or mark schemes")
+    p.add_argument("labs", nargs="*", help="labs (default: all)")
+    p.add_argument("--out", type=Path, required=True, help="folder to write the solution notebooks into")
 
     p = sub.add_parser("demo", help="build, grade a demo class (reference, blank, partial) and print the table")
     p.add_argument("--lab", default="lab1")
@@ -62,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         from . import check
 
         return check.main(resolve_labs(args.labs))
+    if args.command == "bundle":
+        from . import bundle
+
+        return bundle.main(resolve_labs(args.labs), args.out)
+    if args.command == "solutions":
+        from . import solutions
+
+        return solutions.main(resolve_labs(args.labs), args.out)
     if args.command == "grade":
         from . import grade
 

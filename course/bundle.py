@@ -1,0 +1,169 @@
+"""bundle: what students get of a lab, written outside this repository (which holds every solution and hidden test).
+
+``python -m course bundle [labs...] --out DIR`` writes, per lab, ``DIR/labN/`` (ready to push to a public student
+repository) and ``DIR/labN.zip`` (the same folder, for an LMS). Each holds exactly what ``release/labN/`` holds (the
+notebook, ``utils.py``, ``checks.py``, ``assets/``) and a README for students, and nothing else: both are checked
+before the command reports success, with ``course.lint``'s release leak check run on every text file in them.
+"""
+from __future__ import annotations
+
+import io
+import shlex
+import shutil
+import zipfile
+from pathlib import Path
+
+import nbformat
+
+from .lint import check_release_leaks
+from .notebooks import NB_VERSION, NotebookError, read_notebook
+from .paths import REPO_ROOT, source_notebook_path
+
+README_TEMPLATE = Path(__file__).parent / "templates" / "student_bundle" / "README.md"
+README = "README.md"
+ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # one fixed date: the same bundle zips to the same bytes
+SKIPPED = ("__pycache__", ".ipynb_checkpoints")  # what a release folder may gather that is no part of it
+
+
+class BundleError(Exception):
+    """A bundle could not be written, or failed its check; the message says why."""
+
+
+def release_files(folder: Path) -> dict[str, bytes]:
+    """Relative path (POSIX) -> content of every file under ``folder``, caches and checkpoints left out."""
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*"))
+            if path.is_file() and not any(part in SKIPPED for part in path.parts) and path.suffix != ".pyc"}
+
+
+def zip_files(zip_path: Path, lab: str) -> dict[str, bytes]:
+    """Relative path (below the zip's top folder ``lab/``) -> content of every file in a bundle zip."""
+    with zipfile.ZipFile(zip_path) as archive:
+        return {name.removeprefix(f"{lab}/") if name.startswith(f"{lab}/") else f"(outside {lab}/) {name}":
+                archive.read(name) for name in archive.namelist() if not name.endswith("/")}
+
+
+COLAB_PROVIDES = ("jupyterlab", "ipykernel")  # Colab runs its own notebook server and kernel
+
+
+def pip_requirements(requirements: Path, leave_out: tuple[str, ...] = ()) -> str:
+    """The requirement specifiers of a requirements file, shell-quoted on one line (``pip install`` arguments),
+    without the packages named in ``leave_out``."""
+    specs = [line.split(" #")[0].strip() for line in requirements.read_text().splitlines()]
+    specs = [spec for spec in specs if spec and not spec.startswith(("#", "-"))]
+    return " ".join(shlex.quote(spec) for spec in specs if not spec.startswith(leave_out))
+
+
+def student_readme(lab: str, notebook_text: str, requirements: Path) -> str:
+    """The bundle's README for students: opening the lab locally and on Colab, and what to submit."""
+    nb = nbformat.reads(notebook_text, as_version=NB_VERSION)
+    first = next((cell.source for cell in nb.cells if cell.cell_type == "markdown"), "")
+    title = next((line[2:].strip() for line in first.splitlines() if line.startswith("# ")), lab)
+    return README_TEMPLATE.read_text().format(
+        title=title, lab_title=title.split(":")[0], lab=lab, requirements=pip_requirements(requirements),
+        colab_requirements=pip_requirements(requirements, COLAB_PROVIDES))
+
+
+def bundle_contents(lab: str, root: Path = REPO_ROOT) -> dict[str, bytes]:
+    """What a lab's bundle holds: ``release/<lab>/``'s files and the students' README."""
+    files = release_files(root / "release" / lab)
+    notebook = f"{lab}.ipynb"
+    if notebook not in files:
+        raise BundleError(f"{root / 'release' / lab / notebook} is missing: run `python -m course build {lab}`")
+    files[README] = student_readme(lab, files[notebook].decode(), root / "requirements.txt").encode()
+    return files
+
+
+def check_bundle(lab: str, files: dict[str, bytes], root: Path = REPO_ROOT) -> list[str]:
+    """Problems of a bundle's files (empty when none): a file that is not the release's or the README, a release
+    file missing or changed, and solution or hidden-test text (``course.lint.check_release_leaks``).
+
+    The notebook and the README get the whole leak check (delimiters, and every line of a solution or hidden test).
+    The other text files (``utils.py``, ``checks.py``) are the course's public helpers, byte for byte those of
+    ``release/``: they share short lines with solutions and hidden tests (``start = time.perf_counter()``), so only
+    the delimiters are looked for in them."""
+    release = release_files(root / "release" / lab)
+    problems = [f"{name}: not part of release/{lab}/ nor the README" for name in sorted(set(files) - set(release) - {README})]
+    problems += [f"{name}: missing (release/{lab}/ has it)" for name in sorted(set(release) - set(files))]
+    problems += [f"{name}: differs from release/{lab}/{name}" for name in sorted(set(release) & set(files))
+                 if files[name] != release[name]]
+    try:
+        source_nb = read_notebook(source_notebook_path(root, lab))
+    except NotebookError as exc:
+        return problems + [f"cannot check for leaks: {exc}"]
+    for name, content in sorted(files.items()):
+        try:
+            text = content.decode()
+        except UnicodeDecodeError:
+            continue  # a figure
+        try:
+            nb = (nbformat.reads(text, as_version=NB_VERSION) if name.endswith(".ipynb")
+                  else nbformat.v4.new_notebook(cells=[nbformat.v4.new_raw_cell(text)]))
+        except Exception as exc:  # noqa: BLE001 - nbformat raises several types for malformed JSON
+            problems.append(f"{name}: not a readable notebook ({type(exc).__name__})")
+            continue
+        full = name.endswith(".ipynb") or name == README
+        against = source_nb if full else nbformat.v4.new_notebook()  # no lines to match: delimiters only
+        problems += [f"{name}: {problem.message}" for problem in check_release_leaks(lab, against, nb)]
+    return problems
+
+
+def write_zip(files: dict[str, bytes], zip_path: Path, lab: str) -> None:
+    """Write ``files`` into ``zip_path`` below one top folder ``lab/`` (unzipping makes the bundle's folder)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, content in sorted(files.items()):
+            info = zipfile.ZipInfo(f"{lab}/{name}", date_time=ZIP_DATE)
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, content, zipfile.ZIP_DEFLATED)
+    zip_path.write_bytes(buffer.getvalue())
+
+
+def write_folder(files: dict[str, bytes], folder: Path) -> None:
+    """Make ``folder`` hold exactly ``files``; top-level entries named ``.*`` (a student repository's ``.git``) stay."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for entry in folder.iterdir():
+        if entry.name.startswith("."):
+            continue
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    for name, content in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(content)
+
+
+def write_bundle(lab: str, out_dir: Path, root: Path = REPO_ROOT) -> tuple[Path, Path]:
+    """Write and check ``out_dir/<lab>/`` and ``out_dir/<lab>.zip``; returns both paths.
+
+    Raises:
+        BundleError: the release is missing, or what was written failed its check (nothing is left written then).
+    """
+    files = bundle_contents(lab, root)
+    if problems := check_bundle(lab, files, root):
+        raise BundleError("\n".join(problems))
+    folder, zip_path = out_dir / lab, out_dir / f"{lab}.zip"
+    write_folder(files, folder)
+    write_zip(files, zip_path, lab)
+    written = {"folder": release_files(folder), "zip": zip_files(zip_path, lab)}
+    problems = [f"{kind}: {problem}" for kind, found in written.items() for problem in check_bundle(lab, found, root)]
+    if problems:
+        shutil.rmtree(folder)
+        zip_path.unlink()
+        raise BundleError("\n".join(problems))
+    return folder, zip_path
+
+
+def main(labs: list[str], out_dir: Path, root: Path = REPO_ROOT) -> int:
+    out_dir = out_dir.resolve()
+    trees = [(root / tree).resolve() for tree in ("labs", "source", "release")]
+    if out_dir == root.resolve() or any(out_dir == tree or tree in out_dir.parents for tree in trees):
+        print(f"bundle: --out {out_dir} is this repository or inside labs/, source/ or release/: name another folder")
+        return 2
+    for lab in labs:
+        try:
+            folder, zip_path = write_bundle(lab, out_dir, root)
+        except BundleError as exc:
+            print(f"bundle {lab}: FAILED\n{exc}")
+            return 1
+        count = len(release_files(folder))
+        print(f"bundle {lab}: {folder}/ and {zip_path} ({count} files; checked: the release's files and "
+              f"{README} only, no solution or hidden-test text)")
+    return 0

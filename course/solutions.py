@@ -1,0 +1,97 @@
+"""solutions: after the deadline, each lab's model solutions for students.
+
+``python -m course solutions [labs...] --out DIR`` writes ``DIR/labN_solution.ipynb``: the student notebook of
+``release/labN/`` (no hidden tests) with every solution cell holding the model solution or model answer of
+``source/labN/``, without its delimiters and without its mark scheme (``course.notebooks.make_submission``, which
+makes the reference submission for grading, then the commented mark schemes of code cells removed). It runs beside the lab's ``utils.py``, ``checks.py`` and ``assets/``, which
+students have from the lab's bundle. Every notebook is checked before the command reports success.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .lint import MIN_LEAK_LINE_CHARS
+from .notebooks import (
+    HIDDEN_BEGIN,
+    HIDDEN_END,
+    MARK_SCHEME_BEGIN,
+    MARK_SCHEME_END,
+    NotebookError,
+    answer_source,
+    cells_by_grade_id,
+    is_solution,
+    make_submission,
+    marked_lines,
+    read_notebook,
+    strip_lines,
+    write_notebook,
+)
+from .paths import REPO_ROOT, release_notebook_path, source_notebook_path
+
+# A code cell's mark scheme is written as comments (docs/AUTHORING.md), a markdown cell's as plain lines.
+CODE_MARK_SCHEME = ("# " + MARK_SCHEME_BEGIN, "# " + MARK_SCHEME_END)
+SECRET_REGIONS = ((HIDDEN_BEGIN, HIDDEN_END), (MARK_SCHEME_BEGIN, MARK_SCHEME_END), CODE_MARK_SCHEME)
+
+
+def solution_notebook(source_nb, release_nb):
+    """The students' solution notebook: the release (no hidden tests) with every solution cell holding the model
+    solution or answer, without delimiters and mark schemes."""
+    nb = make_submission(release_nb, source_nb)
+    for cell in nb.cells:
+        cell.source = strip_lines(cell.source, *CODE_MARK_SCHEME, keep_inside=False)
+    return nb
+
+
+def _secret_lines(source_nb) -> set[str]:
+    """The stripped lines of every hidden test and mark scheme that appear nowhere else in the source notebook."""
+    inside: set[str] = set()
+    outside: set[str] = set()
+    for cell in source_nb.cells:
+        regions = [[where for _, where in marked_lines(cell.source, *region)] for region in SECRET_REGIONS]
+        for index, line in enumerate(cell.source.splitlines()):
+            secret = any(where[index] == "inside" for where in regions)
+            (inside if secret else outside).add(line.strip())
+    return {line for line in inside - outside if len(line) >= MIN_LEAK_LINE_CHARS}
+
+
+def check_solution_notebook(source_nb, solution_nb) -> list[str]:
+    """Problems of a solution notebook (empty when none): a delimiter, a line of a hidden test or of a mark scheme,
+    or a solution cell of the source whose model solution is not there in full."""
+    problems = []
+    text = "\n".join(cell.source for cell in solution_nb.cells)
+    for marker in (HIDDEN_BEGIN, HIDDEN_END, MARK_SCHEME_BEGIN, MARK_SCHEME_END):
+        problems += [f"contains the delimiter {marker!r}"] if marker in text else []
+    lines = {line.strip() for line in text.splitlines()}
+    problems += [f"shows a line of a hidden test or mark scheme: {line[:60]!r}" for line in sorted(_secret_lines(source_nb) & lines)]
+    answered = cells_by_grade_id(solution_nb)
+    for gid, cell in cells_by_grade_id(source_nb).items():
+        model = strip_lines(answer_source(cell), *CODE_MARK_SCHEME, keep_inside=False)
+        if is_solution(cell) and (gid not in answered or answered[gid].source != model):
+            problems.append(f"{gid}: the model solution is missing or incomplete")
+    return problems
+
+
+def write_solution(lab: str, out_dir: Path, root: Path = REPO_ROOT) -> Path:
+    """Write and check ``out_dir/<lab>_solution.ipynb``.
+
+    Raises:
+        NotebookError: a notebook is missing, or the solution notebook failed its check (then nothing is written).
+    """
+    source_nb = read_notebook(source_notebook_path(root, lab))
+    nb = solution_notebook(source_nb, read_notebook(release_notebook_path(root, lab)))
+    if problems := check_solution_notebook(source_nb, nb):
+        raise NotebookError("\n".join(problems))
+    path = out_dir / f"{lab}_solution.ipynb"
+    write_notebook(nb, path)
+    return path
+
+
+def main(labs: list[str], out_dir: Path, root: Path = REPO_ROOT) -> int:
+    for lab in labs:
+        try:
+            path = write_solution(lab, out_dir.resolve(), root)
+        except NotebookError as exc:
+            print(f"solutions {lab}: FAILED\n{exc}")
+            return 1
+        print(f"solutions {lab}: {path} (checked: every model solution, no hidden test, no mark scheme)")
+    return 0

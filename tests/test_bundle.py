@@ -1,0 +1,88 @@
+"""What students get (``course bundle``) and the solutions they get after the deadline (``course solutions``), on the
+tiny fixture lab: exactly the release and a README, no solution or hidden-test text; every model solution and no
+hidden test or mark scheme."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from fixture_lab import LAB, REPO, make_root
+
+from course import build, bundle, solutions
+from course.notebooks import HIDDEN_BEGIN, MARK_SCHEME_BEGIN, SOLUTION_BEGIN, read_notebook
+
+SECRETS = ("add(-40, 17)", "scale(0.5, 7.25)", "square(-9)", "Any reasonable answer", "=== BEGIN MARK SCHEME ===",
+           HIDDEN_BEGIN, SOLUTION_BEGIN)  # hidden tests, the mark scheme and delimiters of tests/fixtures/lab0
+MODEL_SOLUTIONS = ("return a + b", "return x * factor_per_unit", "return x * x", "Because it is the simplest")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    root = make_root(tmp_path_factory.mktemp("bundle"))
+    shutil.copy2(REPO / "requirements.txt", root / "requirements.txt")
+    assert build.main([LAB], root) == 0
+    return root
+
+
+def test_bundle_holds_the_release_and_a_readme_only(root, tmp_path):
+    out = tmp_path / "out"
+    assert bundle.main([LAB], out, root) == 0
+    release = bundle.release_files(root / "release" / LAB)
+    folder, zipped = bundle.release_files(out / LAB), bundle.zip_files(out / f"{LAB}.zip", LAB)
+    assert set(folder) == set(release) | {"README.md"} == {"lab0.ipynb", "utils.py", "checks.py", "assets/figure.png",
+                                                         "README.md"}, sorted(folder)
+    assert zipped == folder, "the zip holds the folder's files, below one top folder lab0/"
+    assert all(folder[name] == release[name] for name in release), "the release's files, byte for byte"
+    readme = folder["README.md"].decode()
+    for needed in ("jupyter lab lab0.ipynb", "pip install 'torch>=", "Colab", "lab0.zip", "What to submit"):
+        assert needed in readme, f"the students' README says {needed!r}"
+    for name, content in folder.items():
+        for secret in SECRETS:
+            assert secret.encode() not in content, f"{name} shows {secret!r}"
+    assert sorted(p.name for p in out.iterdir()) == [LAB, f"{LAB}.zip"], "nothing else is written"
+
+
+def test_bundle_refuses_solution_text_and_extra_files(root):
+    files = bundle.bundle_contents(LAB, root)
+    assert bundle.check_bundle(LAB, files, root) == []
+    leaky = json.loads(files["lab0.ipynb"])
+    leaky["cells"][-1]["source"] = "assert square(-9) == 81, \"square(-9) must be 81\"\n"
+    problems = bundle.check_bundle(LAB, {**files, "lab0.ipynb": json.dumps(leaky).encode()}, root)
+    assert any("hidden tests" in p for p in problems) and any("differs from release" in p for p in problems), problems
+    problems = bundle.check_bundle(LAB, {**files, "source/lab0.ipynb": b"{}", "utils.py": b"### BEGIN SOLUTION\n"}, root)
+    assert any("not part of release" in p for p in problems), problems
+    assert any("delimiter '### BEGIN SOLUTION'" in p for p in problems), problems
+
+
+def test_bundle_rewrites_its_folder_and_keeps_a_repository(root, tmp_path):
+    out = tmp_path / "students"
+    (out / LAB / ".git").mkdir(parents=True)
+    (out / LAB / "stale.txt").write_text("from an older bundle")
+    assert bundle.main([LAB], out, root) == 0
+    assert (out / LAB / ".git").is_dir() and not (out / LAB / "stale.txt").exists()
+    assert bundle.main([LAB], root / "release" / "x", root) == 2, "never inside the release"
+
+
+def test_solutions_show_every_model_solution_and_no_hidden_test(root, tmp_path):
+    assert solutions.main([LAB], tmp_path, root) == 0
+    path = tmp_path / f"{LAB}_solution.ipynb"
+    text = "\n".join(cell.source for cell in read_notebook(path).cells)
+    for model in MODEL_SOLUTIONS:
+        assert model in text, f"the solution notebook shows {model!r}"
+    for secret in SECRETS:
+        assert secret not in text, f"the solution notebook shows {secret!r}"
+    assert "assert add(1, 2) == 3" in text, "public tests stay"
+
+
+def test_solutions_check_finds_mark_schemes_and_missing_solutions(root):
+    source_nb = read_notebook(root / "source" / LAB / f"{LAB}.ipynb")
+    release_nb = read_notebook(root / "release" / LAB / f"{LAB}.ipynb")
+    good = solutions.solution_notebook(source_nb, release_nb)
+    assert solutions.check_solution_notebook(source_nb, good) == []
+    assert solutions.check_solution_notebook(source_nb, release_nb) != [], "stubs are not solutions"
+    code = next(c for c in good.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "q1_1_add")
+    code.source = f"# {MARK_SCHEME_BEGIN}\n# Any reasonable answer.\n" + code.source
+    problems = solutions.check_solution_notebook(source_nb, good)
+    assert any("delimiter" in p for p in problems) and any("q1_1_add" in p for p in problems), problems
