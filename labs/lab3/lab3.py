@@ -98,13 +98,15 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 sys.path.insert(0, ".")  # utils.py sits beside the notebook (and at the repository root when run as a script)
 from utils import *
+from checks import *
 
 print_environment_report("lab3")
 
 
 # %% nbgrader={"grade": false, "grade_id": "test_helpers", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["test-helpers"]
-def _check_count(fn, args, expected, hint=""):
-    """Test helper: ``fn(*args)`` must return exactly the integer ``expected``, as a Python ``int``.
+def _assert_count(fn, args, expected, hint=""):
+    """Test helper: ``fn(*args)`` must be the whole number ``expected`` (checks.assert_integer: a Python int, a NumPy
+    integer or a float without a fractional part); a wrong count's message adds ``hint``, the rules to re-read.
 
     Args:
         fn: the function under test (a FLOP or byte count).
@@ -112,26 +114,71 @@ def _check_count(fn, args, expected, hint=""):
         expected (int): the right answer.
         hint (str): which counting rules to re-read when the answer is wrong.
     """
-    call = f"{fn.__name__}{tuple(args)}"
-    result = fn(*args)
     try:
-        got = plain_value(result, "int", call)
+        assert_integer(fn(*args), expected, f"{fn.__name__}{tuple(args)}")
     except AssertionError as exc:
-        raise AssertionError(f"{exc} (use // to divide integers)") from None
-    assert got == expected, f"{call} must be {expected:,}, got {got:,}. {hint}".strip()
+        raise AssertionError(f"{exc}. {hint}".strip()) from None
 
 
-def _check_close(got, expected, what, rel=1e-9):
-    """Test helper: a number ``got`` (exactly a Python or NumPy number, or a one-element tensor) must equal
-    ``expected`` to the relative tolerance ``rel``; the message shows both at full precision."""
-    value = plain_value(got, "real", what)
-    assert math.isclose(value, float(expected), rel_tol=rel, abs_tol=1e-300), (
-        f"{what} must be {float(expected)!r} (relative tolerance {rel:g}), got {value!r}")
+def _own_count(fn, *args):
+    """Test helper: the whole number the student's earlier function ``fn`` gives for ``args`` (checks.as_integer), to
+    carry an earlier answer forward."""
+    return as_integer(fn(*args), f"{fn.__name__}{args}")
 
 
-def _check_label(got, expected, what):
-    """Test helper: ``got`` must be exactly the string ``expected`` (a ``str``, not a subclass)."""
-    assert type(got) is str and got == expected, f"{what} must be the string {expected!r}, got {got!r}"
+def _own_real(fn, *args):
+    """Test helper: the number the student's earlier function ``fn`` gives for ``args`` (checks.as_real)."""
+    return as_real(fn(*args), f"{fn.__name__}{args}")
+
+
+def _carried(compute):
+    """Test helper: ``compute()``, the value a later answer has when it is built from the student's own earlier
+    answers (a mistake is charged once, in its own question: docs/AUTHORING.md), or None when those answers give no
+    number (unanswered, raising, outside the contract); then only the grader's reference is accepted."""
+    try:
+        return compute()
+    except Exception:  # noqa: BLE001 - any failure of an earlier answer: nothing to carry forward
+        return None
+
+
+def _assert_accepted(got, reference, carried, what, integer=False, rel_tol=REL_TOL, formula=None, hint=""):
+    """Test helper: ``got`` must match the grader's ``reference`` or one of the values ``carried`` forward from the
+    student's earlier answers (None entries are skipped), compared by checks.assert_integer (``integer``) or
+    checks.assert_close. The message states the reference at full precision, the carried values and ``hint`` (the
+    rules to re-read).
+
+    Returns:
+        The answer as checks returns it (an int or a float).
+    """
+    options = [reference] + [value for value in carried if value is not None]
+    failure = None
+    for expected in options:
+        try:
+            if integer:
+                return assert_integer(got, expected, what, formula=formula)
+            return assert_close(got, expected, what, rel_tol=rel_tol, formula=formula)
+        except AssertionError as exc:
+            failure = failure or exc
+    shown = list(dict.fromkeys(repr(value) for value in options))
+    more = f" (or, built from your own earlier answers, {' or '.join(shown[1:])})" if len(shown) > 1 else ""
+    raise AssertionError(f"{failure}{more}. {hint}".strip()) from None
+
+
+def _roofline_times_s(counts, peak_flops_per_s, bandwidth_bytes_per_s, estimate):
+    """Test helper: the roofline times, in seconds, that a later answer may have: max(FLOPs / peak, bytes / bandwidth)
+    of each ``(flops, bytes)`` pair in ``counts`` (None entries skipped; the first pair is the grader's reference),
+    then the same pairs' ``t_roofline_s`` from the student's own ``estimate`` (roofline_estimate, Question 2.7).
+
+    Returns:
+        list[float]: the reference time first.
+    """
+    pairs = [pair for pair in counts if pair is not None]
+    times = [max(flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s) for flops, nbytes in pairs]
+    for flops, nbytes in pairs:
+        what = f"roofline_estimate({flops}, {nbytes}, {peak_flops_per_s:g}, {bandwidth_bytes_per_s:g})"
+        times.append(_carried(lambda: as_real(as_dict(estimate(flops, nbytes, peak_flops_per_s, bandwidth_bytes_per_s),
+                                                      what)["t_roofline_s"], f"{what}['t_roofline_s']")))
+    return [time for time in times if time is not None]
 
 
 def _polynomial(terms):
@@ -194,17 +241,18 @@ def causal_self_attention(q, k, v):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q1_1_causal_attention_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
-_q = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], device=DEVICE)
-_v = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], device=DEVICE)
-_out = plain_value(causal_self_attention(_q, _q, _v), "tensor", "causal_self_attention(q, k, v)")
-assert tuple(_out.shape) == (3, 2), (
-    f"causal_self_attention of (3, 2) inputs must return a (3, 2) tensor, got {getattr(_out, 'shape', _out)}")
-torch.testing.assert_close(_out[0], _v[0], msg=lambda m: f"row 0 may only attend to itself, so it must equal v[0]: {m}")
-_w = torch.softmax(torch.tensor([0.0, 1.0]) / math.sqrt(2.0), dim=0).to(DEVICE)
-torch.testing.assert_close(_out[1], _w[0] * _v[0] + _w[1] * _v[1],
-                           msg=lambda m: f"row 1 attends to rows 0 and 1 with weights softmax([0, 1] / sqrt(2)): {m}")
-del _q, _v, _out, _w
-print("Question 1.1: public tests passed")
+with check("public: a (3, 2) example keeps its shape; row 0 attends to itself only, row 1 to rows 0 and 1", weight=2):
+    _q = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], device=DEVICE)
+    _v = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], device=DEVICE)
+    _out = as_tensor(causal_self_attention(_q, _q, _v), "causal_self_attention(q, k, v)")
+    assert tuple(_out.shape) == (3, 2), (
+        f"causal_self_attention of (3, 2) inputs must return a (3, 2) tensor, got shape {tuple(_out.shape)}")
+    _w = torch.softmax(torch.tensor([0.0, 1.0], dtype=torch.float64) / math.sqrt(2.0), dim=0)
+    _v64 = _v.cpu().double()
+    assert_tensor_close(_out[0], _v64[0], "row 0 of the output (it may only attend to itself, so it must equal v[0])")
+    assert_tensor_close(_out[1], _w[0] * _v64[0] + _w[1] * _v64[1],
+                        "row 1 of the output (weights softmax([0, 1] / sqrt(2)) on v[0] and v[1])")
+    del _q, _v, _out, _w, _v64
 ### BEGIN HIDDEN TESTS
 def _q1_1_hidden_tests():
     @kernel_side
@@ -222,52 +270,67 @@ def _q1_1_hidden_tests():
         future = torch.ones(n, n, dtype=torch.bool).triu(1)
         return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
 
-    def check(shape, dtype, seed, scale=1.0):
+    def inputs(shape, dtype, seed, scale=1.0):
         gen = torch.Generator().manual_seed(seed)
         q = (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(DEVICE, dtype)
         k = (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(DEVICE, dtype)
         v = torch.randn(*shape, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
-        where = f"inputs of shape {tuple(shape)}, {dtype}" + (f", scores scaled x{scale ** 2:g}" if scale != 1 else "")
-        banned = sorted(n for n in torch_calls(q, k, v) if "scaled_dot_product" in n or "multi_head_attention" in n)
-        assert not banned, f"build the mask and the softmax yourself; your code called {banned}"
-        out = plain_value(causal_self_attention(q, k, v), "tensor", f"causal_self_attention(q, k, v) for {where}")
-        assert tuple(out.shape) == tuple(shape), (
-            f"for {where} the output must have shape {tuple(shape)}, got {getattr(out, 'shape', out)}")
-        assert out.dtype == dtype and out.device == q.device, (
-            f"for {where} the output must keep the dtype and device of q ({dtype}, {q.device}), got ({out.dtype}, {out.device})")
-        got = out.detach().to("cpu", torch.float64)
-        assert torch.isfinite(got).all(), f"for {where} the output has NaN or inf: is your softmax stable, and can row 0 see itself?"
-        expected = reference(q, k, v)
-        err = (got - expected).abs().max().item()
-        tol = 1e-4 if dtype == torch.float32 else 1e-10
-        assert err <= tol * (1 + expected.abs().max().item()), (
-            f"for {where}: row i must be softmax(q_i k_j / sqrt(d), j <= i) v; max abs error {err:.3g}")
+        where = f"inputs of shape {tuple(shape)}, {dtype}" + (f", scores scaled x{scale ** 2:g}" if scale > 1 else "")
+        return q, k, v, where
+
+    def case(shape, dtype, seed, scale=1.0):
+        """causal_self_attention on one input: shape, dtype, device and values (default tolerance of its dtype)."""
+        q, k, v, where = inputs(shape, dtype, seed, scale)
+        out = assert_tensor_close(causal_self_attention(q, k, v), reference(q, k, v),
+                                  f"causal_self_attention(q, k, v) for {where} (row i = softmax(q_i k_j / sqrt(d), "
+                                  f"j <= i) v, same shape, dtype and device as q)", dtype=dtype, device=q.device)
         return q, k, v, out
 
-    check((5, 4), torch.float64, 11)
-    check((2, 3, 7, 8), torch.float32, 12)
-    check((3, 9, 16), torch.float64, 13)
-    check((1, 1, 1, 4), torch.float32, 14)
+    with check("matches float64 causal attention on hidden inputs (2 to 4 dimensions, float32 and float64), with "
+               "q's shape, dtype and device", weight=4):
+        case((5, 4), torch.float64, 11)
+        case((2, 3, 7, 8), torch.float32, 12)
+        case((3, 9, 16), torch.float64, 13)
+        case((1, 1, 1, 4), torch.float32, 14)
+    with check("causal: keys and values after position t do not change the outputs at positions <= t"):
+        q, k, v, out = case((2, 2, 10, 4), torch.float64, 16)
+        t = 4
+        k2, v2 = k.clone(), v.clone()
+        k2[..., t + 1:, :] += 3.0
+        v2[..., t + 1:, :] -= 5.0
+        out2 = assert_tensor_close(causal_self_attention(q, k2, v2), reference(q, k2, v2),
+                                   "causal_self_attention after changing the keys and values at positions > 4")
+        assert_tensor_close(out2[..., : t + 1, :], out[..., : t + 1, :].double(),
+                            "outputs at positions <= 4 after changing the keys and values at positions > 4 (the mask "
+                            "must hide the future)")
     # Stability: exp overflows float32 beyond 88.7 and float64 beyond 709.8. Here the largest scores reach 255 in
     # float32 (and one row's largest score is -208, where exp underflows to 0) and 1,759 in float64.
-    check((2, 6, 8), torch.float32, 15, scale=12.0)
-    check((3, 5, 16), torch.float64, 17, scale=30.0)
-    # Causality: changing keys and values after position t must not change outputs 0..t.
-    q, k, v, out = check((2, 2, 10, 4), torch.float64, 16)
-    t = 4
-    k2, v2 = k.clone(), v.clone()
-    k2[..., t + 1:, :] += 3.0
-    v2[..., t + 1:, :] -= 5.0
-    out2 = causal_self_attention(q, k2, v2)
-    assert torch.allclose(out[..., : t + 1, :], out2[..., : t + 1, :], atol=1e-12), (
-        "changing keys/values at positions > t changed the outputs at positions <= t: the mask must hide the future")
-    assert not torch.allclose(out[..., t + 1:, :], out2[..., t + 1:, :]), (
-        "changing keys/values at positions > t must change the later outputs (position i sees j <= i)")
+    with check("numerically stable: scores up to 255 in float32 and 1,759 in float64 give the right finite output"):
+        case((2, 6, 8), torch.float32, 15, scale=12.0)
+        case((3, 5, 16), torch.float64, 17, scale=30.0)
+    with check("returns its result on the device of q (checked with PyTorch's default device set to meta)"):
+        q, k, v, where = inputs((2, 5, 8), torch.float32, 18)
+        devices = kernel_side(output_devices_with_meta_default)(causal_self_attention, q, k, v)
+        if devices is None:  # the call needed data from a tensor it made on the default device: the ordinary check
+            assert_tensor_close(causal_self_attention(q, k, v), reference(q, k, v),
+                                f"causal_self_attention(q, k, v) for {where}", device=q.device)
+        else:
+            assert devices == [str(q.device)], (
+                f"causal_self_attention(q, k, v) must return one tensor on q's device ({q.device}); with PyTorch's "
+                f"default device set to meta (as a GPU grader would see it) it returned tensors on {devices}: create "
+                f"every tensor on q.device (device=q.device, torch.zeros_like(q), ...)")
+    with check("builds the mask and the softmax itself: no F.scaled_dot_product_attention or nn.MultiheadAttention "
+               "(call recorder)"):
+        q, k, v, where = inputs((2, 3, 7, 8), torch.float32, 19)
+        assert_calls(torch_calls(q, k, v), f"causal_self_attention(q, k, v) for {where} (build the mask yourself)",
+                     forbidden=("scaled_dot_product_attention", "multi_head_attention_forward"))
 
 
 _q1_1_hidden_tests()
 del _q1_1_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 1.1")
+
 
 # %% [markdown]
 # #### Question 1.2 (2 points)
@@ -553,8 +616,10 @@ if SCALE == "quick":
 # $Y = \text{GELU}(X W_1 + b_1) W_2 + b_2$ with $W_1 \in \mathbb{R}^{D \times 4D}$, $b_1 \in \mathbb{R}^{4D}$,
 # $W_2 \in \mathbb{R}^{4D \times D}$, $b_2 \in \mathbb{R}^{D}$.
 #
-# Every function below takes the sizes as arguments and returns a Python `int`. Divide integers with `//`
-# (for example `D // H`), never `/`.
+# Every function below takes the sizes as arguments and returns the count as a whole number: a Python `int` (a
+# NumPy integer, or a float without a fractional part such as `48.0`, is accepted too). Divide integers with `//`
+# (for example `D // H`), never `/`. Where a function is built from your earlier ones, the tests also accept the
+# count your own earlier functions give, so a mistake is charged once, in its own question.
 
 # %% [markdown]
 # #### Question 2.1 (4 points)
@@ -587,21 +652,28 @@ def matmul_bytes(M, K, N, bytes_per_element):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q2_1_matmul_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-_check_count(matmul_flops, (2, 3, 4), 48, "A multiply-add is 2 FLOPs (rule 2).")
-_check_count(matmul_bytes, (2, 3, 4, 4), 104, "Read A and B once, write C once (rule 7).")
-print("Question 2.1: public tests passed")
+with check("public: matmul_flops(2, 3, 4)"):
+    _assert_count(matmul_flops, (2, 3, 4), 48, "A multiply-add is 2 FLOPs (rule 2).")
+with check("public: matmul_bytes(2, 3, 4, 4)"):
+    _assert_count(matmul_bytes, (2, 3, 4, 4), 104, "Read A and B once, write C once (rule 7).")
 ### BEGIN HIDDEN TESTS
 def _q2_1_hidden_tests():
-    for M, K, N in [(7, 11, 13), (1, 1600, 6400), (4096, 3, 1), (65536, 4096, 4096)]:
-        _check_count(matmul_flops, (M, K, N), 2 * M * K * N, "A multiply-add is 2 FLOPs (rule 2).")
-        for n in (2, 4):
-            _check_count(matmul_bytes, (M, K, N, n), n * (M * K + K * N + M * N),
-                         "Read A (M x K) and B (K x N) once, write C (M x N) once (rule 7).")
+    sizes = [(7, 11, 13), (1, 1600, 6400), (4096, 3, 1), (65536, 4096, 4096)]
+    with check("matmul_flops = 2 M K N on hidden sizes", weight=2):
+        for M, K, N in sizes:
+            _assert_count(matmul_flops, (M, K, N), 2 * M * K * N, "A multiply-add is 2 FLOPs (rule 2).")
+    with check("matmul_bytes = n (M K + K N + M N) on hidden sizes, fp16 and fp32", weight=2):
+        for M, K, N in sizes:
+            for n in (2, 4):
+                _assert_count(matmul_bytes, (M, K, N, n), n * (M * K + K * N + M * N),
+                              "Read A (M x K) and B (K x N) once, write C (M x N) once (rule 7).")
 
 
 _q2_1_hidden_tests()
 del _q2_1_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 2.1")
+
 
 # %% [markdown]
 # #### Question 2.2 (3 points)
@@ -635,21 +707,38 @@ def qkv_projection_bytes(B, N, D, bytes_per_element):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q2_2_qkv_projection_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-_check_count(qkv_projection_flops, (1, 2, 3), 108, "Three (B N x D)(D x D) matmuls (rules 2, 8).")
-_check_count(qkv_projection_bytes, (1, 2, 3, 2), 126, "Each projection reads X and its weight and writes its output.")
-print("Question 2.2: public tests passed")
+# A mistake in Question 2.1 is charged once: counts built from your own matmul_flops / matmul_bytes are accepted.
+with check("public: qkv_projection_flops(1, 2, 3)"):
+    _assert_accepted(qkv_projection_flops(1, 2, 3), 108, [_carried(lambda: 3 * _own_count(matmul_flops, 2, 3, 3))],
+                     "qkv_projection_flops(1, 2, 3)", integer=True, hint="Three (B N x D)(D x D) matmuls (rules 2, 8).")
+with check("public: qkv_projection_bytes(1, 2, 3, 2)"):
+    _assert_accepted(qkv_projection_bytes(1, 2, 3, 2), 126, [_carried(lambda: 3 * _own_count(matmul_bytes, 2, 3, 3, 2))],
+                     "qkv_projection_bytes(1, 2, 3, 2)", integer=True,
+                     hint="Each projection reads X and its weight and writes its output.")
 ### BEGIN HIDDEN TESTS
 def _q2_2_hidden_tests():
-    for B, N, D in [(3, 7, 20), (16, 1024, 1600), (1, 1, 4096)]:
-        _check_count(qkv_projection_flops, (B, N, D), 6 * B * N * D * D, "Three (B N x D)(D x D) matmuls (rules 2, 8).")
-        for n in (2, 4):
-            _check_count(qkv_projection_bytes, (B, N, D, n), n * (6 * B * N * D + 3 * D * D),
-                         "X is read three times (once per projection), each D x D weight once, Q, K, V written once.")
+    sizes = [(3, 7, 20), (16, 1024, 1600), (1, 1, 4096)]
+    with check("qkv_projection_flops = 6 B N D^2 on hidden sizes", weight=2):
+        for B, N, D in sizes:
+            _assert_accepted(qkv_projection_flops(B, N, D), 6 * B * N * D * D,
+                             [_carried(lambda: 3 * _own_count(matmul_flops, B * N, D, D))],
+                             f"qkv_projection_flops{(B, N, D)}", integer=True,
+                             hint="Three (B N x D)(D x D) matmuls: 6 B N D^2 (rules 2, 8).")
+    with check("qkv_projection_bytes = n (6 B N D + 3 D^2) on hidden sizes, fp16 and fp32", weight=2):
+        for B, N, D in sizes:
+            for n in (2, 4):
+                _assert_accepted(qkv_projection_bytes(B, N, D, n), n * (6 * B * N * D + 3 * D * D),
+                                 [_carried(lambda: 3 * _own_count(matmul_bytes, B * N, D, D, n))],
+                                 f"qkv_projection_bytes{(B, N, D, n)}", integer=True,
+                                 hint="X is read three times (once per projection), each D x D weight once, Q, K, V "
+                                      "written once: n (6 B N D + 3 D^2).")
 
 
 _q2_2_hidden_tests()
 del _q2_2_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 2.2")
+
 
 # %% [markdown]
 # ### Question 2.3: scaled dot-product attention, one head
@@ -688,22 +777,38 @@ def qk_scores_bytes(B, N, d, bytes_per_element):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q2_3_1_qk_scores_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-_check_count(qk_scores_flops, (1, 2, 3), 28, "B batched (N x d)(d x N) products, plus one FLOP per score to scale.")
-_check_count(qk_scores_bytes, (1, 2, 3, 2), 32, "Read Q and K, write the scaled scores once (rules 7, 8).")
-print("Question 2.3.1: public tests passed")
+# A mistake in Question 2.1 is charged once: counts built from your own matmul_flops / matmul_bytes are accepted.
+with check("public: qk_scores_flops(1, 2, 3)"):
+    _assert_accepted(qk_scores_flops(1, 2, 3), 28, [_carried(lambda: _own_count(matmul_flops, 2, 3, 2) + 4)],
+                     "qk_scores_flops(1, 2, 3)", integer=True,
+                     hint="B batched (N x d)(d x N) products, plus one FLOP per score to scale.")
+with check("public: qk_scores_bytes(1, 2, 3, 2)"):
+    _assert_accepted(qk_scores_bytes(1, 2, 3, 2), 32, [_carried(lambda: _own_count(matmul_bytes, 2, 3, 2, 2))],
+                     "qk_scores_bytes(1, 2, 3, 2)", integer=True,
+                     hint="Read Q and K, write the scaled scores once (rules 7, 8).")
 ### BEGIN HIDDEN TESTS
 def _q2_3_1_hidden_tests():
-    for B, N, d in [(3, 7, 5), (16, 4096, 64), (2, 1, 128), (5, 33, 1)]:
-        _check_count(qk_scores_flops, (B, N, d), 2 * B * N * N * d + B * N * N,
-                     "2 B N^2 d for the product (rule 2) plus 1 FLOP per score for the scaling (rule 3).")
-        for n in (2, 4):
-            _check_count(qk_scores_bytes, (B, N, d, n), n * (2 * B * N * d + B * N * N),
-                         "Read Q and K (B N d each), write S (B N N) once; the scaling is fused (rule 8).")
+    sizes = [(3, 7, 5), (16, 4096, 64), (2, 1, 128), (5, 33, 1)]
+    with check("qk_scores_flops = 2 B N^2 d + B N^2 on hidden sizes", weight=2):
+        for B, N, d in sizes:
+            _assert_accepted(qk_scores_flops(B, N, d), 2 * B * N * N * d + B * N * N,
+                             [_carried(lambda: B * _own_count(matmul_flops, N, d, N) + B * N * N)],
+                             f"qk_scores_flops{(B, N, d)}", integer=True,
+                             hint="2 B N^2 d for the product (rule 2) plus 1 FLOP per score for the scaling (rule 3).")
+    with check("qk_scores_bytes = n (2 B N d + B N^2) on hidden sizes, fp16 and fp32", weight=2):
+        for B, N, d in sizes:
+            for n in (2, 4):
+                _assert_accepted(qk_scores_bytes(B, N, d, n), n * (2 * B * N * d + B * N * N),
+                                 [_carried(lambda: B * _own_count(matmul_bytes, N, d, N, n))],
+                                 f"qk_scores_bytes{(B, N, d, n)}", integer=True,
+                                 hint="Read Q and K (B N d each), write S (B N N) once; the scaling is fused (rule 8).")
 
 
 _q2_3_1_hidden_tests()
 del _q2_3_1_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 2.3.1")
+
 
 # %% [markdown]
 # #### Question 2.3.2 (2 points)
@@ -737,21 +842,28 @@ def causal_mask_bytes(B, N, bytes_per_element):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q2_3_2_causal_mask_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-_check_count(causal_mask_flops, (1, 3), 9, "One comparison per score (rule 4).")
-_check_count(causal_mask_bytes, (1, 3, 2), 36, "Read every score once and write every masked score once (rule 7).")
-print("Question 2.3.2: public tests passed")
+with check("public: causal_mask_flops(1, 3)"):
+    _assert_count(causal_mask_flops, (1, 3), 9, "One comparison per score (rule 4).")
+with check("public: causal_mask_bytes(1, 3, 2)"):
+    _assert_count(causal_mask_bytes, (1, 3, 2), 36, "Read every score once and write every masked score once (rule 7).")
 ### BEGIN HIDDEN TESTS
 def _q2_3_2_hidden_tests():
-    for B, N in [(3, 7), (16, 4096), (1, 1), (25, 513)]:
-        _check_count(causal_mask_flops, (B, N), B * N * N, "One comparison per score (rule 4), B N^2 scores.")
-        for n in (2, 4):
-            _check_count(causal_mask_bytes, (B, N, n), 2 * n * B * N * N,
-                         "Read the B N^2 scores once and write the masked scores once (rule 7).")
+    sizes = [(3, 7), (16, 4096), (1, 1), (25, 513)]
+    with check("causal_mask_flops = B N^2 on hidden sizes", weight=2):
+        for B, N in sizes:
+            _assert_count(causal_mask_flops, (B, N), B * N * N, "One comparison per score (rule 4), B N^2 scores.")
+    with check("causal_mask_bytes = 2 n B N^2 on hidden sizes, fp16 and fp32", weight=2):
+        for B, N in sizes:
+            for n in (2, 4):
+                _assert_count(causal_mask_bytes, (B, N, n), 2 * n * B * N * N,
+                              "Read the B N^2 scores once and write the masked scores once (rule 7).")
 
 
 _q2_3_2_hidden_tests()
 del _q2_3_2_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 2.3.2")
+
 
 # %% [markdown]
 # #### Question 2.3.3 (2 points)
@@ -784,21 +896,28 @@ def softmax_bytes(B, N, bytes_per_element):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q2_3_3_softmax_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-_check_count(softmax_flops, (1, 2), 12, "Exponential, addition into the row sum and division: 3 FLOPs per element (rule 5).")
-_check_count(softmax_bytes, (1, 2, 4), 32, "Read the masked scores once, write the probabilities once (rule 7).")
-print("Question 2.3.3: public tests passed")
+with check("public: softmax_flops(1, 2)"):
+    _assert_count(softmax_flops, (1, 2), 12, "Exponential, addition into the row sum and division: 3 FLOPs per element (rule 5).")
+with check("public: softmax_bytes(1, 2, 4)"):
+    _assert_count(softmax_bytes, (1, 2, 4), 32, "Read the masked scores once, write the probabilities once (rule 7).")
 ### BEGIN HIDDEN TESTS
 def _q2_3_3_hidden_tests():
-    for B, N in [(3, 7), (16, 4096), (1, 1), (25, 513)]:
-        _check_count(softmax_flops, (B, N), 3 * B * N * N, "3 FLOPs per element of the B N^2 scores (rule 5).")
-        for n in (2, 4):
-            _check_count(softmax_bytes, (B, N, n), 2 * n * B * N * N,
-                         "Read the B N^2 masked scores once, write the B N^2 probabilities once (rule 7).")
+    sizes = [(3, 7), (16, 4096), (1, 1), (25, 513)]
+    with check("softmax_flops = 3 B N^2 on hidden sizes", weight=2):
+        for B, N in sizes:
+            _assert_count(softmax_flops, (B, N), 3 * B * N * N, "3 FLOPs per element of the B N^2 scores (rule 5).")
+    with check("softmax_bytes = 2 n B N^2 on hidden sizes, fp16 and fp32", weight=2):
+        for B, N in sizes:
+            for n in (2, 4):
+                _assert_count(softmax_bytes, (B, N, n), 2 * n * B * N * N,
+                              "Read the B N^2 masked scores once, write the B N^2 probabilities once (rule 7).")
 
 
 _q2_3_3_hidden_tests()
 del _q2_3_3_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 2.3.3")
+
 
 # %% [markdown]
 # #### Question 2.3.4 (3 points)
@@ -832,21 +951,36 @@ def attention_value_bytes(B, N, d, bytes_per_element):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q2_3_4_attention_value_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-_check_count(attention_value_flops, (1, 2, 3), 24, "B batched (N x N)(N x d) products (rule 2).")
-_check_count(attention_value_bytes, (1, 2, 3, 2), 32, "Read A and V, write O once (rule 7).")
-print("Question 2.3.4: public tests passed")
+# A mistake in Question 2.1 is charged once: counts built from your own matmul_flops / matmul_bytes are accepted.
+with check("public: attention_value_flops(1, 2, 3)"):
+    _assert_accepted(attention_value_flops(1, 2, 3), 24, [_carried(lambda: _own_count(matmul_flops, 2, 2, 3))],
+                     "attention_value_flops(1, 2, 3)", integer=True, hint="B batched (N x N)(N x d) products (rule 2).")
+with check("public: attention_value_bytes(1, 2, 3, 2)"):
+    _assert_accepted(attention_value_bytes(1, 2, 3, 2), 32, [_carried(lambda: _own_count(matmul_bytes, 2, 2, 3, 2))],
+                     "attention_value_bytes(1, 2, 3, 2)", integer=True, hint="Read A and V, write O once (rule 7).")
 ### BEGIN HIDDEN TESTS
 def _q2_3_4_hidden_tests():
-    for B, N, d in [(3, 7, 5), (16, 4096, 64), (2, 1, 128), (5, 33, 1)]:
-        _check_count(attention_value_flops, (B, N, d), 2 * B * N * N * d, "2 B N^2 d for B (N x N)(N x d) products (rule 2).")
-        for n in (2, 4):
-            _check_count(attention_value_bytes, (B, N, d, n), n * (B * N * N + 2 * B * N * d),
-                         "Read A (B N N) and V (B N d), write O (B N d) once (rule 7).")
+    sizes = [(3, 7, 5), (16, 4096, 64), (2, 1, 128), (5, 33, 1)]
+    with check("attention_value_flops = 2 B N^2 d on hidden sizes", weight=2):
+        for B, N, d in sizes:
+            _assert_accepted(attention_value_flops(B, N, d), 2 * B * N * N * d,
+                             [_carried(lambda: B * _own_count(matmul_flops, N, N, d))],
+                             f"attention_value_flops{(B, N, d)}", integer=True,
+                             hint="2 B N^2 d for B (N x N)(N x d) products (rule 2).")
+    with check("attention_value_bytes = n (B N^2 + 2 B N d) on hidden sizes, fp16 and fp32", weight=2):
+        for B, N, d in sizes:
+            for n in (2, 4):
+                _assert_accepted(attention_value_bytes(B, N, d, n), n * (B * N * N + 2 * B * N * d),
+                                 [_carried(lambda: B * _own_count(matmul_bytes, N, N, d, n))],
+                                 f"attention_value_bytes{(B, N, d, n)}", integer=True,
+                                 hint="Read A (B N N) and V (B N d), write O (B N d) once (rule 7).")
 
 
 _q2_3_4_hidden_tests()
 del _q2_3_4_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 2.3.4")
+
 
 # %% [markdown]
 # #### Question 2.4 (4 points)
@@ -885,24 +1019,51 @@ def mha_bytes(B, N, D, H, bytes_per_element):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q2_4_mha_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-_check_count(mha_flops, (1, 2, 4, 2), 104, "H heads, each: scores, mask, softmax and A V with d = D // H.")
-_check_count(mha_bytes, (1, 2, 4, 2, 2), 160, "H heads, each: scores, mask, softmax and A V with d = D // H.")
-print("Question 2.4: public tests passed")
+# A mistake in Question 2.3 is charged once: H times the sum of your own four counts of Question 2.3 (with
+# d = D // H) is accepted too.
+def _mha_flops_carried(B, N, D, H):
+    """H heads of the four operations of Question 2.3 as the student counted them (None without such counts)."""
+    d = D // H
+    return _carried(lambda: H * (_own_count(qk_scores_flops, B, N, d) + _own_count(causal_mask_flops, B, N)
+                                 + _own_count(softmax_flops, B, N) + _own_count(attention_value_flops, B, N, d)))
+
+
+def _mha_bytes_carried(B, N, D, H, n):
+    d = D // H
+    return _carried(lambda: H * (_own_count(qk_scores_bytes, B, N, d, n) + _own_count(causal_mask_bytes, B, N, n)
+                                 + _own_count(softmax_bytes, B, N, n) + _own_count(attention_value_bytes, B, N, d, n)))
+
+
+with check("public: mha_flops(1, 2, 4, 2)"):
+    _assert_accepted(mha_flops(1, 2, 4, 2), 104, [_mha_flops_carried(1, 2, 4, 2)], "mha_flops(1, 2, 4, 2)",
+                     integer=True, hint="H heads, each: scores, mask, softmax and A V with d = D // H.")
+with check("public: mha_bytes(1, 2, 4, 2, 2)"):
+    _assert_accepted(mha_bytes(1, 2, 4, 2, 2), 160, [_mha_bytes_carried(1, 2, 4, 2, 2)], "mha_bytes(1, 2, 4, 2, 2)",
+                     integer=True, hint="H heads, each: scores, mask, softmax and A V with d = D // H.")
 ### BEGIN HIDDEN TESTS
 def _q2_4_hidden_tests():
-    for B, N, D, H in [(3, 7, 20, 4), (16, 16384, 4096, 16), (2, 5, 1600, 25), (1, 1, 64, 1), (4, 9, 12, 12)]:
-        _check_count(mha_flops, (B, N, D, H), 4 * B * N * N * D + 5 * H * B * N * N,
-                     "Per head of width D // H: 4 B N^2 (D/H) for the two products and 5 B N^2 for scale, mask "
-                     "and softmax; times H heads.")
-        for n in (2, 4):
-            _check_count(mha_bytes, (B, N, D, H, n), n * (4 * B * N * D + 6 * H * B * N * N),
-                         "Per head: read Q, K, V and write O (B N D/H each), and 6 B N^2 elements of score "
-                         "traffic (write S; read+write mask; read+write softmax; read A); times H heads.")
+    sizes = [(3, 7, 20, 4), (16, 16384, 4096, 16), (2, 5, 1600, 25), (1, 1, 64, 1), (4, 9, 12, 12)]
+    with check("mha_flops = 4 B N^2 D + 5 H B N^2 on hidden sizes", weight=2):
+        for B, N, D, H in sizes:
+            _assert_accepted(mha_flops(B, N, D, H), 4 * B * N * N * D + 5 * H * B * N * N,
+                             [_mha_flops_carried(B, N, D, H)], f"mha_flops{(B, N, D, H)}", integer=True,
+                             hint="Per head of width D // H: 4 B N^2 (D/H) for the two products and 5 B N^2 for "
+                                  "scale, mask and softmax; times H heads.")
+    with check("mha_bytes = n (4 B N D + 6 H B N^2) on hidden sizes, fp16 and fp32", weight=2):
+        for B, N, D, H in sizes:
+            for n in (2, 4):
+                _assert_accepted(mha_bytes(B, N, D, H, n), n * (4 * B * N * D + 6 * H * B * N * N),
+                                 [_mha_bytes_carried(B, N, D, H, n)], f"mha_bytes{(B, N, D, H, n)}", integer=True,
+                                 hint="Per head: read Q, K, V and write O (B N D/H each), and 6 B N^2 elements of "
+                                      "score traffic (write S; read+write mask; read+write softmax; read A); times H.")
 
 
 _q2_4_hidden_tests()
 del _q2_4_hidden_tests
 ### END HIDDEN TESTS
+del _mha_flops_carried, _mha_bytes_carried
+finish_checks("Question 2.4")
+
 
 # %% [markdown]
 # #### Question 2.5 (2 points)
@@ -936,21 +1097,36 @@ def output_projection_bytes(B, N, D, bytes_per_element):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q2_5_output_projection_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-_check_count(output_projection_flops, (1, 2, 3), 36, "One (B N x D)(D x D) matmul (rule 2).")
-_check_count(output_projection_bytes, (1, 2, 3, 2), 42, "Read O and W_O, write the result (rule 7).")
-print("Question 2.5: public tests passed")
+# A mistake in Question 2.1 is charged once: counts built from your own matmul_flops / matmul_bytes are accepted.
+with check("public: output_projection_flops(1, 2, 3)"):
+    _assert_accepted(output_projection_flops(1, 2, 3), 36, [_carried(lambda: _own_count(matmul_flops, 2, 3, 3))],
+                     "output_projection_flops(1, 2, 3)", integer=True, hint="One (B N x D)(D x D) matmul (rule 2).")
+with check("public: output_projection_bytes(1, 2, 3, 2)"):
+    _assert_accepted(output_projection_bytes(1, 2, 3, 2), 42, [_carried(lambda: _own_count(matmul_bytes, 2, 3, 3, 2))],
+                     "output_projection_bytes(1, 2, 3, 2)", integer=True, hint="Read O and W_O, write the result (rule 7).")
 ### BEGIN HIDDEN TESTS
 def _q2_5_hidden_tests():
-    for B, N, D in [(3, 7, 20), (16, 1024, 1600), (1, 1, 4096)]:
-        _check_count(output_projection_flops, (B, N, D), 2 * B * N * D * D, "One (B N x D)(D x D) matmul (rule 2).")
-        for n in (2, 4):
-            _check_count(output_projection_bytes, (B, N, D, n), n * (2 * B * N * D + D * D),
-                         "Read O (B N D) and W_O (D D), write the result (B N D) once (rule 7).")
+    sizes = [(3, 7, 20), (16, 1024, 1600), (1, 1, 4096)]
+    with check("output_projection_flops = 2 B N D^2 on hidden sizes", weight=2):
+        for B, N, D in sizes:
+            _assert_accepted(output_projection_flops(B, N, D), 2 * B * N * D * D,
+                             [_carried(lambda: _own_count(matmul_flops, B * N, D, D))],
+                             f"output_projection_flops{(B, N, D)}", integer=True,
+                             hint="One (B N x D)(D x D) matmul (rule 2).")
+    with check("output_projection_bytes = n (2 B N D + D^2) on hidden sizes, fp16 and fp32", weight=2):
+        for B, N, D in sizes:
+            for n in (2, 4):
+                _assert_accepted(output_projection_bytes(B, N, D, n), n * (2 * B * N * D + D * D),
+                                 [_carried(lambda: _own_count(matmul_bytes, B * N, D, D, n))],
+                                 f"output_projection_bytes{(B, N, D, n)}", integer=True,
+                                 hint="Read O (B N D) and W_O (D D), write the result (B N D) once (rule 7).")
 
 
 _q2_5_hidden_tests()
 del _q2_5_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 2.5")
+
 
 # %% [markdown]
 # #### Question 2.6 (4 points)
@@ -990,22 +1166,43 @@ def mlp_bytes(B, N, D, bytes_per_element):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q2_6_mlp_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-_check_count(mlp_flops, (1, 1, 2), 74, "Two matmuls (2 FLOPs per multiply-add) plus one FLOP per bias addition.")
-_check_count(mlp_bytes, (1, 1, 2, 2), 124, "Each matmul reads its input, weight and bias once and writes its output once.")
-print("Question 2.6: public tests passed")
+# A mistake in Question 2.1 is charged once: the two matmuls counted by your own matmul_flops / matmul_bytes, plus
+# the biases, are accepted too.
+with check("public: mlp_flops(1, 1, 2)"):
+    _assert_accepted(mlp_flops(1, 1, 2), 74,
+                     [_carried(lambda: _own_count(matmul_flops, 1, 2, 8) + _own_count(matmul_flops, 1, 8, 2) + 10)],
+                     "mlp_flops(1, 1, 2)", integer=True,
+                     hint="Two matmuls (2 FLOPs per multiply-add) plus one FLOP per bias addition.")
+with check("public: mlp_bytes(1, 1, 2, 2)"):
+    _assert_accepted(mlp_bytes(1, 1, 2, 2), 124,
+                     [_carried(lambda: _own_count(matmul_bytes, 1, 2, 8, 2) + _own_count(matmul_bytes, 1, 8, 2, 2) + 20)],
+                     "mlp_bytes(1, 1, 2, 2)", integer=True,
+                     hint="Each matmul reads its input, weight and bias once and writes its output once.")
 ### BEGIN HIDDEN TESTS
 def _q2_6_hidden_tests():
-    for B, N, D in [(3, 7, 20), (16, 16384, 4096), (1, 1, 1600), (2, 5, 3)]:
-        _check_count(mlp_flops, (B, N, D), 16 * B * N * D * D + 5 * B * N * D,
-                     "2 B N D (4D) per matmul, plus B N 4D and B N D bias additions (rules 2, 3).")
-        for n in (2, 4):
-            _check_count(mlp_bytes, (B, N, D, n), n * (10 * B * N * D + 8 * D * D + 5 * D),
-                         "X, W_1, b_1 read and Z written; Z, W_2, b_2 read and Y written (rules 7, 8).")
+    sizes = [(3, 7, 20), (16, 16384, 4096), (1, 1, 1600), (2, 5, 3)]
+    with check("mlp_flops = 16 B N D^2 + 5 B N D on hidden sizes", weight=2):
+        for B, N, D in sizes:
+            _assert_accepted(mlp_flops(B, N, D), 16 * B * N * D * D + 5 * B * N * D,
+                             [_carried(lambda: _own_count(matmul_flops, B * N, D, 4 * D)
+                                       + _own_count(matmul_flops, B * N, 4 * D, D) + 5 * B * N * D)],
+                             f"mlp_flops{(B, N, D)}", integer=True,
+                             hint="2 B N D (4D) per matmul, plus B N 4D and B N D bias additions (rules 2, 3).")
+    with check("mlp_bytes = n (10 B N D + 8 D^2 + 5 D) on hidden sizes, fp16 and fp32", weight=2):
+        for B, N, D in sizes:
+            for n in (2, 4):
+                _assert_accepted(mlp_bytes(B, N, D, n), n * (10 * B * N * D + 8 * D * D + 5 * D),
+                                 [_carried(lambda: _own_count(matmul_bytes, B * N, D, 4 * D, n)
+                                           + _own_count(matmul_bytes, B * N, 4 * D, D, n) + n * 5 * D)],
+                                 f"mlp_bytes{(B, N, D, n)}", integer=True,
+                                 hint="X, W_1, b_1 read and Z written; Z, W_2, b_2 read and Y written (rules 7, 8).")
 
 
 _q2_6_hidden_tests()
 del _q2_6_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 2.6")
+
 
 # %% [markdown]
 # ## The roofline model
@@ -1052,35 +1249,53 @@ def roofline_estimate(flops, bytes_moved, peak_flops_per_s, bandwidth_bytes_per_
 
 
 # %% nbgrader={"grade": true, "grade_id": "q2_7_roofline_estimate_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-_est = plain_value(roofline_estimate(4e12, 1e10, 100e12, 2e12), "dict", "roofline_estimate(4e12, 1e10, 100e12, 2e12)")
-_check_close(_est.get("t_compute_s"), 0.04, "t_compute_s for 4e12 FLOPs at 100e12 FLOP/s")
-_check_close(_est.get("t_memory_s"), 0.005, "t_memory_s for 1e10 bytes at 2e12 bytes/s")
-_check_label(_est.get("bound"), "compute", "bound when T_compute > T_memory")
-del _est
-print("Question 2.7: public tests passed")
+with check("public: roofline_estimate(4e12, 1e10, 100e12, 2e12): the two times and the bound"):
+    _est = as_dict(roofline_estimate(4e12, 1e10, 100e12, 2e12), "roofline_estimate(4e12, 1e10, 100e12, 2e12)")
+    assert_close(_est.get("t_compute_s"), 0.04, "t_compute_s for 4e12 FLOPs at 100e12 FLOP/s")
+    assert_close(_est.get("t_memory_s"), 0.005, "t_memory_s for 1e10 bytes at 2e12 bytes/s")
+    assert_label(_est.get("bound"), "compute", "bound when T_compute > T_memory", choices=["compute", "memory"])
+    del _est
 ### BEGIN HIDDEN TESTS
 def _q2_7_hidden_tests():
-    cases = [(3.1e9, 2.9e9, 65e12, 300e9), (7.0e13, 8.3e11, 312e12, 2.039e12), (1.2e15, 2.1e12, 989e12, 3.35e12),
-             (5.0, 7.0, 11.0, 13.0), (2.0e6, 1.0e3, 1.0e9, 1.0e9),
-             (8.0, 4.0, 2.0, 1.0)]  # the last one is a tie, T_compute == T_memory: 'memory'
-    for flops, nbytes, peak, bw in cases:
+    keys = {"intensity_flop_per_byte", "ridge_flop_per_byte", "t_compute_s", "t_memory_s", "t_roofline_s", "bound"}
+
+    def estimate(flops, nbytes, peak, bw):
         what = f"roofline_estimate({flops:g}, {nbytes:g}, {peak:g}, {bw:g})"
-        est = plain_value(roofline_estimate(flops, nbytes, peak, bw), "dict", what)
-        keys = {"intensity_flop_per_byte", "ridge_flop_per_byte", "t_compute_s", "t_memory_s", "t_roofline_s", "bound"}
+        est = as_dict(roofline_estimate(flops, nbytes, peak, bw), what)
         assert keys <= set(est), f"{what} must have the keys {sorted(keys)}; missing {sorted(keys - set(est))}"
-        t_c, t_m = flops / peak, nbytes / bw
-        _check_close(est["intensity_flop_per_byte"], flops / nbytes, f"{what}['intensity_flop_per_byte'] (FLOPs / bytes)")
-        _check_close(est["ridge_flop_per_byte"], peak / bw, f"{what}['ridge_flop_per_byte'] (peak FLOP/s / bytes/s)")
-        _check_close(est["t_compute_s"], t_c, f"{what}['t_compute_s'] (FLOPs / peak)")
-        _check_close(est["t_memory_s"], t_m, f"{what}['t_memory_s'] (bytes / bandwidth)")
-        _check_close(est["t_roofline_s"], max(t_c, t_m), f"{what}['t_roofline_s'] (the larger of the two times)")
-        expected = "compute" if t_c > t_m else "memory"
-        _check_label(est["bound"], expected, f"{what}['bound'] (T_compute {t_c!r} s, T_memory {t_m!r} s)")
+        return est, what
+
+    cases = [(3.1e9, 2.9e9, 65e12, 300e9), (7.0e13, 8.3e11, 312e12, 2.039e12), (1.2e15, 2.1e12, 989e12, 3.35e12),
+             (5.0, 7.0, 11.0, 13.0), (2.0e6, 1.0e3, 1.0e9, 1.0e9)]
+    with check("intensity, ridge point and the three times on hidden cases", weight=2):
+        for flops, nbytes, peak, bw in cases:
+            est, what = estimate(flops, nbytes, peak, bw)
+            t_c, t_m = flops / peak, nbytes / bw
+            assert_close(est["intensity_flop_per_byte"], flops / nbytes, f"{what}['intensity_flop_per_byte']",
+                         formula="FLOPs / bytes")
+            assert_close(est["ridge_flop_per_byte"], peak / bw, f"{what}['ridge_flop_per_byte']",
+                         formula="peak FLOP/s / bytes/s")
+            assert_close(est["t_compute_s"], t_c, f"{what}['t_compute_s']", formula="FLOPs / peak")
+            assert_close(est["t_memory_s"], t_m, f"{what}['t_memory_s']", formula="bytes / bandwidth")
+            assert_close(est["t_roofline_s"], max(t_c, t_m), f"{what}['t_roofline_s']",
+                         formula="the larger of the two times")
+    with check("bound on hidden cases (compute- and memory-bound)"):
+        for flops, nbytes, peak, bw in cases:
+            est, what = estimate(flops, nbytes, peak, bw)
+            t_c, t_m = flops / peak, nbytes / bw
+            assert_label(est["bound"], "compute" if t_c > t_m else "memory",
+                         f"{what}['bound'] (T_compute {t_c!r} s, T_memory {t_m!r} s)", choices=("compute", "memory"))
+    with check("a tie, T_compute == T_memory, is 'memory' (compute-bound only when T_compute > T_memory)"):
+        est, what = estimate(8.0, 4.0, 2.0, 1.0)
+        assert_label(est["bound"], "memory", f"{what}['bound'] (T_compute = T_memory = 4.0 s)",
+                     choices=("compute", "memory"))
 
 
 _q2_7_hidden_tests()
 del _q2_7_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 2.7")
+
 
 # %% [markdown]
 # #### Question 2.8 (3 points)
@@ -1149,7 +1364,8 @@ except NotImplementedError:
 # `gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element)`: the FLOPs and bytes of a forward pass over
 # $B \times N$ tokens through `num_layers` such layers. (Your functions of Part 2 are the building blocks: a
 # correct answer has the form $L(c_1 BND^2 + c_2 BN^2D + c_3 HBN^2 + c_4 BND)$ FLOPs and
-# $nL(c_5 BND + c_6 D^2 + c_7 HBN^2 + c_8 D)$ bytes.)
+# $nL(c_5 BND + c_6 D^2 + c_7 HBN^2 + c_8 D)$ bytes. The tests also accept `num_layers` times the sum of your own
+# counts of Questions 2.2, 2.4, 2.5 and 2.6.)
 
 # %%
 GPT2_XL = dict(D=1600, H=25, num_layers=48)  # n_embd, n_head, n_layer of GPT-2 XL
@@ -1168,11 +1384,9 @@ def gpt2_forward_flops(B, N, D, H, num_layers):
         int: FLOPs (projections, causal MHA, output projection and MLP of every layer).
     """
     ### BEGIN SOLUTION
-    d_head = D // H
-    projections = 2 * B * N * D * (3 * D) + 2 * B * N * D * D  # Q, K, V and output projection
-    attention = H * (4 * B * N * N * d_head + 5 * B * N * N)  # scores+scale, mask, softmax, A V per head
-    mlp = 16 * B * N * D * D + 5 * B * N * D
-    return num_layers * (projections + attention + mlp)
+    # Per layer: L (24 B N D^2 + 4 B N^2 D + 5 H B N^2 + 5 B N D) in all.
+    layer = qkv_projection_flops(B, N, D) + mha_flops(B, N, D, H) + output_projection_flops(B, N, D) + mlp_flops(B, N, D)
+    return num_layers * layer
     ### END SOLUTION
 
 
@@ -1184,17 +1398,35 @@ def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):
         int: bytes read plus written under the rules of Part 2.
     """
     ### BEGIN SOLUTION
-    projections = (6 * B * N * D + 3 * D * D) + (2 * B * N * D + D * D)
-    attention = 4 * B * N * D + 6 * H * B * N * N
-    mlp = 10 * B * N * D + 8 * D * D + 5 * D
-    return num_layers * bytes_per_element * (projections + attention + mlp)
+    # Per layer: n L (22 B N D + 12 D^2 + 6 H B N^2 + 5 D) in all.
+    n = bytes_per_element
+    layer = (qkv_projection_bytes(B, N, D, n) + mha_bytes(B, N, D, H, n) + output_projection_bytes(B, N, D, n)
+             + mlp_bytes(B, N, D, n))
+    return num_layers * layer
     ### END SOLUTION
 
 
 # %% nbgrader={"grade": true, "grade_id": "q3_1_gpt2_forward_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
-_check_count(gpt2_forward_flops, (1, 2, 4, 2, 1), 912, "One layer: projections, MHA, output projection, MLP.")
-_check_count(gpt2_forward_bytes, (1, 2, 4, 2, 1, 2), 872, "One layer: projections, MHA, output projection, MLP.")
-print("Question 3.1: public tests passed")
+# A mistake in Part 2 is charged once: num_layers times the sum of your own counts of Questions 2.2, 2.4, 2.5 and
+# 2.6 is accepted too.
+def _forward_flops_carried(B, N, D, H, L):
+    return _carried(lambda: L * (_own_count(qkv_projection_flops, B, N, D) + _own_count(mha_flops, B, N, D, H)
+                                 + _own_count(output_projection_flops, B, N, D) + _own_count(mlp_flops, B, N, D)))
+
+
+def _forward_bytes_carried(B, N, D, H, L, n):
+    return _carried(lambda: L * (_own_count(qkv_projection_bytes, B, N, D, n) + _own_count(mha_bytes, B, N, D, H, n)
+                                 + _own_count(output_projection_bytes, B, N, D, n) + _own_count(mlp_bytes, B, N, D, n)))
+
+
+with check("public: gpt2_forward_flops(1, 2, 4, 2, 1)"):
+    _assert_accepted(gpt2_forward_flops(1, 2, 4, 2, 1), 912, [_forward_flops_carried(1, 2, 4, 2, 1)],
+                     "gpt2_forward_flops(1, 2, 4, 2, 1)", integer=True,
+                     hint="One layer: projections, MHA, output projection, MLP.")
+with check("public: gpt2_forward_bytes(1, 2, 4, 2, 1, 2)"):
+    _assert_accepted(gpt2_forward_bytes(1, 2, 4, 2, 1, 2), 872, [_forward_bytes_carried(1, 2, 4, 2, 1, 2)],
+                     "gpt2_forward_bytes(1, 2, 4, 2, 1, 2)", integer=True,
+                     hint="One layer: projections, MHA, output projection, MLP.")
 ### BEGIN HIDDEN TESTS
 def _q3_1_hidden_tests():
     def flops(B, N, D, H, L):
@@ -1205,17 +1437,28 @@ def _q3_1_hidden_tests():
 
     hint = ("Per layer: Q/K/V projections + MHA (H heads of width D // H) + output projection + MLP, times "
             "num_layers; check each part against Part 2.")
-    for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024)] + [(3, 7)]:
-        _check_count(gpt2_forward_flops, (B, N, 1600, 25, 48), flops(B, N, 1600, 25, 48), hint)
-        _check_count(gpt2_forward_bytes, (B, N, 1600, 25, 48, 2), nbytes(B, N, 1600, 25, 48, 2), hint)
-    for B, N, D, H, L, n in [(3, 7, 20, 4, 5, 4), (2, 11, 768, 12, 12, 2), (5, 1, 36, 3, 2, 2), (1, 9, 64, 64, 3, 4)]:
-        _check_count(gpt2_forward_flops, (B, N, D, H, L), flops(B, N, D, H, L), hint)
-        _check_count(gpt2_forward_bytes, (B, N, D, H, L, n), nbytes(B, N, D, H, L, n), hint)
+    gpt2_xl = [(B, N, 1600, 25, 48, 2) for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024), (3, 7)]]
+    other = [(3, 7, 20, 4, 5, 4), (2, 11, 768, 12, 12, 2), (5, 1, 36, 3, 2, 2), (1, 9, 64, 64, 3, 4)]
+    with check("gpt2_forward_flops on GPT-2 XL and other shapes",
+               weight=2):
+        for B, N, D, H, L, n in gpt2_xl + other:
+            _assert_accepted(gpt2_forward_flops(B, N, D, H, L), flops(B, N, D, H, L),
+                             [_forward_flops_carried(B, N, D, H, L)], f"gpt2_forward_flops{(B, N, D, H, L)}",
+                             integer=True, hint=hint)
+    with check("gpt2_forward_bytes on GPT-2 XL and other shapes",
+               weight=2):
+        for B, N, D, H, L, n in gpt2_xl + other:
+            _assert_accepted(gpt2_forward_bytes(B, N, D, H, L, n), nbytes(B, N, D, H, L, n),
+                             [_forward_bytes_carried(B, N, D, H, L, n)], f"gpt2_forward_bytes{(B, N, D, H, L, n)}",
+                             integer=True, hint=hint)
 
 
 _q3_1_hidden_tests()
 del _q3_1_hidden_tests
 ### END HIDDEN TESTS
+del _forward_flops_carried, _forward_bytes_carried
+finish_checks("Question 3.1")
+
 
 # %% [markdown]
 # #### Question 3.2 (3 points)
@@ -1260,55 +1503,92 @@ def _roofline_table_of_polynomials(cases, flops_terms, bytes_terms, peak_flops_p
                           bandwidth_bytes_per_s)
 
 
+def _roofline_row(table, B, N, where):
+    """Row (B, N) of a roofline_table result, with its five keys."""
+    row = as_dict(as_dict(table, "roofline_table(...)").get((B, N)), f"{where}: the row of key ({B}, {N})")
+    assert {"flops", "bytes", "t_compute_s", "t_memory_s", "bound"} <= set(row), (
+        f"{where} must have the keys flops, bytes, t_compute_s, t_memory_s, bound; got {sorted(row)}")
+    return row
+
+
+# A mistake in Question 2.7 is charged once: a row built with your own roofline_estimate is accepted too.
+def _estimated(flops, nbytes, peak, bw, key):
+    """What your own roofline_estimate gives for ``key`` (a number; the bound as a label), or None."""
+    what = f"roofline_estimate({flops}, {nbytes}, {peak:g}, {bw:g})"
+    value_of = as_label if key == "bound" else as_real
+    return _carried(lambda: value_of(as_dict(roofline_estimate(flops, nbytes, peak, bw), what)[key], f"{what}[{key!r}]"))
+
+
 # flops_fn(B, N) = 10 B N, bytes_fn(B, N) = B + N
-_table = _roofline_table_of_polynomials([(2, 3)], [(10, 1, 1)], [(1, 1, 0), (1, 0, 1)], 100.0, 10.0)
-_table = plain_value(_table, "dict", "roofline_table([(2, 3)], ...)")
-assert set(_table) == {(2, 3)}, f"roofline_table must return a dict keyed by (B, N), got {_table!r}"
-_check_close(_table[(2, 3)]["t_compute_s"], 0.6, "t_compute_s of 60 FLOPs at 100 FLOP/s")
-_check_label(plain_value(_table[(2, 3)], "dict", "row (2, 3)")["bound"], "compute",
-             "bound of 0.6 s of compute against 0.5 s of memory traffic")
-del _table
-print("Question 3.2: public tests passed")
+with check("public: roofline_table([(2, 3)], ...) with flops_fn = 10 B N, bytes_fn = B + N, 100 FLOP/s, 10 bytes/s"):
+    _table = as_dict(_roofline_table_of_polynomials([(2, 3)], [(10, 1, 1)], [(1, 1, 0), (1, 0, 1)], 100.0, 10.0),
+                     "roofline_table([(2, 3)], ...)")
+    assert set(_table) == {(2, 3)}, f"roofline_table must return a dict keyed by the (B, N) tuples, got keys {list(_table)}"
+    _row = _roofline_row(_table, 2, 3, "roofline_table row (2, 3)")
+    _assert_accepted(_row["t_compute_s"], 0.6, [_estimated(60, 5, 100.0, 10.0, "t_compute_s")],
+                     "t_compute_s of 60 FLOPs at 100 FLOP/s")
+    assert_label(_row["bound"], "compute", "bound of 0.6 s of compute against 0.5 s of memory traffic",
+                 choices=["compute", "memory"])
+    del _table, _row
 ### BEGIN HIDDEN TESTS
 def _q3_2_hidden_tests():
-    def check(cases, flops_terms, bytes_terms, peak, bw):
-        flops_fn, bytes_fn = _polynomial(flops_terms), _polynomial(bytes_terms)
-        table = plain_value(_roofline_table_of_polynomials(cases, flops_terms, bytes_terms, peak, bw), "dict",
-                            f"roofline_table({cases}, ...)")
-        assert all(type(key) is tuple for key in table) and set(table) == set(cases), (
+    def table_of(cases, flops_terms, bytes_terms, peak, bw):
+        table = as_dict(_roofline_table_of_polynomials(cases, flops_terms, bytes_terms, peak, bw),
+                        f"roofline_table({cases}, ...)")
+        assert set(table) == set(cases), (
             f"roofline_table must map each (B, N) tuple in {cases} to its row; got keys {list(table)}")
-        for B, N in cases:
-            where = f"roofline_table row ({B}, {N}) with peak {peak:g} FLOP/s and {bw:g} bytes/s"
-            row, flops, nbytes = plain_value(table[(B, N)], "dict", where), flops_fn(B, N), bytes_fn(B, N)
-            assert {"flops", "bytes", "t_compute_s", "t_memory_s", "bound"} <= set(row), f"{where} lacks keys"
-            _check_close(row["flops"], flops, f"{where}: flops = flops_fn(B, N)")
-            _check_close(row["bytes"], nbytes, f"{where}: bytes = bytes_fn(B, N)")
-            _check_close(row["t_compute_s"], flops / peak, f"{where}: t_compute_s")
-            _check_close(row["t_memory_s"], nbytes / bw, f"{where}: t_memory_s")
-            expected = "compute" if flops / peak > nbytes / bw else "memory"
-            _check_label(row["bound"], expected, f"{where}: bound")
         return table
 
-    # Functions as terms (c, i, j) of c B^i N^j. Asymmetric in B and N, so swapped arguments are caught.
-    check([(1, 5), (7, 2), (3, 3), (40, 1)], [(3, 1, 2), (11, 1, 0)], [(2, 1, 0), (5, 0, 2)], 50.0, 20.0)
-    check([(2, 9), (9, 2)], [(1, 3, 1)], [(1, 1, 3)], 1e3, 1e3)
-    check([(1, 4), (2, 2)], [(8, 1, 1)], [(2, 1, 1)], 4.0, 1.0)  # ties: 'memory'
+    def values_of(cases, flops_terms, bytes_terms, peak, bw):
+        table, flops_fn, bytes_fn = table_of(cases, flops_terms, bytes_terms, peak, bw), _polynomial(flops_terms), _polynomial(bytes_terms)
+        for B, N in cases:
+            where = f"roofline_table row ({B}, {N}) with peak {peak:g} FLOP/s and {bw:g} bytes/s"
+            row, flops, nbytes = _roofline_row(table, B, N, where), flops_fn(B, N), bytes_fn(B, N)
+            assert_close(row["flops"], flops, f"{where}: flops", formula="flops_fn(B, N)")
+            assert_close(row["bytes"], nbytes, f"{where}: bytes", formula="bytes_fn(B, N)")
+            _assert_accepted(row["t_compute_s"], flops / peak, [_estimated(flops, nbytes, peak, bw, "t_compute_s")],
+                             f"{where}: t_compute_s", formula="flops / peak")
+            _assert_accepted(row["t_memory_s"], nbytes / bw, [_estimated(flops, nbytes, peak, bw, "t_memory_s")],
+                             f"{where}: t_memory_s", formula="bytes / bandwidth")
 
-    # GPT-2 XL (D = 1600, H = 25, L = 48, fp16) without a cache:
+    def bounds_of(cases, flops_terms, bytes_terms, peak, bw):
+        table, flops_fn, bytes_fn = table_of(cases, flops_terms, bytes_terms, peak, bw), _polynomial(flops_terms), _polynomial(bytes_terms)
+        for B, N in cases:
+            where = f"roofline_table row ({B}, {N}) with peak {peak:g} FLOP/s and {bw:g} bytes/s"
+            flops, nbytes = flops_fn(B, N), bytes_fn(B, N)
+            expected = "compute" if flops / peak > nbytes / bw else "memory"
+            got = _roofline_row(table, B, N, where)["bound"]
+            own = _estimated(flops, nbytes, peak, bw, "bound")
+            if own is not None and as_label(got, f"{where}: bound") == own:
+                continue  # the bound your own roofline_estimate gives (Question 2.7 is charged for it)
+            assert_label(got, expected, f"{where}: bound (T_compute {flops / peak!r} s, T_memory {nbytes / bw!r} s)",
+                         choices=("compute", "memory"))
+
+    # Functions as terms (c, i, j) of c B^i N^j. Asymmetric in B and N, so swapped arguments are caught.
+    polynomial_cases = [([(1, 5), (7, 2), (3, 3), (40, 1)], [(3, 1, 2), (11, 1, 0)], [(2, 1, 0), (5, 0, 2)], 50.0, 20.0),
+                        ([(2, 9), (9, 2)], [(1, 3, 1)], [(1, 1, 3)], 1e3, 1e3)]
+    # GPT-2 XL (D = 1600, H = 25, L = 48, fp16) without a cache on the T4:
     # FLOPs L (24 B N D^2 + 4 B N^2 D + 5 H B N^2 + 5 B N D), bytes L n (22 B N D + 12 D^2 + 6 H B N^2 + 5 D).
     D, H, L, n = 1600, 25, 48, 2
-    ref_flops = [(L * (24 * D * D + 5 * D), 1, 1), (L * (4 * D + 5 * H), 1, 2)]
-    ref_bytes = [(L * n * 22 * D, 1, 1), (L * n * (12 * D * D + 5 * D), 0, 0), (L * n * 6 * H, 1, 2)]
-    table = check([(1, 32), (1, 1024), (64, 32), (64, 1024)], ref_flops, ref_bytes, 65e12, 300e9)
-    bounds = {case: row["bound"] for case, row in table.items()}
-    assert bounds == {(1, 32): "memory", (1, 1024): "memory", (64, 32): "compute", (64, 1024): "memory"}, (
-        f"GPT-2 XL on the T4 without a cache: expected (1, 32) memory, (1, 1024) memory, (64, 32) compute, "
-        f"(64, 1024) memory; got {bounds}")
+    gpt2_xl = ([(1, 32), (1, 1024), (64, 32), (64, 1024)],
+               [(L * (24 * D * D + 5 * D), 1, 1), (L * (4 * D + 5 * H), 1, 2)],
+               [(L * n * 22 * D, 1, 1), (L * n * (12 * D * D + 5 * D), 0, 0), (L * n * 6 * H, 1, 2)], 65e12, 300e9)
+    with check("flops, bytes and the two times of every (B, N) row, keyed by the tuple (B, N)", weight=2):
+        for case in polynomial_cases + [gpt2_xl]:
+            values_of(*case)
+    with check("bound of every row, GPT-2 XL on the T4 included"):
+        for case in polynomial_cases + [gpt2_xl]:
+            bounds_of(*case)
+    with check("a tie, T_compute == T_memory, is 'memory'"):
+        bounds_of([(1, 4), (2, 2)], [(8, 1, 1)], [(2, 1, 1)], 4.0, 1.0)
 
 
 _q3_2_hidden_tests()
 del _q3_2_hidden_tests
 ### END HIDDEN TESTS
+del _roofline_row, _estimated
+finish_checks("Question 3.2")
+
 
 # %% [markdown]
 # Your table for GPT-2 XL on the T4:
@@ -1404,26 +1684,39 @@ def kv_cache_bytes_total(B, N, D, num_layers, bytes_per_element):
         int: bytes.
     """
     ### BEGIN SOLUTION
-    return num_layers * 2 * B * N * D * bytes_per_element
+    return num_layers * kv_cache_bytes_per_layer(B, N, D, bytes_per_element)
     ### END SOLUTION
 
 
 # %% nbgrader={"grade": true, "grade_id": "q4_1_kv_cache_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-_check_count(kv_cache_bytes_per_layer, (1, 3, 4, 2), 48, "Keys and values, N tokens, D numbers per token, n bytes each.")
-_check_count(kv_cache_bytes_total, (1, 3, 4, 5, 2), 240, "Every layer has its own cache.")
-print("Question 4.1: public tests passed")
+# A mistake in the per-layer size is charged once: num_layers times your own kv_cache_bytes_per_layer is accepted
+# as the total.
+with check("public: kv_cache_bytes_per_layer(1, 3, 4, 2)"):
+    _assert_count(kv_cache_bytes_per_layer, (1, 3, 4, 2), 48, "Keys and values, N tokens, D numbers per token, n bytes each.")
+with check("public: kv_cache_bytes_total(1, 3, 4, 5, 2)"):
+    _assert_accepted(kv_cache_bytes_total(1, 3, 4, 5, 2), 240,
+                     [_carried(lambda: 5 * _own_count(kv_cache_bytes_per_layer, 1, 3, 4, 2))],
+                     "kv_cache_bytes_total(1, 3, 4, 5, 2)", integer=True, hint="Every layer has its own cache.")
 ### BEGIN HIDDEN TESTS
 def _q4_1_hidden_tests():
-    for B, N, D, L, n in [(1, 1024, 1600, 48, 2), (64, 1024, 1600, 48, 2), (3, 7, 20, 5, 4), (7, 1, 12, 1, 2)]:
-        _check_count(kv_cache_bytes_per_layer, (B, N, D, n), 2 * B * N * D * n,
-                     "K and V (2), for B sequences of N tokens, D = H x (D/H) numbers per token and head set, n bytes.")
-        _check_count(kv_cache_bytes_total, (B, N, D, L, n), 2 * L * B * N * D * n,
-                     "num_layers times the per-layer cache.")
+    sizes = [(1, 1024, 1600, 48, 2), (64, 1024, 1600, 48, 2), (3, 7, 20, 5, 4), (7, 1, 12, 1, 2)]
+    with check("kv_cache_bytes_per_layer = 2 B N D n on hidden sizes", weight=2):
+        for B, N, D, L, n in sizes:
+            _assert_count(kv_cache_bytes_per_layer, (B, N, D, n), 2 * B * N * D * n,
+                          "K and V (2), for B sequences of N tokens, D = H x (D/H) numbers per token, n bytes.")
+    with check("kv_cache_bytes_total = 2 L B N D n on hidden sizes", weight=2):
+        for B, N, D, L, n in sizes:
+            _assert_accepted(kv_cache_bytes_total(B, N, D, L, n), 2 * L * B * N * D * n,
+                             [_carried(lambda: L * _own_count(kv_cache_bytes_per_layer, B, N, D, n))],
+                             f"kv_cache_bytes_total{(B, N, D, L, n)}", integer=True,
+                             hint="num_layers times the per-layer cache.")
 
 
 _q4_1_hidden_tests()
 del _q4_1_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 4.1")
+
 
 # %% [markdown]
 # #### Question 4.2 (8 points)
@@ -1473,9 +1766,27 @@ def gpt2_decode_bytes(B, N, D, H, num_layers, bytes_per_element):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q4_2_gpt2_decode_tests", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
-_check_count(gpt2_decode_flops, (1, 2, 4, 2, 1), 452, "One layer, one new token attending to N = 2 positions.")
-_check_count(gpt2_decode_bytes, (1, 2, 4, 2, 1, 2), 648, "One layer, one new token attending to N = 2 positions.")
-print("Question 4.2: public tests passed")
+# A mistake in Part 2 is charged once: the projections, output projection and MLP counted by your own functions of
+# Questions 2.2, 2.5 and 2.6 for one token (N = 1), plus the attention over the N cached positions, are accepted.
+def _decode_flops_carried(B, N, D, H, L):
+    return _carried(lambda: L * (_own_count(qkv_projection_flops, B, 1, D) + _own_count(output_projection_flops, B, 1, D)
+                                 + _own_count(mlp_flops, B, 1, D) + 4 * B * N * D + 4 * B * H * N))
+
+
+def _decode_bytes_carried(B, N, D, H, L, n):
+    return _carried(lambda: L * (_own_count(qkv_projection_bytes, B, 1, D, n)
+                                 + _own_count(output_projection_bytes, B, 1, D, n) + _own_count(mlp_bytes, B, 1, D, n)
+                                 + n * (2 * B * D + 2 * B * N * D + 4 * B * H * N)))
+
+
+with check("public: gpt2_decode_flops(1, 2, 4, 2, 1)"):
+    _assert_accepted(gpt2_decode_flops(1, 2, 4, 2, 1), 452, [_decode_flops_carried(1, 2, 4, 2, 1)],
+                     "gpt2_decode_flops(1, 2, 4, 2, 1)", integer=True,
+                     hint="One layer, one new token attending to N = 2 positions.")
+with check("public: gpt2_decode_bytes(1, 2, 4, 2, 1, 2)"):
+    _assert_accepted(gpt2_decode_bytes(1, 2, 4, 2, 1, 2), 648, [_decode_bytes_carried(1, 2, 4, 2, 1, 2)],
+                     "gpt2_decode_bytes(1, 2, 4, 2, 1, 2)", integer=True,
+                     hint="One layer, one new token attending to N = 2 positions.")
 ### BEGIN HIDDEN TESTS
 def _q4_2_hidden_tests():
     def flops(B, N, D, H, L):
@@ -1487,17 +1798,27 @@ def _q4_2_hidden_tests():
     hint = ("Per layer with one new token per sequence: projections and MLP with N = 1; per head one query row "
             "against N cached keys (scale: 1 FLOP per score; softmax: 3 per score; no mask); the cache is read "
             "once by Q K^T and once by A V; score traffic: write S, read+write softmax, read A.")
-    for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024)] + [(3, 7)]:
-        _check_count(gpt2_decode_flops, (B, N, 1600, 25, 48), flops(B, N, 1600, 25, 48), hint)
-        _check_count(gpt2_decode_bytes, (B, N, 1600, 25, 48, 2), nbytes(B, N, 1600, 25, 48, 2), hint)
-    for B, N, D, H, L, n in [(3, 7, 20, 4, 5, 4), (2, 11, 768, 12, 12, 2), (5, 1, 36, 3, 2, 2), (1, 9, 64, 64, 3, 4)]:
-        _check_count(gpt2_decode_flops, (B, N, D, H, L), flops(B, N, D, H, L), hint)
-        _check_count(gpt2_decode_bytes, (B, N, D, H, L, n), nbytes(B, N, D, H, L, n), hint)
+    gpt2_xl = [(B, N, 1600, 25, 48, 2) for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024), (3, 7)]]
+    other = [(3, 7, 20, 4, 5, 4), (2, 11, 768, 12, 12, 2), (5, 1, 36, 3, 2, 2), (1, 9, 64, 64, 3, 4)]
+    with check("gpt2_decode_flops on GPT-2 XL and other shapes", weight=2):
+        for B, N, D, H, L, n in gpt2_xl + other:
+            _assert_accepted(gpt2_decode_flops(B, N, D, H, L), flops(B, N, D, H, L),
+                             [_decode_flops_carried(B, N, D, H, L)], f"gpt2_decode_flops{(B, N, D, H, L)}",
+                             integer=True, hint=hint)
+    with check("gpt2_decode_bytes on GPT-2 XL and other shapes",
+               weight=2):
+        for B, N, D, H, L, n in gpt2_xl + other:
+            _assert_accepted(gpt2_decode_bytes(B, N, D, H, L, n), nbytes(B, N, D, H, L, n),
+                             [_decode_bytes_carried(B, N, D, H, L, n)], f"gpt2_decode_bytes{(B, N, D, H, L, n)}",
+                             integer=True, hint=hint)
 
 
 _q4_2_hidden_tests()
 del _q4_2_hidden_tests
 ### END HIDDEN TESTS
+del _decode_flops_carried, _decode_bytes_carried
+finish_checks("Question 4.2")
+
 
 # %% [markdown]
 # #### Question 4.3 (3 points)
@@ -1505,7 +1826,10 @@ del _q4_2_hidden_tests
 # Write `kv_cache_speedup(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s)`:
 # the roofline time ($\max(T_\text{compute}, T_\text{memory})$) of producing the next token **without** a cache
 # (a forward pass over all $N$ tokens, Question 3.1) divided by the roofline time **with** the cache (one decode
-# step, Question 4.2). Return a float.
+# step, Question 4.2). Return a float. Build it from your functions of Questions 3.1 and 4.2 (and 2.7 if you like)
+# or write the counts out: the tests accept, to a relative tolerance of $10^{-5}$, the speedup of the correct counts
+# and the one your own `gpt2_forward_*`, `gpt2_decode_*` and `roofline_estimate` give, so a mistake there is
+# charged once.
 
 # %% nbgrader={"grade": false, "grade_id": "q4_3_kv_cache_speedup", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def kv_cache_speedup(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
@@ -1515,46 +1839,64 @@ def kv_cache_speedup(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s
         float: roofline time without the cache / roofline time with the cache.
     """
     ### BEGIN SOLUTION
-    L, n = num_layers, bytes_per_element
-    full_flops = L * (24 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D)
-    full_bytes = L * n * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D)
-    step_flops = L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D)
-    step_bytes = L * n * (20 * B * D + 12 * D * D + 2 * B * N * D + 4 * B * H * N + 5 * D)
-    full_s = max(full_flops / peak_flops_per_s, full_bytes / bandwidth_bytes_per_s)
-    step_s = max(step_flops / peak_flops_per_s, step_bytes / bandwidth_bytes_per_s)
+    shape, n = (B, N, D, H, num_layers), bytes_per_element
+    full_s = max(gpt2_forward_flops(*shape) / peak_flops_per_s, gpt2_forward_bytes(*shape, n) / bandwidth_bytes_per_s)
+    step_s = max(gpt2_decode_flops(*shape) / peak_flops_per_s, gpt2_decode_bytes(*shape, n) / bandwidth_bytes_per_s)
     return full_s / step_s
     ### END SOLUTION
 
 
 # %% nbgrader={"grade": true, "grade_id": "q4_3_kv_cache_speedup_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-_speedup = kv_cache_speedup(64, 32, 1600, 25, 48, bytes_per_element=2, peak_flops_per_s=65e12, bandwidth_bytes_per_s=300e9)
-_speedup = plain_value(_speedup, "real", "kv_cache_speedup(64, 32, 1600, 25, 48, ...)")
-assert 5 < _speedup < 10, (
-    f"GPT-2 XL, B = 64, N = 32 on the T4: the cache saves 93 ms of compute for a 13 ms memory-bound step; got {_speedup!r}")
-del _speedup
-print("Question 4.3: public tests passed")
+# A mistake in Questions 2.7, 3.1 or 4.2 is charged once: the speedup computed from your own gpt2_forward_* and
+# gpt2_decode_* counts (and from your own roofline_estimate) is accepted too.
+def _speedup_options(B, N, D, H, L, n, peak, bw, reference_full=None, reference_step=None):
+    """Accepted speedups: the reference (from the given reference counts, when known) first, then every speedup
+    built from the student's own counts and roofline_estimate."""
+    own_full = _carried(lambda: (_own_count(gpt2_forward_flops, B, N, D, H, L), _own_count(gpt2_forward_bytes, B, N, D, H, L, n)))
+    own_step = _carried(lambda: (_own_count(gpt2_decode_flops, B, N, D, H, L), _own_count(gpt2_decode_bytes, B, N, D, H, L, n)))
+    full = _roofline_times_s([reference_full, own_full], peak, bw, roofline_estimate)
+    step = _roofline_times_s([reference_step, own_step], peak, bw, roofline_estimate)
+    return [t_full / t_step for t_full in full for t_step in step]
+
+
+with check("public: kv_cache_speedup(64, 32, 1600, 25, 48, 2, 65e12, 300e9) for GPT-2 XL on the T4"):
+    _options = _speedup_options(64, 32, 1600, 25, 48, 2, 65e12, 300e9)
+    _assert_accepted(kv_cache_speedup(64, 32, 1600, 25, 48, bytes_per_element=2, peak_flops_per_s=65e12,
+                                      bandwidth_bytes_per_s=300e9), 7.370783987148874, _options,
+                     "kv_cache_speedup(64, 32, 1600, 25, 48, 2, 65e12, 300e9)",
+                     hint="GPT-2 XL, B = 64, N = 32 on the T4: the cache saves 93 ms of compute for a 13 ms "
+                          "memory-bound step; max(T_compute, T_memory) without the cache / the same with it.")
+    del _options
 ### BEGIN HIDDEN TESTS
 def _q4_3_hidden_tests():
-    def roof(flops, nbytes, peak, bw):
-        return max(flops / peak, nbytes / bw)
+    def full_counts(B, N, D, H, L, n):
+        return (L * (24 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D),
+                L * n * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D))
 
-    def expected(B, N, D, H, L, n, peak, bw):
-        full = roof(L * (24 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D),
-                    L * n * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D), peak, bw)
-        step = roof(L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D),
-                    L * n * (20 * B * D + 12 * D * D + 2 * B * N * D + 4 * B * H * N + 5 * D), peak, bw)
-        return full / step
+    def step_counts(B, N, D, H, L, n):
+        return (L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D),
+                L * n * (20 * B * D + 12 * D * D + 2 * B * N * D + 4 * B * H * N + 5 * D))
 
-    cases = [(B, N, 1600, 25, 48, 2, 65e12, 300e9) for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024)]]
-    cases += [(8, 512, 768, 12, 12, 2, 989e12, 3.35e12), (3, 7, 20, 4, 5, 4, 1e6, 1e5), (2, 100, 64, 8, 2, 4, 1e3, 1e4)]
-    for args in cases:
-        _check_close(kv_cache_speedup(*args), expected(*args),
-                     f"kv_cache_speedup{args} (max(T_compute, T_memory) without the cache / the same with it)", rel=1e-9)
+    def case(B, N, D, H, L, n, peak, bw):
+        options = _speedup_options(B, N, D, H, L, n, peak, bw, full_counts(B, N, D, H, L, n), step_counts(B, N, D, H, L, n))
+        _assert_accepted(kv_cache_speedup(B, N, D, H, L, n, peak, bw), options[0], options[1:],
+                         f"kv_cache_speedup{(B, N, D, H, L, n, peak, bw)}",
+                         formula="max(T_compute, T_memory) without the cache / the same with it")
+
+    with check("GPT-2 XL on the T4: the four cases of Parts 3 and 4", weight=2):
+        for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024)]:
+            case(B, N, 1600, 25, 48, 2, 65e12, 300e9)
+    with check("other models and devices (compute- and memory-bound steps, fp32)"):
+        for args in [(8, 512, 768, 12, 12, 2, 989e12, 3.35e12), (3, 7, 20, 4, 5, 4, 1e6, 1e5), (2, 100, 64, 8, 2, 4, 1e3, 1e4)]:
+            case(*args)
 
 
 _q4_3_hidden_tests()
 del _q4_3_hidden_tests
 ### END HIDDEN TESTS
+del _speedup_options
+finish_checks("Question 4.3")
+
 
 # %%
 try:
@@ -1610,7 +1952,7 @@ except NotImplementedError:
 # Write `kv_cache_bytes_gqa(B, N, D, H, num_kv_heads, num_layers, bytes_per_element)` (the whole model's
 # cache) and `max_batch_in_memory(N, D, H, num_kv_heads, num_layers, bytes_per_element, memory_bytes,
 # weight_bytes)`: the largest number of sequences of $N$ tokens whose cache fits in `memory_bytes` next to the
-# weights (a Python `int`, 0 if not even one fits; ignore activations).
+# weights (a whole number, 0 if not even one fits; ignore activations).
 
 # %% nbgrader={"grade": false, "grade_id": "b4_5_kv_cache_bytes_gqa", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def kv_cache_bytes_gqa(B, N, D, H, num_kv_heads, num_layers, bytes_per_element):
@@ -1632,36 +1974,57 @@ def max_batch_in_memory(N, D, H, num_kv_heads, num_layers, bytes_per_element, me
         int: number of sequences (0 if none fits).
     """
     ### BEGIN SOLUTION
-    per_sequence = num_layers * 2 * N * num_kv_heads * (D // H) * bytes_per_element
+    per_sequence = kv_cache_bytes_gqa(1, N, D, H, num_kv_heads, num_layers, bytes_per_element)
     free = memory_bytes - weight_bytes
     return max(0, int(free // per_sequence))
     ### END SOLUTION
 
 
 # %% nbgrader={"grade": true, "grade_id": "b4_5_gqa_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-_check_count(kv_cache_bytes_gqa, (1, 3, 8, 4, 2, 1, 2), 48, "K and V of num_kv_heads heads of width D // H.")
-_check_count(max_batch_in_memory, (3, 8, 4, 2, 1, 2, 1000, 500), 10, "Whole sequences only (round down).")
-print("Bonus 4.5: public tests passed")
+# A mistake in kv_cache_bytes_gqa is charged once: the batch that fits by your own kv_cache_bytes_gqa of one
+# sequence is accepted too.
+def _max_batch_carried(N, D, H, G, L, n, mem, weights):
+    return _carried(lambda: max(0, int((mem - weights) // _own_count(kv_cache_bytes_gqa, 1, N, D, H, G, L, n))))
+
+
+with check("public: kv_cache_bytes_gqa(1, 3, 8, 4, 2, 1, 2)"):
+    _assert_count(kv_cache_bytes_gqa, (1, 3, 8, 4, 2, 1, 2), 48, "K and V of num_kv_heads heads of width D // H.")
+with check("public: max_batch_in_memory(3, 8, 4, 2, 1, 2, 1000, 500)"):
+    _assert_accepted(max_batch_in_memory(3, 8, 4, 2, 1, 2, 1000, 500), 10,
+                     [_max_batch_carried(3, 8, 4, 2, 1, 2, 1000, 500)], "max_batch_in_memory(3, 8, 4, 2, 1, 2, 1000, 500)",
+                     integer=True, hint="Whole sequences only (round down).")
 ### BEGIN HIDDEN TESTS
 def _b4_5_hidden_tests():
     def cache(B, N, D, H, G, L, n):
         return L * 2 * B * N * G * (D // H) * n
 
-    for B, N, D, H, G, L, n in [(1, 1024, 1600, 25, 25, 48, 2), (4, 8192, 4096, 32, 8, 32, 2), (3, 7, 24, 6, 2, 5, 4),
-                                (2, 5, 64, 8, 1, 3, 2)]:
-        _check_count(kv_cache_bytes_gqa, (B, N, D, H, G, L, n), cache(B, N, D, H, G, L, n),
-                     "2 (K and V) x B x N x num_kv_heads x (D // H) x n per layer, times num_layers.")
-    for N, D, H, G, L, n, mem, weights in [(1024, 1600, 25, 25, 48, 2, 16e9, 3.1e9), (8192, 4096, 32, 8, 32, 2, 80e9, 16e9),
-                                           (7, 24, 6, 2, 5, 4, 10_000, 1_234), (5, 64, 8, 1, 3, 2, 100, 200),
-                                           (4, 8, 4, 2, 1, 2, 128 * 3 + 64, 64)]:
-        expected = max(0, int((mem - weights) // cache(1, N, D, H, G, L, n)))
-        _check_count(max_batch_in_memory, (N, D, H, G, L, n, mem, weights), expected,
-                     "floor((memory - weights) / cache bytes of one sequence), and 0 when nothing fits.")
+    with check("kv_cache_bytes_gqa = 2 L B N num_kv_heads (D // H) n on hidden sizes", weight=2):
+        for B, N, D, H, G, L, n in [(1, 1024, 1600, 25, 25, 48, 2), (4, 8192, 4096, 32, 8, 32, 2),
+                                    (3, 7, 24, 6, 2, 5, 4), (2, 5, 64, 8, 1, 3, 2)]:
+            _assert_count(kv_cache_bytes_gqa, (B, N, D, H, G, L, n), cache(B, N, D, H, G, L, n),
+                          "2 (K and V) x B x N x num_kv_heads x (D // H) x n per layer, times num_layers.")
+
+    def batches_of(cases):
+        for N, D, H, G, L, n, mem, weights in cases:
+            expected = max(0, int((mem - weights) // cache(1, N, D, H, G, L, n)))
+            _assert_accepted(max_batch_in_memory(N, D, H, G, L, n, mem, weights), expected,
+                             [_max_batch_carried(N, D, H, G, L, n, mem, weights)],
+                             f"max_batch_in_memory{(N, D, H, G, L, n, mem, weights)}", integer=True,
+                             hint="floor((memory - weights) / cache bytes of one sequence).")
+
+    with check("max_batch_in_memory: whole sequences that fit next to the weights", weight=2):
+        batches_of([(1024, 1600, 25, 25, 48, 2, 16e9, 3.1e9), (8192, 4096, 32, 8, 32, 2, 80e9, 16e9),
+                       (7, 24, 6, 2, 5, 4, 10_000, 1_234)])
+    with check("max_batch_in_memory: exactly filling the memory counts, and 0 when the weights do not fit"):
+        batches_of([(4, 8, 4, 2, 1, 2, 128 * 3 + 64, 64), (5, 64, 8, 1, 3, 2, 100, 200)])
 
 
 _b4_5_hidden_tests()
 del _b4_5_hidden_tests
 ### END HIDDEN TESTS
+del _max_batch_carried
+finish_checks("Bonus 4.5")
+
 
 # %% [markdown]
 # # Part 5: Predictions against measurements
@@ -1792,8 +2155,9 @@ print(f"Peaks for the predictions: {DEVICE_PEAK_FLOPS_PER_S / 1e12:.3g} TFLOP/s,
 # of one cached decode step (`gpt2_decode_*`, Question 4.2). The cell applies it to every measured case (the
 # measured model's `MEASURED_SHAPE` and `MEASURED_BYTES_PER_ELEMENT`, at `DEVICE_PEAK_FLOPS_PER_S` and
 # `DEVICE_BANDWIDTH_BYTES_PER_S`), and the next cell plots the predictions against the measurements. The tests
-# accept, to a relative tolerance of $10^{-6}$, the roofline times of the correct counts and those of your own
-# `gpt2_forward_*` and `gpt2_decode_*`, so a mistake in Questions 3.1 or 4.2 is not counted twice.
+# accept, to a relative tolerance of $10^{-5}$, the roofline times of the correct counts and those of your own
+# `gpt2_forward_*` and `gpt2_decode_*` (through your `roofline_estimate` too), so a mistake in Questions 2.7, 3.1 or
+# 4.2 is not counted twice.
 
 # %% nbgrader={"grade": false, "grade_id": "q5_1_predictions", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def predict_gpt2_latencies_ms(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
@@ -1823,56 +2187,59 @@ gpt2_predicted = [  # one dict per measured case
 ]
 
 # %% nbgrader={"grade": true, "grade_id": "q5_1_predictions_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-_pred = plain_value(predict_gpt2_latencies_ms(1, 2, 4, 2, 1, 2, 1000.0, 100.0), "dict",
-                    "predict_gpt2_latencies_ms(1, 2, 4, 2, 1, 2, 1000.0, 100.0)")
-assert {"predicted_no_cache_ms", "predicted_cache_ms"} <= set(_pred), (
-    f"predict_gpt2_latencies_ms must return a dict with predicted_no_cache_ms and predicted_cache_ms, got {_pred!r}")
-_check_close(_pred["predicted_no_cache_ms"],
-             max(gpt2_forward_flops(1, 2, 4, 2, 1) / 1000.0, gpt2_forward_bytes(1, 2, 4, 2, 1, 2) / 100.0) * 1e3,
-             "predicted_no_cache_ms for (1, 2, 4, 2, 1, 2) at 1000 FLOP/s and 100 bytes/s (the roofline of your "
-             "gpt2_forward_* counts, in ms)", rel=1e-6)
-del _pred
-print("Question 5.1: public tests passed")
+# A mistake in Questions 2.7, 3.1 or 4.2 is charged once: the roofline times of your own gpt2_forward_* and
+# gpt2_decode_* counts (and from your own roofline_estimate) are accepted too.
+def _predictions_ms(B, N, D, H, L, n, peak, bw, reference_full=None, reference_step=None):
+    """Accepted predictions, in ms, of each key: the reference (from the given reference counts, when known) first,
+    then those built from the student's own counts and roofline_estimate."""
+    own_full = _carried(lambda: (_own_count(gpt2_forward_flops, B, N, D, H, L), _own_count(gpt2_forward_bytes, B, N, D, H, L, n)))
+    own_step = _carried(lambda: (_own_count(gpt2_decode_flops, B, N, D, H, L), _own_count(gpt2_decode_bytes, B, N, D, H, L, n)))
+    return {"predicted_no_cache_ms": [t * 1e3 for t in _roofline_times_s([reference_full, own_full], peak, bw, roofline_estimate)],
+            "predicted_cache_ms": [t * 1e3 for t in _roofline_times_s([reference_step, own_step], peak, bw, roofline_estimate)]}
+
+
+def _predictions_case(args, expected_ms, reference_full=None, reference_step=None):
+    what = f"predict_gpt2_latencies_ms{args}"
+    got = as_dict(predict_gpt2_latencies_ms(*args), what)
+    options = _predictions_ms(*args, reference_full, reference_step)
+    for key in ("predicted_no_cache_ms", "predicted_cache_ms"):
+        assert key in got, f"{what} must have the key {key!r}; got {sorted(got, key=str)}"
+        _assert_accepted(got[key], expected_ms[key] if expected_ms else options[key][0],
+                         options[key] if expected_ms else options[key][1:], f"{what}[{key!r}]",
+                         formula="max(T_compute, T_memory) in milliseconds")
+
+
+with check("public: predict_gpt2_latencies_ms(1, 2, 4, 2, 1, 2, 1000.0, 100.0)"):
+    _predictions_case((1, 2, 4, 2, 1, 2, 1000.0, 100.0), {"predicted_no_cache_ms": 8720.0, "predicted_cache_ms": 6480.0})
 ### BEGIN HIDDEN TESTS
 def _q5_1_hidden_tests():
-    def reference_ms(B, N, D, H, L, n, peak, bw):
-        no_cache = max(L * (24 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D) / peak,
-                       L * n * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D) / bw)
-        cache = max(L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D) / peak,
-                    L * n * (20 * B * D + 12 * D * D + 2 * B * N * D + 4 * B * H * N + 5 * D) / bw)
-        return {"predicted_no_cache_ms": no_cache * 1e3, "predicted_cache_ms": cache * 1e3}
+    def full_counts(B, N, D, H, L, n):
+        return (L * (24 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D),
+                L * n * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D))
 
-    def own_counts_ms(B, N, D, H, L, n, peak, bw):
-        """The same from the student's own counts (carried forward), or None when they do not give ints."""
-        try:
-            counts = [gpt2_forward_flops(B, N, D, H, L), gpt2_forward_bytes(B, N, D, H, L, n),
-                      gpt2_decode_flops(B, N, D, H, L), gpt2_decode_bytes(B, N, D, H, L, n)]
-        except Exception:  # noqa: BLE001 - unanswered or broken counts: only the correct values are accepted
-            return None
-        if any(type(count) is not int or count <= 0 for count in counts):
-            return None
-        return {"predicted_no_cache_ms": max(counts[0] / peak, counts[1] / bw) * 1e3,
-                "predicted_cache_ms": max(counts[2] / peak, counts[3] / bw) * 1e3}
+    def step_counts(B, N, D, H, L, n):
+        return (L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D),
+                L * n * (20 * B * D + 12 * D * D + 2 * B * N * D + 4 * B * H * N + 5 * D))
 
-    cases = [(B, N, 1600, 25, 48, 2, 65e12, 300e9) for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024)]]
-    cases += [(B, N, 1600, 25, 48, 2, 989e12, 3.35e12) for B, N in [(1, 32), (64, 1024)]]
-    cases += [(4, 64, 128, 4, 2, 4, 1.2e12, 4e10), (3, 7, 20, 4, 5, 4, 1e6, 1e5), (2, 100, 64, 8, 2, 2, 1e3, 1e4)]
-    for args in cases:
-        what = f"predict_gpt2_latencies_ms{args}"
-        got = plain_value(predict_gpt2_latencies_ms(*args), "dict", what)
-        accepted = [reference_ms(*args)] + [own for own in [own_counts_ms(*args)] if own is not None]
-        for key in ("predicted_no_cache_ms", "predicted_cache_ms"):
-            assert key in got, f"{what} must have the key {key!r}; got {sorted(got)}"
-            value = plain_value(got[key], "real", f"{what}[{key!r}]")
-            assert any(math.isclose(value, option[key], rel_tol=1e-6) for option in accepted), (
-                f"{what}[{key!r}] must be max(T_compute, T_memory) in ms = {accepted[0][key]!r}"
-                + (f" (or {accepted[1][key]!r} from your own counts)" if len(accepted) > 1 and accepted[1] != accepted[0] else "")
-                + f", got {value!r}")
+    def case(B, N, D, H, L, n, peak, bw):
+        _predictions_case((B, N, D, H, L, n, peak, bw), None, full_counts(B, N, D, H, L, n), step_counts(B, N, D, H, L, n))
+
+    with check("GPT-2 XL on the T4 and the H100: both latencies in ms", weight=2):
+        for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024)]:
+            case(B, N, 1600, 25, 48, 2, 65e12, 300e9)
+        for B, N in [(1, 32), (64, 1024)]:
+            case(B, N, 1600, 25, 48, 2, 989e12, 3.35e12)
+    with check("other shapes and devices (the quick-scale model, fp32)"):
+        for args in [(4, 64, 128, 4, 2, 4, 1.2e12, 4e10), (3, 7, 20, 4, 5, 4, 1e6, 1e5), (2, 100, 64, 8, 2, 2, 1e3, 1e4)]:
+            case(*args)
 
 
 _q5_1_hidden_tests()
 del _q5_1_hidden_tests
 ### END HIDDEN TESTS
+del _predictions_ms, _predictions_case
+finish_checks("Question 5.1")
+
 
 # %%
 comparison = pd.DataFrame(gpt2_predicted).merge(gpt2_measured, on=["B", "N"])
@@ -1970,7 +2337,9 @@ plt.show()
 # Write `decode_time_breakdown_s(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s,
 # bandwidth_bytes_per_s)` returning a dict with the float keys `"weights_s"`, `"kv_cache_s"`,
 # `"other_memory_s"` and `"compute_s"` (seconds, each part on its own: bytes / bandwidth or FLOPs / peak). The
-# three memory parts must add up to the bytes of Question 4.2.
+# three memory parts must add up to the bytes of Question 4.2. The tests accept `other_memory_s` and `compute_s`
+# computed from the correct decode counts or from your own `gpt2_decode_bytes` and `gpt2_decode_flops`, so a
+# mistake in Question 4.2 is charged once.
 
 # %% nbgrader={"grade": false, "grade_id": "q6_1_decode_time_breakdown", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def decode_time_breakdown_s(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
@@ -1983,43 +2352,70 @@ def decode_time_breakdown_s(B, N, D, H, num_layers, bytes_per_element, peak_flop
     L, n = num_layers, bytes_per_element
     weight_bytes = L * n * (12 * D * D + 5 * D)  # W_Q, W_K, W_V, W_O, W_1, W_2 and the MLP biases
     cache_bytes = L * n * 2 * B * N * D  # K read by Q K^T, V read by A V
-    other_bytes = L * n * (20 * B * D + 4 * B * H * N)
-    flops = L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D)
+    other_bytes = gpt2_decode_bytes(B, N, D, H, L, n) - weight_bytes - cache_bytes  # L n (20 B D + 4 B H N)
     return {
         "weights_s": weight_bytes / bandwidth_bytes_per_s,
         "kv_cache_s": cache_bytes / bandwidth_bytes_per_s,
         "other_memory_s": other_bytes / bandwidth_bytes_per_s,
-        "compute_s": flops / peak_flops_per_s,
+        "compute_s": gpt2_decode_flops(B, N, D, H, L) / peak_flops_per_s,
     }
     ### END SOLUTION
 
 
 # %% nbgrader={"grade": true, "grade_id": "q6_1_decode_time_breakdown_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-_parts = plain_value(decode_time_breakdown_s(1, 2, 4, 2, 1, 2, 1000.0, 100.0), "dict", "decode_time_breakdown_s(...)")
-assert {"weights_s", "kv_cache_s", "other_memory_s", "compute_s"} <= set(_parts), (
-    f"decode_time_breakdown_s must return a dict with weights_s, kv_cache_s, other_memory_s, compute_s; got {_parts!r}")
-_check_close(_parts["weights_s"], 4.24, "weights_s for D = 4, one layer, fp16, 100 bytes/s (12 D^2 + 5 D elements)")
-del _parts
-print("Question 6.1: public tests passed")
+# A mistake in Question 4.2 is charged once: other_memory_s and compute_s computed from your own gpt2_decode_bytes
+# and gpt2_decode_flops are accepted too.
+with check("public: weights_s of decode_time_breakdown_s(1, 2, 4, 2, 1, 2, 1000.0, 100.0)"):
+    _parts = as_dict(decode_time_breakdown_s(1, 2, 4, 2, 1, 2, 1000.0, 100.0), "decode_time_breakdown_s(1, 2, 4, 2, 1, 2, 1000.0, 100.0)")
+    assert {"weights_s", "kv_cache_s", "other_memory_s", "compute_s"} <= set(_parts), (
+        f"decode_time_breakdown_s must return a dict with weights_s, kv_cache_s, other_memory_s, compute_s; got keys "
+        f"{sorted(_parts, key=str)}")
+    assert_close(_parts["weights_s"], 4.24, "weights_s for D = 4, one layer, fp16, 100 bytes/s",
+                 formula="(12 D^2 + 5 D) elements x 2 bytes / 100 bytes/s")
+    del _parts
 ### BEGIN HIDDEN TESTS
 def _q6_1_hidden_tests():
-    for B, N, D, H, L, n, peak, bw in [(1, 1024, 1600, 25, 48, 2, 65e12, 300e9), (64, 1024, 1600, 25, 48, 2, 65e12, 300e9),
-                                       (3, 7, 20, 4, 5, 4, 1e6, 1e5), (2, 9, 36, 3, 2, 2, 7e3, 3e3)]:
+    cases = [(1, 1024, 1600, 25, 48, 2, 65e12, 300e9), (64, 1024, 1600, 25, 48, 2, 65e12, 300e9),
+             (3, 7, 20, 4, 5, 4, 1e6, 1e5), (2, 9, 36, 3, 2, 2, 7e3, 3e3)]
+
+    def parts(B, N, D, H, L, n, peak, bw):
         what = f"decode_time_breakdown_s{(B, N, D, H, L, n, peak, bw)}"
-        parts = plain_value(decode_time_breakdown_s(B, N, D, H, L, n, peak, bw), "dict", what)
-        _check_close(parts.get("weights_s"), L * n * (12 * D * D + 5 * D) / bw,
-                     f"{what}['weights_s'] (4 D x D projections, W_1, W_2, b_1, b_2 of every layer, once)")
-        _check_close(parts.get("kv_cache_s"), L * n * 2 * B * N * D / bw,
-                     f"{what}['kv_cache_s'] (the N cached keys and values of every head and sequence, read once each)")
-        _check_close(parts.get("other_memory_s"), L * n * (20 * B * D + 4 * B * H * N) / bw,
-                     f"{what}['other_memory_s'] (decode bytes of Question 4.2 minus weights and cache reads)")
-        _check_close(parts.get("compute_s"), L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D) / peak,
-                     f"{what}['compute_s'] (decode FLOPs of Question 4.2 / peak)")
+        got = as_dict(decode_time_breakdown_s(B, N, D, H, L, n, peak, bw), what)
+        missing = {"weights_s", "kv_cache_s", "other_memory_s", "compute_s"} - set(got)
+        assert not missing, f"{what} must have the keys weights_s, kv_cache_s, other_memory_s, compute_s; missing {sorted(missing)}"
+        return got, what
+
+    with check("weights_s: every weight and bias of every layer read once"):
+        for B, N, D, H, L, n, peak, bw in cases:
+            got, what = parts(B, N, D, H, L, n, peak, bw)
+            assert_close(got["weights_s"], L * n * (12 * D * D + 5 * D) / bw, f"{what}['weights_s']",
+                         formula="4 D x D projections, W_1, W_2, b_1, b_2 of every layer, read once, / bandwidth")
+    with check("kv_cache_s: the N cached keys and values read once each"):
+        for B, N, D, H, L, n, peak, bw in cases:
+            got, what = parts(B, N, D, H, L, n, peak, bw)
+            assert_close(got["kv_cache_s"], L * n * 2 * B * N * D / bw, f"{what}['kv_cache_s']",
+                         formula="the N cached keys and values of every head and sequence, read once each, / bandwidth")
+    with check("other_memory_s: the rest of the decode bytes of Question 4.2"):
+        for B, N, D, H, L, n, peak, bw in cases:
+            got, what = parts(B, N, D, H, L, n, peak, bw)
+            own = _carried(lambda: (_own_count(gpt2_decode_bytes, B, N, D, H, L, n) - L * n * (12 * D * D + 5 * D)
+                                    - L * n * 2 * B * N * D) / bw)
+            _assert_accepted(got["other_memory_s"], L * n * (20 * B * D + 4 * B * H * N) / bw, [own],
+                             f"{what}['other_memory_s']",
+                             formula="(decode bytes of Question 4.2 - weights - cache reads) / bandwidth")
+    with check("compute_s: the decode FLOPs of Question 4.2 at the peak"):
+        for B, N, D, H, L, n, peak, bw in cases:
+            got, what = parts(B, N, D, H, L, n, peak, bw)
+            own = _carried(lambda: _own_count(gpt2_decode_flops, B, N, D, H, L) / peak)
+            _assert_accepted(got["compute_s"], L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D) / peak,
+                             [own], f"{what}['compute_s']", formula="decode FLOPs of Question 4.2 / peak")
 
 
 _q6_1_hidden_tests()
 del _q6_1_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 6.1")
+
 
 # %%
 try:
@@ -2102,23 +2498,26 @@ def expected_tokens_per_pass(alpha, gamma):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q6_3_expected_tokens_per_pass_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-_check_close(expected_tokens_per_pass(0.5, 2), 1.75, "expected_tokens_per_pass(0.5, 2) = 1 + 0.5 + 0.25")
-_check_close(expected_tokens_per_pass(0.0, 4), 1.0, "expected_tokens_per_pass(0, 4): every draft rejected, one token")
-print("Question 6.3: public tests passed")
+with check("public: expected_tokens_per_pass(0.5, 2) and (0.0, 4)"):
+    assert_close(expected_tokens_per_pass(0.5, 2), 1.75, "expected_tokens_per_pass(0.5, 2)", formula="1 + 0.5 + 0.25")
+    assert_close(expected_tokens_per_pass(0.0, 4), 1.0, "expected_tokens_per_pass(0, 4) (every draft rejected, one token)")
 ### BEGIN HIDDEN TESTS
 def _q6_3_hidden_tests():
-    for alpha, gamma in [(0.8, 5), (0.3, 1), (0.95, 16), (0.6, 0), (0.999999, 3), (0.25, 7)]:
-        expected = sum(alpha ** i for i in range(gamma + 1))
-        _check_close(expected_tokens_per_pass(alpha, gamma), expected,
-                     f"expected_tokens_per_pass({alpha}, {gamma}) = 1 + alpha + ... + alpha^gamma", rel=1e-6)
-    for gamma in (1, 4, 9):
-        _check_close(expected_tokens_per_pass(1.0, gamma), gamma + 1,
-                     f"expected_tokens_per_pass(1.0, {gamma}): every draft accepted plus the bonus token")
+    with check("1 + alpha + ... + alpha^gamma for hidden alpha < 1 and gamma >= 0", weight=2):
+        for alpha, gamma in [(0.8, 5), (0.3, 1), (0.95, 16), (0.6, 0), (0.999999, 3), (0.25, 7)]:
+            assert_close(expected_tokens_per_pass(alpha, gamma), sum(alpha ** i for i in range(gamma + 1)),
+                         f"expected_tokens_per_pass({alpha}, {gamma})", formula="1 + alpha + ... + alpha^gamma")
+    with check("alpha = 1 works: every draft accepted plus the bonus token, gamma + 1"):
+        for gamma in (1, 4, 9):
+            assert_close(expected_tokens_per_pass(1.0, gamma), gamma + 1, f"expected_tokens_per_pass(1.0, {gamma})",
+                         formula="gamma + 1 (every draft accepted plus the bonus token)")
 
 
 _q6_3_hidden_tests()
 del _q6_3_hidden_tests
 ### END HIDDEN TESTS
+finish_checks("Question 6.3")
+
 
 # %% [markdown]
 # #### Question 6.4 (8 points)
@@ -2137,9 +2536,9 @@ del _q6_3_hidden_tests
 #   device=prefix.device)`), never from the global random state: the same seed gives the same result.
 # - Vectorised over the batch: no Python loop over the $B$ rows (the tests use $B = 100{,}000$). A loop over
 #   the $\gamma$ positions is fine.
-# - Returns `(new_tokens, num_new)`: `num_new` is int64 `(B,)` with values in $1 \dots \gamma + 1$ (accepted
-#   drafts plus the one replacement or bonus token), and `new_tokens` is int64 `(B, gamma + 1)` whose row `b`
-#   holds its `num_new[b]` new tokens first, then `-1` padding.
+# - Returns `(new_tokens, num_new)`, both on the device of `prefix`: `num_new` is int64 `(B,)` with values in
+#   $1 \dots \gamma + 1$ (accepted drafts plus the one replacement or bonus token), and `new_tokens` is int64
+#   `(B, gamma + 1)` whose row `b` holds its `num_new[b]` new tokens first, then `-1` padding.
 #
 # The hidden tests drive your function with toy models whose distributions are known exactly and check that
 # the emitted tokens have the target's distribution and that the mean of `num_new` matches
@@ -2240,34 +2639,43 @@ def _speculative_step_observed(prefix, draft_model, target_model, gamma, generat
             "global_states": [before, global_states()], "generator_state": generator.get_state()}
 
 
-def _check_speculative_format(prefix, out, gamma, vocab):
-    assert type(out) is tuple and len(out) == 2, f"speculative_step must return a tuple (new_tokens, num_new), got {type(out).__name__}"
-    new_tokens = plain_value(out[0], "tensor", "new_tokens")
-    num_new = plain_value(out[1], "tensor", "num_new")
+def _speculative_format(prefix, out, gamma, vocab):
+    """What speculative_step returned must be (new_tokens, num_new): int64 tensors of shapes (B, gamma + 1) and (B,),
+    num_new in 1 .. gamma + 1, each row's num_new tokens (ids 0 .. V - 1) first, then -1. Returns the two tensors."""
+    try:
+        new_tokens, num_new = out
+    except (TypeError, ValueError):
+        raise AssertionError(f"speculative_step must return a tuple (new_tokens, num_new), got {type(out).__name__}") from None
+    new_tokens, num_new = as_tensor(new_tokens, "new_tokens"), as_tensor(num_new, "num_new")
     B = prefix.shape[0]
     assert tuple(new_tokens.shape) == (B, gamma + 1), (
-        f"new_tokens must be a (B, gamma + 1) = {(B, gamma + 1)} tensor, got {getattr(new_tokens, 'shape', new_tokens)}")
+        f"new_tokens must be a (B, gamma + 1) = {(B, gamma + 1)} tensor, got shape {tuple(new_tokens.shape)}")
     assert tuple(num_new.shape) == (B,), f"num_new must have shape (B,) = ({B},), got {tuple(num_new.shape)}"
-    assert new_tokens.dtype == torch.long and num_new.dtype == torch.long, "new_tokens and num_new must be int64"
-    assert bool(((num_new >= 1) & (num_new <= gamma + 1)).all()), "num_new must lie in 1 .. gamma + 1"
-    position = torch.arange(gamma + 1, device=new_tokens.device).unsqueeze(0)
-    filled = position < num_new.unsqueeze(1)
-    assert bool((new_tokens[~filled] == -1).all()), "new_tokens must be -1 after each row's num_new tokens"
-    assert bool(((new_tokens[filled] >= 0) & (new_tokens[filled] < vocab)).all()), "emitted tokens must be ids 0 .. V - 1"
+    assert new_tokens.dtype == torch.long and num_new.dtype == torch.long, (
+        f"new_tokens and num_new must be int64, got {new_tokens.dtype} and {num_new.dtype}")
+    assert bool((num_new.ge(1) & num_new.le(gamma + 1)).all()), "num_new must lie in 1 .. gamma + 1"
+    filled = torch.arange(gamma + 1, device=new_tokens.device).unsqueeze(0) < num_new.unsqueeze(1)
+    assert bool(new_tokens[~filled].eq(-1).all()), "new_tokens must be -1 after each row's num_new tokens"
+    assert bool((new_tokens[filled].ge(0) & new_tokens[filled].lt(vocab)).all()), "emitted tokens must be ids 0 .. V - 1"
+    return new_tokens, num_new
 
 
 _gen = torch.Generator(device=DEVICE).manual_seed(0)
 _P = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.1, 0.4, 0.4], [0.25, 0.25, 0.25, 0.25], [0.0, 0.6, 0.0, 0.4]], device=DEVICE)
 _prefix = torch.randint(4, (6, 3), generator=_gen, device=DEVICE)
-_run = _speculative_step_observed(_prefix, _toy_model(_P.flip(1)), _toy_model(_P), 3, _gen)
-_check_speculative_format(_prefix, _run["out"], 3, 4)
-assert _run["draft_calls"] == [(6, 3), (6, 4), (6, 5)] and _run["target_calls"] == [(6, 6)], (
-    f"draft_model must be called gamma times on (B, T), (B, T + 1), ... and target_model once on (B, T + gamma); "
-    f"got draft calls {_run['draft_calls']} and target calls {_run['target_calls']}")
-_new, _num = speculative_step(_prefix, _toy_model(_P), _toy_model(_P), 3, _gen)  # draft == target
-assert bool((_num == 4).all()), f"when the draft equals the target every draft is accepted: num_new must be gamma + 1, got {_num.tolist()}"
-del _gen, _P, _prefix, _run, _new, _num
-print("Question 6.4: public tests passed")
+with check("public: returns (new_tokens, num_new) as the contract says; draft_model called gamma times, target_model once"):
+    _run = _speculative_step_observed(_prefix, _toy_model(_P.flip(1)), _toy_model(_P), 3, _gen)
+    _speculative_format(_prefix, _run["out"], 3, 4)
+    assert _run["draft_calls"] == [(6, 3), (6, 4), (6, 5)] and _run["target_calls"] == [(6, 6)], (
+        f"draft_model must be called gamma times on (B, T), (B, T + 1), ... and target_model once on (B, T + gamma); "
+        f"got draft calls {_run['draft_calls']} and target calls {_run['target_calls']}")
+    del _run
+with check("public: when the draft equals the target every draft is accepted, plus the bonus token"):
+    _new, _num = _speculative_format(_prefix, speculative_step(_prefix, _toy_model(_P), _toy_model(_P), 3, _gen), 3, 4)
+    assert bool(_num.eq(4).all()), (
+        f"when the draft equals the target every draft is accepted: num_new must be gamma + 1 = 4, got {_num.tolist()}")
+    del _new, _num
+del _gen, _P, _prefix
 ### BEGIN HIDDEN TESTS
 def _q6_4_hidden_tests():
     """Hidden tests of speculative_step: format and calls, exact edge cases, then a statistical test.
@@ -2303,18 +2711,22 @@ def _q6_4_hidden_tests():
     target = torch.tensor([0.6, 0.4, 0.0, 0.0, 0.0], device=DEVICE).expand(V, V)
     draft = torch.tensor([0.0, 0.0, 0.3, 0.3, 0.4], device=DEVICE).expand(V, V)
     prefix = torch.randint(V, (2000, 2), generator=gen, device=DEVICE)
-    out = speculative_step(prefix, _toy_model(draft), _toy_model(target), 4, gen)
-    _check_speculative_format(prefix, out, 4, V)
-    assert bool((out[1] == 1).all()), (
-        "when the target gives probability 0 to every token the draft can propose, every draft must be rejected "
-        "(num_new == 1)")
-    assert bool((out[0][:, 0] <= 1).all()), (
-        "after a rejection the replacement comes from norm(max(0, p - q)); here that is the target itself, "
-        "which never emits tokens 2, 3, 4")
-    for gamma in (1, 2, 6):
-        out = speculative_step(prefix[:50], _toy_model(target), _toy_model(target), gamma, gen)
-        _check_speculative_format(prefix[:50], out, gamma, V)
-        assert bool((out[1] == gamma + 1).all()), f"draft == target, gamma = {gamma}: all drafts accepted plus the bonus token"
+    with check("exact cases: every draft rejected when the target gives it probability 0, the replacement then drawn "
+               "from norm(max(0, p - q)); every draft accepted plus the bonus token when draft == target (gamma = 1, 2, 6)"):
+        new_tokens, num_new = _speculative_format(
+            prefix, speculative_step(prefix, _toy_model(draft), _toy_model(target), 4, gen), 4, V)
+        assert bool(num_new.eq(1).all()), (
+            "when the target gives probability 0 to every token the draft can propose, every draft must be rejected "
+            "(num_new == 1)")
+        assert bool(new_tokens[:, 0].le(1).all()), (
+            "after a rejection the replacement comes from norm(max(0, p - q)); here that is the target itself, "
+            "which never emits tokens 2, 3, 4")
+        for gamma in (1, 2, 6):
+            _, num_new = _speculative_format(
+                prefix[:50], speculative_step(prefix[:50], _toy_model(target), _toy_model(target), gamma, gen), gamma, V)
+            assert bool(num_new.eq(gamma + 1).all()), (
+                f"draft == target, gamma = {gamma}: all drafts accepted plus the bonus token (num_new == {gamma + 1})")
+
     # --- 2. the method: vectorised over the batch (no Python loop over the B rows) ---
     @kernel_side
     def python_lines(batch, vocab, draft_model, target_model):
@@ -2350,11 +2762,14 @@ def _q6_4_hidden_tests():
 
     table = torch.softmax(torch.randn(V, V, generator=torch.Generator().manual_seed(3)), dim=1).to(DEVICE)
     draft_table = table.flip(0)
-    few_rows, many_rows = (python_lines(batch, V, _toy_model(draft_table), _toy_model(table)) for batch in (2, 2000))
-    assert many_rows <= 2 * few_rows + 100, (
-        f"speculative_step must be vectorised over the batch: it ran {few_rows} lines of Python for B = 2 and "
-        f"{many_rows} for B = 2000. Replace the loop over the rows by tensor operations (a loop over the gamma "
-        "positions is fine)")
+    vectorised = False
+    with check("vectorised over the batch: no Python loop over the B rows (lines of Python run for B = 2 and 2,000)"):
+        few_rows, many_rows = (python_lines(batch, V, _toy_model(draft_table), _toy_model(table)) for batch in (2, 2000))
+        assert many_rows <= 2 * few_rows + 100, (
+            f"speculative_step must be vectorised over the batch: it ran {few_rows} lines of Python for B = 2 and "
+            f"{many_rows} for B = 2000. Replace the loop over the rows by tensor operations (a loop over the gamma "
+            "positions is fine)")
+        vectorised = True
 
     # --- 3. calls, and randomness from the generator only: the global random state stays untouched, the
     # generator advances, its state alone fixes the result, and a second call draws new numbers. The states are
@@ -2365,36 +2780,53 @@ def _q6_4_hidden_tests():
         generator.set_state(state)
         return generator
 
-    def run(state, global_seed):
-        """speculative_step from a generator in ``state``: its output and the generator's state after it."""
-        observed = _speculative_step_observed(prefix[:300], _toy_model(draft_table), _toy_model(table), 5,
-                                              generator_in(state), global_seed)
+    def observe(state, global_seed):
+        """speculative_step from a generator in ``state``, observed where it runs (see _speculative_step_observed)."""
+        return _speculative_step_observed(prefix[:300], _toy_model(draft_table), _toy_model(table), 5,
+                                          generator_in(state), global_seed)
+
+    start_state = torch.Generator(device=DEVICE).manual_seed(99).get_state()
+    with check("draft_model called gamma = 5 times on growing prefixes, target_model once on (B, T + gamma)"):
+        observed = observe(start_state, 11)
         draft_calls, target_calls = observed["draft_calls"], observed["target_calls"]
         assert draft_calls == [(300, 2 + i) for i in range(5)] and target_calls == [(300, 7)], (
             f"draft_model must be called gamma = 5 times on growing prefixes and target_model once on (B, T + gamma); "
             f"got draft {draft_calls}, target {target_calls}")
-        before, after = observed["global_states"]
+    with check("all randomness from `generator`: the global random state is untouched, the generator advances, its "
+               "state alone fixes the result, and a second call draws new tokens"):
+        first = observe(start_state, 11)
+        before, after = first["global_states"]
         assert len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after)), (
             "speculative_step changed the global random state (torch.manual_seed, or torch.rand / torch.multinomial "
             "without generator=...): all randomness must come from `generator`")
-        _check_speculative_format(prefix[:300], observed["out"], 5, V)
-        return observed["out"], observed["generator_state"]
-
-    start_state = torch.Generator(device=DEVICE).manual_seed(99).get_state()
-    first, advanced_state = run(start_state, 11)
-    assert not torch.equal(advanced_state, start_state), (
-        "the generator did not advance: draw every random number from `generator`")
-    replay, _ = run(start_state, 12)
-    assert torch.equal(first[0], replay[0]) and torch.equal(first[1], replay[1]), (
-        "a generator in the same state must give the same tokens, whatever the global seed: take all randomness "
-        "from `generator`, from its current state (do not re-seed anything from it)")
-    second, _ = run(advanced_state, 11)
-    assert not torch.equal(first[0], second[0]), (
-        "a second call with the same generator (now advanced) returned the same 300 x 6 tokens: draw from the "
-        "generator's current state, do not re-seed anything from its seed")
+        assert not torch.equal(first["generator_state"], start_state), (
+            "the generator did not advance: draw every random number from `generator`")
+        first_tokens, first_num = _speculative_format(prefix[:300], first["out"], 5, V)
+        replay_tokens, replay_num = _speculative_format(prefix[:300], observe(start_state, 12)["out"], 5, V)
+        assert torch.equal(first_tokens, replay_tokens) and torch.equal(first_num, replay_num), (
+            "a generator in the same state must give the same tokens, whatever the global seed: take all randomness "
+            "from `generator`, from its current state (do not re-seed anything from it)")
+        second_tokens, _ = _speculative_format(prefix[:300], observe(first["generator_state"], 11)["out"], 5, V)
+        assert not torch.equal(first_tokens, second_tokens), (
+            "a second call with the same generator (now advanced) returned the same 300 x 6 tokens: draw from the "
+            "generator's current state, do not re-seed anything from its seed")
+    with check("returns new_tokens and num_new on the device of prefix (checked with PyTorch's default device set to meta)"):
+        small, device_gen = prefix[:50], torch.Generator(device=DEVICE).manual_seed(8)
+        devices = kernel_side(output_devices_with_meta_default)(
+            speculative_step, small, _toy_model(draft_table), _toy_model(table), 3, device_gen)
+        if devices is None:  # the call needed data from a tensor it made on the default device: the ordinary check
+            new_tokens, num_new = _speculative_format(
+                small, speculative_step(small, _toy_model(draft_table), _toy_model(table), 3, device_gen), 3, V)
+            devices = [str(new_tokens.device), str(num_new.device)]
+        assert devices == [str(small.device)] * 2, (
+            f"speculative_step must return new_tokens and num_new on the device of prefix ({small.device}); with "
+            f"PyTorch's default device set to meta (as a GPU grader would see it) they were on {devices}: create every "
+            f"tensor on prefix.device (torch.full(..., device=prefix.device), torch.zeros_like, ...)")
 
     # --- 4. statistical test: context-independent toy models, known acceptance rate alpha ---
-    M, CHUNK = 100_000, 25_000
+    # 100,000 rows; an implementation that loops over the rows (charged once, above) gets 5,000, to stay in time: the
+    # thresholds follow the number of rows.
+    M, CHUNK = (100_000, 25_000) if vectorised else (5_000, 5_000)
 
     def sample_rows(make_prefix, draft, target, gamma, seed):
         """M rows of speculative_step (draft and target: tables of toy models), in calls of CHUNK rows (a result
@@ -2404,39 +2836,49 @@ def _q6_4_hidden_tests():
         for start in range(0, M, CHUNK):
             gen = torch.Generator(device=DEVICE).manual_seed(seed + start)
             prefix = make_prefix(min(CHUNK, M - start), gen)
-            out = speculative_step(prefix, _toy_model(draft), _toy_model(target), gamma, gen)
-            _check_speculative_format(prefix, out, gamma, V)
+            new_tokens, num_new = _speculative_format(
+                prefix, speculative_step(prefix, _toy_model(draft), _toy_model(target), gamma, gen), gamma, V)
             prefixes.append(prefix.cpu())
-            tokens.append(out[0].cpu())
-            counts.append(out[1].cpu())
+            tokens.append(new_tokens.cpu())
+            counts.append(num_new.cpu())
         return torch.cat(prefixes), torch.cat(tokens), torch.cat(counts)
 
     p = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0], device=DEVICE)
     q = torch.tensor([0.1, 0.2, 0.3, 0.2, 0.2], device=DEVICE)
     alpha = torch.minimum(p, q).sum().item()  # 0.6
     gamma = 4
-    _, out_tokens, num_new = sample_rows(lambda rows, gen: torch.zeros(rows, 3, dtype=torch.long, device=DEVICE),
-                                         q.expand(V, V), p.expand(V, V), gamma, 2024)
-    freq = torch.bincount(out_tokens[:, 0], minlength=V).double().cpu() / M
-    worst = (freq - p.double().cpu()).abs().max().item()
-    assert worst <= threshold(M), (
-        f"the first emitted token must be distributed as the target p = {p.tolist()}; got frequencies "
-        f"{[round(x, 4) for x in freq.tolist()]} (max deviation {worst:.4f} > {threshold(M):.4f}). Check the acceptance "
-        f"rule u < p(x)/q(x) and that a rejected token is replaced from norm(max(0, p - q))")
-    mean_new = num_new.double().mean().item()
-    expected = (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    assert abs(mean_new - expected) <= threshold(M, gamma), (
-        f"with alpha = {alpha:.2f} and gamma = {gamma} the mean of num_new must be (1 - alpha^(gamma+1)) / (1 - alpha) "
-        f"= {expected:.4f}; got {mean_new:.4f} (tolerance {threshold(M, gamma):.4f}). Stop at the first rejection and "
-        f"add the bonus token when all drafts are accepted")
-    all_accepted = num_new == gamma + 1  # these rows end with the bonus token, drawn from p_{gamma+1} = p
-    m = int(all_accepted.sum())
-    freq = torch.bincount(out_tokens[all_accepted, gamma], minlength=V).double().cpu() / m
-    worst = (freq - p.double().cpu()).abs().max().item()
-    assert worst <= threshold(m), (
-        f"when all {gamma} drafts are accepted the bonus token must be sampled from the target's distribution after "
-        f"the last draft, here p = {p.tolist()}; got frequencies {[round(x, 4) for x in freq.tolist()]} over {m} rows "
-        f"(max deviation {worst:.4f} > {threshold(m):.4f}): sample it (not argmax) from the target (not the draft)")
+    sampled = {}
+    not_sampled = "speculative_step failed on the statistical test's inputs (see the first failed check)"
+    with check("statistical: the first emitted token is distributed as the target"):
+        sampled["iid"] = sample_rows(lambda rows, gen: torch.zeros(rows, 3, dtype=torch.long, device=DEVICE),
+                                     q.expand(V, V), p.expand(V, V), gamma, 2024)
+        _, out_tokens, num_new = sampled["iid"]
+        freq = torch.bincount(out_tokens[:, 0], minlength=V).double().cpu() / M
+        worst = (freq - p.double().cpu()).abs().max().item()
+        assert worst <= threshold(M), (
+            f"the first emitted token must be distributed as the target p = {p.tolist()}; got frequencies "
+            f"{[round(x, 4) for x in freq.tolist()]} (max deviation {worst:.4f} > {threshold(M):.4f}). Check the acceptance "
+            f"rule u < p(x)/q(x) and that a rejected token is replaced from norm(max(0, p - q))")
+    with check("statistical: the mean of num_new is (1 - alpha^(gamma+1)) / (1 - alpha)"):
+        assert "iid" in sampled, not_sampled
+        _, out_tokens, num_new = sampled["iid"]
+        mean_new = num_new.double().mean().item()
+        expected = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+        assert abs(mean_new - expected) <= threshold(M, gamma), (
+            f"with alpha = {alpha!r} and gamma = {gamma} the mean of num_new must be (1 - alpha^(gamma+1)) / (1 - alpha) "
+            f"= {expected!r}; got {mean_new!r} (tolerance {threshold(M, gamma):.4f}). Stop at the first rejection and "
+            f"add the bonus token when all drafts are accepted")
+    with check("statistical: the bonus token (all drafts accepted) is sampled from the target after the last draft"):
+        assert "iid" in sampled, not_sampled
+        _, out_tokens, num_new = sampled["iid"]
+        all_accepted = num_new.eq(gamma + 1)  # these rows end with the bonus token, drawn from p_{gamma+1} = p
+        m = int(all_accepted.sum())
+        freq = torch.bincount(out_tokens[all_accepted, gamma], minlength=V).double().cpu() / max(m, 1)
+        worst = (freq - p.double().cpu()).abs().max().item()
+        assert m > 0 and worst <= threshold(max(m, 1)), (
+            f"when all {gamma} drafts are accepted the bonus token must be sampled from the target's distribution after "
+            f"the last draft, here p = {p.tolist()}; got frequencies {[round(x, 4) for x in freq.tolist()]} over {m} rows "
+            f"(max deviation {worst:.4f} > {threshold(max(m, 1)):.4f}): sample it (not argmax) from the target (not the draft)")
 
     # --- 5. statistical test: Markov toy models (the distribution depends on the last token) ---
     P = torch.tensor([[0.70, 0.10, 0.10, 0.05, 0.05],
@@ -2449,30 +2891,33 @@ def _q6_4_hidden_tests():
                       [0.10, 0.60, 0.10, 0.10, 0.10],
                       [0.30, 0.10, 0.30, 0.10, 0.20],
                       [0.05, 0.30, 0.05, 0.30, 0.30]], device=DEVICE)
-    prefix, out_tokens, num_new = sample_rows(lambda rows, gen: torch.randint(V, (rows, 4), generator=gen, device=DEVICE),
-                                              Q, P, 3, 2025)
-    last, P_cpu = prefix[:, -1], P.double().cpu()
-    # position k's token given the token before it (the prefix's last token for k = 0), among rows emitting it
-    for k, previous in enumerate([last, out_tokens[:, 0], out_tokens[:, 1], out_tokens[:, 2]]):  # k = 3: bonus
-        emitted = num_new >= k + 1
-        for a in range(V):
-            rows = emitted & (previous == a)
-            m = int(rows.sum())
-            if m == 0:
-                continue
-            freq = torch.bincount(out_tokens[rows, k], minlength=V).double() / m
-            worst = (freq - P_cpu[a]).abs().max().item()
-            assert worst <= threshold(m), (
-                f"Markov toy target: emitted token {k + 1} after token {a} must follow the target row {P_cpu[a].tolist()}; "
-                f"got {[round(x, 4) for x in freq.tolist()]} over {m} rows (max deviation {worst:.4f} > {threshold(m):.4f}). "
-                f"Are p_i taken at the right positions of the target output, do you stop after a rejection, and is the "
-                f"bonus token (position gamma + 1) sampled from the target's distribution after the last draft?")
+    with check("statistical: every emitted token, the bonus included, follows the Markov target given the token before it"):
+        prefix, out_tokens, num_new = sample_rows(
+            lambda rows, gen: torch.randint(V, (rows, 4), generator=gen, device=DEVICE), Q, P, 3, 2025)
+        last, P_cpu = prefix[:, -1], P.double().cpu()
+        # position k's token given the token before it (the prefix's last token for k = 0), among rows emitting it
+        for k, previous in enumerate([last, out_tokens[:, 0], out_tokens[:, 1], out_tokens[:, 2]]):  # k = 3: bonus
+            emitted = num_new.ge(k + 1)
+            for a in range(V):
+                rows = emitted & previous.eq(a)
+                m = int(rows.sum())
+                if m < 1:
+                    continue
+                freq = torch.bincount(out_tokens[rows, k], minlength=V).double() / m
+                worst = (freq - P_cpu[a]).abs().max().item()
+                assert worst <= threshold(m), (
+                    f"Markov toy target: emitted token {k + 1} after token {a} must follow the target row {P_cpu[a].tolist()}; "
+                    f"got {[round(x, 4) for x in freq.tolist()]} over {m} rows (max deviation {worst:.4f} > {threshold(m):.4f}). "
+                    f"Are p_i taken at the right positions of the target output, do you stop after a rejection, and is the "
+                    f"bonus token (position gamma + 1) sampled from the target's distribution after the last draft?")
 
 
 _q6_4_hidden_tests()
 del _q6_4_hidden_tests
 ### END HIDDEN TESTS
-del _toy_model, _check_speculative_format
+del _toy_model, _speculative_format
+finish_checks("Question 6.4")
+
 
 # %% [markdown]
 # ## Speculative decoding of the recall models
@@ -2645,7 +3090,8 @@ else:
 # $$S(\alpha, \gamma, c) = \frac{1 - \alpha^{\gamma+1}}{(1 - \alpha)(\gamma c + 1)}.$$
 # Write `speculative_speedup(alpha, gamma, cost_ratio)` (a float; $\alpha = 1$ must work, and $\gamma = 0$ means
 # plain decoding, speedup 1) and `best_gamma(alpha, cost_ratio, max_gamma)`: the $\gamma$ in
-# $0, 1, \dots,$ `max_gamma` with the largest expected speedup (a Python `int`; the smallest such $\gamma$ on a tie).
+# $0, 1, \dots,$ `max_gamma` with the largest expected speedup (an integer; the smallest such $\gamma$ on a tie).
+# Answers built from your own `expected_tokens_per_pass` (and `speculative_speedup`) are accepted as such.
 
 # %% nbgrader={"grade": false, "grade_id": "b6_6_speculative_speedup", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def speculative_speedup(alpha, gamma, cost_ratio):
@@ -2673,10 +3119,9 @@ def best_gamma(alpha, cost_ratio, max_gamma):
         int: the best gamma.
     """
     ### BEGIN SOLUTION
-    best, best_speedup = 0, 1.0
+    best, best_speedup = 0, speculative_speedup(alpha, 0, cost_ratio)  # gamma = 0: plain decoding
     for gamma in range(1, max_gamma + 1):
-        tokens = float(gamma + 1) if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-        speedup = tokens / (gamma * cost_ratio + 1)
+        speedup = speculative_speedup(alpha, gamma, cost_ratio)
         if speedup > best_speedup:
             best, best_speedup = gamma, speedup
     return best
@@ -2684,27 +3129,53 @@ def best_gamma(alpha, cost_ratio, max_gamma):
 
 
 # %% nbgrader={"grade": true, "grade_id": "b6_6_speculative_speedup_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
-_check_close(speculative_speedup(0.5, 2, 0.25), 1.75 / 1.5, "speculative_speedup(0.5, 2, 0.25)")
-assert best_gamma(0.0, 0.1, 5) == 0, "with alpha = 0 every draft is wasted: the best gamma is 0"
-print("Bonus 6.6: public tests passed")
+# A mistake in Question 6.3 (or in speculative_speedup, for best_gamma) is charged once: answers built from your own
+# expected_tokens_per_pass (and speculative_speedup) are accepted too.
+def _best_gamma_of(speedups):
+    """The first gamma whose speedup is the largest (to 1e-12: equal speedups computed two ways are a tie)."""
+    return min(g for g in range(len(speedups)) if speedups[g] >= max(speedups) - 1e-12)
+
+
+with check("public: speculative_speedup(0.5, 2, 0.25)"):
+    _assert_accepted(speculative_speedup(0.5, 2, 0.25), 1.75 / 1.5,
+                     [_carried(lambda: _own_real(expected_tokens_per_pass, 0.5, 2) / 1.5)],
+                     "speculative_speedup(0.5, 2, 0.25)", formula="1.75 / 1.5")
+with check("public: best_gamma(0.0, 0.1, 5) (with alpha = 0 every draft is wasted)"):
+    assert_integer(best_gamma(0.0, 0.1, 5), 0, "best_gamma(0.0, 0.1, 5)")
 ### BEGIN HIDDEN TESTS
 def _b6_6_hidden_tests():
     def speedup(alpha, gamma, c):
         return sum(alpha ** i for i in range(gamma + 1)) / (gamma * c + 1)
 
-    for alpha, gamma, c in [(0.8, 4, 0.05), (0.6, 3, 0.5), (1.0, 5, 0.1), (0.9, 0, 0.3), (0.3, 7, 0.0), (0.999999, 2, 1.0)]:
-        _check_close(speculative_speedup(alpha, gamma, c), speedup(alpha, gamma, c),
-                     f"speculative_speedup({alpha}, {gamma}, {c}) = (1 + alpha + ... + alpha^gamma) / (gamma c + 1)", rel=1e-6)
-    for alpha, c, max_gamma in [(0.8, 0.05, 20), (0.6, 0.5, 10), (0.9, 0.01, 40), (0.5, 1.0, 8), (1.0, 0.2, 12),
-                                (0.95, 0.2, 3), (0.7, 0.0, 6), (0.0, 0.0, 4)]:  # the last one is a tie: all 1.0
-        scores = [speedup(alpha, g, c) for g in range(max_gamma + 1)]
-        expected = min(g for g in range(max_gamma + 1) if scores[g] >= max(scores) - 1e-12)  # first maximum
-        got = plain_value(best_gamma(alpha, c, max_gamma), "int", f"best_gamma({alpha}, {c}, {max_gamma})")
-        assert got == expected, (
-            f"best_gamma({alpha}, {c}, {max_gamma}) must be {expected} (speedup {scores[expected]:.4f}), got {got} "
-            f"(speedup {scores[got] if 0 <= got <= max_gamma else float('nan'):.4f}); gamma ranges over 0 .. max_gamma")
+    def speedups_of(cases):
+        for alpha, gamma, c in cases:
+            _assert_accepted(speculative_speedup(alpha, gamma, c), speedup(alpha, gamma, c),
+                             [_carried(lambda: _own_real(expected_tokens_per_pass, alpha, gamma) / (gamma * c + 1))],
+                             f"speculative_speedup({alpha}, {gamma}, {c})",
+                             formula="(1 + alpha + ... + alpha^gamma) / (gamma c + 1)")
+
+    def best_of(cases):
+        for alpha, c, max_gamma in cases:
+            scores = [speedup(alpha, g, c) for g in range(max_gamma + 1)]
+            own = _carried(lambda: _best_gamma_of([_own_real(speculative_speedup, alpha, g, c) for g in range(max_gamma + 1)]))
+            _assert_accepted(best_gamma(alpha, c, max_gamma), _best_gamma_of(scores), [own],
+                             f"best_gamma({alpha}, {c}, {max_gamma})", integer=True,
+                             hint=f"gamma ranges over 0 .. max_gamma; the expected speedups are "
+                                  f"{[round(s, 4) for s in scores]}; the smallest gamma wins a tie.")
+
+    with check("speculative_speedup on hidden alpha, gamma and cost ratios", weight=2):
+        speedups_of([(0.8, 4, 0.05), (0.6, 3, 0.5), (0.3, 7, 0.0), (0.999999, 2, 1.0)])
+    with check("speculative_speedup at alpha = 1 and gamma = 0 (plain decoding, speedup 1)"):
+        speedups_of([(1.0, 5, 0.1), (0.9, 0, 0.3)])
+    with check("best_gamma on hidden alpha and cost ratios", weight=2):
+        best_of([(0.8, 0.05, 20), (0.6, 0.5, 10), (0.9, 0.01, 40), (0.5, 1.0, 8), (1.0, 0.2, 12), (0.95, 0.2, 3),
+                    (0.7, 0.0, 6)])
+    with check("best_gamma considers gamma = 0 and takes the smallest gamma on a tie"):
+        best_of([(0.0, 0.0, 4), (0.0, 0.1, 5), (0.2, 2.0, 6)])
 
 
 _b6_6_hidden_tests()
 del _b6_6_hidden_tests
 ### END HIDDEN TESTS
+del _best_gamma_of
+finish_checks("Bonus 6.6")

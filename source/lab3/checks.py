@@ -83,7 +83,7 @@ class Scorecard:
 
     def failures(self) -> list[str]:
         """One line per failed check: its name, its weight out of the cell's, and its message."""
-        return [f"FAILED {name} (weight {weight:g} of {self.total:g}): {message}"
+        return [f"FAILED {name} (weight {weight:g} of {self.total:g}): {' '.join(message.splitlines())}"
                 for name, weight, message in self.results if message is not None]
 
 
@@ -340,12 +340,22 @@ def output_devices_with_meta_default(fn, *args, **kwargs) -> list:
     (``torch.tensor(values)``, ``torch.zeros(n)``) puts it on ``meta`` here: a CPU grader sees the mistake a GPU
     grader would. Use it from a test as ``kernel_side(output_devices_with_meta_default)(student_fn, x)``.
 
+    Code that creates a tensor on the default device and then moves it (``torch.tensor(values).to(x.device)``)
+    cannot run with a ``meta`` default (nothing can be copied out of ``meta``): the probe then cannot tell and
+    returns None, and the test's ordinary device check decides.
+
     Returns:
-        list[str]: ``str(device)`` of every tensor in the result (a tensor, or a tuple/list/dict of them), in order.
+        list[str] | None: ``str(device)`` of every tensor in the result (a tensor, or a tuple/list/dict of them), in
+        order; None when the call needed data from a tensor it created on the default device.
     """
     import torch
 
-    with torch.device("meta"):
-        out = fn(*args, **kwargs)
+    try:
+        with torch.device("meta"):
+            out = fn(*args, **kwargs)
+    except (RuntimeError, NotImplementedError) as exc:
+        if "meta" in str(exc):
+            return None
+        raise
     items = list(out.values()) if isinstance(out, dict) else list(out) if isinstance(out, (list, tuple)) else [out]
     return [str(item.device) for item in items if isinstance(item, torch.Tensor)]

@@ -730,3 +730,186 @@ WRONG["b6_6_best_gamma"] = [
     ("gamma = 0 never considered", _sub(_BEST, "best, best_speedup = 0, 1.0", "best, best_speedup = 1, -1.0")),
     ("last maximum on ties", _sub(_BEST, "if speedup > best_speedup:", "if speedup >= best_speedup:")),
 ]
+
+# ==============================================================================================================
+# Issue 36, "One test contract for all labs": answers in every allowed form, the device rule, the prescribed method,
+# a mistake charged once, and hints that work.
+# ==============================================================================================================
+
+# -- point 1: every form the question allows earns full marks (checks.py's contract) ---------------------------
+ALTERNATIVES["q2_1_matmul_flops"] += [
+    # a count as a NumPy integer
+    "def matmul_flops(M, K, N):\n    return np.int64(2) * M * K * N\n",
+    # a count as an integral float
+    "def matmul_flops(M, K, N):\n    return float(2 * M * K * N)\n",
+]
+ALTERNATIVES["q2_4_mha_flops"] += [
+    # `/` instead of `//`: the head width is an integral float, and so is the count
+    "def mha_flops(B, N, D, H):\n    return H * (4 * B * N * N * (D / H) + 5 * B * N * N)\n",
+]
+ALTERNATIVES["q4_1_kv_cache_bytes_total"] += [
+    # a one-element tensor
+    "def kv_cache_bytes_total(B, N, D, num_layers, bytes_per_element):\n"
+    "    return torch.tensor(2 * num_layers * B * N * D * bytes_per_element)\n",
+]
+ALTERNATIVES["q2_7_roofline_estimate"] += [
+    # times computed in float32 (np.float32 scalars), the bound as np.str_
+    '''
+def roofline_estimate(flops, bytes_moved, peak_flops_per_s, bandwidth_bytes_per_s):
+    f, b, p, w = (np.float32(x) for x in (flops, bytes_moved, peak_flops_per_s, bandwidth_bytes_per_s))
+    t_c, t_m = f / p, b / w
+    return {"intensity_flop_per_byte": f / b, "ridge_flop_per_byte": p / w, "t_compute_s": t_c, "t_memory_s": t_m,
+            "t_roofline_s": np.maximum(t_c, t_m), "bound": np.array(["memory", "compute"])[int(t_c > t_m)]}
+''',
+]
+ALTERNATIVES["q3_2_roofline_table"] += [
+    # NumPy floats and np.str_ labels
+    '''
+def roofline_table(cases, flops_fn, bytes_fn, peak_flops_per_s, bandwidth_bytes_per_s):
+    table = {}
+    for B, N in cases:
+        flops, nbytes = np.float64(flops_fn(B, N)), np.float64(bytes_fn(B, N))
+        t_c, t_m = flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s
+        table[(B, N)] = {"flops": flops, "bytes": nbytes, "t_compute_s": t_c, "t_memory_s": t_m,
+                         "bound": np.str_("compute" if t_c > t_m else "memory")}
+    return table
+''',
+]
+ALTERNATIVES["q4_3_kv_cache_speedup"] += [
+    # computed in float32
+    _sub(_SPEEDUP, "    return full_s / step_s", "    return np.float32(full_s) / np.float32(step_s)"),
+]
+ALTERNATIVES["q5_1_predictions"] += [
+    # float32 results
+    _sub(_PREDICT, "return max(flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s) * 1e3",
+         "return np.float32(max(flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s)) * np.float32(1e3)")
+    + _PREDICTED_LIST,
+]
+ALTERNATIVES["q6_1_decode_time_breakdown"] += [
+    # every part as a np.float32
+    _sub(_BREAKDOWN, "    return {", "    return {key: np.float32(value) for key, value in {")
+    .replace('        "compute_s": flops / peak_flops_per_s,\n    }', '        "compute_s": flops / peak_flops_per_s,\n    }.items()}'),
+]
+ALTERNATIVES["q6_3_expected_tokens_per_pass"] += [
+    # a one-element float32 tensor
+    "def expected_tokens_per_pass(alpha, gamma):\n"
+    "    return torch.tensor(sum(alpha ** i for i in range(gamma + 1)), dtype=torch.float32)\n",
+]
+ALTERNATIVES["b4_5_max_batch_in_memory"] += [
+    # an integral float (floor division of floats), no int()
+    "def max_batch_in_memory(N, D, H, num_kv_heads, num_layers, bytes_per_element, memory_bytes, weight_bytes):\n"
+    "    per_sequence = 2 * num_layers * N * num_kv_heads * (D // H) * bytes_per_element\n"
+    "    return max(0.0, (memory_bytes - weight_bytes) // per_sequence)\n",
+]
+ALTERNATIVES["b6_6_best_gamma"] += [
+    # np.argmax: a NumPy integer (the first maximum)
+    "def best_gamma(alpha, cost_ratio, max_gamma):\n"
+    "    return np.argmax([sum(alpha ** i for i in range(g + 1)) / (1 + g * cost_ratio) for g in range(max_gamma + 1)])\n",
+]
+ALTERNATIVES["q6_4_speculative_step"] += [
+    # the two results as a list instead of a tuple
+    _spec(("    return new_tokens, num_accepted + 1", "    return [new_tokens, num_accepted + 1]")),
+]
+WRONG["q2_1_matmul_flops"] += [
+    # point 1: a count with a fractional part is still refused
+    ("tampering: a bool", "def matmul_flops(M, K, N):\n    return True\n"),
+    ("true division leaves a fractional count", "def matmul_flops(M, K, N):\n    return M * K * N / 2 * 4 + 0.5\n"),
+]
+
+# -- point 3: the device rule, seen on a CPU grader through PyTorch's meta default device ------------------------
+WRONG["q1_1_causal_attention"] += [
+    ("output allocated without device= (on the default device, not q's)",
+     _attention("    return torch.softmax(scores, dim=-1) @ v",
+                "    out = torch.empty(q.shape, dtype=q.dtype)\n"
+                "    out[...] = torch.softmax(scores, dim=-1) @ v\n"
+                "    return out")),
+]
+WRONG["q6_4_speculative_step"] += [
+    ("padding tensor created without device= (new_tokens on the default device, not prefix's)",
+     _spec(("new_tokens = torch.full((batch, gamma + 1), -1, dtype=torch.long, device=device)",
+            "new_tokens = torch.full((batch, gamma + 1), -1, dtype=torch.long)"))),
+]
+ALTERNATIVES["q1_1_causal_attention"] += [
+    # the mask made on the default device and moved (the meta probe cannot tell: the ordinary device check decides)
+    _attention("torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()",
+               "torch.ones(seq_len, seq_len, dtype=torch.bool).tril().to(q.device)"),
+]
+
+# -- point 4: the prescribed method (no SDPA) is its own check: WRONG["q1_1_causal_attention"]'s
+# "calls F.scaled_dot_product_attention" loses only that check's weight.
+
+# -- point 5: a mistake is charged once. The reference answers of Questions 3.1, 4.1 (total), 4.3, 6.1, Bonus 4.5
+# (max_batch_in_memory) and Bonus 6.6 (best_gamma) are built from the earlier functions, so each wrong earlier
+# answer below flows into them; the later questions' tests accept the carried-forward values, and the mistake
+# fails its own question only.
+WRONG["q2_3_1_qk_scores_flops"] += [
+    ("scaling counted twice (charged in Question 2.3.1 only; Question 2.4 accepts H times the student's own counts)",
+     "def qk_scores_flops(B, N, d):\n    return 2 * B * N * N * d + 2 * B * N * N\n"),
+]
+WRONG["q2_6_mlp_bytes"] += [
+    ("bias b_1 not read (charged in Question 2.6 only; Question 3.1 composes it and carries it forward)",
+     "def mlp_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * (10 * B * N * D + 8 * D * D + D)\n"),
+]
+WRONG["q3_1_gpt2_forward_bytes"] += [
+    ("softmax traffic forgotten (charged in Question 3.1 only; Questions 4.3 and 5.1 carry it forward)",
+     "def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):\n"
+     "    return num_layers * bytes_per_element * (22 * B * N * D + 12 * D * D + 4 * H * B * N * N + 5 * D)\n"),
+]
+WRONG["q4_2_gpt2_decode_flops"] += [
+    ("MLP biases not counted (charged in Question 4.2 only; Questions 4.3, 5.1 and 6.1 carry it forward)",
+     _sub(_DECODE_FLOPS, "mlp = 16 * B * D * D + 5 * B * D", "mlp = 16 * B * D * D")),
+]
+WRONG["q4_1_kv_cache_bytes_per_layer"] += [
+    ("one byte per element (charged in Question 4.1's per-layer check only; the total carries it forward)",
+     "def kv_cache_bytes_per_layer(B, N, D, bytes_per_element):\n    return 2 * B * N * D\n"),
+]
+WRONG["q2_7_roofline_estimate"] += [
+    ("times in ms (charged in Question 2.7 only; Questions 3.2, 4.3 and 5.1 accept what it gives)",
+     _roofline('"t_roofline_s": max(t_compute_s, t_memory_s)', '"t_roofline_s": max(t_compute_s, t_memory_s) * 1e3')),
+]
+WRONG["q6_3_expected_tokens_per_pass"] += [
+    ("gamma + 1 terms off by one (charged in Question 6.3 only; Bonus 6.6 accepts answers built from it)",
+     "def expected_tokens_per_pass(alpha, gamma):\n    return float(sum(alpha ** i for i in range(gamma + 2)))\n"),
+]
+ALTERNATIVES["b6_6_speculative_speedup"] += [
+    # built from Question 6.3 (with alpha = 1 handled there)
+    "def speculative_speedup(alpha, gamma, cost_ratio):\n"
+    "    return expected_tokens_per_pass(alpha, gamma) / (gamma * cost_ratio + 1)\n",
+]
+
+# -- point 6: every code hint of the text, followed literally, passes the hidden tests ---------------------------
+HINTS: dict[str, list[tuple[str, str]]] = {
+    "q6_4_speculative_step": [
+        ("Tip: `accepted.long().cumprod(dim=1).sum(dim=1)` counts the leading accepted drafts; randomness from "
+         "`torch.multinomial(probs, 1, generator=generator)` and `torch.rand(..., generator=generator, "
+         "device=prefix.device)` (float32 uniforms)",
+         _spec(("u = torch.rand(batch, gamma, generator=generator, device=device, dtype=torch.float64)",
+                "u = torch.rand(batch, gamma, generator=generator, device=prefix.device)"))),
+    ],
+    "q1_1_causal_attention": [
+        ("`torch.softmax` is stable: the masked scores straight into torch.softmax", _ATTENTION),
+    ],
+    "q2_4_mha_flops": [
+        ("Divide integers with `//` (for example `D // H`); for H = 1 the sum of the four operations of Question 2.3",
+         "def mha_flops(B, N, D, H):\n"
+         "    d = D // H\n"
+         "    return H * (qk_scores_flops(B, N, d) + causal_mask_flops(B, N) + softmax_flops(B, N) + attention_value_flops(B, N, d))\n"),
+    ],
+    "q3_1_gpt2_forward_flops": [
+        ("Your functions of Part 2 are the building blocks",
+         "def gpt2_forward_flops(B, N, D, H, num_layers):\n"
+         "    return num_layers * (qkv_projection_flops(B, N, D) + mha_flops(B, N, D, H) + output_projection_flops(B, N, D)"
+         " + mlp_flops(B, N, D))\n"),
+    ],
+    "q4_3_kv_cache_speedup": [
+        ("Build it from your functions of Questions 3.1 and 4.2 (and 2.7 if you like)", ALTERNATIVES["q4_3_kv_cache_speedup"][1]),
+    ],
+    "q5_1_predictions": [
+        ("(`gpt2_forward_*`, Question 3.1) and (`gpt2_decode_*`, Question 4.2)", _PREDICT + _PREDICTED_LIST),
+    ],
+    "q6_1_decode_time_breakdown": [
+        ("The three memory parts must add up to the bytes of Question 4.2",
+         _sub(_BREAKDOWN, "other_bytes = L * n * (20 * B * D + 4 * B * H * N)",
+              "other_bytes = gpt2_decode_bytes(B, N, D, H, L, n) - weight_bytes - cache_bytes")),
+    ],
+}
