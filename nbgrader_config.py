@@ -40,7 +40,9 @@ try:
     import nbgrader
 
     from course.fast_start import check_metadata_schema_once
-    from course.feedback import TEMPLATES_DIR, toc_label
+    from course.late import LatePenalty
+    from course.lms import ZIP_COLLECT_PATTERNS
+    from course.feedback import TEMPLATES_DIR, question_rows
     from course.paths import COURSE_ID
     from course.nbgrader_ext import (
         AwardBonusPoints, DropTestResults, GuardedExecute, NeutraliseCellMetadata, QuietOverwriteCells,
@@ -100,6 +102,18 @@ c.Autograde.autograde_preprocessors = [
     AwardBonusPoints, AssignLatePenalties, CheckCellMetadata, SanitizeNotebook,
 ]
 
+# Late submissions: a submission whose timestamp.txt is after the lab's due date in the gradebook (nbgrader db
+# assignment add LAB --duedate="2025-03-01 23:59 Europe/Paris") loses points at autograde by this policy: "none",
+# "zero", or "percent_per_day" (LatePenalty.percent_per_day percent of the score per day or part of one;
+# course/late.py). grades.csv, canvas.csv and feedback show the penalty.
+c.AssignLatePenalties.plugin_class = LatePenalty
+c.LateSubmissionPlugin.penalty_method = "none"
+c.LatePenalty.percent_per_day = 10.0
+
+# nbgrader zip_collect LAB: which student and notebook each file of an LMS's download is (course/lms.py). Canvas's
+# names; swap in ZIP_COLLECT_PATTERNS["moodle"] or ["blackboard"] for those LMSs.
+c.FileNameCollectorPlugin.named_regexp = ZIP_COLLECT_PATTERNS["canvas"]
+
 # Feedback never shows hidden test source, nor what test cells printed.
 c.GenerateFeedback.preprocessors = [GetGrades, ShowBonusPoints, CSSHTMLHeaderPreprocessor, StripHiddenTests, SanitizeNotebook]
 
@@ -108,8 +122,8 @@ c.GenerateFeedback.preprocessors = [GetGrades, ShowBonusPoints, CSSHTMLHeaderPre
 # again and renders Markdown and HTML through the course's sanitizing filters.
 c.HTMLExporter.preprocessors = [SanitizeNotebook]
 c.HTMLExporter.sanitize_html = True
-c.HTMLExporter.filters = {"markdown2html": markdown2html, "clean_html": clean_html, "toc_label": toc_label}
-# Feedback pages name questions in their table of contents (course/templates/course_feedback), on top of nbgrader's
+c.HTMLExporter.filters = {"markdown2html": markdown2html, "clean_html": clean_html, "question_rows": question_rows}
+# Feedback pages open with a table of questions (course/templates/course_feedback), on top of nbgrader's
 # feedback template. Set for feedback only: the formgrader renders submissions with its own template.
 _FORMGRADER = os.path.join(os.path.dirname(nbgrader.__file__), "server_extensions", "formgrader")
 c.GenerateFeedback.HTMLExporter.template_name = "course_feedback"

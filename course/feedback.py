@@ -9,30 +9,52 @@ from __future__ import annotations
 from pathlib import Path
 
 from .nbgrader_run import read_scores, run_nbgrader
-from .notebooks import grade_id, is_autograded_test, is_manually_graded, nbgrader_meta, question_key, question_label
+from .notebooks import (
+    grade_id,
+    is_autograded_test,
+    is_bonus_id,
+    nbgrader_meta,
+    question_key,
+    question_label,
+)
 from .paths import REPO_ROOT
 
-TEMPLATES_DIR = Path(__file__).parent / "templates"  # course_feedback: nbgrader's feedback page, questions named
+TEMPLATES_DIR = Path(__file__).parent / "templates"  # course_feedback: nbgrader's feedback page, a table of questions
 
 
-def toc_label(cell) -> str:
-    """What the feedback page's table of contents calls a graded cell: ``Question 3.1.1: tests``,
-    ``Question 1.2: written answer``; ``""`` for a cell that is not graded.
+def _points(value) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
 
-    A Jinja filter of the ``course_feedback`` template (nbgrader_config.py). Cells whose grade id names no question
-    keep nbgrader's own words ("Test cell", "Written response")."""
-    if nbgrader_meta(cell).get("task"):
-        kind, generic = "task", "Task"
-    elif is_autograded_test(cell):
-        kind, generic = "tests", "Test cell"
-    elif not is_manually_graded(cell):
-        return ""
-    elif cell.get("cell_type") == "markdown":
-        kind, generic = "written answer", "Written response"
-    else:
-        kind, generic = "code graded by a TA", "Coding free-response"
-    key = question_key(grade_id(cell))
-    return f"{question_label(key)}: {kind}" if key else generic
+
+def question_rows(nb) -> list[dict]:
+    """The feedback page's summary: one row per question, in the lab's order, for the ``course_feedback`` template.
+
+    Each row: ``label`` ("Question 3.1.1"), ``anchor`` (the grade id of its first graded cell, which the page links
+    to), ``autograded``, ``ta`` and ``bonus`` as ``[score, points]`` or None (a score is None while a TA has not
+    graded it), and ``comments``: the TA's comments on its cells. Reads what nbgrader's ``GetGrades`` (and
+    ``ShowBonusPoints``: a bonus cell's own points) wrote into each cell's metadata."""
+    rows: dict[str, dict] = {}
+    for cell in nb.cells:
+        meta = nbgrader_meta(cell)
+        if not meta.get("grade") and not meta.get("task"):
+            continue
+        gid = grade_id(cell)
+        key = question_key(gid) or gid
+        row = rows.setdefault(key, {"label": question_label(key) if question_key(gid) else gid, "anchor": gid,
+                                    "autograded": None, "ta": None, "bonus": None, "comments": []})
+        column = "bonus" if is_bonus_id(key) else "autograded" if is_autograded_test(cell) else "ta"
+        score, points = _points(meta.get("score")), _points(meta.get("points")) or 0.0
+        if row[column] is None:
+            row[column] = [score, points]
+        else:
+            earlier = row[column][0]
+            row[column] = [None if earlier is None or score is None else earlier + score, row[column][1] + points]
+        if meta.get("comment"):
+            row["comments"].append(str(meta["comment"]))
+    return list(rows.values())
 
 
 def generate_feedback(course_root: Path, lab: str, students: list[str] | None = None) -> list[Path]:
