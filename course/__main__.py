@@ -36,7 +36,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shard", help="grade only shard i of n (i/n, from 0): for cluster job arrays")
     p.add_argument("--resume", action="store_true", help="keep submissions an earlier (killed) run already graded")
     p.add_argument("--report", action="store_true",
-                   help="grade nothing: rewrite grading/LAB/grades.csv and scores.png from the gradebook (manual points included)")
+                   help="grade nothing: rewrite grading/LAB/grades.csv and scores.png from the gradebook (manual points "
+                        "included), and write grading/LAB/canvas.csv for Canvas's gradebook import")
+    p.add_argument("--roster", type=Path,
+                   help="with --report: CSV mapping student_id to Canvas's Student, ID, SIS User ID, SIS Login ID, Section")
+    p.add_argument("--canvas-assignment-id",
+                   help="with --report: the Canvas assignment's id, so canvas.csv's column reads 'Lab 1 (ID)'")
     p.add_argument("--course-dir", type=Path, default=REPO_ROOT,
                    help="nbgrader course folder holding nbgrader_config.py, source/ and submitted/ (default: this repository)")
 
@@ -82,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         from . import grade
 
         return grade.main(args.lab, args.course_dir.resolve(), args.student, args.timeout_s,
-                          workers=args.workers, shard=args.shard, resume=args.resume, report_only=args.report)
+                          workers=args.workers, shard=args.shard, resume=args.resume, report_only=args.report,
+                          roster=args.roster, canvas_assignment_id=args.canvas_assignment_id)
     if args.command == "feedback":
         from . import feedback
 

@@ -47,6 +47,7 @@ from .report import (
     prepare_plotting,
     previous_outcomes,
     score_table,
+    write_canvas_export,
     write_reports,
 )
 from .sandbox import sandbox_mode, unavailable_reason
@@ -681,9 +682,11 @@ def main(
     shard: str | None = None,
     resume: bool = False,
     report_only: bool = False,
+    roster: Path | None = None,
+    canvas_assignment_id: str | None = None,
 ) -> int:
     if report_only:
-        return report_main(lab, root)
+        return report_main(lab, root, roster, canvas_assignment_id)
     if sandbox_mode() == "on" and (reason := unavailable_reason()):
         print(f"grade {lab}: EFFICIENT_AI_SANDBOX=on, but grading kernels cannot be sandboxed here: {reason}")
         return 2
@@ -724,8 +727,9 @@ def main(
     return 0
 
 
-def report_main(lab: str, root: Path = REPO_ROOT) -> int:
-    """``course grade LAB --report``: rewrite ``grades.csv`` and ``scores.png`` from the gradebook, grading nothing.
+def report_main(lab: str, root: Path = REPO_ROOT, roster: Path | None = None, canvas_assignment_id: str | None = None) -> int:
+    """``course grade LAB --report``: rewrite ``grades.csv`` and ``scores.png`` from the gradebook, grading nothing,
+    and write ``canvas.csv`` (Canvas's gradebook import; ``roster`` maps student ids to Canvas's fields).
 
     Run it after grading written answers in the formgrader: their points then appear in ``grades.csv``.
     """
@@ -734,9 +738,18 @@ def report_main(lab: str, root: Path = REPO_ROOT) -> int:
     if not outcomes:
         print(f"grade {lab} --report: {out_dir / 'grades.csv'} lists nobody yet: grade the lab first")
         return 2
+    if roster and not roster.is_file():
+        print(f"grade {lab} --report: no roster file {roster}")
+        return 2
     scores = write_reports(root, lab, out_dir, {})
+    try:
+        canvas = write_canvas_export(root, lab, out_dir, sorted(outcomes), scores, roster, canvas_assignment_id)
+    except ValueError as exc:  # a roster without its student_id column
+        print(f"grade {lab} --report: {exc}")
+        return 2
     header, rows = score_table(lab, outcomes, scores)
     print(format_table(header, rows))
     print(TABLE_LEGEND)
-    print(f"wrote {out_dir / 'grades.csv'} and {out_dir / 'scores.png'} from the gradebook (manual points included)")
+    print(f"wrote {out_dir / 'grades.csv'}, {out_dir / 'scores.png'} and {canvas} (Canvas's gradebook import) from the "
+          "gradebook (manual points included, late penalties taken off)")
     return 0

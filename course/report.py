@@ -1,8 +1,9 @@
 """Reporting a lab's grades: the per-question score table printed to the TA, ``grades.csv`` and the histogram.
 
-Everything here reads what grading recorded (each submission's ``Outcome``, the gradebook's scores) and grades
-nothing; ``course.grade`` and ``course.check`` print their tables with it, and ``course grade LAB --report``
-rewrites ``grades.csv`` once a TA has graded the written answers.
+Everything here reads what grading recorded (each submission's ``Outcome``, the gradebook's scores and late
+penalties) and grades nothing; ``course.grade`` and ``course.check`` print their tables with it, and
+``course grade LAB --report`` rewrites ``grades.csv`` once a TA has graded the written answers, and writes
+``canvas.csv`` for Canvas's gradebook import.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from .lms import read_roster, write_canvas_csv
 from .nbgrader_run import SubmissionScores, read_scores
 from .notebooks import question_key, question_label, question_sort_key
 from .outcome import Outcome
@@ -103,10 +105,13 @@ def flagged_for_review(outcomes: dict[str, Outcome], width: int = 160) -> str:
     return "\n".join(["flagged for review (flags never change a score; read the student's cells):", *lines])
 
 
-def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> None:
+def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores],
+                     penalties: dict[str, float] | None = None) -> None:
     """One row per student: status, reason, repair notes, flags, every graded cell's score, autograded and total
-    scores. Scores include bonus points (nbgrader's extra credit); maxima do not (a lab is out of 100 + bonus), as in
-    the formgrader and ``nbgrader export``."""
+    scores, the late penalty (``penalties``, points; ``course.late``) and the final score (total less penalty).
+    Scores include bonus points (nbgrader's extra credit); maxima do not (a lab is out of 100 + bonus), as in the
+    formgrader and ``nbgrader export``."""
+    penalties = penalties or {}
     cell_ids: list[str] = []
     for s in scores.values():
         cell_ids += [gid for gid in s.cells if gid not in cell_ids]
@@ -114,7 +119,7 @@ def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores:
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["student", "lab", "status", "reason", "notes", "flags", *cell_ids, "autograded_score", "autograded_max",
-                         "total_score", "total_max", "seconds"])
+                         "total_score", "total_max", "late_penalty", "final_score", "seconds"])
         for student in sorted(outcomes):
             sub, outcome = scores.get(student), outcomes[student]
             values = [_csv_score(sub.cells[g]) if sub and g in sub.cells else "" for g in cell_ids]
@@ -124,8 +129,15 @@ def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores:
             total_max = sub.total_max() if sub else 0.0
             quoted = [escape_controls(text) for text in
                       (student, outcome.status, outcome.reason, "; ".join(outcome.notes), "; ".join(outcome.flags))]
+            penalty = penalties.get(student, 0.0)
             writer.writerow([quoted[0], lab, *quoted[1:], *values, f"{auto:g}", f"{auto_max:g}", f"{total:g}",
-                             f"{total_max:g}", f"{outcome.seconds:.1f}"])
+                             f"{total_max:g}", f"{penalty:g}", f"{final_score(total, penalty):g}",
+                             f"{outcome.seconds:.1f}"])
+
+
+def final_score(total: float, penalty: float) -> float:
+    """What a student gets: the total score less the late penalty, never below 0."""
+    return max(0.0, total - penalty)
 
 
 def _split_joined(text: str | None) -> list[str]:
@@ -160,12 +172,29 @@ def write_reports(course_root: Path, lab: str, out_dir: Path, outcomes: dict[str
     Manual points a TA entered in the formgrader are read from the gradebook, so running this after grading the
     written answers brings ``grades.csv`` up to date. Returns every listed student's scores.
     """
+    from .late import late_penalties  # imports nbgrader
+
     csv_path = out_dir / "grades.csv"
     everyone = {**previous_outcomes(csv_path, lab), **outcomes}
     scores = read_scores(course_root, lab, sorted(everyone))
-    write_grades_csv(csv_path, lab, everyone, scores)
+    write_grades_csv(csv_path, lab, everyone, scores, late_penalties(course_root, lab))
     plot_histogram(out_dir / "scores.png", lab, scores, sorted(everyone))
     return scores
+
+
+def write_canvas_export(course_root: Path, lab: str, out_dir: Path, students: list[str],
+                        scores: dict[str, SubmissionScores], roster: Path | None = None,
+                        assignment_id: str | None = None) -> Path:
+    """Write ``canvas.csv``, the students' final scores (total less late penalty) in Canvas's gradebook import
+    format (``course.lms``), beside ``grades.csv``. Returns its path."""
+    from .late import late_penalties  # imports nbgrader
+
+    penalties = late_penalties(course_root, lab)
+    finals = {s: final_score(scores[s].total_score() if s in scores else 0.0, penalties.get(s, 0.0)) for s in students}
+    possible = max((s.total_max() for s in scores.values()), default=0.0)
+    path = out_dir / "canvas.csv"
+    write_canvas_csv(path, lab, finals, possible, read_roster(roster) if roster else None, assignment_id)
+    return path
 
 
 def _csv_score(cell) -> str:

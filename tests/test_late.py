@@ -1,0 +1,71 @@
+"""After the deadline: nbgrader's late-submission plugin with the course's policy option, shown in grades.csv, in
+Canvas's import CSV (``course grade LAB --report``) and in feedback; a submission with a timestamp.txt after the
+lab's due date in the gradebook."""
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+
+import pytest
+from fixture_lab import LAB, make_root
+
+from course import build, feedback, grade
+from course.late import LatePenalty
+from course.lms import POINTS_POSSIBLE
+from course.nbgrader_run import make_course_dir
+from course.notebooks import make_submission, read_notebook, write_notebook
+
+DUE = "2025-03-01 23:59:00 UTC"
+LATE = "2025-03-04 11:59:00 UTC"  # 2.5 days late: 3 days at 10 % a day
+FULL_MARKS = 6.0  # every autograded point of the fixture lab, its bonus point included (the written answer waits)
+
+
+def test_percent_per_day_counts_started_days():
+    plugin = LatePenalty(penalty_method="percent_per_day", percent_per_day=10.0)
+    assert plugin.late_submission_penalty("s", 50.0, 1.0) == 5.0, "one second late costs a day"
+    assert plugin.late_submission_penalty("s", 50.0, 2.5 * 86400) == pytest.approx(15.0)
+    assert plugin.late_submission_penalty("s", 50.0, 30 * 86400) == 50.0, "never more than the score"
+    assert LatePenalty(penalty_method="zero").late_submission_penalty("s", 50.0, 1.0) == 50.0
+    assert LatePenalty().late_submission_penalty("s", 50.0, 1.0) is None, "'none' is the default"
+
+
+@pytest.mark.slow
+def test_late_submission_loses_its_percentage_in_grades_canvas_and_feedback(tmp_path):
+    root = make_root(tmp_path / "repo")
+    assert build.main([LAB], root) == 0
+    course = make_course_dir(tmp_path / "course", [LAB], root)
+    with (course / "nbgrader_config.py").open("a") as config:  # the one policy option, as a course would set it
+        config.write('\nc.LateSubmissionPlugin.penalty_method = "percent_per_day"\n')
+    nbgrader = shutil.which("nbgrader") or "nbgrader"
+    added = subprocess.run([nbgrader, "db", "assignment", "add", LAB, f"--duedate={DUE}"], cwd=course,
+                           capture_output=True, text=True, timeout=300)
+    assert added.returncode == 0, added.stdout + added.stderr
+    source_nb = read_notebook(root / "source" / LAB / f"{LAB}.ipynb")
+    answers = make_submission(read_notebook(root / "release" / LAB / f"{LAB}.ipynb"), source_nb)
+    for student, stamp in (("ada", "2025-03-01 12:00:00 UTC"), ("bob", LATE)):
+        write_notebook(answers, course / "submitted" / student / LAB / f"{LAB}.ipynb")
+        (course / "submitted" / student / LAB / "timestamp.txt").write_text(stamp)
+
+    grade.grade_lab(course, LAB, progress=False)
+    roster = tmp_path / "roster.csv"
+    roster.write_text('student_id,Student,ID,SIS User ID,SIS Login ID,Section\nada,"Lovelace, Ada",101,S1,alove,A\n')
+    assert grade.report_main(LAB, course, roster, "4242") == 0
+
+    out = course / "grading" / LAB
+    rows = {row["student"]: row for row in csv.DictReader((out / "grades.csv").read_text().splitlines())}
+    penalty = 0.3 * FULL_MARKS
+    assert [rows[s]["total_score"] for s in ("ada", "bob")] == ["6", "6"], rows
+    assert (rows["ada"]["late_penalty"], rows["ada"]["final_score"]) == ("0", "6"), rows["ada"]
+    assert (float(rows["bob"]["late_penalty"]), float(rows["bob"]["final_score"])) == pytest.approx(
+        (penalty, FULL_MARKS - penalty)), rows["bob"]
+    assert list(csv.reader((out / "canvas.csv").read_text().splitlines())) == [
+        ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Lab 0 (4242)"],
+        [POINTS_POSSIBLE, "", "", "", "", "7"],
+        ["Lovelace, Ada", "101", "S1", "alove", "A", "6"],
+        ["bob", "", "", "bob", "", f"{FULL_MARKS - penalty:g}"],
+    ]
+
+    pages = {path.parts[-3]: path.read_text() for path in feedback.generate_feedback(course, LAB, ["ada", "bob"])}
+    assert "Late submission penalty" in pages["bob"] and f"-{penalty:g}" in pages["bob"], "feedback shows the penalty"
+    assert "Late submission penalty" not in pages["ada"]
