@@ -162,7 +162,10 @@ def finish_checks(label: str = "") -> None:
     if failed:
         raise ChecksFailed(f"{label + ': ' if label else ''}{len(failed)} of {len(card.results)} checks failed "
                            f"({card.share:.0%} of this cell's weight passed):\n" + "\n".join(failed))
-    print(f"{label + ': ' if label else ''}all {len(card.results)} checks passed")
+    if card.results:
+        print(f"{label + ': ' if label else ''}all {len(card.results)} checks passed")
+    else:
+        print(f"{label + ': ' if label else ''}this question's tests are hidden; they run when your notebook is graded")
 
 
 # -- answers in every allowed form ------------------------------------------------------------------------------

@@ -198,10 +198,11 @@ def check_readme_total(lab: str, nb, readme: Path) -> list[Problem]:
 
 
 def _shows_nothing(expr: ast.expr) -> bool:
-    """An expression statement whose value IPython displays as nothing: ``None``, or a ``print(...)`` call."""
+    """An expression statement whose value IPython displays as nothing: ``None``, or a ``print(...)`` or
+    ``finish_checks(...)`` call (both return None)."""
     if isinstance(expr, ast.Constant) and expr.value is None:
         return True
-    return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "print"
+    return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in ("print", "finish_checks")
 
 
 def check_test_cells(lab: str, nb) -> list[Problem]:
