@@ -1345,6 +1345,8 @@ except NotImplementedError:
 #   N^2 just like its FLOPs, so its intensity stays bounded (~4D/(6Hn)) whatever N.
 # - 1 point: the MLP reuses each weight for all B*N tokens: FLOPs ~ B N D^2 vs bytes ~ B N D + D^2, so its
 #   intensity grows with D (and with B N until the weights stop mattering).
+# Carry-forward: judge the numbers against the student's own table (Questions 2.4, 2.6, 2.7); a mistake there is
+# charged in its own question only, so a correct argument from the student's own numbers earns full marks.
 # === END MARK SCHEME ===
 
 # %% [markdown]
@@ -1642,6 +1644,8 @@ except NotImplementedError:
 #   larger B raises reuse (intensity ~ B N) past the ridge (~217 FLOP/byte).
 # - 1 point: large N: the H*B*N^2 attention-matrix traffic dominates and has low intensity (~4D/(6Hn)),
 #   independent of B, so (64, 1024) is memory-bound again.
+# Carry-forward: judge the classification against the student's own table (Questions 3.1, 3.2); a mistake there is
+# charged in its own question only, so a correct argument from the student's own numbers earns full marks.
 # === END MARK SCHEME ===
 
 # %% [markdown]
@@ -1942,6 +1946,8 @@ except NotImplementedError:
 # - 1 point: bytes fall much less: weights still read every step, plus the cache read (2BND per layer).
 # - 1 point: arithmetic intensity falls (about B FLOP/byte, lower at large N), so decoding with a cache is more
 #   memory-bound (all four cases memory-bound), while still faster overall; cites the expected speedups.
+# Carry-forward: judge the numbers against the student's own table (Questions 4.1 to 4.3); a mistake there is
+# charged in its own question only, so a correct argument from the student's own numbers earns full marks.
 # === END MARK SCHEME ===
 
 # %% [markdown]
@@ -2449,6 +2455,8 @@ except NotImplementedError:
 # - 1 point: weight reads dominate (~9.8 ms vs ~1 ms cache at N = 1024, tiny other traffic and compute).
 # - 1 point: a pass over several tokens re-uses the same weight read, so verifying several proposed tokens
 #   costs about one pass; speculative decoding amortises the weight reads over several accepted tokens.
+# Carry-forward: judge the numbers against the student's own breakdown (Question 6.1); a mistake there is charged
+# in its own question only, so a correct argument from the student's own numbers earns full marks.
 # === END MARK SCHEME ===
 
 # %% [markdown]
