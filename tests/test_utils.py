@@ -110,20 +110,25 @@ def test_scale_env_override_and_default(monkeypatch):
     assert utils._read_scale() == "teaching"
     monkeypatch.setenv("EFFICIENT_AI_SCALE", " Quick ")
     assert utils._read_scale() == "quick"
+    monkeypatch.setenv("EFFICIENT_AI_SCALE", "cpu")
+    assert utils._read_scale() == "cpu"
     monkeypatch.setenv("EFFICIENT_AI_SCALE", "huge")
-    with pytest.raises(ValueError, match="teaching, quick"):
+    with pytest.raises(ValueError, match="teaching, cpu, quick"):
         utils._read_scale()
     monkeypatch.delenv("EFFICIENT_AI_SCALE")
-    assert utils._read_scale() == ("teaching" if torch.cuda.is_available() else "quick")
-    assert utils.SCALE in ("teaching", "quick")
+    assert utils._read_scale() == ("teaching" if torch.cuda.is_available() else "cpu"), (
+        "without a GPU a student gets the cpu scale; only grading and CI ask for quick")
 
 
 def test_at_scale_follows_scale(monkeypatch):
-    teaching, quick = [4096, 8192], [64]
+    teaching, quick, cpu = [4096, 8192], [64], [512]
     monkeypatch.setattr(utils, "SCALE", "teaching")
-    assert utils.at_scale(teaching, quick) is teaching
+    assert utils.at_scale(teaching, quick, cpu) is teaching
     monkeypatch.setattr(utils, "SCALE", "quick")
-    assert utils.at_scale(teaching=teaching, quick=quick) is quick
+    assert utils.at_scale(teaching=teaching, quick=quick, cpu=cpu) is quick
+    monkeypatch.setattr(utils, "SCALE", "cpu")
+    assert utils.at_scale(teaching, quick, cpu) is cpu
+    assert utils.at_scale(teaching, quick) is quick, "a cell without a cpu size runs its quick size on a CPU"
 
 
 def test_environment_report_lines(capsys, monkeypatch, tmp_path):
@@ -1079,7 +1084,7 @@ def test_inductor_skipping_a_kernel_too_big_for_the_gpu_is_not_shown_as_an_error
         f"{kept.messages}")
 
 
-def test_progress_draws_a_bar_at_teaching_scale_only(monkeypatch, capsys):
+def test_progress_draws_a_bar_except_at_quick_scale(monkeypatch, capsys):
     items = [3, 1, 2]
     monkeypatch.setattr(utils, "SCALE", "quick")
     assert utils.progress(items, "steps") is items, "at quick scale (grading) the loop runs over the iterable itself"
