@@ -253,17 +253,17 @@ def assert_close(got, expected, what: str, rel_tol: float = REL_TOL, abs_tol: fl
     expected = float(expected)
     ok = math.isclose(value, expected, rel_tol=rel_tol, abs_tol=abs_tol) or (
         math.isinf(expected) and value == expected)
-    defined = f" = {formula}" if formula else ""
+    defined = f"{formula} = " if formula else ""
     tol = f"relative {rel_tol:g}" + (f", absolute {abs_tol:g}" if abs_tol else "")
-    assert ok, f"{what} must be{defined} {expected!r} (to a {tol}), got {value!r}"
+    assert ok, f"{what} must be {defined}{expected!r} (to a {tol}), got {value!r}"
     return value
 
 
 def assert_integer(got, expected: int, what: str, formula: str | None = None) -> int:
     """``got`` must be exactly the whole number ``expected`` (an int in any form ``as_integer`` takes)."""
     value = as_integer(got, what)
-    defined = f" = {formula}" if formula else ""
-    assert value == int(expected), f"{what} must be{defined} {int(expected):,}, got {value:,}"
+    defined = f"{formula} = " if formula else ""
+    assert value == int(expected), f"{what} must be {defined}{int(expected):,}, got {value:,}"
     return value
 
 
