@@ -34,6 +34,9 @@ LANGUAGE_INFO = {
     "pygments_lexer": "ipython3",
     "version": "3.11.7",
 }
+BUNDLE_URL_FILE = "bundle_url.txt"  # labs/bundle_url.txt: where the course publishes bundles, {lab} for the lab
+FETCH_CELL_TEMPLATE = Path(__file__).parent / "templates" / "fetch_cell" / "cell.txt"
+FETCH_CELL_ID = "fetch-lab-files"
 SET_ASIDE_DIR = "build-set-aside"  # files found in release/labN/ that the build did not write (ignored by git)
 
 
@@ -122,8 +125,9 @@ def build_source(lab: str, root: Path = REPO_ROOT, out_root: Path | None = None)
     return changed
 
 
-def generate_release(lab: str, source_dir: Path, release_dir: Path) -> list[Path]:
-    """Run ``nbgrader generate_assignment`` on ``source_dir`` and sync the result into ``release_dir``."""
+def generate_release(lab: str, source_dir: Path, release_dir: Path, fetch_url: str = "") -> list[Path]:
+    """Run ``nbgrader generate_assignment`` on ``source_dir`` and sync the result into ``release_dir``; with
+    ``fetch_url``, the release notebook gets the cell that fetches the lab's files from there (``add_fetch_cell``)."""
     changed: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="efficient-ai-build-") as tmp:
         course = Path(tmp)
@@ -133,16 +137,44 @@ def generate_release(lab: str, source_dir: Path, release_dir: Path) -> list[Path
         generated = course / "release" / lab
         if not result.ok or not (generated / f"{lab}.ipynb").exists():
             raise BuildError(f"nbgrader generate_assignment {lab} failed:\n{result.tail(25)}")
+        if fetch_url:
+            add_fetch_cell(generated / f"{lab}.ipynb", fetch_url)
         # A student (or instructor) may have worked inside release/: set such files aside, never delete them.
         sync_tree(generated, release_dir, changed, set_aside=release_dir.parent.parent / SET_ASIDE_DIR / lab)
     return changed
 
 
+def bundle_url(lab: str, root: Path = REPO_ROOT) -> str:
+    """Where the course publishes ``lab``'s student bundle (``course bundle``'s zip): the one line of
+    ``labs/bundle_url.txt`` with ``{lab}`` replaced; "" when the file is absent or empty."""
+    path = root / "labs" / BUNDLE_URL_FILE
+    lines = path.read_text().splitlines() if path.is_file() else []
+    url = next((line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")), "")
+    return url.replace("{lab}", lab)
+
+
+def add_fetch_cell(notebook: Path, url: str) -> bool:
+    """Put the cell that fetches the lab's files where they are missing (Colab) first among the release notebook's
+    code cells, as an ordinary cell; True when the file changed."""
+    nb = nbformat.read(notebook, as_version=NB_VERSION)
+    source = FETCH_CELL_TEMPLATE.read_text().format(url=url, lab=notebook.stem).rstrip("\n")
+    if any(cell.get("id") == FETCH_CELL_ID for cell in nb.cells):
+        return False
+    at = next(i for i, cell in enumerate(nb.cells) if cell.cell_type == "code")
+    cell = nbformat.v4.new_code_cell(source)
+    cell["id"] = FETCH_CELL_ID
+    nb.cells.insert(at, cell)
+    nbformat.write(nb, notebook)
+    return True
+
+
 def build_lab(lab: str, root: Path = REPO_ROOT, out_root: Path | None = None) -> list[Path]:
-    """Build one lab's ``source/`` and ``release/`` under ``out_root`` (default ``root``)."""
+    """Build one lab's ``source/`` and ``release/`` under ``out_root`` (default ``root``). Where
+    ``labs/bundle_url.txt`` names the course's published bundles, the release notebook gets a first code cell that
+    fetches ``utils.py``, ``checks.py`` and ``assets/`` when they are missing (a notebook opened alone on Colab)."""
     out_root = out_root or root
     changed = build_source(lab, root, out_root)
-    changed += generate_release(lab, out_root / "source" / lab, out_root / "release" / lab)
+    changed += generate_release(lab, out_root / "source" / lab, out_root / "release" / lab, bundle_url(lab, root))
     return changed
 
 
