@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .lms import read_roster, write_canvas_csv
 from .nbgrader_run import SubmissionScores, read_scores
-from .notebooks import question_key, question_label, question_sort_key
+from .notebooks import question_key
 from .outcome import Outcome
 from .quoting import escape_controls
 
@@ -55,36 +55,64 @@ def question_scores(scores: SubmissionScores) -> dict[str, QuestionScore]:
     return per_question
 
 
-def short_label(key: str) -> str:
-    return question_label(key).replace("Question ", "Q").replace("Bonus ", "B")
+def part_of(key: str) -> str:
+    """The part a question belongs to: ``q3_1_1`` -> ``P3``; a bonus question -> ``bonus``."""
+    return "bonus" if key.startswith("b") else f"P{key[1:].split('_')[0]}" if key[:1] == "q" else key
+
+
+REASON_CHARS = 40  # the table shows a reason's start; grades.csv has it whole
 
 
 def score_table(lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-student, per-question table.
+    """Header and rows of the per-student table, a part of the lab per column (it fits a 120-column terminal;
+    grades.csv has every question).
 
-    Each question shows its autograded points (``4/5``) and, where it has a written or plotted part, the
-    manual points still to grade (``+2?``) or graded (``+2/2m``); ``flags`` counts the flags for review.
+    Each part shows its autograded points (``14/15``), ``bonus`` the bonus points earned (``+5``), ``autograded`` the
+    core total and the bonus on top (``47/47 + 10 bonus``), ``to grade`` the written answers and plots still waiting
+    for a TA (``+12?``) or their points once graded (``+10/12``); ``flags`` counts the flags for review.
     """
-    keys: set[str] = set()
-    for s in scores.values():
-        keys |= set(question_scores(s))
-    ordered = sorted(keys, key=question_sort_key)
-    header = ["student", "status", *[short_label(k) for k in ordered], "autograded", "flags", "reason"]
+    parts: set[str] = set()
+    for sub in scores.values():
+        parts |= {part_of(key) for key in question_scores(sub)}
+    ordered = sorted(parts - {"bonus"}, key=lambda p: int(p[1:]) if p[1:].isdigit() else 10**6) + (
+        ["bonus"] if "bonus" in parts else [])
+    header = ["student", "status", *ordered, "autograded", "to grade", "flags", "reason"]
     rows = []
     for student in sorted(outcomes):
         outcome, sub = outcomes[student], scores.get(student)
-        per_q = question_scores(sub) if sub else {}
-        cells = [per_q[key].cell() if key in per_q else "-" for key in ordered]
-        auto = f"{sub.autograded_score():g}/{sub.autograded_max():g}" if sub else "0"
-        rows.append([student, outcome.status, *cells, auto, str(len(outcome.flags) or ""), outcome.reason])
+        per_part: dict[str, QuestionScore] = {}
+        for key, entry in (question_scores(sub) if sub else {}).items():
+            total = per_part.setdefault(part_of(key), QuestionScore())
+            total.auto_score += entry.auto_score
+            total.auto_max += entry.auto_max
+            total.manual_score += entry.manual_score
+            total.manual_max += entry.manual_max
+            total.manual_pending |= entry.manual_pending
+        cells = []
+        for part in ordered:
+            entry = per_part.get(part)
+            if entry is None or not entry.auto_max:
+                cells.append("-" if entry is None else "")
+            else:
+                cells.append(f"+{entry.auto_score:g}" if part == "bonus" else f"{entry.auto_score:g}/{entry.auto_max:g}")
+        core = [c for c in sub.cells.values() if c.autograded and not c.bonus] if sub else []
+        bonus = sum(c.score for c in sub.cells.values() if c.autograded and c.bonus) if sub else 0.0
+        auto = (f"{sum(c.score for c in core):g}/{sum(c.max_score for c in core):g}" + (f" + {bonus:g} bonus" if bonus else "")
+                if sub else "0")
+        manual = [entry for entry in per_part.values() if entry.manual_max]
+        waiting = any(entry.manual_pending for entry in manual)
+        manual_max = sum(entry.manual_max for entry in manual)
+        to_grade = "" if not manual else f"+{manual_max:g}?" if waiting else \
+            f"+{sum(entry.manual_score for entry in manual):g}/{manual_max:g}"
+        reason = outcome.reason if len(outcome.reason) <= REASON_CHARS else outcome.reason[: REASON_CHARS - 3] + "..."
+        rows.append([student, outcome.status, *cells, auto, to_grade, str(len(outcome.flags) or ""), reason])
     return header, [[escape_controls(value) for value in row] for row in rows]
 
 
 TABLE_LEGEND = (
-    "Per question: 4/5 = autograded points earned/possible; +2? = 2 points of written answers or plots still to grade "
-    "(in JupyterLab, Nbgrader > Formgrader); +1.5/2m = manual points graded; - = the question is not in this "
-    "submission's gradebook entry. B3.1 = a bonus question: its points come on top of the maximum, so a total may "
-    "exceed it (a lab is out of 100 + bonus)."
+    "P3 = Part 3's autograded points earned/possible; bonus = bonus points earned, on top of the lab's maximum; "
+    "+12? = points of written answers or plots still to grade (in JupyterLab, Nbgrader > Formgrader), +10/12 once "
+    "graded; - = not in this submission's gradebook entry. grades.csv has every question and the whole reason."
 )
 
 

@@ -202,10 +202,18 @@ def test_demo_round_exact_scores(tmp_path, capsys):
     points = autograded_points_by_question(src)
     core = sum(p for q, p in points.items() if not is_bonus_id(q))  # the maximum; bonus points come on top
     _, answered = demo.partial_answer_ids(src)
-    partial = sum(p for q, p in points.items() if q in answered)
-    assert 0 < partial < core < sum(points.values())
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("demo-")}
-    for student, earned in (("demo-reference", sum(points.values())), ("demo-partial", partial), ("demo-blank", 0)):
-        assert rows[student][1] == "ok" and f"{earned:g}/{core:g}" in rows[student], (
-            f"{student} must show status ok and {earned:g}/{core:g} autograded points (bonus on top of the maximum):\n{out}")
+    partial = sum(p for q, p in points.items() if q in answered and not is_bonus_id(q))
+    partial_bonus = sum(p for q, p in points.items() if q in answered and is_bonus_id(q))
+    bonus = sum(points.values()) - core
+    assert 0 < partial < core
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("demo-")}
+    expected = {"demo-reference": f"{core:g}/{core:g} + {bonus:g} bonus",
+                "demo-partial": f"{partial:g}/{core:g}" + (f" + {partial_bonus:g} bonus" if partial_bonus else ""),
+                "demo-blank": f"0/{core:g}"}
+    for student, total in expected.items():
+        line = lines[student]
+        assert line.split()[1] == "ok" and f" {total} " in f" {line} ", (
+            f"{student} must show status ok and {total!r} (bonus on top of the maximum):\n{out}")
+    assert all(len(line) <= 120 for line in out.splitlines() if line.startswith(("student", "demo-"))), (
+        f"the table fits a 120-column terminal:\n{out}")
     assert (tmp_path / "demo" / "grading" / DEMO_LAB / "grades.csv").exists()
