@@ -106,42 +106,51 @@ __all__ = [
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 """torch.device: ``cuda`` when a CUDA GPU is visible, else ``cpu``. Notebooks and tests put tensors here."""
 
-_SCALES = ("teaching", "quick")
+_SCALES = ("teaching", "cpu", "quick")
 _SCALE_ENV = "EFFICIENT_AI_SCALE"
 
 
 def _read_scale():
     raw = os.environ.get(_SCALE_ENV, "").strip().lower()
     if not raw:
-        return "teaching" if torch.cuda.is_available() else "quick"
+        return "teaching" if torch.cuda.is_available() else "cpu"
     if raw not in _SCALES:
         raise ValueError(f"{_SCALE_ENV}={raw!r} is not a scale; use one of {', '.join(_SCALES)}")
     return raw
 
 
 SCALE = _read_scale()
-"""str: ``"teaching"`` (full sizes, meant for a GPU) or ``"quick"`` (small sizes for CPU and grading).
+"""str: the sizes the measuring cells use.
 
-Default: ``"teaching"`` when CUDA is available, else ``"quick"``. The environment variable
-``EFFICIENT_AI_SCALE=teaching|quick`` overrides it (set it before starting Jupyter); the grader sets ``quick``.
+- ``"teaching"``: full sizes, meant for a GPU (the default where CUDA is available);
+- ``"cpu"``: sizes at which a laptop's CPU still shows each lab's effects, the whole lab in minutes (the default
+  without a GPU);
+- ``"quick"``: the smallest sizes, which only check that the code runs (grading and CI always use it).
+
+The environment variable ``EFFICIENT_AI_SCALE=teaching|cpu|quick`` overrides the default (set it before starting
+Jupyter); the grader sets ``quick``.
 """
 
 
-def at_scale(teaching, quick):
+def at_scale(teaching, quick, cpu=None):
     """Pick a size by the scale in effect.
 
     Args:
         teaching: Value used at teaching scale (GPU-sized sweeps, long sequences).
-        quick: Value used at quick scale (CPU, grading); keep it small enough for a 2-core CPU.
+        quick: Value used at quick scale (grading, CI); keep it small enough for a 2-core CPU.
+        cpu: Value used at cpu scale (a student's laptop without a GPU): large enough to show the effect the cell
+            measures, small enough for minutes on a laptop. Default: ``quick``.
 
     Returns:
-        ``teaching`` when ``utils.SCALE == "teaching"``, else ``quick`` (returned as given, not copied).
+        The value for ``utils.SCALE`` (returned as given, not copied).
     """
-    return teaching if SCALE == "teaching" else quick
+    if SCALE == "teaching":
+        return teaching
+    return cpu if SCALE == "cpu" and cpu is not None else quick
 
 
 def progress(iterable, description: str, total: int | None = None):
-    """A progress bar over a loop that runs for a while at teaching scale (a benchmark sweep, a training run).
+    """A progress bar over a loop that runs for a while (a benchmark sweep, a training run).
 
     tqdm's notebook widget inside Jupyter (it needs ``ipywidgets``; without it, tqdm's text bar and no warning),
     a text bar in a terminal. At quick scale, where loops take seconds and grading runs, no bar is drawn: the
@@ -155,7 +164,7 @@ def progress(iterable, description: str, total: int | None = None):
     Returns:
         An iterable over the same items, in the same order.
     """
-    if SCALE != "teaching" or importlib.util.find_spec("tqdm") is None:
+    if SCALE == "quick" or importlib.util.find_spec("tqdm") is None:
         return iterable
     if importlib.util.find_spec("ipywidgets") is None:
         from tqdm.std import tqdm
@@ -452,7 +461,7 @@ def print_environment_report(lab=None):
     except Exception as exc:
         lines.append(f"GPU: could not be queried ({exc})")
     source = f"from {_SCALE_ENV}" if os.environ.get(_SCALE_ENV) else "default for this machine"
-    lines.append(f"Scale: {SCALE} ({source}); to change it, set {_SCALE_ENV}=teaching or quick before "
+    lines.append(f"Scale: {SCALE} ({source}); to change it, set {_SCALE_ENV}=teaching, cpu or quick before "
                  f"starting Jupyter and restart the kernel")
     lines.append(f"Attention backend: {ATTENTION_BACKEND}")
     try:
