@@ -26,8 +26,14 @@
 # 5. explain **why FlashAttention is faster** and lighter on memory than standard attention.
 #
 # ## How this notebook works
-# - Run it top to bottom. It runs on a GPU (the *teaching* scale: the sizes of the course) and on a CPU (a
-#   *quick* scale with small sizes, which is also what the autograder uses). `utils.at_scale` picks the sizes.
+# - Run it top to bottom. It runs at one of three scales, which `utils.at_scale` reads to pick its sizes: on a GPU
+#   the *teaching* scale (the sizes of the course); on a machine without a GPU the *cpu* scale (sizes at which a
+#   laptop still shows each effect the lab teaches: fusion, launch overhead, the KV cache, the roofline's two
+#   regimes; the whole notebook runs in a few minutes); and the *quick* scale (tiny sizes, which only check that
+#   the code runs: the autograder always uses it). `EFFICIENT_AI_SCALE=teaching|cpu|quick` overrides the default.
+# - What only a GPU can show (CUDA Graphs, FlashAttention's kernels) is skipped on a CPU with one printed line;
+#   the course's numbers for it, measured on an H100, are in `reports/lab1-h100.md` of the course repository.
+#   Questions that need GPU numbers say what to answer from when you have no GPU.
 # - Write your code where it says `YOUR CODE HERE` and your written answers where it says `YOUR ANSWER HERE`.
 #   Keep the names and signatures we give you: the tests call them.
 # - Cells that check your code show a few public tests; the grader runs more (hidden) tests on inputs you have
@@ -66,6 +72,19 @@
 # | Question 5.1 | the memory wall of standard attention (written) | 10 |
 # | Question 5.2 | why FlashAttention is faster (written) | 10 |
 # | **Total** | | **100 + 20 bonus** |
+#
+# Time per part: *your time* is our estimate for a student working through the part (reading, code, written
+# answers); *run time* is how long the reference notebook's cells took at cpu scale on a busy 2-core machine
+# (a laptop is usually faster; on the course's H100 at teaching scale the whole notebook ran in 80 s,
+# reports/lab1-h100.md).
+#
+# | Part | your time (estimate) | run time at cpu scale |
+# | --- | --- | --- |
+# | Part 1: latency, MACs and I/O | 1.5 h | RT_P1 |
+# | Part 2: the roofline model | 1 h | RT_P2 |
+# | Part 3: the Gemma-3 decoder layer | 3 h | RT_P3 |
+# | Part 4: profiling, fusion, `torch.compile` and CUDA Graphs | 2.5 h | RT_P4 |
+# | Part 5: FlashAttention | 1.5 h | RT_P5 |
 
 # %% nbgrader={"grade": false, "grade_id": "setup_imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import functools
@@ -87,6 +106,7 @@ sys.path.insert(0, ".")  # utils.py sits beside the notebook (and at the reposit
 from utils import *
 from checks import *
 
+quiet_library_messages()  # hide library messages you cannot act on (profiler start/stop lines, benign autotuning)
 print_environment_report("lab1")
 
 # %% nbgrader={"grade": false, "grade_id": "test_helpers", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["test-helpers"]
@@ -399,7 +419,7 @@ def latency_one_time(fn, *args, **kwargs):
 # start. Describe what you see, and explain why one single measurement is not a reliable latency.
 
 # %%
-one_shot_size = at_scale(teaching=64, quick=24)
+one_shot_size = at_scale(teaching=64, quick=24, cpu=64)
 a_one_shot = torch.randn(one_shot_size, one_shot_size, device=DEVICE)
 b_one_shot = torch.randn(one_shot_size, one_shot_size, device=DEVICE)
 for trial in range(5):
@@ -633,9 +653,9 @@ print(f"gemv ({one_shot_size}x{one_shot_size} @ {one_shot_size}x1):  {gemv_laten
 # tensors element by element on a GPU it may take a few minutes).
 
 # %%
-gemm_sweep_sizes = at_scale(teaching=[16, 32, 64, 128], quick=[4, 8, 16])
+gemm_sweep_sizes = at_scale(teaching=[16, 32, 64, 128], quick=[4, 8, 16], cpu=[16, 32, 64, 128])
 gemm_sweep_latencies_s, matmul_sweep_latencies_s = [], []
-for size in gemm_sweep_sizes:
+for size in progress(gemm_sweep_sizes, "matrix sizes"):
     a_sweep = torch.randn(size, size, device=DEVICE)
     b_sweep = torch.randn(size, size, device=DEVICE)
     gemm_sweep_latencies_s.append(latency(gemm, a_sweep, b_sweep, warmup=1, repeat=3))
@@ -1858,15 +1878,16 @@ finish_checks("Bonus 3.2")
 # The cells below time the three cases for a Gemma-3-shaped model (`GEMMA3_PESUDO_CONFIG`: hidden size 1152,
 # 26 layers), applying one decoder layer object once per layer. At teaching scale the sizes are those of the
 # course (batch 8, 4096-token prompts, all 26 layers; this fits on a 16 GB GPU such as a T4: about 7 GB of
-# it is the KV cache). At quick scale they are tiny, and the model
-# runs in `float32` because CPUs are slow at `bfloat16`. There is no question in this section, but read the
+# it is the KV cache). At cpu scale one 512-token prompt goes through 2 layers, which still shows a decode step's
+# cost per token against the prefill's and what the KV cache saves; at quick scale the sizes are tiny. On a CPU
+# the model runs in `float32` because CPUs are slow at `bfloat16`. There is no question in this section, but read the
 # numbers (and the comments after them) carefully: they set up Section 3.4 and Part 4.
 
 # %%
 MODEL_DTYPE = torch.bfloat16 if DEVICE.type == "cuda" else torch.float32
-prefill_batch_size, prefill_seq_len = at_scale(teaching=(8, 4096), quick=(1, 16))
-num_layers = at_scale(teaching=GEMMA3_PESUDO_CONFIG.num_hidden_layers, quick=2)
-timing_warmup, timing_repeat = at_scale(teaching=(3, 10), quick=(1, 2))
+prefill_batch_size, prefill_seq_len = at_scale(teaching=(8, 4096), quick=(1, 16), cpu=(1, 512))
+num_layers = at_scale(teaching=GEMMA3_PESUDO_CONFIG.num_hidden_layers, quick=2, cpu=2)
+timing_warmup, timing_repeat = at_scale(teaching=(3, 10), quick=(1, 2), cpu=(1, 2))
 hidden_size = GEMMA3_PESUDO_CONFIG.hidden_size
 torch.manual_seed(0)
 layer = Gemma3DecoderLayer(GEMMA3_PESUDO_CONFIG, layer_idx=5).to(device=DEVICE, dtype=MODEL_DTYPE).eval()
@@ -1936,12 +1957,14 @@ show_decode_times("with KV cache   ", decode_cache_ms["eager_ms"], decode_cache_
 # 4.3 shows it on GeLU). The next cell compiles the whole multi-layer step once (about a minute on a GPU), then
 # times the compiled step launched from Python and replayed as a CUDA graph
 # (`benchmark_compiled_and_graphed`), and counts the kernels one step launches (`count_kernels_per_call`).
-# The compile only runs on a GPU at teaching scale: on a CPU it takes minutes, and at quick scale (as the
-# notebook is graded) it would cost more than the whole tiny step teaches.
+# The compile only runs on a GPU at teaching scale: on a CPU it takes minutes (Section 4.4 compiles something
+# smaller on a CPU), and at quick scale (as the notebook is graded) it would cost more than the whole tiny step
+# teaches. Without a GPU, read its numbers in `reports/lab1-h100.md` (the Gemma-3 decoder layer table).
 
 # %%
 decode_kernels = {"eager": count_kernels_per_call(multi_layer_decode_forward, num_layers, **decode_cache_kwargs)["total"]}
-if at_scale(teaching=DEVICE.type == "cuda", quick=False):
+if at_scale(teaching=DEVICE.type == "cuda", quick=False, cpu=False):
+    print("compiling the multi-layer decode step (about a minute on a GPU, once)")
     decode_compiled_ms = benchmark_compiled_and_graphed(
         multi_layer_decode_forward, num_layers, **decode_cache_kwargs, n_warmup=timing_warmup, n_repeat=timing_repeat)
     decode_kernels["compiled"] = decode_compiled_ms["kernels"]["total"]
@@ -1951,7 +1974,7 @@ if at_scale(teaching=DEVICE.type == "cuda", quick=False):
 else:
     decode_compiled_ms = None
     print(f"torch.compile of the decode step: skipped {'on a CPU' if DEVICE.type == 'cpu' else 'at quick scale'} "
-          "(it runs on a GPU at teaching scale; the GPU report has its numbers)")
+          "(it runs on a GPU at teaching scale; the H100 numbers are in reports/lab1-h100.md)")
 print("kernels per decode step with the KV cache:", ", ".join(f"{name} {count}" for name, count in decode_kernels.items()),
       "(operator calls on a CPU)" if DEVICE.type == "cpu" else "")
 
@@ -1983,7 +2006,11 @@ print("cached step, measured / roofline:", ", ".join(
     f"{name} {ms / predicted_cache_ms:.1f}x" for name, ms in cached_steps_ms.items() if ms is not None))
 
 # %% [markdown]
-# What the numbers say (one H100 at teaching scale, from the course's GPU report; yours will differ):
+# What the numbers say (one H100 at teaching scale, from the course's GPU report `reports/lab1-h100.md`, section
+# "Gemma-3 decoder layer" and the printed output of this cell there; yours will differ). At cpu scale (one
+# 512-token prompt, 2 layers, `float32`) the same two effects show in your own output: a decode step costs far more
+# per token than the prefill, and the step without the cache is several times slower than the cached one. There
+# is no CUDA graph on a CPU, and an operator costs microseconds of dispatch rather than a kernel launch.
 # - **Per token, decode is far more expensive than prefill** (about 9 µs per prompt token against about 1 ms
 #   per generated token). Prefill works on 32768 tokens at once: large GEMMs that keep the GPU busy. A decode
 #   step works on 8 tokens: tiny GEMVs, and 86 kernels per layer that each do almost nothing. Section 3.4
@@ -1994,14 +2021,15 @@ print("cached step, measured / roofline:", ", ".join(
 #   once), and was 8.8x faster than the step without the cache (predicted: 3.1x; the step without the cache
 #   took 72 ms against 8.1 ms predicted, because its RMSNorm in float32 and its RoPE make several extra passes
 #   over the recomputed keys of all 32768 tokens).
-# - **Why 8.1 ms and not 2.6**: attention over the cache takes about 0.1 ms per layer (it reads the cache at
-#   about 2.5 TB/s), but each of the other 85 kernels of a layer costs a few microseconds even when nothing
-#   launches it from Python: 26 x 86 = 2236 kernels at about 3.6 µs on average.
+# - **Why 8.1 ms and not 2.6**: attention over the cache needs at least 7 GB / 26 layers / 3.35 TB/s = 0.08 ms
+#   per layer (it reads the layer's 0.27 GB of cache once), but each of the other 85 kernels of a layer costs a
+#   few microseconds even when nothing launches it from Python: 26 x 86 = 2236 kernels at about 3.6 µs on
+#   average.
 # - **Fewer kernels close the gap**: compiled with `torch.compile`, the same cached step runs 391 kernels
 #   instead of 2236 (52 elementwise instead of 1820: each layer's norms, RoPE, residuals and GeLU fused into a
 #   few generated kernels) and, replayed as a CUDA graph, takes 4.35 ms: 1.7x its roofline, where the graph of
-#   the uncompiled step was 3.1x. What is left is mostly attention reading the cache (about 2.6 ms) plus a few
-#   microseconds for each of the remaining kernels. The compile costs 20 to 55 s, once.
+#   the uncompiled step was 3.1x. What is left is mostly reading the weights and the cache (the 2.6 ms of the
+#   roofline) plus a few microseconds for each of the remaining kernels. The compile costs 20 to 55 s, once.
 # - **Launch overhead**: run eagerly, the same cached step took 50 to 63 ms: the CPU needs longer to launch
 #   2236 kernels from Python than the GPU needs to run them, so the eager time measures the CPU, and the cache
 #   looks almost useless (1.2 to 1.5x). Even compiled, launched from Python it takes 11 to 14 ms. This is why
@@ -2274,7 +2302,7 @@ print(prof.key_averages().table(sort_by=PROFILER_SORT_KEY, row_limit=10))
 # `up_proj`, `act_fn`, `down_proj`) show up as rows too.
 
 # %%
-mlp_batch_size, mlp_seq_len = at_scale(teaching=(4, 1024), quick=(1, 32))
+mlp_batch_size, mlp_seq_len = at_scale(teaching=(4, 1024), quick=(1, 32), cpu=(1, 256))
 mlp_hidden_size = GEMMA3_270M_CONFIG.hidden_size
 torch.manual_seed(0)
 x_mlp = torch.randn(mlp_batch_size, mlp_seq_len, mlp_hidden_size, dtype=MODEL_DTYPE, device=DEVICE)
@@ -2320,8 +2348,11 @@ plt.show()
 # - 1 point: profiled over 10 steps with default_schedule and prof.step(), synchronised before leaving.
 # - 1 point: the table (sorted by the device's time column) and count_cuda_kernels(..., per_step=True) printed.
 # - 1 point: the timeline shown with plot_trace_timeline.
-# - 1 point: names the part that takes the most time, consistent with their table (on a GPU typically the
-#   KV-cache copy aten::cat, or attention; on a CPU the projections or attention), and/or notes the launch gaps.
+# - 1 point: names the part that takes the most time, consistent with their table (on a GPU typically attention
+#   over the cache, or the many small elementwise kernels taken together; on a CPU the projections or attention),
+#   and/or notes the launch gaps. The cache is preallocated and the new key/value written into it in place
+#   (utils.KVCacheLayer): there is no aten::cat of the cache to name; a student who names a copy must show it in
+#   their own table.
 # === END MARK SCHEME ===
 step_input, step_position_ids, step_cache_positions = create_decode_inputs_with_cache(
     prefill_batch_size, prefill_seq_len, hidden_size, dtype=MODEL_DTYPE, device=DEVICE)
@@ -2338,14 +2369,17 @@ print(prof_decode.key_averages().table(sort_by=PROFILER_SORT_KEY, row_limit=15))
 print(f"per decode step of one layer: {count_cuda_kernels(prof_decode, per_step=True)}")
 plot_trace_timeline(prof_decode, title="One decode step of the Gemma-3 decoder layer (KV cache)")
 plt.show()
-# Reading it (H100, teaching scale): one decode step of one layer launches 86 kernels, 70 of them
-# elementwise (RMSNorms in float32, RoPE, residual additions). On the GPU the largest single part is attention
-# over the KV cache (one fused attention kernel, about 0.1 ms, about a third of the GPU time): it reads the whole
-# cache (8 x 4097 tokens) once. The new token's key and value are written into the preallocated cache in
-# place, so nothing copies the cache. The projections of 8 tokens take little, and the elementwise kernels
-# each do almost nothing, yet together they take most of the rest. The step's wall time (about 3 ms per layer,
-# its CPU time) is far above its GPU time (about 0.3 ms): the GPU idles between tiny kernels while Python
-# launches the next one. The decode step is launch-bound and memory-bound, not compute-bound.
+# Reading it (H100, teaching scale; the per-step numbers of reports/lab1-h100.md divided by its 26 layers): one
+# decode step of one layer launches 86 kernels (2236 / 26), 70 of them elementwise (1820 / 26: RMSNorms in
+# float32, RoPE, residual additions). On the GPU the largest single part is attention over the KV cache (one
+# fused attention kernel): it reads the layer's whole cache (8 x 4097 tokens, 0.27 GB) once, at least 0.08 ms at
+# 3.35 TB/s. The new token's key and value are written into the preallocated cache in place, so nothing copies
+# the cache. The projections of 8 tokens take little, and the elementwise kernels each do almost nothing, yet
+# together they take most of the rest. Launched from Python the step takes about 2 ms per layer (50 ms / 26), its
+# GPU work about 0.3 ms (the CUDA graph's 8.11 ms / 26): the GPU idles between tiny kernels while Python launches
+# the next one. The decode step is launch-bound and memory-bound, not compute-bound.
+# On a CPU (cpu scale) the table lists operators instead of kernels: the projections (aten::linear / aten::mm)
+# and attention take most of the time, and nothing copies the cache either.
 ### END SOLUTION
 
 # %%
@@ -2471,16 +2505,21 @@ finish_checks("Question 4.3.1")
 # Measure the latency of your `gelu_tanh_python` and of PyTorch's fused GeLU,
 # `F.gelu(x, approximate="tanh")`, on `x_gelu` with your `latency` function, and store them **in milliseconds** in
 # `python_gelu_latency_ms` and `pytorch_gelu_latency_ms`.
+#
+# `x_gelu` is large on purpose: $2^{28}$ float32 elements (1 GiB) at teaching scale, a million at cpu scale. Each
+# pass over it then takes far longer than launching a kernel, so what you measure is the memory traffic, which is
+# what fusion saves. (At small sizes something else sets the time: Section 4.4 measures both.)
 
 # %% nbgrader={"grade": true, "grade_id": "q4_3_2_gelu_latency", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
-x_gelu = torch.randn(at_scale(teaching=1_000_000, quick=100_000), device=DEVICE)
+x_gelu = torch.randn(at_scale(teaching=2**28, quick=100_000, cpu=1_000_000), device=DEVICE)
 ### BEGIN SOLUTION
 # === BEGIN MARK SCHEME ===
 # 2 points in total:
 # - 1 point: both latencies measured with the student's latency() on x_gelu (not typed, not another tensor),
 #   gelu_tanh_python against F.gelu(x_gelu, approximate="tanh") (the tanh variant, not the default erf one).
 # - 1 point: stored in milliseconds (latency returns seconds: x 1e3) in python_gelu_latency_ms and
-#   pytorch_gelu_latency_ms; the printed ratio is plausible (Python slower: several times on a GPU, less on a CPU).
+#   pytorch_gelu_latency_ms; the printed ratio is plausible (Python slower: about 9x on a GPU at teaching scale,
+#   where the time is memory traffic, 18 passes against 2; on a CPU it depends on the machine, often 3x to 10x).
 # === END MARK SCHEME ===
 python_gelu_latency_ms = latency(gelu_tanh_python, x_gelu) * 1e3
 pytorch_gelu_latency_ms = latency(F.gelu, x_gelu, approximate="tanh") * 1e3
@@ -2494,19 +2533,28 @@ print(f"PyTorch GeLU latency: {pytorch_gelu_latency_ms:.4f} ms ({python_gelu_lat
 # Describe your findings: which is faster, by how much, and why?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q4_3_3_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
-# PyTorch's GeLU is several times faster (we measured 4x to 5x on H100s for a million elements, e.g.
-# 0.13 ms against 0.024 ms). The Python version runs each operation as its own kernel (power, three multiplications, two
-# additions, tanh, one more multiplication): eight kernels, each of which reads a full tensor from memory and
-# writes a full tensor back, plus eight temporary allocations. GeLU is elementwise, so it is memory-bound: the
-# Python version moves about eight times as many bytes. `F.gelu` is one fused kernel that reads `x` once, keeps
-# every intermediate in registers and writes the result once. On a fast GPU and a tensor this small, each
-# kernel runs for only about 2 µs, so the cost of launching eight kernels from Python (tens of µs on the CPU)
-# weighs as much as the memory traffic; for larger tensors the eightfold traffic dominates.
+# PyTorch's GeLU is about 9x faster at teaching scale: on the course's H100, $2^{28}$ elements took 6.4 ms with the
+# Python version against 0.718 ms with `F.gelu` (reports/lab1-h100.md, GeLU table: 8.9x). GeLU is elementwise, a
+# few FLOPs per 8 bytes moved: memory-bound. The Python version runs each operation as its own kernel, `pow`,
+# four multiplications, two additions and `tanh` (8 kernels), and each streams whole tensors through memory: six
+# of them read one tensor and write one (2 passes each), two (`x + ...` and the final product) read two and write
+# one (3 passes each), so $6 \cdot 2 + 2 \cdot 3 = 18$ passes, plus seven temporary allocations. `F.gelu` is one
+# fused kernel that reads `x` once, keeps every intermediate in registers and writes the result once: 2 passes.
+# $18 / 2 = 9$ is the measured ratio: at this size the time is the memory traffic, and the fused kernel runs at
+# the copy bandwidth (0.718 ms for 2 GiB moved, 2.99 TB/s in the report). At small sizes the story changes: for a
+# million elements on the H100 the memory needs under 3 µs, yet the Python version took about 0.1 ms and `F.gelu`
+# 0.02 ms (report, GeLU table): there the time is the CPU's work of launching kernels from Python, which
+# dominates the memory traffic (Section 4.4 shows it).
+# (At cpu scale the ratio is the student's own, e.g. 3x to 10x: the same passes and temporaries, on a CPU's
+# memory bandwidth, plus 8 operator calls instead of 1.)
 # === BEGIN MARK SCHEME ===
 # 2 points in total:
-# - 1 point: reports that the fused PyTorch GeLU is faster, with the measured ratio.
-# - 1 point: explains it: the Python version launches many kernels, each reading/writing the whole tensor
-#   from/to memory (memory-bound op, more bytes moved, launch overhead); F.gelu is a single fused kernel.
+# - 1 point: reports that the fused PyTorch GeLU is faster, with the ratio they measured (GPU or CPU).
+# - 1 point: explains it: GeLU is memory-bound; the Python version runs one kernel (on a CPU, one operator) per
+#   operation, each reading and writing whole tensors, so it moves several times the bytes (18 passes against 2
+#   if counted; "about 8 or 9 times the traffic" is fine); F.gelu is a single fused kernel. Naming launch
+#   overhead as the main cause at teaching scale is wrong (it dominates only at small sizes, Section 4.4); it
+#   costs the point only if it is the whole explanation.
 # === END MARK SCHEME ===
 
 # %% [markdown]
@@ -2547,13 +2595,16 @@ print(f"kernels per call: Python GeLU {count_cuda_kernels(prof_python_gelu, per_
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q4_3_4_answer", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # The Python GeLU runs eight separate elementwise kernels per call (`aten::pow`, `aten::mul` four times,
-# `aten::add` twice, `aten::tanh`), each taking roughly as long as the single kernel of `aten::gelu`, because
-# each streams the whole tensor through memory: about 17 µs of GPU time per call against 2.6 µs on an H100, and
-# eight times the CPU launch work (`cudaLaunchKernel`). The slowdown is the number of memory round trips and
-# launches, not the arithmetic.
+# `aten::add` twice, `aten::tanh`), against one for `aten::gelu`. Each streams whole tensors through memory: the
+# six that read one tensor take about as long as the single `gelu` kernel, the two that read two tensors about
+# 1.5 times as long, so the Python version's GPU time per call is about 9 times `F.gelu`'s (6.4 ms against
+# 0.718 ms for $2^{28}$ elements on the course's H100, reports/lab1-h100.md), and it makes eight times the CPU
+# launch work (`cudaLaunchKernel`). The slowdown is the number of memory passes, not the arithmetic. (On a CPU
+# the table shows the same eight operators against one `aten::gelu`, with CPU times instead of kernels.)
 # === BEGIN MARK SCHEME ===
-# 1 point: names the evidence: many elementwise kernels (about 8) for the Python version vs one gelu kernel,
-# each of similar duration, so total time scales with the number of kernels / memory passes.
+# 1 point: names the evidence: many elementwise kernels (8) for the Python version vs one gelu kernel, each
+# of similar duration (the two-input ones somewhat longer), so total time scales with the number of kernels /
+# memory passes. A CPU profile (8 operators against one aten::gelu, with their CPU times) earns the point.
 # === END MARK SCHEME ===
 
 # %% [markdown]
@@ -2564,42 +2615,71 @@ print(f"kernels per call: Python GeLU {count_cuda_kernels(prof_python_gelu, per_
 # and generates kernels for them (TorchInductor: Triton kernels on a GPU, C++ on a CPU). Fewer, larger kernels
 # mean fewer launches and fewer memory round trips.
 #
-# Compiling takes tens of seconds the first time, so the cells of this section run at teaching scale only
-# (at quick scale they print one line and move on). With `mode="max-autotune..."`, Inductor may log errors
-# such as "No valid triton configs ... out of resource" while autotuning: these are candidate kernels that do
-# not fit in shared memory and are skipped; they are harmless. We first compile your GeLU and profile it.
+# Compiling takes tens of seconds the first time (up to a minute or two on a CPU), so the cells of this section
+# run at teaching and cpu scale and print one line and move on at quick scale. Each says so before a long
+# compile. We first compile your GeLU, profile it, and time the three versions at two sizes: `x_gelu` and a small
+# tensor (a million elements on a GPU, a thousand on a CPU).
 
 # %%
-if SCALE == "teaching":
+if SCALE in ("teaching", "cpu"):
+    print("compiling gelu_tanh_python with torch.compile: 20 s to a minute the first time, longer on a busy CPU")
     compiled_gelu = torch.compile(gelu_tanh_python)
-    for _ in range(3):  # the first call compiles
-        compiled_gelu(x_gelu)
+    x_gelu_small = torch.randn(at_scale(teaching=1_000_000, quick=1_000, cpu=1_000), device=DEVICE)
+    for x in (x_gelu, x_gelu_small):
+        for _ in range(3):  # the first call of each size compiles
+            compiled_gelu(x)
     with profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof_compiled_gelu:
         for _ in range(10):
             _ = compiled_gelu(x_gelu)
             prof_compiled_gelu.step()
         synchronize_device()
     print(prof_compiled_gelu.key_averages().table(sort_by=PROFILER_SORT_KEY, row_limit=10))
-    print(f"compiled GeLU: {latency(compiled_gelu, x_gelu) * 1e3:.4f} ms per call, "
-          f"{count_cuda_kernels(prof_compiled_gelu, per_step=True)['total']} kernel(s) per call")
+    print(f"compiled GeLU: {count_cuda_kernels(prof_compiled_gelu, per_step=True)['total']} kernel(s) per call "
+          f"({'operators on a CPU' if DEVICE.type == 'cpu' else 'on the GPU'})")
+    gelu_versions = {"Python (8 ops)": gelu_tanh_python, "F.gelu": functools.partial(F.gelu, approximate="tanh"),
+                     "compiled": compiled_gelu}
+    for x in progress((x_gelu_small, x_gelu), "GeLU sizes"):
+        repeat = 100 if DEVICE.type == "cuda" or x.numel() <= 10_000 else 20
+        gelu_ms = {name: latency(fn, x, repeat=repeat) * 1e3 for name, fn in gelu_versions.items()}
+        print(f"{x.numel():>11,} elements: " + ", ".join(f"{name} {ms:.4f} ms" for name, ms in gelu_ms.items())
+              + f"; Python / F.gelu {gelu_ms['Python (8 ops)'] / gelu_ms['F.gelu']:.1f}x")
 else:
-    print("torch.compile of GeLU: skipped at quick scale (it runs at teaching scale)")
+    print("torch.compile of GeLU: skipped at quick scale (it runs at teaching and cpu scale)")
+
+# %% [markdown]
+# Two regimes show in these numbers (on the course's H100, reports/lab1-h100.md, GeLU table):
+# - **Large tensors ($2^{28}$ elements): memory traffic.** The compiled GeLU is one generated kernel, as fast as
+#   `F.gelu` (0.718 ms each, at the copy bandwidth), and the Python version is 8.9x slower: 18 memory passes
+#   against 2. Fusion pays exactly by the passes it saves.
+# - **Small tensors (a million elements): launch overhead.** The memory needs under 3 µs, yet the Python version
+#   and the compiled one both took about 0.1 ms, and `F.gelu` about 0.02 ms. The GPU finishes each kernel in a few
+#   microseconds and waits for the CPU: for the Python version, eight kernel launches from Python; for the
+#   compiled one, a single kernel but the work of the compiled wrapper around it in every call (Dynamo's guard
+#   checks, the call into the generated code). Fusion saves nothing here; what counts is the CPU's work per call.
+#
+# On a CPU (cpu scale) the same two regimes show in your numbers, with operator calls instead of kernel launches:
+# for a thousand elements each operator call costs microseconds of dispatch and the compiled wrapper costs as much
+# as the eight Python operators or more; for a million elements the fused versions win by the memory passes and
+# temporary allocations they save.
 
 # %% [markdown]
 # Now the MLP, compiled with `mode="max-autotune-no-cudagraphs"`: Inductor also benchmarks several GEMM
 # implementations (cuBLAS and its own Triton templates) and keeps the fastest, but does not use CUDA Graphs.
 #
-# **Without a GPU**, set `compile_mlp_on_cpu = True` in the first cell below before you run both: the MLP is then
-# compiled at quick scale for your CPU (Inductor writes C++ kernels instead of Triton ones; the first compile
-# takes one to two minutes), and you answer Question 4.4.1 from that profile. The grader never compiles,
-# whatever you leave in this cell.
+# **Without a GPU** (cpu scale) the MLP is compiled for your CPU (Inductor writes C++ kernels instead of Triton
+# ones; the compile takes tens of seconds), and you answer Question 4.4.1 from that profile. At quick scale set
+# `compile_mlp_on_cpu = True` in the first cell below to compile anyway. The grader never compiles, whatever you
+# leave in this cell.
 
 # %%
-compile_mlp_on_cpu = False  # a CPU-only student sets this to True (see above)
+compile_mlp_on_cpu = SCALE == "cpu"  # True compiles the MLP on a CPU at any scale (see above)
 
 # %% nbgrader={"grade": false, "grade_id": "compile_mlp", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # Locked: the grader never compiles (NBGRADER_EXECUTION is set while nbgrader runs the notebook).
 if SCALE == "teaching" or (compile_mlp_on_cpu and not os.environ.get("NBGRADER_EXECUTION")):
+    print(f"compiling the MLP for {DEVICE.type}"
+          + (" with max-autotune (about a minute: Inductor benchmarks GEMM candidates)" if DEVICE.type == "cuda"
+             else " (tens of seconds)"))
     compiled_mlp = torch.compile(mlp, mode="max-autotune-no-cudagraphs" if DEVICE.type == "cuda" else None)
     with torch.no_grad():
         for _ in range(3):  # compile and autotune
@@ -2607,8 +2687,8 @@ if SCALE == "teaching" or (compile_mlp_on_cpu and not os.environ.get("NBGRADER_E
     print(f"compiled the MLP for {DEVICE.type}")
 else:
     compiled_mlp = None
-    print("torch.compile of the MLP: skipped at quick scale (it runs at teaching scale; on a CPU-only machine "
-          "set compile_mlp_on_cpu = True above)")
+    print("torch.compile of the MLP: skipped at quick scale (it runs at teaching and cpu scale; set "
+          "compile_mlp_on_cpu = True above to compile on a CPU anyway)")
 
 # %% [markdown]
 # #### Question 4.4.1 (5 points)
@@ -2617,9 +2697,9 @@ else:
 # (table, kernel counts, timeline). Keep the cell working at quick scale, where `compiled_mlp` is `None`: print
 # one line and move on.
 #
-# **Without a GPU:** compile on your CPU (`compile_mlp_on_cpu = True` above), profile that, and answer (b) from
-# your CPU profile against the eager one of Section 4.2: the profiler then shows CPU operators instead of GPU
-# kernels. Inductor's fused C++ kernel runs inside the `CompiledFxGraph` call (its self time), so the operators
+# **Without a GPU:** compile on your CPU (cpu scale does it; at quick scale set `compile_mlp_on_cpu = True`
+# above), profile that, and answer (b) from your CPU profile against the eager one of Section 4.2: the profiler
+# then shows CPU operators instead of GPU kernels. Inductor's fused C++ kernel runs inside the `CompiledFxGraph` call (its self time), so the operators
 # that remain are the three `aten::mm` (3 per call instead of 5 in eager mode). The marks are for the same
 # observations as on a GPU: what was fused, what remains, what the CPU side shows.
 
@@ -2653,26 +2733,31 @@ else:
 # **(b) Written, 3 points.** Describe the differences from the eager MLP of Section 4.2.
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q4_4_1_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
-# The compiled MLP launches fewer kernels (on an H100: 4 per call instead of 5) and is faster (we measured
-# 0.15 to 0.22 ms against 0.23 to 0.31 ms on two H100 machines). Autotuning chose Inductor's own Triton GEMM templates (`triton_tem_fused_mm...`) over
-# cuBLAS (`nvjet...`) for the projections. The GeLU and the elementwise product, two kernels in eager mode
-# (`aten::gelu` and `aten::mul`, each reading and writing $(B, L, I)$ tensors), are fused into one Triton kernel
-# (`triton_poi_fused_gelu_mul...`), and Inductor can even fuse them into the prologue of the down projection's
-# GEMM template, so fewer intermediate tensors travel through memory. The `record_function` labels disappear
-# (Dynamo ignores them; the call shows up as a `Torch-Compiled Region` with a `CompiledFxGraph`), and new CPU
-# overheads appear (`TorchDynamo Cache Lookup`, guards). The GEMMs still dominate the GPU time, and the CPU
-# still launches every remaining kernel one by one.
+# The compiled MLP launches fewer kernels (on the course's H100: 4 per call instead of 5), but it is hardly faster:
+# 0.172 ms against 0.174 ms eager (reports/lab1-h100.md, MLP table). The GeLU and the elementwise product, two
+# kernels in eager mode (`aten::gelu` and `aten::mul`, each reading and writing $(B, L, I)$ tensors), are fused
+# into one generated Triton kernel (a `triton_poi_fused_...` kernel), which saves one kernel and two of the five
+# passes over $(B, L, I)$ tensors. That is all fusion can save here: the three GEMMs (cuBLAS's `nvjet...` kernels
+# or Inductor's Triton templates, whichever autotuning found faster) do almost all the FLOPs and take most of the
+# GPU time, and they are the same work compiled or not. With $B L = 4096$ tokens the saved elementwise passes are
+# about 34 MB, roughly 10 µs at the H100's 3.35 TB/s, a few percent of the call. (For the GeLU alone, Section
+# 4.3, the same fusion gave 9x, because there the elementwise passes were the whole cost.) The `record_function`
+# labels disappear (Dynamo ignores them; the call shows up as a `Torch-Compiled Region` with a
+# `CompiledFxGraph`), and new CPU work appears (`TorchDynamo Cache Lookup`, guards). The CPU still launches every
+# remaining kernel one by one.
 # === BEGIN MARK SCHEME ===
 # 3 points in total:
 # - 1 point: fewer kernels; the activation and the product are fused into one (Triton) kernel.
-# - 1 point: the GEMMs remain (cuBLAS or autotuned Triton templates) and dominate the time; less memory
-#   traffic for the elementwise part; lower (or equal) total time, with numbers from their profile.
+# - 1 point: the GEMMs remain (cuBLAS or autotuned Triton templates) and dominate the time; fusion only saves
+#   the elementwise part's traffic, so the total time is about the same (the H100 report measured 0.172 ms
+#   compiled against 0.174 ms eager; "compiled is faster" earns the point only if their own numbers show it),
+#   with numbers from their profile.
 # - 1 point: another correct observation from their profile: record_function labels replaced by a compiled
 #   region, kernels still launched one by one from the CPU (launch gaps remain), different kernel names.
 # A CPU-only student answers from a CPU profile (compile_mlp_on_cpu = True): the same three points, read off CPU
 # operators (aten::gelu and aten::mul gone, fused into C++ code inside the CompiledFxGraph call; the three
 # aten::mm remain, 3 operators per call instead of 5; a compiled region replaces the labels). CPU latencies are
-# accepted.
+# accepted, judged against the student's own eager and compiled times.
 # === END MARK SCHEME ===
 
 # %% [markdown]
@@ -2680,10 +2765,12 @@ else:
 # every forward pass. A **CUDA Graph** records the whole sequence of launches once and then replays it with a
 # single call: the CPU's launch work almost disappears, which matters most when kernels are short (small
 # batches, decode). `mode="max-autotune"` autotunes like the previous mode *and* wraps the compiled function in
-# CUDA Graphs. CUDA Graphs exist on NVIDIA GPUs only, so this cell needs a GPU at teaching scale.
+# CUDA Graphs. CUDA Graphs exist on NVIDIA GPUs only, so this cell needs a GPU at teaching scale; without one,
+# read the MLP table of `reports/lab1-h100.md` (row `cuda_graphs`) and the decode-step table above it.
 
 # %%
 if DEVICE.type == "cuda" and SCALE == "teaching":
+    print("compiling the MLP with max-autotune and CUDA Graphs (about a minute: autotuning, then graph capture)")
     torch.manual_seed(0)
     mlp_cudagraph = torch.compile(Gemma3MLP(GEMMA3_270M_CONFIG).to(device=DEVICE, dtype=MODEL_DTYPE).eval(),
                                   mode="max-autotune")
@@ -2693,7 +2780,8 @@ if DEVICE.type == "cuda" and SCALE == "teaching":
     print("compiled the MLP with CUDA Graphs")
 else:
     mlp_cudagraph = None
-    print("CUDA Graphs: skipped (they need an NVIDIA GPU at teaching scale)")
+    print("CUDA Graphs: skipped (they need an NVIDIA GPU at teaching scale); the H100 numbers are in "
+          "reports/lab1-h100.md (MLP table, row cuda_graphs)")
 
 # %% [markdown]
 # #### Bonus 4.4.2 (5 points)
@@ -2711,10 +2799,15 @@ else:
 # - 1 point: table and count_cuda_kernels(..., per_step=True) printed; timeline shown.
 # - 2 points: the comparison: on the CPU side one cudaGraphLaunch per step replaces the per-kernel launches,
 #   and the kernels run back to back (gaps between kernels gone or much smaller).
-# - 1 point: a correct conclusion about latency from their numbers (little gain for a 4-kernel MLP; graphs pay
-#   off when many short kernels are launched, e.g. decode).
+# - 1 point: a correct conclusion about latency from their numbers: no gain, or a loss, for a 4-kernel MLP whose
+#   kernels are long (the H100 report measured 0.24 ms with graphs against 0.172 ms compiled without: each call
+#   still copies the input into the graph's static buffer and runs the graph wrapper's checks on the CPU, while
+#   there was little launch work to save); graphs pay off when many short kernels are launched (decode). A
+#   student whose own numbers show graphs faster, and says so, earns the point.
 # - The cell runs where mlp_cudagraph is None (one printed line). Without a GPU the bonus cannot be earned by
-#   profiling; a student who says so and answers the comparison from the lab's text earns at most 2 points.
+#   profiling; a student who says so and answers the comparison from reports/lab1-h100.md (MLP table: eager,
+#   compiled and cuda_graphs times and kernel counts; decode-step table: eager against CUDA-graph times) earns at
+#   most 2 points.
 # === END MARK SCHEME ===
 if mlp_cudagraph is not None:
     with torch.no_grad(), profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof_cudagraph:
@@ -2728,14 +2821,15 @@ if mlp_cudagraph is not None:
         print(f"latency with CUDA Graphs: {latency(mlp_cudagraph, x_mlp) * 1e3:.3f} ms")
     plot_trace_timeline(prof_cudagraph, title="Gemma-3 270M MLP compiled with CUDA Graphs (max-autotune)")
     plt.show()
-    # The kernels are those of max-autotune-no-cudagraphs plus one `_foreach_copy_` that copies the input into
-    # the graph's static buffer. On the CPU side the per-kernel launch calls are replaced by a single
-    # `cudaGraphLaunch` per step, and the kernels run back to back on the GPU. For this MLP (an H100,
-    # 4 x 1024 tokens) the latency changes little: we measured 0.178 ms with graphs against 0.205 ms compiled in
-    # one run, and 0.210 against 0.188 in another: with 4 or 5 kernels of tens of microseconds each there is
-    # little launch work to save, and the input copy and the Dynamo work per call remain. CUDA Graphs pay off
-    # when a call launches many short kernels: the decode step of Section 3.3 (2236 kernels) took 55 ms eagerly
-    # and 8.2 ms replayed as a CUDA graph.
+    # The kernels are those of max-autotune-no-cudagraphs plus one copy of the input into the graph's static
+    # buffer (5 per call in the H100 report). On the CPU side the per-kernel launch calls are replaced by a single
+    # `cudaGraphLaunch` per step, and the kernels run back to back on the GPU. Yet for this MLP (4 x 1024 tokens)
+    # the graph is slower: 0.24 ms against 0.172 ms compiled without graphs on the course's H100
+    # (reports/lab1-h100.md, MLP table). Four kernels of tens of microseconds each leave little launch work to
+    # save (the CPU queues them faster than the GPU runs them), while every call adds the input copy and the CPU
+    # work of the graph wrapper (checking that the inputs and the recorded graph still match, managing its
+    # memory pool). CUDA Graphs pay off when a call launches many short kernels: the decode step of Section 3.3
+    # (2236 kernels) took 50 ms launched from Python and 8.11 ms replayed as a CUDA graph (same report).
 else:
     print("profiling the CUDA-Graph MLP: skipped (it needs an NVIDIA GPU at teaching scale)")
 ### END SOLUTION
@@ -2751,13 +2845,15 @@ else:
 # $(B, H, L, L)$ (and the probabilities, of the same shape). The cell below measures its peak memory for
 # growing sequence lengths (batch 1, 16 heads, head dimension 128; `float16` on a GPU, `float32` on a CPU)
 # until it runs out of memory: an out-of-memory error is reported as a row of the table, not as a crash, and
-# the sweep stops there (longer sequences would fail too).
+# the sweep stops there (longer sequences would fail too). At cpu scale the sweep stops at 2048 tokens (under a
+# GB), enough to see how the memory grows; a CPU would swap long before it reported running out.
 
 # %%
 attn_batch, attn_heads, attn_head_dim = 1, 16, 128
 ATTN_DTYPE = torch.float16 if DEVICE.type == "cuda" else torch.float32
 attn_bytes_per_element = torch.finfo(ATTN_DTYPE).bits // 8
-memory_seq_lens = at_scale(teaching=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536], quick=[128, 256, 512])
+memory_seq_lens = at_scale(teaching=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536], quick=[128, 256, 512],
+                           cpu=[256, 512, 1024, 2048])
 
 
 def random_qkv(seq_len, layout="bhsd"):
@@ -2775,7 +2871,7 @@ def sdpa_peak_memory_gb(seq_len):
 
 
 sdpa_memory_rows = []
-for seq_len in memory_seq_lens:
+for seq_len in progress(memory_seq_lens, "sequence lengths"):
     status, peak_gb = run_oom_safe(sdpa_peak_memory_gb, seq_len)
     scores_gb = attn_batch * attn_heads * seq_len ** 2 * attn_bytes_per_element / 1e9  # one (B, H, L, L) tensor
     sdpa_memory_rows.append({"seq_len": seq_len, "status": status, "peak_gb": peak_gb, "scores_matrix_gb": scores_gb})
@@ -2789,7 +2885,8 @@ print(mark_oom(sdpa_memory_df, float_format=lambda v: f"{v:.4f}").to_string(inde
 #
 # 1. What is the memory complexity of standard attention in the sequence length $L$? Use the table. (3 points)
 # 2. From which sequence length does it become a problem on your GPU, and why there? (If you ran on a CPU,
-#    answer for an 80 GB H100 with the numbers of the table.) (3 points)
+#    answer for an 80 GB H100: extrapolate your table's growth, and compare with the table the course measured on
+#    an H100, "SDPA (materialized) vs FlashAttention" in `reports/lab1-h100.md`.) (3 points)
 # 3. What is the main memory overhead of standard attention, and in which LLM scenarios is it a serious
 #    problem? (4 points)
 
@@ -2805,7 +2902,8 @@ print(mark_oom(sdpa_memory_df, float_format=lambda v: f"{v:.4f}").to_string(inde
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_1_problem_length_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
 # **2.** On an 80 GB H100 in `float16`, one score matrix is $16 L^2 \cdot 2$ bytes: 2.1 GB at $L = 8192$,
 # 8.6 GB at 16384, 34 GB at 32768 and 137 GB at 65536. Our implementation holds about two such tensors at its
-# peak (the scores and the probabilities): we measured 17 GB at 16384 and 69 GB at 32768, which just fits,
+# peak (the scores and the probabilities): the course's H100 measured 17 GB at 16384 and 69 GB at 32768
+# (reports/lab1-h100.md), which just fits,
 # while 65536 (about 275 GB) runs out of memory. In practice it is a problem well before the OOM: from about
 # 16384 tokens a single attention call of one layer and one sequence needs tens of GB of temporary memory,
 # which competes with the weights, the KV cache and other requests (on a 24 GB or 48 GB GPU, 32768 already fails).
@@ -2814,7 +2912,8 @@ print(mark_oom(sdpa_memory_df, float_format=lambda v: f"{v:.4f}").to_string(inde
 # === BEGIN MARK SCHEME ===
 # 3 points: the length where their table shows OOM (or where the peak approaches the GPU's memory), 1 point;
 # explained by the L^2 growth of the score matrices (with a size estimate, e.g. B x H x L^2 x bytes), 2 points.
-# CPU runs: a reasoned estimate for an 80 GB GPU (32768 barely fits at about 69 GB, 65536 fails) earns full marks.
+# CPU runs: a reasoned estimate for an 80 GB GPU from their own table's x4 growth, or read off the H100 table of
+# reports/lab1-h100.md (32768 barely fits at about 69 GB, 65536 fails), earns full marks.
 # === END MARK SCHEME ===
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_1_overhead_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
@@ -2869,19 +2968,31 @@ print(mark_oom(sdpa_memory_df, float_format=lambda v: f"{v:.4f}").to_string(inde
 #    3. write $O_i \leftarrow \text{diag}(\ell_i)^{-1} O_i$ to HBM (and $m_i + \log \ell_i$, which the backward
 #       pass uses to recompute $P$ instead of storing it).
 #
-# HBM traffic falls from $O(L^2 + L d)$ to reading $Q, K, V$ and writing $O$ (plus re-reading $K, V$ once per
-# row block); the FLOPs stay the same. Memory falls from $O(L^2)$ to $O(L)$. If you know some CUDA or Triton,
+# HBM traffic falls from $O(L^2 + L d)$ to about reading $Q, K, V$ and writing $O$ once; the FLOPs stay the
+# same. Memory falls from $O(L^2)$ to $O(L)$. "About once" needs a word: each of the $T_r$ row blocks reads all
+# of $K$ and $V$. Were those reads to come from HBM, the kernel would do $4 B_r B_c d$ FLOPs for every
+# $2 B_c d$ elements of $K_j, V_j$ it loads, $B_r$ FLOP/byte in 16-bit floats: 128 for $B_r = 128$, left of the
+# fp16 ridge of an H100 (about 295) or an A6000 (about 202), so memory-bound. They mostly do not: the thread
+# blocks of one head's row blocks run at the same time on different SMs and walk through $K_1, V_1, K_2, \dots$ in
+# the same order, so a tile one block has just loaded is still in the L2 cache (50 MB on an H100, 6 MB on an
+# A6000) when the others ask for it. HBM sees roughly one read of $Q, K, V$ and one write of $O$: about
+# $4 L d \cdot 2$ bytes for $4 L^2 d$ FLOPs per head, $L / 2$ FLOP/byte (2048 at $L = 4096$), far right of the
+# ridge. If you know some CUDA or Triton,
 # read the [FlashAttention code](https://github.com/Dao-AILab/flash-attention).
 #
 # `flash_attn_func` (from `utils`) uses the `flash-attn` package when it is installed and otherwise PyTorch's
-# own FlashAttention-2 kernel (on a CPU, PyTorch's reference path: the comparison below is only meaningful on
-# a GPU). It takes tensors in the layout `(B, L, H, d)`, while SDPA uses `(B, H, L, d)`.
+# own FlashAttention-2 kernel (on a CPU, PyTorch's reference path, which materialises the scores like yours:
+# the comparison below is only meaningful on a GPU, so at cpu scale the cell points to the H100 numbers of
+# `reports/lab1-h100.md` instead). It takes tensors in the layout `(B, L, H, d)`, while SDPA uses `(B, H, L, d)`.
+# At teaching scale the sweep runs from 256 to 16384 tokens; the longest needs about 17 GB for standard
+# attention, and on a smaller GPU it shows as OOM.
 
 # %%
-flash_seq_lens = at_scale(teaching=[256, 512, 1024, 2048, 4096, 8192], quick=[64, 128, 256])
-flash_warmup, flash_repeat = at_scale(teaching=(3, 10), quick=(1, 3))
+# At cpu scale: no sweep (both sides would run the same kind of CPU code); quick scale runs tiny sizes.
+flash_seq_lens = at_scale(teaching=[256, 512, 1024, 2048, 4096, 8192, 16384], quick=[64, 128, 256], cpu=[])
+flash_warmup, flash_repeat = at_scale(teaching=(3, 10), quick=(1, 3), cpu=(1, 3))
 flash_rows = []
-for seq_len in flash_seq_lens:
+for seq_len in progress(flash_seq_lens, "sequence lengths"):
     q_sdpa, k_sdpa, v_sdpa = random_qkv(seq_len, layout="bhsd")
     q_flash, k_flash, v_flash = (t.transpose(1, 2).contiguous() for t in (q_sdpa, k_sdpa, v_sdpa))
     sdpa_status, sdpa_ms = run_oom_safe(benchmark_latency, scaled_dot_product_attention, q_sdpa, k_sdpa, v_sdpa,
@@ -2910,11 +3021,15 @@ for seq_len in flash_seq_lens:
         torch.cuda.empty_cache()
 
 flash_df = pd.DataFrame(flash_rows)
-print(flash_df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-plot_flash_attn_improvement(flash_df, title=f"FlashAttention ({flash_attn_func.last_backend}) vs standard attention",
-                            latency_cols=("sdpa_ms", "flash_ms"), memory_cols=("sdpa_mem_gb", "flash_mem_gb"),
-                            seq_len_col="seq_len", annotate_speedup=True, annotate_mem_reduction=True)
-plt.show()
+if flash_rows:
+    print(flash_df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    plot_flash_attn_improvement(flash_df, title=f"FlashAttention ({flash_attn_func.last_backend}) vs standard attention",
+                                latency_cols=("sdpa_ms", "flash_ms"), memory_cols=("sdpa_mem_gb", "flash_mem_gb"),
+                                seq_len_col="seq_len", annotate_speedup=True, annotate_mem_reduction=True)
+    plt.show()
+else:
+    print("FlashAttention vs standard attention: skipped without a GPU; read the H100 table 'SDPA (materialized) vs "
+          "FlashAttention' and its figure in reports/lab1-h100.md")
 
 # %% [markdown]
 # Let us count kernels with the profiler: your attention against PyTorch's FlashAttention kernel (through
@@ -2942,7 +3057,7 @@ def torch_flash_attn(q, k, v):
     return out.transpose(1, 2)
 
 
-kernel_seq_len = at_scale(teaching=1024, quick=128)
+kernel_seq_len = at_scale(teaching=1024, quick=128, cpu=512)
 q_sdpa, k_sdpa, v_sdpa = random_qkv(kernel_seq_len, layout="bhsd")
 q_flash, k_flash, v_flash = (t.transpose(1, 2).contiguous() for t in (q_sdpa, k_sdpa, v_sdpa))
 with torch.no_grad(), profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof_sdpa:
@@ -2965,58 +3080,86 @@ print(f"fusion saves {sdpa_kernels['total'] - flash_kernels['total']} launches p
 # %% [markdown]
 # #### Question 5.2 (10 points)
 #
-# Based on the measurements and the analysis above:
+# Based on the measurements and the analysis above (without a GPU, on the H100 table "SDPA (materialized) vs
+# FlashAttention" of `reports/lab1-h100.md`, which has the same columns as the sweep above, plus each side's
+# roofline prediction):
 # 1. Why is standard attention memory-bound? (3 points)
 # 2. How does FlashAttention make attention compute-bound? (4 points)
-# 3. Why does the speedup grow with the sequence length? (3 points)
+# 3. How does the speedup change with the sequence length, and why? Explain both ends of the table: the short
+#    sequences, where FlashAttention may be no faster than standard attention or even slower, and the long ones.
+#    (3 points)
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_memory_bound_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
 # **1.** Its softmax, scaling and masking are elementwise or row-wise operations on the $L \times L$ score
 # matrix: each element is read and written with only a handful of FLOPs, an arithmetic intensity of about 1
 # FLOP/byte, far below the ridge point. With `calc_attn_io`'s count, the $O(L^2)$ bytes of the score and
 # probability matrices (7 passes over them) dominate the traffic, while the two matrix products do only
-# $O(L^2 d)$ FLOPs for it: the overall intensity is a small constant ($4 L^2 d$ FLOPs over $7 \cdot 4 L^2$ bytes
-# per head, about $d/7$ FLOP/byte at fp32 for large $L$, 18 for $d = 128$; the non-matmul kernels are much
-# lower), so the time goes into moving the $L \times L$ intermediates
-# through HBM, one kernel at a time.
+# $O(L^2 d)$ FLOPs for it: the overall intensity is a small constant, $4 L^2 d$ FLOPs over $7 L^2$ elements moved
+# per head. In `float16`, as Part 5 measures on a GPU, that is $4 L^2 d / (7 \cdot 2 L^2) = 2d/7$ FLOP/byte, about
+# 37 for $d = 128$ (in `float32`, as on a CPU, $d/7 \approx 18$); the non-matmul kernels alone are much lower.
+# That is far left of the fp16 ridge (about 295 FLOP/byte on an H100, 202 on an A6000), so the time goes into
+# moving the $L \times L$ intermediates through HBM, one kernel at a time.
 # === BEGIN MARK SCHEME ===
 # 3 points: the L x L intermediates (scores, probabilities) are written to and read from HBM several times by
 # separate kernels, 2 points; the elementwise/softmax steps have very low arithmetic intensity (below the
-# ridge), so memory traffic, not FLOPs, sets the time, 1 point.
+# ridge), so memory traffic, not FLOPs, sets the time, 1 point. An overall intensity is not required; if given
+# it is 2d/7 (about 37 FLOP/byte) in fp16 or d/7 (about 18) in fp32, both far below the ridge: either is right
+# when the dtype is stated.
 # === END MARK SCHEME ===
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_compute_bound_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
 # **2.** It fuses the whole computation (both matrix products, scaling, masking and softmax) into one kernel
 # and tiles it: blocks of $Q$, $K$ and $V$ are loaded into SRAM, the block $S_{ij}$ and its probabilities are
 # computed and consumed on chip, and the online softmax (running max and sum, with rescaling) makes it
-# unnecessary to ever see a whole row. The $L \times L$ matrices never touch HBM: the traffic drops to reading
-# $Q, K, V$ (re-reading $K, V$ once per query block) and writing $O$, while the FLOPs are unchanged. With the
-# same FLOPs and far fewer bytes, the arithmetic intensity grows with the block size (about $B_r$ FLOP/byte),
-# well past the ridge, so the kernel is limited by tensor-core throughput. It also launches one kernel instead
-# of several, and in the backward pass recomputes $S$ and $P$ from $Q, K$ and the saved statistics rather than
-# storing them: trading cheap FLOPs for expensive bytes.
+# unnecessary to ever see a whole row. The $L \times L$ matrices never touch HBM, while the FLOPs are unchanged.
+# Each row block still reads all of $K$ and $V$: against those reads alone the intensity is $B_r$ FLOP/byte in
+# fp16 (128 for $B_r = 128$), which is below the ridge of an H100 (295) or an A6000 (202). What makes it
+# compute-bound is that the row blocks of a head run concurrently and read the same $K_j, V_j$ tiles at about the
+# same time, so after the first read they come from the L2 cache, not HBM: HBM traffic is close to one read of
+# $Q, K, V$ and one write of $O$, an intensity of about $L/2$ FLOP/byte (2048 at $L = 4096$), far right of the
+# ridge, and the kernel is limited by its arithmetic (the matrix products on the tensor cores and the softmax's
+# exponentials), not by HBM. (The H100 report shows its time growing 4x per doubling of $L$ from 4096 tokens on,
+# with its FLOPs, at about twice its compute-bound prediction: PyTorch's FlashAttention-2 kernel reaches about
+# half the measured fp16 matmul rate.) It also launches one kernel instead of several, and in the
+# backward pass recomputes $S$ and $P$ from $Q, K$ and the saved statistics rather than storing them: trading
+# cheap FLOPs for expensive bytes.
 # === BEGIN MARK SCHEME ===
 # 4 points in total:
 # - 1 point: tiling Q, K, V into blocks that fit in SRAM.
 # - 1 point: kernel fusion: S and P are computed and used on chip, never written to HBM (one kernel).
 # - 1 point: online softmax (running max/sum with rescaling) makes the tiling exact.
 # - 1 point: same FLOPs, far fewer HBM bytes -> higher arithmetic intensity -> compute-bound (optionally:
-#   recomputation in the backward pass).
+#   recomputation in the backward pass). The HBM bytes must be about one read of Q, K, V and one write of O
+#   (intensity growing with L), or the K/V re-reads served by the L2 cache / on chip. "Intensity about B_r,
+#   hence past the ridge" alone does not earn this point: in fp16 with B_r = 128 that is below the ridge of the
+#   H100 (295) and the A6000 (202).
 # === END MARK SCHEME ===
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_speedup_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
-# **3.** Standard attention's extra cost is the $O(L^2)$ traffic of the score and probability matrices, and its
-# share of the total grows with $L$: the $O(L d)$ traffic of $Q, K, V, O$ and the fixed launch overheads stop
-# mattering, and the quadratic, memory-bound passes take over. FlashAttention's time grows with the FLOPs only
-# ($O(L^2 d)$, at high utilisation), and at short lengths both are dominated by fixed costs (launches, too
-# little work to fill the GPU), so they are close. The longer the sequence, the larger the fraction of
-# standard attention's time that FlashAttention removes, hence the growing speedup (until both are limited by
-# the same compute and the ratio levels off). Its memory advantage grows the same way: $O(L)$ against
+# **3.** At short sequences (256 to about 1024 tokens on the course's H100) FlashAttention is not reliably
+# faster, and can be slower: both versions take about 0.1 to 0.4 ms, far above their roofline predictions of one
+# to tens of microseconds (reports/lab1-h100.md, the "SDPA predicted" and "Flash predicted" columns). Neither is
+# bound by compute or memory there: the time is fixed per-call work, Python and PyTorch's dispatch, the
+# `flash_attn_func` wrapper (checks, layout, choosing a backend), kernel launches (5 against 1), and too little work
+# to fill the GPU (at 256 tokens, 16 heads make only 32 row blocks of 128 queries for 132 SMs). Which side wins
+# by a little is noise from run to run. As $L$ grows, standard attention's $O(L^2)$ memory-bound traffic takes
+# over and the gap opens: about 4x to 5x at 4096 and 8192 tokens in the report. For long sequences it levels off
+# (about 3x at 16384 and 32768 in the report), because both times now grow as $L^2$: standard attention's with
+# the bytes of the $L \times L$ matrices, FlashAttention's with its $4 L^2 d$ FLOPs. The ratio tends to a
+# constant, (bytes per score element / bandwidth) / (FLOPs per score element / matmul rate): with
+# `calc_attn_io`'s 7 passes in fp16, $(14 / 3.35) / (4 \cdot 128 / 989)$, about 8 at the H100's datasheet rates;
+# measured lower, because neither kernel reaches its roof. Its memory advantage keeps growing: $O(L)$ against
 # $O(L^2)$.
 # === BEGIN MARK SCHEME ===
-# 3 points: the quadratic HBM traffic (and memory) of standard attention grows faster than the parts both
-# share / than fixed overheads, 2 points; at small L both are dominated by launch/fixed costs or low
-# occupancy, so the gap opens with L (and may saturate), 1 point.
+# 3 points in total:
+# - 1 point: short sequences: both are dominated by fixed per-call costs (Python, dispatch, the wrapper, kernel
+#   launches) or low occupancy, not by compute or memory, so FlashAttention need not be faster there (their own
+#   table, or the H100 report's, may show it slower).
+# - 1 point: the gap opens with L because standard attention's quadratic, memory-bound traffic takes over.
+# - 1 point: for long sequences the speedup levels off (both times grow as L^2, one with bytes, the other with
+#   FLOPs, so the ratio tends to a constant); a plain "the speedup keeps growing with L" earns this point only if
+#   their own table shows it and the answer says why.
+# A CPU-only student answers from the H100 table of reports/lab1-h100.md: the same three points.
 # === END MARK SCHEME ===
 
 # %% [markdown]
