@@ -153,7 +153,7 @@ def test_kernel_side_runs_in_the_kernel_and_refuses_closures():
         "    closure_error = str(exc)\n"
         "print(result, closure_error)\n"
     )
-    printed, error = grader.run_test_cell(source, "t")
+    printed, error, _ = grader.run_test_cell(source, "t")
     assert error is None, error
     assert printed.startswith("42 kernel_side function inner uses variables of the function around it (y)")
 
@@ -166,10 +166,10 @@ def test_test_cells_use_the_graders_helpers_and_the_students_answers():
     grader.run_locked_cell("def check(value, expected):\n    assert value == expected, f'{value} != {expected}'\n",
                            [boundary.HELPERS_TAG])
     grader.run_locked_cell("import math\nMAGIC = 3\n", [])  # a plain locked cell: only its imports reach the grader
-    printed, error = grader.run_test_cell("check(add(2, 2), 4)\n", "t")
+    printed, error, _ = grader.run_test_cell("check(add(2, 2), 4)\n", "t")
     assert error == ("AssertionError", "0 != 4"), f"the grader's check must judge the student's add: {error}"
     assert "math" in grader.base and "MAGIC" not in grader.base
-    printed, error = grader.run_test_cell("print('ok')\n", "t")
+    printed, error, _ = grader.run_test_cell("print('ok')\n", "t")
     assert (printed, error) == ("ok\n", None)
 
 
@@ -182,7 +182,7 @@ def test_a_star_import_binds_only_the_names_tests_read(tmp_path, monkeypatch):
     grader = boundary.GraderSide(tmp_path, link_to({}), needed={"used", "check"})
     grader.run_locked_cell("from utils import *\n", [])
     grader.run_locked_cell("def check(value):\n    assert value == used\n", [boundary.HELPERS_TAG])
-    printed, error = grader.run_test_cell("check(used)\n", "t")
+    printed, error, _ = grader.run_test_cell("check(used)\n", "t")
     assert error is None, error
     assert "unused" not in grader.base and "LAZY" not in grader.base, "names no test reads must not be bound"
     assert __import__("sys").modules["utils"].BUILT == [], "a lazy attribute no test reads must not be built"
