@@ -2020,11 +2020,22 @@ def _q4_1_2_hidden_tests():
         assert_tensor_close_or_carried(got.cpu().double() / scale, want / scale, None if other is None else other / scale,
                                        where, carried_from="online_softmax_update (Question 4.1.1)", rtol=0, atol=tol)
 
-    def grade_probe(x, block, rule):
+    def run_probe(x, block):
         rows = x[..., 0].numel()
         limit = 2 * rows * min(block, x.shape[-1])
         where = f"blockwise_logsumexp(x {tuple(x.shape)} {x.dtype}, block_size={block})"
         _, seen = probed(blockwise_logsumexp, x.to(DEVICE), block)
+        blocks = -(-x.shape[-1] // block)
+        # Honest code either runs an operation per block or reads or creates a tensor over the limit (then the checks
+        # below fail on their own); neither means the probe was bypassed: that costs the whole question.
+        assert seen["num_ops"] >= blocks or max(seen["largest_numel"], seen["largest_input_numel"]) > limit, (
+            f"{where}: the probe saw {seen['num_ops']} PyTorch operations for {blocks} blocks and no tensor over the "
+            f"limit: the work ran where the probe cannot see it (its dispatch mode switched off, or outside PyTorch), "
+            f"so how it was computed cannot be checked and this question cannot be graded")
+        return x, block, rows, limit, where, seen
+
+    def grade_probe(probe_run, rule):
+        x, block, rows, limit, where, seen = probe_run
         if rule == "memory":
             blocks = -(-x.shape[-1] // block)
             assert seen["num_ops"] >= blocks, (
@@ -2062,14 +2073,13 @@ def _q4_1_2_hidden_tests():
         masked[1, 0, :9] = float("-inf")  # the first blocks of this row are fully masked
         for block in (4, 8):
             grade_value(masked, block, 1e-9)
+    probe_runs = [run_probe(x, 3), run_probe(x, 8), run_probe(torch.randn(4, 10, generator=gen) * 60, 4)]
     with check("block by block: no operation reads or creates more than two blocks' worth of every row", weight=1):
-        for block in (3, 8):
-            grade_probe(x, block, "memory")
-        grade_probe(torch.randn(4, 10, generator=gen) * 60, 4, "memory")
+        for probe_run in probe_runs:
+            grade_probe(probe_run, "memory")
     with check("one pass: each block is read once and not again after the next one (online, not two passes)", weight=1):
-        for block in (3, 8):
-            grade_probe(x, block, "one pass")
-        grade_probe(torch.randn(4, 10, generator=gen) * 60, 4, "one pass")
+        for probe_run in probe_runs:
+            grade_probe(probe_run, "one pass")
 
 
 _q4_1_2_hidden_tests()
@@ -2264,6 +2274,14 @@ def _q4_2_hidden_tests():
         q = torch.randn(1, 128, 2, 4, generator=gen).to(DEVICE)
         _, probe = _run_with_probe(tiled_attention_forward, q, q, q, causal=causal, block_q=block_q, block_k=block_k)
         probes.append((causal, block_q, block_k, probe))
+        pairs = sum(1 for i in range(0, 128, block_q) for j in range(0, 128, block_k) if not causal or j < i + block_q)
+        # Honest code either runs an operation per tile pair or creates a tensor over the limit (then the checks below
+        # fail on their own); neither means the probe was bypassed: that costs the whole question.
+        assert probe["num_ops"] >= pairs or probe["largest_numel"] > 2 * max(128 * 2 * 4, 2 * block_q * block_k), (
+            f"tiled_attention_forward(causal={causal}, block_q={block_q}, block_k={block_k}) on q (1, 128, 2, 4): "
+            f"the probe saw {probe['num_ops']} PyTorch operations for {pairs} (query tile, key tile) pairs and no tensor "
+            f"over the limit: the work ran where the probe cannot see it (its dispatch mode switched off, or outside "
+            f"PyTorch), so how it was computed cannot be checked and this question cannot be graded")
     with check("memory: at most one tile of scores per (batch, head) at a time (no S x S matrix, row or mask)", weight=1):
         for causal, block_q, block_k, probe in probes:
             limit = 2 * max(128 * 2 * 4, 2 * block_q * block_k)
@@ -2726,17 +2744,24 @@ def _b4_4_hidden_tests():
         grade_case(1, 50, 50, 1, 16, True, 64, 64, torch.float64)
     with check("float32 inputs: gradients in float32 to 1e-3", weight=1):
         grade_case(2, 24, 24, 2, 16, False, 8, 16, torch.float32)
+    q = torch.randn(1, 128, 2, 4, generator=gen).to(DEVICE)
+    with torch.no_grad():
+        scores = torch.einsum("bshd,bthd->bhst", q, q) / math.sqrt(4)
+        lse = torch.logsumexp(scores, dim=-1)
+        out = torch.einsum("bhst,bthd->bshd", torch.softmax(scores, dim=-1), q)
+        del scores
+    _, probe = probed(flash_attention_backward, q, q, q, out, lse, torch.ones_like(q), causal=True,
+                      block_q=32, block_k=32)
+    limit = 2 * max(q.numel(), 2 * 32 * 32)
+    pairs = 4 * 5 // 2  # causal 128 x 128 in 32 x 32 tiles: the tiles on and below the diagonal
+    # Honest code either runs an operation per tile pair or creates a tensor over the limit (then the check below fails
+    # on its own); neither means the probe was bypassed: that costs the whole question.
+    assert probe["num_ops"] >= pairs or probe["largest_numel"] > limit, (
+        f"flash_attention_backward(causal=True) on q (1, 128, 2, 4) with 32 x 32 tiles: the probe saw "
+        f"{probe['num_ops']} PyTorch operations for {pairs} tile pairs and no tensor over the limit: the work ran where "
+        f"the probe cannot see it (its dispatch mode switched off, or outside PyTorch), so how it was computed cannot "
+        f"be checked and this question cannot be graded")
     with check("tile by tile: one tile of P at a time, every tile computed with PyTorch operations", weight=1):
-        q = torch.randn(1, 128, 2, 4, generator=gen).to(DEVICE)
-        with torch.no_grad():
-            scores = torch.einsum("bshd,bthd->bhst", q, q) / math.sqrt(4)
-            lse = torch.logsumexp(scores, dim=-1)
-            out = torch.einsum("bhst,bthd->bshd", torch.softmax(scores, dim=-1), q)
-            del scores
-        _, probe = probed(flash_attention_backward, q, q, q, out, lse, torch.ones_like(q), causal=True,
-                          block_q=32, block_k=32)
-        limit = 2 * max(q.numel(), 2 * 32 * 32)
-        pairs = 4 * 5 // 2  # causal 128 x 128 in 32 x 32 tiles: the tiles on and below the diagonal
         assert probe["num_ops"] >= pairs, (
             f"flash_attention_backward(causal=True) on q (1, 128, 2, 4) with 32 x 32 tiles: the probe saw "
             f"{probe['num_ops']} PyTorch operations for {pairs} tile pairs; compute every tile with PyTorch operations")

@@ -1090,3 +1090,13 @@ WRONG["q4_1_1_online_update"].append(
     ("running sum not rescaled; blockwise_logsumexp (Question 4.1.2) calling it must not lose points",
      _mutate("q4_1_1_online_update", ("new_sum = running_sum * torch.exp(running_max - shift) + ", "new_sum = running_sum + "))
      + "\n\n" + HINTS["q4_1_2_blockwise_lse"][0][1]))
+# Point 4 and 9: a bypass of the probe (its dispatch mode switched off) is not partial credit: it costs the question.
+WRONG["q4_1_2_blockwise_lse"].append(
+    ("tampering: two passes, with the dispatch modes (the probe) switched off", '''
+from torch.utils._python_dispatch import _disable_current_modes
+
+
+def blockwise_logsumexp(x, block_size):
+    with _disable_current_modes():
+        return torch.logsumexp(x, dim=-1)
+'''))
