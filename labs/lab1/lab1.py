@@ -75,8 +75,9 @@
 #
 # Time per part: *your time* is our estimate for a student working through the part (reading, code, written
 # answers); *run time* is how long the reference notebook's cells took at cpu scale on a busy 2-core machine
-# (a laptop is usually faster; set-up adds 7 to 13 s, the whole run about 2.5 minutes; two of Part 4's cells compile, and announce it). On the
-# course's H100 at teaching scale the whole notebook ran in 80 s (reports/lab1-h100.md).
+# (a laptop is usually faster; set-up adds 7 to 13 s, the whole run about 2.5 minutes; two of Part 4's cells
+# compile, and announce it). On the course's H100 at teaching scale the whole notebook ran in 80 s
+# (reports/lab1-h100.md).
 #
 # | Part | your time (estimate) | run time at cpu scale |
 # | --- | --- | --- |
