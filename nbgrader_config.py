@@ -1,9 +1,9 @@
 """nbgrader settings for Efficient AI Labs (read by every nbgrader command run from this folder).
 
-The gradebook is SQLite in this folder by default; set NBGRADER_DB_URL (e.g. postgresql://...) to use a
-shared database instead. The time limit of one cell is EFFICIENT_AI_CELL_TIMEOUT_S (default 120 s), that of a
-whole notebook EFFICIENT_AI_NOTEBOOK_TIMEOUT_S (default 600 s), the wait for a cell's output after
-its reply EFFICIENT_AI_OUTPUT_WAIT_S (default 20 s).
+Every setting a TA may change is an option below, with its default; docs/SETTINGS.md lists them in one table. The
+gradebook is SQLite in this folder by default; set NBGRADER_DB_URL (e.g. postgresql://...) to use a shared database
+instead. A few options can be overridden for one run by an environment variable (a cluster job, CI: EFFICIENT_AI_*,
+read by course.settings.apply_environment at the end of this file; docs/SETTINGS.md names them).
 
 This file needs the course tooling (the `course` package: `pip install -e REPO`, which scripts/install.sh runs).
 When it cannot be loaded, every nbgrader command stops with an error instead of going on with nbgrader's stock
@@ -39,22 +39,22 @@ try:
 
     import nbgrader
 
-    from course.fast_start import check_metadata_schema_once
     from course.late import LatePenalty
     from course.lms import ZIP_COLLECT_PATTERNS
     from course.feedback import TEMPLATES_DIR, question_rows
     from course.paths import COURSE_ID
+    from course.guarded_execute import GuardedExecute
     from course.nbgrader_ext import (
-        AwardBonusPoints, DropTestResults, GuardedExecute, NeutraliseCellMetadata, QuietOverwriteCells,
-        RecoverCellMetadata, ShowBonusPoints, StripHiddenTests,
+        AwardBonusPoints, DropTestResults, NeutraliseCellMetadata, QuietOverwriteCells, RecoverCellMetadata,
+        ShowBonusPoints, StripHiddenTests,
     )
     from course.sanitize import SanitizeNotebook, clean_html, markdown2html
     from course.sandbox import configure_sandbox
+    from course.settings import apply_environment
 except Exception as exc:  # noqa: BLE001  (any failure to load the course's extensions stops nbgrader)
     _refuse(exc)
 
 c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this file)
-check_metadata_schema_once()  # plain nbgrader commands too (course/fast_start.py: same results, less CPU)
 
 c.CourseDirectory.course_id = COURSE_ID
 c.CourseDirectory.root = _HERE
@@ -62,15 +62,25 @@ c.CourseDirectory.db_url = os.environ.get("NBGRADER_DB_URL", "sqlite:///" + os.p
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "trace*.json"]
 
 # Time limit of one cell while autograding (seconds). Grading runs at quick scale (EFFICIENT_AI_SCALE=quick).
-c.Execute.timeout = int(os.environ.get("EFFICIENT_AI_CELL_TIMEOUT_S", "120"))
+c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
 # How long nbclient waits for a cell's output to finish arriving after the kernel's reply (seconds; nbclient's default
 # is 4). A cell whose output has not arrived by then counts as failed and the submission is partial: on a busy
 # machine 4 s is too short for an honest kernel.
-c.Execute.iopub_timeout = int(os.environ.get("EFFICIENT_AI_OUTPUT_WAIT_S", "20"))
-# The whole notebook's time limit (seconds) and the grading guard (course/nbgrader_ext.py, docs/SECURITY.md).
-c.GuardedExecute.notebook_timeout_s = float(os.environ.get("EFFICIENT_AI_NOTEBOOK_TIMEOUT_S", "600"))
-c.GuardedExecute.guard = os.environ.get("EFFICIENT_AI_GUARD", "on") != "off"
+c.Execute.iopub_timeout = 20
+# The whole notebook's time limit (seconds), the grading guard (course/guarded_execute.py, docs/SECURITY.md; off only
+# to rule it out when a reference solution loses points) and the output each cell and the notebook keep (bytes).
+c.GuardedExecute.notebook_timeout_s = 600.0
+c.GuardedExecute.guard = True
+c.GuardedExecute.max_cell_output_bytes = 1 << 20
+c.GuardedExecute.max_notebook_output_bytes = 16 << 20
+
+# The sandbox of grading kernels (course/sandbox.py, docs/SECURITY.md): "auto" (bubblewrap where it works, else a
+# warning), "on" (refuse to grade without it) or "off"; and one kernel's limits.
+c.Sandbox.mode = "auto"
+c.Sandbox.memory_gb = 8.0
+c.Sandbox.scratch_mb = 1024
+c.Sandbox.max_processes = 1024
 
 # nbconvert validates the whole notebook after each of the pipeline's preprocessors (about 10 ms each on Lab 1, twice
 # for every submission a worker records in a SQLite gradebook); validating once, after the last, rejects the same
@@ -92,7 +102,7 @@ c.Autograde.sanitize_preprocessors = [
 ]
 
 # nbgrader's autograde pipeline with three changes. GuardedExecute runs the notebook with the grading guard, keeps
-# the points earned before a dead kernel or the notebook time limit (EFFICIENT_AI_NOTEBOOK_TIMEOUT_S), keeps
+# the points earned before a dead kernel or the notebook time limit (GuardedExecute.notebook_timeout_s), keeps
 # hidden tests out of the kernel's history, and caps the output it keeps (docs/SECURITY.md). DropTestResults runs before scoring: a number that
 # student code shows as a test cell's result must not be read as partial credit. AwardBonusPoints, after
 # SaveAutoGrades, records a passed bonus test's points as extra credit (bonus cells have nbgrader points 0, so a lab's
@@ -114,7 +124,10 @@ c.LatePenalty.percent_per_day = 10.0
 # names; swap in ZIP_COLLECT_PATTERNS["moodle"] or ["blackboard"] for those LMSs.
 c.FileNameCollectorPlugin.named_regexp = ZIP_COLLECT_PATTERNS["canvas"]
 
-# Feedback never shows hidden test source, nor what test cells printed.
+# Feedback never shows hidden test source, nor what test cells printed (True; False shows hidden tests), and shortens
+# a hidden test's error message to this many characters.
+c.StripHiddenTests.enabled = True
+c.StripHiddenTests.max_message_chars = 500
 c.GenerateFeedback.preprocessors = [GetGrades, ShowBonusPoints, CSSHTMLHeaderPreprocessor, StripHiddenTests, SanitizeNotebook]
 
 # Nothing a student writes runs script in a browser (course/sanitize.py): SanitizeNotebook, last in autograde,
@@ -134,5 +147,8 @@ c.GenerateFeedback.HTMLExporter.extra_template_paths = [
     os.path.join(_FORMGRADER, "static", "node_modules", "bootstrap", "dist", "css"), os.path.join(_FORMGRADER, "templates"),
 ]
 
-# Every kernel nbgrader starts runs in a bubblewrap sandbox (EFFICIENT_AI_SANDBOX; docs/SECURITY.md).
+# One-run overrides from the environment (EFFICIENT_AI_SANDBOX=on in the cluster recipes, say; docs/SETTINGS.md).
+apply_environment(c)
+
+# Every kernel nbgrader starts runs in a bubblewrap sandbox (c.Sandbox; docs/SECURITY.md).
 configure_sandbox(c)

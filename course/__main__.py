@@ -5,10 +5,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from .fast_start import skip_slow_optional_imports
+from .nbgrader_child import skip_slow_optional_imports
 from .paths import REPO_ROOT, resolve_labs
 
-skip_slow_optional_imports()  # before anything imports nbformat (course.fast_start says why)
+skip_slow_optional_imports()  # before anything imports nbformat (course.nbgrader_child says why)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -545,22 +545,11 @@ def warm_imports(needed: set[str], folder: Path | None, modules: list[str] = ())
                 importlib.import_module(name)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
-        torch.backends.cuda.enable_cudnn_sdp(False)  # as in the grading kernels (nbgrader_ext.GRADING_KERNEL_SETTINGS)
+        torch.backends.cuda.enable_cudnn_sdp(False)  # as in the grading kernels (kernel_channel.GRADING_KERNEL_SETTINGS)
     if torch is not None and "DEVICE" in needed:
         with contextlib.suppress(Exception):
             if torch.cuda.is_available():
                 torch.empty(1, device="cuda")  # the CUDA context: about a second, paid here rather than in a test
-
-
-def warm_cuda_libraries(torch) -> None:
-    """Make the first GPU calls that test cells make (a matrix product, attention, ``assert_close``): a fresh process
-    loads cuBLAS and each kernel on first use. ``course.fork_server``'s spares call it before their job comes.
-    Values, random states and settings are left as they were; the blocks it used stay in torch's allocator cache."""
-    a = torch.ones(4, 4, device="cuda")
-    q = torch.ones(1, 1, 4, 4, device="cuda")
-    torch.testing.assert_close(a @ a, a @ a)
-    torch.nn.functional.scaled_dot_product_attention(q, q, q)
-    torch.cuda.synchronize()
 
 
 def _installed_elsewhere(top: str, folder: Path | None) -> bool:

@@ -10,30 +10,22 @@ submission only; its status and reason are recorded beside whatever points the g
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Callable
 
-from .kernel_pool import KernelPool, pool_enabled
-from .nbgrader_ext import GRADING_REPORT
+from .grading_record import GRADING_REPORT
 from .nbgrader_run import (
     SubmissionScores,
     available_cpus,
-    db_url_for,
-    make_course_dir,
-    pin_cpus,
     read_scores,
     run_nbgrader,
-    start_fork_server,
     worker_envs,
 )
 from .outcome import NEEDS_TA, Outcome
@@ -44,13 +36,13 @@ from .report import (
     TABLE_LEGEND,
     flagged_for_review,
     format_table,
-    prepare_plotting,
     previous_outcomes,
     score_table,
     write_canvas_export,
     write_reports,
 )
-from .sandbox import sandbox_mode, unavailable_reason
+from .sandbox import unavailable_reason
+from .settings import sandbox_mode
 from .submission import ClassStaging, clear_autograded_scores, record_zero
 
 DEFAULT_SUBMISSION_TIMEOUT_S = 900.0
@@ -92,8 +84,10 @@ FAILURE_REASONS = (
     ("NotJSONError", "the notebook is not valid JSON"),
     ("not valid JSON", "the notebook is not valid JSON"),
 )
-# Failures a busy machine can cause: the submission is graded once more before the failure is recorded.
-BUSY_MACHINE_NEEDLES = ("Kernel didn't respond", "Timeout waiting for IOPub output", "Timeout waiting for kernel_info")
+# Failures a busy machine can cause (a SQLite gradebook that other workers kept locked past its wait included): the
+# submission is graded once more before the failure is recorded.
+BUSY_MACHINE_NEEDLES = ("Kernel didn't respond", "Timeout waiting for IOPub output", "Timeout waiting for kernel_info",
+                        "database is locked")
 # An exception line of a Python traceback: ``ValueError: ...``, ``nbclient.exceptions.CellTimeoutError: ...``.
 EXCEPTION_LINE_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b(?::.*)?$")
 MAX_REASON_CHARS = 500
@@ -128,12 +122,10 @@ def autograde_one(
     env: dict[str, str] | None = None,
     extra_args: list[str] | None = None,
     submitted: Path | None = None,
-    pool: KernelPool | None = None,
 ) -> Outcome:
     """Autograde one submission in its own nbgrader process. Never raises for a bad submission.
 
     ``submitted``: the folder holding ``<student>/<lab>/`` (a staging folder); default ``submitted/``.
-    ``pool``: kernels started ahead with ``env`` (``course.kernel_pool``); nbgrader adopts one where it can.
 
     A submission whose run hit a sticky CUDA error (a device-side assert: every later CUDA call in that kernel
     fails) is graded once more with the GPU hidden, so it earns what it would on a CPU grader; a note says so.
@@ -141,10 +133,10 @@ def autograde_one(
     or did not start, output that did not arrive in time) is graded once more; the second run's grade is kept,
     and a note says what the first run saw.
     """
-    outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted, pool)
+    outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted)
     if outcome.retry:
         first = outcome
-        outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted, pool)
+        outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted)
         outcome.seconds += first.seconds
         if outcome.retry:
             outcome.reason = f"{outcome.reason} (the same in two runs: {first.retry})"
@@ -167,22 +159,16 @@ def _autograde_once(
     env: dict[str, str] | None,
     extra_args: list[str] | None,
     submitted: Path | None,
-    pool: KernelPool | None = None,
 ) -> Outcome:
     start = time.perf_counter()
     if submitted is not None:
         extra_args = [*(extra_args or []), f"--CourseDirectory.submitted_directory={submitted}"]
-    try:
-        result = run_nbgrader(
-            course_root,
-            ["autograde", lab, "--student", student, "--create", "--force", *(extra_args or [])],
-            timeout_s=timeout_s,
-            env={**(env or {}), **(pool.env if pool is not None else {})},
-            fork=True,
-        )
-    finally:
-        if pool is not None:
-            pool.release()  # the kernel this process adopted, had it outlived it (a time limit)
+    result = run_nbgrader(
+        course_root,
+        ["autograde", lab, "--student", student, "--create", "--force", *(extra_args or [])],
+        timeout_s=timeout_s,
+        env=env,
+    )
     seconds = time.perf_counter() - start
     graded_nb = course_root / "autograded" / student / lab / f"{lab}.ipynb"
     if result.timed_out:
@@ -236,10 +222,6 @@ def with_grading_report(outcome: Outcome, report_path: Path) -> Outcome:
     return outcome
 
 
-def uses_sqlite(course_root: Path) -> bool:
-    return db_url_for(course_root).startswith("sqlite")
-
-
 def visible_gpus() -> list[str]:
     """CUDA device ids a worker may be pinned to (CUDA_VISIBLE_DEVICES, else what nvidia-smi lists)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -254,158 +236,10 @@ def visible_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
 
 
-def _private_template(course_root: Path, lab: str, scratch: Path) -> Path:
-    """A private course with the lab already in its own SQLite gradebook, copied for each submission."""
-    template = make_course_dir(scratch / "_template", [lab], course_root)
-    prepare_gradebook(template, lab, env={"NBGRADER_DB_URL": f"sqlite:///{template / 'gradebook.db'}"})
-    return template
-
-
-def _execute_isolated(lab: str, student: str, submitted: Path, template: Path, scratch: Path, timeout_s: float, env: dict,
-                      pool: KernelPool | None = None) -> tuple[Outcome, Path | None]:
-    """Autograde one submission in a private copy of the course with a private SQLite gradebook.
-
-    Returns the outcome and the executed notebook (None when execution failed). Nothing touches the
-    shared gradebook: that is written by ``_import_executed`` (``GradebookRecorder``).
-    """
-    private = scratch / student
-    shutil.copytree(template, private)
-    shutil.copytree(submitted / student / lab, private / "submitted" / student / lab)
-    private_env = {**env, "NBGRADER_DB_URL": f"sqlite:///{private / 'gradebook.db'}"}
-    outcome = autograde_one(private, lab, student, timeout_s, env=private_env, pool=pool)
-    executed = private / "autograded" / student / lab
-    return outcome, executed if outcome.status in ("ok", "partial") else None
-
-
-def _import_executed(course_root: Path, lab: str, executed: dict[str, Path], submitted: Path) -> dict[str, str]:
-    """Record already-executed submissions in the shared gradebook with one serial nbgrader process.
-
-    ``nbgrader autograde --no-execute`` keeps the outputs of the worker's run, restores the instructor's test
-    cells and scores the outputs: one writer, so SQLite is never written concurrently. The timestamps come from
-    ``submitted/<student>/<lab>/timestamp.txt``. Each submission recorded is marked as finished
-    (``course.recorded``). Where the process fails, each submission is recorded alone, so that one bad
-    submission fails only itself. Returns the students whose import failed, with the reason.
-    """
-    if not executed:
-        return {}
-    with tempfile.TemporaryDirectory(prefix="efficient-ai-import-") as staging:
-        for student, folder in executed.items():
-            shutil.copytree(folder, Path(staging) / student / lab)
-            stamp = submitted / student / lab / "timestamp.txt"
-            if stamp.exists():
-                shutil.copy2(stamp, Path(staging) / student / lab / "timestamp.txt")
-        result = run_nbgrader(
-            course_root,
-            ["autograde", lab, "--no-execute", "--create", "--force", f"--CourseDirectory.submitted_directory={staging}"],
-            fork=True,
-        )
-    if not result.ok and len(executed) > 1:
-        failed: dict[str, str] = {}
-        for student, folder in executed.items():
-            failed.update(_import_executed(course_root, lab, {student: folder}, submitted))
-        return failed
-    failed = {}
-    for student in executed:
-        graded = course_root / "autograded" / student / lab
-        if not result.ok or not (graded / f"{lab}.ipynb").exists():
-            failed[student] = "recording the executed notebook in the gradebook failed: " + _failure_reason(result.output)
-            continue
-        try:
-            mark_recorded(graded, f"{lab}.ipynb")
-        except OSError:
-            pass  # recorded all the same; only --resume grades it again
-    return failed
-
-
-class GradebookRecorder:
-    """Records executed submissions in the shared SQLite gradebook while the workers go on executing others.
-
-    One thread runs ``_import_executed`` (one nbgrader process, the gradebook's only writer) on every submission that
-    finished since its last run, so in a large class the serial step overlaps with execution instead of following
-    it; ``finish`` records the rest and returns the students whose recording failed, with the reason."""
-
-    def __init__(self, course_root: Path, lab: str, submitted: Path):
-        self._course_root, self._lab, self._submitted = course_root, lab, submitted
-        self._pending: dict[str, Path] = {}
-        self._failed: dict[str, str] = {}
-        self._closed = False
-        self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="gradebook-recorder", daemon=True)
-        self._thread.start()
-
-    def add(self, student: str, executed: Path) -> None:
-        """Record ``executed`` (the worker's ``autograded/<student>/<lab>`` folder; kept until ``finish``)."""
-        with self._changed:
-            self._pending[student] = executed
-            self._changed.notify()
-
-    def finish(self) -> dict[str, str]:
-        with self._changed:
-            self._closed = True
-            self._changed.notify()
-        self._thread.join()
-        return self._failed
-
-    def _run(self) -> None:
-        while True:
-            with self._changed:
-                while not self._pending and not self._closed:
-                    self._changed.wait()
-                batch, self._pending = self._pending, {}
-            if not batch:
-                return
-            try:
-                self._failed.update(_import_executed(self._course_root, self._lab, batch, self._submitted))
-            except Exception as exc:  # noqa: BLE001 - a failed recording is those submissions' failure, not the run's
-                self._failed.update({student: f"recording the executed notebook in the gradebook failed: {exc}"
-                                     for student in batch})
-
-
-class Workers:
-    """The places where ``course grade`` autogrades: each worker's environment (``worker_envs``: its GPU, CPUs and
-    thread counts; one worker keeps the defaults) and its ``KernelPool``, with the count the pools start kernels
-    ahead by. Made by ``start_workers`` before the class is staged, so that the fork server's imports and the first
-    kernels' start overlap with preparing the gradebook."""
-
-    def __init__(self):
-        self.slots: list[tuple[dict[str, str], KernelPool | None]] = []
-        self.total: int | None = None  # submissions to autograde; None until the class is staged
-        self.started = 0  # submissions handed to a worker so far
-        self.lock = threading.Lock()
-        self.template = None  # a Future of the workers' private course template (SQLite), made while staging
-
-    def more_to_grade(self) -> bool:
-        """Whether a submission not yet handed to a worker may still need a kernel."""
-        return self.total is None or self.started < self.total
-
-    def begin(self, total: int) -> None:
-        """``total`` submissions are about to be autograded."""
-        with self.lock:
-            self.total, self.started = total, 0
-
-    def take_one(self) -> None:
-        with self.lock:
-            self.started += 1
-
-
-@contextlib.contextmanager
-def start_workers(course_root: Path, lab: str, workers: int = 1):
-    """Start the fork server and one kernel pool per worker (``Workers``); the pools are closed on exit. With more
-    than one worker and a SQLite gradebook, the workers' private course template is made meanwhile, beside the
-    shared gradebook's own preparation (each is one ``nbgrader generate_assignment``)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    start_fork_server()  # its imports overlap with what runs before the first submission
-    crew = Workers()
-    envs = [{}] if workers <= 1 else worker_envs(workers, visible_gpus(), available_cpus(), pin_cpus())
-    with contextlib.ExitStack() as pools:
-        for env in envs:
-            crew.slots.append((env, pools.enter_context(_kernel_pool(course_root, lab, env, crew.more_to_grade))))
-        if len(envs) > 1 and uses_sqlite(course_root):
-            scratch = Path(pools.enter_context(tempfile.TemporaryDirectory(prefix="efficient-ai-template-")))
-            maker = pools.enter_context(ThreadPoolExecutor(1, thread_name_prefix="course-template"))
-            crew.template = maker.submit(_private_template, course_root, lab, scratch)
-        yield crew
+def worker_environments(workers: int = 1) -> list[dict[str, str]]:
+    """The environment of each worker of ``course grade`` (``worker_envs``: its GPU, CPUs and thread counts; one
+    worker keeps the defaults)."""
+    return [{}] if workers <= 1 else worker_envs(workers, visible_gpus(), available_cpus())
 
 
 def autograde_all(
@@ -416,111 +250,49 @@ def autograde_all(
     progress: bool = True,
     workers: int = 1,
     submitted: Path | None = None,
-    crew: Workers | None = None,
     gradable: Callable[[str], bool] | None = None,
 ) -> dict[str, Outcome]:
     """Autograde every student's submission with one progress bar; continue past failures.
 
-    With ``workers > 1`` submissions run concurrently, each worker pinned to one GPU when there are GPUs and to an
-    equal share of the CPUs, with thread pools sized to it (``course.nbgrader_run.worker_envs``).
-    A PostgreSQL gradebook is written by the workers directly (it takes concurrent writers). A SQLite gradebook
-    takes one writer: workers then execute in private course copies and one thread records the results while
-    they go on (``GradebookRecorder``).
-    ``submitted`` is the folder holding ``<student>/<lab>/`` (``grade_lab`` passes its staging folder); default
-    the course's ``submitted/``. ``crew``: workers started already (``start_workers`` with the same ``workers``);
-    default: started here. ``gradable``: asked before each submission is graded (it may wait for the submission's
-    staging); a submission it refuses is left out of the outcomes.
+    ``workers`` submissions run at a time, each worker pinned to one GPU when there are GPUs and to an equal share of
+    the CPUs, with thread pools sized to it (``worker_environments``). Every worker runs ``nbgrader autograde`` on
+    the course's own gradebook, SQLite or PostgreSQL alike; a SQLite gradebook that stayed locked too long is
+    graded once more, as a busy machine is (``BUSY_MACHINE_NEEDLES``). ``submitted`` is the folder holding
+    ``<student>/<lab>/`` (``grade_lab`` passes its staging folder); default the course's ``submitted/``.
+    ``gradable``: asked before each submission is graded (it may wait for the submission's staging); a submission it
+    refuses is left out of the outcomes.
     """
+    from concurrent.futures import ThreadPoolExecutor
+    from queue import Queue
+
     from tqdm import tqdm
 
     submitted = submitted or course_root / "submitted"
-    with contextlib.ExitStack() as stack:
-        crew = crew or stack.enter_context(start_workers(course_root, lab, workers))
-        crew.begin(len(students))
-        bar = stack.enter_context(tqdm(total=len(students), desc=f"autograde {lab}", unit="submission",
-                                       disable=not progress))
-        if len(crew.slots) <= 1:
-            env, pool = crew.slots[0]
-            outcomes = {}
-            for student in students:
-                bar.set_postfix_str(student)
-                crew.take_one()
-                if gradable is None or gradable(student):
-                    outcomes[student] = _record_finished(course_root, lab, autograde_one(
-                        course_root, lab, student, timeout_s, env=env, submitted=submitted, pool=pool))
-                bar.update()
-            return outcomes
-        return _autograde_concurrently(course_root, lab, students, timeout_s, crew, submitted, bar, gradable)
+    envs: Queue = Queue()
+    for env in worker_environments(workers):
+        envs.put(env)
 
-
-@contextlib.contextmanager
-def _kernel_pool(course_root: Path, lab: str, env: dict[str, str], more_to_grade):
-    """A ``KernelPool`` for one worker (closed on exit), or None where it is turned off or cannot start."""
-    pool = None
-    if pool_enabled() and (course_root / "source" / lab).is_dir():
+    def work(student: str) -> Outcome | None:
+        if gradable is not None and not gradable(student):
+            return None
+        env = envs.get()
         try:
-            pool = KernelPool(course_root, lab, env, more_to_grade)
-        except Exception as exc:  # noqa: BLE001 - nbgrader then starts every kernel itself, as it always could
-            print(f"kernel pool: not used ({exc}); each submission starts its own kernel", file=sys.stderr)
-    try:
-        yield pool
-    finally:
-        if pool is not None:
-            pool.close()
+            return _record_finished(course_root, lab, autograde_one(
+                course_root, lab, student, timeout_s, env=env, submitted=submitted))
+        except Exception as exc:  # noqa: BLE001 - a worker's own failure is one submission's failure
+            return Outcome(student, "failed", f"worker error: {exc}")
+        finally:
+            envs.put(env)
 
-
-def _autograde_concurrently(course_root: Path, lab: str, students: list[str], timeout_s: float, crew: Workers,
-                            submitted: Path, bar, gradable: Callable[[str], bool] | None = None) -> dict[str, Outcome]:
-    """``autograde_all`` with one submission per worker of ``crew`` at a time (``bar``: its progress bar)."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-    from queue import Queue
-
-    slots: Queue = Queue()
-    for slot in crew.slots:
-        slots.put(slot)
-    shared_db = not uses_sqlite(course_root)
     outcomes: dict[str, Outcome] = {}
-    with tempfile.TemporaryDirectory(prefix="efficient-ai-workers-") as scratch:
-        template = None if shared_db else (
-            crew.template.result() if crew.template is not None else _private_template(course_root, lab, Path(scratch)))
-        recorder = None if shared_db else GradebookRecorder(course_root, lab, submitted)
-
-        def work(student: str) -> tuple[Outcome | None, Path | None]:
-            if gradable is not None and not gradable(student):
-                crew.take_one()
-                return None, None
-            env, pool = slots.get()
-            crew.take_one()
-            try:
-                if shared_db:
-                    return _record_finished(course_root, lab, autograde_one(
-                        course_root, lab, student, timeout_s, env=env, submitted=submitted, pool=pool)), None
-                return _execute_isolated(lab, student, submitted, template, Path(scratch), timeout_s, env, pool)
-            finally:
-                slots.put((env, pool))
-
-        try:
-            with ThreadPoolExecutor(max_workers=len(crew.slots)) as executor:
-                futures = {executor.submit(work, student): student for student in students}
-                for future in as_completed(futures):
-                    student = futures[future]
-                    try:
-                        outcome, folder = future.result()
-                    except Exception as exc:  # noqa: BLE001 - a worker's own failure is one submission's failure
-                        outcome, folder = Outcome(student, "failed", f"worker error: {exc}"), None
-                    if outcome is None:  # not gradable
-                        bar.update()
-                        continue
-                    outcomes[student] = outcome
-                    if folder is not None:
-                        recorder.add(student, folder)
-                    bar.set_postfix_str(student)
-                    bar.update()
-        finally:  # what finished is recorded even when the run is interrupted
-            failed = recorder.finish() if recorder is not None else {}
-        for student, reason in failed.items():
-            outcomes[student] = Outcome(student, "failed", reason, outcomes[student].seconds)
-    return {student: outcomes[student] for student in students if student in outcomes}
+    with tqdm(total=len(students), desc=f"autograde {lab}", unit="submission", disable=not progress) as bar, \
+            ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="grading-worker") as executor:
+        for student, outcome in zip(students, executor.map(work, students)):
+            if outcome is not None:
+                outcomes[student] = outcome
+            bar.set_postfix_str(student)
+            bar.update()
+    return outcomes
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -596,17 +368,16 @@ def grade_staged(
     progress: bool = True,
     workers: int = 1,
     resume: bool = False,
-    crew: Workers | None = None,
 ) -> dict[str, Outcome]:
     """The outcome of every staged submission, with its notes and flags: kept from an earlier run (``resume``),
-    autograded from ``staging`` (by ``crew``, where the workers were started already) as soon as it is staged, else
-    recorded with zero points when there is nothing to grade (after the autograding: one gradebook writer)."""
+    autograded from ``staging`` as soon as it is staged, else recorded with zero points when there is nothing to
+    grade (after the autograding)."""
     students = staged.students
     done = set(already_graded(course_root, lab, students)) if resume else set()
     outcomes = {s: kept_from_earlier_run(course_root, lab, s) for s in done}
     todo = [s for s in students if s not in done]
     outcomes.update(autograde_all(course_root, lab, todo, timeout_s, progress, workers, submitted=staging,
-                                  crew=crew, gradable=lambda student: staged.get(student).gradable))
+                                  gradable=lambda student: staged.get(student).gradable))
     everything = staged.all()
     for student in todo:
         submission = everything[student]
@@ -647,29 +418,22 @@ def grade_lab(
     """
     students = students if students is not None else list_students(course_root, lab)
     out_dir = out_dir or course_root / "grading" / lab
-    # The workers first: the fork server's imports and the first kernels' start overlap with the steps below.
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(1, thread_name_prefix="grading-reports") as reporting:
-        with start_workers(course_root, lab, workers) as crew, \
-                tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging:
-            with ThreadPoolExecutor(1, thread_name_prefix="gradebook-prepare") as preparing:
-                gradebook = preparing.submit(prepare_gradebook, course_root, lab)  # an nbgrader process: no GIL taken
-                staged = ClassStaging(course_root, lab, students, Path(staging))  # meanwhile, and while grading
-                try:
-                    gradebook.result()
-                except BaseException:
-                    staged.close()
-                    raise
-            reporting.submit(prepare_plotting)  # while the grader process waits for the workers
+    with tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging:
+        with ThreadPoolExecutor(1, thread_name_prefix="gradebook-prepare") as preparing:
+            gradebook = preparing.submit(prepare_gradebook, course_root, lab)  # an nbgrader process: no GIL taken
+            staged = ClassStaging(course_root, lab, students, Path(staging))  # meanwhile, and while grading
             try:
-                outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume,
-                                        crew)
-            finally:
-                staged.close()  # before the staging folder goes
-            # Every score is in the gradebook: the reports are written while the workers, their kernels and servers end.
-            reports = reporting.submit(write_reports, course_root, lab, out_dir, outcomes)
-        scores = reports.result()
+                gradebook.result()
+            except BaseException:
+                staged.close()
+                raise
+        try:
+            outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume)
+        finally:
+            staged.close()  # before the staging folder goes
+    scores = write_reports(course_root, lab, out_dir, outcomes)
     return outcomes, {student: scores[student] for student in students if student in scores}
 
 

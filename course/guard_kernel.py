@@ -1,9 +1,9 @@
 """The in-kernel half of the grading guard: its source is sent to each grading kernel before any student code.
 
-``course.nbgrader_ext.GuardedExecute`` executes this file's text in a fresh grading kernel (silently, outside the
-notebook's history), then talks to the handle it returns only through Jupyter ``user_expressions``, which IPython
-evaluates without input or AST transformers and without ``pre_run_cell`` hooks, so student code cannot rewrite
-the checks on their way in. The handle snapshots what the tests rely on and later reports, signed with a key that
+``course.guard_client.GuardClient`` (for ``course.guarded_execute.GuardedExecute``) executes this file's text in a
+fresh grading kernel (silently, outside the notebook's history), then talks to the handle it returns only through
+Jupyter ``user_expressions``, which IPython evaluates without input or AST transformers and without
+``pre_run_cell`` hooks, so student code cannot rewrite the checks on their way in. The handle snapshots what the tests rely on and later reports, signed with a key that
 only the grader learned (it is handed out once, before any student code runs), which of those things student
 code has replaced:
 

@@ -1,29 +1,23 @@
 """Running nbgrader in a course folder, and reading scores back from its gradebook.
 
-Every job runs nbgrader as a child process (``python -m course.fast_start nbgrader ...``: nbgrader itself, without
-an optional import that costs seconds, see ``course.fast_start``) in a course folder that holds a copy of
-``nbgrader_config.py``: one submission's crash, hang or dead kernel then ends that child process only.
+Every job runs nbgrader as a child process (``python -m course.nbgrader_child PID ...``: nbgrader itself, ending
+with this process, see ``course.nbgrader_child``) in a course folder that holds a copy of ``nbgrader_config.py``: one
+submission's crash, hang or dead kernel then ends that child process only.
 """
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .fork_server import ForkServer, ForkServerGone
-from .fork_server import enabled as fork_server_enabled
 from .notebooks import is_bonus_id
 from .paths import COURSE_ID, REPO_ROOT
-from .processes import PARENT_ENV, kill_group
+from .processes import kill_group
 from .sandbox import CPUS_ENV
 
-PIN_ENV = "EFFICIENT_AI_PIN_CPUS"  # "off": kernels share every CPU (their thread pools are still sized to a share)
 THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 GRADING_ENV = {
@@ -61,63 +55,25 @@ class NbgraderResult:
         return "\n".join(self.output.strip().splitlines()[-lines:])
 
 
-_fork_server: ForkServer | None = None
-_fork_servers_started = 0
-_fork_server_lock = threading.Lock()
-MAX_FORK_SERVERS = 3  # a server that ended is replaced, this many times per process at most
-
-
-def start_fork_server() -> ForkServer | None:
-    """This process's fork server (``course.fork_server``), started on first use and replaced if it ended; None
-    where it is turned off or kept ending. Call it early: the server's imports then overlap with other work."""
-    global _fork_server, _fork_servers_started
-    if not fork_server_enabled():
-        return None
-    with _fork_server_lock:
-        if (_fork_server is None or _fork_server.gone) and _fork_servers_started < MAX_FORK_SERVERS:
-            _fork_server = ForkServer(nbgrader_env())
-            _fork_servers_started += 1
-            atexit.register(_fork_server.close)
-        return None if _fork_server is None or _fork_server.gone else _fork_server
-
-
 def run_nbgrader(
     course_root: Path,
     args: list[str],
     timeout_s: float | None = None,
     env: dict[str, str] | None = None,
-    fork: bool = False,
 ) -> NbgraderResult:
-    """Run ``nbgrader ARGS`` in ``course_root`` (through ``course.fast_start``); never raises for nbgrader's own failures.
+    """Run ``nbgrader ARGS`` in ``course_root`` (``course.nbgrader_child``); never raises for nbgrader's own failures.
 
     Args:
         course_root: a folder holding ``nbgrader_config.py`` and the nbgrader course layout.
         args: nbgrader arguments, e.g. ``["autograde", "lab1", "--student", "alice", "--force"]``.
         timeout_s: wall-clock limit in seconds; the whole process group is killed when it is exceeded.
         env: extra environment variables.
-        fork: fork the process from this process's fork server (``course.fork_server``: nbgrader and the grader's
-            libraries already imported), where it runs; for the many nbgrader processes of ``course grade``.
     """
-    full_env = nbgrader_env(env)
-    server = start_fork_server() if fork else None
-    if server is not None:
-        handle, output_path = tempfile.mkstemp(prefix="efficient-ai-nbgrader-", suffix=".log")
-        os.close(handle)
-        try:
-            executes = args[:1] == ["autograde"] and "--no-execute" not in args  # runs test cells, maybe on a GPU
-            code, timed_out = server.run(args, str(course_root), full_env, output_path, timeout_s, ahead=executes)
-            with open(output_path, encoding="utf-8", errors="replace") as handle_out:
-                output = handle_out.read()
-            return NbgraderResult(-9 if timed_out else code, output, timed_out)
-        except ForkServerGone:
-            pass  # started the usual way below
-        finally:
-            os.unlink(output_path)
-    cmd = [sys.executable, "-m", "course.fast_start", "nbgrader", *args]
+    cmd = [sys.executable, "-m", "course.nbgrader_child", str(os.getpid()), *args]  # it ends with this process
     proc = subprocess.Popen(
         cmd,
         cwd=course_root,
-        env={**full_env, PARENT_ENV: str(os.getpid())},  # it ends with this process (course.processes)
+        env=nbgrader_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -132,7 +88,7 @@ def run_nbgrader(
         return NbgraderResult(-9, output or "", timed_out=True)
 
 
-def worker_envs(workers: int, gpus: list[str], cpus: list[int], pin: bool = True) -> list[dict[str, str]]:
+def worker_envs(workers: int, gpus: list[str], cpus: list[int]) -> list[dict[str, str]]:
     """The environment of each of ``workers`` concurrent grading jobs: its GPU, its CPUs and its thread counts.
 
     Each worker gets one GPU (round robin) when there are GPUs, and an equal, disjoint share of the CPUs this process
@@ -146,8 +102,6 @@ def worker_envs(workers: int, gpus: list[str], cpus: list[int], pin: bool = True
         workers: concurrent grading jobs (>= 1).
         gpus: GPU ids visible to grading (empty on a CPU server).
         cpus: CPU numbers this process may use (``os.sched_getaffinity(0)``).
-        pin: run each worker's kernels on its share of the CPUs only; False: every kernel may use every CPU (the
-            thread pools are sized to the share all the same).
 
     Returns:
         One dict of environment variables per worker.
@@ -159,15 +113,9 @@ def worker_envs(workers: int, gpus: list[str], cpus: list[int], pin: bool = True
         if workers > 1 and cpus:
             share = max(1, len(cpus) // workers)
             mine = cpus[(index * share) % len(cpus):][:share] or cpus[:share]
-            if pin:
-                env[CPUS_ENV] = ",".join(map(str, mine))
+            env[CPUS_ENV] = ",".join(map(str, mine))
             env.update(thread_pool_env(len(mine)))
     return envs
-
-
-def pin_cpus() -> bool:
-    """Whether workers' kernels are pinned to their share of the CPUs (``EFFICIENT_AI_PIN_CPUS``, default on)."""
-    return os.environ.get(PIN_ENV, "on").strip().lower() not in ("0", "off", "false", "no")
 
 
 def thread_pool_env(threads: int) -> dict[str, str]:

@@ -1,9 +1,9 @@
 """Processes seen through ``/proc`` and ``prctl`` (Linux): alive or not, which one a pid is, killing a process group,
 and ending with a parent.
 
-``course grade`` starts nbgrader processes (forked from ``course.fork_server`` or started with ``python``) in their
-own sessions, so that a time limit can kill a whole process group. A TA's ``kill -9`` of ``course grade`` or of its
-process group therefore does not reach them: each asks the kernel for a SIGKILL when its parent ends
+``course grade`` starts nbgrader processes (``course.nbgrader_child``) in their own sessions, so that a time limit
+can kill a whole process group. A TA's ``kill -9`` of ``course grade`` or of its process group therefore does not
+reach them: each asks the kernel for a SIGKILL when its parent ends
 (``die_with_parent``), so no grading goes on writing autograded notebooks and gradebook rows after the run that
 started it is gone (a resumed run would grade the same submissions at the same time).
 """
@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-PARENT_ENV = "EFFICIENT_AI_PARENT_PID"  # read by ``course.fast_start``: the pid whose end ends the process
 
 
 def start_time(pid: int) -> str | None:
@@ -25,12 +23,6 @@ def start_time(pid: int) -> str | None:
     """
     fields = stat_fields(pid)
     return None if not fields or fields[0] in ("Z", "X") else fields[19]
-
-
-def parent_pid(pid: int) -> int | None:
-    """The pid of the process's parent (``/proc/PID/stat``); None when it is gone."""
-    fields = stat_fields(pid)
-    return int(fields[1]) if fields else None
 
 
 def stat_fields(pid: int) -> list[str]:
@@ -53,20 +45,6 @@ def kill_group(pid: int, wait_s: float = 0.0) -> None:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and start_time(pid) is not None:
         time.sleep(0.05)
-
-
-def close_and_wait(process, wait_s: float) -> None:
-    """End a server process that reads its requests on stdin (``subprocess.Popen``): close its stdin, wait up to
-    ``wait_s`` for it to end, else SIGKILL and reap it."""
-    try:
-        process.stdin.close()
-    except OSError:
-        pass
-    try:
-        process.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def die_with_parent(parent_pid: int) -> bool:

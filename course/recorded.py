@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from .nbgrader_ext import GRADING_REPORT
+from .grading_record import GRADING_REPORT
 
 MARK = "recorded_notebook_sha256"
 

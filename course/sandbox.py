@@ -13,7 +13,7 @@ Sandboxed (the default where bwrap works), the kernel sees an allow-list of the 
   too, shown over the private ``/tmp`` below), ``/sys``; its
   own ``/proc`` (PID namespace) and a minimal ``/dev`` plus NVIDIA devices;
 - ``/run/efficient-ai/``: the instructor files (on ``sys.path``), the boot script and the connection file, read-only;
-- ``/tmp``: a private tmpfs of ``EFFICIENT_AI_SANDBOX_SCRATCH_MB`` (HOME, TMPDIR, and the working folder
+- ``/tmp``: a private tmpfs of ``c.Sandbox.scratch_mb`` (HOME, TMPDIR, and the working folder
   ``/tmp/work``), a private 256 MiB ``/dev/shm``, and the folder of its ZMQ ``ipc`` sockets (it has no network);
 
 nothing else: not the course, the gradebook, other submissions, home folders or another checkout anywhere on the
@@ -23,12 +23,10 @@ writable, each kernel also gets a cgroup of its own (``pids.max``; equal CPU wei
 kernel's share, not the machine). Plus address-space and file-size caps, its own PID and IPC namespaces, no
 network, an environment reduced to ``ENV_KEEP``.
 
-``EFFICIENT_AI_SANDBOX``: ``auto`` (default; without a working bwrap, kernels start isolated but unsandboxed, with
-one warning per nbgrader process), ``on`` (refuse to run without the sandbox) or ``off`` (isolated start only).
-``EFFICIENT_AI_SANDBOX_MEMORY_GB``: address-space cap (default 8; 0 for none; not applied when CUDA devices are
-present). ``EFFICIENT_AI_SANDBOX_SCRATCH_MB``: size of the private ``/tmp`` (default 1024).
-``EFFICIENT_AI_SANDBOX_MAX_PROCESSES``: processes and threads of one kernel (default 1024). Needs bubblewrap 0.7 or
-newer, not setuid, run by root or with unprivileged user namespaces allowed.
+``c.Sandbox`` (``course.settings.Sandbox``, docs/SETTINGS.md): ``mode`` ``auto`` (default; without a working bwrap,
+kernels start isolated but unsandboxed, with one warning per nbgrader process), ``on`` (refuse to run without the
+sandbox) or ``off`` (isolated start only); ``memory_gb``, ``scratch_mb``, ``max_processes``: the limits below. Needs
+bubblewrap 0.7 or newer, not setuid, run by root or with unprivileged user namespaces allowed.
 """
 from __future__ import annotations
 
@@ -42,27 +40,12 @@ import subprocess
 import sys
 import tempfile
 
-MODE_ENV = "EFFICIENT_AI_SANDBOX"
-MEMORY_ENV = "EFFICIENT_AI_SANDBOX_MEMORY_GB"
-SCRATCH_ENV = "EFFICIENT_AI_SANDBOX_SCRATCH_MB"
-PROCESSES_ENV = "EFFICIENT_AI_SANDBOX_MAX_PROCESSES"
-# Set by the kernelspec for the launcher: course folders hidden even inside an allowed tree, and the course's
-# source folder (instructor files come from its <lab>/).
-HIDE_ENV = "EFFICIENT_AI_SANDBOX_HIDE"
-SOURCE_ENV = "EFFICIENT_AI_SANDBOX_SOURCE"
 CPUS_ENV = "EFFICIENT_AI_CPUS"  # CPUs a worker's kernels run on ("0,1,2"): set per worker by course.grade
-RUNTIME_ENV = "EFFICIENT_AI_SANDBOX_RUNTIME"  # the nbgrader process's private folder: kernels' folders go there
-# Modules the kernel imports before it answers (comma-separated; set by course.kernel_pool for pre-started kernels).
-PRELOAD_ENV = "EFFICIENT_AI_KERNEL_PRELOAD"
-# "1" (set by course.kernel_pool for a kernel started ahead): create the CUDA context before the kernel answers.
-CUDA_AHEAD_ENV = "EFFICIENT_AI_KERNEL_BOOT_CUDA"
 KERNEL_NAME = "efficient-ai-sandbox"
 PROCESS_DIR_PREFIX = "efficient-ai-kernels-"
 BOOT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_boot.py")
 LAUNCHER_SCRIPT = os.path.abspath(__file__)  # the kernelspec's argv runs it
-DEFAULT_MEMORY_GB = 8.0
-DEFAULT_SCRATCH_MB = 1024
-DEFAULT_MAX_PROCESSES = 1024
+LAUNCH_FILE = "launch.json"  # in the nbgrader process's private folder: what its kernels' launcher needs
 FILE_SIZE_CAP_BYTES = 1 << 30  # largest file the kernel may write
 SHM_SIZE_BYTES = 256 << 20  # private /dev/shm
 HIDDEN_TMPFS_BYTES = 1 << 20  # the empty folder laid over a course folder inside an allowed tree
@@ -95,12 +78,9 @@ ENV_KEEP_PREFIXES = ("LC_",)
 
 _process_dir: str | None = None  # this nbgrader process's private folder (kernelspec, ipc sockets, kernels)
 _warned = False
-
-
-def sandbox_mode() -> str:
-    """``auto``, ``on`` or ``off`` from EFFICIENT_AI_SANDBOX (anything else is read as ``on``: fail safe)."""
-    mode = os.environ.get(MODE_ENV, "auto").strip().lower() or "auto"
-    return mode if mode in ("auto", "off") else "on"
+# What the launcher applies: the nbgrader process's c.Sandbox settings (configure_sandbox), read back from its
+# LAUNCH_FILE by the launcher (launch). The defaults are c.Sandbox's.
+_limits = {"memory_bytes": 8 << 30, "scratch_bytes": 1024 << 20, "max_processes": 1024}
 
 
 def _is_root() -> bool:
@@ -153,7 +133,7 @@ def unavailable_reason() -> str | None:
     Runs this Python in a sandbox that shows its installation as a kernel's does (30 to 70 ms): a Python that
     cannot run there (a venv hidden by the sandbox's own folders, a library it cannot see) would kill every kernel,
     and every submission would score 0. Answered once per process for the same Python, bwrap, installation folders
-    and library path (a process forked from ``course.fork_server`` has the server's answer)."""
+    and library path."""
     if not sys.platform.startswith("linux"):
         return f"the sandbox needs Linux (this is {sys.platform})"
     bwrap = shutil.which("bwrap")
@@ -203,37 +183,49 @@ def _sqlite_folder(db_url: str | None) -> str | None:
 
 
 def configure_sandbox(c) -> None:
-    """Make nbgrader's ``Execute`` start every kernel isolated, and sandboxed unless EFFICIENT_AI_SANDBOX says no.
+    """Make nbgrader's ``Execute`` start every kernel isolated, and sandboxed unless ``c.Sandbox.mode`` (or
+    EFFICIENT_AI_SANDBOX, ``course.settings``) says no.
 
-    Writes a kernelspec into a private folder of this process (on JUPYTER_PATH) and selects it with
-    ``c.Execute.kernel_name`` (the notebook's own kernelspec is ignored); sandboxed, it also sets ``ipc`` transport
-    on ``c.KernelManager``. Commands that run no kernel are unaffected.
+    Writes a kernelspec and the launcher's settings (``LAUNCH_FILE``: the course folders to hide, the source folder,
+    the limits of ``c.Sandbox``) into a private folder of this process (on JUPYTER_PATH) and selects the kernelspec
+    with ``c.Execute.kernel_name`` (the notebook's own kernelspec is ignored); sandboxed, it also sets ``ipc``
+    transport on ``c.KernelManager``. Commands that run no kernel are unaffected.
 
     Args:
         c: the traitlets config object of ``nbgrader_config.py``.
 
     Raises:
-        SystemExit: EFFICIENT_AI_SANDBOX=on and bwrap does not work here (traitlets would only log an Exception).
+        SystemExit: the mode is ``on`` and bwrap does not work here (traitlets would only log an Exception).
     """
     global _warned
-    mode = sandbox_mode()
+    from .settings import Sandbox, apply_environment
+
+    apply_environment(c, ("Sandbox",))
+    options = Sandbox(config=c)
+    _limits.update(memory_bytes=int(options.memory_gb * (1 << 30)), scratch_bytes=options.scratch_mb << 20,
+                   max_processes=options.max_processes)
+    mode = options.mode
     reason = None if mode == "off" else unavailable_reason()
     if reason is not None and mode == "on":
-        raise SystemExit(f"EFFICIENT_AI_SANDBOX=on, but grading kernels cannot be sandboxed: {reason}.")
+        raise SystemExit(f"the sandbox mode is 'on' (c.Sandbox.mode, or EFFICIENT_AI_SANDBOX=on), but grading kernels "
+                         f"cannot be sandboxed: {reason}.")
     if reason is not None and not _warned:
         _warned = True
         print(
             f"WARNING: grading is NOT sandboxed: {reason}. Student code runs with this account's rights and can "
             "read source/, the gradebook and other submissions. Install bubblewrap to fix this; set "
-            f"{MODE_ENV}=on to refuse grading without a sandbox, or {MODE_ENV}=off to silence this warning.",
+            "c.Sandbox.mode = 'on' (or EFFICIENT_AI_SANDBOX=on) to refuse grading without a sandbox, or 'off' to "
+            "silence this warning.",
             file=sys.stderr,
         )
     sandboxed = mode != "off" and reason is None
     c.Execute.kernel_name = KERNEL_NAME  # first: should anything below fail, no kernel starts (not an open one)
     process_dir = _ensure_process_dir(sandboxed)
     course = c.get("CourseDirectory", {})
-    spec = grading_kernel_spec(course.get("root") or os.getcwd(), course.get("source_directory"),
-                               course.get("db_url"), process_dir, sandboxed)
+    spec, launch = grading_kernel_spec(course.get("root") or os.getcwd(), course.get("source_directory"),
+                                       course.get("db_url"), process_dir, sandboxed)
+    with open(launch["file"], "w") as handle:
+        json.dump({**launch, **_limits}, handle, indent=1)
     spec_dir = os.path.join(process_dir, "kernels", KERNEL_NAME)
     os.makedirs(spec_dir, exist_ok=True)
     with open(os.path.join(spec_dir, "kernel.json"), "w") as handle:
@@ -243,14 +235,10 @@ def configure_sandbox(c) -> None:
         c.KernelManager.ip = os.path.join(process_dir, "ipc", "kernel")
 
 
-def sandbox_works() -> bool:
-    """Whether grading kernels start sandboxed here: EFFICIENT_AI_SANDBOX is not ``off`` and bwrap works."""
-    return sandbox_mode() != "off" and unavailable_reason() is None
-
-
 def grading_kernel_spec(root: str, source_directory: str | None, db_url: str | None, runtime_dir: str,
-                        sandboxed: bool) -> dict:
-    """The kernelspec (``kernel.json``'s content) of a grading kernel for the course in ``root``.
+                        sandboxed: bool) -> tuple[dict, dict]:
+    """The kernelspec (``kernel.json``'s content) of a grading kernel for the course in ``root``, and what its
+    launcher reads from ``LAUNCH_FILE`` in ``runtime_dir`` (``file``: that file's path) besides the limits.
 
     Args:
         root: the course folder (nbgrader's ``CourseDirectory.root``).
@@ -263,20 +251,21 @@ def grading_kernel_spec(root: str, source_directory: str | None, db_url: str | N
         os.getcwd(), root, _sqlite_folder(db_url), os.environ.get("EFFICIENT_AI_REPO"),
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), tempfile.gettempdir(),
     ]
+    launch = {
+        "file": os.path.join(runtime_dir, LAUNCH_FILE),
+        "hidden": sorted({os.path.abspath(p) for p in hidden if p}),
+        "source": os.path.join(os.path.abspath(root), source_directory or "source"),
+        "runtime": runtime_dir,
+    }
     spec = {
-        "argv": [sys.executable, "-I", LAUNCHER_SCRIPT, *([] if sandboxed else ["--unsandboxed"]),
-                 "-f", "{connection_file}"],
+        "argv": [sys.executable, "-I", LAUNCHER_SCRIPT, "--settings", launch["file"],
+                 *([] if sandboxed else ["--unsandboxed"]), "-f", "{connection_file}"],
         "display_name": "Python 3 (isolated grading)" + (", sandboxed" if sandboxed else ""),
         "language": "python",
-        "env": {
-            HIDE_ENV: os.pathsep.join(sorted({os.path.abspath(p) for p in hidden if p})),
-            SOURCE_ENV: os.path.join(os.path.abspath(root), source_directory or "source"),
-            RUNTIME_ENV: runtime_dir,
-        },
     }
     if sandboxed:
         spec["interrupt_mode"] = "message"  # the kernel has its own session (bwrap --new-session): no SIGINT
-    return spec
+    return spec, launch
 
 
 def _ensure_process_dir(sandboxed: bool) -> str:
@@ -289,7 +278,7 @@ def _ensure_process_dir(sandboxed: bool) -> str:
         atexit.register(shutil.rmtree, _process_dir, True)
         os.makedirs(os.path.join(_process_dir, "ipc"))
         os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [_process_dir, os.environ.get("JUPYTER_PATH")]))
-        if sandboxed and _memory_cap_bytes() and _cuda_devices():
+        if sandboxed and _limits["memory_bytes"] and _cuda_devices():
             print("sandbox: CUDA devices present, so the kernel's address-space cap is not applied "
                   "(CUDA reserves far more virtual memory than it uses)", file=sys.stderr)
     return _process_dir
@@ -306,26 +295,6 @@ def _remove_stale_process_dirs() -> None:
             pass
 
 
-def _env_number(name: str, default: float) -> float:
-    value = os.environ.get(name, "").strip()
-    try:
-        return float(value) if value else default
-    except ValueError:
-        raise SystemExit(f"sandbox: {name} must be a number, got {value!r}") from None
-
-
-def _memory_cap_bytes() -> int:
-    return int(_env_number(MEMORY_ENV, DEFAULT_MEMORY_GB) * (1 << 30))
-
-
-def _scratch_bytes() -> int:
-    return int(_env_number(SCRATCH_ENV, DEFAULT_SCRATCH_MB) * (1 << 20))
-
-
-def _max_processes() -> int:
-    return int(_env_number(PROCESSES_ENV, DEFAULT_MAX_PROCESSES))
-
-
 def _cuda_devices() -> list[str]:
     return sorted(glob.glob("/dev/nvidia[0-9]*"))
 
@@ -337,13 +306,13 @@ def _nvidia_devices() -> list[str]:
 
 def _set_limits(kernel_uid: int | None) -> None:
     """Resource limits of this process, inherited by bwrap and the kernel; a lower CPU priority."""
-    memory_bytes = _memory_cap_bytes()
+    memory_bytes = _limits["memory_bytes"]
     if memory_bytes and not _cuda_devices():
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_CAP_BYTES, FILE_SIZE_CAP_BYTES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if kernel_uid is not None:  # counted per uid: only meaningful for a uid of the kernel's own (root is exempt)
-        resource.setrlimit(resource.RLIMIT_NPROC, (_max_processes(), _max_processes()))
+        resource.setrlimit(resource.RLIMIT_NPROC, (_limits["max_processes"], _limits["max_processes"]))
     os.nice(KERNEL_NICE)
 
 
@@ -410,8 +379,7 @@ def kernel_env(environ=None) -> dict[str, str]:
 
 
 def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_dir: str, passwd_dir: str,
-                  hidden: list[str], program: list[str] | None = None, also_at: str | None = None,
-                  home_at: list[str] = ()) -> list[str]:
+                  hidden: list[str]) -> list[str]:
     """The bwrap command line that runs ``python -I kernel_boot.py BOOT_ARGS`` sandboxed (the allow-list).
 
     Args:
@@ -421,11 +389,6 @@ def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_di
         ipc_dir: the folder of the kernel's ipc sockets, writable at its own path (the grader connects there).
         passwd_dir: a folder holding the ``passwd`` and ``group`` files shown in ``/etc``.
         hidden: course folders laid over with an empty folder should an allowed tree hold them.
-        program: run this instead of the boot script (a kernel forked from a zygote enters the sandbox it keeps:
-            ``start_for_fork``).
-        also_at: show ``files`` read-only at this path too (where a zygote imported them from).
-        home_at: links to the kernel's HOME (``SCRATCH_DIR``) at these paths too (the zygote's HOME and TMPDIR: its
-            imports cached folders under them).
     """
     installed = _installed_dirs()
     args = [shutil.which("bwrap") or "bwrap", *_namespace_args(), *_system_args(),
@@ -436,17 +399,10 @@ def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_di
     for device in _nvidia_devices():
         args += ["--dev-bind", device, device]
     args += ["--perms", "01777", "--size", str(SHM_SIZE_BYTES), "--tmpfs", "/dev/shm",
-             "--perms", "01777", "--size", str(_scratch_bytes()), "--tmpfs", SCRATCH_DIR,
+             "--perms", "01777", "--size", str(_limits["scratch_bytes"]), "--tmpfs", SCRATCH_DIR,
              *_parent_dirs([ipc_dir], SCRATCH_DIR), "--bind", ipc_dir, ipc_dir,
              "--ro-bind", files, FILES_DIR, "--ro-bind", BOOT_SCRIPT, BOOT_PATH,
              "--ro-bind", connection_file, CONNECTION_PATH, *_installed_args(installed, in_scratch=True)]
-    if also_at:  # after the scratch tmpfs, which may hold it
-        args += [*_parent_dirs([also_at], SCRATCH_DIR if _inside(also_at, SCRATCH_DIR) else "/"),
-                 "--ro-bind", files, also_at]
-    for path in home_at:  # never over a folder that the sandbox shows
-        if not any(_inside(shown, path) for shown in (SCRATCH_DIR, FILES_DIR, WORK_DIR, also_at or SCRATCH_DIR)):
-            args += [*_parent_dirs([path], SCRATCH_DIR if _inside(path, SCRATCH_DIR) else "/"),
-                     "--symlink", SCRATCH_DIR, path]
     allowed = [*SYSTEM_TREES, *installed]
     for folder in _outermost(sorted({os.path.realpath(h) for h in hidden if h and os.path.isdir(h)})):
         if any(_inside(folder, tree) for tree in allowed):  # a course inside the Python installation, say
@@ -454,7 +410,7 @@ def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_di
     args += ["--remount-ro", "/", "--clearenv"]
     for key, value in sorted(kernel_env().items()):
         args += ["--setenv", key, value]
-    return [*args, "--chdir", "/", "--", *(program or [sys.executable, "-I", BOOT_PATH, *boot_args])]
+    return [*args, "--chdir", "/", "--", sys.executable, "-I", BOOT_PATH, *boot_args]
 
 
 def _instructor_files(cwd: str, source_root: str | None) -> str | None:
@@ -513,23 +469,28 @@ def launch(argv: list[str]) -> None:
     """Start the kernel: replaces this process with bwrap (sandboxed) or with the boot script (``--unsandboxed``).
 
     Args:
-        argv: the kernelspec's arguments after this file: ``[--unsandboxed] -f CONNECTION_FILE`` and any extra
-            kernel arguments.
+        argv: the kernelspec's arguments after this file: ``[--settings LAUNCH_FILE] [--unsandboxed] -f
+            CONNECTION_FILE`` and any extra kernel arguments. ``LAUNCH_FILE`` (written by ``configure_sandbox``)
+            names the course folders to hide, the course's source folder, where kernels' folders go, and the limits.
     """
+    settings = {}
+    if "--settings" in argv:
+        at = argv.index("--settings")
+        with open(argv[at + 1]) as handle:
+            settings = json.load(handle)
+        argv = argv[:at] + argv[at + 2:]
+    _limits.update({key: settings[key] for key in _limits if key in settings})
     sandboxed = "--unsandboxed" not in argv
     argv = [a for a in argv if a != "--unsandboxed"]
     cpus = parse_cpus(os.environ.get(CPUS_ENV, ""))
-    if cpus and hasattr(os, "sched_setaffinity"):  # the kernel runs on its worker's CPUs, as a pooled one does
+    if cpus and hasattr(os, "sched_setaffinity"):  # the kernel runs on its worker's CPUs
         os.sched_setaffinity(0, cpus)
     connection_file = os.path.abspath(argv[argv.index("-f") + 1])
-    hidden = [*os.environ.get(HIDE_ENV, "").split(os.pathsep), os.path.expanduser("~"), tempfile.gettempdir(),
+    hidden = [*settings.get("hidden", []), os.path.expanduser("~"), tempfile.gettempdir(),
               os.path.dirname(connection_file)]
-    kernel_dir = tempfile.mkdtemp(prefix="kernel-", dir=os.environ.get(RUNTIME_ENV) or None)
+    kernel_dir = tempfile.mkdtemp(prefix="kernel-", dir=settings.get("runtime") or None)
     files = os.path.join(kernel_dir, "files")
-    boot_options = ["--on-path"] if prepare_files(os.getcwd(), os.environ.get(SOURCE_ENV), hidden, files) else []
-    preload = os.environ.get(PRELOAD_ENV, "").strip()
-    boot_options += ["--preload", preload] if preload else []
-    boot_options += ["--cuda"] if os.environ.get(CUDA_AHEAD_ENV) == "1" else []
+    boot_options = ["--on-path"] if prepare_files(os.getcwd(), settings.get("source"), hidden, files) else []
     if sandboxed:
         _exec_sandboxed(argv, connection_file, kernel_dir, boot_options, hidden)
     command = [sys.executable, "-I", BOOT_SCRIPT, *boot_options, "--files", files, "--work",
@@ -544,8 +505,8 @@ def _exec_sandboxed(argv: list[str], connection_file: str, kernel_dir: str, boot
     Raises:
         SystemExit: the connection file does not ask for ipc transport (the kernel has no TCP).
     """
-    command, _ = _sandbox_command(argv, connection_file, kernel_dir, boot_options, hidden)
-    join_kernel_cgroup(_max_processes())
+    command = _sandbox_command(argv, connection_file, kernel_dir, boot_options, hidden)
+    join_kernel_cgroup(_limits["max_processes"])
     _set_limits(_kernel_uid())
     os.execv(command[0], command)
 
@@ -556,12 +517,9 @@ def _kernel_uid() -> int | None:
 
 
 def _sandbox_command(argv: list[str], connection_file: str, kernel_dir: str, boot_options: list[str],
-                     hidden: list[str], program: list[str] | None = None,
-                     files: str | None = None, home_at: list[str] = ()) -> tuple[list[str], list[str]]:
-    """The bwrap command of this launcher's kernel, and the boot script's arguments inside it; writes the kernel's
-    passwd and private connection file into ``kernel_dir``. ``files``: instructor files shown at ``FILES_DIR`` and at
-    their own path (default: ``kernel_dir/files``, shown at ``FILES_DIR`` only); ``program``, ``home_at``: see
-    ``bwrap_command``.
+                     hidden: list[str]) -> list[str]:
+    """The bwrap command of this launcher's kernel; writes the kernel's passwd and private connection file into
+    ``kernel_dir`` (whose ``files`` folder holds the instructor files, shown at ``FILES_DIR``).
 
     Raises:
         SystemExit: the connection file does not ask for ipc transport (the kernel has no TCP).
@@ -578,58 +536,8 @@ def _sandbox_command(argv: list[str], connection_file: str, kernel_dir: str, boo
     kernel_args[argv.index("-f") + 1] = CONNECTION_PATH
     boot = [*boot_options, "--files", FILES_DIR, "--work", WORK_DIR,
             *(["--uid", str(kernel_uid)] if kernel_uid is not None else []), "--", *kernel_args]
-    command = bwrap_command(boot, files or os.path.join(kernel_dir, "files"), private_connection,
-                            os.path.dirname(info["ip"]), kernel_dir, hidden, program, also_at=files, home_at=home_at)
-    return command, boot
-
-
-# A kernel forked from a zygote (course/kernel_zygote.py) cannot be exec'd into bwrap with its imports: bwrap makes the
-# sandbox around a placeholder, and the fork enters it (kernel_boot.enter_sandbox).
-PLACEHOLDER = ["/bin/sh", "-c", "echo ready && exec cat"]  # up until its stdin closes: while the kernel's parent lives
-
-
-def start_for_fork(argv: list[str], files: str, home_at: list[str] = ()) -> dict:
-    """Make a kernel's sandbox for a process forked from a zygote, exactly as ``launch`` would for a kernel it starts.
-
-    Called in that process (the zygote's child), in the launcher's environment and folder (the kernelspec's ``env``,
-    the lab's folder), before it enters the sandbox. It joins the kernel's cgroups and takes its limits, as the
-    launcher does, prepares the kernel's folder, and starts bwrap with the same allow-list around ``PLACEHOLDER``, which
-    runs until this process ends (``--die-with-parent``; its stdin is this process's). ``files``: the zygote's copy of
-    the instructor files, shown at ``FILES_DIR`` and at its own path (where the zygote imported ``utils`` from);
-    ``home_at``: the zygote's HOME and TMPDIR, links to the kernel's HOME in the sandbox (what the zygote's imports
-    cached under them, such as matplotlib's config and cache folders, is then the kernel's own).
-
-    Returns:
-        ``{"pid": host pid of a process inside the sandbox (its namespaces and root), "boot": the boot script's
-        arguments inside it, "env": the kernel's environment, "process": bwrap (keep its stdin open while the kernel
-        runs)}``.
-
-    Raises:
-        SystemExit: the connection file does not ask for ipc transport.
-        RuntimeError: bwrap did not start the sandbox.
-    """
-    connection_file = os.path.abspath(argv[argv.index("-f") + 1])
-    hidden = [*os.environ.get(HIDE_ENV, "").split(os.pathsep), os.path.expanduser("~"), tempfile.gettempdir(),
-              os.path.dirname(connection_file)]
-    kernel_dir = tempfile.mkdtemp(prefix="kernel-", dir=os.environ.get(RUNTIME_ENV) or None)
-    boot_options = ["--on-path", *(["--cuda"] if os.environ.get(CUDA_AHEAD_ENV) == "1" else [])]
-    info_read, info_write = os.pipe()
-    command, boot = _sandbox_command(argv, connection_file, kernel_dir, boot_options, hidden,
-                                     program=PLACEHOLDER, files=files, home_at=home_at)
-    command[1:1] = ["--info-fd", str(info_write)]
-    join_kernel_cgroup(_max_processes())
-    _set_limits(_kernel_uid())
-    env = {**kernel_env(), "PWD": "/"}  # as bwrap --chdir / sets it
-    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               pass_fds=[info_write], close_fds=True)
-    os.close(info_write)
-    ready = process.stdout.readline()
-    with os.fdopen(info_read) as handle:
-        info = handle.read()
-    if ready.strip() != b"ready":
-        raise RuntimeError(f"bwrap did not start the kernel's sandbox (exit status {process.wait()})")
-    pid = json.loads(info)["child-pid"]
-    return {"pid": pid, "boot": boot, "env": env, "process": process}
+    return bwrap_command(boot, os.path.join(kernel_dir, "files"), private_connection, os.path.dirname(info["ip"]),
+                         kernel_dir, hidden)
 
 
 # cgroups: one per kernel, where a hierarchy with the cpu and pids controllers is writable (cgroup v2, or v1).

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -103,10 +104,10 @@ def measure(modules, lab: str, students: int, repeat: int, code_from: Path) -> d
 
 
 def machine_description() -> str:
-    sys.path.insert(0, str(REPO / "scripts"))
-    from bench_grading_throughput import machine_description as describe
+    """Cores and Python version of this machine."""
+    import platform
 
-    return describe()
+    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def write_report(stem: Path, machine: str, rows: list[dict]) -> None:

@@ -3,6 +3,7 @@ wording and retries, and control characters in what a TA reads (tests/test_gradi
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,8 @@ import pytest
 from fixture_lab import REPO
 
 from course import grade, report  # noqa: E402
-from course.nbgrader_ext import GuardedExecute, neutralise_cell_metadata  # noqa: E402
+from course.guarded_execute import GuardedExecute  # noqa: E402
+from course.nbgrader_ext import neutralise_cell_metadata  # noqa: E402
 from course.nbgrader_run import CellScore, SubmissionScores  # noqa: E402
 from course.quoting import escape_controls  # noqa: E402
 from course.scan import scan_notebook  # noqa: E402
@@ -50,7 +52,7 @@ def test_nbgrader_flags_without_a_grade_id_make_a_student_cell():
 @pytest.fixture
 def executor():
     ex = GuardedExecute(max_cell_output_bytes=1000, max_notebook_output_bytes=2500, max_error_bytes=4000)
-    ex._reset_state()
+    ex._make_parts()
     ex.clear_before_next_output = False  # set by nbclient when a cell starts
     return ex
 
@@ -75,7 +77,7 @@ def test_a_cell_keeps_its_cap_and_a_note(executor):
     text = kept_text(outs)
     assert text.count("x") == 1000, "the cell keeps exactly its cap of output"
     assert "the grader dropped the rest of this cell's output" in text and text.count("grader dropped") == 1
-    assert executor._dropped_bytes[0] == 50 * 300 - 1000
+    assert executor._budget.dropped[0] == 50 * 300 - 1000
 
 
 def test_the_notebook_cap_holds_across_cells_and_errors_are_always_kept(executor):
@@ -135,10 +137,10 @@ def test_failure_reasons_keep_whole_lines(output, expected):
 
 def lost_kernel_reason(student_code_ran: bool, lost: str) -> tuple[str, str]:
     ex = GuardedExecute()
-    ex._reset_state()
-    ex._student_code_ran, ex._kernel_lost = student_code_ran, lost
+    ex._make_parts()
+    ex._record.student_code_ran, ex._channel.lost = student_code_ran, lost
     ex._stop_lost_kernel("before cell 1 (setup_imports)")
-    return ex._stopped, ex._retry
+    return ex._record.stopped, ex._record.retry
 
 
 @pytest.mark.parametrize("lost", ["stopped answering (no reply in 60 s)", "died"])
@@ -215,41 +217,26 @@ def test_workers_get_disjoint_cpu_shares_and_matching_thread_counts():
     assert all(env["EFFICIENT_AI_CPUS"] in ("0", "1") for env in gpu_envs), "more workers than CPUs still get one"
 
 
-def test_unpinned_workers_share_every_cpu_with_thread_pools_still_sized_to_a_share(monkeypatch):
-    from course.nbgrader_run import PIN_ENV, THREAD_ENVS, pin_cpus, worker_envs
-
-    envs = worker_envs(4, [], list(range(16)), pin=False)
-    assert all("EFFICIENT_AI_CPUS" not in env for env in envs), f"pin=False must not restrict CPUs: {envs}"
-    assert all(env[name] == "4" for env in envs for name in THREAD_ENVS), "thread pools still follow a 1/4 share"
-    monkeypatch.delenv(PIN_ENV, raising=False)
-    assert pin_cpus(), "workers are pinned by default"
-    monkeypatch.setenv(PIN_ENV, "off")
-    assert not pin_cpus(), f"{PIN_ENV}=off must leave workers unpinned"
-
-
-@pytest.mark.parametrize("fork", [True, False], ids=["forked", "started"])
-def test_a_worker_s_nbgrader_processes_run_on_every_cpu(tmp_path, fork, monkeypatch):
+def test_a_worker_s_nbgrader_processes_run_on_every_cpu(tmp_path):
     """nbgrader runs no student code: pinned to its worker's share it would take CPU from that worker's kernel while
     other workers' CPUs idle. It is left on every CPU; only the kernels run on the worker's share (next test)."""
-    from course import fork_server, nbgrader_run
+    from course import nbgrader_run
     from course.sandbox import CPUS_ENV
 
     everywhere = sorted(os.sched_getaffinity(0))
     if len(everywhere) < 2:
         pytest.skip("one CPU: a pinned and an unpinned process cannot be told apart")
-    monkeypatch.setenv(fork_server.MODE_ENV, "on" if fork else "off")
     seen = tmp_path / "affinity.txt"
     (tmp_path / "nbgrader_config.py").write_text(  # nbgrader runs its config file at start-up, in its own process
         f"import os\nopen({str(seen)!r}, 'w').write(repr(sorted(os.sched_getaffinity(0))))\n")
-    result = nbgrader_run.run_nbgrader(tmp_path, ["db", "student", "list"], env={CPUS_ENV: str(everywhere[0])},
-                                       fork=fork)
+    result = nbgrader_run.run_nbgrader(tmp_path, ["db", "student", "list"], env={CPUS_ENV: str(everywhere[0])})
     assert result.ok, result.tail()
     assert seen.read_text() == repr(everywhere), "a worker's nbgrader process may use every CPU"
 
 
 def test_the_kernel_launcher_runs_the_kernel_on_its_worker_s_cpus(tmp_path):
-    """A kernel nbgrader starts itself (no kernel was ready in the pool) runs on its worker's CPUs, as a pooled one
-    does: the launcher pins itself before it becomes the kernel (``sandbox.launch``)."""
+    """A kernel nbgrader starts runs on its worker's CPUs: the launcher pins itself before it becomes the kernel
+    (``sandbox.launch``)."""
     from course import sandbox
 
     everywhere = sorted(os.sched_getaffinity(0))
@@ -257,10 +244,10 @@ def test_the_kernel_launcher_runs_the_kernel_on_its_worker_s_cpus(tmp_path):
         pytest.skip("one CPU: a pinned and an unpinned process cannot be told apart")
     probe = ("import os, sys\nfrom course import sandbox\n"
              "os.execv = lambda *args: (print(sorted(os.sched_getaffinity(0))), sys.stdout.flush(), os._exit(0))\n"
-             "sandbox.launch(['--unsandboxed', '-f', sys.argv[1]])\n")
-    env = {**os.environ, sandbox.CPUS_ENV: str(everywhere[-1]), sandbox.RUNTIME_ENV: str(tmp_path),
-           "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "connection.json")], env=env, cwd=tmp_path,
+             "sandbox.launch(['--settings', sys.argv[2], '--unsandboxed', '-f', sys.argv[1]])\n")
+    (tmp_path / "launch.json").write_text(json.dumps({"runtime": str(tmp_path)}))
+    env = {**os.environ, sandbox.CPUS_ENV: str(everywhere[-1]), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "connection.json"), str(tmp_path / "launch.json")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == repr([everywhere[-1]]), (
         f"the launcher must exec the kernel on its worker's CPUs: {done.stdout!r} {done.stderr[-2000:]}")

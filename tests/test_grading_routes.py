@@ -128,9 +128,7 @@ def test_an_interrupt_that_misses_the_output_wait_is_partial_and_grading_goes_on
 def test_a_failed_regrade_clears_the_earlier_scores(graded, monkeypatch):
     course, _, outcomes, scores = graded
     assert points(scores, "honest") == FULL and outcomes["honest"].status == "ok"
-    # With a kernel started ahead and nbgrader forked, the fixture lab can grade in under 1 s; starting its own
-    # kernel, nbgrader always takes longer than the 1 s limit, so this regrade fails for certain.
-    monkeypatch.setenv("EFFICIENT_AI_KERNEL_POOL_OFF", "1")
+    # Starting its own kernel, nbgrader always takes longer than the 1 s limit, so this regrade fails for certain.
     again, scores_after = grade.grade_lab(course, LAB, students=["honest"], timeout_s=1, progress=False)
     outcome = again["honest"]
     assert outcome.status == "failed" and "time limit of 1 s" in outcome.reason, outcome

@@ -51,39 +51,6 @@ def test_two_workers_on_sqlite_match_the_serial_run(root, serial, tmp_path):
     assert cell_scores(scores) == first(serial, SMALL_CLASS)
 
 
-def test_the_recorder_records_each_finished_submission_once_while_others_run(monkeypatch, tmp_path):
-    """GradebookRecorder: every added submission reaches exactly one recording, in batches of what finished
-    meanwhile; a recording that fails or raises fails only its own batch's students, with the reason."""
-    import threading
-
-    batches, first_started, release_first = [], threading.Event(), threading.Event()
-
-    def fake_import(course_root, lab, executed, submitted):
-        batches.append(sorted(executed))
-        if len(batches) == 1:
-            first_started.set()
-            release_first.wait(10)  # the others finish while the first recording runs
-            return {}
-        if "carol" in executed:
-            raise OSError("disk full")
-        return {"bob": "recording the executed notebook in the gradebook failed: bad notebook"} if "bob" in executed else {}
-
-    monkeypatch.setattr(grade, "_import_executed", fake_import)
-    recorder = grade.GradebookRecorder(tmp_path, LAB, tmp_path)
-    recorder.add("alice", tmp_path / "alice")
-    assert first_started.wait(10), "the first finished submission must be recorded without waiting for the others"
-    recorder.add("bob", tmp_path / "bob")
-    recorder.add("dave", tmp_path / "dave")
-    release_first.set()
-    while len(batches) < 2:
-        time.sleep(0.01)
-    recorder.add("carol", tmp_path / "carol")
-    failed = recorder.finish()
-    assert batches == [["alice"], ["bob", "dave"], ["carol"]], f"each submission is recorded once, in order: {batches}"
-    assert failed == {"bob": "recording the executed notebook in the gradebook failed: bad notebook",
-                      "carol": "recording the executed notebook in the gradebook failed: disk full"}, failed
-
-
 def test_shards_partition_the_class_and_match_the_serial_run(root, serial, tmp_path):
     make_class(root, tmp_path, SMALL_CLASS)
     students = grade.list_students(tmp_path, LAB)

@@ -31,8 +31,8 @@ from course.notebooks import is_autograded_test  # noqa: E402
 
 def report_lines(runs: list[Path], shown: int = 12) -> list[str]:
     """Markdown: for each run file, its pass totals, and the ``shown`` cells whose first pass took longest (wall and
-    CPU seconds of each pass). The first cell holds the lab's imports: a grading kernel has made them before its
-    submission (``course/kernel_pool.py``), so the totals leave it out."""
+    CPU seconds of each pass). The first cell holds the lab's imports (paid once per kernel, not per cell), so
+    the totals leave it out."""
     lines = ["# What each cell of a lab costs in one process, first and second time", "",
              "Made by `python scripts/gpu/cell_costs.py --lab LAB --cudnn-sdp on|off` (one process each), rendered by "
              "`--render`. Totals leave out the first cell (the imports, which a grading kernel has made before its "

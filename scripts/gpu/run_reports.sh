@@ -7,22 +7,6 @@
 #   lab2bench  scripts/gpu/lab2_bench.py        (Lab 2 cell by cell at teaching scale: its report.md, tables, figures)
 #   autograde  scripts/gpu/run_lab.py LAB --skip-execute for every lab (one reference submission graded as TAs grade)
 #   cudafaults scripts/gpu/check_cuda_faults.py (a device-side assert and a CUDA OOM in a submission, graded on the GPU)
-#   breakdown  scripts/bench_grading_breakdown.py (where one Lab 1 autograde's time goes) and
-#              scripts/bench_grading_throughput.py (submissions per minute against workers)
-#   throughput scripts/bench_grading_throughput.py alone ($EFFICIENT_AI_BENCH_SUBMISSIONS submissions, default 8, or
-#              one class size per worker count, at
-#              each of $EFFICIENT_AI_BENCH_WORKERS workers, default "1 4 8"; kernel pool and fork server
-#              $EFFICIENT_AI_BENCH_KERNELS_AHEAD: on (default), off or both; workers pinned to their CPUs
-#              $EFFICIENT_AI_BENCH_PIN: on (default), off or both; kernels forked from a zygote
-#              $EFFICIENT_AI_BENCH_ZYGOTE: on (default), off or both; lab $EFFICIENT_AI_BENCH_LAB, default lab1,
-#              report grading-throughput-h100[-LAB][-$EFFICIENT_AI_BENCH_TAG].md; $EFFICIENT_AI_BENCH_APPEND=FILE.json: this run's rows are
-#              reported after FILE's, an earlier device command's report of the same machine and boot: one report
-#              from commands that each fit the device's time limit)
-#   ahead      scripts/bench_grading_breakdown.py with the kernel started 20 s ahead and nbgrader forked from the fork
-#              server (course grade's steady state),
-#              $EFFICIENT_AI_BENCH_REPEAT runs (default 2); report grading-breakdown-h100-ahead.md
-#   compare    scripts/compare_grading_cost.py (every lab graded by this tree and by the tree in .baseline, which
-#              travels as an ignored path: carry [".whl", ".baseline"]; write it here with --commit first)
 #   capped     scripts/gpu/run_lab.py LAB --skip-autograde for every lab at once, each kernel's CUDA memory capped at
 #              $EFFICIENT_AI_GPU_MEMORY_GB (space-separated caps run one after another); report:
 #              scripts/gpu/make_memory_report.py. The labs share the GPU, so these runs' times are not benchmarks.
@@ -50,23 +34,6 @@ for step in "$@"; do
     measure) python3 scripts/gpu/lab1_measure.py --out "$RESULTS" 2>&1 | tee "$RESULTS/lab1_measure.log" ;;
     lab2bench) python3 scripts/gpu/lab2_bench.py --out "$RESULTS/lab2" 2>&1 | tee "$RESULTS/lab2_bench.log" ;;
     cudafaults) python3 scripts/gpu/check_cuda_faults.py --out "$RESULTS" 2>&1 | tee "$RESULTS/cuda_faults.log" ;;
-    breakdown) { python3 scripts/bench_grading_breakdown.py --lab lab1 --repeat 2 --tag h100 --out "$RESULTS/reports"
-                 python3 scripts/bench_grading_throughput.py --lab lab1 --submissions ${EFFICIENT_AI_BENCH_SUBMISSIONS:-8} \
-                   --workers ${EFFICIENT_AI_BENCH_WORKERS:-1 4 8} --tag h100 --out "$RESULTS/reports"; } 2>&1 | tee "$RESULTS/breakdown.log" ;;
-    throughput) lab=${EFFICIENT_AI_BENCH_LAB:-lab1} tag=h100 append=
-                [ "$lab" = lab1 ] || tag="$tag-$lab"
-                tag="$tag${EFFICIENT_AI_BENCH_TAG:+-$EFFICIENT_AI_BENCH_TAG}"
-                if [ -n "${EFFICIENT_AI_BENCH_APPEND:-}" ]; then
-                  mkdir -p "$RESULTS/reports" && cp "$EFFICIENT_AI_BENCH_APPEND" "$RESULTS/reports/grading-throughput-$tag.json" \
-                    && append=--append || exit 1
-                fi
-                python3 scripts/bench_grading_throughput.py $append --lab "$lab" --submissions ${EFFICIENT_AI_BENCH_SUBMISSIONS:-8} \
-                  --workers ${EFFICIENT_AI_BENCH_WORKERS:-1 4 8} --kernels-ahead ${EFFICIENT_AI_BENCH_KERNELS_AHEAD:-on} \
-                  --pin ${EFFICIENT_AI_BENCH_PIN:-on} --zygote ${EFFICIENT_AI_BENCH_ZYGOTE:-on} --tag "$tag" --out "$RESULTS/reports" 2>&1 | tee -a "$RESULTS/throughput.log" ;;
-    ahead)   python3 scripts/bench_grading_breakdown.py --lab lab1 --repeat ${EFFICIENT_AI_BENCH_REPEAT:-2} --kernel-ahead 20 --fork \
-               --tag h100-ahead --out "$RESULTS/reports" 2>&1 | tee "$RESULTS/ahead.log" ;;
-    compare) python3 scripts/compare_grading_cost.py --rounds ${EFFICIENT_AI_BENCH_ROUNDS:-1} --tag h100 \
-               --out "$RESULTS/reports" 2>&1 | tee "$RESULTS/compare.log" ;;
     autograde) for lab in $(ls labs); do python3 scripts/gpu/run_lab.py "$lab" --skip-execute --out "$RESULTS"; done 2>&1 | tee "$RESULTS/autograde.log" ;;
     capped)  for cap in ${EFFICIENT_AI_GPU_MEMORY_GB:?capped needs EFFICIENT_AI_GPU_MEMORY_GB, e.g. 15}; do
                for lab in $(ls labs); do

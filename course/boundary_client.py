@@ -1,0 +1,80 @@
+"""The grader's end of the grading boundary's comm (``course/boundary.py``, ``course/boundary_kernel.py``): installing
+the boundary's server in a fresh kernel before any student code, and sending it the requests of a test cell.
+
+Requests and answers travel on a Jupyter comm. The answer and the kernel's idle status are read from the IOPub
+channel, matched by request; a request the kernel handled without an answer (student code replaced the server) gives
+None, and a request still running at the test cell's time limit is interrupted (the server answers with the
+interruption); a kernel that does not answer even then counts as lost.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+
+from . import boundary
+from .kernel_channel import KERNEL_REPLY_TIMEOUT_S, KernelChannel, install_source
+
+
+class BoundaryClient:
+    """The boundary's server in the kernel of ``channel``, and the comm its requests travel on."""
+
+    def __init__(self, channel: KernelChannel):
+        self.channel = channel
+        self.comm = ""  # the comm's id; "" until the server is installed in the current kernel
+        self.deadline = 0.0  # time.monotonic() at which the running test cell's requests are interrupted
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.comm)
+
+    def install(self, timeout_s: float) -> None:
+        """Install the server; on success open the comm (the kernel handles shell messages in order, so requests
+        sent after this find it open)."""
+        code = install_source(boundary.KERNEL_SOURCE.read_text(), "_efficient_ai_boundary", "<grading boundary>",
+                              f"_g['_efficient_ai_boundary_install']({boundary.MAX_ANSWER_BYTES}, "
+                              f"{boundary.COMM_TARGET!r})")
+        reply = self.channel.request(code, timeout_s=timeout_s)
+        if not reply or reply["content"].get("status") != "ok":
+            self.comm = ""
+            return
+        self.comm = secrets.token_hex(16)
+        kc = self.channel.owner.kc
+        kc.shell_channel.send(kc.session.msg(
+            "comm_open", {"comm_id": self.comm, "target_name": boundary.COMM_TARGET, "data": {}}))
+
+    def forget(self) -> None:
+        """The kernel was replaced: the server must be installed again."""
+        self.comm = ""
+
+    async def _ask(self, payload: str, timeout_s: float) -> tuple[str | None] | None:
+        kc = self.channel.owner.kc
+        msg = kc.session.msg("comm_msg", {"comm_id": self.comm, "data": {"request": payload}})
+        kc.shell_channel.send(msg)
+        msg_id = msg["header"]["msg_id"]
+
+        def pick(message):
+            if message["parent_header"].get("msg_id") != msg_id:
+                return None
+            content = message["content"]
+            if message["msg_type"] == "comm_msg" and content.get("comm_id") == self.comm:
+                data = content.get("data")
+                answer = data.get("answer") if isinstance(data, dict) else None
+                return (answer if isinstance(answer, str) else None,)
+            if message["msg_type"] == "status" and content.get("execution_state") == "idle":
+                return (None,)
+            return None
+
+        return await self.channel.read(kc.iopub_channel, timeout_s, True, pick)
+
+    def ask(self, payload: str) -> str | None:
+        """One request to the kernel's boundary server; its answer text, or None when there is none (the kernel is
+        lost, or student code took the server's place and sent nothing)."""
+        if self.channel.lost or not self.ready:
+            return None
+        left_s = max(1.0, (self.deadline or time.monotonic() + KERNEL_REPLY_TIMEOUT_S) - time.monotonic())
+        handled = self.channel.run(self._ask, payload, left_s)
+        if handled is None:
+            if not self.channel.lost:
+                self.channel.lost = f"stopped answering (no reply in {left_s:.0f} s, nor after an interrupt)"
+            return None
+        return handled[0]

@@ -1,0 +1,85 @@
+"""The grader's side of the grading guard (``course/guard_kernel.py``, docs/SECURITY.md): installing it in a fresh
+kernel before any student code, and its signed commands.
+
+The guard answers through Jupyter ``user_expressions`` (evaluated without input transformers, AST transformers or
+cell hooks), each answer signed with a key the grader received before any student code ran. An answer that is
+missing or wrongly signed breaks the guard for good (``broken``): every later test cell then fails (fail closed).
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import hmac
+import json
+import secrets
+from pathlib import Path
+
+from .kernel_channel import KernelChannel, install_source
+
+GUARD_SOURCE = Path(__file__).with_name("guard_kernel.py")
+NOT_INSTALLED = "the grading guard could not be installed in the kernel"
+STOPPED_ANSWERING = ("the grading guard stopped answering correctly (student code removed or replaced it); every "
+                     "later test cell scores zero")
+
+
+def guard_value(reply: dict | None) -> str | None:
+    """The ``guard`` user expression's value in a kernel's reply, or None where it has none."""
+    try:
+        value = reply["content"]["user_expressions"]["guard"]
+        if value.get("status") != "ok":
+            return None
+        return ast.literal_eval(value["data"]["text/plain"])
+    except (KeyError, TypeError, ValueError, SyntaxError):
+        return None
+
+
+class GuardClient:
+    """The guard of one notebook's kernels, over ``channel``; ``enabled`` False makes every command find nothing."""
+
+    def __init__(self, channel: KernelChannel, enabled: bool = True):
+        self.channel = channel
+        self.enabled = enabled
+        self.key: bytes | None = None  # None: not installed in the current kernel (or no longer trusted)
+        self.broken = ""  # why the guard's answers can no longer be trusted ("" while they can)
+
+    def needs_install(self) -> bool:
+        return self.enabled and self.key is None and not self.broken
+
+    def install(self, watch_libraries: bool, timeout_s: float) -> None:
+        """Install the guard in the kernel (``watch_libraries``: numpy, torch and utils are watched too); installing
+        imports what it watches, which on a busy machine takes as long as a cell (``timeout_s``)."""
+        code = install_source(GUARD_SOURCE.read_text(), "_efficient_ai_guard", "<grading guard>",
+                              f"_efficient_ai_guard = _g['_efficient_ai_guard_install']({watch_libraries!r})")
+        reply = self.channel.request(code, timeout_s=timeout_s)
+        if not reply or reply["content"].get("status") != "ok":
+            self.broken = NOT_INSTALLED
+            return
+        key = guard_value(self.channel.request("", "_efficient_ai_guard('key')"))
+        if not key:
+            self.broken = NOT_INSTALLED
+            return
+        self.key = bytes.fromhex(key)
+
+    def command(self, command: str) -> list[str] | None:
+        """Run a guard command (``check``, ``restore``, ``mark``, ``adopt``); its findings (a list), or None when its
+        answer cannot be trusted."""
+        if not self.enabled:
+            return []
+        if self.key is None:
+            return None
+        nonce = secrets.token_hex(16)
+        value = guard_value(self.channel.request("", f"_efficient_ai_guard({command!r}, {nonce!r})"))
+        if self.channel.lost:
+            return []  # the kernel itself is gone or mute: execution stops there (GuardedExecute)
+        payload, _, signature = (value or "").rpartition("|")
+        expected = hmac.new(self.key, f"{nonce}|{payload}".encode(), hashlib.sha256).hexdigest()
+        if not value or not hmac.compare_digest(signature, expected):
+            self.key = None
+            self.broken = STOPPED_ANSWERING
+            return None
+        return json.loads(payload) if command in ("check", "restore") else []
+
+    def findings(self, command: str) -> list[str]:
+        """``command``'s findings; the reason the guard is broken when its answer cannot be trusted."""
+        found = self.command(command)
+        return [self.broken] if found is None else found

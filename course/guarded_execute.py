@@ -1,0 +1,366 @@
+"""``GuardedExecute``: nbgrader's Execute with the grading boundary and guard, recovery from a lost kernel, output
+caps and a notebook time limit (docs/SECURITY.md). Its parts, one job each:
+
+- ``course.kernel_channel.KernelChannel``: the grader's own requests to the kernel, and whether it was lost;
+- ``course.guard_client.GuardClient``: the grading guard's installation and signed commands;
+- ``course.boundary_client.BoundaryClient``: the boundary's server and the requests of test cells;
+- ``course.output_budget.OutputBudget``: the output kept per cell and per notebook;
+- ``course.grading_record.GradingRecord``: what happened, written as ``grading_report.json``.
+
+This class only decides what runs where, cell by cell:
+
+- Test cells never run in the kernel: ``course/boundary.py`` runs them in this process, asking the kernel's boundary
+  server for the student's values, and writes the cells' outputs itself; no reply status, error or output of the
+  kernel decides a score. Hidden test source therefore never reaches the kernel.
+- Around every test cell, and before every locked (instructor) cell, the guard is asked what student code changed:
+  anything changed is put back and the next test cell gets a ``GradingIntegrityError``; what a locked cell itself
+  changes becomes the reference (``adopt``).
+- A dead or mute kernel fails the cell it happened in; a fresh kernel runs the earlier cells (not the tests) again and
+  grading goes on (at most ``MAX_KERNEL_RESTARTS``). When no fresh kernel can help, at the notebook time limit or
+  after a sticky CUDA error, execution stops; later test cells get an error saying why they did not run.
+- Cell metadata that changes how a cell runs is removed before any cell runs (``neutralise_cell_metadata``); widget
+  messages are ignored.
+- A cell whose output did not finish arriving (nbclient's ``CellTimeoutError``) counts as failed; a kernel lost
+  before any student code ran, or anything a busy machine can explain, asks ``course.grade`` to grade again
+  (``retry``).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbclient.util import ensure_async, run_sync
+from nbformat.notebooknode import NotebookNode
+from nbgrader.preprocessors import Execute
+from traitlets import Bool, Enum, Float, Integer
+
+from . import boundary
+from .boundary_client import BoundaryClient
+from .grading_record import GradingRecord
+from .guard_client import GuardClient
+from .kernel_channel import KERNEL_REPLY_TIMEOUT_S, KernelChannel
+from .nbgrader_ext import (
+    NEUTRALISED_KEY,
+    course_source_folder,
+    error_output,
+    is_setup_cell,
+    neutralise_cell_metadata,
+    partial_credit_output,
+    setup_cells,
+    sticky_cuda_error,
+    where,
+)
+from .notebooks import is_autograded_test
+from .output_budget import MIB, OutputBudget, shorten
+from .scan import recording_bypass_flags
+
+DEFAULT_NOTEBOOK_TIMEOUT_S = 600
+MAX_KERNEL_RESTARTS = 3  # a kernel that dies or stops answering is replaced (earlier cells run again) this often
+RECORDS_CALLS = "record_torch_calls"  # a test cell that names it checks how an answer was computed (docs/SECURITY.md)
+
+
+class GuardedExecute(Execute):
+    """nbgrader's Execute with the grading boundary and guard (see this module's docstring)."""
+
+    max_cell_output_bytes = Integer(
+        1 * MIB, help="Output one cell may keep (bytes); the rest is dropped with a note. Errors are always kept."
+    ).tag(config=True)
+    max_notebook_output_bytes = Integer(
+        16 * MIB, help="Output the whole notebook may keep (bytes); later output is dropped with a note."
+    ).tag(config=True)
+    max_error_bytes = Integer(
+        64 * 1024, help="Size an error output (message and traceback) is shortened to (bytes)."
+    ).tag(config=True)
+    max_message_bytes = Integer(
+        8 * MIB, help="Largest kernel message the grader reads (bytes); ZeroMQ drops a larger one unread."
+    ).tag(config=True)
+    notebook_timeout_s = Float(
+        DEFAULT_NOTEBOOK_TIMEOUT_S,
+        help="Time limit of the whole notebook (seconds): later cells do not run, the points earned so far are kept.",
+    ).tag(config=True)
+    guard = Bool(
+        True, help="Install the grading guard (course/guard_kernel.py) in every kernel. Turn it off only to rule it out "
+                   "when a reference solution loses points.",
+    ).tag(config=True)
+    # nbclient's own option, with another default: once the last cell has run nothing the kernel does can change a
+    # grade, so it is killed instead of being asked to shut down and waited for (about 2 s per submission).
+    shutdown_kernel = Enum(
+        ["graceful", "immediate"], default_value="immediate",
+        help="How the kernel ends after the last cell: 'immediate' kills it, 'graceful' asks it to shut down first.",
+    ).tag(config=True)
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._start_run(nb, resources)
+        try:
+            return super().preprocess(nb, resources, km)
+        finally:
+            if self._zmq_context is not None:
+                self._zmq_context.destroy(linger=0)
+            self._record.output_dropped_bytes = {where(self.nb.cells[i], i): size
+                                                 for i, size in self._budget.dropped.items()}
+            self._record.guard = self._guard.broken
+            self._record.write(((resources or {}).get("metadata") or {}).get("path"))
+
+    def _make_parts(self) -> None:
+        """The parts one notebook's run works with, fresh."""
+        self._record = GradingRecord(output_caps_bytes=[self.max_cell_output_bytes, self.max_notebook_output_bytes])
+        self._channel = KernelChannel(self)
+        self._guard = GuardClient(self._channel, self.guard)
+        self._boundary = BoundaryClient(self._channel)
+        self._budget = OutputBudget(self.max_cell_output_bytes, self.max_notebook_output_bytes, self.max_error_bytes)
+        self._zmq_context = None
+        self._grader: boundary.GraderSide | None = None  # runs the test cells (course/boundary.py)
+        self._pending: list[str] = []  # tampering undone before a locked cell, charged to the next test cell
+        self._replayable: list[int] = []  # code cells (not tests) that ran without losing the kernel
+        self._deadline = time.monotonic() + self.notebook_timeout_s
+
+    def _start_run(self, nb, resources) -> None:
+        """What one notebook's run needs, made before its first cell: its parts, and the grader's imports started."""
+        self._make_parts()
+        # The grader runs the test cells with torch of its own: import it while the kernel starts, not after.
+        self._needed = boundary.names_tests_read(nb)
+        self._recording_bypass = recording_bypass_flags(nb)
+        self._warming = threading.Thread(target=boundary.warm_imports, name="grader-imports", daemon=True, args=(
+            self._needed, self._instructor_folder(resources), boundary.modules_to_import(setup_cells(nb), self._needed)))
+        self._warming.start()
+        earlier = nb.metadata.pop(NEUTRALISED_KEY, None)  # found by NeutraliseCellMetadata in the sanitize step
+        if isinstance(earlier, dict):
+            self._record.neutralised.update({str(k): [str(x) for x in v] for k, v in earlier.items()
+                                             if isinstance(v, list)})
+        for index, cell in enumerate(nb.cells):
+            removed = neutralise_cell_metadata(cell, self.skip_cells_with_tag)
+            if removed:
+                self._record.neutralised[where(cell, index)] = removed
+
+    async def async_start_new_kernel_client(self):
+        """nbclient's kernel client, on ZeroMQ sockets that drop any message over ``max_message_bytes`` unread."""
+        import zmq
+        import zmq.asyncio
+
+        context = zmq.asyncio.Context()
+        context.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        self._zmq_context = context
+        make_client = self.km.client
+        self.km.client = lambda **kwargs: make_client(context=context, **kwargs)
+        try:
+            return await super().async_start_new_kernel_client()
+        finally:
+            del self.km.client
+
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)  # nbclient binds the sync name to its own
+
+    def _instructor_folder(self, resources) -> Path | None:
+        """The lab's instructor files (``source/<lab>/``): the grader imports ``utils`` from there."""
+        lab = ((resources or {}).get("nbgrader") or {}).get("assignment")
+        folder = course_source_folder(self.config, lab) if lab else None
+        return folder if folder is not None and folder.is_dir() else None
+
+    def _install_kernel_side(self) -> None:
+        """The grading guard and the boundary's server, in a kernel that has neither yet."""
+        timeout_s = max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0)  # installing imports torch: as long as a cell
+        if self._guard.needs_install():
+            folder = self._grader.folder if self._grader is not None else None
+            self._guard.install(boundary.lab_uses_guard_libraries(folder), timeout_s)
+        if not self._boundary.ready and not self._channel.lost:
+            self._boundary.install(timeout_s)
+
+    # -- cells --------------------------------------------------------------------------------------------------
+    def preprocess_cell(self, cell, resources, index):
+        self._check_assign_resources(resources)
+        if self._grader is None:
+            self._grader = boundary.GraderSide(self._instructor_folder(resources), boundary.KernelLink(self._boundary.ask),
+                                               self._needed, self._warming)
+        if not self._record.stopped and not self._channel.lost:
+            self._install_kernel_side()
+        is_test = is_autograded_test(cell)
+        if self._record.stopped:
+            if is_test:
+                cell.outputs = [error_output("NotRun", self._record.stopped)]
+            return cell, self.resources
+        if cell.cell_type != "code":
+            return cell, self.resources
+        here = where(cell, index)
+        if is_test:
+            self._grade_test_cell(cell, index, here)
+        else:
+            self._run_notebook_cell(cell, index, here, is_setup_cell(cell))
+        cuda_error = sticky_cuda_error(cell)
+        if cuda_error:
+            self._record.cuda_error = f"{cuda_error} in {here}"
+            self._record.stopped = (f"a CUDA error that leaves the GPU unusable ({cuda_error}) in {here}; "
+                                    "cells after it were not run")
+        elif time.monotonic() > self._deadline:
+            self._record.stopped = (f"the notebook exceeded its time limit of {self.notebook_timeout_s:.0f} s "
+                                    f"(GuardedExecute.notebook_timeout_s) after {here}; cells after it were not run")
+        return cell, self.resources
+
+    def _run_notebook_cell(self, cell, index: int, here: str, is_setup: bool) -> None:
+        """Run a cell that is not a test in the kernel (student code, or a locked instructor cell)."""
+        if is_setup:
+            self._before_locked_cell()
+            self._grader.run_locked_cell(cell.source, cell.metadata.get("tags"))
+        elif cell.source.strip():
+            self._record.student_code_ran = True
+        try:
+            self.execute_cell(cell, index, store_history=True)
+        except DeadKernelError:
+            self._channel.lost = "died"
+            cell.outputs.append(error_output("DeadKernelError", f"the kernel died in {here}"))
+            self._recover(f"in {here}")
+            return
+        except CellTimeoutError:
+            self._output_did_not_arrive(cell, here)
+        if is_setup:
+            self._guard.command("adopt")
+        else:
+            # Student code can leave the kernel unable to answer (replacing builtins.type breaks ipykernel's
+            # message handler): ask now, so a kernel in that state costs one wait, not one per remaining cell.
+            self._channel.request("")
+        if self._channel.lost:
+            self._recover(f"after {here}")
+        else:
+            self._replayable.append(index)
+
+    def _before_locked_cell(self) -> None:
+        """Student changes are undone before a locked cell (and charged to the next test cell), so that what the
+        locked cell changes can be adopted as the instructor's own (``adopt`` after it)."""
+        self._pending += self._guard.findings("restore")
+        self._guard.command("mark")
+
+    def _grade_test_cell(self, cell, index: int, here: str) -> None:
+        """Run a test cell in the grader (course/boundary.py); its outputs are the grader's, never the kernel's."""
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id") or str(index)
+        found, self._pending = self._pending + self._guard.findings("restore"), []
+        cell.outputs, cell.execution_count = [], None
+        if self._channel.lost:
+            self._recover(f"before {here}")
+        if self._record.stopped:
+            cell.outputs = [error_output("NotRun", self._record.stopped)]
+            return
+        self._boundary.deadline = time.monotonic() + (self.timeout or KERNEL_REPLY_TIMEOUT_S)
+        printed, error, share = self._run_test(cell.source, gid)
+        if printed:
+            cell.outputs.append(NotebookNode(output_type="stream", name="stdout",
+                                             text=shorten(printed, self.max_cell_output_bytes)))
+        if error:
+            cell.outputs.append(error_output(error[0], shorten(error[1], self.max_error_bytes)))
+        elif share < 1.0:
+            cell.outputs.append(partial_credit_output(cell, share, self._grader.last_failures))
+        if self._channel.lost:
+            self._recover(f"in {here}")
+        else:
+            found += self._guard.findings("restore")
+        if self._recording_bypass and RECORDS_CALLS in cell.source:
+            found += [f"code that can switch off the recording of torch calls ({flag})"
+                      for flag in self._recording_bypass[:3]]
+        if found:
+            found = sorted(set(found))
+            self._record.integrity[gid] = found
+            cell.outputs.append(error_output(
+                "GradingIntegrityError",
+                "this test does not count: student code changed what the tests rely on (" + "; ".join(found) +
+                "). The change was undone for the cells after this one."))
+
+    def _run_test(self, source: str, gid: str) -> tuple[str, tuple[str, str] | None, float]:
+        """What the test cell printed, its error, and the share of its checks that passed."""
+        try:
+            return self._grader.run_test_cell(source, gid)
+        except boundary.KernelLost:
+            lost = self._channel.lost
+            if not lost:  # the kernel answered, but not with its boundary server's answer
+                return "", ("BoundaryError", "the kernel sent no answer to a request of this test: student code "
+                            "replaced or broke the grading boundary's server in the kernel"), 0.0
+            return "", ("DeadKernelError" if lost == "died" else "TimeoutError",
+                        f"the kernel {lost} while this test cell was running; the grader started a fresh kernel "
+                        "for the cells after it"), 0.0
+
+    # -- a lost kernel: a fresh one, and the cells before ----------------------------------------------------------
+    def _recover(self, when: str) -> None:
+        """After the kernel died or went mute: start a fresh kernel and run the earlier cells (not the tests) again,
+        so a crash costs only the cell it happened in. Gives up (``_stop_lost_kernel``) after
+        ``MAX_KERNEL_RESTARTS`` fresh kernels, past the notebook's time limit, or when the earlier cells lose the
+        fresh kernel too."""
+        if len(self._record.kernel_restarts) >= MAX_KERNEL_RESTARTS or time.monotonic() > self._deadline:
+            self._stop_lost_kernel(when)
+            return
+        self._record.kernel_restarts.append(f"the kernel {self._channel.lost} {when}")
+        try:
+            run_sync(self._async_fresh_kernel)()
+        except Exception as exc:  # noqa: BLE001 - a kernel that cannot start again stops grading here
+            self._stop_lost_kernel(f"{when} (a fresh kernel could not start: {type(exc).__name__})")
+            return
+        self._channel.lost = ""
+        self._guard.key = None
+        self._boundary.forget()
+        self._install_kernel_side()
+        for earlier in list(self._replayable):
+            cell = self.nb.cells[earlier]
+            is_setup = is_setup_cell(cell)
+            if is_setup:
+                self._before_locked_cell()
+            self._channel.request(cell.source, timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
+            if is_setup:
+                self._guard.command("adopt")
+            if self._channel.lost:
+                self._stop_lost_kernel(f"while the earlier cells ran again in a fresh kernel, {when}")
+                return
+
+    async def _async_fresh_kernel(self) -> None:
+        try:
+            self.kc.stop_channels()
+        except Exception:  # noqa: BLE001, S110 - channels of a dead kernel may already be closed
+            pass
+        await ensure_async(self.km.restart_kernel(now=True))
+        await self.async_start_new_kernel_client()
+
+    def _stop_lost_kernel(self, when: str) -> None:
+        """Stop execution after the kernel died or went mute, worded by what was observed."""
+        lost, record = self._channel.lost, self._record
+        if not record.student_code_ran:
+            cause = ("before any student code ran, so not because of the submission (a machine too busy or short of "
+                     "memory, or a kernel that failed to start)")
+            record.retry = record.retry or f"the kernel {lost} {when}, before any student code ran"
+        elif lost == "died":
+            cause = "(os._exit, a segfault or the out-of-memory killer)"
+        else:
+            cause = ("after student code ran: student code can break it (replacing builtins.type does), and so can a "
+                     "machine too busy to answer")
+            record.retry = record.retry or f"the kernel {lost} {when}"
+        record.stopped = f"the kernel {lost} {when} {cause}; cells after it were not run"
+
+    def _output_did_not_arrive(self, cell, here: str) -> None:
+        """nbclient's ``CellTimeoutError``: the kernel replied, but the cell's output did not finish arriving within
+        ``iopub_timeout`` (a cell interrupted at the time limit that kept running, output dropped for its size, or a
+        busy machine). The cell counts as failed; the next request tells whether the kernel still answers."""
+        reason = (f"the output of {here} had not finished arriving {self.iopub_timeout} s after the kernel's reply "
+                  "(nbclient's CellTimeoutError); it counts as failed")
+        self._record.output_missed.append(reason)
+        self._record.retry = self._record.retry or reason
+        cell.outputs.append(error_output("CellTimeoutError", reason))
+        self._channel.reopen()
+
+    # -- output: nbclient's hooks, through the budget ---------------------------------------------------------------
+    def output(self, outs, msg, display_id, cell_index):
+        """Keep an output while the cell's and the notebook's budgets last (nbclient's ``output`` otherwise)."""
+        keep, dropped = self._budget.admit(msg, cell_index)
+        out = super().output(outs, msg, display_id, cell_index) if keep else None
+        if dropped:
+            self._budget.drop(outs, cell_index, dropped)
+        return out
+
+    def on_cell_executed(self, **kwargs):
+        reply = kwargs.get("execute_reply") or {}
+        if isinstance(reply.get("content"), dict) and reply["content"].get("status") == "error":
+            self._budget.shorten_error(reply["content"])
+        return super().on_cell_executed(**kwargs)
+
+    def _update_display_id(self, display_id, msg):
+        if self._budget.fits_update(msg):  # an update too large to keep is dropped (the output it replaces stays)
+            super()._update_display_id(display_id, msg)
+
+    def handle_comm_msg(self, outs, msg, cell_index):
+        """Ignore widget (comm) messages: grading needs no widget state, and an output widget would capture the
+        outputs of the cell it names, a test cell's error included."""
+        return None

@@ -1,0 +1,130 @@
+"""The grader's own requests to a grading kernel, beside the cells nbclient runs: silent requests, reads that give
+up after a time, and reconnecting after ZeroMQ dropped an oversized message.
+
+``KernelChannel`` talks through the executor's current client and manager (``owner.kc``, ``owner.km``: both change
+when a fresh kernel replaces a lost one) and records, in ``lost``, that the kernel died or stopped answering one of
+these requests ("" while it answers). Once lost, no further request is sent.
+"""
+from __future__ import annotations
+
+import time
+from queue import Empty
+
+from nbclient.exceptions import DeadKernelError
+from nbclient.util import ensure_async, run_sync
+
+# How long the grader waits for the kernel to answer one of its own requests (a guard command, or the empty
+# request sent after every cell); a healthy kernel answers in milliseconds.
+KERNEL_REPLY_TIMEOUT_S = 60
+
+# Settings of a grading kernel, made before any student code: cuDNN's attention prepares its kernels on each shape's
+# first call in a process, on the CPU, and every grading kernel is a fresh process; FlashAttention or the
+# memory-efficient kernel give the same results. A student's own kernel keeps PyTorch's defaults.
+GRADING_KERNEL_SETTINGS = (
+    "import sys as _s\n"
+    "if 'torch' in _s.modules and hasattr(_s.modules['torch'].backends.cuda, 'enable_cudnn_sdp'):\n"
+    "    _s.modules['torch'].backends.cuda.enable_cudnn_sdp(False)\n"
+    "del _s\n"
+)
+
+
+def install_source(source: str, namespace: str, filename: str, install_call: str) -> str:
+    """Code that runs ``source`` (a file of the grader's, shown as ``filename``) in the kernel with a private copy of
+    the builtins, taken before any student code runs (replacing ``builtins.type`` later cannot change how it works),
+    and then ``install_call`` (a statement over ``_g``, the namespace named ``namespace`` it ran in)."""
+    return (
+        GRADING_KERNEL_SETTINGS +
+        "import builtins as _b\n"
+        f"_g = {{'__builtins__': dict(vars(_b)), '__name__': {namespace!r}}}\n"
+        f"exec(compile({source!r}, {filename!r}, 'exec'), _g)\n"
+        f"{install_call}\n"
+        "del _b, _g\n"
+    )
+
+
+class KernelChannel:
+    """Requests of the grader's own to the kernel of ``owner`` (an nbclient executor)."""
+
+    def __init__(self, owner):
+        self.owner = owner
+        self.lost = ""  # "died" or "stopped answering ...", found by a request of the grader's own
+
+    def run(self, coroutine_function, *args):
+        """Run one of this channel's coroutines; None (and ``lost`` set to "died") when the kernel died meanwhile."""
+        try:
+            return run_sync(coroutine_function)(*args)
+        except DeadKernelError:
+            self.lost = "died"
+            return None
+
+    async def read(self, channel, timeout_s: float, interrupt: bool, pick):
+        """Read ``channel``'s messages until ``pick(message)`` returns something other than None, and return that;
+        None after ``timeout_s`` seconds. With ``interrupt``, a request still running then is interrupted and given
+        10 s more to answer (with the interruption). Raises DeadKernelError when the kernel dies meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if time.monotonic() > deadline:
+                if not interrupt:
+                    return None
+                await ensure_async(self.owner.km.interrupt_kernel())
+                interrupt, deadline = False, time.monotonic() + 10
+            try:
+                msg = await ensure_async(channel.get_msg(timeout=1))
+            except Empty:
+                if not await ensure_async(self.owner.kc.is_alive()):
+                    raise DeadKernelError("Kernel died") from None
+                continue
+            picked = pick(msg)
+            if picked is not None:
+                return picked
+
+    async def _request(self, code: str, expression: str | None, timeout_s: float) -> dict | None:
+        kc = self.owner.kc
+        msg_id = kc.execute(code, silent=True, store_history=False, allow_stdin=False,
+                            user_expressions={"guard": expression} if expression else None)
+        return await self.read(kc.shell_channel, timeout_s, False,
+                               lambda msg: msg if msg["parent_header"].get("msg_id") == msg_id else None)
+
+    def request(self, code: str, expression: str | None = None, timeout_s: float = KERNEL_REPLY_TIMEOUT_S) -> dict | None:
+        """Send the kernel a silent request; its reply, or None (and ``lost`` set) when none came within
+        ``timeout_s`` seconds. ``expression`` is evaluated as the ``guard`` user expression."""
+        if self.lost:
+            return None
+        reply = self.run(self._request, code, expression, timeout_s)
+        if reply is None and not self.lost:
+            self.lost = f"stopped answering (no reply in {timeout_s:.0f} s)"
+        return reply
+
+    def reopen(self) -> None:
+        """Connect the shell and output channels to the kernel again, and wait until output arrives on them.
+
+        ZeroMQ closes a channel that received a message over the executor's ``max_message_bytes`` and does not reopen
+        it; a fresh subscription misses what the kernel sent before it took effect, so the kernel is asked for a
+        status until one arrives. A kernel that sends none within ``KERNEL_REPLY_TIMEOUT_S`` counts as no longer
+        answering.
+        """
+        for name in ("_iopub_channel", "_shell_channel"):
+            channel = getattr(self.owner.kc, name, None)
+            if channel is not None:
+                channel.close()
+                setattr(self.owner.kc, name, None)
+        arrived = self.run(self._output_arrives, KERNEL_REPLY_TIMEOUT_S)
+        if not arrived and not self.lost:
+            self.lost = f"stopped answering (no output in {KERNEL_REPLY_TIMEOUT_S} s)"
+
+    async def _output_arrives(self, timeout_s: float) -> bool:
+        kc = self.owner.kc
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            msg_id = kc.execute("", silent=True, store_history=False, allow_stdin=False)
+            retry_at = min(deadline, time.monotonic() + 2)
+            while time.monotonic() < retry_at:
+                try:
+                    msg = await ensure_async(kc.iopub_channel.get_msg(timeout=0.5))
+                except Empty:
+                    if not await ensure_async(kc.is_alive()):
+                        raise DeadKernelError("Kernel died") from None
+                    continue
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    return True
+        return False

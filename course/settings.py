@@ -1,0 +1,86 @@
+"""The settings a TA may change, beside nbgrader's own: the sandbox's (``c.Sandbox``), and the environment variables
+that override a setting of ``nbgrader_config.py`` for one run (a cluster job, CI). docs/SETTINGS.md lists them all.
+
+Every variable is read here and nowhere else, and every on/off value is read one way (``parse_switch``).
+"""
+from __future__ import annotations
+
+import os
+
+from traitlets import Enum, Float, Integer
+from traitlets.config import Configurable
+
+
+class Sandbox(Configurable):
+    """Where and how grading kernels run (course/sandbox.py, docs/SECURITY.md)."""
+
+    mode = Enum(
+        ["auto", "on", "off"], default_value="auto",
+        help="'auto': sandbox every grading kernel in bubblewrap where it works, else warn once and start kernels "
+             "isolated but unsandboxed; 'on': refuse to grade without the sandbox; 'off': no sandbox (the isolated "
+             "start stays).",
+    ).tag(config=True)
+    memory_gb = Float(
+        8.0, help="Address-space cap of one kernel (GiB; 0: none). Not applied where CUDA devices are present.",
+    ).tag(config=True)
+    scratch_mb = Integer(
+        1024, help="Size of the kernel's private /tmp, in memory (MiB): HOME, TMPDIR and its working folder.",
+    ).tag(config=True)
+    max_processes = Integer(
+        1024, help="Processes and threads one kernel may have (its own uid when grading runs as root, and its cgroup).",
+    ).tag(config=True)
+
+
+# Variable -> (configurable, option): set, it overrides that option of nbgrader_config.py for the processes it reaches.
+ENVIRONMENT = {
+    "EFFICIENT_AI_SANDBOX": ("Sandbox", "mode"),
+    "EFFICIENT_AI_SANDBOX_MEMORY_GB": ("Sandbox", "memory_gb"),
+    "EFFICIENT_AI_SANDBOX_SCRATCH_MB": ("Sandbox", "scratch_mb"),
+    "EFFICIENT_AI_SANDBOX_MAX_PROCESSES": ("Sandbox", "max_processes"),
+    "EFFICIENT_AI_CELL_TIMEOUT_S": ("Execute", "timeout"),
+    "EFFICIENT_AI_OUTPUT_WAIT_S": ("Execute", "iopub_timeout"),
+    "EFFICIENT_AI_NOTEBOOK_TIMEOUT_S": ("GuardedExecute", "notebook_timeout_s"),
+    "EFFICIENT_AI_GUARD": ("GuardedExecute", "guard"),
+}
+SWITCHES = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
+NUMBERS = {("Sandbox", "memory_gb"): float, ("Sandbox", "scratch_mb"): int, ("Sandbox", "max_processes"): int,
+           ("Execute", "timeout"): int, ("Execute", "iopub_timeout"): int,
+           ("GuardedExecute", "notebook_timeout_s"): float}
+
+
+def parse_switch(name: str, text: str) -> bool:
+    """``on``/``off`` (or true/false, 1/0, yes/no) as a bool; anything else stops with an error naming ``name``."""
+    value = SWITCHES.get(text.strip().lower())
+    if value is None:
+        raise SystemExit(f"{name} must be on or off, got {text!r}")
+    return value
+
+
+def override(name: str, environ=None):
+    """The value variable ``name`` sets (parsed for its option), or None when it is not set."""
+    text = (os.environ if environ is None else environ).get(name, "").strip()
+    if not text:
+        return None
+    section, option = ENVIRONMENT[name]
+    if option == "guard":
+        return parse_switch(name, text)
+    if option == "mode":
+        return text.lower() if text.lower() in ("auto", "on", "off") else "on"  # unknown: fail safe
+    try:
+        return NUMBERS[section, option](float(text)) if NUMBERS[section, option] is int else float(text)
+    except ValueError:
+        raise SystemExit(f"{name} must be a number, got {text!r}") from None
+
+
+def apply_environment(c, sections: tuple[str, ...] | None = None) -> None:
+    """Set on config ``c`` every option whose variable is set (only those of ``sections``, when given)."""
+    for name, (section, option) in ENVIRONMENT.items():
+        value = override(name)
+        if value is not None and (sections is None or section in sections):
+            c[section][option] = value
+
+
+def sandbox_mode() -> str:
+    """The sandbox mode ``course grade`` checks before grading: ``EFFICIENT_AI_SANDBOX``, else ``auto``
+    (``c.Sandbox.mode`` of the course's nbgrader_config.py then decides in each nbgrader process)."""
+    return override("EFFICIENT_AI_SANDBOX") or "auto"
