@@ -2,9 +2,10 @@
 
 Usage::
 
-    python scripts/bench_autograde_cpu.py --before-commit ec3b6c4 [--rounds 3] [--lab lab1] [--out reports/...md]
+    python scripts/bench_autograde_cpu.py [--before-commit COMMIT] [--rounds 3] [--lab lab1] [--out reports/...md]
 
-``--before-commit`` checks that commit out as a ``git worktree`` beside this repository (``--before``, default
+``--before-commit`` (default: where this branch leaves ``main``, so that both trees hold the same labs) checks that
+commit out as a ``git worktree`` beside this repository (``--before``, default
 ``../<repo>-before``; kept for later runs). Each round grades the demo class (``course demo``'s three submissions:
 the reference solution, the blank release and a partial one) once with each tree, each tree with its own ``course``
 package, ``nbgrader_config.py`` and lab, into a fresh SQLite course under /tmp, in a child process started in that
@@ -115,8 +116,8 @@ def report(args, runs: list[dict], imports: list[dict]) -> list[str]:
         lines += ["", "The one speed measure kept (`course/nbgrader_child.py`: `rfc3987_syntax` marked absent before "
                   "nbgrader is imported), timed as `python -c 'import nbformat, jsonschema, nbgrader.apps.nbgraderapp'` "
                   f"with and without it, alternated, {len(imports)} times each: median {imp['with_s']:.1f} s with the "
-                  f"package imported, {imp['skipped_s']:.1f} s without; every nbgrader process pays it once (two per "
-                  "submission graded: autograde, and its share of the run's generate_assignment)."]
+                  f"package imported, {imp['skipped_s']:.1f} s without; every nbgrader process pays it once (one "
+                  "per submission graded, one more per run for generate_assignment)."]
     return lines
 
 
@@ -132,13 +133,15 @@ def dirty(tree: Path) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before-commit", required=True, help="the commit to compare with (e.g. where a branch began)")
+    parser.add_argument("--before-commit", help="the commit to compare with (default: git merge-base HEAD main)")
     parser.add_argument("--before", type=Path, default=REPO.parent / f"{REPO.name}-before",
                         help="where that commit's worktree is (made when missing)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--lab", default="lab1")
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "grading-time-cpu-2core.md")
     args = parser.parse_args()
+    args.before_commit = args.before_commit or subprocess.run(
+        ["git", "-C", str(REPO), "merge-base", "HEAD", "main"], capture_output=True, text=True, check=True).stdout.strip()[:7]
     ensure_worktree(args.before, args.before_commit)
     trees = {"before": args.before, "after": REPO}
     runs, imports = [], []
