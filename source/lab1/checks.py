@@ -162,7 +162,10 @@ def finish_checks(label: str = "") -> None:
     if failed:
         raise ChecksFailed(f"{label + ': ' if label else ''}{len(failed)} of {len(card.results)} checks failed "
                            f"({card.share:.0%} of this cell's weight passed):\n" + "\n".join(failed))
-    print(f"{label + ': ' if label else ''}all {len(card.results)} checks passed")
+    if card.results:
+        print(f"{label + ': ' if label else ''}all {len(card.results)} checks passed")
+    else:
+        print(f"{label + ': ' if label else ''}this question's tests are hidden; they run when your notebook is graded")
 
 
 # -- answers in every allowed form ------------------------------------------------------------------------------
@@ -250,17 +253,17 @@ def assert_close(got, expected, what: str, rel_tol: float = REL_TOL, abs_tol: fl
     expected = float(expected)
     ok = math.isclose(value, expected, rel_tol=rel_tol, abs_tol=abs_tol) or (
         math.isinf(expected) and value == expected)
-    defined = f" = {formula}" if formula else ""
+    defined = f"{formula} = " if formula else ""
     tol = f"relative {rel_tol:g}" + (f", absolute {abs_tol:g}" if abs_tol else "")
-    assert ok, f"{what} must be{defined} {expected!r} (to a {tol}), got {value!r}"
+    assert ok, f"{what} must be {defined}{expected!r} (to a {tol}), got {value!r}"
     return value
 
 
 def assert_integer(got, expected: int, what: str, formula: str | None = None) -> int:
     """``got`` must be exactly the whole number ``expected`` (an int in any form ``as_integer`` takes)."""
     value = as_integer(got, what)
-    defined = f" = {formula}" if formula else ""
-    assert value == int(expected), f"{what} must be{defined} {int(expected):,}, got {value:,}"
+    defined = f"{formula} = " if formula else ""
+    assert value == int(expected), f"{what} must be {defined}{int(expected):,}, got {value:,}"
     return value
 
 
