@@ -125,6 +125,7 @@ except ImportError:
 from utils import *
 from checks import *
 
+quiet_library_messages()  # hide library messages you cannot act on (profiler start/stop lines, benign autotuning)
 print_environment_report("lab2")
 if TRITON_AVAILABLE:
     mode = "compiled for the GPU" if torch.cuda.is_available() else "interpreter on the CPU (TRITON_INTERPRET=1)"
