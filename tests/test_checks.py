@@ -80,6 +80,9 @@ def test_tensors_against_a_float64_reference():
         assert_tensor_close(reference.float(), reference, "y", dtype=torch.float64)
     with pytest.raises(AssertionError, match="shape"):
         assert_tensor_close(reference[:3], reference, "y")
+    assert_tensor_close(reference, reference, "y", device=torch.device("cpu"))
+    with pytest.raises(AssertionError, match="must be on meta"):
+        assert_tensor_close(reference, reference, "y", device="meta")
     with pytest.raises(AssertionError, match="NaN"):
         assert_tensor_close(torch.full((7,), float("nan")), reference, "y")
 
