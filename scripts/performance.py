@@ -29,8 +29,10 @@ def _rows(lab: str) -> list[str]:
         if executed:
             scale = executed.get("scale", "teaching")
             raised = f", {len(executed['errors'])} cell(s) raised" if executed.get("errors") else ""
+            load = executed.get("load_average")
+            busy = f" (load average {load[0]:g} to {load[1]:g} on {executed.get('cpus')} CPUs)" if load else ""
             rows.append(f"| every cell, {scale} scale | {machine} ({run.get('torch', '?')}) | "
-                        f"{executed['total_s']:.0f} s{raised} | {where} |")
+                        f"{executed['total_s']:.0f} s{raised}{busy} | {where} |")
         graded = run.get("autograde")
         if graded and graded.get("seconds") is not None:
             short = graded.get("cells_short_of_full_marks")

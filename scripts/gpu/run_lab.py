@@ -102,7 +102,7 @@ def execute(lab: str, out: Path, timeout_s: int, cap_gb: float | None = None, pr
     record = cap_kernel_memory(cap_gb, work) if cap_gb else None
     client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3", allow_errors=True,
                                      record_timing=True, resources={"metadata": {"path": str(work)}})
-    start = time.perf_counter()
+    start, load_before = time.perf_counter(), os.getloadavg()[0]
     client.execute()
     total_s = time.perf_counter() - start
     write_notebook(nb, out / f"{prefix}_executed.ipynb")
@@ -127,7 +127,8 @@ def execute(lab: str, out: Path, timeout_s: int, cap_gb: float | None = None, pr
             if png:
                 figures += 1
                 (out / f"{prefix}_fig_{figures:02d}.png").write_bytes(base64.b64decode(png))
-    result = {"scale": scale, "total_s": total_s, "parts_s": parts, "cells": cells, "errors": errors, "figures": figures,
+    result = {"scale": scale, "total_s": total_s, "cpus": os.cpu_count(),  # the load: other work sharing the machine
+              "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)], "parts_s": parts, "cells": cells, "errors": errors, "figures": figures,
               "oom_lines": ooms}
     if record is not None:
         result.update(peak_reserved_gb(record, nb))
