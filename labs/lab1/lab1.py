@@ -76,8 +76,8 @@
 # Time per part: *your time* is our estimate for a student working through the part (reading, code, written
 # answers); *run time* is how long the reference notebook's cells took at cpu scale on a busy 2-core machine
 # (a laptop is usually faster; set-up adds 7 to 13 s, the whole run about 2.5 minutes; two of Part 4's cells
-# compile, and announce it). On the course's H100 at teaching scale the whole notebook ran in 80 s
-# (reports/lab1-h100.md).
+# compile, and announce it). On the course's H100 at teaching scale the whole notebook ran in 187 s on a
+# freshly started machine (reports/lab1-h100.md).
 #
 # | Part | your time (estimate) | run time at cpu scale |
 # | --- | --- | --- |
@@ -2101,10 +2101,13 @@ print("cached step, measured / roofline:", ", ".join(
 #   instead of 2236 (52 elementwise instead of 1820: each layer's norms, RoPE, residuals and GeLU fused into a
 #   few generated kernels) and, replayed as a CUDA graph, takes 4.35 ms: 1.7x its roofline, where the graph of
 #   the uncompiled step was 3.1x. What is left is mostly reading the weights and the cache (the 2.6 ms of the
-#   roofline) plus a few microseconds for each of the remaining kernels. The compile costs 20 to 55 s, once.
-# - **Launch overhead**: run eagerly, the same cached step took 50 to 63 ms: the CPU needs longer to launch
-#   2236 kernels from Python than the GPU needs to run them, so the eager time measures the CPU, and the cache
-#   looks almost useless (1.2 to 1.5x). Even compiled, launched from Python it takes 11 to 14 ms. This is why
+#   roofline) plus a few microseconds for each of the remaining kernels. The compile costs 18 to 51 s, once
+#   (the report's table and this cell's printed output there: two runs).
+# - **Launch overhead**: run eagerly, the same cached step took 39 to 89 ms (this cell's output and the
+#   report's "no graph" column): the CPU needs longer to launch 2236 kernels from Python than the GPU needs to
+#   run them, so the eager time measures the CPU, and the cache looks almost useless (eager speedup 1.9x in the
+#   printed output, 0.84x in the report's table, against 8.8x as CUDA graphs). Even compiled, launched from
+#   Python it takes 15 to 18 ms. This is why
 #   inference engines compile decode steps and replay them as CUDA graphs, and why we hold the graph times
 #   against the roofline.
 
@@ -2447,8 +2450,8 @@ plt.show()
 # fused attention kernel): it reads the layer's whole cache (8 x 4097 tokens, 0.27 GB) once, at least 0.08 ms at
 # 3.35 TB/s. The new token's key and value are written into the preallocated cache in place, so nothing copies
 # the cache. The projections of 8 tokens take little, and the elementwise kernels each do almost nothing, yet
-# together they take most of the rest. Launched from Python the step takes about 2 ms per layer (50 ms / 26), its
-# GPU work about 0.3 ms (the CUDA graph's 8.11 ms / 26): the GPU idles between tiny kernels while Python launches
+# together they take most of the rest. Launched from Python the step takes 1.5 to 3.4 ms per layer (39 to 89 ms / 26
+# in the report's two runs), its GPU work about 0.3 ms (the CUDA graph's 8.13 ms / 26): the GPU idles between tiny kernels while Python launches
 # the next one. The decode step is launch-bound and memory-bound, not compute-bound.
 # On a CPU (cpu scale) the table lists operators instead of kernels: the projections (aten::linear / aten::mm)
 # and attention take most of the time, and nothing copies the cache either.
@@ -2607,16 +2610,17 @@ print(f"PyTorch GeLU latency: {pytorch_gelu_latency_ms:.4f} ms ({python_gelu_lat
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q4_3_3_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
 # PyTorch's GeLU is about 9x faster at teaching scale: on the course's H100, $2^{28}$ elements took 6.4 ms with the
-# Python version against 0.718 ms with `F.gelu` (reports/lab1-h100.md, GeLU table: 8.9x). GeLU is elementwise, a
+# Python version against 0.716 ms with `F.gelu` (reports/lab1-h100.md, GeLU table: 8.9x). GeLU is elementwise, a
 # few FLOPs per 8 bytes moved: memory-bound. The Python version runs each operation as its own kernel, `pow`,
 # four multiplications, two additions and `tanh` (8 kernels), and each streams whole tensors through memory: six
 # of them read one tensor and write one (2 passes each), two (`x + ...` and the final product) read two and write
 # one (3 passes each), so $6 \cdot 2 + 2 \cdot 3 = 18$ passes, plus seven temporary allocations. `F.gelu` is one
 # fused kernel that reads `x` once, keeps every intermediate in registers and writes the result once: 2 passes.
 # $18 / 2 = 9$ is the measured ratio: at this size the time is the memory traffic, and the fused kernel runs at
-# the copy bandwidth (0.718 ms for 2 GiB moved, 2.99 TB/s in the report). At small sizes the story changes: for a
-# million elements on the H100 the memory needs under 3 µs, yet the Python version took about 0.1 ms and `F.gelu`
-# 0.02 ms (report, GeLU table): there the time is the CPU's work of launching kernels from Python, which
+# the copy bandwidth (0.716 ms for 2 GiB moved, 3.00 TB/s in the report). At small sizes the story changes: for a
+# million elements on the H100 the memory needs under 3 µs, yet the Python version took about 0.16 ms and `F.gelu`
+# 0.02 to 0.03 ms (report, GeLU table, and the printed output of Section 4.3's `torch.compile` cell in
+# reports/h100/lab1_executed.ipynb): there the time is the CPU's work of launching kernels from Python, which
 # dominates the memory traffic (Section 4.4 shows it).
 # (At cpu scale the ratio is the student's own, e.g. 3x to 10x: the same passes and temporaries, on a CPU's
 # memory bandwidth, plus 8 operator calls instead of 1.)
@@ -2644,6 +2648,9 @@ print(f"PyTorch GeLU latency: {pytorch_gelu_latency_ms:.4f} ms ({python_gelu_lat
 # - 1 point: both GeLUs profiled on x_gelu, 10 steps each with default_schedule and prof.step(), synchronised.
 # - 1 point: both tables and both kernel counts (count_cuda_kernels, per step) printed; on a GPU the Python
 #   version shows about 8 elementwise kernels per call, F.gelu one (on a CPU: operators instead of kernels).
+#   (The course's H100 run printed 13 for the Python version at 2^28 elements, reports/h100/lab1_executed.ipynb:
+#   its table lists 64 kernels over 5 steps where the steps' own calls make 40, most likely kernels still queued from
+#   the warm-up steps were counted; the table's 8 operators per call are the answer.)
 # === END MARK SCHEME ===
 with profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof_python_gelu:
     for _ in range(10):
@@ -2671,7 +2678,7 @@ print(f"kernels per call: Python GeLU {count_cuda_kernels(prof_python_gelu, per_
 # `aten::add` twice, `aten::tanh`), against one for `aten::gelu`. Each streams whole tensors through memory: the
 # six that read one tensor take about as long as the single `gelu` kernel, the two that read two tensors about
 # 1.5 times as long, so the Python version's GPU time per call is about 9 times `F.gelu`'s (6.4 ms against
-# 0.718 ms for $2^{28}$ elements on the course's H100, reports/lab1-h100.md), and it makes eight times the CPU
+# 0.716 ms for $2^{28}$ elements on the course's H100, reports/lab1-h100.md), and it makes eight times the CPU
 # launch work (`cudaLaunchKernel`). The slowdown is the number of memory passes, not the arithmetic. (On a CPU
 # the table shows the same eight operators against one `aten::gelu`, with CPU times instead of kernels.)
 # === BEGIN MARK SCHEME ===
@@ -2725,13 +2732,15 @@ else:
 # %% [markdown]
 # Two regimes show in these numbers (on the course's H100, reports/lab1-h100.md, GeLU table):
 # - **Large tensors ($2^{28}$ elements): memory traffic.** The compiled GeLU is one generated kernel, as fast as
-#   `F.gelu` (0.718 ms each, at the copy bandwidth), and the Python version is 8.9x slower: 18 memory passes
+#   `F.gelu` (0.72 ms each, at the copy bandwidth), and the Python version is 8.9x slower: 18 memory passes
 #   against 2. Fusion pays exactly by the passes it saves.
 # - **Small tensors (a million elements): launch overhead.** The memory needs under 3 µs, yet the Python version
-#   and the compiled one both took about 0.1 ms, and `F.gelu` about 0.02 ms. The GPU finishes each kernel in a few
-#   microseconds and waits for the CPU: for the Python version, eight kernel launches from Python; for the
-#   compiled one, a single kernel but the work of the compiled wrapper around it in every call (Dynamo's guard
-#   checks, the call into the generated code). Fusion saves nothing here; what counts is the CPU's work per call.
+#   took about 0.16 ms, the compiled one 0.08 to 0.09 ms and `F.gelu` 0.02 to 0.03 ms (the table, and this cell's
+#   printed output in reports/h100/lab1_executed.ipynb). The GPU finishes each kernel in a few microseconds and
+#   waits for the CPU: for the Python version, eight kernel launches from Python; for the compiled one, a single
+#   kernel but the work of the compiled wrapper around it in every call (Dynamo's guard checks, the call into the
+#   generated code), so it lands between the two, several times `F.gelu`. Fusion saves no memory time here; what
+#   counts is the CPU's work per call.
 #
 # On a CPU (cpu scale) the same two regimes show in your numbers, with operator calls instead of kernel launches:
 # for a thousand elements each operator call costs microseconds of dispatch, and the compiled wrapper costs
@@ -2812,14 +2821,17 @@ else:
 # **(b) Written, 3 points.** Describe the differences from the eager MLP of Section 4.2.
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q4_4_1_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
-# The compiled MLP launches fewer kernels (on the course's H100: 4 per call instead of 5), but it is hardly faster:
-# 0.172 ms against 0.174 ms eager (reports/lab1-h100.md, MLP table). The GeLU and the elementwise product, two
+# The compiled MLP launches fewer kernels (on the course's H100: 4 per call instead of 5), and its GPU time is
+# about the same: the profiles in reports/h100/lab1_executed.ipynb show about 83 µs of kernels per eager call and
+# 87 µs per compiled one. It measured faster, 0.205 ms against 0.377 ms eager (reports/lab1-h100.md, MLP table;
+# 0.165 against 0.236 ms in the notebook's own run), but both times are twice the GPU time or more: at this size
+# a call is bound by the CPU's work per call, and that is where the difference comes from, not from fusion. The GeLU and the elementwise product, two
 # kernels in eager mode (`aten::gelu` and `aten::mul`, each reading and writing $(B, L, I)$ tensors), are fused
 # into one generated Triton kernel (a `triton_poi_fused_...` kernel), which saves one kernel and two of the five
 # passes over $(B, L, I)$ tensors. That is all fusion can save here: the three GEMMs (cuBLAS's `nvjet...` kernels
 # or Inductor's Triton templates, whichever autotuning found faster) do almost all the FLOPs and take most of the
 # GPU time, and they are the same work compiled or not. With $B L = 4096$ tokens the saved elementwise passes are
-# about 34 MB, roughly 10 µs at the H100's 3.35 TB/s, a few percent of the call. (For the GeLU alone, Section
+# about 34 MB, roughly 10 µs at the H100's 3.35 TB/s, a few percent of the call's GPU time. (For the GeLU alone, Section
 # 4.3, the same fusion gave 9x, because there the elementwise passes were the whole cost.) The `record_function`
 # labels disappear (Dynamo ignores them; the call shows up as a `Torch-Compiled Region` with a
 # `CompiledFxGraph`), and new CPU work appears (`TorchDynamo Cache Lookup`, guards). The CPU still launches every
@@ -2828,9 +2840,10 @@ else:
 # 3 points in total:
 # - 1 point: fewer kernels; the activation and the product are fused into one (Triton) kernel.
 # - 1 point: the GEMMs remain (cuBLAS or autotuned Triton templates) and dominate the time; fusion only saves
-#   the elementwise part's traffic, so the total time is about the same (the H100 report measured 0.172 ms
-#   compiled against 0.174 ms eager; "compiled is faster" earns the point only if their own numbers show it),
-#   with numbers from their profile.
+#   the elementwise part's traffic, so the GPU time is about the same (in the H100 run's profiles about 83 µs
+#   eager and 87 µs compiled per call); a faster compiled latency (the H100 report measured 0.205 ms compiled
+#   against 0.377 ms eager) comes from less CPU work per call, not from fusion. "Compiled is faster" earns the
+#   point when their own numbers show it, with numbers from their profile.
 # - 1 point: another correct observation from their profile: record_function labels replaced by a compiled
 #   region, kernels still launched one by one from the CPU (launch gaps remain), different kernel names.
 # A CPU-only student answers from a CPU profile (compile_mlp_on_cpu = True): the same three points, read off CPU
@@ -2879,7 +2892,8 @@ else:
 # - 2 points: the comparison: on the CPU side one cudaGraphLaunch per step replaces the per-kernel launches,
 #   and the kernels run back to back (gaps between kernels gone or much smaller).
 # - 1 point: a correct conclusion about latency from their numbers: no gain, or a loss, for a 4-kernel MLP whose
-#   kernels are long (the H100 report measured 0.24 ms with graphs against 0.172 ms compiled without: each call
+#   kernels are long (the H100 report measured 0.194 ms with graphs against 0.205 ms compiled without, and the
+#   executed notebook of that report 0.181 against 0.165 ms: no consistent gain; each call
 #   still copies the input into the graph's static buffer and runs the graph wrapper's checks on the CPU, while
 #   there was little launch work to save); graphs pay off when many short kernels are launched (decode). A
 #   student whose own numbers show graphs faster, and says so, earns the point.
@@ -2903,12 +2917,14 @@ if mlp_cudagraph is not None:
     # The kernels are those of max-autotune-no-cudagraphs plus one copy of the input into the graph's static
     # buffer (5 per call in the H100 report). On the CPU side the per-kernel launch calls are replaced by a single
     # `cudaGraphLaunch` per step, and the kernels run back to back on the GPU. Yet for this MLP (4 x 1024 tokens)
-    # the graph is slower: 0.24 ms against 0.172 ms compiled without graphs on the course's H100
-    # (reports/lab1-h100.md, MLP table). Four kernels of tens of microseconds each leave little launch work to
-    # save (the CPU queues them faster than the GPU runs them), while every call adds the input copy and the CPU
+    # the graph gains nothing reliable: 0.194 ms against 0.205 ms compiled without graphs on the course's H100
+    # (reports/lab1-h100.md, MLP table), but 0.181 against 0.165 ms in this cell's run there
+    # (reports/h100/lab1_executed.ipynb). Four kernels of about 20 µs each leave little launch work to save (in
+    # the compiled MLP's profile, 4 `cuLaunchKernel` calls of about 9 µs, a small part of the call's CPU work of
+    # guards and wrappers), while every call adds the input copy and the CPU
     # work of the graph wrapper (checking that the inputs and the recorded graph still match, managing its
     # memory pool). CUDA Graphs pay off when a call launches many short kernels: the decode step of Section 3.3
-    # (2236 kernels) took 50 ms launched from Python and 8.11 ms replayed as a CUDA graph (same report).
+    # (2236 kernels) took 39 to 89 ms launched from Python and 8.13 ms replayed as a CUDA graph (same report).
 else:
     print("profiling the CUDA-Graph MLP: skipped (it needs an NVIDIA GPU at teaching scale)")
 ### END SOLUTION
@@ -3216,12 +3232,13 @@ print(f"fusion saves {sdpa_kernels['total'] - flash_kernels['total']} launches p
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_speedup_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
 # **3.** At short sequences (256 to about 1024 tokens on the course's H100) FlashAttention is not reliably
-# faster, and can be slower: both versions take about 0.1 to 0.4 ms, far above their roofline predictions of one
+# faster, and can be slower (0.74x to 0.89x at 256 and 512 tokens in both of the report's runs, its table and
+# the printed sweep; at 1024 they disagree, 0.83x and 1.05x): both versions take about 0.1 to 0.25 ms, far above their roofline predictions of one
 # to tens of microseconds (reports/lab1-h100.md, the "SDPA predicted" and "Flash predicted" columns). Neither is
 # bound by compute or memory there: the time is fixed per-call work, Python and PyTorch's dispatch, the
 # `flash_attn_func` wrapper (checks, layout, choosing a backend), kernel launches (5 against 1), and too little work
-# to fill the GPU (at 256 tokens, 16 heads make only 32 row blocks of 128 queries for 132 SMs). Which side wins
-# by a little is noise from run to run. As $L$ grows, standard attention's $O(L^2)$ memory-bound traffic takes
+# to fill the GPU (at 256 tokens, 16 heads make only 32 row blocks of 128 queries for 132 SMs), and the wrapper
+# adds to FlashAttention's side. Where the margin is small, which side wins is noise from run to run. As $L$ grows, standard attention's $O(L^2)$ memory-bound traffic takes
 # over and the gap opens: about 4x to 5x at 4096 and 8192 tokens in the report. For long sequences it levels off
 # (about 3x at 16384 and 32768 in the report), because both times now grow as $L^2$: standard attention's with
 # the bytes of the $L \times L$ matrices, FlashAttention's with its $4 L^2 d$ FLOPs. The ratio tends to a
