@@ -638,8 +638,8 @@ else:
 # (Numbers from `reports/lab2-h100.md`, an H100 in bf16; another GPU gives other values and the same reasoning.)
 #
 # **Square matrices.** The prediction falls from 1.67x (n = 256) to 1.07x (n = 8192). Measured, `torch.compile`
-# does not reach it anywhere: at n = 256-2048 both compiled versions are *slower* than eager (0.27-0.75x in the
-# report), and at n = 8192 they are at about 1.0x (within a few percent either way; the prediction is 1.07x). For
+# does not reach it anywhere: at n = 256-2048 both compiled versions are *slower* than eager (0.45-0.93x in the
+# report), and at n = 8192 they are at about 1.0x (0.97-1.03x; the prediction is 1.07x). For
 # large n the product is **compute-bound**: its intensity is about n/3 FLOP/byte (2n^3 FLOPs over 6n^2 bytes),
 # above the H100's ridge point (~295) from n of about 900, so the matmul's time is set by its FLOPs and the
 # relu's extra 4n^2 bytes add at most a few percent (1.07x predicted at 8192: 0.08 ms of relu against 1.11 ms
@@ -647,8 +647,10 @@ else:
 # cache and each kernel runs for microseconds: the time is **launch and CPU overhead**, not HBM traffic, which
 # the model leaves out. The compiled function adds Dynamo's guard checks and Inductor's wrapper to every call,
 # so it is slower than eager there (CUDA Graphs, `mode="reduce-overhead"`, would remove most of that overhead).
-# The matmul-alone column bounds what any fusion could gain: where eager and the matmul alone take the same
-# time, no fused kernel can be faster than eager.
+# The matmul-alone column bounds what any fusion could gain: at n = 8192 eager and the matmul alone take the
+# same time (0.95x, noise), so no fused kernel can be faster than eager; at n = 256-2048 eager is 1.3-1.6x slower
+# than the matmul alone, but the difference is the relu kernel's launch (some 10-20 microseconds), not its bytes,
+# and the compiled wrappers cost more than that.
 #
 # **What was fused.** The kernel counts (16384 x 64) show it: default `torch.compile` launches the same kernels
 # as eager (a cuBLAS matmul, a separate relu kernel and a memset/copy: 3 each), because an external library
@@ -660,9 +662,9 @@ else:
 # **Skinny k = 64.** Here the product is genuinely **memory-bound** (intensity about k = 64 FLOP/byte, far
 # below the ridge): eager writes the n x n result, reads it back and writes it again, the fused kernel writes it
 # once, so the prediction is ~2.9-3x (2.94x at 4096, 2.98x at 16384). At n = 16384 (a 0.5 GB output)
-# max-autotune measured 2.89x, close to the prediction, while default compile stayed at 1.00x. At n = 4096
-# (about 0.07 ms per call) overhead dominates again and both compiled versions are slower than eager
-# (0.59-0.71x). So the prediction holds when (1) the operation is memory-bound, (2) it is large enough that
+# max-autotune measured 2.77x, close to the prediction (and to eager over the matmul alone, 2.68x), while default
+# compile stayed at 1.00x. At n = 4096 (about 0.05 ms per call) overhead dominates again and both compiled
+# versions are slower than eager (0.48-0.53x). So the prediction holds when (1) the operation is memory-bound, (2) it is large enough that
 # bandwidth, not launch overhead, sets the time, and (3) the compiler really fuses.
 #
 # (On a CPU the same regimes show in the matmul-alone column: for the large skinny shape (4096 x 64, a 64 MB
@@ -973,14 +975,14 @@ plt.show()
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q2_4_answer", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
 # (a) (H100, SEQ = 10 000, numbers from `reports/lab2-h100.md`.) Eager and default `torch.compile` took about
-# 0.31 ms (~165 TFLOP/s), max-autotune 0.21 ms (~240 TFLOP/s). Eager sits at an intensity of about 63 FLOP/byte
+# 0.31 ms (~165 TFLOP/s), max-autotune 0.19 ms (~265 TFLOP/s). Eager sits at an intensity of about 63 FLOP/byte
 # (two round trips of the 200 MB intermediate), where the roof is 63 x 3.35 TB/s = ~210 TFLOP/s: it is
 # memory-bound and reaches most of its roof. Default compile is the same, because it runs the same kernels
 # (cuBLAS, a relu kernel, cuBLAS). Max-autotune fuses the relu into the first product, so one round trip remains
 # (about 125 FLOP/byte, roof ~420 TFLOP/s): it is the fastest, as halving the intermediate traffic predicts,
 # though well below its roof (the two products are still separate kernels, with their own launches and tails).
-# The ideal point (5000 FLOP/byte, far right of the ridge of ~295) is compute-bound at ~990 TFLOP/s, 4-6x above
-# everything measured. The ranking follows the round trips.
+# The ideal point (5000 FLOP/byte, far right of the ridge of ~295) is compute-bound at ~990 TFLOP/s, about 4-6x
+# above everything measured. The ranking follows the round trips.
 #
 # (b) A matrix of 200 MB does not fit in on-chip memory (an H100 has ~256 KB of shared memory/L1 per SM, about
 # 33 MB in total, plus a 50 MB L2), and the second product needs *all* of `relu(A @ B)`'s row or column, so two
@@ -1109,12 +1111,12 @@ if not run_compiled:
 # %% [markdown] nbgrader={"grade": true, "grade_id": "b2_5_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
 # `(C @ A) @ B` needs 4 KV_HEAD^2 SEQ FLOPs instead of 4 KV_HEAD SEQ^2, SEQ/KV_HEAD = 78x fewer at SEQ = 10 000,
 # KV_HEAD = 128, and never builds the 200 MB intermediate. On the H100 (`reports/lab2-h100.md`) eager
-# `(C @ A) @ B` was about 2.3x faster than `C @ (A @ B)` (0.078 against 0.175 ms): far from 78x, because the
+# `(C @ A) @ B` was about 2.2x faster than `C @ (A @ B)` (0.079 against 0.172 ms): far from 78x, because the
 # reassociated version is tiny (0.66 GFLOP and 10 MB of traffic, a few microseconds at the roofline) and its
 # time is set by launch overhead and by `C @ A`, a long reduction (K = SEQ = 10 000) with a small 128 x 128
 # output that keeps few SMs busy. `torch.compile` does not reassociate: it keeps the order written
 # (floating-point products are not associative, so the result would change); compiled `C @ (A @ B)` took the
-# same time as eager, and compiled `(C @ A) @ B` was slower than eager (0.135 ms: Inductor's wrapper and other
+# same time as eager, and compiled `(C @ A) @ B` was slower than eager (0.137 ms: Inductor's wrapper and other
 # kernels cost more than such a small computation). With a relu or a softmax between the products the
 # rewrite is impossible: relu(AB) (and softmax(AB)) is not a product of A and B that can be regrouped. Linear
 # attention (e.g. Katharopoulos et al., 2020, "Transformers are RNNs") replaces softmax(QK^T) by a feature map
@@ -3339,18 +3341,18 @@ plt.show()
 #    on the 80 GB H100 (a 16 GB GPU would have failed at 16384 for eager).
 # 2. `torch.compile` **halves the memory** (ratio 2.0: 8.7 GB at 16384) because it fuses the scaling, softmax
 #    and its backward into Triton kernels that do not keep the extra `S x S` temporaries, but latency barely
-#    improves: the backward is 15-20% faster at 16384 (12.6 vs 15.2 ms), the forward was *slower* there
+#    improves: the backward is about 15% faster at 16384 (12.6 vs 15.1 ms), the forward was *slower* there
 #    (8.9 vs 7.0 ms; the sweep's changing sizes make Inductor recompile with dynamic shapes) and slower at short
 #    sequences (wrapper overhead). It cannot fuse the two matmuls with the softmax between them, so the score
 #    matrix still goes to HBM and back and P is still saved: memory and time stay quadratic; eager was already
 #    close to memory-bound on that traffic, so there is little to gain.
 # 3. FlashAttention and the Triton kernel never write the `S x S` matrix: memory is **linear** in S (at 16384,
-#    52-202 MB for FlashAttention with its backward, 9-34 MB for the forward-only Triton kernel, across d = 32-128;
+#    51-202 MB for FlashAttention with its backward, 9-34 MB for the forward-only Triton kernel, across d = 32-128;
 #    ratio 0.002-0.05 at 16384, falling as S grows), and the forward is about 4x faster than eager at 16384 (1.8 ms vs
-#    7.0 ms) and about 6x at 8192. The Triton forward matches FlashAttention within ~10% at long sequences
+#    7.0 ms) and about 6x at 8192. The Triton forward matches FlashAttention within ~10-12% at long sequences
 #    (about 300 TFLOP/s at 16384: 4 x 8 x 16384^2 x 64 FLOPs in 1.8 ms). At short sequences everything is
-#    launch-bound (0.1-0.3 ms) and the differences are noise. Backward over forward is about 2x for eager (15.2
-#    vs 7.0 ms) and about 3x for FlashAttention (5.2 vs 1.8 ms): the backward does 2.5x the matmul FLOPs (dV,
+#    launch-bound (0.1-0.5 ms) and the differences are noise. Backward over forward is about 2x for eager (15.1
+#    vs 7.0 ms) and about 3x for FlashAttention (5.1 vs 1.8 ms): the backward does 2.5x the matmul FLOPs (dV,
 #    dP, dQ, dK, and FlashAttention also recomputes S), while eager's backward, memory-bound, is dominated by
 #    reading and writing P, dP and dS.
 #    (On a CPU, the same shapes show in the cpu-scale table: eager's and `flash_attn_func`'s memory (the math
@@ -3582,28 +3584,28 @@ else:
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_3_answer", "locked": false, "points": 8, "schema_version": 3, "solution": true, "task": false}
 # (Numbers from `reports/lab2-h100.md`: an H100, batch 4 x 512 tokens, bf16 autocast; the TFLOP/s follow from
 # `transformer_forward_flops` and the times.)
-# - **Speedups.** Compile sped up the forward by about 1.0x (small) to 1.9x (xl) and the training step by about
-#   1.2-2x, with no monotone trend across the sizes. That is more than it gave attention alone in Question 5.2
-#   (about 1x, memory halved), where the two matmuls around the softmax cannot be fused and eager was already
-#   memory-bound on the S x S traffic.
+# - **Speedups.** Compile sped up the forward by about 1.6-2.3x (small 1.78x, medium 1.56x, xl 2.32x, 2.7B
+#   1.57x: no monotone trend) and the training step by 1.9x (small) falling to 1.3x (xl, 2.7B). That is more
+#   than it gave attention alone in Question 5.2 (about 1x, memory halved), where the two matmuls around the
+#   softmax cannot be fused and eager was already memory-bound on the S x S traffic.
 # - **The matmuls are not running at their roof.** The forward's matmul FLOPs per layer take 0.03 ms (small) to
 #   0.34 ms (2.7B) at the bf16 peak, yet eager took about 1 ms per layer at every width (0.8-1.4 ms), and the
 #   forward reached only about 3% (small) to 25% (2.7B) of the 989 TFLOP/s peak. A time per layer that does not
 #   grow with d_model^2 is not set by FLOPs or bytes: the GPU waits while Python and the dispatcher launch the
-#   layer's kernels one by one (tens per layer in eager: RMSNorm as several kernels, the autocast casts of every
-#   weight, the causal mask rebuilt, masked_fill, softmax, GELU, residual adds; the kernel counts give the
-#   exact number). Eager is **launch/CPU-bound**, most of all for the small model.
+#   layer's kernels one by one (about 31 per layer in eager: 379 for the small model's 12 layers, from RMSNorm as
+#   several kernels, the autocast casts of every weight, the causal mask rebuilt, masked_fill, softmax, GELU,
+#   residual adds). Eager is **launch/CPU-bound**, most of all for the small model.
 # - **What compile changes.** Inductor fuses the glue of a block (norms, casts, mask, softmax, GELU, adds) into a
-#   few Triton kernels, so the compiled forward launches several times fewer kernels (the table's kernel counts)
-#   and moves less data; the matmuls stay cuBLAS calls. Less CPU work per layer lets the GPU keep busy: at the
-#   widths where the matmuls are big enough to fill that time (xl, 2.7B) the compiled forward reached about
-#   30-40% of peak, about 0.5-0.9 ms per layer. For the small model even the compiled block is launch-bound
-#   (about 1 ms per layer for 0.03 ms of matmul at peak), so compile gains nothing there.
+#   few Triton kernels: the compiled forward launches about a third fewer kernels (247 against 379 for the
+#   small model, 711 against 1063 for 2.7B) and moves less data, with less Python per layer; the matmuls stay
+#   cuBLAS calls. That is where the gain comes from: the compiled forward still took 0.5-0.9 ms per layer, far
+#   above its FLOP time for the small model (still launch-bound, just with fewer launches), and reached 20-40% of
+#   peak only at xl and 2.7B, where the matmuls are big enough to fill part of that time.
 # - **Shares with d_model.** Matmul FLOPs grow as d^2 per token (24 d^2 with d_ff = 4d, against 4 S d for
 #   attention and O(d) for the glue), so with width the matmuls take a growing share and the fusible glue a
-#   shrinking one: compile's relative gain should fall with size once the GPU, not the CPU, sets the time. At
-#   these sizes it has not yet: the larger models just reach the regime where there is GPU work to overlap, and
-#   5 repeats on a shared GPU cannot separate 10-20% differences, so the table shows no clean trend.
+#   shrinking one: compile's relative gain should fall with size once the GPU, not the CPU, sets the time. The
+#   training step shows that fall (1.89x to 1.26x); the forward does not (xl's 2.32x), because at these sizes the
+#   forward is still mostly launch-bound, and 5 repeats on a shared GPU cannot separate 10-20% differences.
 # - **Training step vs forward.** The step adds the backward (twice the forward's matmul FLOPs, plus the fused
 #   glue's backward), which gives the GPU more work per launch, and the AdamW update, a memory-bound pass over
 #   all parameters and optimizer states that we did not compile: the step gains a different amount than the
