@@ -796,8 +796,6 @@ class GuardedExecute(Execute):
                                              text=_shorten(printed, self.max_cell_output_bytes)))
         if error:
             cell.outputs.append(_error_output(error[0], _shorten(error[1], self.max_error_bytes)))
-        elif share < 1.0:
-            cell.outputs.append(partial_credit_output(cell, share, self._grader.last_failures))
         if self._kernel_lost:
             self._recover(f"in {where}")
         else:
@@ -805,6 +803,8 @@ class GuardedExecute(Execute):
         if getattr(self, "_recording_bypass", None) and RECORDS_CALLS in cell.source:
             found += [f"code that can switch off the recording of torch calls ({flag})"
                       for flag in self._recording_bypass[:3]]
+        if not error and not found and share < 1.0:  # tampering found: no partial credit, the cell scores zero
+            cell.outputs.append(partial_credit_output(cell, share, self._grader.last_failures))
         if found:
             found = sorted(set(found))
             self._integrity[gid or str(index)] = found

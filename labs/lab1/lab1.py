@@ -97,7 +97,7 @@ import time
 from typing import Optional
 
 import matplotlib.pyplot as plt
-import numpy as np
+import numpy as np  # noqa: F401 - for your own code
 import pandas as pd
 import torch
 import torch.nn as nn
