@@ -276,6 +276,33 @@ def lse_with_your_update(x, block_size):
     return (m + torch.log(l)).cpu().double()
 
 
+def assert_on_input_device(fn, args, device, what):
+    """The device rule, checked the same way on every grader: fn(*args) must return its tensor on the device of its
+    input (or the device it is asked for), also when it creates it itself.
+
+    The value checks call the functions with CPU tensors on every grader; this check alone uses inputs on DEVICE (the
+    GPU on a GPU grader). Two parts, both run on every grader:
+    - fn(*args) is called as usual: the tensor it returns must be on ``device`` (a function that raises on DEVICE
+      inputs fails here, and only here);
+    - fn(*args) is called again in the kernel with PyTorch's default device set to ``meta``
+      (checks.output_devices_with_meta_default): a tensor created without naming the input's device lands on
+      ``meta``, so a CPU grader, where the default device is the input's, sees the mistake a GPU grader sees. When
+      that call needs data from a tensor it created on the default device, the probe cannot tell (None) and the
+      first part decides.
+    """
+    found, want = as_tensor(fn(*args), what).device, torch.device(device)
+    assert found.type == want.type and want.index in (None, found.index), (
+        f"{what} must return its result on {want}, got {found} (name the device, e.g. device=segment_ids.device, "
+        f"when you create a tensor)")
+    devices = kernel_side(output_devices_with_meta_default)(fn, *args)
+    if devices is None:
+        return
+    assert devices and all(torch.device(d).type == want.type for d in devices), (
+        f"{what} must return its result on {want}, also when it creates tensors itself: with PyTorch's default "
+        f"device set to 'meta' (as a GPU grader sees it) its result was on {devices} (name the device, e.g. "
+        f"device=segment_ids.device, when you create a tensor)")
+
+
 def benchmark_attention_result(result, what):
     """The dict ``benchmark_attention`` returned (Question 5.1), with its four keys."""
     result = as_dict(result, what)
@@ -1206,13 +1233,14 @@ def _q3_1_public_tests():
         q64, k64, v64 = (t.double().transpose(1, 2) for t in (q, k, v))
         return F.scaled_dot_product_attention(q64, k64, v64, attn_mask=mask).transpose(1, 2)
 
+    want, want_masked = reference(), reference(mask)  # computed first; the function gets copies (t.clone())
     with check("public: equals F.scaled_dot_product_attention (float32 q, k, v of shape (2, 5, 3, 4)), without and "
                "with a (S, S) boolean mask", weight=2):
-        assert_tensor_close(einsum_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)), reference(),
+        assert_tensor_close(einsum_attention(*(t.clone().to(DEVICE) for t in (q, k, v))), want,
                             "einsum_attention(q, k, v) for float32 (2, 5, 3, 4) inputs", rtol=0, atol=1e-4,
                             dtype=torch.float32)
-        assert_tensor_close(einsum_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), mask=mask.to(DEVICE)),
-                            reference(mask), "einsum_attention(q, k, v, mask) with a (5, 5) causal boolean mask "
+        assert_tensor_close(einsum_attention(*(t.clone().to(DEVICE) for t in (q, k, v)), mask=mask.clone().to(DEVICE)),
+                            want_masked, "einsum_attention(q, k, v, mask) with a (5, 5) causal boolean mask "
                             "(True = may attend)", rtol=0, atol=1e-4, dtype=torch.float32)
 
 
@@ -1258,16 +1286,19 @@ def _q3_1_hidden_tests():
 
     def grade_case(b, s_q, s_kv, h, d, dtype, mask_shape=None, scale=1.0, noncontiguous=False):
         q, k, v, mask = inputs(b, s_q, s_kv, h, d, scale, mask_shape)
+        want = reference(q, k, v, mask)  # from the test's own tensors, before the call; the function gets copies
         if noncontiguous:  # same values, stored as (B, H, S, D) and viewed as (B, S, H, D)
-            qd, kd, vd = (t.transpose(1, 2).contiguous().to(DEVICE, dtype).transpose(1, 2) for t in (q, k, v))
+            qd, kd, vd = (t.transpose(1, 2).clone(memory_format=torch.contiguous_format).to(DEVICE, dtype)
+                          .transpose(1, 2) for t in (q, k, v))
         else:
-            qd, kd, vd = (t.to(DEVICE, dtype) for t in (q, k, v))
-        out, unchanged = call_keeping_inputs(einsum_attention, qd, kd, vd, mask=None if mask is None else mask.to(DEVICE))
+            qd, kd, vd = (t.clone().to(DEVICE, dtype) for t in (q, k, v))
+        out, unchanged = call_keeping_inputs(einsum_attention, qd, kd, vd,
+                                             mask=None if mask is None else mask.clone().to(DEVICE))
         unchanged_flags.append(unchanged)
         where = (f"einsum_attention for q {tuple(q.shape)}, k/v {tuple(k.shape)}, {dtype}, mask "
                  f"{'None' if mask is None else tuple(mask.shape)} (softmax(q k^T / sqrt(D)) over the keys, times v)")
         tol = 1e-5 if dtype == torch.float64 else 1e-4
-        assert_tensor_close(out, reference(q, k, v, mask), where, rtol=0, atol=tol, dtype=dtype)
+        assert_tensor_close(out, want, where, rtol=0, atol=tol, dtype=dtype)
 
     with check("float64 inputs: self- and cross-attention (S_q != S_kv), head_dim 1, large scores", weight=4):
         grade_case(1, 7, 7, 1, 8, torch.float64)
@@ -1290,7 +1321,7 @@ def _q3_1_hidden_tests():
                "nn.MultiheadAttention)", weight=1):
         q, k, v, mask = inputs(2, 6, 6, 2, 4, mask_shape=(6, 6))
         for args in ((q, k, v), (q, k, v, mask)):
-            called = torch_calls_of(einsum_attention, *(t.to(DEVICE) for t in args))
+            called = torch_calls_of(einsum_attention, *(t.clone().to(DEVICE) for t in args))
             assert_calls(called, "einsum_attention (the question prescribes torch.einsum)", required=("einsum",),
                          forbidden=("scaled_dot_product_attention", "_scaled_dot_product_attention_math",
                                     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -1470,13 +1501,12 @@ def _q3_3_hidden_tests():
     with check("causal_mask(s)[i, j] is True exactly when j <= i, boolean (s, s), for s from 1 to 64", weight=2):
         for s in (1, 2, 5, 17, 64):
             want = torch.tensor([[j <= i for j in range(s)] for i in range(s)], dtype=torch.bool)
-            assert_tensor_close(causal_mask(s, device=DEVICE), want,
-                                f"causal_mask({s}, device={DEVICE}) (True exactly when key j <= query i)", dtype=torch.bool)
+            assert_tensor_close(causal_mask(s, device="cpu"), want,
+                                f"causal_mask({s}, device='cpu') (True exactly when key j <= query i)", dtype=torch.bool)
     with check("the mask is created on the device asked for (device=None: PyTorch's default device)", weight=1):
-        got = as_tensor(causal_mask(6, device=DEVICE), f"causal_mask(6, device={DEVICE})")
-        assert got.device.type == DEVICE.type, f"causal_mask(6, device={DEVICE}) must be on {DEVICE}, got {got.device}"
+        assert_on_input_device(causal_mask, (6, DEVICE), DEVICE, f"causal_mask(6, device={DEVICE})")
         probe = kernel_side(output_devices_with_meta_default)  # PyTorch's default device is `meta` during the call
-        for args, want in (((6, DEVICE), DEVICE.type), ((6,), "meta")):
+        for args, want in (((6,), "meta"),):
             devices = probe(causal_mask, *args)
             where = f"causal_mask{args}" if len(args) > 1 else "causal_mask(6) (device=None)"
             assert devices is None or [torch.device(d).type for d in devices] == [want], (
@@ -1531,7 +1561,7 @@ def _q3_4_public_tests():
     with check("public: a (1, 1, 5, 5) boolean mask; token 3 (segment 1) sees exactly the tokens of segment 1", weight=1):
         ids = torch.tensor([[0, 0, 1, 1, 1]])
         want = (ids[:, :, None] == ids[:, None, :])[:, None]
-        got = assert_tensor_close(segment_mask(ids.to(DEVICE)), want, "segment_mask([[0, 0, 1, 1, 1]])", dtype=torch.bool)
+        got = assert_tensor_close(segment_mask(ids), want, "segment_mask([[0, 0, 1, 1, 1]])", dtype=torch.bool)
         assert got[0, 0, 3].tolist() == [False, False, True, True, True], (
             f"token 3 (segment 1) must see exactly the tokens of segment 1, got {got[0, 0, 3].tolist()}")
 
@@ -1548,16 +1578,16 @@ def _q3_4_hidden_tests():
 
     def carried_causal(seq_len):
         """The causal rule as the student's causal_mask (Question 3.3) states it: a mistake there is charged there."""
-        return as_tensor(causal_mask(seq_len, device=DEVICE), "causal_mask").cpu().bool()
+        return as_tensor(causal_mask(seq_len, device="cpu"), "causal_mask").cpu().bool()
 
     with check("causal=False: True exactly where the segment ids are equal, shape (B, 1, S, S), boolean", weight=3):
-        assert_tensor_close(segment_mask(ids.to(DEVICE), causal=False), same,
+        assert_tensor_close(segment_mask(ids, causal=False), same,
                             "segment_mask(ids (3, 13), causal=False) (True exactly when ids[b, i] == ids[b, j])",
                             dtype=torch.bool)
     with check("causal=True: same segment and key j <= query i", weight=1):
         tril = torch.ones(13, 13, dtype=torch.bool).tril()
         carried = carry_forward(lambda: same & carried_causal(13))
-        assert_tensor_close_or_carried(segment_mask(ids.to(DEVICE), causal=True), same & tril, carried,
+        assert_tensor_close_or_carried(segment_mask(ids, causal=True), same & tril, carried,
                                        "segment_mask(ids (3, 13), causal=True) (True exactly when ids[b, i] == "
                                        "ids[b, j] and j <= i)", carried_from="causal_mask (Question 3.3)",
                                        dtype=torch.bool)
@@ -1574,7 +1604,7 @@ def _q3_4_hidden_tests():
         packed_ids = torch.cat([torch.full((n,), index) for index, n in enumerate(lengths)])[None]
         q, k, v = (torch.randn(1, sum(lengths), 2, 8, generator=gen, dtype=torch.float64) for _ in range(3))
         for causal in (False, True):
-            mask = as_tensor(segment_mask(packed_ids.to(DEVICE), causal=causal), "segment_mask").cpu()
+            mask = as_tensor(segment_mask(packed_ids, causal=causal), "segment_mask").cpu()
             packed = reference(q, k, v, mask)
             start = 0
             for n in lengths:
@@ -1590,16 +1620,9 @@ def _q3_4_hidden_tests():
                     carried_from="causal_mask (Question 3.3)", rtol=0, atol=1e-10)
                 start += n
     with check("the mask is on the device of segment_ids", weight=1):
-        for causal in (False, True):
-            got = as_tensor(segment_mask(ids.to(DEVICE), causal=causal), f"segment_mask(ids, causal={causal})")
-            assert got.device.type == DEVICE.type, (
-                f"segment_mask(ids, causal={causal}) must return the mask on the device of segment_ids ({DEVICE}), "
-                f"got {got.device}")
-            devices = kernel_side(output_devices_with_meta_default)(segment_mask, ids, causal=causal)
-            assert devices is None or [torch.device(d).type for d in devices] == ["cpu"], (
-                f"segment_mask(ids on the CPU, causal={causal}) must return the mask on the device of segment_ids "
-                f"(cpu): with PyTorch's default device set to meta it returned tensors on {devices}; create every "
-                f"tensor with device=segment_ids.device")
+        for causal in (False, True):  # ids on DEVICE; on every grader also with PyTorch's default device `meta`
+            assert_on_input_device(segment_mask, (ids.to(DEVICE), causal), DEVICE,
+                                   f"segment_mask(ids on {DEVICE}, causal={causal})")
 
 
 _q3_4_hidden_tests()
@@ -2592,10 +2615,50 @@ def _triton_attention_forward(q, k, v, causal=False):
     return triton_attention_forward(q, k, v, causal=causal)
 
 
+@kernel_side
+def _notebook_triton_sources():
+    """[(name, source)] of every @triton.jit kernel among the notebook's globals, read in the kernel (best effort)."""
+    import inspect
+
+    try:
+        import triton
+
+        kernel_type = triton.runtime.jit.KernelInterface  # JITFunction on a GPU, InterpretedFunction on a CPU
+    except Exception:  # noqa: BLE001 - no Triton: no kernel to read
+        return []
+    found = []
+    for name, value in list(globals().items()):
+        if not isinstance(value, kernel_type):
+            continue
+        source = getattr(value, "src", None)
+        try:
+            source = source if isinstance(source, str) else inspect.getsource(value.fn)
+        except Exception:  # noqa: BLE001 - best effort
+            source = ""
+        found.append((str(name), source))
+    return found
+
+
+def _assert_supported_triton():
+    """Before a check runs the kernel: the notebook's Triton kernels must not use what the grader's interpreter
+    refuses (block pointers), so that such a kernel scores the same on a CPU and on a GPU grader."""
+    try:
+        sources = _notebook_triton_sources()
+    except Exception:  # noqa: BLE001 - best effort: the checks that run the kernel decide
+        return
+    used = sorted({f"{construct} (in {name})" for name, source in sources
+                   for construct in ("tl.make_block_ptr", "tl.advance") if construct in source})
+    assert not used, (
+        f"your Triton kernel uses {', '.join(used)}: block pointers are not supported by the grader's Triton "
+        f"(Question 4.3 lists what it runs; Triton 3.9's interpreter refuses them), on a CPU and on a GPU grader "
+        f"alike: address tiles with pointers and strides (tl.load(ptrs, mask=..., other=...))")
+
+
 def _q4_3_public_tests():
     gen = torch.Generator().manual_seed(43)
     q, k, v = (torch.randn(1, 37, 2, 16, generator=gen) for _ in range(3))
     with check("public: triton_attention_forward(q, k, v) equals attention for q, k, v (1, 37, 2, 16)", weight=2):
+        _assert_supported_triton()
         out, lse = as_tuple(_triton_attention_forward(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)), 2,
                             "triton_attention_forward(q, k, v)")
         q64, k64, v64 = (t.double().transpose(1, 2) for t in (q, k, v))
@@ -2664,6 +2727,7 @@ def _q4_3_hidden_tests():
         k = torch.randn(b, s_kv, h, d, generator=gen) * scale
         v = torch.randn(b, s_kv, h, d, generator=gen)
         want_out, want_lse = reference(q, k, v, causal)
+        _assert_supported_triton()  # before each launch: block pointers fail on every grader
         out, lse = launch_in_layouts(q, k, v, layouts, causal, block_m, block_n)
         where = (f"q {(b, s_q, h, d)}, k/v {(b, s_kv, h, d)}, causal={causal}, BLOCK_M={block_m}, BLOCK_N={block_n}, "
                  f"layouts of q, k, v, out: {', '.join(layouts)}")

@@ -303,7 +303,9 @@ def assert_tensor_close(got, expected: torch.Tensor, what: str, rtol: float | No
     if dtype is not None:
         assert tensor.dtype == dtype, f"{what} must have dtype {dtype}, got {tensor.dtype}"
     if device is not None:
-        assert tensor.device == torch.device(device), f"{what} must be on {torch.device(device)}, got {tensor.device}"
+        want = torch.device(device)  # "cuda" (no index) accepts any CUDA device; "cuda:1" that one
+        assert tensor.device.type == want.type and want.index in (None, tensor.device.index), (
+            f"{what} must be on {want}, got {tensor.device}")
     default_rtol, default_atol = TENSOR_TOL.get(tensor.dtype, TENSOR_TOL[torch.float64])
     rtol = default_rtol if rtol is None else rtol
     atol = default_atol if atol is None else atol
