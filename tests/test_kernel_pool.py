@@ -57,7 +57,7 @@ def test_lab1_kernels_preload_the_guard_libraries_and_the_setup_imports():
 
 
 def test_the_fixture_lab_preloads_only_what_its_setup_cell_imports(root):
-    assert kernel_pool.preload_modules(root / "source" / LAB) == ["math"]
+    assert kernel_pool.preload_modules(root / "source" / LAB) == ["math", "checks"]
 
 
 def test_a_claimed_kernel_has_its_imports_done_and_sees_no_other_kernel(root):
