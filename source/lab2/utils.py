@@ -1336,6 +1336,9 @@ def quiet_library_messages() -> None:
     autotuning errors (a candidate kernel too big for the GPU's shared memory, which it skips), its "Autotune Choices
     Stats" JSON after every ``max-autotune`` search, and the warnings in ``_BENIGN_WARNINGS``. Every other message,
     warning and error still shows. Each lab's setup cell calls it; importing utils changes nothing by itself.
+
+    Returns:
+        None
     """
     import warnings
 
