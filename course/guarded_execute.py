@@ -246,8 +246,6 @@ class GuardedExecute(Execute):
                                              text=shorten(printed, self.max_cell_output_bytes)))
         if error:
             cell.outputs.append(error_output(error[0], shorten(error[1], self.max_error_bytes)))
-        elif share < 1.0:
-            cell.outputs.append(partial_credit_output(cell, share, self._grader.last_failures))
         if self._channel.lost:
             self._recover(f"in {here}")
         else:
@@ -255,6 +253,8 @@ class GuardedExecute(Execute):
         if self._recording_bypass and RECORDS_CALLS in cell.source:
             found += [f"code that can switch off the recording of torch calls ({flag})"
                       for flag in self._recording_bypass[:3]]
+        if not error and not found and share < 1.0:  # tampering found: no partial credit, the cell scores zero
+            cell.outputs.append(partial_credit_output(cell, share, self._grader.last_failures))
         if found:
             found = sorted(set(found))
             self._record.integrity[gid] = found

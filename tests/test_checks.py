@@ -53,6 +53,22 @@ def test_lying_or_wrong_types_are_refused_by_name(value, named):
         assert_integer(value, 3, "count")
 
 
+def test_a_lying_answer_zeroes_the_whole_cell():
+    checks.begin_cell(graded=True)
+    with check("an unrelated check", weight=5):
+        pass
+    with check("the value", weight=1):
+        assert_integer(AlwaysEqual(3), 3, "count")
+    card = checks.end_cell()
+    assert card.share == 0.0 and "a subclass: refused" in card.failures()[0], card.failures()
+    checks.begin_cell(graded=True)
+    with check("an honest wrong type", weight=1):
+        assert_integer(np.str_("3"), 3, "count")
+    with check("an unrelated check", weight=1):
+        pass
+    assert checks.end_cell().share == 0.5, "a NumPy string or a bool is a mistake, not tampering"
+
+
 def test_float32_tolerance_by_default_and_a_stated_one_when_asked():
     assert_close(np.float32(1 / 3), 1 / 3, "third")  # float32 rounding passes REL_TOL
     with pytest.raises(AssertionError, match=r"must be 0\.3333333333333333 \(to a relative 1e-09\)"):
@@ -80,6 +96,9 @@ def test_tensors_against_a_float64_reference():
         assert_tensor_close(reference.float(), reference, "y", dtype=torch.float64)
     with pytest.raises(AssertionError, match="shape"):
         assert_tensor_close(reference[:3], reference, "y")
+    assert_tensor_close(reference, reference, "y", device=torch.device("cpu"))
+    with pytest.raises(AssertionError, match="must be on meta"):
+        assert_tensor_close(reference, reference, "y", device="meta")
     with pytest.raises(AssertionError, match="NaN"):
         assert_tensor_close(torch.full((7,), float("nan")), reference, "y")
 

@@ -5,7 +5,8 @@ and by ``course grade``:
 - an answer right everywhere but one edge earns the weighted share of the cell's points, on both routes, and the
   feedback lists the failed check with its message (and never the hidden test's source);
 - a bonus cell's share becomes its extra credit;
-- nothing the student's kernel shows can raise a score (a number displayed as the cell's result);
+- nothing the student's kernel shows can raise a score (a number displayed as the cell's result), and tampering the
+  guard finds zeroes the cell even where some of its checks passed;
 - code that can switch off the recording of torch calls zeroes the test that relies on it (the static scan);
 - a grading kernel runs with the grader's settings (cuDNN attention off), which ``import utils`` no longer makes.
 """
@@ -139,6 +140,7 @@ def record_torch_calls():
 '''
 NO_EDGE = "def clip(x, low, high):\n    return x if low == high else min(max(x, low), high)"
 SHOWS_A_NUMBER = NO_EDGE + "\nget_ipython().displayhook(4)"
+TAMPERING_NO_EDGE = NO_EDGE + "\nimport math\nmath.isclose = lambda *args, **kwargs: True"  # one check passes
 HALF_NEGATE = "def negate(x):\n    return -x if x > 0 else x"
 BYPASS = ("def double(x):\n    with torch._C.DisableTorchFunction():\n        return torch.mul(x, 2)")
 EXPECTED = {  # student -> (answers replaced, expected autograded points per test cell)
@@ -147,6 +149,7 @@ EXPECTED = {  # student -> (answers replaced, expected autograded points per tes
     "no_edge": ({"q1_1_clip": NO_EDGE}, {"q1_1_clip_tests": 3.0, "q1_2_double_tests": 2.0}),
     "shows_a_number": ({"q1_1_clip": SHOWS_A_NUMBER}, {"q1_1_clip_tests": 3.0}),
     "half_bonus": ({"b1_1_negate": HALF_NEGATE}, {"b1_1_negate_tests": 0.0}),
+    "tampers": ({"q1_1_clip": TAMPERING_NO_EDGE}, {"q1_1_clip_tests": 0.0, "q1_2_double_tests": 2.0}),
     "bypass": ({"q1_2_double": BYPASS}, {"q1_1_clip_tests": 4.0, "q1_2_double_tests": 0.0}),
 }
 BONUS_EXTRA = {"reference": 2.0, "half_bonus": 1.0}  # extra credit of b1_1_negate_tests

@@ -131,6 +131,18 @@ def test_at_scale_follows_scale(monkeypatch):
     assert utils.at_scale(teaching, quick) is quick, "a cell without a cpu size runs its quick size on a CPU"
 
 
+def test_environment_report_says_how_long_the_lab_took_at_this_scale(monkeypatch, tmp_path):
+    table = tmp_path / "run_times.json"
+    table.write_text('{"lab1": {"cpu": {"machine": "2-core CPU", "total_s": 140, "source": "reports/x.json"}}}')
+    monkeypatch.setattr(utils, "_RUN_TIMES", table)
+    monkeypatch.setattr(utils, "SCALE", "cpu")
+    assert utils._run_time_line("lab1") == ("Run time: every cell at cpu scale took about 2 min when measured on "
+                                            "2-core CPU (reports/x.json); other machines take longer or less")
+    monkeypatch.setattr(utils, "SCALE", "teaching")
+    assert utils._run_time_line("lab1") == "", "nothing measured at this scale: nothing said"
+    assert utils._run_time_line("lab9") == ""
+
+
 def test_environment_report_lines(capsys, monkeypatch, tmp_path):
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("# comment\ntorch<1.0\nnumpy>=1.0\nsurely-not-installed-pkg>=1\n-e .\n")

@@ -11,6 +11,7 @@ Every public and hidden test of every lab compares answers through this module, 
   says so and passes its own tolerance. Tensors are compared in float64 on the CPU, with a default tolerance taken
   from the dtype the answer has.
 - **Messages.** A failure states the contract and the expected value at full precision.
+- **Lying answers.** A subclass of an accepted type is tampering (``LyingAnswer``): the whole cell scores zero.
 - **Partial credit.** A test cell's checks sit in ``with check("what it checks", weight=w):`` blocks. A failed
   block is recorded and the next one runs; the cell ends with ``finish_checks()``. In a notebook that call raises
   an ``AssertionError`` listing every failed check; when grading, the grader records the weighted share of the
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 
 __all__ = [
-    "REL_TOL", "check", "finish_checks", "ChecksFailed",
+    "REL_TOL", "check", "finish_checks", "ChecksFailed", "LyingAnswer",
     "as_real", "as_integer", "as_label", "as_tensor", "as_dict",
     "assert_close", "assert_integer", "assert_label", "assert_reals_by_key", "assert_tensor_close",
     "assert_calls", "output_devices_with_meta_default",
@@ -62,6 +63,19 @@ class ChecksFailed(AssertionError):
     """Raised by ``finish_checks`` in a notebook when some checks of the cell failed; its message lists them."""
 
 
+class LyingAnswer(AssertionError):
+    """An answer of a subclass of an accepted type (an ``int`` whose ``==`` always says yes, a tensor subclass with its
+    own ``__torch_function__``): tampering, so the whole test cell scores zero, not only the check that saw it."""
+
+
+def _refuse(value, what: str, wanted: str):
+    """The error for a value of the wrong type: ``LyingAnswer`` for a subclass of a type the contract accepts."""
+    kind = type(value)
+    lying = not issubclass(kind, (bool, np.generic)) and issubclass(kind, (int, float, str, dict, torch.Tensor))
+    error = LyingAnswer if lying else AssertionError
+    return error(f"{what} must be {wanted}, got {_type_name(value)}" + (" (a subclass: refused)" if lying else ""))
+
+
 class Scorecard:
     """The checks one test cell ran: ``results`` holds ``(name, weight, failure message or None)`` in order."""
 
@@ -70,6 +84,7 @@ class Scorecard:
         self.passthrough = passthrough  # exception types a check never catches (the grader's own errors)
         self.cell = cell  # which notebook cell this card belongs to (IPython's execution count), None in the grader
         self.results: list[tuple[str, float, str | None]] = []
+        self.lying = False  # a check met a LyingAnswer: the cell scores zero
 
     @property
     def total(self) -> float:
@@ -79,6 +94,8 @@ class Scorecard:
     def share(self) -> float:
         """Weighted share of the checks that passed, in [0, 1]; 1.0 for a cell that ran none."""
         total = self.total
+        if self.lying:
+            return 0.0
         return 1.0 if total == 0 else sum(w for _, w, failed in self.results if failed is None) / total
 
     def failures(self) -> list[str]:
@@ -140,6 +157,7 @@ def check(name: str, weight: float = 1):
         if card.passthrough and isinstance(exc, card.passthrough):
             raise
         message = str(exc) if isinstance(exc, AssertionError) else f"{type(exc).__name__}: {exc}"
+        card.lying = card.lying or isinstance(exc, LyingAnswer)
         card.results.append((name, float(weight), message or "failed"))
     else:
         card.results.append((name, float(weight), None))
@@ -192,8 +210,7 @@ def as_real(value, what: str) -> float:
             raise AssertionError(f"{what} must be a number with a value, got a tensor on the meta device")
         number = float(_one_element(value, what))
     else:
-        raise AssertionError(f"{what} must be a number (a Python or NumPy int or float, or a one-element tensor), "
-                             f"got {_type_name(value)}")
+        raise _refuse(value, what, "a number (a Python or NumPy int or float, or a one-element tensor)")
     if math.isnan(number):
         raise AssertionError(f"{what} must be a number, got NaN")
     return number
@@ -217,14 +234,14 @@ def as_integer(value, what: str) -> int:
 def as_label(value, what: str) -> str:
     """``value`` as a label: a ``str`` or ``np.str_``, without surrounding spaces, case folded."""
     if type(value) not in (str, np.str_):
-        raise AssertionError(f"{what} must be a string, got {_type_name(value)}")
+        raise _refuse(value, what, "a string")
     return str(value).strip().casefold()
 
 
 def as_tensor(value, what: str) -> torch.Tensor:
     """``value`` itself when it is a ``torch.Tensor`` (or ``nn.Parameter``), detached; no other subclass."""
     if type(value) not in _TENSOR_TYPES:
-        raise AssertionError(f"{what} must be a torch.Tensor, got {_type_name(value)}")
+        raise _refuse(value, what, "a torch.Tensor")
     return value.detach()
 
 
@@ -233,7 +250,7 @@ def as_dict(value, what: str) -> dict:
     import collections
 
     if type(value) not in (dict, collections.OrderedDict, collections.defaultdict):
-        raise AssertionError(f"{what} must be a dict, got {_type_name(value)}")
+        raise _refuse(value, what, "a dict")
     return dict(value)
 
 
@@ -303,7 +320,9 @@ def assert_tensor_close(got, expected: torch.Tensor, what: str, rtol: float | No
     if dtype is not None:
         assert tensor.dtype == dtype, f"{what} must have dtype {dtype}, got {tensor.dtype}"
     if device is not None:
-        assert tensor.device == torch.device(device), f"{what} must be on {torch.device(device)}, got {tensor.device}"
+        want = torch.device(device)  # "cuda" (no index) accepts any CUDA device; "cuda:1" that one
+        assert tensor.device.type == want.type and want.index in (None, tensor.device.index), (
+            f"{what} must be on {want}, got {tensor.device}")
     default_rtol, default_atol = TENSOR_TOL.get(tensor.dtype, TENSOR_TOL[torch.float64])
     rtol = default_rtol if rtol is None else rtol
     atol = default_atol if atol is None else atol

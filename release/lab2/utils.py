@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import os
+import pathlib
 import platform
 import re
 import statistics
@@ -422,6 +423,23 @@ def _requirement_problems(path):
     return problems
 
 
+_RUN_TIMES = pathlib.Path(__file__).resolve().parent / "assets" / "run_times.json"  # scripts/run_times.py writes it
+
+
+def _run_time_line(lab):
+    """How long running every cell of the lab took at the scale in effect, as measured (``assets/run_times.json``);
+    "" when nothing was measured at this scale."""
+    if not lab or not _RUN_TIMES.is_file():
+        return ""
+    measured = json.loads(_RUN_TIMES.read_text()).get(lab, {}).get(SCALE)
+    if not measured:
+        return ""
+    seconds = measured["total_s"]
+    took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+    return (f"Run time: every cell at {SCALE} scale took about {took} when measured on {measured['machine']} "
+            f"({measured['source']}); other machines take longer or less")
+
+
 def print_environment_report(lab=None):
     """Print what this notebook runs on; every lab's first code cell calls it. Never raises.
 
@@ -464,6 +482,12 @@ def print_environment_report(lab=None):
     lines.append(f"Scale: {SCALE} ({source}); to change it, set {_SCALE_ENV}=teaching, cpu or quick before "
                  f"starting Jupyter and restart the kernel")
     lines.append(f"Attention backend: {ATTENTION_BACKEND}")
+    try:
+        timing = _run_time_line(lab)
+        if timing:
+            lines.append(timing)
+    except Exception as exc:
+        lines.append(f"Run time: could not be read ({exc})")
     try:
         path = _find_requirements()
         if path is not None:
@@ -1312,6 +1336,9 @@ def quiet_library_messages() -> None:
     autotuning errors (a candidate kernel too big for the GPU's shared memory, which it skips), its "Autotune Choices
     Stats" JSON after every ``max-autotune`` search, and the warnings in ``_BENIGN_WARNINGS``. Every other message,
     warning and error still shows. Each lab's setup cell calls it; importing utils changes nothing by itself.
+
+    Returns:
+        None
     """
     import warnings
 

@@ -272,6 +272,33 @@ def lab3_why_section(executed: Path) -> list[str]:
     return out + [""]
 
 
+LAB2_TABLE_MARKERS = {
+    "speedup_if_fused": "Part 1: relu(A @ B), eager, matmul alone, compiled and autotuned",
+    " kernel(s): ": "Part 1: kernels per call (n = 16384, k = 64)",
+    "intensity_flop_per_byte": "Part 2: C @ relu(A @ B) on the roofline",
+    "forward_ms (rows": "Part 5: the attention sweep",
+    "forward_tflops_eager": "Part 5: torch.compile on whole Transformers (TFLOP/s, time per layer, kernels per forward)",
+}
+
+
+def lab2_tables_section(executed: Path) -> list[str]:
+    """Lab 2's measurement tables in full (``printed_results`` leaves out long outputs such as the attention sweep
+    and the Transformer table, which the written answers quote)."""
+    if not executed.exists():
+        return []
+    nb = json.loads(executed.read_text())
+    out = ["## Lab 2's measurement tables", ""]
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", [])
+                       if o.get("output_type") == "stream" and o.get("name") == "stdout").strip()
+        title = next((title for marker, title in LAB2_TABLE_MARKERS.items() if marker in text), None)
+        if title:
+            out += [f"### {title}", "", "```", text, "```", ""]
+    return out if len(out) > 2 else []
+
+
 def lab_run_report(results: Path, lab: str) -> str:
     """Report of a lab whose GPU evidence is its teaching-scale run (Labs 2 and 3)."""
     run = json.loads((results / f"{lab}_run.json").read_text())
@@ -280,6 +307,8 @@ def lab_run_report(results: Path, lab: str) -> str:
     out += run_section(run, lab, _autograde_step(results, lab))
     if lab == "lab3":
         out += lab3_why_section(results / f"{lab}_executed.ipynb")
+    if lab == "lab2":
+        out += lab2_tables_section(results / f"{lab}_executed.ipynb")
     out += printed_results(results / f"{lab}_executed.ipynb")
     return "\n".join(out) + "\n"
 

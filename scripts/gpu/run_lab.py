@@ -6,7 +6,8 @@ Run from the repository root (scripts/gpu/run_reports.sh does, on the lent GPU):
 - ``<lab>_run.json``: wall time per part and per cell, cells that raised, the autograde time of one
   submission (the reference solution, graded as TAs grade it: quick scale);
 - ``<lab>_fig_NN.png``: the figures the notebook drew.
-With ``--skip-execute`` only the autograde runs, and its record is ``<lab>_autograde.json``.
+With ``--skip-execute`` only the autograde runs, and its record is ``<lab>_autograde.json``. ``--scale cpu``
+runs the notebook at cpu scale instead (what a student without a GPU runs; files named ``<lab>-cpu_*``).
 
 ``--gpu-memory-gb GB`` (default: ``EFFICIENT_AI_GPU_MEMORY_GB``) caps the kernel's CUDA allocator at GB
 (``scripts/gpu/memory_cap.py``) to show how the lab runs on a smaller GPU; the files are then named
@@ -86,21 +87,22 @@ def peak_reserved_gb(record: Path, nb) -> dict:
     return {"peak_reserved_gb": peak / 1e9, "peak_cell_index": index}
 
 
-def execute(lab: str, out: Path, timeout_s: int, cap_gb: float | None = None, prefix: str | None = None) -> dict:
+def execute(lab: str, out: Path, timeout_s: int, cap_gb: float | None = None, prefix: str | None = None,
+            scale: str = "teaching") -> dict:
     import nbclient
 
     from course.notebooks import grade_id, read_notebook, write_notebook
 
     prefix = prefix or lab
     nb = read_notebook(REPO / "source" / lab / f"{lab}.ipynb")
-    work = Path(tempfile.mkdtemp(prefix=f"{prefix}-teaching-"))
+    work = Path(tempfile.mkdtemp(prefix=f"{prefix}-{scale}-"))
     shutil.copytree(REPO / "source" / lab, work, dirs_exist_ok=True)
-    os.environ["EFFICIENT_AI_SCALE"] = "teaching"
+    os.environ["EFFICIENT_AI_SCALE"] = scale
     os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"  # figures become notebook outputs
     record = cap_kernel_memory(cap_gb, work) if cap_gb else None
     client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3", allow_errors=True,
                                      record_timing=True, resources={"metadata": {"path": str(work)}})
-    start = time.perf_counter()
+    start, load_before = time.perf_counter(), os.getloadavg()[0]
     client.execute()
     total_s = time.perf_counter() - start
     write_notebook(nb, out / f"{prefix}_executed.ipynb")
@@ -125,7 +127,8 @@ def execute(lab: str, out: Path, timeout_s: int, cap_gb: float | None = None, pr
             if png:
                 figures += 1
                 (out / f"{prefix}_fig_{figures:02d}.png").write_bytes(base64.b64decode(png))
-    result = {"total_s": total_s, "parts_s": parts, "cells": cells, "errors": errors, "figures": figures,
+    result = {"scale": scale, "total_s": total_s, "cpus": os.cpu_count(),  # the load: other work sharing the machine
+              "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)], "parts_s": parts, "cells": cells, "errors": errors, "figures": figures,
               "oom_lines": ooms}
     if record is not None:
         result.update(peak_reserved_gb(record, nb))
@@ -157,11 +160,13 @@ def main() -> int:
     parser.add_argument("--cell-timeout-s", type=int, default=900)
     parser.add_argument("--skip-execute", action="store_true")
     parser.add_argument("--skip-autograde", action="store_true")
+    parser.add_argument("--scale", default="teaching", choices=("teaching", "cpu", "quick"),
+                        help="the scale the notebook runs at (a CPU student's run: --scale cpu --skip-autograde)")
     parser.add_argument("--gpu-memory-gb", type=float, default=None,
                         help=f"cap the kernel's CUDA allocator at this many GB (default: ${CAP_ENV})")
     args = parser.parse_args()
     cap_gb = args.gpu_memory_gb if args.gpu_memory_gb is not None else cap_from_env()
-    prefix = f"{args.lab}-cap{cap_gb:g}gb" if cap_gb else args.lab
+    prefix = f"{args.lab}-cap{cap_gb:g}gb" if cap_gb else args.lab if args.scale == "teaching" else f"{args.lab}-{args.scale}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result: dict = {"lab": args.lab, "gpu_memory_cap_gb": cap_gb}
@@ -175,8 +180,8 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001
         result["device"] = f"unknown ({exc})"
     if not args.skip_execute:
-        result["teaching_run"] = execute(args.lab, out, args.cell_timeout_s, cap_gb, prefix)
-        print(f"{prefix}: teaching-scale run {result['teaching_run']['total_s']:.0f} s, "
+        result["teaching_run"] = execute(args.lab, out, args.cell_timeout_s, cap_gb, prefix, args.scale)
+        print(f"{prefix}: {args.scale}-scale run {result['teaching_run']['total_s']:.0f} s, "
               f"{len(result['teaching_run']['errors'])} cell(s) raised", flush=True)
         for part, seconds in result["teaching_run"]["parts_s"].items():
             print(f"  {part}: {seconds:.1f} s")

@@ -18,8 +18,9 @@ Units: time in milliseconds (ms) unless a name says otherwise (``*_s``, ``*_us``
 bandwidth in TB/s (1e12 bytes/s), compute in TFLOP/s (1e12 FLOP/s), arithmetic intensity in FLOP/byte.
 
 Everything runs on CPU and on CUDA. transformers is imported only when a model helper needs it, so
-``import utils`` costs little more than ``import torch`` and matplotlib. Importing it turns PyTorch's cuDNN attention
-backend off (see ``DEVICE``'s section for why).
+``import utils`` costs little more than ``import torch`` and matplotlib. Importing it changes no global state
+(PyTorch's backends, the profiler, logging, warnings, the environment); ``quiet_library_messages()``, which each lab's
+setup cell calls, silences the library messages a student cannot act on.
 """
 
 import collections
@@ -33,6 +34,7 @@ import json
 import logging
 import math
 import os
+import pathlib
 import platform
 import re
 import statistics
@@ -53,6 +55,7 @@ __all__ = [
     "at_scale",
     "progress",
     "print_environment_report",
+    "quiet_library_messages",
     "GPU_SPECS",
     "detect_gpu",
     "get_ridge_point",
@@ -104,50 +107,51 @@ __all__ = [
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 """torch.device: ``cuda`` when a CUDA GPU is visible, else ``cpu``. Notebooks and tests put tensors here."""
 
-# cuDNN's attention prepares its kernels the first time each shape runs in a process, on the CPU: on an H100, Lab 1's
-# first prefill of two layers took 1.6 s (1.4 CPU-seconds) with it and 0.2 s without (0.01 s the second time), and every
-# grading kernel is a fresh process (reports/cell-costs-h100.md). The labs therefore leave it off, here, for the
-# student's kernel and the grader alike; scaled_dot_product_attention runs FlashAttention or the memory-efficient
-# kernel instead, as on GPUs without cuDNN attention. torch.backends.cuda.enable_cudnn_sdp(True) turns it back on.
-if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
-    torch.backends.cuda.enable_cudnn_sdp(False)
-
-_SCALES = ("teaching", "quick")
+_SCALES = ("teaching", "cpu", "quick")
 _SCALE_ENV = "EFFICIENT_AI_SCALE"
 
 
 def _read_scale():
     raw = os.environ.get(_SCALE_ENV, "").strip().lower()
     if not raw:
-        return "teaching" if torch.cuda.is_available() else "quick"
+        return "teaching" if torch.cuda.is_available() else "cpu"
     if raw not in _SCALES:
         raise ValueError(f"{_SCALE_ENV}={raw!r} is not a scale; use one of {', '.join(_SCALES)}")
     return raw
 
 
 SCALE = _read_scale()
-"""str: ``"teaching"`` (full sizes, meant for a GPU) or ``"quick"`` (small sizes for CPU and grading).
+"""str: the sizes the measuring cells use.
 
-Default: ``"teaching"`` when CUDA is available, else ``"quick"``. The environment variable
-``EFFICIENT_AI_SCALE=teaching|quick`` overrides it (set it before starting Jupyter); the grader sets ``quick``.
+- ``"teaching"``: full sizes, meant for a GPU (the default where CUDA is available);
+- ``"cpu"``: sizes at which a laptop's CPU still shows each lab's effects, the whole lab in minutes (the default
+  without a GPU);
+- ``"quick"``: the smallest sizes, which only check that the code runs (grading and CI always use it).
+
+The environment variable ``EFFICIENT_AI_SCALE=teaching|cpu|quick`` overrides the default (set it before starting
+Jupyter); the grader sets ``quick``.
 """
 
 
-def at_scale(teaching, quick):
+def at_scale(teaching, quick, cpu=None):
     """Pick a size by the scale in effect.
 
     Args:
         teaching: Value used at teaching scale (GPU-sized sweeps, long sequences).
-        quick: Value used at quick scale (CPU, grading); keep it small enough for a 2-core CPU.
+        quick: Value used at quick scale (grading, CI); keep it small enough for a 2-core CPU.
+        cpu: Value used at cpu scale (a student's laptop without a GPU): large enough to show the effect the cell
+            measures, small enough for minutes on a laptop. Default: ``quick``.
 
     Returns:
-        ``teaching`` when ``utils.SCALE == "teaching"``, else ``quick`` (returned as given, not copied).
+        The value for ``utils.SCALE`` (returned as given, not copied).
     """
-    return teaching if SCALE == "teaching" else quick
+    if SCALE == "teaching":
+        return teaching
+    return cpu if SCALE == "cpu" and cpu is not None else quick
 
 
 def progress(iterable, description: str, total: int | None = None):
-    """A progress bar over a loop that runs for a while at teaching scale (a benchmark sweep, a training run).
+    """A progress bar over a loop that runs for a while (a benchmark sweep, a training run).
 
     tqdm's notebook widget inside Jupyter (it needs ``ipywidgets``; without it, tqdm's text bar and no warning),
     a text bar in a terminal. At quick scale, where loops take seconds and grading runs, no bar is drawn: the
@@ -161,7 +165,7 @@ def progress(iterable, description: str, total: int | None = None):
     Returns:
         An iterable over the same items, in the same order.
     """
-    if SCALE != "teaching" or importlib.util.find_spec("tqdm") is None:
+    if SCALE == "quick" or importlib.util.find_spec("tqdm") is None:
         return iterable
     if importlib.util.find_spec("ipywidgets") is None:
         from tqdm.std import tqdm
@@ -419,6 +423,23 @@ def _requirement_problems(path):
     return problems
 
 
+_RUN_TIMES = pathlib.Path(__file__).resolve().parent / "assets" / "run_times.json"  # scripts/run_times.py writes it
+
+
+def _run_time_line(lab):
+    """How long running every cell of the lab took at the scale in effect, as measured (``assets/run_times.json``);
+    "" when nothing was measured at this scale."""
+    if not lab or not _RUN_TIMES.is_file():
+        return ""
+    measured = json.loads(_RUN_TIMES.read_text()).get(lab, {}).get(SCALE)
+    if not measured:
+        return ""
+    seconds = measured["total_s"]
+    took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+    return (f"Run time: every cell at {SCALE} scale took about {took} when measured on {measured['machine']} "
+            f"({measured['source']}); other machines take longer or less")
+
+
 def print_environment_report(lab=None):
     """Print what this notebook runs on; every lab's first code cell calls it. Never raises.
 
@@ -458,9 +479,15 @@ def print_environment_report(lab=None):
     except Exception as exc:
         lines.append(f"GPU: could not be queried ({exc})")
     source = f"from {_SCALE_ENV}" if os.environ.get(_SCALE_ENV) else "default for this machine"
-    lines.append(f"Scale: {SCALE} ({source}); to change it, set {_SCALE_ENV}=teaching or quick before "
+    lines.append(f"Scale: {SCALE} ({source}); to change it, set {_SCALE_ENV}=teaching, cpu or quick before "
                  f"starting Jupyter and restart the kernel")
     lines.append(f"Attention backend: {ATTENTION_BACKEND}")
+    try:
+        timing = _run_time_line(lab)
+        if timing:
+            lines.append(timing)
+    except Exception as exc:
+        lines.append(f"Run time: could not be read ({exc})")
     try:
         path = _find_requirements()
         if path is not None:
@@ -1262,7 +1289,7 @@ def _without_kineto_usdt_lines():
 
 def _quiet_profiler_calls() -> None:
     """Run the profiler's start and stop calls (all ``torch.profiler.profile`` and ``torch.autograd.profiler``
-    use) through ``_without_kineto_usdt_lines``. Applied once, when utils is imported."""
+    use) through ``_without_kineto_usdt_lines`` (once per process; ``quiet_library_messages`` calls it)."""
     import torch.autograd.profiler as autograd_profiler
 
     for name in ("_prepare_profiler", "_enable_profiler", "_disable_profiler"):
@@ -1277,9 +1304,6 @@ def _quiet_profiler_calls() -> None:
 
         quiet._drops_usdt_lines = True
         setattr(autograd_profiler, name, quiet)
-
-
-_quiet_profiler_calls()
 
 
 class _DropBenignAutotuneErrors(logging.Filter):
@@ -1305,22 +1329,30 @@ _BENIGN_WARNINGS = (
 )
 
 
-def _quiet_known_benign_messages() -> None:
-    """Silence what a correct run prints that is not about the student's code: Inductor's benign autotuning
-    errors (``_DropBenignAutotuneErrors``), its "Autotune Choices Stats" JSON on stderr after every
-    ``max-autotune`` search, and ``_BENIGN_WARNINGS``. Applied once, when utils is imported."""
+def quiet_library_messages() -> None:
+    """Silence what a correct run prints that is not about your code and that you cannot act on.
+
+    Kineto's ``USDT:... profiler_start`` lines on stderr at every profiler start and stop, Inductor's benign
+    autotuning errors (a candidate kernel too big for the GPU's shared memory, which it skips), its "Autotune Choices
+    Stats" JSON after every ``max-autotune`` search, and the warnings in ``_BENIGN_WARNINGS``. Every other message,
+    warning and error still shows. Each lab's setup cell calls it; importing utils changes nothing by itself.
+
+    Returns:
+        None
+    """
     import warnings
 
-    logging.getLogger("torch._inductor.select_algorithm").addFilter(_DropBenignAutotuneErrors())
+    _quiet_profiler_calls()
+
+    autotune_log = logging.getLogger("torch._inductor.select_algorithm")
+    if not any(isinstance(known, _DropBenignAutotuneErrors) for known in autotune_log.filters):
+        autotune_log.addFilter(_DropBenignAutotuneErrors())
     # Read by torch._inductor.config when it is first imported (importing it here would cost seconds).
     os.environ.setdefault("TORCHINDUCTOR_MAX_AUTOTUNE_REPORT_CHOICES_STATS", "0")
     if "torch._inductor.config" in sys.modules:
         sys.modules["torch._inductor.config"].max_autotune_report_choices_stats = False
     for message in _BENIGN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
-
-
-_quiet_known_benign_messages()
 
 default_schedule = torch.profiler.schedule(wait=1, warmup=3, active=5, repeat=1)
 """torch.profiler schedule for a loop of 10 ``prof.step()`` calls: step 0 is skipped, steps 1-3 warm up

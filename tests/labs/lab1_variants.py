@@ -460,6 +460,12 @@ def gemm_compute_bound_n(gpu_name):
 def gemm_compute_bound_n(gpu_name):
     return math.ceil(6 * get_ridge_point(detect_gpu(default="A6000"), torch.float32))
 '''),
+    # Reads the notebook's globals of this machine's GPU (the cell that calls detect_gpu(default="A6000")): the tests
+    # call gemm_compute_bound_n as on a machine without a GPU, so this scores as on a CPU grader on every grader.
+    ("reads the notebook's peak_fp32_tflops and peak_bandwidth_tb_s (this machine's GPU), not gpu_name's", '''
+def gemm_compute_bound_n(gpu_name):
+    return math.ceil(6 * peak_fp32_tflops / peak_bandwidth_tb_s)
+'''),
     ("uses the bf16 peak", _threshold('math.ceil(6 * spec["bf16_tflops"] / spec["memory_bandwidth_tb_s"])')),
     ("forgets writing C (AI = N/4)", _threshold('math.ceil(4 * spec["fp32_tflops"] / spec["memory_bandwidth_tb_s"])')),
     ("counts MACs (AI = N/12)", _threshold('math.ceil(12 * spec["fp32_tflops"] / spec["memory_bandwidth_tb_s"])')),

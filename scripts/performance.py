@@ -1,0 +1,67 @@
+"""Write ``docs/PERFORMANCE.md``: one current table per lab of how long it takes to run and to grade, measured.
+
+Every number comes from a committed run of ``scripts/gpu/run_lab.py`` (``reports/h100/<lab>_run.json``: every cell at
+teaching scale on the lent H100, then one reference submission autograded there; ``reports/cpu-2core/<lab>-cpu_run.json``:
+every cell at cpu scale on a 2-core machine, then one autograde there). Regenerate after committing new runs:
+``python scripts/performance.py``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RUNS = (  # (file pattern, machine)
+    ("reports/h100/{lab}_run.json", "lent H100, 16 cores"),
+    ("reports/cpu-2core/{lab}-cpu_run.json", "2-core CPU, no GPU"),
+)
+
+
+def _rows(lab: str) -> list[str]:
+    rows = []
+    for pattern, machine in RUNS:
+        path = REPO / pattern.format(lab=lab)
+        if not path.is_file():
+            continue
+        run = json.loads(path.read_text())
+        where = f"[{pattern.format(lab=lab)}](../{pattern.format(lab=lab)})"
+        executed = run.get("teaching_run")
+        if executed:
+            scale = executed.get("scale", "teaching")
+            raised = f", {len(executed['errors'])} cell(s) raised" if executed.get("errors") else ""
+            load = executed.get("load_average")
+            busy = f" (load average {load[0]:g} to {load[1]:g} on {executed.get('cpus')} CPUs)" if load else ""
+            rows.append(f"| every cell, {scale} scale | {machine} ({run.get('torch', '?')}) | "
+                        f"{executed['total_s']:.0f} s{raised}{busy} | {where} |")
+        graded = run.get("autograde")
+        if graded and graded.get("seconds") is not None:
+            short = graded.get("cells_short_of_full_marks")
+            points = "every autograded point" if short == [] else f"short of full marks in {short}"
+            rows.append(f"| autograde one submission (the reference, quick scale: {points}) | "
+                        f"{machine} | {graded['seconds']:.1f} s | {where} |")
+    return rows
+
+
+def main() -> int:
+    lines = ["# Performance", "",
+             "How long each lab takes to run top to bottom and to grade, measured with the current code. Made by "
+             "`scripts/performance.py` from the committed runs of `scripts/gpu/run_lab.py`; what students should "
+             "observe in each lab is in `reports/labN-h100.md`. A run on a fresh machine includes its first "
+             "compiles. Times on a machine that other work shares are longer than on an idle one.", ""]
+    for lab in sorted(p.name for p in (REPO / "labs").iterdir() if p.is_dir()):
+        rows = _rows(lab)
+        lines += [f"## {lab.replace('lab', 'Lab ')}", "", "| what | machine | time | run |", "| --- | --- | --- | --- |",
+                  *(rows or ["| (no committed run) | | | |"]), ""]
+    grading = REPO / "reports" / "grading-time-cpu-2core.md"
+    if grading.is_file():
+        lines += ["## Grading a class", "",
+                  "A class of Lab 1 submissions graded before and after the grading path was simplified: "
+                  "[reports/grading-time-cpu-2core.md](../reports/grading-time-cpu-2core.md).", ""]
+    out = REPO / "docs" / "PERFORMANCE.md"
+    out.write_text("\n".join(lines))
+    print(f"wrote {out.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
