@@ -85,7 +85,7 @@ class GuardedExecute(Execute):
                    "when a reference solution loses points.",
     ).tag(config=True)
     # nbclient's own option, with another default: once the last cell has run nothing the kernel does can change a
-    # grade, so it is killed instead of being asked to shut down and waited for (about 2 s per submission).
+    # grade, so it is killed instead of being asked to shut down and waited for.
     shutdown_kernel = Enum(
         ["graceful", "immediate"], default_value="immediate",
         help="How the kernel ends after the last cell: 'immediate' kills it, 'graceful' asks it to shut down first.",

@@ -51,11 +51,10 @@ def become(uid: int) -> None:
 def freeze_heap() -> None:
     """Collect start-up's garbage, then move every surviving object out of the collector's reach (``gc.freeze``).
 
-    Importing torch, pandas, matplotlib and transformers leaves some 400,000 objects that the cyclic collector
-    would walk on every full collection: 0.1 to 0.3 s each, and ``utils.benchmark_memory`` runs one per call (Lab 1
-    calls it a dozen times). Frozen objects are still freed by reference counting; only a reference cycle through
-    one of them (an object of the notebook stored inside an imported module's container, and both dropped) is never
-    collected.
+    Importing torch, pandas, matplotlib and transformers leaves many objects that the cyclic collector would walk on
+    every full collection, and ``utils.benchmark_memory`` runs one per call. Frozen objects are still freed by
+    reference counting; only a reference cycle through one of them (an object of the notebook stored inside an
+    imported module's container, and both dropped) is never collected.
     """
     import gc
 

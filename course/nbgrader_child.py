@@ -4,8 +4,8 @@ Two differences from a plain ``nbgrader`` command, neither of which changes what
 
 - The process ends when ``PARENT_PID`` (the ``course grade`` process) does, ``kill -9`` included
   (``course.processes.die_with_parent``): no grading goes on behind a killed run.
-- ``rfc3987_syntax`` is marked absent before anything imports ``jsonschema``. Version 1.1.0 of that optional package
-  compiles about 40 Lark grammars at import, 2-3 s of CPU in every process that reads a notebook; it only checks the
+- ``rfc3987_syntax`` is marked absent before anything imports ``jsonschema``. That optional package compiles
+  Lark grammars at import, seconds of CPU in every process that reads a notebook; it only checks the
   JSON-schema formats ``iri`` and ``iri-reference``, which neither the notebook format nor nbgrader uses, and
   ``jsonschema`` skips those two checkers wherever the package is not installed
   (``scripts/bench_autograde_cpu.py`` measures the import with and without it).

@@ -286,8 +286,8 @@ def read_scores(course_root: Path, lab: str, students: list[str] | None = None) 
     (cells it does not have come last, by name), whatever order the database returns rows in.
 
     The gradebook is read in a few queries whatever the class size (the lab's cells, its submissions, and every
-    submission's grades in one): nbgrader's ORM objects load each grade's maximum and cell lazily, a query each, which
-    took about 5 s for a class of 300 on two cores (scripts/bench_report_writing.py).
+    submission's grades in one): nbgrader's ORM objects load each grade's maximum and cell lazily, a query each
+    (scripts/bench_report_writing.py times it).
     """
     from nbgrader.api import Grade, Gradebook, MissingEntry, SubmittedAssignment, SubmittedNotebook
 

@@ -76,12 +76,6 @@ def is_autograded_test(cell) -> bool:
     return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
 
 
-def is_manually_graded(cell) -> bool:
-    """A cell a TA scores: a graded solution cell (written answer or open-ended code) or a task."""
-    meta = nbgrader_meta(cell)
-    return bool(meta.get("task")) or (bool(meta.get("grade")) and bool(meta.get("solution")))
-
-
 # Course metadata of a cell (beside nbgrader's): ``cell.metadata["efficient_ai"]``. A bonus grade cell (grade id
 # ``b...``) carries its points there as ``bonus_points`` and has nbgrader ``points`` 0, so that nbgrader's maximum of a
 # lab is its core total (100) and bonus points reach the gradebook as ``extra_credit`` (``course.nbgrader_ext.

@@ -233,8 +233,8 @@ def _csv_score(cell) -> str:
 
 
 def prepare_plotting() -> None:
-    """Import what ``plot_histogram`` draws with (matplotlib's file-only Agg backend): 0.5 to 1 s that a grading run
-    spends while it waits for its workers instead of after the last submission."""
+    """Import what ``plot_histogram`` draws with (matplotlib's file-only Agg backend), which a grading run
+    does while it waits for its workers instead of after the last submission."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -130,7 +130,7 @@ _reasons: dict[tuple, str | None] = {}  # unavailable_reason's answers, by what 
 def unavailable_reason() -> str | None:
     """Why bwrap cannot sandbox kernels on this machine, or None when it can.
 
-    Runs this Python in a sandbox that shows its installation as a kernel's does (30 to 70 ms): a Python that
+    Runs this Python in a sandbox that shows its installation as a kernel's does: a Python that
     cannot run there (a venv hidden by the sandbox's own folders, a library it cannot see) would kill every kernel,
     and every submission would score 0. Answered once per process for the same Python, bwrap, installation folders
     and library path."""

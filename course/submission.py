@@ -482,8 +482,7 @@ def _stage_and_scan(course_root: Path, lab: str, student: str, staging_root: Pat
 
 class ClassStaging:
     """Every student's submission staged and scanned in a thread, one after another in the order of ``students``,
-    while grading goes on: ``get(student)`` waits for that submission only (staging takes some 0.2 s per submission on two cores, which
-    no worker of ``course grade`` had to wait for in full).
+    while grading goes on: ``get(student)`` waits for that submission only.
 
     Raises:
         NotebookError: the instructor's notebook cannot be read (read here, before the thread starts).

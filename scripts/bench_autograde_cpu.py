@@ -2,7 +2,8 @@
 
 Usage::
 
-    python scripts/bench_autograde_cpu.py [--before-commit COMMIT] [--rounds 3] [--lab lab1] [--out reports/...md]
+    python scripts/bench_autograde_cpu.py [--before-commit COMMIT] [--layer-base COMMIT] [--rounds 3] [--lab lab1]
+        [--out reports/...md]
 
 ``--before-commit`` (default: where this branch leaves ``main``, so that both trees hold the same labs) checks that
 commit out as a ``git worktree`` beside this repository (``--before``, default
@@ -11,7 +12,12 @@ the reference solution, the blank release and a partial one) once with each tree
 package, ``nbgrader_config.py`` and lab, into a fresh SQLite course under /tmp, in a child process started in that
 tree (``python -c`` with ``PYTHONPATH`` set to it). The order of the two trees alternates from round to round, so the
 load of other work on the machine weighs on both. The demo's scores are checked: a run whose scores differ from
-the demo's expected ones is reported as failed.
+the demo's expected ones is reported as failed. The machine's load average (1 minute) is recorded before and after
+every run.
+
+``--layer-base COMMIT`` adds a third tree, this branch without its speed layer (the grading worker,
+``course/grading_worker.py``), checked out beside the other two (``../<repo>-layer-base``): what the layer saves
+is the difference between it and this tree, in the same rounds.
 
 It also times, alternated in the same way, what the one speed measure kept in ``course.nbgrader_child`` saves:
 importing nbgrader with and without ``rfc3987_syntax`` marked absent.
@@ -63,18 +69,20 @@ def ensure_worktree(folder: Path, commit: str) -> None:
 
 
 def grade_demo(tree: Path, lab: str) -> dict:
-    """Grade the demo class with ``tree``'s code; its JSON line, plus the tree."""
+    """Grade the demo class with ``tree``'s code; its JSON line, plus the tree and the load average around it."""
     course = Path(tempfile.mkdtemp(prefix="bench-demo-", dir="/tmp"))
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    load_before = os.getloadavg()[0]
     try:
         done = subprocess.run([sys.executable, "-c", DRIVER, str(course / "class"), lab], cwd=tree, env=env,
                               capture_output=True, text=True, timeout=1800)
     finally:
         shutil.rmtree(course, ignore_errors=True)
+    load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
-        return {"tree": str(tree), "error": (done.stderr or done.stdout)[-2000:]}
-    return {"tree": str(tree), **json.loads(lines[-1])}
+        return {"tree": str(tree), "load": load, "error": (done.stderr or done.stdout)[-2000:]}
+    return {"tree": str(tree), "load": load, **json.loads(lines[-1])}
 
 
 def time_import(skip: bool) -> float:
@@ -88,30 +96,42 @@ def per_submission(run: dict) -> float:
 
 
 def report(args, runs: list[dict], imports: list[dict]) -> list[str]:
-    by_tree = {name: [r for r in runs if r["name"] == name] for name in ("before", "after")}
+    names = [name for name in ("before", "layer base", "after") if any(r["name"] == name for r in runs)]
+    by_tree = {name: [r for r in runs if r["name"] == name] for name in names}
     med = {name: statistics.median(per_submission(r) for r in rs) for name, rs in by_tree.items()}
     wall = {name: statistics.median(r.get("wall_s", float("nan")) for r in rs) for name, rs in by_tree.items()}
     imp = {key: statistics.median(i[key] for i in imports) for key in ("with_s", "skipped_s")} if imports else {}
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, no GPU"
+    loads = [x for r in runs for x in r.get("load", [])]
+    layer = (f" --layer-base {args.layer_base}" if args.layer_base else "")
     lines = [
         f"# Grading time on CPU: {args.lab}'s demo class, before and after (issue 38)", "",
-        f"Measured by `python scripts/bench_autograde_cpu.py --before-commit {args.before_commit} --rounds "
-        f"{args.rounds}` on {machine}, a machine shared with other work (its load varies; the trees alternate "
-        "round by round so both meet it). Each run grades the demo class (reference, blank, partial: 3 submissions) "
+        f"Measured by `python scripts/bench_autograde_cpu.py --before-commit {args.before_commit}{layer} --rounds "
+        f"{args.rounds}` on {machine}, a machine shared with other work (load average over 1 minute "
+        f"{min(loads, default=float('nan')):.2f} to {max(loads, default=float('nan')):.2f} around the runs; the trees "
+        "take turns in an order that rotates round by round so all meet it). Each run grades the demo class (reference, blank, partial: 3 submissions) "
         "into a fresh SQLite course with one worker, sandboxed where bubblewrap works.", "",
-        f"- before: commit {args.before_commit} (`{args.before}`)",
-        f"- after: this tree (`{REPO}`, commit {commit_of(REPO)}{' + uncommitted changes' if dirty(REPO) else ''})", "",
-        "| round | tree | autograde per submission (s) | whole grade_lab call (s) | statuses | demo scores |",
-        "| --- | --- | --- | --- | --- | --- |",
+        f"- before: commit {args.before_commit} (the merge base with main)",
+        *([f"- layer base: commit {args.layer_base} (this branch without the grading worker)"] if args.layer_base else []),
+        f"- after: this tree (commit {commit_of(REPO)}{' + uncommitted changes' if dirty(REPO) else ''})", "",
+        "| round | tree | autograde per submission (s) | whole grade_lab call (s) | load before, after | statuses | "
+        "demo scores |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in runs:
         status = ", ".join(sorted(set(r.get("status", {}).values()))) or "error"
         scores = "as expected" if r.get("mismatches") == [] else ("; ".join(r.get("mismatches") or []) or "error")
+        load = ", ".join(f"{x:.2f}" for x in r.get("load", []))
         lines.append(f"| {r['round']} | {r['name']} | {per_submission(r):.1f} | {r.get('wall_s', float('nan')):.1f} | "
-                     f"{status} | {scores} |")
+                     f"{load} | {status} | {scores} |")
     lines += ["", f"Median autograde per submission: before **{med['before']:.1f} s**, after **{med['after']:.1f} s** "
               f"(after / before = **{med['after'] / med['before']:.2f}x**; the issue's target: at most 1.3x). Median "
               f"whole call: before {wall['before']:.1f} s, after {wall['after']:.1f} s."]
+    if "layer base" in med:
+        saved = 1 - med["after"] / med["layer base"]
+        lines += ["", f"The grading worker (`course/grading_worker.py`): median autograde per submission without it "
+                  f"(layer base) **{med['layer base']:.1f} s**, with it **{med['after']:.1f} s**: it saves "
+                  f"**{saved:.0%}** (kept only where it saves at least 20 %)."]
     if imp:
         lines += ["", "The one speed measure kept (`course/nbgrader_child.py`: `rfc3987_syntax` marked absent before "
                   "nbgrader is imported), timed as `python -c 'import nbformat, jsonschema, nbgrader.apps.nbgraderapp'` "
@@ -136,6 +156,7 @@ def main() -> int:
     parser.add_argument("--before-commit", help="the commit to compare with (default: git merge-base HEAD main)")
     parser.add_argument("--before", type=Path, default=REPO.parent / f"{REPO.name}-before",
                         help="where that commit's worktree is (made when missing)")
+    parser.add_argument("--layer-base", help="this branch's commit before its speed layer (adds that tree)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--lab", default="lab1")
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "grading-time-cpu-2core.md")
@@ -144,9 +165,14 @@ def main() -> int:
         ["git", "-C", str(REPO), "merge-base", "HEAD", "main"], capture_output=True, text=True, check=True).stdout.strip()[:7]
     ensure_worktree(args.before, args.before_commit)
     trees = {"before": args.before, "after": REPO}
+    if args.layer_base:
+        trees["layer base"] = REPO.parent / f"{REPO.name}-layer-base"
+        ensure_worktree(trees["layer base"], args.layer_base)
     runs, imports = [], []
     for round_ in range(1, args.rounds + 1):
-        order = ["before", "after"] if round_ % 2 else ["after", "before"]
+        names = list(trees)
+        shift = (round_ - 1) % len(names)
+        order = names[shift:] + names[:shift]
         for name in order:
             run = {"round": round_, "name": name, **grade_demo(trees[name], args.lab)}
             runs.append(run)
