@@ -3,8 +3,10 @@ then runs each nbgrader command it is sent in a fresh process forked from itself
 
 A forked process is what ``python -m course.nbgrader_child`` would be (its own session, its own output file, ending
 when nbgrader does), without paying for the imports again: a crash, a hang or a time limit still costs one
-submission only. Nothing that a fork cannot carry happens here before a fork: no thread, no CUDA call, no socket,
-no torch operation, no instructor file imported (each process imports the lab's ``utils`` itself).
+submission only, and the process ends as a fresh one does (its exit handlers run: its kernels' folders go). Nothing
+that a fork cannot carry happens here before a fork: no thread, no CUDA call, no socket, no torch operation, no
+instructor file imported (each process imports the lab's ``utils`` itself), and no module of the course: each
+process imports those itself, so a secret one makes at import (``nbgrader_ext``'s partial-credit token) is its own.
 
 Protocol, one JSON object per line: the worker reads ``{"args": [...], "output": PATH}`` on stdin and answers
 ``{"pid": PID}`` when the process started, then ``{"status": CODE}`` when it ended (minus the signal that ended it).
@@ -21,12 +23,11 @@ import sys
 from .nbgrader_child import skip_slow_optional_imports
 from .processes import die_with_parent
 
-# What every autograde process imports: nbgrader's stack, the course's extensions, and what the grader's test runs
-# import (``course.boundary.warm_imports``). No module here starts a thread or touches a GPU when imported.
+# What every autograde process imports: nbgrader's stack and what the grader's test runs import
+# (``course.boundary.warm_imports``). No module here starts a thread or touches a GPU when imported.
 PRELOAD = (
     "nbformat", "nbclient", "jupyter_client", "nbconvert", "sqlalchemy", "sqlalchemy.dialects.sqlite", "alembic",
-    "nbgrader.apps.nbgraderapp", "nbgrader.preprocessors", "nbgrader.api", "IPython",
-    "course.guarded_execute", "course.sanitize", "course.feedback", "course.late", "course.lms",
+    "nbgrader.apps.nbgraderapp", "nbgrader.preprocessors", "nbgrader.api", "nbgrader.converters", "IPython",
     "numpy", "torch", "torch.testing", "torch.nn.functional", "sympy", "torch.fx.experimental.symbolic_shapes",
     "torch.distributed.tensor", "transformers.models.gemma3.configuration_gemma3", "matplotlib.pyplot",
 )
@@ -40,8 +41,8 @@ def preload() -> None:
             importlib.import_module(name)
 
 
-def run_child(args: list[str], output: str) -> None:
-    """In the forked process: nbgrader ``args``, its output to ``output``; never returns."""
+def run_child(args: list[str], output: str) -> int:
+    """In the forked process: nbgrader ``args``, its output to ``output``; its exit status."""
     code = 1
     try:
         os.setsid()
@@ -58,30 +59,28 @@ def run_child(args: list[str], output: str) -> None:
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001 - reported in the output, as a fresh process would
+    except Exception:  # noqa: BLE001 - reported in the output, as a fresh process would
         import traceback
 
         traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+    return code
 
 
-def serve(requests, answers) -> None:
-    """Answer every request of ``requests`` (lines) on ``answers``, one at a time."""
+def serve(requests, answers) -> int | None:
+    """Answer every request of ``requests`` (lines) on ``answers``, one at a time. In a forked process: the exit
+    status of its nbgrader command (it leaves the loop and ends as a fresh process would)."""
     for line in requests:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            run_child([str(a) for a in request["args"]], request["output"])
+            return run_child([str(a) for a in request["args"]], request["output"])
         answers.write(json.dumps({"pid": pid}) + "\n")
         answers.flush()
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
         answers.write(json.dumps({"status": code}) + "\n")
         answers.flush()
+    return None
 
 
 def main(argv: list[str]) -> int:
@@ -90,8 +89,7 @@ def main(argv: list[str]) -> int:
         return 2
     die_with_parent(int(argv[0]))
     preload()
-    serve(sys.stdin, sys.stdout)
-    return 0
+    return serve(sys.stdin, sys.stdout) or 0
 
 
 if __name__ == "__main__":
