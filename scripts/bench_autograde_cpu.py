@@ -107,7 +107,7 @@ def report(args, runs: list[dict], imports: list[dict]) -> list[str]:
     lines = [
         f"# Grading time on CPU: {args.lab}'s demo class, before and after (issue 38)", "",
         f"Measured by `python scripts/bench_autograde_cpu.py --before-commit {args.before_commit}{layer} --rounds "
-        f"{args.rounds}` on {machine}, a machine shared with other work (load average over 1 minute "
+        f"{args.rounds}` ({args.rounds_done} rounds finished) on {machine}, a machine shared with other work (load average over 1 minute "
         f"{min(loads, default=float('nan')):.2f} to {max(loads, default=float('nan')):.2f} around the runs; the trees "
         "take turns in an order that rotates round by round so all meet it). Each run grades the demo class (reference, blank, partial: 3 submissions) "
         "into a fresh SQLite course with one worker, sandboxed where bubblewrap works.", "",
@@ -181,10 +181,12 @@ def main() -> int:
         first, second = (True, False) if round_ % 2 else (False, True)
         timed = {first: time_import(first), second: time_import(second)}
         imports.append({"skipped_s": timed[True], "with_s": timed[False]})
-    lines = report(args, runs, imports)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
-    Path(tempfile.gettempdir(), args.out.stem + ".json").write_text(json.dumps({"runs": runs, "imports": imports}, indent=1))
+        args.rounds_done = round_
+        lines = report(args, runs, imports)  # after every round: a run cut short still leaves its finished rounds
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
+        Path(tempfile.gettempdir(), args.out.stem + ".json").write_text(json.dumps({"runs": runs, "imports": imports},
+                                                                                  indent=1))
     print("\n".join(lines[-3:]))
     print(f"wrote {args.out}")
     return 0
