@@ -23,7 +23,6 @@ Everything runs on CPU and on CUDA. transformers is imported only when a model h
 setup cell calls, silences the library messages a student cannot act on.
 """
 
-import collections
 import contextlib
 import difflib
 import functools
@@ -85,9 +84,6 @@ __all__ = [
     "count_kernels_per_call",
     "run_oom_safe",
     "mark_oom",
-    "record_torch_calls",
-    "kernel_side",
-    "plain_value",
     # 4. attention backends
     "ATTENTION_BACKEND",
     "flash_attn_func",
@@ -1609,97 +1605,6 @@ def mark_oom(table, status_col="status", float_format=lambda value: f"{value:.4g
         if column != status_col:
             shown[column] = [cell(value, oom) for value, oom in zip(table[column].tolist(), oom_rows.tolist())]
     return shown
-
-
-def kernel_side(fn):
-    """Mark a function of a test that must run in the notebook's kernel, next to the student's code.
-
-    Graded tests run in the grader's own process (docs/AUTHORING.md, "the grading boundary"); a probe that has to
-    run beside the student's code (a timing, which torch functions a call used, a callback the student's code
-    calls) is written as a ``kernel_side`` function. When grading, its source is sent to the kernel, it runs there
-    and its return value comes back as plain data (numbers, strings, containers, tensors): it must use only its
-    arguments and the notebook's names, never variables of the function around it. In a plain notebook (the
-    student's, the instructor's) it is an ordinary function.
-
-    Returns:
-        ``fn`` itself.
-    """
-    return fn
-
-
-@contextlib.contextmanager
-def record_torch_calls():
-    """Record the name of every torch function and Tensor method called inside the ``with`` block.
-
-    It sees calls however they are spelled (``@``, ``torch.matmul``, ``getattr(torch, "mat" + "mul")``, an
-    imported alias, ``F.gelu``), because it hooks PyTorch's own dispatch (``TorchFunctionMode``). Tests use it
-    to check that a function was written from the operations a question allows.
-
-    Returns:
-        A context manager; ``with record_torch_calls() as called:`` binds ``called``, a ``set[str]`` filled
-        with ``func.__name__`` of each call (e.g. ``"matmul"``, ``"__matmul__"``, ``"gelu"``).
-    """
-    from torch.overrides import TorchFunctionMode
-
-    class _Recorder(TorchFunctionMode):
-        def __init__(self, names):
-            super().__init__()
-            self.names = names
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.names.add(getattr(func, "__name__", repr(func)))
-            return func(*args, **(kwargs or {}))
-
-    names: set = set()
-    with _Recorder(names):
-        yield names
-
-
-_PLAIN_TYPES = {  # kind -> (accepted exact types, how a message names them)
-    "int": ((int,), "a Python int"),
-    "integer": ((int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64),
-                "a Python or NumPy integer"),
-    "real": ((int, float, np.int32, np.int64, np.float16, np.float32, np.float64, torch.Tensor),
-             "a Python or NumPy number (or a one-element torch.Tensor)"),
-    "tensor": ((torch.Tensor,), "a torch.Tensor"),
-    "dict": ((dict, collections.OrderedDict, collections.defaultdict), "a dict"),
-}
-
-
-def plain_value(value, kind, what):
-    """Return ``value`` as a plain Python ``int``/``float``, or the plain ``torch.Tensor``/``dict`` it is; else fail.
-
-    Tests pass a student's result through this before comparing it, so that an object whose comparisons lie
-    (a subclass of ``int`` whose ``__eq__`` is always true, a tensor subclass with its own ``__torch_function__``,
-    a ``dict`` subclass) fails with a clear message instead of passing. The type check is exact: subclasses are
-    refused, and ``bool`` is not a number.
-
-    Args:
-        value: what the student's code returned.
-        kind: ``"int"`` (a Python ``int``), ``"integer"`` (also a NumPy integer scalar), ``"real"`` (a Python or
-            NumPy int or float, or a one-element ``torch.Tensor``), ``"tensor"`` (a ``torch.Tensor``) or ``"dict"``
-            (a ``dict``, ``OrderedDict`` or ``defaultdict``).
-        what: the name shown in the message, e.g. ``"gemm_mac(x, y)"``.
-
-    Returns:
-        ``int`` for ``"int"``/``"integer"``, ``float`` for ``"real"``, the object itself otherwise.
-
-    Raises:
-        AssertionError: ``value`` is not exactly of an accepted type.
-    """
-    accepted, described = _PLAIN_TYPES[kind]
-    if type(value) not in accepted:
-        raise AssertionError(f"{what} must be {described} (not a subclass), got "
-                             f"{type(value).__module__}.{type(value).__qualname__}")
-    if kind in ("int", "integer"):
-        return int(value)
-    if kind == "real":
-        if type(value) is torch.Tensor:
-            if value.numel() != 1:
-                raise AssertionError(f"{what} must be a number, got a tensor of shape {tuple(value.shape)}")
-            return float(value.item())
-        return float(value)
-    return value
 
 
 # =====================================================================================================

@@ -385,7 +385,7 @@ class GraderSide:
         self._take_pending()
         contract = self._contract()
         if contract is not None:
-            contract.begin_cell(graded=True, passthrough=(BoundaryError,))
+            contract.begin_cell(graded=True, passthrough=(BoundaryError,), kernel_side=self.kernel_side)
         namespace = dict(self.base)
         printed = io.StringIO()
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
