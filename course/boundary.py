@@ -361,7 +361,7 @@ class GraderSide:
                         exec(compile(module, filename, "exec"), self.base)
                 except Exception as exc:  # noqa: BLE001 - an import the grader cannot make leaves its names remote
                     self.problems.append(f"{ast.unparse(node)[:80]}: {type(exc).__name__}: {exc}")
-                self.base["kernel_side"] = self.kernel_side  # `from utils import *` brings the local one
+                self.base["kernel_side"] = self.kernel_side  # `from checks import *` brings the local one
 
     def _take_star_import(self, name: str) -> None:
         """``from <name> import *``, restricted to the names the tests read: a module's lazy attributes the tests do
@@ -385,7 +385,7 @@ class GraderSide:
         self._take_pending()
         contract = self._contract()
         if contract is not None:
-            contract.begin_cell(graded=True, passthrough=(BoundaryError,))
+            contract.begin_cell(graded=True, passthrough=(BoundaryError,), kernel_side=self.kernel_side)
         namespace = dict(self.base)
         printed = io.StringIO()
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)

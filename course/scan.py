@@ -403,7 +403,7 @@ RECORDING_BYPASS_RE = re.compile(
     r"torch\._C\b|torch\.overrides|torch\.utils\._python_dispatch|__torch_function__|__torch_dispatch__"
     r"|record_torch_calls|\butils\.(?!\w+\()"
 )
-"""Flag texts that reach what ``utils.record_torch_calls`` relies on: PyTorch's function and dispatch modes (switched
+"""Flag texts that reach what ``checks.record_torch_calls`` relies on: PyTorch's function and dispatch modes (switched
 off by ``torch._C.DisableTorchFunction``, patched through ``torch.overrides``), or the recorder itself."""
 
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from course import boundary
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 class FakeShell:
@@ -156,6 +159,23 @@ def test_kernel_side_runs_in_the_kernel_and_refuses_closures():
     printed, error, _ = grader.run_test_cell(source, "t")
     assert error is None, error
     assert printed.startswith("42 kernel_side function inner uses variables of the function around it (y)")
+
+
+def test_the_shared_device_rule_probes_in_the_kernel_on_a_cpu_grader():
+    namespace = {}
+    exec("import torch\n"
+         "def made_anywhere(a):\n    return torch.tensor(a.tolist())\n"
+         "def made_on_input(a):\n    return torch.tensor(a.tolist(), device=a.device)\n", namespace)
+    grader = boundary.GraderSide(REPO, link_to(namespace))
+    grader.run_locked_cell("import torch\nfrom checks import *\n", [])
+    cell = ("with check('device rule', weight=1):\n"
+            "    assert_on_input_device({fn}, (torch.ones(3),), 'cpu', '{fn}(x)')\n"
+            "finish_checks()\n")
+    _, error, share = grader.run_test_cell(cell.format(fn="made_on_input"), "t")
+    assert (error, share) == (None, 1.0), error
+    _, error, share = grader.run_test_cell(cell.format(fn="made_anywhere"), "t")
+    assert share == 0.0 and "PyTorch's default device set to 'meta'" in error[1], (
+        f"a result made without the input's device must fail on a CPU grader: {error}")
 
 
 def test_test_cells_use_the_graders_helpers_and_the_students_answers():

@@ -19,15 +19,21 @@ from checks import (
     ChecksFailed,
     as_integer,
     as_real,
+    as_truth,
+    as_tuple,
     assert_calls,
     assert_close,
     assert_integer,
     assert_label,
+    assert_on_input_device,
+    assert_or_carried,
     assert_reals_by_key,
     assert_tensor_close,
+    carried,
     check,
     finish_checks,
     output_devices_with_meta_default,
+    record_torch_calls,
 )
 from course.lint import check_test_contract
 
@@ -151,6 +157,55 @@ def test_the_device_probe_sees_a_result_made_without_the_input_s_device():
     assert output_devices_with_meta_default(lambda a: torch.tensor(a.tolist(), device=a.device), x) == ["cpu"]
     assert output_devices_with_meta_default(lambda a: (a * 2, torch.zeros(2, device=a.device)), x) == ["cpu", "cpu"]
     assert output_devices_with_meta_default(lambda a: torch.tensor(a.tolist()).to(a.device), x) is None  # undecided
+
+
+def test_the_device_rule_fails_on_a_cpu_grader_too():
+    x = torch.ones(3)
+    assert_on_input_device(lambda a: a * 2, (x,), x.device, "double(x)")
+    assert_on_input_device(lambda a: (a, a + 1), (x,), "cpu", "pair(x)", outputs=2)
+    assert_on_input_device(lambda a: torch.tensor(a.tolist()).to(a.device), (x,), x.device, "moved(x)")  # undecided
+    with pytest.raises(AssertionError, match="also when it creates tensors itself"):
+        assert_on_input_device(lambda a: torch.tensor(a.tolist()), (x,), x.device, "made(x)")
+    with pytest.raises(AssertionError, match="tuple of 2 values"):
+        assert_on_input_device(lambda a: a, (x,), "cpu", "pair(x)", outputs=2)
+
+
+def test_the_call_recorder_sees_every_spelling_of_a_call():
+    a = torch.randn(3, 3)
+    with record_torch_calls() as called:
+        _ = a @ a
+    assert "matmul" in called or "__matmul__" in called, f"the @ operator must be recorded, got {called}"
+    with record_torch_calls() as called:
+        getattr(torch, "mat" + "mul")(a, a)
+        torch.nn.functional.gelu(a, approximate="tanh")
+    assert {"matmul", "gelu"} <= called, called
+    with record_torch_calls() as called:
+        _ = a + 1.0
+    assert not {"matmul", "gelu"} & called, "nothing that was not called may be recorded"
+
+
+def test_tuples_and_truth_values_in_every_allowed_form():
+    assert as_tuple([1, 2], 2, "f") == (1, 2)
+    with pytest.raises(AssertionError, match="tuple of 2 values, got 3"):
+        as_tuple((1, 2, 3), 2, "f")
+    assert as_truth(np.True_, "f") is True and as_truth(torch.tensor(False), "f") is False
+    for wrong in (1, "True", torch.tensor([True, False])):
+        with pytest.raises(AssertionError, match="must be True or False"):
+            as_truth(wrong, "f")
+
+
+def test_a_mistake_is_charged_once():
+    def broken():
+        raise ValueError("the earlier answer raised")
+
+    assert carried(broken) is None and carried(lambda n: n + 1, 2) == 3
+    assert assert_or_carried(lambda want: assert_integer(7, want, "g"), 6, None, 7) == 7  # built on its own f
+    assert assert_or_carried(lambda want: assert_integer(6, want, "g"), 6, 7) == 6
+    with pytest.raises(AssertionError, match=r"nor 7 computed the same way from f \(Question 1\)"):
+        assert_or_carried(lambda want: assert_integer(5, want, "g"), 6, 7, carried_from="f (Question 1)")
+    with pytest.raises(AssertionError) as failed:
+        assert_or_carried(lambda want: assert_integer(5, want, "g"), 6, None)
+    assert "nor" not in str(failed.value), "with nothing carried, the message is the comparison alone"
 
 
 def _notebook(test_source: str, helpers: str = "") -> nbformat.NotebookNode:

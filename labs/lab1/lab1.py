@@ -20,7 +20,8 @@
 # ## Learning objectives
 # By the end of this lab you will be able to:
 # 1. **measure latency** correctly, and **count MACs/FLOPs and bytes moved (I/O)** of a computation;
-# 2. use the **roofline model** to tell whether a computation is limited by compute or by memory;
+# 2. use the **roofline model** to tell whether a computation is limited by compute or by memory, measure the
+#    ceilings your hardware really reaches, and place your own measured operators on it;
 # 3. **profile** PyTorch code and read which kernels run on the device, and for how long;
 # 4. explain **kernel launch overhead** and the tools that reduce it: kernel fusion, `torch.compile`, CUDA Graphs;
 # 5. explain **why FlashAttention is faster** and lighter on memory than standard attention.
@@ -51,17 +52,20 @@
 # | Question 1.2 | one-shot latency (written) and the warmed-up `latency` helper | 5 |
 # | Question 1.3 | `gemm_mac` | 5 |
 # | Question 1.4 | `gemm_io` | 5 |
-# | Question 2.1.1 | gemm arithmetic intensity and roofline | 5 |
+# | Question 2.1.1 | gemm arithmetic intensity and roofline | 3 |
 # | Question 2.1.2 | when does gemm become compute-bound? | 5 |
-# | Question 2.2 | gemv arithmetic intensity and roofline | 5 |
+# | Question 2.2 | gemv arithmetic intensity and roofline | 4 |
 # | Question 3.1.1 | attention from scratch | 6 |
 # | Question 3.1.2 | MACs of attention | 4 |
 # | Bonus 3.1 | MACs of the whole attention module | 5 |
 # | Question 3.2 | I/O of attention | 5 |
 # | Bonus 3.2 | I/O of the whole attention module (prefill, bf16) | 5 |
 # | Question 3.4.1 | prefill vs decode bottleneck (written) | 5 |
-# | Question 3.4.2 | decode batch-size sweep on the roofline | 5 |
-# | Question 3.4.3 | prefill-length sweep on the roofline | 5 |
+# | Question 3.4.2 | decode batch-size sweep on the roofline | 3 |
+# | Question 3.4.3 | prefill-length sweep on the roofline | 3 |
+# | Question 3.5.1 | `roofline_point`: a measurement as a point on the roofline | 2 |
+# | Question 3.5.2 | every operator of the MLP and attention, measured, on the measured roofline (plot) | 2 |
+# | Question 3.5.3 | which operators are compute-bound; why the one-point MLP misled (written) | 3 |
 # | Bonus 4.2 | profile the decode step of the decoder layer | 5 |
 # | Question 4.3.1 | `gelu_tanh_python` | 3 |
 # | Question 4.3.2 | GeLU latency: Python vs PyTorch | 2 |
@@ -113,40 +117,8 @@ print_environment_report("lab1")
 
 # %% nbgrader={"grade": false, "grade_id": "test_helpers", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["test-helpers"]
 # Used by the test cells below: run this cell, and do not redefine what it defines. When grading, the tests run
-# outside your kernel with the grader's own copy of this cell. Answers are compared through checks.py.
-
-
-def carry_forward(compare, expected, carried):
-    """Accept an answer that is right, or right from the student's own earlier answer (a mistake is charged once).
-
-    Args:
-        compare (Callable): compare(expected_value) raises AssertionError when the answer does not match it (a
-            checks.py comparison: assert_integer, assert_reals_by_key, ...).
-        expected: the value the test computed itself.
-        carried: the value computed from the student's earlier function(s), each value passed through the contract
-            (as_integer, as_real); None when there is none (the earlier function raised).
-
-    Raises:
-        AssertionError: the answer matches neither; the message is the comparison with the test's own value.
-    """
-    try:
-        return compare(expected)
-    except AssertionError as mismatch:
-        if carried is None:
-            raise
-        try:
-            return compare(carried)
-        except AssertionError:
-            raise mismatch from None
-
-
-def carried(compute):
-    """compute(), a value built from the student's earlier answers, or None when that fails (an earlier function
-    raised, or returned something that is not a number): then only the test's own value is accepted."""
-    try:
-        return compute()
-    except Exception:  # noqa: BLE001 - any failure of the student's earlier function: nothing to carry forward
-        return None
+# outside your kernel with the grader's own copy of this cell. Answers are compared through checks.py, which also
+# holds the carry-forward (carried, assert_or_carried) and the device rule (assert_on_input_device).
 
 
 @kernel_side
@@ -161,34 +133,6 @@ def own_gemm_counts(sizes, columns):
                 for n in sizes}
     except Exception:  # noqa: BLE001 - no earlier answer to carry forward
         return None
-
-
-def assert_on_input_device(fn, args, device, what):
-    """The device rule, checked the same way on every grader: fn(*args) must return its tensors on the device of its
-    input, also when it creates them itself.
-
-    The value checks call the functions with CPU tensors on every grader; this check alone uses inputs on DEVICE (the
-    GPU on a GPU grader). Two parts, both run on every grader:
-    - fn(*args) is called as usual: every tensor it returns must be on ``device`` (a function that raises on DEVICE
-      inputs fails here, and only here);
-    - fn(*args) is called again in the kernel with PyTorch's default device set to ``meta``
-      (checks.output_devices_with_meta_default): a tensor created without naming the input's device lands on
-      ``meta``, so a CPU grader, where the default device is the input's, sees the mistake a GPU grader sees. When
-      that call needs data from a tensor it created on the default device, the probe cannot tell (None) and the
-      first part decides.
-    """
-    found, want = as_tensor(fn(*args), what).device, torch.device(device)
-    assert found.type == want.type and want.index in (None, found.index), (
-        f"{what} must return its result on its input's device ({want}), got {found} (name the input's device, "
-        f"e.g. device=A.device, when you create a tensor)")
-    devices = kernel_side(output_devices_with_meta_default)(fn, *args)
-    if devices is None:
-        return
-    wrong = [found for found in devices if torch.device(found) != torch.device(device)]
-    assert devices and not wrong, (
-        f"{what} must return its result on its input's device ({device}), also when it creates tensors itself: "
-        f"with PyTorch's default device set to 'meta' its result was on {devices} (name the input's device, "
-        f"e.g. device=A.device, when you create a tensor)")
 
 # %% [markdown]
 # # Part 1: Fundamental metrics: latency, MACs and I/O
@@ -866,7 +810,7 @@ print(f"ridge point: fp32 {get_ridge_point(gpu_name, torch.float32):.1f} FLOP/by
 roofline_sizes = [1024, 2048, 4096, 8192]
 
 # %% [markdown]
-# #### Question 2.1.1 (5 points)
+# #### Question 2.1.1 (3 points)
 #
 # Consider the square GEMM $C = AB$ with $A, B, C \in \mathbb{R}^{N \times N}$, all in `float32`, under the byte
 # convention of Part 1 (read $A$ and $B$ once, write $C$ once).
@@ -897,11 +841,12 @@ def _q2_1_1_hidden_tests():
     with check("each value is the arithmetic intensity 2N^3 / (4 * 3N^2) FLOP/byte (to a relative 1e-5); built from "
                "your own gemm_mac and gemm_io, a mistake of theirs is not charged again", weight=2):
         own = own_gemm_counts(sizes, None)
-        carry_forward(
+        assert_or_carried(
             lambda values: assert_reals_by_key(gemm_intensity_by_n, values, "gemm_intensity_by_n", formula=formula),
             {n: (2 * n ** 3) / (4 * 3 * n ** 2) for n in sizes},
             carried(lambda: {n: 2 * as_integer(own[n][0], "gemm_mac") / as_integer(own[n][1], "gemm_io")
-                             for n in sizes}))
+                             for n in sizes}),
+            carried_from="your gemm_mac and gemm_io")
 
 
 _q2_1_1_hidden_tests()
@@ -910,19 +855,18 @@ del _q2_1_1_hidden_tests
 finish_checks("Question 2.1.1")
 
 # %% [markdown]
-# **(b) Plot, 3 points.** Plot these GEMMs on the roofline of your GPU with `plot_roofline(gpu_name,
+# **(b) Plot, 1 point.** Plot these GEMMs on the roofline of your GPU with `plot_roofline(gpu_name,
 # peak_tflops, peak_bandwidth_tb_s, operations, title=...)`, where `operations` maps a label to an arithmetic
 # intensity. Use the fp32 peak: the matrices are `float32`.
 
-# %% nbgrader={"grade": true, "grade_id": "q2_1_1_plot", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "q2_1_1_plot", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 ### BEGIN SOLUTION
 # === BEGIN MARK SCHEME ===
-# 3 points in total:
-# - 1 point: plot_roofline is called with the fp32 peak of the GPU in use (peak_fp32_tflops, not bf16) and
-#   its bandwidth.
-# - 1 point: the four GEMMs (N = 1024..8192) are plotted from gemm_intensity_by_n (AI = N/6), labelled by N.
-# - 1 point: the plot is shown, with a title naming the GPU (or an equivalent label); points sit right of the
-#   ridge. A wrong AI from (a) is not penalised twice: judge the plot against the student's own values.
+# 1 point in total, all three needed (half a point when one is missing):
+# - plot_roofline is called with the fp32 peak of the GPU in use (peak_fp32_tflops, not bf16) and its bandwidth;
+# - the four GEMMs (N = 1024..8192) are plotted from gemm_intensity_by_n (AI = N/6), labelled by N;
+# - the plot is shown, with a title naming the GPU (or an equivalent label); points sit right of the ridge.
+# A wrong AI from (a) is not penalised twice: judge the plot against the student's own values.
 # === END MARK SCHEME ===
 plot_roofline(gpu_name, peak_fp32_tflops, peak_bandwidth_tb_s,
               {f"gemm N={n}": ai for n, ai in gemm_intensity_by_n.items()},
@@ -1062,12 +1006,12 @@ finish_checks("Question 2.1.2")
 # === END MARK SCHEME ===
 
 # %% [markdown]
-# #### Question 2.2 (5 points)
+# #### Question 2.2 (4 points)
 #
 # Now the matrix-vector product (GEMV) $y = Ax$ with $A \in \mathbb{R}^{N \times N}$ and
 # $x, y \in \mathbb{R}^{N \times 1}$, in `float32`, same convention (read $A$ and $x$ once, write $y$ once).
 #
-# **(a) Code, 2 points.** Fill `gemv_intensity_by_n` (`N` -> FLOP/byte) for `N` in `roofline_sizes`, accepted
+# **(a) Code, 1 point.** Fill `gemv_intensity_by_n` (`N` -> FLOP/byte) for `N` in `roofline_sizes`, accepted
 # to a relative `1e-5` as in Question 2.1.1.
 
 # %% nbgrader={"grade": false, "grade_id": "q2_2_intensity", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -1080,7 +1024,7 @@ for n in roofline_sizes:
 ### END SOLUTION
 print({n: round(ai, 4) for n, ai in gemv_intensity_by_n.items()})
 
-# %% nbgrader={"grade": true, "grade_id": "q2_2_intensity_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "q2_2_intensity_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 with check("gemv_intensity_by_n is a dict with the keys 1024, 2048, 4096, 8192", weight=1):
     assert set(as_dict(gemv_intensity_by_n, "gemv_intensity_by_n")) == {1024, 2048, 4096, 8192}, (
         f"gemv_intensity_by_n must have the keys 1024, 2048, 4096, 8192, got {list(gemv_intensity_by_n)}")
@@ -1091,11 +1035,12 @@ def _q2_2_hidden_tests():
     with check("each value is the arithmetic intensity 2N^2 / (4 (N^2 + 2N)) FLOP/byte (to a relative 1e-5); built "
                "from your own gemm_mac and gemm_io, a mistake of theirs is not charged again", weight=2):
         own = own_gemm_counts(sizes, 1)
-        carry_forward(
+        assert_or_carried(
             lambda values: assert_reals_by_key(gemv_intensity_by_n, values, "gemv_intensity_by_n", formula=formula),
             {n: (2 * n ** 2) / (4 * (n ** 2 + 2 * n)) for n in sizes},
             carried(lambda: {n: 2 * as_integer(own[n][0], "gemm_mac") / as_integer(own[n][1], "gemm_io")
-                             for n in sizes}))
+                             for n in sizes}),
+            carried_from="your gemm_mac and gemm_io")
 
 
 _q2_2_hidden_tests()
@@ -1699,7 +1644,7 @@ def _b3_1_hidden_tests():
             projections = B * S_q * H * (n_h + 2 * n_kv) * d + B * S_q * n_h * d * H  # q, k, v of the new tokens; o
             attention = 2 * B * n_h * S_q * S_kv * d  # q k^T and probs v
             own = own_attn_mac(B, n_h, S_q, S_kv, d)
-            carry_forward(
+            assert_or_carried(
                 lambda value: assert_integer(
                     calc_attn_module_mac(B, S_q, S_kv, cfg), value,
                     f"calc_attn_module_mac(B={B}, query_len={S_q}, kv_len={S_kv}) with hidden={H}, heads={n_h}, "
@@ -1707,7 +1652,8 @@ def _b3_1_hidden_tests():
                     formula="projections of the query_len new tokens (GQA key/value heads) + attention over kv_len "
                             "keys + o_proj"),
                 projections + attention,
-                carried(lambda: projections + as_integer(own, "calc_attn_mac")))  # attention from your calc_attn_mac
+                carried(lambda: projections + as_integer(own, "calc_attn_mac")),  # attention from your calc_attn_mac
+                carried_from="your calc_attn_mac")
 
     with check("a prefill of the Gemma-3 270M configuration (query_len == kv_len)", weight=2):
         assert_module_macs([(GEMMA3_270M_CONFIG, 2, 128, 128)])
@@ -1918,9 +1864,10 @@ def _b3_2_hidden_tests():
                 assert got in accepted, f"{what} must be {formula} = {min(accepted):,}, got {got:,}"
 
             # Carry-forward: the attention step from your calc_attn_io (float32 bytes), halved for bf16.
-            carry_forward(compare, {2 * (others + attention)},
-                          carried(lambda: {2 * others + as_integer(own, "calc_attn_io") // 4 * 2,
-                                           2 * others + as_integer(own, "calc_attn_io") // 2}))
+            assert_or_carried(compare, {2 * (others + attention)},
+                              carried(lambda: {2 * others + as_integer(own, "calc_attn_io") // 4 * 2,
+                                               2 * others + as_integer(own, "calc_attn_io") // 2}),
+                              carried_from="your calc_attn_io")
 
     with check("a prefill of the Gemma-3 270M configuration", weight=2):
         assert_module_bytes([(GEMMA3_270M_CONFIG, 2, 128), (GEMMA3_270M_CONFIG, 1, 37)])
@@ -2169,11 +2116,11 @@ plt.show()
 # === END MARK SCHEME ===
 
 # %% [markdown]
-# #### Question 3.4.2 (5 points)
+# #### Question 3.4.2 (3 points)
 #
 # Vary the batch size `B` of the decode stage (one new token per sequence, `L = 1`).
 #
-# **(a) Code, 2 points.** Fill `decode_mlp_intensity_by_batch`: `B` -> arithmetic intensity (FLOP/byte) of the
+# **(a) Code, 1 point.** Fill `decode_mlp_intensity_by_batch`: `B` -> arithmetic intensity (FLOP/byte) of the
 # Gemma-3 270M MLP for one decode step, for every `B` in `decode_batch_sizes`, using `calc_mlp_flops` and
 # `calc_mlp_io`. Values are accepted to a relative `1e-5` (float32 arithmetic is fine).
 
@@ -2188,7 +2135,7 @@ for b in decode_batch_sizes:
 ### END SOLUTION
 print({b: round(ai, 2) for b, ai in decode_mlp_intensity_by_batch.items()})
 
-# %% nbgrader={"grade": true, "grade_id": "q3_4_2_intensity_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "q3_4_2_intensity_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 with check("decode_mlp_intensity_by_batch is a dict with the keys 1, 4, 16, 64", weight=1):
     assert set(as_dict(decode_mlp_intensity_by_batch, "decode_mlp_intensity_by_batch")) == {1, 4, 16, 64}, (
         f"decode_mlp_intensity_by_batch must have the keys 1, 4, 16, 64, got {list(decode_mlp_intensity_by_batch)}")
@@ -2227,9 +2174,9 @@ plt.show()
 ### END SOLUTION
 
 # %% [markdown]
-# **(c) Written, 2 points.** Describe your findings.
+# **(c) Written, 1 point.** Describe your findings.
 
-# %% [markdown] nbgrader={"grade": true, "grade_id": "q3_4_2_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q3_4_2_answer", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # The intensity grows almost linearly with the batch size: about 1, 3.9, 15 and 49 FLOP/byte for B = 1, 4, 16,
 # 64. In a decode step the bytes are dominated by the weights ($3DI$ elements), which are read once whatever
 # $B$ is, while the FLOPs grow with $B$: batching more sequences reuses every loaded weight for more tokens.
@@ -2239,19 +2186,19 @@ plt.show()
 # activations grow with $B$ too), towards about 215 FLOP/byte. (Attention in decode would not benefit the same
 # way: each sequence reads its own KV cache, so its bytes grow with $B$ as fast as its FLOPs.)
 # === BEGIN MARK SCHEME ===
-# 2 points in total:
-# - 1 point: intensity grows (roughly linearly) with B, with the reason: weights are read once and reused by
+# 1 point in total:
+# - 0.5 point: intensity grows (roughly linearly) with B, with the reason: weights are read once and reused by
 #   all B tokens, FLOPs scale with B.
-# - 1 point: even B = 64 stays memory-bound (left of the bf16 ridge) for this model/GPU; batching improves
+# - 0.5 point: even B = 64 stays memory-bound (left of the bf16 ridge) for this model/GPU; batching improves
 #   utilisation/throughput. Accept equivalent statements using the plotted GPU's ridge point.
 # === END MARK SCHEME ===
 
 # %% [markdown]
-# #### Question 3.4.3 (5 points)
+# #### Question 3.4.3 (3 points)
 #
 # Now vary the prompt length `L` of the prefill stage, with batch size 32.
 #
-# **(a) Code, 2 points.** Fill `prefill_mlp_intensity_by_len`: `L` -> arithmetic intensity (FLOP/byte) of the
+# **(a) Code, 1 point.** Fill `prefill_mlp_intensity_by_len`: `L` -> arithmetic intensity (FLOP/byte) of the
 # Gemma-3 270M MLP for a prefill of `B = 32` sequences of `L` tokens, for every `L` in `prefill_lengths`
 # (accepted to a relative `1e-5`).
 
@@ -2268,7 +2215,7 @@ for length in prefill_lengths:
 ### END SOLUTION
 print({length: round(ai, 2) for length, ai in prefill_mlp_intensity_by_len.items()})
 
-# %% nbgrader={"grade": true, "grade_id": "q3_4_3_intensity_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "q3_4_3_intensity_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 with check("prefill_mlp_intensity_by_len is a dict with the keys 64, 256, 1024, 4096", weight=1):
     assert set(as_dict(prefill_mlp_intensity_by_len, "prefill_mlp_intensity_by_len")) == {64, 256, 1024, 4096}, (
         f"prefill_mlp_intensity_by_len must have the keys 64, 256, 1024, 4096, got {list(prefill_mlp_intensity_by_len)}")
@@ -2308,9 +2255,9 @@ plt.show()
 ### END SOLUTION
 
 # %% [markdown]
-# **(c) Written, 2 points.** Describe your findings.
+# **(c) Written, 1 point.** Describe your findings in two or three sentences.
 
-# %% [markdown] nbgrader={"grade": true, "grade_id": "q3_4_3_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q3_4_3_answer", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # The intensity hardly changes: about 195, 210, 214 and 215 FLOP/byte for L = 64 to 4096. With $B = 32$ even
 # the shortest prompt gives $B L = 2048$ tokens, already enough to amortise the weights; beyond that, FLOPs and
 # bytes both grow in proportion to the number of tokens (the $(B, L, I)$ intermediate tensors dominate the
@@ -2322,13 +2269,308 @@ plt.show()
 # longer. What moves it right is fewer bytes per FLOP: fusing the GeLU and the product into the projections
 # (Part 4) so the intermediates never go to memory.
 # === BEGIN MARK SCHEME ===
-# 2 points in total:
-# - 1 point: intensity is high and nearly constant in L (saturates), because FLOPs and activation bytes both
+# 1 point in total:
+# - 0.5 point: intensity is high and nearly constant in L (saturates), because FLOPs and activation bytes both
 #   scale with B x L once the weights are amortised. A limit is not required; if one is given, it is
 #   (6D + 9) I / (2 (3D + 8I)) = 215.3 FLOP/byte; 3DI / (3D + 8I) = 214.8 (which drops the 9I elementwise
 #   FLOPs) is accepted too.
-# - 1 point: places the points relative to the plotted GPU's bf16 ridge (around/at the ridge, compute-bound or
-#   close to it), and/or notes that only reducing bytes (fusion) raises the ceiling.
+# - 0.5 point: places the points relative to the plotted GPU's bf16 ridge (around/at the ridge, compute-bound
+#   or close to it), and/or notes that only reducing bytes (fusion) raises the ceiling (Section 3.5 measures it).
+# === END MARK SCHEME ===
+
+# %% [markdown]
+# ## 3.5 Every operator, measured, on your roofline
+#
+# Section 3.4 placed the MLP as **one** point, from counted FLOPs and bytes, under a roof drawn from datasheet
+# peaks. Two assumptions hide in that picture: that the datasheet's peaks can be reached, and that one intensity
+# describes the whole MLP. Eager PyTorch runs the MLP as five separate kernels (three projections, the GeLU, the
+# product), one after the other, and each is limited by *its own* intensity. Here you measure both: the ceilings
+# this machine really reaches, and every operator of the MLP and of attention, timed one by one.
+#
+# **Measured ceilings.** `measure_roofline` (in `utils.py`) times a large copy (its bytes read plus written over
+# its time: the memory ceiling, TB/s) and a large square matmul (`2 n^3` FLOPs over its time: the compute
+# ceiling, TFLOP/s), in the dtype the model runs in (`MODEL_DTYPE`: bfloat16 on a GPU, float32 on a CPU). On a GPU
+# that `GPU_SPECS` knows you see them beside the datasheet's figures (the measured ones are lower: clocks, the
+# memory controller, and a real kernel's efficiency). Without a GPU there is no datasheet to compare with
+# (`GPU_SPECS` holds GPUs only): your roofline is your CPU's, as measured (the copy runs over tens of MB, more than
+# a CPU's caches hold, so it measures the CPU's main memory).
+
+# %%
+roofline_size, roofline_copy_mb = at_scale(teaching=(None, None), quick=(256, 8), cpu=(None, None))  # None: default
+measured_roofline = measure_roofline(dtypes=(MODEL_DTYPE,), size=roofline_size, copy_mb=roofline_copy_mb)
+measured_peak_tflops = measured_roofline["matmul_tflops"][str(MODEL_DTYPE).replace("torch.", "")]
+measured_bandwidth_tb_s = measured_roofline["bandwidth_tb_s"]
+print(f"measured on {measured_roofline['device_name']} ({DEVICE.type}, {MODEL_DTYPE}): "
+      f"matmul {measured_peak_tflops:.4g} TFLOP/s (n = {measured_roofline['matmul_n']}), "
+      f"copy {measured_bandwidth_tb_s:.4g} TB/s ({measured_roofline['copy_mb']} MB), "
+      f"ridge {measured_peak_tflops / measured_bandwidth_tb_s:.1f} FLOP/byte")
+if measured_roofline["datasheet_tflops"] is not None:
+    datasheet_tflops = peak_bf16_tflops if MODEL_DTYPE == torch.bfloat16 else peak_fp32_tflops
+    print(f"datasheet of the {gpu_name}: {datasheet_tflops} TFLOP/s, {peak_bandwidth_tb_s} TB/s, ridge "
+          f"{datasheet_tflops / peak_bandwidth_tb_s:.1f} FLOP/byte; measured: "
+          f"{measured_peak_tflops / datasheet_tflops:.0%} of the compute, "
+          f"{measured_bandwidth_tb_s / peak_bandwidth_tb_s:.0%} of the bandwidth")
+else:
+    datasheet_tflops = None
+    print("no datasheet for this device in GPU_SPECS: the roofline below is the measured one alone")
+
+# %% [markdown]
+# #### Question 3.5.1 (2 points)
+#
+# A measured operation becomes a point on the roofline: its arithmetic intensity (x) and the performance it
+# achieved (y). Write `roofline_point(flops, bytes_moved, latency_s)`:
+# - `flops`: the FLOPs of one call; `bytes_moved`: the bytes it reads plus writes in one call; `latency_s`: the
+#   measured time of one call, in **seconds** (what your `latency` returns);
+# - return a pair `(intensity, achieved_tflops)`: the arithmetic intensity in **FLOP/byte** and the achieved
+#   performance in **TFLOP/s** (1 TFLOP/s = $10^{12}$ FLOP/s), as numbers (Python floats are simplest; a tuple or
+#   a list of two).
+#
+# Values are accepted to a relative `1e-5` (`REL_TOL`).
+
+# %% nbgrader={"grade": false, "grade_id": "q3_5_1_roofline_point", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def roofline_point(flops, bytes_moved, latency_s):
+    """Place one measured operation on the roofline.
+
+    Args:
+        flops (int | float): floating-point operations of one call.
+        bytes_moved (int | float): bytes read plus written by one call.
+        latency_s (float): measured time of one call, in seconds.
+
+    Returns:
+        tuple[float, float]: (arithmetic intensity in FLOP/byte, achieved performance in TFLOP/s).
+    """
+    ### BEGIN SOLUTION
+    intensity = flops / bytes_moved  # FLOP/byte
+    achieved_tflops = flops / latency_s / 1e12  # FLOP/s -> TFLOP/s
+    return float(intensity), float(achieved_tflops)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "q3_5_1_roofline_point_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+def _assert_point(args, intensity, tflops):
+    """roofline_point(*args) must be (intensity FLOP/byte, tflops TFLOP/s), each to REL_TOL."""
+    what = f"roofline_point{args}"
+    got = as_tuple(roofline_point(*args), 2, what)
+    assert_close(got[0], intensity, f"{what}[0], the intensity", formula="flops / bytes_moved (FLOP/byte)")
+    assert_close(got[1], tflops, f"{what}[1], the achieved performance",
+                 formula="flops / latency_s / 1e12 (TFLOP/s, latency in seconds)")
+
+
+with check("roofline_point(2e9, 1e9, 0.01) == (2.0, 0.2): 2 FLOP/byte, 0.2 TFLOP/s", weight=2):
+    _assert_point((2e9, 1e9, 0.01), 2.0, 0.2)
+### BEGIN HIDDEN TESTS
+def _q3_5_1_hidden_tests():
+    with check("other operations: intensity = FLOPs / bytes (FLOP/byte), performance = FLOPs / seconds / 1e12 "
+               "(TFLOP/s), with integer and float arguments", weight=2):
+        for flops, bytes_moved, seconds in [(42_949_672_960, 90_701_824, 1.25e-4), (671_088_640, 7_995_392, 0.0123),
+                                            (3 * 10 ** 12, 2 * 10 ** 10, 2.5)]:
+            _assert_point((flops, bytes_moved, seconds), flops / bytes_moved, flops / seconds / 1e12)
+
+    with check("a memory-bound operation that moves more bytes than it computes FLOPs (intensity below 1) and runs "
+               "in microseconds", weight=1):
+        for flops, bytes_moved, seconds in [(268_435_456, 134_217_728 * 8, 4.1e-4), (1000, 12_000, 2.5e-6)]:
+            _assert_point((flops, bytes_moved, seconds), flops / bytes_moved, flops / seconds / 1e12)
+
+
+_q3_5_1_hidden_tests()
+del _q3_5_1_hidden_tests
+### END HIDDEN TESTS
+del _assert_point
+finish_checks("Question 3.5.1")
+
+# %% [markdown]
+# **Every operator, timed.** The cell below builds the MLP and the attention of the Gemma-3 270M configuration
+# (random weights, `MODEL_DTYPE`) for a prefill of `op_batch` sequences of `op_len` tokens, and times each operator
+# by itself with **your** `latency` (Question 1.2). FLOPs and bytes follow the conventions of Sections 3.1 and 3.2
+# (each operator reads its inputs and writes its output once, a linear layer reads its weight), with these
+# additions:
+# - attention uses grouped-query heads (4 query heads share 1 key/value head): `k_proj` and `v_proj` are narrow;
+#   for the attention itself the keys and values are repeated to every query head, as the Hugging Face eager
+#   path does, and there is no mask;
+# - `softmax` is PyTorch's fused kernel: it reads the scores once and writes the probabilities once; we count 4
+#   FLOPs per score (row maximum, subtract, row sum, divide; the `exp`, like GeLU's `tanh`, is not counted);
+# - two points are aggregates, as in Section 3.4: the whole MLP (`Gemma3MLP`, its FLOPs and bytes from
+#   `calc_mlp_flops` and `calc_mlp_io`), and **your** `scaled_dot_product_attention` of Question 3.1.1 (scores,
+#   scaling, softmax and `probs @ v`: FLOPs $4BHL^2d + 5BHL^2$, bytes by the count of Question 3.2 in the model's
+#   dtype);
+# - one more point is a **decode** step of `gate_proj`: `op_batch` sequences of one new token each, the GEMV of
+#   Part 2 in disguise.
+#
+# The table gives each operator's time, intensity and achieved TFLOP/s (from your `roofline_point`), the share of
+# the roof (the measured one) it reached at its intensity, and, for the operators of the MLP, their share of the
+# MLP's FLOPs and of its time. At cpu scale it takes a few seconds.
+
+# %%
+op_batch, op_len = at_scale(teaching=(8, 2048), quick=(1, 16), cpu=(1, 256))
+op_warmup, op_repeat = at_scale(teaching=(5, 20), quick=(1, 2), cpu=(2, 5))
+op_config = GEMMA3_270M_CONFIG
+op_D, op_I = op_config.hidden_size, op_config.intermediate_size
+op_heads, op_kv_heads, op_head_dim = op_config.num_attention_heads, op_config.num_key_value_heads, op_config.head_dim
+op_tokens = op_batch * op_len
+op_element_bytes = torch.finfo(MODEL_DTYPE).bits // 8
+torch.manual_seed(0)
+op_mlp = Gemma3MLP(op_config).to(device=DEVICE, dtype=MODEL_DTYPE).eval()
+op_attn = Gemma3Attention(op_config, layer_idx=0).to(device=DEVICE, dtype=MODEL_DTYPE).eval()  # its projections
+
+
+def linear_cost(tokens, in_features, out_features):
+    """(FLOPs, bytes) of a linear layer on `tokens` rows: 2 FLOPs per MAC; read x and W, write y."""
+    flops = 2 * tokens * in_features * out_features
+    return flops, op_element_bytes * (tokens * in_features + in_features * out_features + tokens * out_features)
+
+
+def random_input(*shape):
+    return torch.randn(*shape, device=DEVICE, dtype=MODEL_DTYPE)
+
+
+with torch.no_grad():
+    op_x = random_input(op_batch, op_len, op_D)
+    op_gate, op_up = random_input(op_batch, op_len, op_I), random_input(op_batch, op_len, op_I)
+    op_q = random_input(op_batch, op_heads, op_len, op_head_dim)
+    op_k = random_input(op_batch, op_kv_heads, op_len, op_head_dim).repeat_interleave(op_heads // op_kv_heads, dim=1)
+    op_v = random_input(op_batch, op_kv_heads, op_len, op_head_dim).repeat_interleave(op_heads // op_kv_heads, dim=1)
+    op_scores = random_input(op_batch, op_heads, op_len, op_len)
+    op_attn_out = random_input(op_batch, op_len, op_heads * op_head_dim)
+    op_decode_x = random_input(op_batch, 1, op_D)
+    scores_elements = op_batch * op_heads * op_len * op_len  # B H L^2
+    qkv_elements = op_batch * op_heads * op_len * op_head_dim  # B H L d
+    elementwise = op_tokens * op_I  # B L I
+    # name -> (function, arguments, FLOPs, bytes), in the order of the forward pass
+    operators = {
+        "q_proj": (op_attn.q_proj, (op_x,), *linear_cost(op_tokens, op_D, op_heads * op_head_dim)),
+        "k_proj": (op_attn.k_proj, (op_x,), *linear_cost(op_tokens, op_D, op_kv_heads * op_head_dim)),
+        "v_proj": (op_attn.v_proj, (op_x,), *linear_cost(op_tokens, op_D, op_kv_heads * op_head_dim)),
+        "q @ k^T": (torch.matmul, (op_q, op_k.transpose(-2, -1)), 2 * scores_elements * op_head_dim,
+                    op_element_bytes * (2 * qkv_elements + scores_elements)),
+        "softmax": (functools.partial(torch.softmax, dim=-1), (op_scores,), 4 * scores_elements,
+                    op_element_bytes * 2 * scores_elements),
+        "probs @ v": (torch.matmul, (op_scores, op_v), 2 * scores_elements * op_head_dim,
+                      op_element_bytes * (scores_elements + 2 * qkv_elements)),
+        "o_proj": (op_attn.o_proj, (op_attn_out,), *linear_cost(op_tokens, op_heads * op_head_dim, op_D)),
+        "attention (your 3.1.1)": (scaled_dot_product_attention, (op_q, op_k, op_v),
+                                   4 * scores_elements * op_head_dim + 5 * scores_elements,
+                                   op_element_bytes * (4 * qkv_elements + 7 * scores_elements)),
+        "gate_proj": (op_mlp.gate_proj, (op_x,), *linear_cost(op_tokens, op_D, op_I)),
+        "up_proj": (op_mlp.up_proj, (op_x,), *linear_cost(op_tokens, op_D, op_I)),
+        "GeLU": (functools.partial(F.gelu, approximate="tanh"), (op_gate,), 8 * elementwise,
+                 op_element_bytes * 2 * elementwise),
+        "gelu * up": (torch.mul, (op_gate, op_up), elementwise, op_element_bytes * 3 * elementwise),
+        "down_proj": (op_mlp.down_proj, (op_gate,), *linear_cost(op_tokens, op_I, op_D)),
+        "MLP (whole)": (op_mlp, (op_x,), calc_mlp_flops(op_batch, op_len, op_D, op_I),
+                        calc_mlp_io(op_batch, op_len, op_D, op_I)),
+        "gate_proj, decode": (op_mlp.gate_proj, (op_decode_x,), *linear_cost(op_batch, op_D, op_I)),
+    }
+    operator_latency_s = {}
+    for name in progress(list(operators), "operators"):
+        fn, args, _, _ = operators[name]
+        operator_latency_s[name] = latency(fn, *args, warmup=op_warmup, repeat=op_repeat)
+
+measured_points = {}
+for name, (_, _, flops, bytes_moved) in operators.items():
+    intensity, achieved_tflops = roofline_point(flops, bytes_moved, operator_latency_s[name])
+    measured_points[name] = (float(intensity), float(achieved_tflops))
+
+mlp_parts = ["gate_proj", "up_proj", "GeLU", "gelu * up", "down_proj"]
+mlp_parts_s = sum(operator_latency_s[name] for name in mlp_parts)
+mlp_parts_flops = sum(operators[name][2] for name in mlp_parts)
+print(f"prefill of {op_batch} x {op_len} tokens, Gemma-3 270M shapes, {MODEL_DTYPE}, {DEVICE}; measured ridge "
+      f"{measured_peak_tflops / measured_bandwidth_tb_s:.1f} FLOP/byte")
+print(f"{'operator':24s} {'time ms':>9s} {'FLOP/byte':>10s} {'TFLOP/s':>9s} {'of roof':>8s} {'MLP FLOPs':>10s} "
+      f"{'MLP time':>9s}")
+for name, (intensity, achieved_tflops) in measured_points.items():
+    roof_tflops = min(measured_peak_tflops, measured_bandwidth_tb_s * intensity)
+    shares = (f"{operators[name][2] / mlp_parts_flops:10.1%} {operator_latency_s[name] / mlp_parts_s:9.1%}"
+              if name in mlp_parts else "")
+    print(f"{name:24s} {operator_latency_s[name] * 1e3:9.4f} {intensity:10.3g} {achieved_tflops:9.3g} "
+          f"{achieved_tflops / roof_tflops:8.0%} {shares}")
+
+# %% [markdown]
+# #### Question 3.5.2 (2 points)
+#
+# **Plot, 2 points.** Place every operator of the table, measured, as its own point on a roofline drawn from
+# the **measured** ceilings: `plot_roofline(name, peak_tflops, peak_bandwidth_tb_s, operations, title=...,
+# measured_tflops=..., measured_bandwidth_tb_s=..., measured_label=..., measured_only=True)`, where `operations`
+# maps each name to `(intensity, achieved TFLOP/s)` (that is `measured_points`) and `measured_only=True` draws each
+# operator at its measured point only. On a GPU that `GPU_SPECS` knows, give the datasheet's peaks of `MODEL_DTYPE`
+# as `peak_tflops` and `peak_bandwidth_tb_s` and the measured ceilings as `measured_*`: both roofs are drawn, side
+# by side. On a CPU (`datasheet_tflops is None`) there is no datasheet: give the measured ceilings as the peaks and
+# leave `measured_*` out.
+
+# %% nbgrader={"grade": true, "grade_id": "q3_5_2_plot", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+# === BEGIN MARK SCHEME ===
+# 2 points in total:
+# - 1 point: every operator of the table (projections, q @ k^T, softmax, probs @ v, GeLU, the product, the two
+#   aggregates and the decode gate_proj) placed at its measured point, from measured_points (achieved TFLOP/s
+#   against FLOP/byte), not on the roof: measured_only=True, or an equivalent plot of their own.
+# - 1 point: the roof drawn from the measured ceilings (measured_peak_tflops, measured_bandwidth_tb_s) of
+#   MODEL_DTYPE, and, on a GPU that GPU_SPECS knows, the datasheet's roof of the same dtype beside it (bf16 on a
+#   GPU: an fp32 datasheet roof costs this point). On a CPU the measured roof alone earns it; a CPU run plotted
+#   against the A6000's datasheet roof does not (the CPU's points against a GPU's roof say nothing).
+# A wrong roofline_point (Question 3.5.1) is not charged again: judge the plot against the student's own table.
+# === END MARK SCHEME ===
+if datasheet_tflops is not None:
+    plot_roofline(gpu_name, datasheet_tflops, peak_bandwidth_tb_s, measured_points,
+                  measured_tflops=measured_peak_tflops, measured_bandwidth_tb_s=measured_bandwidth_tb_s,
+                  measured_label=f"measured on this {gpu_name}", measured_only=True,
+                  title=f"Gemma-3 270M prefill, every operator measured, {MODEL_DTYPE}, on {gpu_name}")
+else:
+    plot_roofline(f"this {DEVICE.type.upper()} (measured)", measured_peak_tflops, measured_bandwidth_tb_s,
+                  measured_points, measured_only=True,
+                  title=f"Gemma-3 270M prefill, every operator measured, {MODEL_DTYPE}, on this {DEVICE.type.upper()}")
+plt.show()
+### END SOLUTION
+
+# %% [markdown]
+# #### Question 3.5.3 (3 points)
+#
+# **Written, 3 points.** From your table and plot: which operators are compute-bound, and which memory-bound, and
+# why (name what sets their intensity)? Then explain why the one-point view of the MLP in Section 3.4 misled:
+# what does one aggregate intensity hide about where the MLP's time goes, and what would you optimise because of
+# it? Quote your own numbers (intensities, the measured ridge, shares of the MLP's time). On a CPU answer from your
+# CPU's table: small tensors may fit in its caches, so a memory-bound operator can sit above the measured
+# memory roof (the copy ran over more memory than the caches hold); say so where you see it.
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "q3_5_3_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
+# **Compute-bound**: the projections of the prefill (`gate_proj`, `up_proj`, `down_proj`, `q_proj`, `o_proj`).
+# Each is a GEMM whose weight is read once and reused by every one of the $BL$ tokens, so its intensity is high
+# (with $BL = 16384$ tokens in bf16, 473 FLOP/byte for the MLP's projections and 384 for `q_proj` and `o_proj`;
+# at cpu scale in float32, 84 and 78): right of the measured ridge, and they reach a large part of the measured
+# matmul ceiling. `q @ k^T` and `probs @ v` are GEMMs too, but their intensity is $Ld / (2d + L)$ (205 FLOP/byte at
+# $L = 2048$, $d = 256$, in bf16): they sit near the ridge and move to the right only with longer sequences; the
+# narrow `k_proj` and `v_proj` (256 outputs) sit near it as well (181 FLOP/byte).
+# **Memory-bound**: `GeLU` (8 FLOPs per element read and written: 2 FLOP/byte in bf16, 1 in float32), the
+# product `gelu * up` (1 FLOP per 3 elements: 0.17 FLOP/byte in bf16) and `softmax` (4 FLOPs per score read and
+# written: 1 FLOP/byte in bf16): far left of the ridge, each one streams whole tensors through memory and runs at
+# best at bandwidth x intensity, whatever the compute ceiling. The decode `gate_proj` is memory-bound too
+# (intensity about $B$ FLOP/byte, 7.9 at $B = 8$: the GEMV of Part 2), and so is the whole attention of
+# Question 3.1.1 at this length (69 FLOP/byte in bf16: its unfused softmax passes over the scores dominate the
+# bytes).
+# **Why the aggregate misled**: the whole MLP's intensity (about 213 FLOP/byte at this shape) is total FLOPs over
+# total bytes, but the MLP never runs at that intensity: it runs five kernels one after another, each at its
+# own. Its time is the sum of the five times, and the elementwise kernels, 0.2% of the MLP's FLOPs, move 55% of
+# its bytes in bf16 at this shape (30% at cpu scale in float32: their $(B, L, I)$ tensors) and take a share of its time many times their share of FLOPs (the
+# report's "MLP time" column for GeLU and `gelu * up`, against 0.2% of the FLOPs). One point near the ridge
+# suggests that the whole MLP is "about balanced", and that a faster GEMM or a bigger batch would help; in fact
+# the GEMMs already run near the compute roof and the rest of the time is pure memory traffic that no
+# faster matmul touches. What helps is removing bytes: fusing the GeLU and the product (into one kernel, or into
+# the `gate_proj`/`up_proj` epilogue, Part 4) so the $(B, L, I)$ intermediates never go to memory. (The measured
+# roof is also lower than the datasheet's: the report's measured ceilings against the H100's 989 TFLOP/s and
+# 3.35 TB/s; against the datasheet every point looks further from its roof than it is.)
+# === BEGIN MARK SCHEME ===
+# 3 points in total. Judge against the student's own table and plot (a wrong roofline_point is charged in
+# Question 3.5.1 only; their own numbers, used correctly, earn full marks), GPU or CPU alike:
+# - 1 point: names the projections (gate/up/down, q/o) as compute-bound (right of the measured ridge) and GeLU,
+#   the product and softmax as memory-bound, with the reason: weight reuse across the B x L tokens (GEMM) against
+#   a few FLOPs per element streamed (elementwise). q @ k^T / probs @ v and k_proj / v_proj may be placed either
+#   side of the ridge if the student's table puts them there (at teaching scale they sit near it). On a CPU,
+#   memory-bound operators above the measured memory roof explained by the caches are fine.
+# - 1 point: the aggregate misleads because the MLP runs as separate kernels, each limited by its own intensity:
+#   its time is the sum of per-kernel times, not its FLOPs at one blended intensity; quotes the evidence (the
+#   elementwise operators' share of the MLP's time far above their share of its FLOPs, from their table).
+# - 1 point: draws the consequence: the memory-bound elementwise part is removed by fusion (fewer bytes), not by
+#   faster compute or bigger batches; or that the datasheet roof overstates what is reachable (measured
+#   ceilings lower). Either earns the point when tied to their numbers.
 # === END MARK SCHEME ===
 
 # %% [markdown]

@@ -33,7 +33,9 @@ __all__ = [
     "REL_TOL", "check", "finish_checks", "ChecksFailed", "LyingAnswer",
     "as_real", "as_integer", "as_label", "as_tensor", "as_dict",
     "assert_close", "assert_integer", "assert_label", "assert_reals_by_key", "assert_tensor_close",
+    "as_tuple", "as_truth",
     "assert_calls", "output_devices_with_meta_default",
+    "kernel_side", "record_torch_calls", "assert_on_input_device", "carried", "assert_or_carried",
 ]
 
 REL_TOL = 1e-5
@@ -105,6 +107,7 @@ class Scorecard:
 
 
 _card: Scorecard | None = None
+_grader_kernel_side = None  # the grader's kernel_side while it runs a test cell (begin_cell), else None
 
 
 def _execution_count():
@@ -117,17 +120,25 @@ def _execution_count():
     return None
 
 
-def begin_cell(graded: bool = True, passthrough: tuple = ()) -> Scorecard:
-    """Start the scorecard of one test cell (the grader calls this before it runs a cell, ``end_cell`` after)."""
-    global _card
+def begin_cell(graded: bool = True, passthrough: tuple = (), kernel_side=None) -> Scorecard:
+    """Start the scorecard of one test cell (the grader calls this before it runs a cell, ``end_cell`` after).
+
+    Args:
+        graded: True in the grader: ``finish_checks`` then leaves the verdict to it.
+        passthrough: exception types a check never catches (the grader's own errors).
+        kernel_side: the grader's ``kernel_side``, used by this module's own probes (``assert_on_input_device``)
+            while the cell runs; None in a notebook, where a probe is an ordinary call.
+    """
+    global _card, _grader_kernel_side
     _card = Scorecard(graded=graded, passthrough=tuple(passthrough))
+    _grader_kernel_side = kernel_side
     return _card
 
 
 def end_cell() -> Scorecard | None:
     """The scorecard of the cell that just ran, and forget it."""
-    global _card
-    card, _card = _card, None
+    global _card, _grader_kernel_side
+    card, _card, _grader_kernel_side = _card, None, None
     return card
 
 
@@ -254,6 +265,29 @@ def as_dict(value, what: str) -> dict:
     return dict(value)
 
 
+def as_tuple(value, length: int, what: str) -> tuple:
+    """``value`` as a tuple of ``length`` items: a tuple, or any sequence of that length (a list)."""
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise AssertionError(f"{what} must return a tuple of {length} values, got {value!r}") from None
+    assert len(items) == length, f"{what} must return a tuple of {length} values, got {len(items)}: {value!r}"
+    return items
+
+
+def as_truth(value, what: str) -> bool:
+    """``value`` as True or False: a Python bool, a NumPy bool or a one-element boolean tensor."""
+    if value is True or value is np.True_:
+        return True
+    if value is False or value is np.False_:
+        return False
+    if type(value) not in _TENSOR_TYPES or value.dtype != torch.bool or value.numel() != 1:
+        raise AssertionError(f"{what} must be True or False, got {_type_name(value)}"
+                             + (f" of dtype {value.dtype} and shape {tuple(value.shape)}"
+                                if isinstance(value, torch.Tensor) else f" {value!r}"))
+    return bool(value.item())
+
+
 # -- comparisons ----------------------------------------------------------------------------------------------------
 def assert_close(got, expected, what: str, rel_tol: float = REL_TOL, abs_tol: float = 0.0,
                  formula: str | None = None) -> float:
@@ -354,7 +388,135 @@ def assert_calls(called, what: str, forbidden=(), required=()) -> None:
     assert not missing, f"{what} must call {missing}; it called {sorted(names)}"
 
 
+# -- a mistake is charged once: answers built on the student's earlier answers ----------------------------------
+def carried(compute, *args):
+    """``compute(*args)``: a value built from the student's own earlier answers, or None when that fails (an earlier
+    function raised, or gave no usable value); then only the test's own value is accepted (docs/AUTHORING.md)."""
+    try:
+        return compute(*args)
+    except Exception:  # noqa: BLE001 - an earlier answer that fails is charged in its own question, not here
+        return None
+
+
+def _shown(value) -> str:
+    return repr(value) if isinstance(value, (int, float, str)) else "the value"
+
+
+def assert_or_carried(compare, expected, *carried_values, carried_from: str = "your earlier answers"):
+    """``compare(expected)``, or else ``compare(c)`` for one of ``carried_values`` (None entries skipped).
+
+    ``compare`` is a one-argument comparison of the answer against an expected value that raises ``AssertionError``
+    on a mismatch (``lambda want: assert_integer(got, want, what)``); a carried value is the same computation made
+    with the student's own earlier answers (``carried``), so a mistake there is not charged here again.
+
+    Returns:
+        What ``compare`` returns for the first value that matches.
+
+    Raises:
+        AssertionError: no value matches; the message is the comparison with ``expected``, then the carried values.
+    """
+    try:
+        return compare(expected)
+    except AssertionError as mismatch:
+        options = [value for value in carried_values if value is not None]
+        for value in options:
+            try:
+                return compare(value)
+            except AssertionError:
+                continue
+        if not options:
+            raise
+        shown = " or ".join(dict.fromkeys(_shown(value) for value in options))
+        raise AssertionError(f"{mismatch} (nor {shown} computed the same way from {carried_from})") from None
+
+
 # -- probes that run beside the student's code (pass them to ``kernel_side``) -----------------------------------
+def kernel_side(fn):
+    """Mark a function of a test that must run in the notebook's kernel, next to the student's code.
+
+    Graded tests run in the grader's own process (docs/AUTHORING.md, "the grading boundary"); a probe that has to
+    run beside the student's code (a timing, which torch functions a call used, a callback the student's code
+    calls) is written as a ``kernel_side`` function. When grading, its source is sent to the kernel, it runs there
+    and its return value comes back as plain data (numbers, strings, containers, tensors): it must use only its
+    arguments and the notebook's names, never variables of the function around it. In a plain notebook (the
+    student's, the instructor's) it is an ordinary function.
+
+    Returns:
+        ``fn`` itself (the grader replaces this decorator with its own).
+    """
+    return fn
+
+
+def _in_kernel(fn):
+    """``fn`` run beside the student's code: through the grader's ``kernel_side`` while grading, else itself."""
+    return _grader_kernel_side(fn) if _grader_kernel_side is not None else fn
+
+
+@contextlib.contextmanager
+def record_torch_calls():
+    """Record the name of every torch function and Tensor method called inside the ``with`` block.
+
+    It sees calls however they are spelled (``@``, ``torch.matmul``, ``getattr(torch, "mat" + "mul")``, an
+    imported alias, ``F.gelu``), because it hooks PyTorch's own dispatch (``TorchFunctionMode``). Tests use it
+    inside ``kernel_side`` probes to check that a function was written from the operations a question allows.
+
+    Returns:
+        A context manager; ``with record_torch_calls() as called:`` binds ``called``, a ``set[str]`` filled
+        with ``func.__name__`` of each call (e.g. ``"matmul"``, ``"__matmul__"``, ``"gelu"``).
+    """
+    from torch.overrides import TorchFunctionMode
+
+    class _Recorder(TorchFunctionMode):
+        def __init__(self, names):
+            super().__init__()
+            self.names = names
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.add(getattr(func, "__name__", repr(func)))
+            return func(*args, **(kwargs or {}))
+
+    names: set = set()
+    with _Recorder(names):
+        yield names
+
+
+def assert_on_input_device(fn, args, device, what: str, outputs: int = 1) -> None:
+    """The device rule, checked the same way on every grader: ``fn(*args)`` must return its tensor(s) on ``device``
+    (its input's), also when it creates them itself.
+
+    Value checks call functions with CPU tensors on every grader; this check uses inputs on ``device`` (the GPU on a
+    GPU grader) and has two parts, both run on every grader:
+
+    - ``fn(*args)`` is called as usual: each of its ``outputs`` tensors (one tensor, or a tuple of ``outputs``) must
+      be on ``device``; a function that raises on such inputs fails here, and only here;
+    - ``fn(*args)`` is called again beside the student's code with PyTorch's default device set to ``meta``
+      (``output_devices_with_meta_default``): a tensor created without naming the input's device lands on ``meta``,
+      so a CPU grader sees the mistake a GPU grader sees. When that call needs data from a tensor it created on the
+      default device the probe cannot tell (None), and the first part decides.
+
+    Args:
+        fn: the student's function. args: its arguments (tensors on ``device``). device: a ``torch.device`` or str.
+        what: the call as a message names it, e.g. ``"gemm(A, B)"``. outputs: how many tensors ``fn`` returns.
+    """
+    out = fn(*args)
+    if outputs == 1:
+        tensors = [as_tensor(out, what)]
+    else:
+        items = as_tuple(out, outputs, what)
+        tensors = [as_tensor(item, f"{what}[{i}]") for i, item in enumerate(items)]
+    want = torch.device(device)
+    found = [tensor.device for tensor in tensors]
+    advice = "create every tensor on the input's device (device=x.device, torch.zeros_like(x), ...)"
+    assert all(d.type == want.type and want.index in (None, d.index) for d in found), (
+        f"{what} must return its result on its input's device ({want}), got {[str(d) for d in found]}: {advice}")
+    devices = _in_kernel(output_devices_with_meta_default)(fn, *args)
+    if devices is None:
+        return
+    assert len(devices) == outputs and all(torch.device(d) == found[0] for d in devices), (
+        f"{what} must return its result on its input's device ({want}), also when it creates tensors itself: with "
+        f"PyTorch's default device set to 'meta' (as a GPU grader sees it) its result was on {devices}: {advice}")
+
+
 def output_devices_with_meta_default(fn, *args, **kwargs) -> list:
     """Call ``fn(*args, **kwargs)`` with PyTorch's default device set to ``meta``; the devices of its tensor outputs.
 

@@ -23,7 +23,6 @@ Everything runs on CPU and on CUDA. transformers is imported only when a model h
 setup cell calls, silences the library messages a student cannot act on.
 """
 
-import collections
 import contextlib
 import difflib
 import functools
@@ -85,9 +84,6 @@ __all__ = [
     "count_kernels_per_call",
     "run_oom_safe",
     "mark_oom",
-    "record_torch_calls",
-    "kernel_side",
-    "plain_value",
     # 4. attention backends
     "ATTENTION_BACKEND",
     "flash_attn_func",
@@ -349,7 +345,10 @@ def measure_roofline(dtypes=(torch.float32, torch.bfloat16), device=None, size=N
     Returns:
         dict: ``device`` ("cuda"/"cpu"), ``device_name``, ``gpu`` (GPU_SPECS key or None),
         ``bandwidth_tb_s`` (float, TB/s), ``matmul_tflops`` (dtype name -> TFLOP/s, e.g. ``"bfloat16"``),
-        ``ridge_point`` (dtype name -> measured FLOP/byte), ``matmul_n``, ``copy_mb``, ``allow_tf32``.
+        ``ridge_point`` (dtype name -> measured FLOP/byte), ``matmul_n``, ``copy_mb``, ``allow_tf32``, and the
+        datasheet's figures to hold them against: ``datasheet_tflops`` (dtype name -> TFLOP/s) and
+        ``datasheet_bandwidth_tb_s``, from ``GPU_SPECS`` for a known GPU; None on a CPU or an unknown GPU (there is
+        no CPU datasheet in ``GPU_SPECS``: a CPU's roofline is its measured one).
     """
     device = torch.device(device) if device is not None else DEVICE
     on_cuda = device.type == "cuda"
@@ -376,10 +375,15 @@ def measure_roofline(dtypes=(torch.float32, torch.bfloat16), device=None, size=N
         del a, b
     if on_cuda:
         torch.cuda.empty_cache()
+    gpu = detect_gpu() if on_cuda else None
+    spec = GPU_SPECS.get(gpu) if gpu else None
     return {
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if on_cuda else (platform.processor() or "CPU"),
-        "gpu": detect_gpu() if on_cuda else None,
+        "gpu": gpu,
+        "datasheet_tflops": None if spec is None else {
+            _dtype_name(dtype): spec[f"{_spec_prefix(dtype)}_tflops"] for dtype in dtypes},
+        "datasheet_bandwidth_tb_s": None if spec is None else spec["memory_bandwidth_tb_s"],
         "bandwidth_tb_s": bandwidth_tb_s,
         "matmul_tflops": matmul_tflops,
         "ridge_point": ridge_point,
@@ -1611,97 +1615,6 @@ def mark_oom(table, status_col="status", float_format=lambda value: f"{value:.4g
     return shown
 
 
-def kernel_side(fn):
-    """Mark a function of a test that must run in the notebook's kernel, next to the student's code.
-
-    Graded tests run in the grader's own process (docs/AUTHORING.md, "the grading boundary"); a probe that has to
-    run beside the student's code (a timing, which torch functions a call used, a callback the student's code
-    calls) is written as a ``kernel_side`` function. When grading, its source is sent to the kernel, it runs there
-    and its return value comes back as plain data (numbers, strings, containers, tensors): it must use only its
-    arguments and the notebook's names, never variables of the function around it. In a plain notebook (the
-    student's, the instructor's) it is an ordinary function.
-
-    Returns:
-        ``fn`` itself.
-    """
-    return fn
-
-
-@contextlib.contextmanager
-def record_torch_calls():
-    """Record the name of every torch function and Tensor method called inside the ``with`` block.
-
-    It sees calls however they are spelled (``@``, ``torch.matmul``, ``getattr(torch, "mat" + "mul")``, an
-    imported alias, ``F.gelu``), because it hooks PyTorch's own dispatch (``TorchFunctionMode``). Tests use it
-    to check that a function was written from the operations a question allows.
-
-    Returns:
-        A context manager; ``with record_torch_calls() as called:`` binds ``called``, a ``set[str]`` filled
-        with ``func.__name__`` of each call (e.g. ``"matmul"``, ``"__matmul__"``, ``"gelu"``).
-    """
-    from torch.overrides import TorchFunctionMode
-
-    class _Recorder(TorchFunctionMode):
-        def __init__(self, names):
-            super().__init__()
-            self.names = names
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.names.add(getattr(func, "__name__", repr(func)))
-            return func(*args, **(kwargs or {}))
-
-    names: set = set()
-    with _Recorder(names):
-        yield names
-
-
-_PLAIN_TYPES = {  # kind -> (accepted exact types, how a message names them)
-    "int": ((int,), "a Python int"),
-    "integer": ((int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64),
-                "a Python or NumPy integer"),
-    "real": ((int, float, np.int32, np.int64, np.float16, np.float32, np.float64, torch.Tensor),
-             "a Python or NumPy number (or a one-element torch.Tensor)"),
-    "tensor": ((torch.Tensor,), "a torch.Tensor"),
-    "dict": ((dict, collections.OrderedDict, collections.defaultdict), "a dict"),
-}
-
-
-def plain_value(value, kind, what):
-    """Return ``value`` as a plain Python ``int``/``float``, or the plain ``torch.Tensor``/``dict`` it is; else fail.
-
-    Tests pass a student's result through this before comparing it, so that an object whose comparisons lie
-    (a subclass of ``int`` whose ``__eq__`` is always true, a tensor subclass with its own ``__torch_function__``,
-    a ``dict`` subclass) fails with a clear message instead of passing. The type check is exact: subclasses are
-    refused, and ``bool`` is not a number.
-
-    Args:
-        value: what the student's code returned.
-        kind: ``"int"`` (a Python ``int``), ``"integer"`` (also a NumPy integer scalar), ``"real"`` (a Python or
-            NumPy int or float, or a one-element ``torch.Tensor``), ``"tensor"`` (a ``torch.Tensor``) or ``"dict"``
-            (a ``dict``, ``OrderedDict`` or ``defaultdict``).
-        what: the name shown in the message, e.g. ``"gemm_mac(x, y)"``.
-
-    Returns:
-        ``int`` for ``"int"``/``"integer"``, ``float`` for ``"real"``, the object itself otherwise.
-
-    Raises:
-        AssertionError: ``value`` is not exactly of an accepted type.
-    """
-    accepted, described = _PLAIN_TYPES[kind]
-    if type(value) not in accepted:
-        raise AssertionError(f"{what} must be {described} (not a subclass), got "
-                             f"{type(value).__module__}.{type(value).__qualname__}")
-    if kind in ("int", "integer"):
-        return int(value)
-    if kind == "real":
-        if type(value) is torch.Tensor:
-            if value.numel() != 1:
-                raise AssertionError(f"{what} must be a number, got a tensor of shape {tuple(value.shape)}")
-            return float(value.item())
-        return float(value)
-    return value
-
-
 # =====================================================================================================
 # 4. Attention backends
 # =====================================================================================================
@@ -1838,30 +1751,48 @@ def _as_float(x):
     return float(x)
 
 
-def plot_roofline(gpu_name, peak_tflops, peak_bandwidth_tb_s, operations, title=None, ax=None):
+def plot_roofline(gpu_name, peak_tflops, peak_bandwidth_tb_s, operations, title=None, ax=None,
+                  measured_tflops=None, measured_bandwidth_tb_s=None, measured_label="measured",
+                  measured_only=False):
     """Roofline plot (log-log) with operations placed by arithmetic intensity.
 
     The roof is ``min(peak_tflops, peak_bandwidth_tb_s * intensity)``; the ridge point
     ``peak_tflops / peak_bandwidth_tb_s`` (FLOP/byte) is marked, the memory-bound region (left of it) and
-    compute-bound region (right) are shaded, and each operation is drawn and labelled on the roof.
+    compute-bound region (right) are shaded, and each operation is drawn and labelled on the roof. With measured
+    ceilings (``measured_tflops`` and ``measured_bandwidth_tb_s``, e.g. from ``measure_roofline``) a second roof is
+    drawn beside the first, with its own ridge point, and the regions are shaded by the measured ridge: what this
+    machine reaches, not what its datasheet promises.
 
     Args:
         gpu_name: Label of the hardware (e.g. ``"A6000"``).
-        peak_tflops: Peak compute in TFLOP/s.
+        peak_tflops: Peak compute in TFLOP/s (the datasheet's, or a measured one when there is no datasheet).
         peak_bandwidth_tb_s: Peak memory bandwidth in TB/s.
         operations: dict name -> arithmetic intensity (FLOP/byte), or name -> (intensity, measured TFLOP/s)
             to also place a measured point below the roof.
         title: Plot title; default names the GPU and its peaks.
         ax: Axes to draw on; default a new figure.
+        measured_tflops: Optional measured compute ceiling in TFLOP/s (a large matmul).
+        measured_bandwidth_tb_s: Optional measured memory ceiling in TB/s (a large copy); given with
+            ``measured_tflops``.
+        measured_label: How the legend names the measured roof (e.g. ``"measured on this CPU"``).
+        measured_only: When True, an operation with a measured TFLOP/s is drawn only at its measured point
+            (labelled with its name), not also on the roof: for many operations on one plot.
 
     Returns:
         tuple: ``(fig, ax)``.
     """
-    # Over 60 lines with its docstring: one figure drawn top to bottom (about 50 lines of code), kept in one piece.
+    # Over 60 lines with its docstring: one figure drawn top to bottom, kept in one piece.
     if not isinstance(operations, Mapping):
         raise TypeError("operations must be a dict: name -> intensity (FLOP/byte) or (intensity, TFLOP/s)")
+    if (measured_tflops is None) != (measured_bandwidth_tb_s is None):
+        raise ValueError("give both measured_tflops and measured_bandwidth_tb_s, or neither")
     peak, bandwidth = float(peak_tflops), float(peak_bandwidth_tb_s)
     ridge = peak / bandwidth
+    measured_roof = None
+    if measured_tflops is not None:
+        measured_roof = (_as_float(measured_tflops), _as_float(measured_bandwidth_tb_s))
+        if not (measured_roof[0] > 0 and measured_roof[1] > 0):
+            raise ValueError(f"measured ceilings must be positive, got {measured_roof}")
     parsed = []
     for name, value in operations.items():
         if isinstance(value, (tuple, list)):
@@ -1872,18 +1803,29 @@ def plot_roofline(gpu_name, peak_tflops, peak_bandwidth_tb_s, operations, title=
             raise ValueError(f"arithmetic intensity of {name!r} must be positive, got {intensity}")
         parsed.append((str(name), intensity, measured))
 
-    intensities = [ridge] + [i for _, i, _ in parsed]
+    shade_ridge = measured_roof[0] / measured_roof[1] if measured_roof else ridge
+    intensities = [ridge, shade_ridge] + [i for _, i, _ in parsed]
     lo, hi = min(intensities) / 8, max(intensities) * 8
     fig, ax = _new_axes(ax, (8, 5.5))
     x = np.logspace(math.log10(lo), math.log10(hi), 400)
-    ax.loglog(x, np.minimum(peak, bandwidth * x), color="black", lw=2, label=f"{gpu_name} roofline")
-    ax.axvspan(lo, ridge, color="tab:blue", alpha=0.08, label="memory-bound region")
-    ax.axvspan(ridge, hi, color="tab:orange", alpha=0.08, label="compute-bound region")
+    datasheet_style = dict(color="black", lw=2) if measured_roof is None else dict(color="gray", lw=1.5, ls="--")
+    roof_name = f"{gpu_name} roofline" + ("" if measured_roof is None else " (datasheet)")
+    ax.loglog(x, np.minimum(peak, bandwidth * x), label=roof_name, **datasheet_style)
+    ax.axvspan(lo, shade_ridge, color="tab:blue", alpha=0.08, label="memory-bound region")
+    ax.axvspan(shade_ridge, hi, color="tab:orange", alpha=0.08, label="compute-bound region")
     ax.axvline(ridge, color="gray", ls="--", lw=1)
     ax.plot([ridge], [peak], marker="*", ms=14, color="gold", markeredgecolor="black", zorder=5,
             label=f"ridge point: {ridge:.1f} FLOP/byte")
-
     y_values = [bandwidth * lo, peak]
+    if measured_roof is not None:
+        m_peak, m_bandwidth = measured_roof
+        ax.loglog(x, np.minimum(m_peak, m_bandwidth * x), color="black", lw=2,
+                  label=f"{measured_label}: {m_peak:.3g} TFLOP/s, {m_bandwidth:.3g} TB/s")
+        ax.axvline(shade_ridge, color="black", ls=":", lw=1)
+        ax.plot([shade_ridge], [m_peak], marker="*", ms=14, color="white", markeredgecolor="black", zorder=5,
+                label=f"{measured_label} ridge: {shade_ridge:.1f} FLOP/byte")
+        y_values += [m_bandwidth * lo, m_peak]
+
     markers = "osD^vP"
     # Neighbouring labels get different offsets (below/above the roof, near/far) so clusters stay legible.
     offsets = [(0, -22), (0, 16), (0, -38), (0, 30)]
@@ -1893,23 +1835,35 @@ def plot_roofline(gpu_name, peak_tflops, peak_bandwidth_tb_s, operations, title=
         attainable = min(peak, bandwidth * intensity)
         color = plt.cm.tab10(index % 10)
         marker = markers[index % len(markers)]
+        has_measured = measured is not None and measured > 0
+        if measured_only and has_measured:
+            ax.plot([intensity], [measured], marker=marker, ms=8, color=color, markeredgecolor="black", zorder=6,
+                    ls="none", label=f"{name}: {intensity:.3g} FLOP/byte, {measured:.3g} TFLOP/s")
+            ax.annotate(name, (intensity, measured), textcoords="offset points", xytext=offsets[rank % 4],
+                        ha="center", fontsize=8, color=color,
+                        arrowprops=dict(arrowstyle="-", color=color, lw=0.5))
+            y_values.append(measured)
+            continue
         ax.plot([intensity], [attainable], marker=marker, ms=8, color=color, markeredgecolor="black",
                 zorder=6, ls="none", label=f"{name}: {intensity:.3g} FLOP/byte")
         ax.annotate(name, (intensity, attainable), textcoords="offset points", xytext=offsets[rank % 4],
                     ha="center", fontsize=8, color=color, arrowprops=dict(arrowstyle="-", color=color, lw=0.5))
-        if measured is not None and measured > 0:
+        if has_measured:
             ax.plot([intensity], [measured], marker=marker, ms=8, mfc="none", color=color, zorder=6, ls="none")
             ax.plot([intensity, intensity], [measured, attainable], color=color, ls=":", lw=1)
             ax.annotate(f"{name} (measured)", (intensity, measured), textcoords="offset points",
                         xytext=(0, -14), ha="center", fontsize=8, color=color)
             y_values.append(measured)
     ax.set_xlim(lo, hi)
-    ax.set_ylim(min(y_values) / 5, peak * 5)
+    ax.set_ylim(min(y_values) / 5, max(y_values) * 5)
     ax.set_xlabel("Arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("Attainable performance (TFLOP/s)")
     ax.set_title(title or f"Roofline: {gpu_name} ({peak:g} TFLOP/s, {bandwidth:g} TB/s)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right", fontsize=7)
+    if len(parsed) > 6:  # many operations: the legend goes beside the plot, where it hides none of them
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, borderaxespad=0.0)
+    else:
+        ax.legend(loc="lower right", fontsize=7)
     return fig, ax
 
 

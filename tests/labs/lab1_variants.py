@@ -884,6 +884,53 @@ def gelu_tanh_python(input):
 '''),
 ]
 
+# --------------------------------------------------------------------------------------------------------
+# Question 3.5.1: roofline_point (issue 40)
+# --------------------------------------------------------------------------------------------------------
+ROOFLINE_POINT_ALTERNATIVES = ['''
+def roofline_point(flops, bytes_moved, latency_s):
+    return [flops / bytes_moved, flops / (latency_s * 1e12)]
+''', '''
+def roofline_point(flops, bytes_moved, latency_s):
+    flop_per_s = np.float64(flops) / np.float64(latency_s)
+    return np.float64(flops) / np.float64(bytes_moved), flop_per_s / 1e12
+''', '''
+def roofline_point(flops, bytes_moved, latency_s):
+    values = torch.tensor([flops, bytes_moved, latency_s], dtype=torch.float32)
+    return values[0] / values[1], values[0] / values[2] * 1e-12
+''', '''
+def roofline_point(flops, bytes_moved, latency_s):
+    latency_ms = latency_s * 1e3
+    tflops = flops / (latency_ms / 1e3) / 1e12
+    return (flops / bytes_moved, tflops)
+''']
+
+_ROOFLINE_POINT_BODY = '''
+def roofline_point(flops, bytes_moved, latency_s):
+    return {intensity}, {achieved}
+'''
+
+
+def _roofline_point(intensity="flops / bytes_moved", achieved="flops / latency_s / 1e12"):
+    return _ROOFLINE_POINT_BODY.format(intensity=intensity, achieved=achieved)
+
+
+ROOFLINE_POINT_WRONG = [
+    ("intensity inverted (bytes per FLOP)", _roofline_point(intensity="bytes_moved / flops")),
+    ("takes the latency as milliseconds (a unit slip: 1000x too slow)",
+     _roofline_point(achieved="flops / (latency_s * 1e3) / 1e12")),
+    ("divides by the latency in milliseconds (1000x too fast)",
+     _roofline_point(achieved="flops / (latency_s / 1e3) / 1e12")),
+    ("returns FLOP/s, not TFLOP/s", _roofline_point(achieved="flops / latency_s")),
+    ("returns GFLOP/s, not TFLOP/s", _roofline_point(achieved="flops / latency_s / 1e9")),
+    ("achieved bandwidth (TB/s), not performance (TFLOP/s)",
+     _roofline_point(achieved="bytes_moved / latency_s / 1e12")),
+    ("the pair in the wrong order (performance first)",
+     _roofline_point(intensity="flops / latency_s / 1e12", achieved="flops / bytes_moved")),
+    ("counts MACs: half the FLOPs in both values",
+     _roofline_point(intensity="flops / 2 / bytes_moved", achieved="flops / 2 / latency_s / 1e12")),
+]
+
 ALTERNATIVES = {
     "q1_1_gemm": [GEMM_ELEMENTWISE_IKJ, GEMM_COMPREHENSION_FLOAT64, GEMM_WHILE_JIK, GEMM_NEW_ZEROS_IJK],
     "q1_2_latency": LATENCY_ALTERNATIVES,
@@ -899,6 +946,7 @@ ALTERNATIVES = {
     "b3_2_attn_module_io": MODULE_IO_ALTERNATIVES,
     "q3_4_2_intensity": DECODE_AI_ALTERNATIVES,
     "q3_4_3_intensity": PREFILL_AI_ALTERNATIVES,
+    "q3_5_1_roofline_point": ROOFLINE_POINT_ALTERNATIVES,
     "q4_3_1_gelu": GELU_ALTERNATIVES,
 }
 
@@ -917,6 +965,7 @@ WRONG = {
     "b3_2_attn_module_io": MODULE_IO_WRONG,
     "q3_4_2_intensity": DECODE_AI_WRONG,
     "q3_4_3_intensity": PREFILL_AI_WRONG,
+    "q3_5_1_roofline_point": ROOFLINE_POINT_WRONG,
     "q4_3_1_gelu": GELU_WRONG,
 }
 

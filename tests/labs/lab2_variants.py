@@ -260,51 +260,8 @@ WRONG["q3_3_causal_mask"] = [
      _mutate("q3_3_causal_mask", ("return positions[None, :] <= positions[:, None]", "return positions[None, :] >= positions[:, None]"))),
 ]
 
-ALTERNATIVES["q3_4_segment_mask"] = [
-    '''
-def segment_mask(segment_ids, causal=False):
-    batch, seq_len = segment_ids.shape
-    same = torch.eq(segment_ids.unsqueeze(-1), segment_ids.unsqueeze(-2))
-    if causal:
-        same = same & torch.ones(seq_len, seq_len, dtype=torch.bool, device=segment_ids.device).tril()
-    return same.view(batch, 1, seq_len, seq_len)
-''',
-]
-WRONG["q3_4_segment_mask"] = [
-    ("causal flag ignored",
-     _mutate("q3_4_segment_mask", ("allowed = allowed & (positions[None, :] <= positions[:, None])", "pass"))),
-    ("segment OR causal instead of AND",
-     _mutate("q3_4_segment_mask", ("allowed = allowed & (positions[None, :] <= positions[:, None])",
-                                   "allowed = allowed | (positions[None, :] <= positions[:, None])"))),
-    ("no head axis: (B, S, S)",
-     _mutate("q3_4_segment_mask", ("return allowed[:, None]", "return allowed"))),
-]
-
-ALTERNATIVES["q3_5_permutation_check"] = [
-    '''
-def is_permutation_equivariant(attn_fn, q, k, v, perm, atol=1e-5):
-    # undo the permutation on the permuted run instead of applying it to the plain run
-    perm = perm.to(q.device)
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(len(perm), device=perm.device)
-    permuted_run = attn_fn(*(t.index_select(1, perm) for t in (q, k, v)))
-    return bool(torch.allclose(permuted_run.index_select(1, inverse), attn_fn(q, k, v), rtol=0.0, atol=atol))
-''',
-]
-WRONG["q3_5_permutation_check"] = [
-    ("permuted run compared with the unpermuted output",
-     _mutate("q3_5_permutation_check", ("return bool((out_of_permuted - out[:, perm]).abs().max().item() <= atol)",
-                                        "return bool((out_of_permuted - out).abs().max().item() <= atol)"))),
-    ("only the queries permuted",
-     _mutate("q3_5_permutation_check", ("out_of_permuted = attn_fn(q[:, perm], k[:, perm], v[:, perm])",
-                                        "out_of_permuted = attn_fn(q[:, perm], k, v)"))),
-    ("torch.allclose with its default relative tolerance",
-     _mutate("q3_5_permutation_check", ("return bool((out_of_permuted - out[:, perm]).abs().max().item() <= atol)",
-                                        "return bool(torch.allclose(out_of_permuted, out[:, perm], atol=atol))"))),
-    ("exact equality instead of a tolerance",
-     _mutate("q3_5_permutation_check", ("return bool((out_of_permuted - out[:, perm]).abs().max().item() <= atol)",
-                                        "return bool(torch.equal(out_of_permuted, out[:, perm]))"))),
-]
+# Questions 3.4 (segment_mask) and 3.5 (is_permutation_equivariant) are optional, ungraded exercises since issue 40:
+# no prepared answers.
 
 # ----------------------------------------------------------------------------------------------- Part 4
 ALTERNATIVES["q4_1_1_online_update"] = [
@@ -847,13 +804,6 @@ WRONG["q3_2_attention_cost"].append(
     # Point 9: the intensity is checked against the dict's own numbers, so this mistake costs the intensity check only.
     ("intensity upside down: bytes per FLOP",
      _mutate("q3_2_attention_cost", ('"intensity": flops / hbm_bytes}', '"intensity": hbm_bytes / flops}'))))
-ALTERNATIVES["q3_5_permutation_check"].append('''
-def is_permutation_equivariant(attn_fn, q, k, v, perm, atol=1e-5):
-    # A one-element boolean tensor.
-    perm = perm.to(q.device)
-    difference = (attn_fn(q[:, perm], k[:, perm], v[:, perm]) - attn_fn(q, k, v)[:, perm]).abs().max()
-    return difference <= atol
-''')
 ALTERNATIVES["q5_1_benchmark_attention"].append(_mutate(
     "q5_1_benchmark_attention",
     # NumPy numbers and an np.str_ status.
@@ -880,17 +830,6 @@ WRONG["q3_3_causal_mask"] += [
      _mutate("q3_3_causal_mask", ("positions = torch.arange(seq_len, device=device)",
                                   'positions = torch.arange(seq_len, device=device if device is not None else "cpu")'))),
 ]
-WRONG["q3_4_segment_mask"].append(
-    ("mask allocated without the device of segment_ids, then filled", '''
-def segment_mask(segment_ids, causal=False):
-    batch, seq_len = segment_ids.shape
-    mask = torch.zeros(batch, 1, seq_len, seq_len, dtype=torch.bool)
-    for b in range(batch):
-        mask[b, 0] = segment_ids[b][:, None] == segment_ids[b][None, :]
-    if causal:
-        mask = mask & torch.ones(seq_len, seq_len, dtype=torch.bool, device=segment_ids.device).tril()
-    return mask
-'''))
 
 # -- Point 4: probes that discriminate ------------------------------------------------------------------------------
 WRONG["q5_1_benchmark_attention"].append(
@@ -962,16 +901,6 @@ HINTS["q3_3_causal_mask"] = [
     ("pass device= to what creates the mask", '''
 def causal_mask(seq_len, device=None):
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
-'''),
-]
-HINTS["q3_4_segment_mask"] = [
-    ("create every tensor you need with device=segment_ids.device", '''
-def segment_mask(segment_ids, causal=False):
-    seq_len = segment_ids.shape[1]
-    allowed = segment_ids[:, :, None] == segment_ids[:, None, :]
-    if causal:
-        allowed = allowed & torch.ones(seq_len, seq_len, dtype=torch.bool, device=segment_ids.device).tril()
-    return allowed[:, None]
 '''),
 ]
 HINTS["q4_1_2_blockwise_lse"] = [
@@ -1074,17 +1003,6 @@ def chain_intensity(seq_len, kv_head, bytes_per_element=2, intermediate_round_tr
     io_bytes = sum(chain_io_bytes(seq_len, kv_head, bytes_per_element))
     trips = intermediate_round_trips * 2 * seq_len * seq_len * bytes_per_element
     return chain_flops(seq_len, kv_head) / (io_bytes + trips)
-'''))
-WRONG["q3_3_causal_mask"].append(
-    ("diagonal excluded; segment_mask (Question 3.4) built on causal_mask must not lose points",
-     _mutate("q3_3_causal_mask", ("return positions[None, :] <= positions[:, None]", "return positions[None, :] < positions[:, None]"))
-     + '''
-
-def segment_mask(segment_ids, causal=False):
-    allowed = segment_ids[:, :, None] == segment_ids[:, None, :]
-    if causal:
-        allowed = allowed & causal_mask(segment_ids.shape[1], device=segment_ids.device)
-    return allowed[:, None]
 '''))
 WRONG["q4_1_1_online_update"].append(
     ("running sum not rescaled; blockwise_logsumexp (Question 4.1.2) calling it must not lose points",

@@ -95,119 +95,67 @@ WRONG["q2_1_matmul_bytes"] = [
     ("ignores bytes_per_element (fp16 hard-coded)", "def matmul_bytes(M, K, N, bytes_per_element):\n    return 2 * (M * K + K * N + M * N)\n"),
 ]
 
-ALTERNATIVES["q2_2_qkv_projection_flops"] = [
-    "def qkv_projection_flops(B, N, D):\n    return 6 * B * N * D ** 2\n",
-    "def qkv_projection_flops(B, N, D):\n    return 3 * matmul_flops(B * N, D, D)\n",
-]
-ALTERNATIVES["q2_2_qkv_projection_bytes"] = [
-    "def qkv_projection_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * D * (6 * B * N + 3 * D)\n",
-    "def qkv_projection_bytes(B, N, D, bytes_per_element):\n    return 3 * matmul_bytes(B * N, D, D, bytes_per_element)\n",
-]
-WRONG["q2_2_qkv_projection_flops"] = [
-    ("one projection instead of three", "def qkv_projection_flops(B, N, D):\n    return 2 * B * N * D * D\n"),
-]
-WRONG["q2_2_qkv_projection_bytes"] = [
-    ("X read once for all three projections",
-     "def qkv_projection_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * (4 * B * N * D + 3 * D * D)\n"),
-    ("weights not counted", "def qkv_projection_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * 6 * B * N * D\n"),
-]
+_LAYER_COSTS = '''
+def layer_costs(B, N, D, H, bytes_per_element):
+    n, d = bytes_per_element, D // H
+    return {
+        "qkv_projection": (6 * B * N * D * D, n * (6 * B * N * D + 3 * D * D)),
+        "scores": (H * (2 * B * N * N * d + B * N * N), n * H * (2 * B * N * d + B * N * N)),
+        "mask": (H * B * N * N, 2 * n * H * B * N * N),
+        "softmax": (3 * H * B * N * N, 2 * n * H * B * N * N),
+        "attention_value": (2 * H * B * N * N * d, n * H * (B * N * N + 2 * B * N * d)),
+        "output_projection": (2 * B * N * D * D, n * (2 * B * N * D + D * D)),
+        "mlp": (16 * B * N * D * D + 5 * B * N * D, n * (10 * B * N * D + 8 * D * D + 5 * D)),
+    }
+'''
 
-ALTERNATIVES["q2_3_1_qk_scores_flops"] = ["def qk_scores_flops(B, N, d):\n    return B * N * N * (2 * d + 1)\n"]
-ALTERNATIVES["q2_3_1_qk_scores_bytes"] = [
-    "def qk_scores_bytes(B, N, d, bytes_per_element):\n    return B * N * bytes_per_element * (2 * d + N)\n"
-]
-WRONG["q2_3_1_qk_scores_flops"] = [
-    ("scaling not counted", "def qk_scores_flops(B, N, d):\n    return 2 * B * N * N * d\n"),
-    ("matmul FLOPs without the factor 2", "def qk_scores_flops(B, N, d):\n    return B * N * N * d + B * N * N\n"),
-]
-WRONG["q2_3_1_qk_scores_bytes"] = [
-    ("scaling as a separate pass (scores read and written again)",
-     "def qk_scores_bytes(B, N, d, bytes_per_element):\n    return bytes_per_element * (2 * B * N * d + 3 * B * N * N)\n"),
-    ("output written with shape (B, N, d)",
-     "def qk_scores_bytes(B, N, d, bytes_per_element):\n    return bytes_per_element * 3 * B * N * d\n"),
-]
 
-ALTERNATIVES["q2_3_2_causal_mask_flops"] = ["def causal_mask_flops(B, N):\n    return B * N ** 2\n"]
-ALTERNATIVES["q2_3_2_causal_mask_bytes"] = ["def causal_mask_bytes(B, N, bytes_per_element):\n    return (B * N * N) * bytes_per_element * 2\n"]
-WRONG["q2_3_2_causal_mask_flops"] = [
-    ("only the masked upper triangle counted", "def causal_mask_flops(B, N):\n    return B * N * (N - 1) // 2\n"),
-]
-WRONG["q2_3_2_causal_mask_bytes"] = [
-    ("only the write counted", "def causal_mask_bytes(B, N, bytes_per_element):\n    return bytes_per_element * B * N * N\n"),
-]
+def _layer(old: str, new: str) -> str:
+    assert old in _LAYER_COSTS, old
+    return _LAYER_COSTS.replace(old, new)
 
-ALTERNATIVES["q2_3_3_softmax_flops"] = ["def softmax_flops(B, N):\n    return (1 + 1 + 1) * B * N * N\n"]
-ALTERNATIVES["q2_3_3_softmax_bytes"] = ["def softmax_bytes(B, N, bytes_per_element):\n    return bytes_per_element * (B * N * N + B * N * N)\n"]
-WRONG["q2_3_3_softmax_flops"] = [
-    ("row sum not counted", "def softmax_flops(B, N):\n    return 2 * B * N * N\n"),
-    ("row sum counted once per row", "def softmax_flops(B, N):\n    return 2 * B * N * N + B * N\n"),
-]
-WRONG["q2_3_3_softmax_bytes"] = [
-    ("input read twice (once for the sum, once for the division)",
-     "def softmax_bytes(B, N, bytes_per_element):\n    return 3 * bytes_per_element * B * N * N\n"),
-]
 
-ALTERNATIVES["q2_3_4_attention_value_flops"] = ["def attention_value_flops(B, N, d):\n    return B * (2 * N * N * d)\n"]
-ALTERNATIVES["q2_3_4_attention_value_bytes"] = [
-    "def attention_value_bytes(B, N, d, bytes_per_element):\n    return bytes_per_element * B * N * (N + d + d)\n"
-]
-WRONG["q2_3_4_attention_value_flops"] = [
-    ("MACs instead of FLOPs", "def attention_value_flops(B, N, d):\n    return B * N * N * d\n"),
-]
-WRONG["q2_3_4_attention_value_bytes"] = [
-    ("output not written", "def attention_value_bytes(B, N, d, bytes_per_element):\n    return bytes_per_element * (B * N * N + B * N * d)\n"),
-]
+ALTERNATIVES["q2_2_layer_costs"] = [
+    # the formulas written out (self-contained)
+    _LAYER_COSTS,
+    # built row by row from the four attention operations of one head, rows as lists, an OrderedDict
+    '''
+def layer_costs(B, N, D, H, bytes_per_element):
+    import collections
 
-ALTERNATIVES["q2_4_mha_flops"] = [
-    "def mha_flops(B, N, D, H):\n    return 4 * B * N * N * D + 5 * H * B * N * N\n",
-    "def mha_flops(B, N, D, H):\n"
-    "    d = D // H\n"
-    "    return H * (qk_scores_flops(B, N, d) + causal_mask_flops(B, N) + softmax_flops(B, N) + attention_value_flops(B, N, d))\n",
+    n, d, S = bytes_per_element, D // H, B * N * N
+    head = {"scores": [2 * S * d + S, n * (2 * B * N * d + S)], "mask": [S, 2 * n * S], "softmax": [3 * S, 2 * n * S],
+            "attention_value": [2 * S * d, n * (S + 2 * B * N * d)]}
+    rows = collections.OrderedDict()
+    rows["qkv_projection"] = [3 * matmul_flops(B * N, D, D), 3 * matmul_bytes(B * N, D, D, n)]
+    for op, (flops, nbytes) in head.items():
+        rows[op] = [H * flops, H * nbytes]
+    rows["output_projection"] = [matmul_flops(B * N, D, D), matmul_bytes(B * N, D, D, n)]
+    rows["mlp"] = [matmul_flops(B * N, D, 4 * D) + matmul_flops(B * N, 4 * D, D) + 5 * B * N * D,
+                   matmul_bytes(B * N, D, 4 * D, n) + matmul_bytes(B * N, 4 * D, D, n) + 5 * D * n]
+    return rows
+''',
+    # `/` instead of `//`: integral floats (a NumPy int64 count for the projections)
+    _layer("n, d = bytes_per_element, D // H", "n, d = bytes_per_element, D / H")
+    .replace('"qkv_projection": (6 * B * N * D * D,', '"qkv_projection": (np.int64(6) * B * N * D * D,'),
 ]
-ALTERNATIVES["q2_4_mha_bytes"] = [
-    "def mha_bytes(B, N, D, H, bytes_per_element):\n    return bytes_per_element * B * N * (4 * D + 6 * H * N)\n",
-    "def mha_bytes(B, N, D, H, bytes_per_element):\n"
-    "    d, n = D // H, bytes_per_element\n"
-    "    return H * (qk_scores_bytes(B, N, d, n) + causal_mask_bytes(B, N, n) + softmax_bytes(B, N, n)\n"
-    "                + attention_value_bytes(B, N, d, n))\n",
-]
-WRONG["q2_4_mha_flops"] = [
-    ("every head of width D instead of D / H", "def mha_flops(B, N, D, H):\n    return H * (4 * B * N * N * D + 5 * B * N * N)\n"),
-    ("scale, mask and softmax counted for one head only", "def mha_flops(B, N, D, H):\n    return 4 * B * N * N * D + 5 * B * N * N\n"),
-]
-WRONG["q2_4_mha_bytes"] = [
-    ("N x N traffic counted for one head only",
-     "def mha_bytes(B, N, D, H, bytes_per_element):\n    return bytes_per_element * (4 * B * N * D + 6 * B * N * N)\n"),
-    ("every head of width D instead of D / H",
-     "def mha_bytes(B, N, D, H, bytes_per_element):\n    return H * bytes_per_element * (4 * B * N * D + 6 * B * N * N)\n"),
-]
-
-ALTERNATIVES["q2_5_output_projection_flops"] = ["def output_projection_flops(B, N, D):\n    return 2 * D * D * N * B\n"]
-ALTERNATIVES["q2_5_output_projection_bytes"] = [
-    "def output_projection_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * D * (2 * B * N + D)\n"
-]
-WRONG["q2_5_output_projection_flops"] = [
-    ("MACs instead of FLOPs", "def output_projection_flops(B, N, D):\n    return B * N * D * D\n"),
-]
-WRONG["q2_5_output_projection_bytes"] = [
-    ("weight not counted", "def output_projection_bytes(B, N, D, bytes_per_element):\n    return 2 * bytes_per_element * B * N * D\n"),
-]
-
-ALTERNATIVES["q2_6_mlp_flops"] = [
-    "def mlp_flops(B, N, D):\n    return B * N * D * (16 * D + 5)\n",
-    "def mlp_flops(B, N, D):\n    return matmul_flops(B * N, D, 4 * D) + matmul_flops(B * N, 4 * D, D) + 5 * B * N * D\n",
-]
-ALTERNATIVES["q2_6_mlp_bytes"] = [
-    "def mlp_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * (10 * B * N * D + 8 * D * D + 5 * D)\n"
-]
-WRONG["q2_6_mlp_flops"] = [
-    ("biases not counted", "def mlp_flops(B, N, D):\n    return 16 * B * N * D * D\n"),
-    ("hidden width D instead of 4D", "def mlp_flops(B, N, D):\n    return 4 * B * N * D * D + 2 * B * N * D\n"),
-]
-WRONG["q2_6_mlp_bytes"] = [
-    ("biases not counted", "def mlp_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * (10 * B * N * D + 8 * D * D)\n"),
+WRONG["q2_2_layer_costs"] = [
+    ("one projection instead of three", _layer("(6 * B * N * D * D, n * (6 * B * N * D + 3 * D * D))",
+                                               "(2 * B * N * D * D, n * (2 * B * N * D + D * D))")),
+    ("X read once for all three projections", _layer("n * (6 * B * N * D + 3 * D * D)", "n * (4 * B * N * D + 3 * D * D)")),
+    ("scaling of the scores not counted", _layer("H * (2 * B * N * N * d + B * N * N)", "H * 2 * B * N * N * d")),
+    ("every head of width D instead of D / H", _layer("n, d = bytes_per_element, D // H", "n, d = bytes_per_element, D")),
+    ("softmax's row sum not counted", _layer('"softmax": (3 * H * B * N * N,', '"softmax": (2 * H * B * N * N,')),
+    ("N x N traffic of the mask counted for one head only", _layer("2 * n * H * B * N * N),\n        \"softmax\"",
+                                                                   "2 * n * B * N * N),\n        \"softmax\"")),
+    ("MLP biases not counted", _layer("16 * B * N * D * D + 5 * B * N * D,", "16 * B * N * D * D,")),
     ("intermediate Z neither written nor read (fused MLP)",
-     "def mlp_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * (2 * B * N * D + 8 * D * D + 5 * D)\n"),
+     _layer("n * (10 * B * N * D + 8 * D * D + 5 * D)", "n * (2 * B * N * D + 8 * D * D + 5 * D)")),
+    ("(bytes, flops) instead of (flops, bytes)",
+     _LAYER_COSTS.replace("    return {", "    rows = {").rstrip() + "\n    return {op: (b, f) for op, (f, b) in rows.items()}\n"),
+    ("a row missing (the mask folded into the softmax)",
+     _LAYER_COSTS.replace("    return {", "    rows = {").rstrip()
+     + "\n    rows['softmax'] = tuple(a + b for a, b in zip(rows.pop('mask'), rows['softmax']))\n    return rows\n"),
 ]
 
 _ROOFLINE = '''
@@ -259,8 +207,7 @@ ALTERNATIVES["q3_1_gpt2_forward_flops"] = [
     "def gpt2_forward_flops(B, N, D, H, num_layers):\n"
     "    return num_layers * B * N * (24 * D * D + 4 * N * D + 5 * H * N + 5 * D)\n",
     "def gpt2_forward_flops(B, N, D, H, num_layers):\n"
-    "    layer = qkv_projection_flops(B, N, D) + mha_flops(B, N, D, H) + output_projection_flops(B, N, D) + mlp_flops(B, N, D)\n"
-    "    return num_layers * layer\n",
+    "    return num_layers * sum(row[0] for row in layer_costs(B, N, D, H, 2).values())\n",
 ]
 ALTERNATIVES["q3_1_gpt2_forward_bytes"] = [
     "def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):\n"
@@ -269,10 +216,8 @@ ALTERNATIVES["q3_1_gpt2_forward_bytes"] = [
     "        total += bytes_per_element * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D)\n"
     "    return total\n",
     "def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):\n"
-    "    n = bytes_per_element\n"
-    "    layer = (qkv_projection_bytes(B, N, D, n) + mha_bytes(B, N, D, H, n) + output_projection_bytes(B, N, D, n)\n"
-    "             + mlp_bytes(B, N, D, n))\n"
-    "    return num_layers * layer\n",
+    "    costs = layer_costs(B, N, D, H, bytes_per_element)\n"
+    "    return num_layers * sum(nbytes for _, nbytes in costs.values())\n",
 ]
 WRONG["q3_1_gpt2_forward_flops"] = [
     ("N^2 elementwise FLOPs of one head only",
@@ -347,6 +292,144 @@ WRONG["q4_1_kv_cache_bytes_total"] = [
     ("per-layer size returned", "def kv_cache_bytes_total(B, N, D, num_layers, bytes_per_element):\n    return 2 * B * N * D * bytes_per_element\n"),
 ]
 
+_CACHE = '''
+class StaticKVCache:
+    def __init__(self, num_layers, batch_size, num_heads, head_dim, max_len, dtype, device):
+        shape = (num_layers, batch_size, num_heads, max_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    def update(self, layer, key, value):
+        end = self.length + key.shape[2]
+        self.keys[layer, :, :, self.length:end] = key
+        self.values[layer, :, :, self.length:end] = value
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def advance(self, num_tokens):
+        self.length += num_tokens
+'''
+
+_STEP = '''
+@torch.no_grad()
+def gpt2_step(model, input_ids, cache):
+    body, start = model.transformer, cache.length
+    batch, new_tokens = input_ids.shape
+    positions = torch.arange(start, start + new_tokens, device=input_ids.device)
+    x = body.wte(input_ids) + body.wpe(positions)
+    width, heads = x.shape[-1], model.config.n_head
+    head_dim = width // heads
+    future = torch.arange(start + new_tokens, device=x.device)[None, :] > positions[:, None]
+    for layer, block in enumerate(body.h):
+        qkv = block.attn.c_attn(block.ln_1(x)).split(width, dim=2)
+        query, key, value = (t.view(batch, new_tokens, heads, head_dim).transpose(1, 2) for t in qkv)
+        keys, values = cache.update(layer, key, value)
+        scores = (query @ keys.transpose(-1, -2)) / math.sqrt(head_dim)
+        if new_tokens > 1:
+            scores = scores.masked_fill(future, float("-inf"))
+        attended = torch.softmax(scores, dim=-1) @ values
+        x = x + block.attn.c_proj(attended.transpose(1, 2).reshape(batch, new_tokens, width))
+        x = x + block.mlp(block.ln_2(x))
+    cache.advance(new_tokens)
+    return model.lm_head(body.ln_f(x))
+'''
+
+
+def _cache(old: str, new: str) -> str:
+    assert old in _CACHE, old
+    return _CACHE.replace(old, new)
+
+
+def _step(old: str, new: str) -> str:
+    assert old in _STEP, old
+    return _STEP.replace(old, new)
+
+
+ALTERNATIVES["q4_6_static_kv_cache"] = [
+    _CACHE,
+    # torch.empty buffers, index_copy_ along the positions, a length check
+    '''
+class StaticKVCache:
+    def __init__(self, num_layers, batch_size, num_heads, head_dim, max_len, dtype, device):
+        self.keys = torch.empty(num_layers, batch_size, num_heads, max_len, head_dim, dtype=dtype, device=device)
+        self.values = torch.empty_like(self.keys)
+        self.length = 0
+
+    def update(self, layer, key, value):
+        q = key.shape[2]
+        if self.length + q > self.keys.shape[3]:
+            raise ValueError("cache full")
+        where = torch.arange(self.length, self.length + q, device=key.device)
+        self.keys[layer].index_copy_(2, where, key)
+        self.values[layer].index_copy_(2, where, value)
+        return self.keys[layer, :, :, :self.length + q], self.values[layer, :, :, :self.length + q]
+
+    def advance(self, num_tokens):
+        self.length = self.length + int(num_tokens)
+''',
+]
+ALTERNATIVES["q4_6_gpt2_step"] = [
+    _STEP,
+    # SDPA with a boolean mask, no update/advance methods used (writes the buffers itself with copy_), no decorator
+    '''
+def gpt2_step(model, input_ids, cache):
+    with torch.no_grad():
+        body = model.transformer
+        B, q = input_ids.shape
+        start, end = cache.length, cache.length + input_ids.shape[1]
+        x = body.wte(input_ids) + body.wpe(torch.arange(start, end, device=input_ids.device))
+        H = model.config.n_head
+        D = x.shape[-1]
+        mask = torch.ones(q, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
+        for i, block in enumerate(body.h):
+            q_, k_, v_ = block.attn.c_attn(block.ln_1(x)).view(B, q, 3, H, D // H).permute(2, 0, 3, 1, 4)
+            cache.keys[i, :, :, start:end].copy_(k_)
+            cache.values[i, :, :, start:end].copy_(v_)
+            out = F.scaled_dot_product_attention(q_, cache.keys[i, :, :, :end], cache.values[i, :, :, :end],
+                                                 attn_mask=mask)
+            x = x + block.attn.c_proj(out.transpose(1, 2).reshape(B, q, D))
+            x = x + block.mlp(block.ln_2(x))
+        cache.length = end
+        return model.lm_head(body.ln_f(x))
+''',
+]
+WRONG["q4_6_static_kv_cache"] = [
+    ("appends with torch.cat: the buffers grow (and are copied) at every step, not preallocated",
+     _cache("        shape = (num_layers, batch_size, num_heads, max_len, head_dim)",
+            "        shape = (num_layers, batch_size, num_heads, 0, head_dim)")
+     .replace("        end = self.length + key.shape[2]\n",
+              "        end = self.length + key.shape[2]\n"
+              "        if layer == 0:  # grow every layer by the new positions\n"
+              "            grow = key.new_zeros(self.keys.shape[:3] + key.shape[2:])\n"
+              "            self.keys = torch.cat([self.keys[:, :, :, :self.length], grow], dim=3)\n"
+              "            self.values = torch.cat([self.values[:, :, :, :self.length], grow], dim=3)\n")),
+    ("new keys written one position too far (and read back from there)",
+     _cache("        self.keys[layer, :, :, self.length:end] = key\n        self.values[layer, :, :, self.length:end] = value\n"
+            "        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]",
+            "        self.keys[layer, :, :, self.length + 1:end + 1] = key\n"
+            "        self.values[layer, :, :, self.length + 1:end + 1] = value\n"
+            "        return self.keys[layer, :, :, 1:end + 1], self.values[layer, :, :, 1:end + 1]")
+     .replace("shape = (num_layers, batch_size, num_heads, max_len, head_dim)",
+              "shape = (num_layers, batch_size, num_heads, max_len + 1, head_dim)")),
+]
+WRONG["q4_6_gpt2_step"] = [
+    ("recomputes everything: keeps the tokens and runs the whole sequence again (the cache is never read)",
+     '''
+@torch.no_grad()
+def gpt2_step(model, input_ids, cache):
+    history = input_ids if cache.length == 0 else torch.cat([cache.tokens, input_ids], dim=1)
+    cache.tokens = history
+    logits = model(history, use_cache=False).logits[:, -input_ids.shape[1]:]
+    cache.length += input_ids.shape[1]
+    return logits
+'''),
+    ("position ids off by one (counted from 1)",
+     _step("positions = torch.arange(start, start + new_tokens, device=input_ids.device)",
+           "positions = torch.arange(start + 1, start + new_tokens + 1, device=input_ids.device)")),
+    ("no mask among the new tokens (the prefill sees the future)",
+     _step('        if new_tokens > 1:\n            scores = scores.masked_fill(future, float("-inf"))\n', "")),
+]
+
 _DECODE_FLOPS = '''
 def gpt2_decode_flops(B, N, D, H, num_layers):
     d_head = D // H
@@ -398,45 +481,6 @@ WRONG["q4_2_gpt2_decode_bytes"] = [
     ("weights read once per sequence", _sub(_DECODE_BYTES, "mlp = 10 * B * D + 8 * D * D + 5 * D", "mlp = 10 * B * D + 8 * B * D * D + 5 * D")),
 ]
 
-_SPEEDUP = '''
-def kv_cache_speedup(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
-    L, n = num_layers, bytes_per_element
-    full_flops = L * (24 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D)
-    full_bytes = L * n * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D)
-    step_flops = L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D)
-    step_bytes = L * n * (20 * B * D + 12 * D * D + 2 * B * N * D + 4 * B * H * N + 5 * D)
-    full_s = max(full_flops / peak_flops_per_s, full_bytes / bandwidth_bytes_per_s)
-    step_s = max(step_flops / peak_flops_per_s, step_bytes / bandwidth_bytes_per_s)
-    return full_s / step_s
-'''
-ALTERNATIVES["q4_3_kv_cache_speedup"] = [
-    '''
-def kv_cache_speedup(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
-    def seconds(flops, nbytes):
-        return max(flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s)
-    per_token_d2, n = 24 * D * D, bytes_per_element
-    without = seconds(num_layers * B * N * (per_token_d2 + 4 * N * D + 5 * H * N + 5 * D),
-                      num_layers * n * (B * N * (22 * D + 6 * H * N) + 12 * D * D + 5 * D))
-    with_cache = seconds(num_layers * B * (per_token_d2 + 4 * N * D + 4 * H * N + 5 * D),
-                         num_layers * n * (B * (20 * D + 2 * N * D + 4 * H * N) + 12 * D * D + 5 * D))
-    return float(without / with_cache)
-''',
-    '''
-def kv_cache_speedup(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
-    full = roofline_estimate(gpt2_forward_flops(B, N, D, H, num_layers),
-                             gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element),
-                             peak_flops_per_s, bandwidth_bytes_per_s)
-    step = roofline_estimate(gpt2_decode_flops(B, N, D, H, num_layers),
-                             gpt2_decode_bytes(B, N, D, H, num_layers, bytes_per_element),
-                             peak_flops_per_s, bandwidth_bytes_per_s)
-    return full["t_roofline_s"] / step["t_roofline_s"]
-''',
-]
-WRONG["q4_3_kv_cache_speedup"] = [
-    ("ratio of FLOPs only", _sub(_SPEEDUP, "return full_s / step_s", "return full_flops / step_flops")),
-    ("ratio of bytes only", _sub(_SPEEDUP, "return full_s / step_s", "return full_bytes / step_bytes")),
-    ("inverted", _sub(_SPEEDUP, "return full_s / step_s", "return step_s / full_s")),
-]
 
 ALTERNATIVES["b4_5_kv_cache_bytes_gqa"] = [
     "def kv_cache_bytes_gqa(B, N, D, H, num_kv_heads, num_layers, bytes_per_element):\n"
@@ -743,10 +787,6 @@ ALTERNATIVES["q2_1_matmul_flops"] += [
     # a count as an integral float
     "def matmul_flops(M, K, N):\n    return float(2 * M * K * N)\n",
 ]
-ALTERNATIVES["q2_4_mha_flops"] += [
-    # `/` instead of `//`: the head width is an integral float, and so is the count
-    "def mha_flops(B, N, D, H):\n    return H * (4 * B * N * N * (D / H) + 5 * B * N * N)\n",
-]
 ALTERNATIVES["q4_1_kv_cache_bytes_total"] += [
     # a one-element tensor
     "def kv_cache_bytes_total(B, N, D, num_layers, bytes_per_element):\n"
@@ -774,10 +814,6 @@ def roofline_table(cases, flops_fn, bytes_fn, peak_flops_per_s, bandwidth_bytes_
                          "bound": np.str_("compute" if t_c > t_m else "memory")}
     return table
 ''',
-]
-ALTERNATIVES["q4_3_kv_cache_speedup"] += [
-    # computed in float32
-    _sub(_SPEEDUP, "    return full_s / step_s", "    return np.float32(full_s) / np.float32(step_s)"),
 ]
 ALTERNATIVES["q5_1_predictions"] += [
     # float32 results
@@ -838,25 +874,21 @@ ALTERNATIVES["q1_1_causal_attention"] += [
 # -- point 4: the prescribed method (no SDPA) is its own check: WRONG["q1_1_causal_attention"]'s
 # "calls F.scaled_dot_product_attention" loses only that check's weight.
 
-# -- point 5: a mistake is charged once. The reference answers of Questions 3.1, 4.1 (total), 4.3, 6.1, Bonus 4.5
+# -- point 5: a mistake is charged once. The reference answers of Questions 3.1, 4.1 (total), 6.1, Bonus 4.5
 # (max_batch_in_memory) and Bonus 6.6 (best_gamma) are built from the earlier functions, so each wrong earlier
 # answer below flows into them; the later questions' tests accept the carried-forward values, and the mistake
 # fails its own question only.
-WRONG["q2_3_1_qk_scores_flops"] += [
-    ("scaling counted twice (charged in Question 2.3.1 only; Question 2.4 accepts H times the student's own counts)",
-     "def qk_scores_flops(B, N, d):\n    return 2 * B * N * N * d + 2 * B * N * N\n"),
-]
-WRONG["q2_6_mlp_bytes"] += [
-    ("bias b_1 not read (charged in Question 2.6 only; Question 3.1 composes it and carries it forward)",
-     "def mlp_bytes(B, N, D, bytes_per_element):\n    return bytes_per_element * (10 * B * N * D + 8 * D * D + D)\n"),
+WRONG["q2_2_layer_costs"] += [
+    ("bias b_1 not read (charged in Question 2.2 only; Questions 3.1 and 4.2 accept counts built from it)",
+     _layer("n * (10 * B * N * D + 8 * D * D + 5 * D)", "n * (10 * B * N * D + 8 * D * D + D)")),
 ]
 WRONG["q3_1_gpt2_forward_bytes"] += [
-    ("softmax traffic forgotten (charged in Question 3.1 only; Questions 4.3 and 5.1 carry it forward)",
+    ("softmax traffic forgotten (charged in Question 3.1 only; Question 5.1 carries it forward)",
      "def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):\n"
      "    return num_layers * bytes_per_element * (22 * B * N * D + 12 * D * D + 4 * H * B * N * N + 5 * D)\n"),
 ]
 WRONG["q4_2_gpt2_decode_flops"] += [
-    ("MLP biases not counted (charged in Question 4.2 only; Questions 4.3, 5.1 and 6.1 carry it forward)",
+    ("MLP biases not counted (charged in Question 4.2 only; Questions 5.1 and 6.1 carry it forward)",
      _sub(_DECODE_FLOPS, "mlp = 16 * B * D * D + 5 * B * D", "mlp = 16 * B * D * D")),
 ]
 WRONG["q4_1_kv_cache_bytes_per_layer"] += [
@@ -864,7 +896,7 @@ WRONG["q4_1_kv_cache_bytes_per_layer"] += [
      "def kv_cache_bytes_per_layer(B, N, D, bytes_per_element):\n    return 2 * B * N * D\n"),
 ]
 WRONG["q2_7_roofline_estimate"] += [
-    ("times in ms (charged in Question 2.7 only; Questions 3.2, 4.3 and 5.1 accept what it gives)",
+    ("times in ms (charged in Question 2.7 only; Questions 3.2 and 5.1 accept what it gives)",
      _roofline('"t_roofline_s": max(t_compute_s, t_memory_s)', '"t_roofline_s": max(t_compute_s, t_memory_s) * 1e3')),
 ]
 WRONG["q6_3_expected_tokens_per_pass"] += [
@@ -889,20 +921,12 @@ HINTS: dict[str, list[tuple[str, str]]] = {
     "q1_1_causal_attention": [
         ("`torch.softmax` is stable: the masked scores straight into torch.softmax", _ATTENTION),
     ],
-    "q2_4_mha_flops": [
-        ("Divide integers with `//` (for example `D // H`); for H = 1 the sum of the four operations of Question 2.3",
-         "def mha_flops(B, N, D, H):\n"
-         "    d = D // H\n"
-         "    return H * (qk_scores_flops(B, N, d) + causal_mask_flops(B, N) + softmax_flops(B, N) + attention_value_flops(B, N, d))\n"),
+    "q2_2_layer_costs": [
+        ("Divide integers with `//` (for example `D // H`); build the matmuls from your `matmul_flops` and "
+         "`matmul_bytes`", ALTERNATIVES["q2_2_layer_costs"][1]),
     ],
     "q3_1_gpt2_forward_flops": [
-        ("Your functions of Part 2 are the building blocks",
-         "def gpt2_forward_flops(B, N, D, H, num_layers):\n"
-         "    return num_layers * (qkv_projection_flops(B, N, D) + mha_flops(B, N, D, H) + output_projection_flops(B, N, D)"
-         " + mlp_flops(B, N, D))\n"),
-    ],
-    "q4_3_kv_cache_speedup": [
-        ("Build it from your functions of Questions 3.1 and 4.2 (and 2.7 if you like)", ALTERNATIVES["q4_3_kv_cache_speedup"][1]),
+        ("Your `layer_costs` of Part 2 is the building block", ALTERNATIVES["q3_1_gpt2_forward_flops"][1]),
     ],
     "q5_1_predictions": [
         ("(`gpt2_forward_*`, Question 3.1) and (`gpt2_decode_*`, Question 4.2)", _PREDICT + _PREDICTED_LIST),
