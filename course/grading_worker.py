@@ -33,12 +33,23 @@ PRELOAD = (
 )
 
 
+# While the worker imports, a library that asks whether CUDA is there is answered by NVML, without the CUDA driver
+# (a driver started before a fork does not work in the forked process); the forked processes run without it.
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
 def preload() -> None:
     """Import ``PRELOAD``; a module that is missing or fails is left to the process that needs it."""
     skip_slow_optional_imports()
+    own = os.environ.get(NVML_CHECK_ENV)
+    os.environ[NVML_CHECK_ENV] = "1"
     for name in PRELOAD:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
+    if own is None:
+        os.environ.pop(NVML_CHECK_ENV)
+    else:
+        os.environ[NVML_CHECK_ENV] = own
 
 
 def run_child(args: list[str], output: str) -> int:
