@@ -59,26 +59,53 @@ GRADING_KERNEL_SETTINGS = (
 )
 FAILED_CHECK_PREFIX = "FAILED "  # how checks.Scorecard.failures starts a line
 RECORDS_CALLS = "record_torch_calls"  # a test cell that names it checks how an answer was computed (docs/SECURITY.md)
-# Marks the partial-credit results this grading process wrote (a secret of the process: the kernel never sees it).
-_PARTIAL_CREDIT_TOKEN = secrets.token_hex(16)
+# Marks the partial-credit results the grader wrote: one secret per grading run, shared through the environment with
+# the nbgrader processes it starts. ``course grade --workers N`` (SQLite gradebook) executes a submission in one
+# nbgrader process and records its scores in another (``autograde --no-execute``): with a secret of each process the
+# recording dropped every partial result, and a test cell whose checks partly failed scored full marks. A sandboxed
+# kernel never sees it (course/sandbox.py keeps only ENV_KEEP); a kernel cannot write a test cell's outputs anyway.
+PARTIAL_CREDIT_TOKEN_ENV = "EFFICIENT_AI_PARTIAL_CREDIT_TOKEN"
+PARTIAL_CREDIT_KEY = "partial_credit"  # the test cell's own mark, in cell.metadata["efficient_ai"]
+_PARTIAL_CREDIT_TOKEN = os.environ.setdefault(PARTIAL_CREDIT_TOKEN_ENV, secrets.token_hex(16))
 
 
 def partial_credit_output(cell, share: float, failed: list[str]) -> NotebookNode:
     """The ``execute_result`` that records a test cell's partial credit: the weighted share of its checks that passed
     (``checks.py``) times the cell's nbgrader points, rounded down to a hundredth, as nbgrader's ``determine_grade``
-    reads it. A bonus cell (nbgrader points 0) shows 0 here; ``AwardBonusPoints`` reads the share from the metadata."""
+    reads it. A bonus cell (nbgrader points 0) shows 0 here; ``AwardBonusPoints`` reads the share from the mark.
+
+    The mark (token and share) is also put in the cell's metadata, which ``SanitizeNotebook`` keeps while it drops
+    every output's metadata: ``course grade --workers N`` records the scores of the executed notebook in a second
+    nbgrader process (``autograde --no-execute``), which finds the mark only there."""
     points = float(cell.metadata.get("nbgrader", {}).get("points", 0) or 0)
-    score = math.floor(share * points * 100 + 1e-9) / 100
-    return NotebookNode(output_type="execute_result", execution_count=None, data={"text/plain": f"{score:g}"},
+    score = f"{math.floor(share * points * 100 + 1e-9) / 100:g}"
+    cell.metadata.setdefault("efficient_ai", {})[PARTIAL_CREDIT_KEY] = {
+        "token": _PARTIAL_CREDIT_TOKEN, "share": share, "score": score}
+    return NotebookNode(output_type="execute_result", execution_count=None, data={"text/plain": score},
                         metadata={"efficient_ai": {"partial_credit": _PARTIAL_CREDIT_TOKEN, "share": share,
                                                    "failed": failed}})
 
 
+def _marked_partial_result(cell, out) -> bool:
+    """Whether ``out`` is the partial-credit result the grader wrote in ``cell`` (its mark on the output, or on the
+    cell with the same score once ``SanitizeNotebook`` has dropped the output's metadata)."""
+    if out.get("output_type") != "execute_result":
+        return False
+    if ((out.get("metadata") or {}).get("efficient_ai") or {}).get("partial_credit") == _PARTIAL_CREDIT_TOKEN:
+        return True
+    mark = ((cell.get("metadata") or {}).get("efficient_ai") or {}).get(PARTIAL_CREDIT_KEY) or {}
+    text = (out.get("data") or {}).get("text/plain")
+    text = "".join(text) if isinstance(text, list) else text
+    return mark.get("token") == _PARTIAL_CREDIT_TOKEN and mark.get("score") == text
+
+
 def partial_credit_share(cell) -> float | None:
-    """The share of a test cell's checks that passed, when this grading process recorded partial credit on it."""
+    """The share of a test cell's checks that passed, when this grading run recorded partial credit on it."""
     for out in cell.get("outputs", []):
-        mark = (out.get("metadata") or {}).get("efficient_ai") or {}
-        if out.get("output_type") == "execute_result" and mark.get("partial_credit") == _PARTIAL_CREDIT_TOKEN:
+        if _marked_partial_result(cell, out):
+            mark = ((out.get("metadata") or {}).get("efficient_ai") or {})
+            if mark.get("partial_credit") != _PARTIAL_CREDIT_TOKEN:
+                mark = cell["metadata"]["efficient_ai"][PARTIAL_CREDIT_KEY]
             return float(mark["share"])
     return None
 
@@ -96,7 +123,7 @@ class DropTestResults(NbGraderPreprocessor):
     def preprocess_cell(self, cell, resources, cell_index):
         if is_autograded_test(cell):
             cell.outputs = [out for out in cell.get("outputs", []) if out.get("output_type") != "execute_result"
-                            or partial_credit_share({"outputs": [out]}) is not None]
+                            or _marked_partial_result(cell, out)]
         return cell, resources
 
 
@@ -773,6 +800,8 @@ class GuardedExecute(Execute):
         found = self._pending + self._findings_or_broken("restore")
         self._pending = []
         cell.outputs = []
+        if isinstance(cell.metadata.get("efficient_ai"), dict):
+            cell.metadata["efficient_ai"].pop(PARTIAL_CREDIT_KEY, None)  # only this run's grader marks a result
         cell.execution_count = None
         if self._kernel_lost:
             self._recover(f"before {where}")
