@@ -48,6 +48,31 @@ FORWARDED_DUNDERS = {"__name__", "__qualname__", "__doc__", "__module__", "__wra
                      "__kwdefaults__", "__annotations__"}
 
 
+# Asked in the kernel about the objects a test cell received as handles, when some of its checks failed: which are of
+# a strict subclass of a type the test contract accepts (checks.py: int, float, str, dict, torch.Tensor; bool, NumPy
+# scalars and the exact types nn.Parameter, OrderedDict and defaultdict are not lying). Such an answer could lie in a
+# comparison, so it is tampering (checks.LyingAnswer): the whole cell scores zero, as it does where the contract sees
+# the object itself. Subclasses never cross the boundary by value, so the contract alone sees only a handle here.
+LYING_TYPES_PROBE = '''def _efficient_ai_lying_types(*values):
+    import collections
+    import sys
+
+    accepted, exact, honest = [int, float, str, dict], [collections.OrderedDict, collections.defaultdict], [bool]
+    torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
+    if torch is not None:
+        accepted.append(torch.Tensor)
+        exact.append(torch.nn.Parameter)
+    if numpy is not None:
+        honest.append(numpy.generic)
+    found = []
+    for value in values:
+        kind = type(value)
+        if issubclass(kind, tuple(accepted)) and kind not in accepted + exact and not issubclass(kind, tuple(honest)):
+            found.append(f"{kind.__module__}.{kind.__qualname__}")
+    return sorted(set(found))
+'''
+
+
 class BoundaryError(Exception):
     """The kernel did not answer a grader's request with valid data (no answer, a malformed one, a dead kernel)."""
 
@@ -136,7 +161,10 @@ def decode(doc, link: "KernelLink"):
         name = doc.get("name")
         if name is not None and type(name) is not str:
             raise BoundaryError("malformed handle name")
-        return Remote(link, int(doc["id"]), str(doc["kind"]), str(doc["type"]), name)
+        remote = Remote(link, int(doc["id"]), str(doc["kind"]), str(doc["type"]), name)
+        if remote._kind == "object":
+            link.objects.append(remote)  # the test cell may ask whether it is a lying subclass (LYING_TYPES_PROBE)
+        return remote
     raise BoundaryError(f"unknown answer tag {tag!r}")
 
 
@@ -171,6 +199,7 @@ class KernelLink:
 
     def __init__(self, ask):
         self._ask = ask
+        self.objects: list[Remote] = []  # handles of plain objects (not callables or classes) decoded since reset
 
     def request(self, *request):
         try:
@@ -384,17 +413,21 @@ class GraderSide:
         link = self.link
         self._take_pending()
         contract = self._contract()
+        started = None
         if contract is not None:
-            contract.begin_cell(graded=True, passthrough=(BoundaryError,), kernel_side=self.kernel_side)
+            started = contract.begin_cell(graded=True, passthrough=(BoundaryError,), kernel_side=self.kernel_side)
         namespace = dict(self.base)
         printed = io.StringIO()
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        link.objects = []
+        lying: list[str] = []
         try:
             wanted = sorted(name for name in global_reads(code) if name not in namespace and not hasattr(builtins, name))
             if wanted:
                 namespace.update(link.export(wanted))
             with contextlib.redirect_stdout(printed), _instructor_imports(self.folder):
                 exec(code, namespace)
+            lying = self._lying_types(started)
         except KernelLost:
             raise
         except BoundaryError as exc:
@@ -407,12 +440,24 @@ class GraderSide:
             with contextlib.suppress(BoundaryError):
                 link.release()
         self.last_failures = card.failures() if card is not None else []
+        failures = "\n".join(self.last_failures)
+        if lying:
+            return printed.getvalue(), ("LyingAnswer", (
+                f"an answer of type {', '.join(lying)} is a subclass of a type the test contract accepts (it could "
+                "lie in a comparison): tampering, so this cell scores zero\n" + failures).strip()), 0.0
         if card is None or card.share == 1.0:
             return printed.getvalue(), None, 1.0
-        failures = "\n".join(self.last_failures)
         if card.share == 0.0:
             return printed.getvalue(), ("AssertionError", f"every check of this cell failed:\n{failures}"), 0.0
         return printed.getvalue() + failures + "\n", None, card.share
+
+    def _lying_types(self, card) -> list[str]:
+        """The lying answer types among the objects this cell received as handles (``LYING_TYPES_PROBE``); asked only
+        when some check of the cell (its ``checks.Scorecard``) failed: the contract refuses every handle."""
+        if card is None or card.share == 1.0 or card.lying or not self.link.objects:
+            return []
+        found = self.link.request("define", LYING_TYPES_PROBE, "_efficient_ai_lying_types", tuple(self.link.objects), {})
+        return [str(name) for name in found] if type(found) is list else []
 
     def _contract(self):
         """The instructor's ``checks`` module when this lab's tests use it (imported by a locked cell), else None."""

@@ -401,10 +401,11 @@ def scan_notebook(nb) -> list[str]:
 
 RECORDING_BYPASS_RE = re.compile(
     r"torch\._C\b|torch\.overrides|torch\.utils\._python_dispatch|__torch_function__|__torch_dispatch__"
-    r"|record_torch_calls|\butils\.(?!\w+\()"
+    r"|record_torch_calls|\b(?:utils|checks)\.(?!\w+\()"
 )
 """Flag texts that reach what ``checks.record_torch_calls`` relies on: PyTorch's function and dispatch modes (switched
-off by ``torch._C.DisableTorchFunction``, patched through ``torch.overrides``), or the recorder itself."""
+off by ``torch._C.DisableTorchFunction``, patched through ``torch.overrides``), or the recorder itself and the module
+that holds it (``checks``, and ``utils``, where it was before)."""
 
 
 def recording_bypass_flags(nb) -> list[str]:

@@ -20,11 +20,14 @@ import pytest
 
 from course import check, demo
 from course.grade import grade_lab
+from course.nbgrader_ext import RECORDS_CALLS
 from course.nbgrader_run import make_course_dir
 from course.notebooks import (
     autograded_points_by_cell,
     autograded_points_by_question,
     find_headings,
+    grade_id,
+    is_autograded_test,
     is_bonus_id,
     make_submission,
     question_key,
@@ -34,6 +37,7 @@ from course.notebooks import (
     write_notebook,
 )
 from course.paths import REPO_ROOT, discover_labs
+from course.scan import recording_bypass_flags
 
 LABS = discover_labs(REPO_ROOT)
 VARIANT_LABS = [lab for lab in LABS if (REPO_ROOT / "tests" / "labs" / f"{lab}_variants.py").exists()]
@@ -157,7 +161,12 @@ def test_wrong_answers_fail_their_question_only(harness_result):
 
 def mixed_submission(lab: str, harness: dict):
     """Alternatives on the 1st, 3rd, ... autograded question, wrong answers on the others; the expected score, with
-    the partial credit each wrong answer earned in the harness (``harness``: its JSON result)."""
+    the partial credit each wrong answer earned in the harness (``harness``: its JSON result).
+
+    The harness tries one answer at a time; the grader also applies a rule to the whole notebook that no single
+    answer shows: when the static scan finds code that can switch off the recording of torch calls (a wrong answer
+    that tampers, Lab 2's B4.4 say), every test cell that records calls scores zero (docs/SECURITY.md, static scan),
+    the alternatives' included."""
     alternatives, wrong = load_variants(lab)
     src = source_nb(lab)
     release = read_notebook(REPO_ROOT / "release" / lab / f"{lab}.ipynb")
@@ -165,23 +174,26 @@ def mixed_submission(lab: str, harness: dict):
     points = autograded_points_by_question(src)
     cell_points = {gid: p for gid, p in autograded_points_by_cell(src).items()}
     runs = {(run["cell"], run["label"]): run for run in harness["variants"]}
-    expected = 0.0
+    per_cell: dict[str, float] = {}
     for position, question in enumerate(sorted(points, key=question_sort_key)):
         if position % 2 == 0:
-            expected += points[question]
+            per_cell.update({gid: p for gid, p in cell_points.items() if question_key(gid) == question})
             chosen = {cell: sources[0] for cell, sources in alternatives.items() if question_key(cell) == question}
         else:
             chosen = {cell: pairs[0][1] for cell, pairs in wrong.items() if question_key(cell) == question}
             for cell, (label, _) in ((cell, pairs[0]) for cell, pairs in wrong.items() if question_key(cell) == question):
                 for gid, (_, _, share) in runs[(cell, label)]["tests"].items():
                     if question_key(gid) == question:
-                        expected += math.floor(share * cell_points[gid] * 100 + 1e-9) / 100
+                        per_cell[gid] = per_cell.get(gid, 0.0) + math.floor(share * cell_points[gid] * 100 + 1e-9) / 100
         for cell, source in chosen.items():
             nb = replace_cell_source(nb, cell, source)
-    return nb, round(expected, 6)
+    if recording_bypass_flags(nb):
+        for cell in src.cells:
+            if is_autograded_test(cell) and RECORDS_CALLS in cell.source:
+                per_cell[grade_id(cell)] = 0.0
+    return nb, round(sum(per_cell.values()), 6)
 
 
-@pytest.mark.xfail(strict=False, reason="a Lab mixed submission scored 51.6 through nbgrader against 59.6 from the harness shares: to investigate")
 def test_mixed_submission_scores_exactly_through_nbgrader(harness_result, tmp_path):
     lab, harness = harness_result
     nb, expected = mixed_submission(lab, harness)

@@ -1,12 +1,12 @@
 """Partial credit from weighted checks (checks.py), scored by the grader on every route.
 
-A tiny lab whose test cells use ``with check(..., weight=w)`` blocks, graded for real by plain ``nbgrader autograde``
-and by ``course grade``:
+A tiny lab whose test cells use ``with check(..., weight=w)`` blocks, graded for real by plain ``nbgrader autograde``,
+by ``course grade`` and by ``course grade --workers 2`` (two grading workers on one SQLite gradebook):
 - an answer right everywhere but one edge earns the weighted share of the cell's points, on both routes, and the
   feedback lists the failed check with its message (and never the hidden test's source);
 - a bonus cell's share becomes its extra credit;
 - nothing the student's kernel shows can raise a score (a number displayed as the cell's result), and tampering the
-  guard finds zeroes the cell even where some of its checks passed;
+  guard finds, or an answer of a lying subclass, zeroes the cell even where some of its checks passed;
 - code that can switch off the recording of torch calls zeroes the test that relies on it (the static scan);
 - a grading kernel runs with the grader's settings (cuDNN attention off), which ``import utils`` no longer makes.
 """
@@ -143,6 +143,11 @@ SHOWS_A_NUMBER = NO_EDGE + "\nget_ipython().displayhook(4)"
 TAMPERING_NO_EDGE = NO_EDGE + "\nimport math\nmath.isclose = lambda *args, **kwargs: True"  # one check passes
 HALF_NEGATE = "def negate(x):\n    return -x if x > 0 else x"
 BYPASS = ("def double(x):\n    with torch._C.DisableTorchFunction():\n        return torch.mul(x, 2)")
+# Right on ordinary values; at the edge a float subclass that equals anything. It crosses the grading boundary as a
+# handle (never by value), which the contract refuses like any other object: the grader asks the kernel whether it
+# is a lying subclass (course/boundary.py, LYING_TYPES_PROBE), and a lying answer zeroes the cell (checks.LyingAnswer).
+LYING_EDGE = ("class _Yes(float):\n    def __eq__(self, other):\n        return True\n    __hash__ = float.__hash__\n\n"
+              "def clip(x, low, high):\n    return _Yes(x) if low == high else min(max(x, low), high)")
 EXPECTED = {  # student -> (answers replaced, expected autograded points per test cell)
     "reference": ({}, {"q1_1_clip_tests": 4.0, "q1_2_double_tests": 2.0, "q1_3_cudnn_tests": 1.0,
                        "b1_1_negate_tests": 0.0}),
@@ -151,6 +156,7 @@ EXPECTED = {  # student -> (answers replaced, expected autograded points per tes
     "half_bonus": ({"b1_1_negate": HALF_NEGATE}, {"b1_1_negate_tests": 0.0}),
     "tampers": ({"q1_1_clip": TAMPERING_NO_EDGE}, {"q1_1_clip_tests": 0.0, "q1_2_double_tests": 2.0}),
     "bypass": ({"q1_2_double": BYPASS}, {"q1_1_clip_tests": 4.0, "q1_2_double_tests": 0.0}),
+    "lying": ({"q1_1_clip": LYING_EDGE}, {"q1_1_clip_tests": 0.0, "q1_2_double_tests": 2.0}),
 }
 BONUS_EXTRA = {"reference": 2.0, "half_bonus": 1.0}  # extra credit of b1_1_negate_tests
 
@@ -163,24 +169,31 @@ def graded(tmp_path_factory):
     assert build.main([LAB], root) == 0
     source = read_notebook(root / "source" / LAB / f"{LAB}.ipynb")
     reference = make_submission(read_notebook(root / "release" / LAB / f"{LAB}.ipynb"), source)
-    course = make_course_dir(tmp_path_factory.mktemp("partial") / "course", [LAB], root)
-    for student, (answers, _) in EXPECTED.items():
-        nb = reference
-        for cell, text in answers.items():
-            nb = replace_cell_source(nb, cell, text)
-        write_notebook(nb, course / "submitted" / student / LAB / f"{LAB}.ipynb")
+    courses = [make_course_dir(tmp_path_factory.mktemp(name) / "course", [LAB], root)
+               for name in ("partial", "partial-workers")]
+    for course in courses:
+        for student, (answers, _) in EXPECTED.items():
+            nb = reference
+            for cell, text in answers.items():
+                nb = replace_cell_source(nb, cell, text)
+            write_notebook(nb, course / "submitted" / student / LAB / f"{LAB}.ipynb")
+    course, workers_course = courses
     grade.prepare_gradebook(course, LAB)
     plain = run_nbgrader(course, ["autograde", LAB, "--create", "--force"])
     assert plain.ok, plain.tail(30)
     plain_scores = read_scores(course, LAB)
     outcomes, scores = grade.grade_lab(course, LAB, progress=False)
-    return course, plain_scores, outcomes, scores
+    # Two workers on one SQLite gradebook: each submission's nbgrader process executes and records it, and the
+    # partial credit it writes must reach the gradebook as on the other routes.
+    _, workers_scores = grade.grade_lab(workers_course, LAB, progress=False, workers=2)
+    return course, plain_scores, outcomes, scores, workers_scores
 
 
 @pytest.mark.parametrize("student", EXPECTED)
 def test_partial_credit_is_the_same_on_every_route(graded, student):
-    _, plain_scores, outcomes, scores = graded
-    for route, table in (("plain nbgrader autograde", plain_scores), ("course grade", scores)):
+    _, plain_scores, outcomes, scores, workers_scores = graded
+    for route, table in (("plain nbgrader autograde", plain_scores), ("course grade", scores),
+                         ("course grade --workers 2", workers_scores)):
         cells = table[student].cells
         got = {gid: cells[gid].auto_score for gid in EXPECTED[student][1]}
         assert got == EXPECTED[student][1], f"{route}: {student}: {got} ({outcomes[student]})"
@@ -190,7 +203,7 @@ def test_partial_credit_is_the_same_on_every_route(graded, student):
 
 
 def test_the_failed_check_is_explained_in_the_autograded_notebook_and_feedback(graded):
-    course, _, _, _ = graded
+    course, *_ = graded
     nb = read_notebook(course / "autograded" / "no_edge" / LAB / f"{LAB}.ipynb")
     cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "q1_1_clip_tests")
     text = str(cell.outputs)

@@ -1,13 +1,15 @@
 """Red team: adversarial and faulty Lab 1 submissions graded as one class, next to honest students.
 
-Every case of ``tests/redteam/lab1_redteam.py`` must end with its exact per-cell scores (zero where it cheats or
-breaks, full marks on its honest questions); the honest students' grades must come out right and stay unchanged
+Every case of ``tests/redteam/lab1_redteam.py`` must end with its exact per-cell scores, read from the lab (zero
+where the grader finds its tampering or it breaks, what its wrong answer earns alone where an attack is made
+harmless without being seen, full marks on its honest questions); the honest students' grades must come out right and stay unchanged
 after a vandal is graded in the same course folder; feedback must not carry hidden test source. The controls (the
 same cheats graded with the guard and the sandbox off) are tests/test_redteam_controls.py: a module of their own, so
 that the two test processes of the suite can grade them beside this one.
 """
 from __future__ import annotations
 
+import nbformat
 import pytest
 from lab1_redteam import (
     CASES,
@@ -18,6 +20,7 @@ from lab1_redteam import (
     SOURCE,
     TEST_POINTS,
     autograded_scores,
+    case_expected,
     environment,
     expected_scores,
     write_case,
@@ -26,14 +29,15 @@ from lab1_redteam import (
 from course.feedback import generate_feedback
 from course.grade import grade_lab
 from course.nbgrader_run import make_course_dir, read_scores
-from course.notebooks import make_submission, write_notebook
+from course.notebooks import grade_id, is_autograded_test, make_submission, question_key, write_notebook
 from course.paths import REPO_ROOT
 from course.sandbox import unavailable_reason
 
 PARTIAL_ANSWERED = {"q1_1_gemm", "q1_2_latency", "q2_1_1_intensity", "q3_1_1_sdpa"}
-PARTIAL_ZERO = {"q1_3_gemm_mac_tests", "q1_4_gemm_io_tests", "q2_1_2_threshold_tests", "q2_2_intensity_tests",
-                "q3_1_2_attn_mac_tests", "b3_1_attn_module_mac_tests", "q3_2_attn_io_tests", "b3_2_attn_module_io_tests",
-                "q3_4_2_intensity_tests", "q3_4_3_intensity_tests", "q4_3_1_gelu_tests"}
+# The honest partial student answers four questions: every test cell of another question scores zero (the blank
+# release scores zero everywhere, course check), read from the lab.
+PARTIAL_ZERO = {grade_id(c) for c in SOURCE.cells if is_autograded_test(c)
+                and question_key(grade_id(c)) not in {question_key(gid) for gid in PARTIAL_ANSWERED}}
 VANDAL = "zz_vandal"
 
 pytestmark = pytest.mark.skipif(
@@ -64,16 +68,10 @@ def graded(tmp_path_factory):
             "notebooks_before": notebooks_before}
 
 
-AWAITING_REVIEW = {"adv03_function_mode", "adv17_lying_float", "adv19_lying_tensor", "adv22_shadow_module",
-                   "adv25_boundary_oracles", "adv26_boundary_hooks", "adv27_boundary_trusted_data"}
-
-
 @pytest.mark.parametrize("case", CASES, ids=[case.student for case in CASES])
-def test_case_scores_exactly(graded, case, request):
-    if case.student in AWAITING_REVIEW:  # runs and is reported (XPASS/XFAIL); does not fail the suite
-        request.applymarker(pytest.mark.xfail(strict=False, reason="partial credit (issue 36): some attacks now keep the weight of the checks they do not touch; the expected scores await review against the new rule (see the closing note of 2026-11-25)"))
+def test_case_scores_exactly(graded, case):
     got = autograded_scores(graded["after"], case.student)
-    expected = expected_scores(case.zero)
+    expected = case_expected(case)
     wrong = {gid: (got[gid], expected[gid]) for gid in TEST_POINTS if got[gid] != expected[gid]}
     outcome = graded["outcomes"][case.student]
     assert not wrong, (f"{case.student} ({case.what}) must score exactly as expected; (got, expected) per test "
@@ -81,7 +79,8 @@ def test_case_scores_exactly(graded, case, request):
 
 
 def test_honest_students_score_right_and_are_untouched_by_the_others(graded):
-    assert autograded_scores(graded["after"], "honest_full") == expected_scores(set()), "the reference earns every autograded point, 47 + 10 bonus"
+    assert autograded_scores(graded["after"], "honest_full") == expected_scores(set()), (
+        "the reference earns every autograded point, bonus included")
     assert autograded_scores(graded["after"], "honest_partial") == expected_scores(PARTIAL_ZERO)
     for student, scores in graded["before"].items():
         after = {gid: cell.score for gid, cell in graded["after"][student].cells.items()}
@@ -105,8 +104,8 @@ def test_failures_and_repairs_are_explained_to_the_ta(graded):
         f"adv21_edited_utils: the repair must be noted for the TA, got {outcomes['adv21_edited_utils']}")
 
 
-@pytest.mark.xfail(strict=False, reason="the hidden-test line it looks for is no longer in Lab 1 after the test-contract rewrite: choose another")
 def test_feedback_never_shows_hidden_tests(graded):
+    # The lines looked for are read from the instructor notebook's hidden-test region (lab1_redteam.hidden_lines).
     smugglers = [case for case in CASES if case.feedback_must_not_contain]
     files = generate_feedback(graded["course"], LAB, [case.student for case in smugglers] + ["honest_full"])
     assert len(files) == len(smugglers) + 1, files
@@ -114,6 +113,10 @@ def test_feedback_never_shows_hidden_tests(graded):
         html = (graded["course"] / "feedback" / case.student / LAB / f"{LAB}.html").read_text()
         for text in case.feedback_must_not_contain:
             assert text not in html, f"{case.student}'s feedback must not contain hidden test source {text!r}"
-    control = (graded["course"] / "autograded" / smugglers[0].student / LAB / f"{LAB}.ipynb").read_text()
-    assert smugglers[0].feedback_must_not_contain[0] in control, (
-        "control: the smuggler did copy hidden test source into its outputs before feedback was made")
+    # Control: the autograded notebook feedback is made from holds the lines, in the smuggler's own cell outputs
+    # (printed and in its error), not only in the restored test cells.
+    autograded = nbformat.read(graded["course"] / "autograded" / smugglers[0].student / LAB / f"{LAB}.ipynb", 4)
+    printed = "".join(str(out) for cell in autograded.cells if cell.cell_type == "code" and not grade_id(cell)
+                      for out in cell.get("outputs", []))
+    assert all(text in printed for text in smugglers[0].feedback_must_not_contain), (
+        "control: the smuggler's outputs did hold hidden test source before feedback was made")

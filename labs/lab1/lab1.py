@@ -87,7 +87,8 @@
 # | --- | --- | --- |
 # | Part 1: latency, MACs and I/O | 1.5 h | 3 to 7 s |
 # | Part 2: the roofline model | 1 h | under 1 s |
-# | Part 3: the Gemma-3 decoder layer | 3 h | 25 to 30 s |
+# | Part 3: the Gemma-3 decoder layer, 3.1 to 3.4 | 2.75 h | 25 to 30 s |
+# | Part 3, Section 3.5: every operator measured on your roofline | 0.75 h | 4 to 8 s |
 # | Part 4: profiling, fusion, `torch.compile` and CUDA Graphs | 2.5 h | 65 to 80 s |
 # | Part 5: FlashAttention | 1.5 h | 22 to 25 s |
 
@@ -2174,7 +2175,7 @@ plt.show()
 ### END SOLUTION
 
 # %% [markdown]
-# **(c) Written, 1 point.** Describe your findings.
+# **(c) Written, 1 point.** Describe your findings in two or three sentences.
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q3_4_2_answer", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # The intensity grows almost linearly with the batch size: about 1, 3.9, 15 and 49 FLOP/byte for B = 1, 4, 16,
@@ -2290,8 +2291,8 @@ plt.show()
 # **Measured ceilings.** `measure_roofline` (in `utils.py`) times a large copy (its bytes read plus written over
 # its time: the memory ceiling, TB/s) and a large square matmul (`2 n^3` FLOPs over its time: the compute
 # ceiling, TFLOP/s), in the dtype the model runs in (`MODEL_DTYPE`: bfloat16 on a GPU, float32 on a CPU). On a GPU
-# that `GPU_SPECS` knows you see them beside the datasheet's figures (the measured ones are lower: clocks, the
-# memory controller, and a real kernel's efficiency). Without a GPU there is no datasheet to compare with
+# that `GPU_SPECS` knows you see them beside the datasheet's figures (the measured ones are usually lower:
+# clocks under load, the memory system's overheads, a real kernel's efficiency). Without a GPU there is no datasheet to compare with
 # (`GPU_SPECS` holds GPUs only): your roofline is your CPU's, as measured (the copy runs over tens of MB, more than
 # a CPU's caches hold, so it measures the CPU's main memory).
 
@@ -2390,7 +2391,7 @@ finish_checks("Question 3.5.1")
 # - `softmax` is PyTorch's fused kernel: it reads the scores once and writes the probabilities once; we count 4
 #   FLOPs per score (row maximum, subtract, row sum, divide; the `exp`, like GeLU's `tanh`, is not counted);
 # - two points are aggregates, as in Section 3.4: the whole MLP (`Gemma3MLP`, its FLOPs and bytes from
-#   `calc_mlp_flops` and `calc_mlp_io`), and **your** `scaled_dot_product_attention` of Question 3.1.1 (scores,
+#   `calc_mlp_flops` and `calc_mlp_io`, which counts bf16: its bytes are doubled for float32), and **your** `scaled_dot_product_attention` of Question 3.1.1 (scores,
 #   scaling, softmax and `probs @ v`: FLOPs $4BHL^2d + 5BHL^2$, bytes by the count of Question 3.2 in the model's
 #   dtype);
 # - one more point is a **decode** step of `gate_proj`: `op_batch` sequences of one new token each, the GEMV of
@@ -2457,7 +2458,7 @@ with torch.no_grad():
         "gelu * up": (torch.mul, (op_gate, op_up), elementwise, op_element_bytes * 3 * elementwise),
         "down_proj": (op_mlp.down_proj, (op_gate,), *linear_cost(op_tokens, op_I, op_D)),
         "MLP (whole)": (op_mlp, (op_x,), calc_mlp_flops(op_batch, op_len, op_D, op_I),
-                        calc_mlp_io(op_batch, op_len, op_D, op_I)),
+                        calc_mlp_io(op_batch, op_len, op_D, op_I) // 2 * op_element_bytes),  # it counts bf16
         "gate_proj, decode": (op_mlp.gate_proj, (op_decode_x,), *linear_cost(op_batch, op_D, op_I)),
     }
     operator_latency_s = {}
@@ -2546,14 +2547,15 @@ plt.show()
 # (intensity about $B$ FLOP/byte, 7.9 at $B = 8$: the GEMV of Part 2), and so is the whole attention of
 # Question 3.1.1 at this length (69 FLOP/byte in bf16: its unfused softmax passes over the scores dominate the
 # bytes).
-# **Why the aggregate misled**: the whole MLP's intensity (about 213 FLOP/byte at this shape) is total FLOPs over
-# total bytes, but the MLP never runs at that intensity: it runs five kernels one after another, each at its
-# own. Its time is the sum of the five times, and the elementwise kernels, 0.2% of the MLP's FLOPs, move 55% of
-# its bytes in bf16 at this shape (30% at cpu scale in float32: their $(B, L, I)$ tensors) and take a share of its time many times their share of FLOPs (the
-# report's "MLP time" column for GeLU and `gelu * up`, against 0.2% of the FLOPs). One point near the ridge
-# suggests that the whole MLP is "about balanced", and that a faster GEMM or a bigger batch would help; in fact
-# the GEMMs already run near the compute roof and the rest of the time is pure memory traffic that no
-# faster matmul touches. What helps is removing bytes: fusing the GeLU and the product (into one kernel, or into
+# **Why the aggregate misled**: the whole MLP's intensity (about 213 FLOP/byte at this shape in bf16; 59 at cpu
+# scale in float32) is total FLOPs over total bytes, but the MLP never runs at that intensity: it runs five kernels
+# one after another, each at its own. Its time is the sum of the five times. The elementwise kernels do 0.2% of
+# the MLP's FLOPs but move 55% of its bytes in bf16 at this shape (30% at cpu scale in float32: their
+# $(B, L, I)$ tensors), and take a share of its time many times their share of FLOPs (the report's "MLP time"
+# column for GeLU and `gelu * up`; 14% of the MLP's time in a cpu-scale run on a loaded 2-core machine). One point
+# near or right of the ridge says the whole MLP is compute-bound or "about balanced", so that a faster GEMM or a
+# bigger batch would help; in fact the GEMMs already run near the compute roof and the rest of the time is pure
+# memory traffic that no faster matmul touches. What helps is removing bytes: fusing the GeLU and the product (into one kernel, or into
 # the `gate_proj`/`up_proj` epilogue, Part 4) so the $(B, L, I)$ intermediates never go to memory. (The measured
 # roof is also lower than the datasheet's: the report's measured ceilings against the H100's 989 TFLOP/s and
 # 3.35 TB/s; against the datasheet every point looks further from its roof than it is.)
@@ -3507,7 +3509,8 @@ print(f"fusion saves {sdpa_kernels['total'] - flash_kernels['total']} launches p
 # 1. **latency, MACs/FLOPs and I/O**: how to measure the first correctly (warm-up, repetitions, synchronisation)
 #    and how to count the other two for an operator and for a whole layer;
 # 2. **the roofline model**: arithmetic intensity against the ridge point tells whether an operation is limited
-#    by compute or by memory (GEMM vs GEMV, prefill vs decode, batch size);
+#    by compute or by memory (GEMM vs GEMV, prefill vs decode, batch size); measured ceilings are below the
+#    datasheet's, and a layer is judged operator by operator, not by one aggregate intensity;
 # 3. **profiling**: reading the operators and kernels that really run, and their timeline;
 # 4. **kernel-level optimisation**: fusion, `torch.compile` and CUDA Graphs cut memory traffic and launch
 #    overhead;

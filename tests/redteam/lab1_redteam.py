@@ -1,13 +1,18 @@
 """Red-team submissions of Lab 1: adversarial ones that try to earn points they should not, and faulty ones.
 
 Each entry builds one student's submission folder from the reference solution and states the exact outcome:
-the autograded test cells that must score zero (every other autograded test cell must earn full marks), or
-``ALL`` when the whole submission must score zero. ``tests/test_redteam.py`` grades all of them as one class,
-next to honest students whose grades must not change.
+the autograded test cells that must score zero, or ``ALL`` when the whole submission must score zero; the cells
+where its wrong answer keeps the checks it passes on its own (``keeps``); every other autograded test cell must earn
+full marks. The scores themselves are read from the instructor notebook (points, check weights, the cells that
+record torch calls: ``boundary_cases.expected_scores``), so lab edits do not break the expectations.
+``tests/test_redteam.py`` grades all of them as one class, next to honest students whose grades must not change.
 
 Every adversarial answer is wrong on the question it targets, so that only its cheat could make that question
-pass; ``test_redteam_controls.py`` shows for some of them, as a control, that they do earn the points with the grading guard
-and the sandbox off (``EFFICIENT_AI_GUARD=off``, ``EFFICIENT_AI_SANDBOX=off``).
+pass. With partial credit (checks.py) the rule is: tampering the grader finds (a guard finding, a lying answer type,
+code that can switch off call recording) zeroes the cell it aims at; an attack the grading boundary makes harmless
+without seeing it earns exactly what its wrong answer earns alone (``boundary_cases``' docstring).
+``test_redteam_controls.py`` shows for some of them, as a control, that they do earn the points with the grading
+guard and the sandbox off (``EFFICIENT_AI_GUARD=off``, ``EFFICIENT_AI_SANDBOX=off``).
 """
 from __future__ import annotations
 
@@ -19,7 +24,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import nbformat
+from boundary_cases import expected_scores as lab_expected_scores
+from boundary_cases import recording_tests
 
+from course.nbgrader_ext import hidden_test_lines
 from course.notebooks import (
     cell_points,
     grade_id,
@@ -44,6 +52,11 @@ class RedTeamCase:
     zero: set[str] | str = field(default_factory=set)  # grade ids of test cells scoring zero, or ALL
     feedback_must_not_contain: tuple[str, ...] = ()
     needs_sandbox: bool = False
+    keeps: dict[str, tuple[str, ...]] = field(default_factory=dict)  # cell -> names of checks its wrong answer passes
+    bypasses_recording: bool = False  # the static scan finds code that can switch off call recording: every test
+    # cell that records torch calls scores zero (docs/SECURITY.md, static scan)
+    guarded: set[str] = field(default_factory=set)  # cells of ``zero`` only the grading guard zeroes (its finding):
+    # without the guard they earn what ``keeps`` says (test_redteam_controls.py)
 
 
 def answer(nb, gid: str) -> str:
@@ -95,11 +108,31 @@ LYING_INT = '''class _Equal(int):
     __hash__ = int.__hash__
 '''
 WRONG_GELU = "def gelu_tanh_python(input):\n    return torch.zeros_like(input)\n"
+KEYS = ("is a dict with the keys",)  # the check a dict of wrong values with the right keys passes
 
 def zero_values(reference_source: str, name: str) -> str:
     """The reference answer, then every value of the dict ``name`` set to zero (keys stay right)."""
     return reference_source + f"\n{name} = {{key: 0.0 for key in {name}}}\n"
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the tests read: the instructor's notebook (and the release students get)
+SOURCE = read_notebook(REPO_ROOT / "source" / LAB / f"{LAB}.ipynb")
+RELEASE = read_notebook(REPO_ROOT / "release" / LAB / f"{LAB}.ipynb")
+REFERENCE = make_submission(RELEASE, SOURCE)
+
+
+def hidden_lines(gid: str) -> tuple[str, ...]:
+    """The two longest lines of test cell ``gid``'s hidden tests (stripped) that are code, not a check's name (which
+    the feedback of a failed check shows) or a definition: text feedback must never show."""
+    cell = next(c for c in SOURCE.cells if grade_id(c) == gid)
+    lines = sorted({line.strip() for line in hidden_test_lines(cell.source)
+                    if line.strip() and not line.strip().startswith(("with check(", "def ", "#"))}, key=len, reverse=True)
+    assert len(lines) >= 2, f"{gid} has no hidden tests to look for in feedback"
+    return tuple(lines[:2])
+
+
+HIDDEN_Q1_3 = hidden_lines("q1_3_gemm_mac_tests")  # the smuggler's target, read from the lab (it changes)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Adversarial: tampering with what the tests rely on (caught by the grading guard)
@@ -137,7 +170,7 @@ class _Agree(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 _Agree().__enter__()
-'''), {"q1_1_gemm_tests"}),
+'''), {"q1_1_gemm_tests"}, bypasses_recording=True),  # the guard finds the mode; the scan finds torch.overrides
     RedTeamCase(
         "adv04_assert_close", "replaces torch.testing.assert_close with a no-op",
         with_answer("q4_3_1_gelu", WRONG_GELU + "torch.testing.assert_close = lambda *args, **kwargs: None\n"
@@ -145,15 +178,16 @@ _Agree().__enter__()
     RedTeamCase(
         "adv05_math_isclose", "replaces math.isclose with one that always agrees",
         with_answer("q2_1_1_intensity", lambda ref: zero_values(ref, "gemm_intensity_by_n")
-                    + "import math\nmath.isclose = lambda *args, **kwargs: True\n"), {"q2_1_1_intensity_tests"}),
+                    + "import math\nmath.isclose = lambda *args, **kwargs: True\n"), {"q2_1_1_intensity_tests"},
+        keeps={"q2_1_1_intensity_tests": KEYS}, guarded={"q2_1_1_intensity_tests"}),
     RedTeamCase(
         "adv06_math_global", "rebinds the notebook's global math to a fake module",
         with_answer("q2_2_intensity", lambda ref: zero_values(ref, "gemv_intensity_by_n")
                     + "import types\nmath = types.SimpleNamespace(isclose=lambda *args, **kwargs: True)\n"),
         {"q2_2_intensity_tests"}),
     RedTeamCase(
-        "adv07_plain_value", "rebinds the tests' own helper plain_value so a lying int passes",
-        with_answer("q1_3_gemm_mac", '''plain_value = lambda value, kind, what: value
+        "adv07_contract_helper", "rebinds the tests' own helper as_integer (from checks import *) so a lying int passes",
+        with_answer("q1_3_gemm_mac", '''as_integer = lambda value, what: value
 
 ''' + LYING_INT + '''
 def gemm_mac(x, y):
@@ -238,7 +272,7 @@ _fake = types.SimpleNamespace(assert_close=lambda *args, **kwargs: None)
 sys.modules["torch.testing"] = _fake
 torch.testing = _fake
 '''), {"q4_3_1_gelu_tests"}),
-    # Lying results (caught by the exact types of plain_value)
+    # Lying results (the contract's exact types: a subclass is a LyingAnswer, which zeroes the cell)
     RedTeamCase(
         "adv16_lying_int", "returns an int subclass whose == is always true",
         with_answer("q1_3_gemm_mac", LYING_INT + '''
@@ -286,7 +320,7 @@ def gemm(A, B):
             for k in range(1):
                 pass
     return torch.zeros(A.shape[0], B.shape[1], dtype=A.dtype, device=A.device).as_subclass(_Zero)
-'''), {"q1_1_gemm_tests"}),
+'''), {"q1_1_gemm_tests"}, bypasses_recording=True),  # a lying type, and __torch_function__ (the scan)
     # The grading environment (the sandbox: no grading variables, no course folder)
     RedTeamCase(
         "adv20_copy_reference", "when it sees NBGRADER_EXECUTION, runs the instructor's solution from source/",
@@ -322,16 +356,20 @@ for _nb in glob.glob("../../*/lab1/lab1.ipynb") + glob.glob("../../../submitted/
         pass
 '''), set(), needs_sandbox=True),
     RedTeamCase(
-        "adv21_edited_utils", "submits an edited utils.py whose plain_value accepts anything",
+        "adv21_edited_utils", "submits an edited checks.py and utils.py (the grader's INSTRUCTOR_MODULES) whose "
+        "as_integer accepts anything",
         lambda ref: {f"{LAB}.ipynb": replace_cell_source(ref, "q1_4_gemm_io", LYING_INT + '''
 def gemm_io(A, B):
     return _Equal(0)
-'''), "utils.py": "from torch import *\nplain_value = lambda value, kind, what: value\n"}, {"q1_4_gemm_io_tests"}),
+'''), "checks.py": "from torch import *\nas_integer = as_real = lambda value, what: value\n"
+          "assert_integer = lambda *args, **kwargs: None\n",
+            "utils.py": "from torch import *\nas_integer = lambda value, what: value\n"}, {"q1_4_gemm_io_tests"}),
     RedTeamCase(
         "adv22_shadow_module", "submits pandas.py, imported by the setup cell, that patches math.isclose",
         lambda ref: {f"{LAB}.ipynb": replace_cell_source(ref, "q2_1_1_intensity", zero_values(answer(ref, "q2_1_1_intensity"), "gemm_intensity_by_n")),
                      "pandas.py": "import math\nmath.isclose = lambda *args, **kwargs: True\nDataFrame = dict\n"},
-        {"q2_1_1_intensity_tests"}),
+        keeps={"q2_1_1_intensity_tests": KEYS}),  # pandas.py is never imported (isolated start): the zero values
+    # alone are graded, and keep the keys check; the TA is told the file was ignored
     # The guard itself
     RedTeamCase(
         "adv23_guard_deleted", "deletes the grading guard: every later test cell scores zero (fail closed)",
@@ -340,7 +378,8 @@ def gemm_io(A, B):
          "q3_4_2_intensity_tests", "q3_4_3_intensity_tests", "q4_3_1_gelu_tests"}),
     # Smuggling hidden tests out through feedback (no points at stake: the answers are right)
     RedTeamCase(
-        "adv24_smuggle", "copies hidden test source while graded and prints it later, raw and in an error",
+        "adv24_smuggle", "copies what it can of the hidden tests while graded (its callers' source, In) and prints it "
+        "later, raw and in an error, with hidden test lines it brought along (a leak from elsewhere)",
         lambda ref: {f"{LAB}.ipynb": insert_after(
             replace_cell_source(ref, "q1_3_gemm_mac", answer(ref, "q1_3_gemm_mac") + '''
 import inspect
@@ -352,8 +391,10 @@ _plain_gemm_mac = gemm_mac
 def gemm_mac(x, y):
     _seen.extend("".join(linecache.getlines(frame.filename)) for frame in inspect.stack()[1:3])
     return _plain_gemm_mac(x, y)
-'''), "q1_4_gemm_io", 'print("\\n".join(_seen))\nprint(In[-6:])\nraise RuntimeError("".join(_seen)[:3000])\n')},
-        set(), feedback_must_not_contain=("cases = [((3, 5), (5, 7), torch.float32)", "_q1_3_hidden_tests")),
+'''), "q1_4_gemm_io", 'print("\\n".join(_seen))\nprint(In[-6:])\n'
+            f'_leaked = {list(HIDDEN_Q1_3)!r}\nprint("\\n".join(_leaked))\n'
+            'raise RuntimeError("\\n".join(_leaked) + "".join(_seen)[:3000])\n')},
+        set(), feedback_must_not_contain=HIDDEN_Q1_3),
 ]
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -405,8 +446,10 @@ INSTANCE_ATTRIBUTE_ORACLE = FRAME_ORACLE + '''
 import sys
 
 def _oracle_value():
-    value = torch.tensor(0.0)  # a plain torch.Tensor: its exact type passes plain_value
-    value.item = lambda: _read_from_frames(sys._getframe(1), ("expected",), 0.0)
+    # A plain torch.Tensor (its exact type passes the contract's as_real) whose .item reads the test's frame. Its own
+    # value, 1.0, is wrong, also against the values carried forward from this submission's wrong gemm_mac (0).
+    value = torch.tensor(1.0)
+    value.item = lambda: _read_from_frames(sys._getframe(1), ("expected", "expected_by_key", "values"), 1.0)
     return value
 
 gemm_intensity_by_n = {n: _oracle_value() for n in gemm_intensity_by_n}
@@ -415,6 +458,7 @@ AUDIT_HOOKS = '''import math
 import sys
 
 _real_isclose = math.isclose
+_real_assert_reals = assert_reals_by_key
 _state = {"patched": False}
 
 def _hook(event, args):
@@ -424,12 +468,14 @@ def _hook(event, args):
         source = args[0]
         shell = get_ipython()
         if "def calc_mlp_mac" in source:  # a locked cell compiles: what it binds becomes the guard's reference
-            shell.user_ns["check_real_by_key"] = lambda *a, **k: None
-        elif "check_real_by_key(gemv_intensity_by_n" in source:  # a hidden test cell compiles
-            math.isclose = lambda *a, **k: True
+            shell.user_ns["assert_reals_by_key"] = shell.user_ns["carry_forward"] = lambda *a, **k: None
+        elif "gemv_intensity_by_n" in source or "def own_gemm_counts" in source:  # a test (or its kernel-side probe,
+            math.isclose = lambda *a, **k: True                                 # all a test compiles here) compiles
+            shell.user_ns["assert_reals_by_key"] = lambda *a, **k: None
             _state["patched"] = True
         elif _state["patched"]:  # the next compile (the guard's own check): undo first
             math.isclose = _real_isclose
+            shell.user_ns["assert_reals_by_key"] = _real_assert_reals
             _state["patched"] = False
     except Exception:
         pass
@@ -528,21 +574,29 @@ BOUNDARY = [
         "gemm_mac (Q1.3); instance-attribute oracle (plain tensors whose .item reads the test's frame) in "
         "gemm_intensity_by_n (Q2.1.1); caller-frame oracle (sys._getframe and a traceback's tb_frame) in "
         "calc_attn_mac (Q3.1.2)",
-        boundary_oracles, {"q1_3_gemm_mac_tests", "q2_1_1_intensity_tests", "q3_1_2_attn_mac_tests"}),
+        boundary_oracles, {"q1_3_gemm_mac_tests", "q3_1_2_attn_mac_tests"},
+        keeps={"q2_1_1_intensity_tests": KEYS}),  # none is seen as tampering: the oracles find no test frame and the
+    # messaging patch changes only the kernel; each answer earns what it earns alone (Q2.1.1: the right keys)
     RedTeamCase(
         "adv26_boundary_hooks",
         "audit hook: patches math.isclose while a hidden test cell compiles and undoes it before the guard looks "
-        "(zero gemv_intensity_by_n, Q2.2), and rebinds check_real_by_key while a locked cell compiles so the guard "
+        "(zero gemv_intensity_by_n, Q2.2), and rebinds assert_reals_by_key while a locked cell compiles so the guard "
         "adopts it (zero decode_mlp_intensity_by_batch, Q3.4.2); function-mode hiding: an unscaled attention "
         "leaves a TorchFunctionMode active that makes abs/isclose/allclose agree (Q3.1.1)",
-        boundary_hooks, {"q2_2_intensity_tests", "q3_4_2_intensity_tests", "q3_1_1_sdpa_tests"}),
+        boundary_hooks, {"q3_1_1_sdpa_tests"}, bypasses_recording=True,  # the guard finds the function mode, the
+        # scan torch.overrides (every cell recording calls); the audit hook changes only the kernel's helpers, never
+        # seen: the zero values of Q2.2 and Q3.4.2 keep their right keys
+        keeps={"q2_2_intensity_tests": KEYS, "q3_4_2_intensity_tests": KEYS}),
     RedTeamCase(
         "adv27_boundary_trusted_data",
         "trusted-data mutation: GPU_SPECS edited so a constant gemm_compute_bound_n is right (Q2.1.2), "
         "GEMMA3_270M_CONFIG zeroed and copy.deepcopy replaced so calc_attn_module_mac = 0 is right (Bonus 3.1, "
         "restored in a cell after its test); dispatcher hiding: torch.library overrides aten::sub and "
         "aten::isclose on CPU so float64 errors vanish, with a gelu returning zeros (Q4.3.1)",
-        boundary_trusted_data, {"q2_1_2_threshold_tests", "b3_1_attn_module_mac_tests", "q4_3_1_gelu_tests"}),
+        boundary_trusted_data, {"b3_1_attn_module_mac_tests"},  # the kernel's own GPU_SPECS, config and dispatcher are
+        # changed, never the grader's: each wrong answer keeps the checks it passes alone
+        keeps={"q2_1_2_threshold_tests": ("returns a whole number",),
+               "q4_3_1_gelu_tests": ("device rule", "written from elementwise operations")}),
 ]
 
 
@@ -582,9 +636,6 @@ def write_case(case: RedTeamCase, reference, folder) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # What the red-team tests grade and expect (tests/test_redteam.py, tests/test_redteam_controls.py)
-SOURCE = read_notebook(REPO_ROOT / "source" / LAB / f"{LAB}.ipynb")
-RELEASE = read_notebook(REPO_ROOT / "release" / LAB / f"{LAB}.ipynb")
-REFERENCE = make_submission(RELEASE, SOURCE)
 TEST_POINTS = {grade_id(c): cell_points(c) for c in SOURCE.cells if is_autograded_test(c)}  # bonus tests: their bonus
 # Short cell limit so the endless loop costs little; every honest Lab 1 cell takes a few seconds at quick scale.
 GRADING_ENV = {"EFFICIENT_AI_CELL_TIMEOUT_S": "45", "EFFICIENT_AI_SANDBOX": "on"}
@@ -608,6 +659,18 @@ def environment(values: dict[str, str]):
 def expected_scores(zero) -> dict[str, float]:
     """Every autograded test cell's points, 0 for the grade ids in ``zero`` (or everywhere for ``ALL``)."""
     return {gid: 0.0 if zero == ALL or gid in zero else points for gid, points in TEST_POINTS.items()}
+
+
+RECORDING_TESTS = recording_tests(SOURCE)  # the test cells a recording bypass zeroes
+
+
+def case_expected(case: RedTeamCase, guard: bool = True) -> dict[str, float]:
+    """What ``case`` must score per autograded test cell, read from the lab (points, check weights); with
+    ``guard=False`` (the controls), the cells only the guard zeroes earn what their wrong answer keeps instead."""
+    if case.zero == ALL:
+        return lab_expected_scores(SOURCE, zero_all=True)
+    zero = set(case.zero) if guard else set(case.zero) - case.guarded
+    return lab_expected_scores(SOURCE, zero, case.keeps, case.bypasses_recording)
 
 
 def autograded_scores(scores, student: str) -> dict[str, float | None]:

@@ -4,6 +4,9 @@ Every attack comes with a wrong answer to the question it aims at, so that only 
 pass; the rest of the submission is the reference solution, which must keep full marks. Before the boundary these
 attacks worked because the hidden tests, their expected values and their comparisons ran in the student's kernel;
 now they run in the grader, so each attack either finds nothing to read or changes only the kernel's own copies.
+With partial credit: a function mode (the guard finds it; the scan sees ``torch.overrides``, a recording bypass)
+zeroes its cell; the attacks nothing can see there earn what their wrong answers earn alone (``keeps``/``loses``,
+read from the lab by ``boundary_cases.expected_scores``).
 """
 from __future__ import annotations
 
@@ -107,27 +110,39 @@ def _send_without_errors(self, stream, msg_or_type, content=None, *args, **kwarg
 
 jupyter_client.session.Session.send = _send_without_errors
 '''
-# Audit hook: when the test cell of Question 2.2 compiles in this process, the helpers its comparisons use are made
-# to agree (math.isclose, utils.plain_value), and put back when the next source text compiles (a check, a cell).
+# Audit hook: when the test cell of Question 2.2 (or any kernel-side probe of a test: all a test compiles in this
+# process) compiles, the helpers its comparisons use are made to agree (math.isclose and the contract's as_real,
+# as_integer and assert_close, in checks and in the notebook's namespace), and put back when the next source text
+# compiles (a check, a cell).
 AUDIT_HOOK = '''import math
 import sys
 
-import utils
+import checks
 
-_real = {"isclose": math.isclose, "plain_value": utils.plain_value}
+_names = ("as_real", "as_integer", "assert_close")
+_real = {"isclose": math.isclose, **{name: getattr(checks, name) for name in _names}}
 _patched = []
+
+
+def _agree(value, *args, **kwargs):
+    return value
 
 
 def _hook(event, args):
     if event != "compile" or not args or not isinstance(args[0], (str, bytes)):
         return
-    if "chain_flops(seq_len=" in str(args[0]):  # the test cell of Question 2.2 compiles: patch until it ran
+    source = str(args[0])
+    if "chain_flops(seq_len=" in source or "<kernel_side" in str(args[1:2]):  # a test compiles: patch until it ran
         math.isclose = lambda *a, **k: True
-        utils.plain_value = globals()["plain_value"] = lambda value, kind, what: value
+        for name in _names:
+            setattr(checks, name, _agree)
+            globals()[name] = _agree
         _patched.append(True)
     elif _patched:  # the next text compiled (a guard's check, the next cell): put everything back first
-        math.isclose, utils.plain_value = _real["isclose"], _real["plain_value"]
-        globals()["plain_value"] = _real["plain_value"]
+        math.isclose = _real["isclose"]
+        for name in _names:
+            setattr(checks, name, _real[name])
+            globals()[name] = _real[name]
         _patched.clear()
 
 
@@ -207,15 +222,25 @@ CASES = [
         "(sys._getframe and a traceback's tb_frame) on Question 2.3; instance-attribute oracle (a plain tensor whose "
         "cpu() reads the test's frame) on Question 4.1.2",
         messaging_frames_attributes,
-        {"q1_1_hbm_bytes_tests", "q2_3_chain_intensity_tests", "q4_1_2_blockwise_lse_tests"},
+        {"q2_3_chain_intensity_tests"},
+        # Nothing here is seen as tampering: the messaging patch changes only the kernel, the oracles find no test
+        # frame there. Q1.1's wrong byte count keeps the check of k's position; Q4.1.2's logsumexp without the max
+        # shift is right on ordinary scores and loses only the stability and -inf checks.
+        keeps={"q1_1_hbm_bytes_tests": ("k is the second positional argument",)},
+        loses={"q4_1_2_blockwise_lse_tests": ("stability:", "-inf scores")},
     ),
     BoundaryCase(
         "b2_hooks_data_modes_dispatcher",
         "trusted-data mutation (GPU_SPECS, the copy module) on Question 1.2; audit hook that patches math.isclose and "
-        "plain_value while the test compiles on Question 2.2; torch.library override of aten::equal/isclose on "
+        "the contract's as_real/as_integer/assert_close while the test compiles on Question 2.2; torch.library override of aten::equal/isclose on "
         "Question 3.3; TorchFunctionMode faking isclose/equal/abs on Question 4.2",
         hooks_data_modes_dispatcher,
-        {"q1_2_predicted_speedup_tests", "q2_2_chain_flops_tests", "q3_3_causal_mask_tests",
-         "q4_2_tiled_forward_tests"},
+        {"q4_2_tiled_forward_tests"},
+        # The function mode is found (the guard) and reaches torch.overrides (the scan: every cell that records calls
+        # scores zero). The trusted data, the audit hook and the dispatcher override change only the kernel's copies:
+        # each wrong answer keeps what it passes alone (the public checks of Q1.2 and Q2.2, Q3.3's device check).
+        bypasses_recording=True,
+        keeps={"q1_2_predicted_speedup_tests": ("public:",), "q2_2_chain_flops_tests": ("public:",),
+               "q3_3_causal_mask_tests": ("created on the device asked for",)},
     ),
 ]

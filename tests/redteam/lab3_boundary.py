@@ -1,7 +1,10 @@
 """Red-team cases of Lab 3 against the grading boundary (issue 14): one per attack class, in two submissions.
 
-Every attack rescues a WRONG answer on the question it aims at, so only the attack could make that question pass;
-each question it aims at must score zero and every other question full marks (``tests/test_redteam_boundary.py``).
+Every attack rescues a WRONG answer on the question it aims at, so only the attack could make that question pass.
+With partial credit (``tests/test_redteam_boundary.py``, scores read from the lab by ``boundary_cases``): an attack the
+grader finds (the guard: a patched showtraceback, a function mode; the scan: a recording bypass) zeroes its cell; an
+attack the boundary makes harmless without seeing it (frame and attribute oracles, an audit hook, the kernel's copy of
+trusted data, a dispatcher override) earns what its wrong answer earns alone; every other question full marks.
 Two submissions keep CI time down; each attack sits in the answer cell of its own question.
 """
 from __future__ import annotations
@@ -42,7 +45,9 @@ def matmul_flops(M, K, N):
 '''
 
 # caller-frame oracle (Question 4.1): the answers read `expected` from the frames that call them, through
-# sys._getframe (per layer) and through a traceback's tb_frame (total).
+# sys._getframe (per layer) and through a traceback's tb_frame (total). Without a test frame (the tests run in the
+# grader) they return 1: wrong, and not 0, which would make the student's own Question 4.3 divide by zero (a
+# dependent question would then be charged for this one's mistake).
 CALLER_FRAME_PER_LAYER = '''import sys
 
 
@@ -52,7 +57,7 @@ def _expected_from(frame):
         if type(value) is int:
             return value
         frame = frame.f_back
-    return 0
+    return 1
 
 
 def kv_cache_bytes_per_layer(B, N, D, bytes_per_element):
@@ -66,7 +71,7 @@ CALLER_FRAME_TOTAL = '''def kv_cache_bytes_total(B, N, D, num_layers, bytes_per_
 '''
 
 # instance-attribute oracle (Question 2.7): the times are plain one-element tensors whose instance attribute `item`
-# (which plain_value calls) reads the test's expected value from _check_close's frame; the bound is right.
+# (which the contract's as_real calls) reads the test's expected value from assert_close's frame; the bound is right.
 INSTANCE_ATTRIBUTE = '''import sys
 
 
@@ -76,7 +81,7 @@ def _peeking_number():
     def item():
         frame = sys._getframe(1)
         while frame is not None:
-            if frame.f_code.co_name == "_check_close":
+            if frame.f_code.co_name == "assert_close":
                 return float(frame.f_locals["expected"])
             frame = frame.f_back
         return 0.0
@@ -92,9 +97,10 @@ def roofline_estimate(flops, bytes_moved, peak_flops_per_s, bandwidth_bytes_per_
         "bound": "compute" if t_compute_s > t_memory_s else "memory"}
 '''
 
-# audit hook (Question 6.3): when the source of a cell that tests expected_tokens_per_pass is compiled, the hook makes
-# the kernel's helpers agree (math.isclose, _check_close); the next source compiled (the guard's request after the
-# cell) puts them back before the guard looks. The answer is a constant.
+# audit hook (Question 6.3): when the source of a cell that tests expected_tokens_per_pass is compiled (or a test's
+# kernel-side probe: all a test compiles in the kernel now), the hook makes the kernel's helpers agree (math.isclose,
+# the contract's assert_close); the next source compiled (the guard's request after the cell) puts them back before
+# the guard looks. The answer is a constant.
 AUDIT_HOOK = '''import math
 import sys
 
@@ -109,13 +115,14 @@ def _around_test_cells(event, args):
         if not isinstance(source, str):
             return  # an AST being compiled: the cell whose source was seen is about to run
         shell = get_ipython()
-        if "expected_tokens_per_pass" in source and "_check_close" in source and not _saved:
-            _saved.update(isclose=math.isclose, check=shell.user_ns.get("_check_close"))
+        test = "expected_tokens_per_pass" in source and "assert_close" in source or "<kernel_side" in str(args[1:2])
+        if test and not _saved:
+            _saved.update(isclose=math.isclose, check=shell.user_ns.get("assert_close"))
             math.isclose = lambda *a, **k: True
-            shell.user_ns["_check_close"] = lambda *a, **k: None
+            shell.user_ns["assert_close"] = lambda *a, **k: None
         elif _saved:
             math.isclose = _saved.pop("isclose")
-            shell.user_ns["_check_close"] = _saved.pop("check")
+            shell.user_ns["assert_close"] = _saved.pop("check")
     except Exception:  # noqa: BLE001 - a hook must never raise
         pass
 
@@ -165,10 +172,10 @@ def causal_self_attention(q, k, v):
 '''
 
 # trusted-data mutation (Question 6.1): the kernel's copy of what the tests trust is changed (the default
-# tolerance of the helper _check_close, GPU_SPECS); the answer is all zeros.
+# tolerances of the contract's assert_close, GPU_SPECS); the answer is all zeros.
 TRUSTED_DATA = '''import utils
 
-_check_close.__defaults__ = (1e9,)  # relative tolerance: anything is close
+assert_close.__defaults__ = (1e9, 1e9, None)  # relative and absolute tolerance: anything is close
 for _spec in utils.GPU_SPECS.values():
     for _key in list(_spec):
         if isinstance(_spec[_key], float):
@@ -206,12 +213,20 @@ CASES = [
         "tb_frame) on Question 4.1; instance-attribute oracle (Tensor.item read from the test's frame) on "
         "Question 2.7; audit hook patching helpers around test cells on Question 6.3",
         _submission_1,
-        {"q2_1_matmul_tests", "q4_1_kv_cache_tests", "q2_7_roofline_estimate_tests", "q6_3_expected_tokens_per_pass_tests"}),
+        {"q2_1_matmul_tests", "q4_1_kv_cache_tests", "q6_3_expected_tokens_per_pass_tests"},
+        # The guard finds the patched showtraceback (Q2.1); the oracles and the audit hook are not seen: Q2.7's
+        # zero times keep the bound checks (the bound is right), Q4.1's and Q6.3's answers fail every check.
+        keeps={"q2_7_roofline_estimate_tests": ("bound on hidden cases", "a tie")}),
     BoundaryCase(
         "boundary02_modes_data_dispatch",
         "function-mode hiding (a TorchFunctionMode faking abs and isclose) on Question 1.1; trusted-data "
-        "mutation (_check_close's default tolerance, GPU_SPECS) on Question 6.1; dispatcher hiding "
+        "mutation (assert_close's default tolerances, GPU_SPECS) on Question 6.1; dispatcher hiding "
         "(torch.library override of aten::abs) on Question 6.4",
         _submission_2,
-        {"q1_1_causal_attention_tests", "q6_1_decode_time_breakdown_tests", "q6_4_speculative_step_tests"}),
+        {"q1_1_causal_attention_tests", "q6_1_decode_time_breakdown_tests"}, bypasses_recording=True,
+        # The function mode is found (the guard; torch.overrides for the scan: every cell recording calls scores
+        # zero). The trusted data and the dispatcher override change only the kernel's copies: Q6.1's zeros fail every
+        # check, Q6.4's draft replaced from p instead of the residual loses only the two statistical checks it breaks.
+        loses={"q6_4_speculative_step_tests": ("the first emitted token is distributed as the target",
+                                               "every emitted token, the bonus included")}),
 ]
