@@ -22,7 +22,6 @@ from typing import Callable
 
 from .grading_record import GRADING_REPORT
 from .nbgrader_run import (
-    NbgraderWorker,
     SubmissionScores,
     available_cpus,
     read_scores,
@@ -49,18 +48,17 @@ from .submission import ClassStaging, clear_autograded_scores, record_zero
 DEFAULT_SUBMISSION_TIMEOUT_S = 900.0
 
 
-def prepare_gradebook(course_root: Path, lab: str, env: dict[str, str] | None = None,
-                      worker: NbgraderWorker | None = None) -> None:
-    """Record the lab's cells in the gradebook (nbgrader generate_assignment, output to a scratch folder), in
-    ``worker`` when given.
+def prepare_gradebook(course_root: Path, lab: str, env: dict[str, str] | None = None) -> None:
+    """Record the lab's cells in the gradebook (nbgrader generate_assignment, output to a scratch folder).
 
     Raises:
         RuntimeError: nbgrader could not generate the assignment.
     """
     for attempt in range(3):  # shards starting together on one PostgreSQL gradebook may collide once
         with tempfile.TemporaryDirectory(prefix="efficient-ai-release-") as scratch:
-            args = ["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={scratch}"]
-            result = worker.run(args) if worker else run_nbgrader(course_root, args, env=env)
+            result = run_nbgrader(
+                course_root, ["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={scratch}"], env=env
+            )
         if result.ok:
             return
         time.sleep(1 + 2 * attempt)
@@ -124,12 +122,10 @@ def autograde_one(
     env: dict[str, str] | None = None,
     extra_args: list[str] | None = None,
     submitted: Path | None = None,
-    worker: NbgraderWorker | None = None,
 ) -> Outcome:
     """Autograde one submission in its own nbgrader process. Never raises for a bad submission.
 
     ``submitted``: the folder holding ``<student>/<lab>/`` (a staging folder); default ``submitted/``.
-    ``worker``: the grading worker that forks that process (it has ``env``); default a process started here.
 
     A submission whose run hit a sticky CUDA error (a device-side assert: every later CUDA call in that kernel
     fails) is graded once more with the GPU hidden, so it earns what it would on a CPU grader; a note says so.
@@ -137,10 +133,10 @@ def autograde_one(
     or did not start, output that did not arrive in time) is graded once more; the second run's grade is kept,
     and a note says what the first run saw.
     """
-    outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted, worker)
+    outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted)
     if outcome.retry:
         first = outcome
-        outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted, worker)
+        outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted)
         outcome.seconds += first.seconds
         if outcome.retry:
             outcome.reason = f"{outcome.reason} (the same in two runs: {first.retry})"
@@ -163,13 +159,16 @@ def _autograde_once(
     env: dict[str, str] | None,
     extra_args: list[str] | None,
     submitted: Path | None,
-    worker: NbgraderWorker | None = None,
 ) -> Outcome:
     start = time.perf_counter()
     if submitted is not None:
         extra_args = [*(extra_args or []), f"--CourseDirectory.submitted_directory={submitted}"]
-    args = ["autograde", lab, "--student", student, "--create", "--force", *(extra_args or [])]
-    result = worker.run(args, timeout_s) if worker else run_nbgrader(course_root, args, timeout_s=timeout_s, env=env)
+    result = run_nbgrader(
+        course_root,
+        ["autograde", lab, "--student", student, "--create", "--force", *(extra_args or [])],
+        timeout_s=timeout_s,
+        env=env,
+    )
     seconds = time.perf_counter() - start
     graded_nb = course_root / "autograded" / student / lab / f"{lab}.ipynb"
     if result.timed_out:
@@ -252,7 +251,6 @@ def autograde_all(
     workers: int = 1,
     submitted: Path | None = None,
     gradable: Callable[[str], bool] | None = None,
-    runners: list[NbgraderWorker] | None = None,
 ) -> dict[str, Outcome]:
     """Autograde every student's submission with one progress bar; continue past failures.
 
@@ -262,8 +260,7 @@ def autograde_all(
     graded once more, as a busy machine is (``BUSY_MACHINE_NEEDLES``). ``submitted`` is the folder holding
     ``<student>/<lab>/`` (``grade_lab`` passes its staging folder); default the course's ``submitted/``.
     ``gradable``: asked before each submission is graded (it may wait for the submission's staging); a submission it
-    refuses is left out of the outcomes. ``runners``: one grading worker per worker (``NbgraderWorker``, made with
-    ``worker_environments``); default a fresh nbgrader process per submission.
+    refuses is left out of the outcomes.
     """
     from concurrent.futures import ThreadPoolExecutor
     from queue import Queue
@@ -272,20 +269,20 @@ def autograde_all(
 
     submitted = submitted or course_root / "submitted"
     envs: Queue = Queue()
-    for index, env in enumerate(worker_environments(workers)):
-        envs.put((env, runners[index] if runners else None))
+    for env in worker_environments(workers):
+        envs.put(env)
 
     def work(student: str) -> Outcome | None:
         if gradable is not None and not gradable(student):
             return None
-        env, runner = envs.get()
+        env = envs.get()
         try:
             return _record_finished(course_root, lab, autograde_one(
-                course_root, lab, student, timeout_s, env=env, submitted=submitted, worker=runner))
+                course_root, lab, student, timeout_s, env=env, submitted=submitted))
         except Exception as exc:  # noqa: BLE001 - a worker's own failure is one submission's failure
             return Outcome(student, "failed", f"worker error: {exc}")
         finally:
-            envs.put((env, runner))
+            envs.put(env)
 
     outcomes: dict[str, Outcome] = {}
     with tqdm(total=len(students), desc=f"autograde {lab}", unit="submission", disable=not progress) as bar, \
@@ -371,7 +368,6 @@ def grade_staged(
     progress: bool = True,
     workers: int = 1,
     resume: bool = False,
-    runners: list[NbgraderWorker] | None = None,
 ) -> dict[str, Outcome]:
     """The outcome of every staged submission, with its notes and flags: kept from an earlier run (``resume``),
     autograded from ``staging`` as soon as it is staged, else recorded with zero points when there is nothing to
@@ -381,7 +377,7 @@ def grade_staged(
     outcomes = {s: kept_from_earlier_run(course_root, lab, s) for s in done}
     todo = [s for s in students if s not in done]
     outcomes.update(autograde_all(course_root, lab, todo, timeout_s, progress, workers, submitted=staging,
-                                  gradable=lambda student: staged.get(student).gradable, runners=runners))
+                                  gradable=lambda student: staged.get(student).gradable))
     everything = staged.all()
     for student in todo:
         submission = everything[student]
@@ -417,33 +413,26 @@ def grade_lab(
     """Autograde a lab's submissions and write ``grades.csv`` and ``scores.png`` into ``out_dir``.
 
     Every submission is graded from its staged, repaired copy (``course.submission.ClassStaging``), in a
-    temporary folder, by one grading worker per worker (``NbgraderWorker``, started first: it imports nbgrader and
-    the grader's libraries while the gradebook is prepared and the class is staged). With ``resume``, submissions already graded (autograded notebook and gradebook scores
+    temporary folder. With ``resume``, submissions already graded (autograded notebook and gradebook scores
     present, e.g. from a run that was killed) are kept and only the others are graded.
     """
     students = students if students is not None else list_students(course_root, lab)
     out_dir = out_dir or course_root / "grading" / lab
     from concurrent.futures import ThreadPoolExecutor
 
-    runners = [NbgraderWorker(course_root, env) for env in worker_environments(workers)]
-    try:
-        with tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging:
-            with ThreadPoolExecutor(1, thread_name_prefix="gradebook-prepare") as preparing:
-                gradebook = preparing.submit(prepare_gradebook, course_root, lab, worker=runners[0])
-                staged = ClassStaging(course_root, lab, students, Path(staging))  # meanwhile, and while grading
-                try:
-                    gradebook.result()
-                except BaseException:
-                    staged.close()
-                    raise
+    with tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging:
+        with ThreadPoolExecutor(1, thread_name_prefix="gradebook-prepare") as preparing:
+            gradebook = preparing.submit(prepare_gradebook, course_root, lab)  # an nbgrader process: no GIL taken
+            staged = ClassStaging(course_root, lab, students, Path(staging))  # meanwhile, and while grading
             try:
-                outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume,
-                                        runners)
-            finally:
-                staged.close()  # before the staging folder goes
-    finally:
-        for runner in runners:
-            runner.close()
+                gradebook.result()
+            except BaseException:
+                staged.close()
+                raise
+        try:
+            outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume)
+        finally:
+            staged.close()  # before the staging folder goes
     scores = write_reports(course_root, lab, out_dir, outcomes)
     return outcomes, {student: scores[student] for student in students if student in scores}
 

@@ -6,14 +6,10 @@ submission's crash, hang or dead kernel then ends that child process only.
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,76 +86,6 @@ def run_nbgrader(
         kill_group(proc.pid)
         output, _ = proc.communicate()
         return NbgraderResult(-9, output or "", timed_out=True)
-
-
-class NbgraderWorker:
-    """A ``course.grading_worker`` process for one grading worker: it runs nbgrader commands as ``run_nbgrader`` does,
-    each in its own process, forked from one that has nbgrader and the grader's libraries imported already.
-
-    The worker process starts at once and imports in the background. A worker that is gone (killed with a
-    submission past its time limit, say) is started again for the next command. ``close`` ends it.
-    """
-
-    def __init__(self, course_root: Path, env: dict[str, str] | None = None):
-        self.course_root, self.env = course_root, dict(env or {})
-        self._proc: subprocess.Popen | None = None
-        self._start()
-
-    def _start(self) -> None:
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "course.grading_worker", str(os.getpid())], cwd=self.course_root,
-            env=nbgrader_env(self.env), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            text=True, start_new_session=True)
-
-    def run(self, args: list[str], timeout_s: float | None = None) -> NbgraderResult:
-        """``nbgrader ARGS`` in the course folder, as ``run_nbgrader(course_root, args, timeout_s, env)``."""
-        if self._proc is None or self._proc.poll() is not None:
-            self._start()
-        handle, output_path = tempfile.mkstemp(prefix="efficient-ai-nbgrader-", suffix=".log")
-        os.close(handle)
-        try:
-            code, timed_out = self._ask(args, output_path, timeout_s)
-            with open(output_path, encoding="utf-8", errors="replace") as log:
-                output = log.read()
-        finally:
-            os.unlink(output_path)
-        if code is None and not timed_out:  # the worker itself is gone: the command runs the usual way
-            self.close()
-            return run_nbgrader(self.course_root, args, timeout_s, self.env)
-        return NbgraderResult(-9 if timed_out else code, output, timed_out)
-
-    def _ask(self, args: list[str], output_path: str, timeout_s: float | None) -> tuple[int | None, bool]:
-        """Send one command; its exit status (None when the worker did not answer) and whether it timed out."""
-        try:
-            self._proc.stdin.write(json.dumps({"args": args, "output": output_path}) + "\n")
-            self._proc.stdin.flush()
-        except OSError:
-            return None, False
-        answers: dict = {}
-        reader = threading.Thread(target=self._read_answers, args=(answers,), daemon=True)
-        reader.start()
-        reader.join(timeout_s)
-        if not reader.is_alive():
-            return answers.get("status"), False
-        if "pid" in answers:
-            kill_group(answers["pid"])  # the nbgrader process leads its own session, its kernels in it or their own
-        self.close()
-        return None, True
-
-    def _read_answers(self, answers: dict) -> None:
-        for line in self._proc.stdout:
-            if line.startswith("{"):
-                answers.update(json.loads(line))
-                if "status" in answers:
-                    return
-
-    def close(self) -> None:
-        """End the worker process (and a command it is running)."""
-        if self._proc is not None:
-            kill_group(self._proc.pid)
-            with contextlib.suppress(Exception):
-                self._proc.wait(timeout=10)
-            self._proc = None
 
 
 def worker_envs(workers: int, gpus: list[str], cpus: list[int]) -> list[dict[str, str]]:
