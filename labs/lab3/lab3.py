@@ -156,11 +156,12 @@ def _reference_layer_costs(B, N, D, H, n):
     }
 
 
-def _own_layer_costs(B, N, D, H, n):
-    """Test helper: the student's layer_costs(B, N, D, H, n) as operation -> (flops, bytes) of Python ints (raises
-    AssertionError when it is outside the contract: other keys, not pairs, not whole numbers)."""
+def _own_layer_costs(layer_costs_fn, B, N, D, H, n):
+    """Test helper: the student's ``layer_costs_fn(B, N, D, H, n)`` (layer_costs, Question 2.2) as operation ->
+    (flops, bytes) of Python ints (raises AssertionError when it is outside the contract: other keys, not pairs, not
+    whole numbers)."""
     what = f"layer_costs{(B, N, D, H, n)}"
-    table = as_dict(layer_costs(B, N, D, H, n), what)
+    table = as_dict(layer_costs_fn(B, N, D, H, n), what)
     assert set(table) == set(_LAYER_OPS), (
         f"{what} must have exactly the keys {list(_LAYER_OPS)}, got {sorted(table, key=str)}")
     rows = {}
@@ -170,16 +171,16 @@ def _own_layer_costs(B, N, D, H, n):
     return rows
 
 
-def _layer_costs_from_matmul(B, N, D, H, n):
-    """Test helper: the rows of layer_costs that contain matmuls, built from the student's own matmul_flops and
-    matmul_bytes (Question 2.1), to carry that answer forward."""
+def _layer_costs_from_matmul(flops_fn, bytes_fn, B, N, D, H, n):
+    """Test helper: the rows of layer_costs that contain matmuls, built from the student's own ``flops_fn`` and
+    ``bytes_fn`` (matmul_flops and matmul_bytes, Question 2.1), to carry that answer forward."""
     d, tokens = D // H, B * N
 
     def mf(M, K, N_):
-        return _own_count(matmul_flops, M, K, N_)
+        return _own_count(flops_fn, M, K, N_)
 
     def mb(M, K, N_):
-        return _own_count(matmul_bytes, M, K, N_, n)
+        return _own_count(bytes_fn, M, K, N_, n)
 
     return {
         "qkv_projection": (3 * mf(tokens, D, D), 3 * mb(tokens, D, D)),
@@ -235,6 +236,9 @@ def _uncached_greedy(model, prompt, steps):
 def _prompt_keys_values(model, prompt):
     """Test helper: the keys and values every layer of ``model`` computes for ``prompt`` (B, S), as (L, B, H, S, d)
     tensors in the model's dtype (what a prefill writes into a cache)."""
+    import copy
+
+    model = copy.deepcopy(model)  # output_hidden_states leaves hooks on the model that cannot be pickled
     body, config = model.transformer, model.config
     batch, length = prompt.shape
     heads, width = config.n_head, config.n_embd
@@ -836,9 +840,9 @@ def _layer_rows_match(sizes, ops):
     """layer_costs(B, N, D, H, n)[op] for every size and op: (flops, bytes) equal to the reference or to the same
     row built from the student's own matmul_flops / matmul_bytes (Question 2.1)."""
     for B, N, D, H, n in sizes:
-        got = _own_layer_costs(B, N, D, H, n)
+        got = _own_layer_costs(layer_costs, B, N, D, H, n)
         reference = _reference_layer_costs(B, N, D, H, n)
-        own = carried(_layer_costs_from_matmul, B, N, D, H, n)
+        own = carried(_layer_costs_from_matmul, matmul_flops, matmul_bytes, B, N, D, H, n)
         for op in ops:
             for index, unit in enumerate(("flops", "bytes")):
                 what = f"layer_costs{(B, N, D, H, n)}[{op!r}] {unit}"
@@ -1072,11 +1076,11 @@ def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):
 # A mistake in Part 2 is charged once: num_layers times the sum of the rows of your own layer_costs (Question 2.2)
 # is accepted too.
 def _forward_flops_carried(B, N, D, H, L):
-    return carried(lambda: L * sum(flops for flops, _ in _own_layer_costs(B, N, D, H, 2).values()))
+    return carried(lambda: L * sum(flops for flops, _ in _own_layer_costs(layer_costs, B, N, D, H, 2).values()))
 
 
 def _forward_bytes_carried(B, N, D, H, L, n):
-    return carried(lambda: L * sum(nbytes for _, nbytes in _own_layer_costs(B, N, D, H, n).values()))
+    return carried(lambda: L * sum(nbytes for _, nbytes in _own_layer_costs(layer_costs, B, N, D, H, n).values()))
 
 
 with check("public: gpt2_forward_flops(1, 2, 4, 2, 1)"):
@@ -1336,6 +1340,9 @@ except NotImplementedError:
 # - There is **no mask**: the single query may attend to every cached position. Everything else follows the
 #   rules of Part 2.
 #
+# You first count what a cached step costs (Questions 4.1 to 4.4), then build the cache and the cached decode step
+# yourself (Question 4.6); Part 5 times your implementation.
+#
 # #### Question 4.1 (4 points)
 #
 # Write `kv_cache_bytes_per_layer(B, N, D, bytes_per_element)` and
@@ -1451,7 +1458,7 @@ def gpt2_decode_bytes(B, N, D, H, num_layers, bytes_per_element):
 # (Question 2.2) for one token (N = 1), plus the attention over the N cached positions, are accepted.
 def _one_token_rows(B, D, H, n, index):
     """The projections, output projection and MLP of your own layer_costs for one token per sequence (N = 1)."""
-    rows = _own_layer_costs(B, 1, D, H, n)
+    rows = _own_layer_costs(layer_costs, B, 1, D, H, n)
     return sum(rows[op][index] for op in ("qkv_projection", "output_projection", "mlp"))
 
 
@@ -2070,10 +2077,10 @@ print(f"Peaks for the predictions: {DEVICE_PEAK_FLOPS_PER_S / 1e12:.3g} TFLOP/s,
 # T_\text{memory})$, in **milliseconds**) of a forward pass without a cache (`gpt2_forward_*`, Question 3.1) and
 # of one cached decode step (`gpt2_decode_*`, Question 4.2). The cell applies it to every measured case (the
 # measured model's `MEASURED_SHAPE` and `MEASURED_BYTES_PER_ELEMENT`, at `DEVICE_PEAK_FLOPS_PER_S` and
-# `DEVICE_BANDWIDTH_BYTES_PER_S`), and the next cell plots the predictions against the measurements. The tests
-# accept, to a relative tolerance of $10^{-5}$, the roofline times of the correct counts and those of your own
-# `gpt2_forward_*` and `gpt2_decode_*` (through your `roofline_estimate` too), so a mistake in Questions 2.7, 3.1 or
-# 4.2 is not counted twice.
+# `DEVICE_BANDWIDTH_BYTES_PER_S`), and the next cell tabulates them beside the measurements for your plot of
+# Question 5.2. The tests accept, to a relative tolerance of $10^{-5}$, the roofline times of the correct counts and
+# those of your own `gpt2_forward_*` and `gpt2_decode_*` (through your `roofline_estimate` too), so a mistake in
+# Questions 2.7, 3.1 or 4.2 is not counted twice.
 
 # %% nbgrader={"grade": false, "grade_id": "q5_1_predictions", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def predict_gpt2_latencies_ms(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):

@@ -134,6 +134,12 @@ def hidden_lines(gid: str) -> tuple[str, ...]:
 
 HIDDEN_Q1_3 = hidden_lines("q1_3_gemm_mac_tests")  # the smuggler's target, read from the lab (it changes)
 
+
+def tests_from(gid: str) -> set[str]:
+    """The autograded test cells from ``gid`` on, in the notebook's order."""
+    ids = [grade_id(c) for c in SOURCE.cells if is_autograded_test(c)]
+    return set(ids[ids.index(gid):])
+
 # ---------------------------------------------------------------------------------------------------------------
 # Adversarial: tampering with what the tests rely on (caught by the grading guard)
 ADVERSARIAL = [
@@ -374,8 +380,7 @@ def gemm_io(A, B):
     RedTeamCase(
         "adv23_guard_deleted", "deletes the grading guard: every later test cell scores zero (fail closed)",
         with_answer("q3_1_2_attn_mac", WRONG_ATTN_MAC + "del _efficient_ai_guard\n"),
-        {"q3_1_2_attn_mac_tests", "b3_1_attn_module_mac_tests", "q3_2_attn_io_tests", "b3_2_attn_module_io_tests",
-         "q3_4_2_intensity_tests", "q3_4_3_intensity_tests", "q4_3_1_gelu_tests"}),
+        tests_from("q3_1_2_attn_mac_tests")),  # read from the lab: the cells a lab edit adds after it count too
     # Smuggling hidden tests out through feedback (no points at stake: the answers are right)
     RedTeamCase(
         "adv24_smuggle", "copies what it can of the hidden tests while graded (its callers' source, In) and prints it "
