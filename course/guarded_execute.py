@@ -43,6 +43,7 @@ from .guard_client import GuardClient
 from .kernel_channel import KERNEL_REPLY_TIMEOUT_S, KernelChannel
 from .nbgrader_ext import (
     NEUTRALISED_KEY,
+    RECORDS_CALLS,
     course_source_folder,
     error_output,
     is_setup_cell,
@@ -58,7 +59,6 @@ from .scan import recording_bypass_flags
 
 DEFAULT_NOTEBOOK_TIMEOUT_S = 600
 MAX_KERNEL_RESTARTS = 3  # a kernel that dies or stops answering is replaced (earlier cells run again) this often
-RECORDS_CALLS = "record_torch_calls"  # a test cell that names it checks how an answer was computed (docs/SECURITY.md)
 
 
 class GuardedExecute(Execute):

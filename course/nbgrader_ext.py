@@ -30,6 +30,7 @@ from .recover import recover_metadata, release_of
 # Cell tags nbclient acts on besides ``Execute.skip_cells_with_tag``: ``raises-exception`` lets a cell's error pass.
 EXECUTION_TAGS = ("raises-exception",)
 FAILED_CHECK_PREFIX = "FAILED "  # how checks.Scorecard.failures starts a line
+RECORDS_CALLS = "record_torch_calls"  # a test cell that names it checks how an answer was computed (docs/SECURITY.md)
 # Marks the partial-credit results this grading process wrote (a secret of the process: the kernel never sees it).
 _PARTIAL_CREDIT_TOKEN = secrets.token_hex(16)
 
