@@ -498,33 +498,6 @@ def test_gpt2_decoder_forward_matches_transformers(tiny_gpt2):
                                msg="without a cache, gpt2_decoder_forward is GPT-2's decoder stack")
 
 
-def test_gpt2_decode_step_with_cache(tiny_gpt2):
-    B, N = 3, 9
-    tokens = torch.randint(50, (B, N), generator=torch.Generator().manual_seed(3))
-    reference = utils.gpt2_decoder_forward(tiny_gpt2, tokens)
-    full_cache = utils.initialize_kv_cache(tiny_gpt2.config, N)
-    utils.gpt2_decoder_forward(tiny_gpt2, tokens, full_cache)
-
-    cache = utils.initialize_kv_cache(tiny_gpt2.config, N)
-    prefill = utils.gpt2_decoder_forward(tiny_gpt2, tokens[:, :-1], cache)
-    torch.testing.assert_close(prefill, reference[:, :-1], rtol=1e-5, atol=1e-5, msg="a prefill is a forward pass")
-    assert all(cache.get_seq_length(i) == N - 1 for i in range(2))
-    step = utils.gpt2_decoder_forward(tiny_gpt2, tokens[:, -1:], cache)
-    assert step.shape == (B, 1, 32)
-    torch.testing.assert_close(step, reference[:, -1:], rtol=1e-5, atol=1e-5,
-                               msg="a cached decode step equals the last token of a forward pass without the cache")
-    for i in range(2):
-        torch.testing.assert_close(cache.layers[i].key_buffer[:, :, N - 1], full_cache.layers[i].keys[:, :, N - 1],
-                                   rtol=1e-5, atol=1e-5, msg="the cache holds the new token's key after the step")
-        torch.testing.assert_close(cache.layers[i].value_buffer[:, :, N - 1],
-                                   full_cache.layers[i].values[:, :, N - 1], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(utils.gpt2_decoder_forward(tiny_gpt2, tokens[:, -1:], cache), step,
-                               msg="a repeated step measures the same step")
-    with pytest.raises(ValueError, match="max_cache_len"):
-        cache.advance()
-        utils.gpt2_decoder_forward(tiny_gpt2, tokens[:, -1:], cache)
-
-
 def test_cuda_graph_helpers_on_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     x = torch.randn(8)

@@ -82,6 +82,8 @@ def printed_results(executed: Path, max_chars: int = 1500) -> list[str]:
                        if o.get("output_type") == "stream" and o.get("name") == "stdout").strip()
         if not text or "Self CPU" in text or "Environment report" in text or len(text) > max_chars:
             continue
+        if any(marker in text for markers in TABLE_MARKERS.values() for marker in markers):
+            continue  # shown in full by tables_section
         gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         out += [f"Cell {index}" + (f" (`{gid}`)" if gid else "") + ":", "", "```", text, "```", ""]
     return out
@@ -218,6 +220,7 @@ def lab1_report(results: Path) -> str:
                 "", f"Longest sequence the materialized SDPA fit: **{fa['longest_sdpa_seq_len']}**. "
                 f"Kernels per call at sequence 1024 (bf16, 2×12 heads): from-scratch SDPA "
                 f"{fa['kernels_per_call']['sdpa_from_scratch']['total']}, fused SDPA {fa['kernels_per_call']['flash']['total']}.", ""]
+    out += tables_section(results / "lab1_executed.ipynb", "lab1")
     out += printed_results(results / "lab1_executed.ipynb")
     return "\n".join(out) + "\n"
 
@@ -254,7 +257,9 @@ def lab3_why_section(executed: Path) -> list[str]:
     if not rows:
         return []
     out = ["## Part 5: why a measurement sits above 2× its prediction", "",
-           "Times are CUDA-graph replays of `gpt2_decoder_forward` (GPT-2 XL, fp16); eager times beside them.", ""]
+           "Times are CUDA-graph replays (GPT-2 XL, fp16) of the pass without a cache (`gpt2_decoder_forward` and the "
+           "LM head) and of one cached decode step (the reference solution's `gpt2_step` and `StaticKVCache`, "
+           "Question 4.6); eager times beside them.", ""]
     for r in rows:
         case = f"(B={r['B']:.0f}, N={r['N']:.0f})"
         if r["ratio_cache"] > 2:
@@ -272,28 +277,35 @@ def lab3_why_section(executed: Path) -> list[str]:
     return out + [""]
 
 
-LAB2_TABLE_MARKERS = {
-    "speedup_if_fused": "Part 1: relu(A @ B), eager, matmul alone, compiled and autotuned",
-    " kernel(s): ": "Part 1: kernels per call (n = 16384, k = 64)",
-    "intensity_flop_per_byte": "Part 2: C @ relu(A @ B) on the roofline",
-    "forward_ms (rows": "Part 5: the attention sweep",
-    "forward_tflops_eager": "Part 5: torch.compile on whole Transformers (TFLOP/s, time per layer, kernels per forward)",
+TABLE_MARKERS = {  # lab -> {text a measurement table prints: its title}; printed in full (printed_results cuts long ones)
+    "lab1": {
+        "MLP FLOPs": "Section 3.5: every operator of the MLP and of attention on the measured roofline",
+    },
+    "lab2": {
+        "speedup_if_fused": "Part 1: relu(A @ B), eager, matmul alone, compiled and autotuned",
+        " kernel(s): ": "Part 1: kernels per call (n = 16384, k = 64)",
+        "intensity_flop_per_byte": "Part 2: C @ relu(A @ B) on the roofline",
+        "forward_ms (rows": "Part 5: the attention sweep",
+        "forward_tflops_eager": "Part 5: torch.compile on whole Transformers (TFLOP/s, time per layer, kernels per forward)",
+        "pct_of_roof": "Part 5: attention on the roofline",
+    },
 }
 
 
-def lab2_tables_section(executed: Path) -> list[str]:
-    """Lab 2's measurement tables in full (``printed_results`` leaves out long outputs such as the attention sweep
-    and the Transformer table, which the written answers quote)."""
-    if not executed.exists():
+def tables_section(executed: Path, lab: str) -> list[str]:
+    """A lab's measurement tables (``TABLE_MARKERS``) in full: ``printed_results`` leaves out long outputs such as
+    Lab 2's attention sweep or Lab 1's operator table, which the written answers quote."""
+    markers = TABLE_MARKERS.get(lab, {})
+    if not executed.exists() or not markers:
         return []
     nb = json.loads(executed.read_text())
-    out = ["## Lab 2's measurement tables", ""]
+    out = [f"## {lab.capitalize()}'s measurement tables", ""]
     for cell in nb["cells"]:
         if cell["cell_type"] != "code":
             continue
         text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", [])
                        if o.get("output_type") == "stream" and o.get("name") == "stdout").strip()
-        title = next((title for marker, title in LAB2_TABLE_MARKERS.items() if marker in text), None)
+        title = next((title for marker, title in markers.items() if marker in text), None)
         if title:
             out += [f"### {title}", "", "```", text, "```", ""]
     return out if len(out) > 2 else []
@@ -307,8 +319,7 @@ def lab_run_report(results: Path, lab: str) -> str:
     out += run_section(run, lab, _autograde_step(results, lab))
     if lab == "lab3":
         out += lab3_why_section(results / f"{lab}_executed.ipynb")
-    if lab == "lab2":
-        out += lab2_tables_section(results / f"{lab}_executed.ipynb")
+    out += tables_section(results / f"{lab}_executed.ipynb", lab)
     out += printed_results(results / f"{lab}_executed.ipynb")
     return "\n".join(out) + "\n"
 

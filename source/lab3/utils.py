@@ -908,74 +908,53 @@ def multi_layer_decode_forward(num_layers, layer, hidden_states, position_ids, p
     return hidden_states
 
 
-def _gpt2_attention(block, hidden_states, slot, layer_idx):
-    """Eager multi-head attention of one GPT-2 block (its own weights), optionally through a cache slot."""
+def _gpt2_attention(block, hidden_states, layer_idx):
+    """Eager causal multi-head attention of one GPT-2 block (its own weights) over every token."""
     attn, config = block.attn, block.attn.config
-    batch, new_tokens, width = hidden_states.shape
+    batch, tokens, width = hidden_states.shape
     heads = config.n_head
     head_dim = width // heads
-    shape = (batch, new_tokens, heads, head_dim)
+    shape = (batch, tokens, heads, head_dim)
     query, key, value = (t.view(shape).transpose(1, 2) for t in attn.c_attn(hidden_states).split(width, dim=2))
-    if slot is not None:
-        key, value = slot.update(key, value)
     scale = head_dim ** -0.5 if getattr(config, "scale_attn_weights", True) else 1.0
     if getattr(config, "scale_attn_by_inverse_layer_idx", False):
         scale /= layer_idx + 1
     scores = torch.matmul(query, key.transpose(-1, -2)) * scale
-    if new_tokens > 1:  # causal mask among the new tokens; a single new token attends to every position
-        kv_len = key.shape[2]
-        query_pos = torch.arange(kv_len - new_tokens, kv_len, device=scores.device)[:, None]
-        key_pos = torch.arange(kv_len, device=scores.device)[None, :]
-        scores = scores.masked_fill(key_pos > query_pos, torch.finfo(scores.dtype).min)
+    positions = torch.arange(tokens, device=scores.device)
+    scores = scores.masked_fill(positions[None, :] > positions[:, None], torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, value).transpose(1, 2).reshape(batch, new_tokens, width)
+    out = torch.matmul(probs, value).transpose(1, 2).reshape(batch, tokens, width)
     return attn.c_proj(out)
 
 
-def gpt2_decoder_forward(model, input_ids, past_key_values=None):
-    """The decoder stack of a transformers GPT-2 model, with eager attention and an optional KV cache.
+def gpt2_decoder_forward(model, input_ids):
+    """The decoder stack of a transformers GPT-2 model over all N tokens, with eager attention and no cache.
 
     Runs the model's own modules (``model.transformer``: token and position embeddings, every block, the
-    final layer norm) with the attention written out as Lab 3 counts it: ``Q K^T`` times the scale, a mask
-    only where new tokens must not see later ones, softmax, ``A V``, each a kernel that writes its result.
-    - ``past_key_values=None``: a forward pass over all N tokens (no cache).
-    - An empty cache (``initialize_kv_cache``): the same pass, a prefill, storing every layer's keys and
-      values in the cache.
-    - A cache holding S tokens: a decode step; the q new tokens (positions S..S+q-1) write their keys and
-      values into the cache in place and attend over positions 0..S+q-1. Call ``past_key_values.advance(q)``
-      to keep them; otherwise a repeated call measures the same step.
-    Nothing synchronizes with the GPU, so a call can be captured as a CUDA graph (``capture_cuda_graph``).
-    Runs under ``torch.no_grad()``.
+    final layer norm) with the attention written out as Lab 3 counts it: ``Q K^T`` times the scale, the causal
+    mask, softmax, ``A V``, each a kernel that writes its result. It is the uncached pass Lab 3 measures; the
+    cached decode step is the student's own (Lab 3, Question 4.6). Nothing synchronizes with the GPU, so a call
+    can be captured as a CUDA graph (``capture_cuda_graph``). Runs under ``torch.no_grad()``.
 
     Args:
         model: A ``GPT2LMHeadModel`` or ``GPT2Model`` (its ``.transformer``, or itself, holds the blocks).
-        input_ids: (B, q) int64 token ids.
-        past_key_values: None, or a cache from ``initialize_kv_cache(model.config, max_cache_len)``.
+        input_ids: (B, N) int64 token ids.
 
     Returns:
-        torch.Tensor: (B, q, D) hidden states after the final layer norm.
+        torch.Tensor: (B, N, D) hidden states after the final layer norm.
 
     Raises:
-        ValueError: The cache has fewer slots than the model has layers, or the positions exceed
-            ``n_positions``.
+        ValueError: N exceeds the model's ``n_positions``.
     """
     body = getattr(model, "transformer", model)
-    num_layers = len(body.h)
-    if past_key_values is not None:
-        _check_cache(past_key_values, num_layers)
-        start = past_key_values.get_seq_length(0)
-    else:
-        start = 0
-    new_tokens = input_ids.shape[1]
-    if start + new_tokens > body.config.n_positions:
-        raise ValueError(f"positions {start}..{start + new_tokens - 1} exceed the model's n_positions="
-                         f"{body.config.n_positions}")
+    tokens = input_ids.shape[1]
+    if tokens > body.config.n_positions:
+        raise ValueError(f"{tokens} positions exceed the model's n_positions={body.config.n_positions}")
     with torch.no_grad():
-        positions = torch.arange(start, start + new_tokens, device=input_ids.device)
+        positions = torch.arange(tokens, device=input_ids.device)
         hidden_states = body.wte(input_ids) + body.wpe(positions)
         for i, block in enumerate(body.h):
-            slot = past_key_values.layers[i] if past_key_values is not None else None
-            hidden_states = hidden_states + _gpt2_attention(block, block.ln_1(hidden_states), slot, i)
+            hidden_states = hidden_states + _gpt2_attention(block, block.ln_1(hidden_states), i)
             hidden_states = hidden_states + block.mlp(block.ln_2(hidden_states))
         return body.ln_f(hidden_states)
 
