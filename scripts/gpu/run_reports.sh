@@ -67,9 +67,9 @@ for step in "$@"; do
                --tag h100-ahead --out "$RESULTS/reports" 2>&1 | tee "$RESULTS/ahead.log" ;;
     compare) python3 scripts/compare_grading_cost.py --rounds ${EFFICIENT_AI_BENCH_ROUNDS:-1} --tag h100 \
                --out "$RESULTS/reports" 2>&1 | tee "$RESULTS/compare.log" ;;
-    autograde) for lab in $(ls labs); do python3 scripts/gpu/run_lab.py "$lab" --skip-execute --out "$RESULTS"; done 2>&1 | tee "$RESULTS/autograde.log" ;;
+    autograde) for lab in $(cd labs && ls -d lab*/ | tr -d /); do python3 scripts/gpu/run_lab.py "$lab" --skip-execute --out "$RESULTS"; done 2>&1 | tee "$RESULTS/autograde.log" ;;
     capped)  for cap in ${EFFICIENT_AI_GPU_MEMORY_GB:?capped needs EFFICIENT_AI_GPU_MEMORY_GB, e.g. 15}; do
-               for lab in $(ls labs); do
+               for lab in $(cd labs && ls -d lab*/ | tr -d /); do
                  EFFICIENT_AI_GPU_MEMORY_GB=$cap python3 scripts/gpu/run_lab.py "$lab" --skip-autograde --out "$RESULTS" \
                    > "$RESULTS/${lab}-cap${cap}gb.log" 2>&1 &
                done
