@@ -79,19 +79,19 @@
 #
 # Time per part: *your time* is our estimate for a student working through the part (reading, code, written
 # answers); *run time* is how long the reference notebook's cells took at cpu scale on a busy 2-core machine
-# (a laptop is usually faster; set-up adds 7 to 13 s, the whole run about 2.5 minutes; two of Part 4's cells
-# compile, and announce it). On the course's H100 at teaching scale the whole notebook ran in 79 s
+# (reports/cpu-2core/lab1-cpu_run.json; a laptop is usually faster; set-up adds about 6 s, the whole run about
+# 2 minutes; two of Part 4's cells compile, and announce it). On the course's H100 at teaching scale the whole notebook ran in 79 s
 # (reports/lab1-h100.md), with torch.compile's caches warm from the report's own measurements: on a freshly
 # started machine the first compiles add to it.
 #
 # | Part | your time (estimate) | run time at cpu scale |
 # | --- | --- | --- |
-# | Part 1: latency, MACs and I/O | 1.5 h | 3 to 7 s |
-# | Part 2: the roofline model | 1 h | under 1 s |
-# | Part 3: the Gemma-3 decoder layer, 3.1 to 3.4 | 2.75 h | 25 to 30 s |
-# | Part 3, Section 3.5: every operator measured on your roofline | 0.75 h | 4 to 8 s |
-# | Part 4: profiling, fusion, `torch.compile` and CUDA Graphs | 2.5 h | 65 to 80 s |
-# | Part 5: FlashAttention | 1.5 h | 22 to 25 s |
+# | Part 1: latency, MACs and I/O | 1.5 h | about 3 s |
+# | Part 2: the roofline model | 1 h | about 2 s |
+# | Part 3: the Gemma-3 decoder layer, 3.1 to 3.4 | 2.75 h | about 18 s |
+# | Part 3, Section 3.5: every operator measured on your roofline | 0.75 h | about 5 s |
+# | Part 4: profiling, fusion, `torch.compile` and CUDA Graphs | 2.5 h | about 1 minute |
+# | Part 5: FlashAttention | 1.5 h | about 30 s |
 
 # %% nbgrader={"grade": false, "grade_id": "setup_imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import functools

@@ -56,16 +56,16 @@
 # Autograded questions have one right answer (a function, a formula, a number); written answers are graded by
 # a TA. Each part's row says how long a student typically spends on it (reading, writing, debugging and the
 # written answers; the lab as a whole takes about 13 hours, the bonus questions 3 more) and how long its cells run
-# at cpu scale on a 2-core CPU (measured on a busy shared machine: a laptop is faster); at teaching scale on an
+# at cpu scale on a 2-core CPU (reports/cpu-2core/lab2-cpu_run.json, a busy shared machine: a laptop is faster); at teaching scale on an
 # H100 the whole notebook runs in about 3.5 minutes, most of it in Parts 1 and 5.
 #
 # | Question | Topic | Points |
 # | --- | --- | --- |
-# | **Part 1** | about 1.5 hours of work; its cells run about 30 s at cpu scale | |
+# | **Part 1** | about 1.5 hours of work; its cells run about 8 s at cpu scale | |
 # | Question 1.1 | HBM bytes of `relu(A @ B)`, fused and unfused | 4 |
 # | Question 1.2 | predicted speedup of fusion (roofline) | 4 |
 # | Question 1.3 | measured vs predicted speedup of `torch.compile` (written) | 5 |
-# | **Part 2** | about 1.5 hours (the bonus 45 min more); runs about 20 s | |
+# | **Part 2** | about 1.5 hours (the bonus 45 min more); runs a few seconds | |
 # | Question 2.1 | input and output bytes of `C @ relu(A @ B)` | 3 |
 # | Question 2.2 | FLOPs of `C @ relu(A @ B)` | 3 |
 # | Question 2.3 | arithmetic intensity, with and without the intermediate | 4 |
@@ -75,13 +75,13 @@
 # | Question 3.1 | attention with `einsum`, with masks | 8 |
 # | Question 3.2 | FLOPs, bytes and intensity of attention | 4 |
 # | Question 3.3 | causal mask | 3 |
-# | **Part 4** | about 5 hours (the Triton kernel half of it; the bonus 2 hours more); runs about 30 s | |
+# | **Part 4** | about 5 hours (the Triton kernel half of it; the bonus 2 hours more); runs about 7 s | |
 # | Question 4.1.1 | online softmax update | 3 |
 # | Question 4.1.2 | blockwise log-sum-exp | 3 |
 # | Question 4.2 | tiled attention forward in PyTorch | 10 |
 # | Question 4.3 | FlashAttention forward in Triton | 10 |
 # | Bonus 4.4 | backward pass by recomputation | 8 |
-# | **Part 5** | about 3.5 hours; runs 3-4 min at cpu scale (compiling a small Transformer on the CPU most of it) | |
+# | **Part 5** | about 3.5 hours; runs about 1 minute at cpu scale (compiling included) | |
 # | Question 5.1 | attention benchmark harness | 6 |
 # | Question 5.2 | attention benchmark analysis (written) | 8 |
 # | Question 5.3 | `torch.compile` on whole Transformers (written) | 8 |

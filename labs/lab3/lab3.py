@@ -54,13 +54,14 @@
 # ## Points and time
 # Autograded questions have one right answer (a function, a formula, a number). Written answers and plots are
 # graded by a TA. Each part's row gives our estimate of a student's time for it, reading, coding and running
-# included, and how long its cells run on a laptop CPU (at teaching scale on the course's H100, Parts 1 and 5 take
+# included, and how long its cells run on a CPU (a busy 2-core machine, reports/cpu-2core/lab3-cpu_run.json: a
+# laptop is faster; at teaching scale on the course's H100, Parts 1 and 5 take
 # about a minute each, Part 6 about 10 s and the others seconds: under 3 minutes in all). The whole lab: about
 # 7 hours, plus about 45 minutes for the two bonus questions.
 #
 # | Question | Topic | Points |
 # | --- | --- | --- |
-# | **Part 1** | about 60 min (15 reading, 25 coding, 20 writing); its cells run about 1 min at cpu scale | |
+# | **Part 1** | about 60 min (15 reading, 25 coding, 20 writing); its cells run about 6.5 min at cpu scale (training) | |
 # | Question 1.1 | `causal_self_attention` | 6 |
 # | Question 1.2 | why the causal mask (written) | 2 |
 # | Question 1.3 | how many layers does recall need? (written) | 4 |
@@ -79,7 +80,7 @@
 # | Question 4.4 | the cache and arithmetic intensity (written) | 3 |
 # | Bonus 4.5 | grouped-query attention and how many sequences fit (about 20 min) | 4 |
 # | Question 4.6 | `StaticKVCache` and `gpt2_step`: your cache and cached decode step | 12 |
-# | **Part 5** | about 50 min (10 coding, 15 plotting, 25 writing); its measurements run about 1.5 min at cpu scale | |
+# | **Part 5** | about 50 min (10 coding, 15 plotting, 25 writing); its measurements run about 1.3 min at cpu scale | |
 # | Question 5.1 | predicted latencies (code) | 2 |
 # | Question 5.2 | your cached and uncached decode against the roofline: plot and answer | 6 |
 # | **Part 6** | about 90 min; its cells run about 1 min at cpu scale | |
@@ -455,7 +456,7 @@ finish_checks("Question 1.1")
 # blocks of your `causal_self_attention` and a 4x MLP) and train it with 1, 2, ... layers.
 
 # %%
-# cpu scale: a smaller task (6 pairs, 24 keys and values) and model that a laptop trains in about a minute, still
+# cpu scale: a smaller task (6 pairs, 24 keys and values) and model that a CPU trains in a few minutes, still
 # showing that one layer cannot recall and two can; a third layer would need several times more steps there.
 RECALL_TASK = dict(
     num_pairs=at_scale(teaching=8, quick=4, cpu=6),     # key-value pairs listed in the context
@@ -601,7 +602,7 @@ def recall_accuracy(model, task=RECALL_TASK, num_sequences=1024, seed=1234, devi
 recall_models, recall_results = {}, []
 if SCALE != "quick":
     print(f"Training {len(RECALL_LAYER_COUNTS)} models of {RECALL_LAYER_COUNTS} layers for {RECALL_TRAINING['steps']} "
-          f"steps each: about 1 minute on a laptop CPU at cpu scale, about 1 minute on an H100 at teaching scale.")
+          f"steps each: a few minutes on a CPU at cpu scale, about 1 minute on an H100 at teaching scale.")
 for num_layers in RECALL_LAYER_COUNTS:
     start_s = time.perf_counter()
     recall_models[num_layers], losses = train_recall_model(num_layers)
