@@ -175,8 +175,12 @@ def mixed_submission(lab: str, harness: dict):
     cell_points = {gid: p for gid, p in autograded_points_by_cell(src).items()}
     runs = {(run["cell"], run["label"]): run for run in harness["variants"]}
     per_cell: dict[str, float] = {}
+    # A question whose tests accept values carried forward from earlier answers (checks.carried) scores differently
+    # next to other wrong answers than the harness measured it alone: it always gets a right answer here.
+    carries = {question_key(grade_id(cell)) for cell in src.cells
+               if is_autograded_test(cell) and "carried(" in cell.source}
     for position, question in enumerate(sorted(points, key=question_sort_key)):
-        if position % 2 == 0:
+        if position % 2 == 0 or question in carries:
             per_cell.update({gid: p for gid, p in cell_points.items() if question_key(gid) == question})
             chosen = {cell: sources[0] for cell, sources in alternatives.items() if question_key(cell) == question}
         else:
