@@ -86,26 +86,25 @@ def partial_credit_output(cell, share: float, failed: list[str]) -> NotebookNode
                                                    "failed": failed}})
 
 
-def _marked_partial_result(cell, out) -> bool:
-    """Whether ``out`` is the partial-credit result the grader wrote in ``cell`` (its mark on the output, or on the
-    cell with the same score once ``SanitizeNotebook`` has dropped the output's metadata)."""
+def _partial_mark(cell, out) -> dict | None:
+    """The mark (with its ``share``) when ``out`` is the partial-credit result the grader wrote in ``cell``: the mark on
+    the output, or the cell's mark with the same score once ``SanitizeNotebook`` has dropped the output's metadata."""
     if out.get("output_type") != "execute_result":
-        return False
-    if ((out.get("metadata") or {}).get("efficient_ai") or {}).get("partial_credit") == _PARTIAL_CREDIT_TOKEN:
-        return True
+        return None
+    on_output = (out.get("metadata") or {}).get("efficient_ai") or {}
+    if on_output.get("partial_credit") == _PARTIAL_CREDIT_TOKEN:
+        return on_output
     mark = ((cell.get("metadata") or {}).get("efficient_ai") or {}).get(PARTIAL_CREDIT_KEY) or {}
     text = (out.get("data") or {}).get("text/plain")
     text = "".join(text) if isinstance(text, list) else text
-    return mark.get("token") == _PARTIAL_CREDIT_TOKEN and mark.get("score") == text
+    return mark if mark.get("token") == _PARTIAL_CREDIT_TOKEN and mark.get("score") == text else None
 
 
 def partial_credit_share(cell) -> float | None:
     """The share of a test cell's checks that passed, when this grading run recorded partial credit on it."""
     for out in cell.get("outputs", []):
-        if _marked_partial_result(cell, out):
-            mark = ((out.get("metadata") or {}).get("efficient_ai") or {})
-            if mark.get("partial_credit") != _PARTIAL_CREDIT_TOKEN:
-                mark = cell["metadata"]["efficient_ai"][PARTIAL_CREDIT_KEY]
+        mark = _partial_mark(cell, out)
+        if mark is not None:
             return float(mark["share"])
     return None
 
@@ -123,7 +122,7 @@ class DropTestResults(NbGraderPreprocessor):
     def preprocess_cell(self, cell, resources, cell_index):
         if is_autograded_test(cell):
             cell.outputs = [out for out in cell.get("outputs", []) if out.get("output_type") != "execute_result"
-                            or _marked_partial_result(cell, out)]
+                            or _partial_mark(cell, out) is not None]
         return cell, resources
 
 
