@@ -146,6 +146,12 @@ def decode(doc, link: "KernelLink"):
         return float(doc["repr"])
     if tag == "tensor":
         return _decode_tensor(doc)
+    if tag == "npstr":
+        if type(doc.get("text")) is not str:
+            raise BoundaryError("malformed numpy string")
+        import numpy
+
+        return numpy.str_(doc["text"])
     if tag in ("ndarray", "npscalar"):
         return _decode_numpy(doc, scalar=tag == "npscalar")
     if tag == "dtype":

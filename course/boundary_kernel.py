@@ -74,7 +74,7 @@ def _efficient_ai_boundary_install(max_bytes, comm_target=None):  # noqa: C901 -
         torch = sys.modules.get("torch")
         numpy = sys.modules.get("numpy")
         if torch is not None:
-            if kind is torch.Tensor:
+            if kind is torch.Tensor or kind is torch.nn.Parameter:  # a Parameter is a correct tensor answer
                 data = value.detach()
                 if data.is_sparse or data.layout != torch.strided or data.is_quantized:
                     return new_handle(value)
@@ -99,6 +99,9 @@ def _efficient_ai_boundary_install(max_bytes, comm_target=None):  # noqa: C901 -
                     raise TooLarge()
                 return {"$": "ndarray", "dtype": value.dtype.str, "shape": list(value.shape),
                         "data": base64.b64encode(raw).decode()}
+            if kind is numpy.str_:  # a correct label answer (numpy's string scalar)
+                budget[0] -= len(value)
+                return {"$": "npstr", "text": str(value)}
             if isinstance(value, numpy.generic) and kind.__module__ == "numpy" and value.dtype.kind in "biufc":
                 return {"$": "npscalar", "dtype": value.dtype.str,
                         "data": base64.b64encode(value.tobytes()).decode()}

@@ -60,6 +60,16 @@ def test_plain_data_arrives_as_the_graders_own_exact_types():
     assert got["scalar"] == np.float32(1.5) and got["shape"] == torch.Size([2, 3])
 
 
+def test_correct_answer_forms_the_contract_accepts_cross_by_value():
+    values = {"label": np.str_("Compute-bound"), "weight": torch.nn.Parameter(torch.ones(2, 3))}
+    got = link_to(values).export(sorted(values))
+    assert type(got["label"]) is np.str_ and got["label"] == "Compute-bound", (
+        f"a NumPy string is a label answer (checks.as_label takes it): it must arrive by value, got {got['label']!r}")
+    assert type(got["weight"]) is torch.Tensor and torch.equal(got["weight"], torch.ones(2, 3)), (
+        f"an nn.Parameter is a tensor answer (checks.as_tensor takes it): it must arrive as its data, got "
+        f"{type(got['weight'])}")
+
+
 def test_anything_else_stays_in_the_kernel_as_a_handle():
     class Tensor2(torch.Tensor):
         pass
@@ -69,9 +79,7 @@ def test_anything_else_stays_in_the_kernel_as_a_handle():
     for name in namespace:
         assert type(got[name]) is boundary.Remote, f"{name} (not plain data) must stay a handle, got {type(got[name])}"
     assert got["model"].out_features == 3, "attributes of a handle are read from the kernel as plain data"
-    weight = got["model"].weight
-    assert type(weight) is boundary.Remote, "a Parameter is a tensor subclass: it stays in the kernel"
-    assert type(got["model"].weight.data) is torch.Tensor
+    assert type(got["model"].weight) is torch.Tensor, "an exact nn.Parameter arrives as its data (a tensor answer)"
 
 
 def test_calls_send_arguments_and_return_plain_data_or_raise_the_students_error():

@@ -175,14 +175,21 @@ def mixed_submission(lab: str, harness: dict):
     cell_points = {gid: p for gid, p in autograded_points_by_cell(src).items()}
     runs = {(run["cell"], run["label"]): run for run in harness["variants"]}
     per_cell: dict[str, float] = {}
+    # A question whose tests accept values carried forward from earlier answers (checks.carried) scores differently
+    # next to other wrong answers than the harness measured it alone: it always gets a right answer here.
+    carries = {question_key(grade_id(cell)) for cell in src.cells
+               if is_autograded_test(cell) and "carried(" in cell.source}
     for position, question in enumerate(sorted(points, key=question_sort_key)):
-        if position % 2 == 0:
+        if position % 2 == 0 or question in carries:
             per_cell.update({gid: p for gid, p in cell_points.items() if question_key(gid) == question})
             chosen = {cell: sources[0] for cell, sources in alternatives.items() if question_key(cell) == question}
         else:
-            chosen = {cell: pairs[0][1] for cell, pairs in wrong.items() if question_key(cell) == question}
-            for cell, (label, _) in ((cell, pairs[0]) for cell, pairs in wrong.items() if question_key(cell) == question):
-                for gid, (_, _, share) in runs[(cell, label)]["tests"].items():
+            # One wrong answer per question, in its first solution cell that has one: the harness measured each wrong
+            # answer alone, so two wrong cells of one question (Lab 3's cache and decode step) would not add up.
+            cell = next((cell for cell in wrong if question_key(cell) == question), None)
+            chosen = {} if cell is None else {cell: wrong[cell][0][1]}
+            if cell is not None:
+                for gid, (_, _, share) in runs[(cell, wrong[cell][0][0])]["tests"].items():
                     if question_key(gid) == question:
                         per_cell[gid] = per_cell.get(gid, 0.0) + math.floor(share * cell_points[gid] * 100 + 1e-9) / 100
         for cell, source in chosen.items():

@@ -79,18 +79,19 @@
 #
 # Time per part: *your time* is our estimate for a student working through the part (reading, code, written
 # answers); *run time* is how long the reference notebook's cells took at cpu scale on a busy 2-core machine
-# (a laptop is usually faster; set-up adds 7 to 13 s, the whole run about 2.5 minutes; two of Part 4's cells
-# compile, and announce it). On the course's H100 at teaching scale the whole notebook ran in 187 s on a
-# freshly started machine (reports/lab1-h100.md).
+# (reports/cpu-2core/lab1-cpu_run.json; a laptop is usually faster; set-up adds about 6 s, the whole run about
+# 2 minutes; two of Part 4's cells compile, and announce it). On the course's H100 at teaching scale the whole notebook ran in 79 s
+# (reports/lab1-h100.md), with torch.compile's caches warm from the report's own measurements: on a freshly
+# started machine the first compiles add to it.
 #
 # | Part | your time (estimate) | run time at cpu scale |
 # | --- | --- | --- |
-# | Part 1: latency, MACs and I/O | 1.5 h | 3 to 7 s |
-# | Part 2: the roofline model | 1 h | under 1 s |
-# | Part 3: the Gemma-3 decoder layer, 3.1 to 3.4 | 2.75 h | 25 to 30 s |
-# | Part 3, Section 3.5: every operator measured on your roofline | 0.75 h | 4 to 8 s |
-# | Part 4: profiling, fusion, `torch.compile` and CUDA Graphs | 2.5 h | 65 to 80 s |
-# | Part 5: FlashAttention | 1.5 h | 22 to 25 s |
+# | Part 1: latency, MACs and I/O | 1.5 h | about 3 s |
+# | Part 2: the roofline model | 1 h | about 2 s |
+# | Part 3: the Gemma-3 decoder layer, 3.1 to 3.4 | 2.75 h | about 18 s |
+# | Part 3, Section 3.5: every operator measured on your roofline | 0.75 h | about 5 s |
+# | Part 4: profiling, fusion, `torch.compile` and CUDA Graphs | 2.5 h | about 1 minute |
+# | Part 5: FlashAttention | 1.5 h | about 30 s |
 
 # %% nbgrader={"grade": false, "grade_id": "setup_imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import functools
@@ -2038,7 +2039,7 @@ print("cached step, measured / roofline:", ", ".join(
 # - **The KV cache** saves recomputing the keys and values of every earlier token: about 8 TFLOP per decode
 #   step here, a cost that grows with the context length, paid with memory (7 GB of cache). Replayed as a CUDA
 #   graph the cached step took 8.1 ms against a roofline of 2.6 ms (reading 1.7 GB of weights and 7 GB of cache
-#   once), and was 8.8x faster than the step without the cache (predicted: 3.1x; the step without the cache
+#   once), and was 8.9x faster than the step without the cache (predicted: 3.1x; the step without the cache
 #   took 72 ms against 8.1 ms predicted, because its RMSNorm in float32 and its RoPE make several extra passes
 #   over the recomputed keys of all 32768 tokens).
 # - **Why 8.1 ms and not 2.6**: attention over the cache needs at least 7 GB / 26 layers / 3.35 TB/s = 0.08 ms
@@ -2047,15 +2048,16 @@ print("cached step, measured / roofline:", ", ".join(
 #   average.
 # - **Fewer kernels close the gap**: compiled with `torch.compile`, the same cached step runs 391 kernels
 #   instead of 2236 (52 elementwise instead of 1820: each layer's norms, RoPE, residuals and GeLU fused into a
-#   few generated kernels) and, replayed as a CUDA graph, takes 4.35 ms: 1.7x its roofline, where the graph of
+#   few generated kernels) and, replayed as a CUDA graph, takes 4.34 ms: 1.7x its roofline, where the graph of
 #   the uncompiled step was 3.1x. What is left is mostly reading the weights and the cache (the 2.6 ms of the
-#   roofline) plus a few microseconds for each of the remaining kernels. The compile costs 18 to 51 s, once
-#   (the report's table and this cell's printed output there: two runs).
-# - **Launch overhead**: run eagerly, the same cached step took 39 to 89 ms (this cell's output and the
-#   report's "no graph" column): the CPU needs longer to launch 2236 kernels from Python than the GPU needs to
-#   run them, so the eager time measures the CPU, and the cache looks almost useless (eager speedup 1.9x in the
-#   printed output, 0.84x in the report's table, against 8.8x as CUDA graphs). Even compiled, launched from
-#   Python it takes 15 to 18 ms. This is why
+#   roofline) plus a few microseconds for each of the remaining kernels. The compile costs 13 to 43 s, once
+#   (this cell's printed output there, with the compile caches warm from the report's own measurements, and
+#   the report's table).
+# - **Launch overhead**: run eagerly, the same cached step took 44 to 64 ms (the report's "no graph" column and
+#   this cell's output): the CPU needs longer to launch 2236 kernels from Python than the GPU needs to run them,
+#   so the eager time measures the CPU, and the cache looks nearly useless (eager speedup 1.1x in the printed
+#   output, 1.7x in the report's table, against 8.9x as CUDA graphs). Even compiled, launched from Python it
+#   takes 7 to 8 ms, well above the graph's 4.34 ms. This is why
 #   inference engines compile decode steps and replay them as CUDA graphs, and why we hold the graph times
 #   against the roofline.
 
@@ -2535,11 +2537,15 @@ plt.show()
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q3_5_3_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
 # **Compute-bound**: the projections of the prefill (`gate_proj`, `up_proj`, `down_proj`, `q_proj`, `o_proj`).
 # Each is a GEMM whose weight is read once and reused by every one of the $BL$ tokens, so its intensity is high
-# (with $BL = 16384$ tokens in bf16, 473 FLOP/byte for the MLP's projections and 384 for `q_proj` and `o_proj`;
+# (with $BL = 16384$ tokens in bf16, 474 FLOP/byte for the MLP's projections and 385 for `q_proj` and `o_proj`;
 # at cpu scale in float32, 84 and 78): right of the measured ridge, and they reach a large part of the measured
-# matmul ceiling. `q @ k^T` and `probs @ v` are GEMMs too, but their intensity is $Ld / (2d + L)$ (205 FLOP/byte at
-# $L = 2048$, $d = 256$, in bf16): they sit near the ridge and move to the right only with longer sequences; the
-# narrow `k_proj` and `v_proj` (256 outputs) sit near it as well (181 FLOP/byte).
+# matmul ceiling (on the H100 of `reports/lab1-h100.md`: ridge 262 FLOP/byte; `gate_proj`, `up_proj` and
+# `down_proj` at 613 to 681 TFLOP/s, 78 to 86% of the measured 788; `q_proj` and `o_proj` at about half of it).
+# `q @ k^T` and `probs @ v` are GEMMs too, but their intensity is $Ld / (2d + L)$ (205 FLOP/byte at $L = 2048$,
+# $d = 256$, in bf16): they sit near the ridge, just left of it on the H100 (at 82 to 84% of the roof there), and
+# move to the right only with longer sequences. The narrow `k_proj` and `v_proj` (256 outputs, 181 FLOP/byte) sit
+# left of the ridge and reach only 20% of their roof on the H100: too few output tiles to keep the GPU busy, a
+# limit the roofline does not draw.
 # **Memory-bound**: `GeLU` (8 FLOPs per element read and written: 2 FLOP/byte in bf16, 1 in float32), the
 # product `gelu * up` (1 FLOP per 3 elements: 0.17 FLOP/byte in bf16) and `softmax` (4 FLOPs per score read and
 # written: 1 FLOP/byte in bf16): far left of the ridge, each one streams whole tensors through memory and runs at
@@ -2551,14 +2557,15 @@ plt.show()
 # scale in float32) is total FLOPs over total bytes, but the MLP never runs at that intensity: it runs five kernels
 # one after another, each at its own. Its time is the sum of the five times. The elementwise kernels do 0.2% of
 # the MLP's FLOPs but move 55% of its bytes in bf16 at this shape (30% at cpu scale in float32: their
-# $(B, L, I)$ tensors), and take a share of its time many times their share of FLOPs (the report's "MLP time"
-# column for GeLU and `gelu * up`; 14% of the MLP's time in a cpu-scale run on a loaded 2-core machine). One point
+# $(B, L, I)$ tensors), and take a share of its time many times their share of FLOPs (on the H100, 15% and 22% of
+# the MLP's time, 37% together; 14% in a cpu-scale run on a loaded 2-core machine). One point
 # near or right of the ridge says the whole MLP is compute-bound or "about balanced", so that a faster GEMM or a
 # bigger batch would help; in fact the GEMMs already run near the compute roof and the rest of the time is pure
 # memory traffic that no faster matmul touches. What helps is removing bytes: fusing the GeLU and the product (into one kernel, or into
 # the `gate_proj`/`up_proj` epilogue, Part 4) so the $(B, L, I)$ intermediates never go to memory. (The measured
-# roof is also lower than the datasheet's: the report's measured ceilings against the H100's 989 TFLOP/s and
-# 3.35 TB/s; against the datasheet every point looks further from its roof than it is.)
+# roof is also lower than the datasheet's: on the H100, 788 TFLOP/s and 3.02 TB/s measured, 80% and 90% of the
+# datasheet's 989 TFLOP/s and 3.35 TB/s, so the ridge moves from 295 to 262 FLOP/byte; against the datasheet
+# every point looks further from its roof than it is.)
 # === BEGIN MARK SCHEME ===
 # 3 points in total. Judge against the student's own table and plot (a wrong roofline_point is charged in
 # Question 3.5.1 only; their own numbers, used correctly, earn full marks), GPU or CPU alike:
@@ -2694,8 +2701,8 @@ plt.show()
 # fused attention kernel): it reads the layer's whole cache (8 x 4097 tokens, 0.27 GB) once, at least 0.08 ms at
 # 3.35 TB/s. The new token's key and value are written into the preallocated cache in place, so nothing copies
 # the cache. The projections of 8 tokens take little, and the elementwise kernels each do almost nothing, yet
-# together they take most of the rest. Launched from Python the step takes 1.5 to 3.4 ms per layer (39 to 89 ms / 26
-# in the report's two runs), its GPU work about 0.3 ms (the CUDA graph's 8.13 ms / 26): the GPU idles between tiny kernels while Python launches
+# together they take most of the rest. Launched from Python the step takes 1.7 to 2.5 ms per layer (44 to 64 ms / 26
+# in the report's two runs), its GPU work about 0.3 ms (the CUDA graph's 8.11 ms / 26): the GPU idles between tiny kernels while Python launches
 # the next one. The decode step is launch-bound and memory-bound, not compute-bound.
 # On a CPU (cpu scale) the table lists operators instead of kernels: the projections (aten::linear / aten::mm)
 # and attention take most of the time, and nothing copies the cache either.
@@ -2854,16 +2861,16 @@ print(f"PyTorch GeLU latency: {pytorch_gelu_latency_ms:.4f} ms ({python_gelu_lat
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q4_3_3_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
 # PyTorch's GeLU is about 9x faster at teaching scale: on the course's H100, $2^{28}$ elements took 6.4 ms with the
-# Python version against 0.716 ms with `F.gelu` (reports/lab1-h100.md, GeLU table: 8.9x). GeLU is elementwise, a
+# Python version against 0.714 ms with `F.gelu` (reports/lab1-h100.md, GeLU table: 9.0x). GeLU is elementwise, a
 # few FLOPs per 8 bytes moved: memory-bound. The Python version runs each operation as its own kernel, `pow`,
 # four multiplications, two additions and `tanh` (8 kernels), and each streams whole tensors through memory: six
 # of them read one tensor and write one (2 passes each), two (`x + ...` and the final product) read two and write
 # one (3 passes each), so $6 \cdot 2 + 2 \cdot 3 = 18$ passes, plus seven temporary allocations. `F.gelu` is one
 # fused kernel that reads `x` once, keeps every intermediate in registers and writes the result once: 2 passes.
 # $18 / 2 = 9$ is the measured ratio: at this size the time is the memory traffic, and the fused kernel runs at
-# the copy bandwidth (0.716 ms for 2 GiB moved, 3.00 TB/s in the report). At small sizes the story changes: for a
-# million elements on the H100 the memory needs under 3 µs, yet the Python version took about 0.16 ms and `F.gelu`
-# 0.02 to 0.03 ms (report, GeLU table, and the printed output of Section 4.3's `torch.compile` cell in
+# the copy bandwidth (0.714 ms for 2 GiB moved, 3.01 TB/s in the report). At small sizes the story changes: for a
+# million elements on the H100 the memory needs under 3 µs, yet the Python version took 0.10 to 0.14 ms and `F.gelu`
+# about 0.02 ms (report, GeLU table, and the printed output of Section 4.4's `torch.compile` cell in
 # reports/h100/lab1_executed.ipynb): there the time is the CPU's work of launching kernels from Python, which
 # dominates the memory traffic (Section 4.4 shows it).
 # (At cpu scale the ratio is the student's own, e.g. 3x to 10x: the same passes and temporaries, on a CPU's
@@ -2922,7 +2929,7 @@ print(f"kernels per call: Python GeLU {count_cuda_kernels(prof_python_gelu, per_
 # `aten::add` twice, `aten::tanh`), against one for `aten::gelu`. Each streams whole tensors through memory: the
 # six that read one tensor take about as long as the single `gelu` kernel, the two that read two tensors about
 # 1.5 times as long, so the Python version's GPU time per call is about 9 times `F.gelu`'s (6.4 ms against
-# 0.716 ms for $2^{28}$ elements on the course's H100, reports/lab1-h100.md), and it makes eight times the CPU
+# 0.714 ms for $2^{28}$ elements on the course's H100, reports/lab1-h100.md), and it makes eight times the CPU
 # launch work (`cudaLaunchKernel`). The slowdown is the number of memory passes, not the arithmetic. (On a CPU
 # the table shows the same eight operators against one `aten::gelu`, with CPU times instead of kernels.)
 # === BEGIN MARK SCHEME ===
@@ -2976,15 +2983,16 @@ else:
 # %% [markdown]
 # Two regimes show in these numbers (on the course's H100, reports/lab1-h100.md, GeLU table):
 # - **Large tensors ($2^{28}$ elements): memory traffic.** The compiled GeLU is one generated kernel, as fast as
-#   `F.gelu` (0.72 ms each, at the copy bandwidth), and the Python version is 8.9x slower: 18 memory passes
+#   `F.gelu` (0.72 and 0.71 ms, at the copy bandwidth), and the Python version is 9.0x slower: 18 memory passes
 #   against 2. Fusion pays exactly by the passes it saves.
 # - **Small tensors (a million elements): launch overhead.** The memory needs under 3 µs, yet the Python version
-#   took about 0.16 ms, the compiled one 0.08 to 0.09 ms and `F.gelu` 0.02 to 0.03 ms (the table, and this cell's
+#   took 0.10 to 0.14 ms, the compiled one 0.08 to 0.10 ms and `F.gelu` about 0.02 ms (the table, and this cell's
 #   printed output in reports/h100/lab1_executed.ipynb). The GPU finishes each kernel in a few microseconds and
 #   waits for the CPU: for the Python version, eight kernel launches from Python; for the compiled one, a single
 #   kernel but the work of the compiled wrapper around it in every call (Dynamo's guard checks, the call into the
-#   generated code), so it lands between the two, several times `F.gelu`. Fusion saves no memory time here; what
-#   counts is the CPU's work per call.
+#   generated code), so it costs several times `F.gelu`: between the two in this cell's output (0.08 against
+#   0.14 ms), about as much as the Python version in the report's table (0.10 ms each). Fusion saves no memory
+#   time here; what counts is the CPU's work per call.
 #
 # On a CPU (cpu scale) the same two regimes show in your numbers, with operator calls instead of kernel launches:
 # for a thousand elements each operator call costs microseconds of dispatch, and the compiled wrapper costs
@@ -3065,17 +3073,19 @@ else:
 # **(b) Written, 3 points.** Describe the differences from the eager MLP of Section 4.2.
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q4_4_1_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
-# The compiled MLP launches fewer kernels (on the course's H100: 4 per call instead of 5), and its GPU time is
-# about the same: the profiles in reports/h100/lab1_executed.ipynb show about 83 µs of kernels per eager call and
-# 87 µs per compiled one. It measured faster, 0.205 ms against 0.377 ms eager (reports/lab1-h100.md, MLP table;
-# 0.165 against 0.236 ms in the notebook's own run), but both times are twice the GPU time or more: at this size
-# a call is bound by the CPU's work per call, and that is where the difference comes from, not from fusion. The GeLU and the elementwise product, two
+# The compiled MLP launches fewer kernels (on the course's H100: 4 per call instead of 5), yet its GPU time is not
+# smaller: the profiles in reports/h100/lab1_executed.ipynb show about 83 µs of kernels per eager call and
+# 103 µs per compiled one (the autotuned Triton GEMM templates of `gate_proj` and `up_proj` took about 28 µs each
+# there, cuBLAS's about 19). It measured faster all the same, 0.137 ms against 0.162 ms eager
+# (reports/lab1-h100.md, MLP table; 0.164 against 0.241 ms in the notebook's own run), and both times lie above
+# the GPU time (eager about twice it): at this size a call is bound by the CPU's work per call, and that is where
+# the difference comes from, not from fusion. The GeLU and the elementwise product, two
 # kernels in eager mode (`aten::gelu` and `aten::mul`, each reading and writing $(B, L, I)$ tensors), are fused
 # into one generated Triton kernel (a `triton_poi_fused_...` kernel), which saves one kernel and two of the five
 # passes over $(B, L, I)$ tensors. That is all fusion can save here: the three GEMMs (cuBLAS's `nvjet...` kernels
 # or Inductor's Triton templates, whichever autotuning found faster) do almost all the FLOPs and take most of the
 # GPU time, and they are the same work compiled or not. With $B L = 4096$ tokens the saved elementwise passes are
-# about 34 MB, roughly 10 µs at the H100's 3.35 TB/s, a few percent of the call's GPU time. (For the GeLU alone, Section
+# about 34 MB, roughly 10 µs at the H100's 3.35 TB/s, about a tenth of the call's GPU time. (For the GeLU alone, Section
 # 4.3, the same fusion gave 9x, because there the elementwise passes were the whole cost.) The `record_function`
 # labels disappear (Dynamo ignores them; the call shows up as a `Torch-Compiled Region` with a
 # `CompiledFxGraph`), and new CPU work appears (`TorchDynamo Cache Lookup`, guards). The CPU still launches every
@@ -3084,9 +3094,9 @@ else:
 # 3 points in total:
 # - 1 point: fewer kernels; the activation and the product are fused into one (Triton) kernel.
 # - 1 point: the GEMMs remain (cuBLAS or autotuned Triton templates) and dominate the time; fusion only saves
-#   the elementwise part's traffic, so the GPU time is about the same (in the H100 run's profiles about 83 µs
-#   eager and 87 µs compiled per call); a faster compiled latency (the H100 report measured 0.205 ms compiled
-#   against 0.377 ms eager) comes from less CPU work per call, not from fusion. "Compiled is faster" earns the
+#   the elementwise part's traffic, so the GPU time does not drop (in the H100 run's profiles about 83 µs
+#   eager and 103 µs compiled per call); a faster compiled latency (the H100 report measured 0.137 ms compiled
+#   against 0.162 ms eager) comes from less CPU work per call, not from fusion. "Compiled is faster" earns the
 #   point when their own numbers show it, with numbers from their profile.
 # - 1 point: another correct observation from their profile: record_function labels replaced by a compiled
 #   region, kernels still launched one by one from the CPU (launch gaps remain), different kernel names.
@@ -3136,8 +3146,8 @@ else:
 # - 2 points: the comparison: on the CPU side one cudaGraphLaunch per step replaces the per-kernel launches,
 #   and the kernels run back to back (gaps between kernels gone or much smaller).
 # - 1 point: a correct conclusion about latency from their numbers: no gain, or a loss, for a 4-kernel MLP whose
-#   kernels are long (the H100 report measured 0.194 ms with graphs against 0.205 ms compiled without, and the
-#   executed notebook of that report 0.181 against 0.165 ms: no consistent gain; each call
+#   kernels are long (the H100 report measured 0.186 ms with graphs against 0.137 ms compiled without, and the
+#   executed notebook of that report 0.149 against 0.164 ms: no consistent gain; each call
 #   still copies the input into the graph's static buffer and runs the graph wrapper's checks on the CPU, while
 #   there was little launch work to save); graphs pay off when many short kernels are launched (decode). A
 #   student whose own numbers show graphs faster, and says so, earns the point.
@@ -3161,14 +3171,14 @@ if mlp_cudagraph is not None:
     # The kernels are those of max-autotune-no-cudagraphs plus one copy of the input into the graph's static
     # buffer (5 per call in the H100 report). On the CPU side the per-kernel launch calls are replaced by a single
     # `cudaGraphLaunch` per step, and the kernels run back to back on the GPU. Yet for this MLP (4 x 1024 tokens)
-    # the graph gains nothing reliable: 0.194 ms against 0.205 ms compiled without graphs on the course's H100
-    # (reports/lab1-h100.md, MLP table), but 0.181 against 0.165 ms in this cell's run there
-    # (reports/h100/lab1_executed.ipynb). Four kernels of about 20 µs each leave little launch work to save (in
+    # the graph gains nothing reliable: 0.186 ms against 0.137 ms compiled without graphs on the course's H100
+    # (reports/lab1-h100.md, MLP table), but 0.149 against 0.164 ms in this cell's run there
+    # (reports/h100/lab1_executed.ipynb). Four kernels of 21 to 28 µs each leave little launch work to save (in
     # the compiled MLP's profile, 4 `cuLaunchKernel` calls of about 9 µs, a small part of the call's CPU work of
     # guards and wrappers), while every call adds the input copy and the CPU
     # work of the graph wrapper (checking that the inputs and the recorded graph still match, managing its
     # memory pool). CUDA Graphs pay off when a call launches many short kernels: the decode step of Section 3.3
-    # (2236 kernels) took 39 to 89 ms launched from Python and 8.13 ms replayed as a CUDA graph (same report).
+    # (2236 kernels) took 44 to 64 ms launched from Python and 8.1 ms replayed as a CUDA graph (same report).
 else:
     print("profiling the CUDA-Graph MLP: skipped (it needs an NVIDIA GPU at teaching scale)")
 ### END SOLUTION
@@ -3476,8 +3486,9 @@ print(f"fusion saves {sdpa_kernels['total'] - flash_kernels['total']} launches p
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_speedup_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
 # **3.** At short sequences (256 to about 1024 tokens on the course's H100) FlashAttention is not reliably
-# faster, and can be slower (0.74x to 0.89x at 256 and 512 tokens in both of the report's runs, its table and
-# the printed sweep; at 1024 they disagree, 0.83x and 1.05x): both versions take about 0.1 to 0.25 ms, far above their roofline predictions of one
+# faster, and can be slower (0.55x to 0.78x from 256 to 1024 tokens in the report's table; in the printed sweep
+# of the same run 0.29x at 512 tokens but 1.39x at 256 and 1.24x at 1024): both versions take about 0.1 to 0.4 ms,
+# far above their roofline predictions of one
 # to tens of microseconds (reports/lab1-h100.md, the "SDPA predicted" and "Flash predicted" columns). Neither is
 # bound by compute or memory there: the time is fixed per-call work, Python and PyTorch's dispatch, the
 # `flash_attn_func` wrapper (checks, layout, choosing a backend), kernel launches (5 against 1), and too little work

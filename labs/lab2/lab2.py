@@ -36,13 +36,13 @@
 # ## How this notebook works
 # - Run it top to bottom. `utils.at_scale(teaching=..., quick=..., cpu=...)` picks the sizes of every cell that
 #   measures, by the scale in effect (the environment report prints it): *teaching* on a GPU (the sizes the
-#   questions discuss; about 4 minutes for the whole notebook on an H100, most of it compiling), *cpu* on a machine
-#   without a GPU (smaller sizes at which a laptop still shows each effect: what the relu's round trip costs, the
-#   materialized `S x S` matrix against a tiled attention, the roofline's two regimes, what `torch.compile` does
-#   to a small Transformer; about ten minutes in all), and *quick* (tiny sizes that only check that the code runs:
-#   the autograder uses it). What only a GPU shows (`max-autotune`'s fused matmul, your Triton kernel's speed,
-#   bf16 tensor cores) is in the course's committed H100 run, `reports/lab2-h100.md`; the cells and questions
-#   that need it say so.
+#   questions discuss; about 3.5 minutes for the whole notebook on an H100, most of it compiling), *cpu* on a
+#   machine without a GPU (smaller sizes at which a laptop still shows each effect: what the relu's round trip
+#   costs, the materialized `S x S` matrix against a tiled attention, the roofline's two regimes, what
+#   `torch.compile` does to a small Transformer; about ten minutes in all), and *quick* (tiny sizes that only
+#   check that the code runs: the autograder uses it). What only a GPU shows (`max-autotune`'s fused matmul, your
+#   Triton kernel's speed, bf16 tensor cores) is in the course's committed H100 run, `reports/lab2-h100.md`; the
+#   cells and questions that need it say so.
 # - Write code where it says `YOUR CODE HERE` and written answers where it says `YOUR ANSWER HERE`. Keep the
 #   names and signatures: the tests call them.
 # - Test cells show a few public checks; the grader runs hidden tests on inputs you have not seen, against
@@ -56,16 +56,16 @@
 # Autograded questions have one right answer (a function, a formula, a number); written answers are graded by
 # a TA. Each part's row says how long a student typically spends on it (reading, writing, debugging and the
 # written answers; the lab as a whole takes about 13 hours, the bonus questions 3 more) and how long its cells run
-# at cpu scale on a 2-core CPU (measured on a busy shared machine: a laptop is faster); at teaching scale on an
-# H100 the whole notebook runs in about 4 minutes, most of it in Parts 1 and 5.
+# at cpu scale on a 2-core CPU (reports/cpu-2core/lab2-cpu_run.json, a busy shared machine: a laptop is faster); at teaching scale on an
+# H100 the whole notebook runs in about 3.5 minutes, most of it in Parts 1 and 5.
 #
 # | Question | Topic | Points |
 # | --- | --- | --- |
-# | **Part 1** | about 1.5 hours of work; its cells run about 30 s at cpu scale | |
+# | **Part 1** | about 1.5 hours of work; its cells run about 8 s at cpu scale | |
 # | Question 1.1 | HBM bytes of `relu(A @ B)`, fused and unfused | 4 |
 # | Question 1.2 | predicted speedup of fusion (roofline) | 4 |
 # | Question 1.3 | measured vs predicted speedup of `torch.compile` (written) | 5 |
-# | **Part 2** | about 1.5 hours (the bonus 45 min more); runs about 20 s | |
+# | **Part 2** | about 1.5 hours (the bonus 45 min more); runs a few seconds | |
 # | Question 2.1 | input and output bytes of `C @ relu(A @ B)` | 3 |
 # | Question 2.2 | FLOPs of `C @ relu(A @ B)` | 3 |
 # | Question 2.3 | arithmetic intensity, with and without the intermediate | 4 |
@@ -75,13 +75,13 @@
 # | Question 3.1 | attention with `einsum`, with masks | 8 |
 # | Question 3.2 | FLOPs, bytes and intensity of attention | 4 |
 # | Question 3.3 | causal mask | 3 |
-# | **Part 4** | about 5 hours (the Triton kernel half of it; the bonus 2 hours more); runs about 30 s | |
+# | **Part 4** | about 5 hours (the Triton kernel half of it; the bonus 2 hours more); runs about 7 s | |
 # | Question 4.1.1 | online softmax update | 3 |
 # | Question 4.1.2 | blockwise log-sum-exp | 3 |
 # | Question 4.2 | tiled attention forward in PyTorch | 10 |
 # | Question 4.3 | FlashAttention forward in Triton | 10 |
 # | Bonus 4.4 | backward pass by recomputation | 8 |
-# | **Part 5** | about 3.5 hours; runs 3-4 min at cpu scale (compiling a small Transformer on the CPU most of it) | |
+# | **Part 5** | about 3.5 hours; runs about 1 minute at cpu scale (compiling included) | |
 # | Question 5.1 | attention benchmark harness | 6 |
 # | Question 5.2 | attention benchmark analysis (written) | 8 |
 # | Question 5.3 | `torch.compile` on whole Transformers (written) | 8 |
@@ -580,19 +580,19 @@ else:
 # (Numbers from `reports/lab2-h100.md`, an H100 in bf16; another GPU gives other values and the same reasoning.)
 #
 # **Square matrices.** The prediction falls from 1.67x (n = 256) to 1.07x (n = 8192). Measured, `torch.compile`
-# does not reach it anywhere: at n = 256-2048 both compiled versions are *slower* than eager (0.45-0.93x in the
-# report), and at n = 8192 they are at about 1.0x (0.97-1.03x; the prediction is 1.07x). For
-# large n the product is **compute-bound**: its intensity is about n/3 FLOP/byte (2n^3 FLOPs over 6n^2 bytes),
-# above the H100's ridge point (~295) from n of about 900, so the matmul's time is set by its FLOPs and the
-# relu's extra 4n^2 bytes add at most a few percent (1.07x predicted at 8192: 0.08 ms of relu against 1.11 ms
-# of matmul at peak). For small n the roofline says memory-bound, but the data (0.7-42 MB) fits in the 50 MB L2
-# cache and each kernel runs for microseconds: the time is **launch and CPU overhead**, not HBM traffic, which
-# the model leaves out. The compiled function adds Dynamo's guard checks and Inductor's wrapper to every call,
-# so it is slower than eager there (CUDA Graphs, `mode="reduce-overhead"`, would remove most of that overhead).
-# The matmul-alone column bounds what any fusion could gain: at n = 8192 eager and the matmul alone take the
-# same time (0.95x, noise), so no fused kernel can be faster than eager; at n = 256-2048 eager is 1.3-1.6x slower
-# than the matmul alone, but the difference is the relu kernel's launch (some 10-20 microseconds), not its bytes,
-# and the compiled wrappers cost more than that.
+# does not reach it anywhere: at n = 256-2048 both compiled versions are *slower* than eager (0.42-0.56x in the
+# report), and at n = 8192 neither gains: default compile is at 1.00x and max-autotune is slower (0.89x; the
+# prediction is 1.07x). For large n the product is **compute-bound**: its intensity is about n/3 FLOP/byte (2n^3
+# FLOPs over 6n^2 bytes), above the H100's ridge point (~295) from n of about 900, so the matmul's time is set by
+# its FLOPs and the relu's extra 4n^2 bytes add at most a few percent (1.07x predicted at 8192: 0.08 ms of relu
+# against 1.11 ms of matmul at peak). For small n the roofline says memory-bound, but the data (0.7-42 MB) fits in
+# the 50 MB L2 cache and each kernel runs for microseconds: the time is **launch and CPU overhead**, not HBM
+# traffic, which the model leaves out. The compiled function adds Dynamo's guard checks and Inductor's wrapper to
+# every call, so it is slower than eager there (CUDA Graphs, `mode="reduce-overhead"`, would remove most of that
+# overhead). The matmul-alone column bounds what any fusion could gain: at n = 8192 eager and the matmul alone take
+# the same time (0.99x, noise), so no fused kernel can be faster than eager; at n = 256-2048 eager is 1.3-1.4x
+# slower than the matmul alone, but the difference is the relu kernel's launch (about 10 microseconds), not its
+# bytes, and the compiled wrappers cost more than that.
 #
 # **What was fused.** The kernel counts (16384 x 64) show it: default `torch.compile` launches the same kernels
 # as eager (a cuBLAS matmul, a separate relu kernel and a memset/copy: 3 each), because an external library
@@ -601,12 +601,12 @@ else:
 # it launched a single matmul kernel, and the relu kernel is gone (2 kernels fewer, not 1: the extra
 # memset/copy went too).
 #
-# **Skinny k = 64.** Here the product is genuinely **memory-bound** (intensity about k = 64 FLOP/byte, far
-# below the ridge): eager writes the n x n result, reads it back and writes it again, the fused kernel writes it
-# once, so the prediction is ~2.9-3x (2.94x at 4096, 2.98x at 16384). At n = 16384 (a 0.5 GB output)
-# max-autotune measured 2.77x, close to the prediction (and to eager over the matmul alone, 2.68x), while default
-# compile stayed at 1.00x. At n = 4096 (about 0.05 ms per call) overhead dominates again and both compiled
-# versions are slower than eager (0.48-0.53x). So the prediction holds when (1) the operation is memory-bound, (2) it is large enough that
+# **Skinny k = 64.** Here the product is genuinely **memory-bound** (intensity about k = 64 FLOP/byte, far below
+# the ridge): eager writes the n x n result, reads it back and writes it again, the fused kernel writes it once, so
+# the prediction is ~2.9-3x (2.94x at 4096, 2.98x at 16384). At n = 16384 (a 0.5 GB output) max-autotune measured
+# 2.78x, close to the prediction (and to eager over the matmul alone, 2.68x), while default compile stayed at
+# 1.00x. At n = 4096 (about 0.06 ms per call) overhead dominates again and both compiled versions are slower than
+# eager (0.45-0.50x). So the prediction holds when (1) the operation is memory-bound, (2) it is large enough that
 # bandwidth, not launch overhead, sets the time, and (3) the compiler really fuses.
 #
 # (On a CPU the same regimes show in the matmul-alone column: for the large skinny shape (4096 x 64, a 64 MB
@@ -875,7 +875,7 @@ if run_compiled:
     chain_versions["torch.compile (2 round trips)"] = (torch.compile(chain), 2)
     chain_versions["max-autotune (1 round trip)"] = (
         torch.compile(chain_for_autotune, mode="max-autotune-no-cudagraphs"), 1)
-    print("Compiling and autotuning (about half a minute on the first run)...")
+    print("Compiling and autotuning (under half a minute on the first run)...")
 else:
     print("torch.compile runs on a GPU at teaching scale only: eager here; the compiled GPU rows are in "
           "reports/lab2-h100.md.")
@@ -1056,12 +1056,12 @@ if not run_compiled:
 # %% [markdown] nbgrader={"grade": true, "grade_id": "b2_5_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
 # `(C @ A) @ B` needs 4 KV_HEAD^2 SEQ FLOPs instead of 4 KV_HEAD SEQ^2, SEQ/KV_HEAD = 78x fewer at SEQ = 10 000,
 # KV_HEAD = 128, and never builds the 200 MB intermediate. On the H100 (`reports/lab2-h100.md`) eager
-# `(C @ A) @ B` was about 2.2x faster than `C @ (A @ B)` (0.079 against 0.172 ms): far from 78x, because the
+# `(C @ A) @ B` was about 2.4x faster than `C @ (A @ B)` (0.072 against 0.175 ms): far from 78x, because the
 # reassociated version is tiny (0.66 GFLOP and 10 MB of traffic, a few microseconds at the roofline) and its
 # time is set by launch overhead and by `C @ A`, a long reduction (K = SEQ = 10 000) with a small 128 x 128
 # output that keeps few SMs busy. `torch.compile` does not reassociate: it keeps the order written
 # (floating-point products are not associative, so the result would change); compiled `C @ (A @ B)` took the
-# same time as eager, and compiled `(C @ A) @ B` was slower than eager (0.137 ms: Inductor's wrapper and other
+# same time as eager, and compiled `(C @ A) @ B` was slower than eager (0.084 ms: Inductor's wrapper and other
 # kernels cost more than such a small computation). With a relu or a softmax between the products the
 # rewrite is impossible: relu(AB) (and softmax(AB)) is not a product of A and B that can be regrouped. Linear
 # attention (e.g. Katharopoulos et al., 2020, "Transformers are RNNs") replaces softmax(QK^T) by a feature map
@@ -3109,8 +3109,8 @@ finish_checks("Question 5.1")
 # %% [markdown]
 # ### The sweep
 #
-# At teaching scale this runs the 15 configurations of the table for each implementation (about a minute on an
-# H100, mostly compiling); at cpu scale 3 configurations of three implementations (about half a minute).
+# At teaching scale this runs the 15 configurations of the table for each implementation (about 40 s on an
+# H100, compiling included); at cpu scale 3 configurations of three implementations (about half a minute).
 # `scores_gb` is the size of one `batch x seq_len x seq_len` matrix in the dtype measured (bf16 on a GPU,
 # float32 on a CPU), the unit in which to read the eager memory; `memory_ratio` is the peak divided by it.
 # `forward_tflops` is the forward pass's achieved TFLOP/s: the FLOPs of your `attention_cost` (Question 3.2;
@@ -3204,16 +3204,17 @@ plt.show()
 #    on the 80 GB H100 (a 16 GB GPU would have failed at 16384 for eager).
 # 2. `torch.compile` **halves the memory** (ratio 2.0: 8.7 GB at 16384) because it fuses the scaling, softmax
 #    and its backward into Triton kernels that do not keep the extra `S x S` temporaries, but latency barely
-#    improves: the backward is about 15% faster at 16384 (12.6 vs 15.1 ms), the forward was *slower* there
-#    (8.9 vs 7.0 ms; the sweep's changing sizes make Inductor recompile with dynamic shapes) and slower at short
-#    sequences (wrapper overhead). It cannot fuse the two matmuls with the softmax between them, so the score
+#    improves: the backward is about 15% faster at 16384 (12.7 vs 15.0 ms), the forward was *slower* there
+#    (8.9 vs 7.0 ms; the sweep's changing sizes make Inductor recompile with dynamic shapes), and at short
+#    sequences (S = 256-1024, 0.2-0.7 ms a call) neither wins consistently: launch and wrapper overhead and
+#    noise set those times. It cannot fuse the two matmuls with the softmax between them, so the score
 #    matrix still goes to HBM and back and P is still saved: memory and time stay quadratic; eager was already
 #    close to memory-bound on that traffic, so there is little to gain.
 # 3. FlashAttention and the Triton kernel never write the `S x S` matrix: memory is **linear** in S (at 16384,
 #    51-202 MB for FlashAttention with its backward, 9-34 MB for the forward-only Triton kernel, across d = 32-128;
 #    ratio 0.002-0.05 at 16384, falling as S grows): what they keep is Q, K, V, O, the log-sum-exp per query and
 #    the gradients, each B x S x d; a tile of scores lives on chip only while its block is processed. Backward
-#    over forward is about 2x for eager (15.1 vs 7.0 ms) and about 3x for FlashAttention (5.1 vs 1.8 ms): the
+#    over forward is about 2x for eager (15.0 vs 7.0 ms) and about 3x for FlashAttention (5.0 vs 1.8 ms): the
 #    backward does 2.5x the matmul FLOPs (dV, dP, dQ, dK, and FlashAttention also recomputes S), while eager's
 #    backward, memory-bound, is dominated by reading and writing P, dP and dS.
 #    (On a CPU, the same shapes show in the cpu-scale table: eager's and `flash_attn_func`'s memory (the math
@@ -3251,7 +3252,7 @@ plt.show()
 # We compile every Transformer block (`block.compile()`), which covers all of the model's compute except the
 # embedding lookup and the output projection, instead of the model object: all blocks share one compiled graph,
 # so compiling takes seconds instead of minutes for 48 layers, with the same kernels (PyTorch calls this
-# *regional compilation*). On a GPU the cell takes about a minute. At cpu scale one small model (4 layers,
+# *regional compilation*). On a GPU the cell takes about half a minute. At cpu scale one small model (4 layers,
 # width 256, batch 4 x 128 tokens, float32) runs eager and compiled: compiling its forward and its training step
 # on a CPU takes one to two minutes (the cell says so), and the kernel counts show what Inductor fused. At quick
 # scale a tiny model runs eager only.
@@ -3446,13 +3447,14 @@ else:
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_3_answer", "locked": false, "points": 8, "schema_version": 3, "solution": true, "task": false}
 # (Numbers from `reports/lab2-h100.md`: an H100, batch 4 x 512 tokens, bf16 autocast; the TFLOP/s follow from
 # `transformer_forward_flops` and the times.)
-# - **Speedups.** Compile sped up the forward by about 1.6-2.3x (small 1.78x, medium 1.56x, xl 2.32x, 2.7B
-#   1.57x: no monotone trend) and the training step by 1.9x (small) falling to 1.3x (xl, 2.7B). That is more
-#   than it gave attention alone in Question 5.2 (about 1x, memory halved), where the two matmuls around the
-#   softmax cannot be fused and eager was already memory-bound on the S x S traffic.
+# - **Speedups.** Compile *slowed* the forward of the two smaller models (small 0.81x, medium 0.84x) and sped up
+#   the larger ones (xl 2.53x, 2.7B 1.57x); it sped up the training step at every size, by 1.2-2.1x (small 2.10x,
+#   medium 1.22x, xl 1.72x, 2.7B 1.26x: no monotone trend). Except for the forwards of the two smaller models,
+#   that is more than it gave attention alone in Question 5.2 (about 1x, memory halved), where the two matmuls
+#   around the softmax cannot be fused and eager was already memory-bound on the S x S traffic.
 # - **The matmuls are not running at their roof.** The forward's matmul FLOPs per layer take 0.03 ms (small) to
-#   0.34 ms (2.7B) at the bf16 peak, yet eager took about 1 ms per layer at every width (0.8-1.4 ms), and the
-#   forward reached only about 3% (small) to 25% (2.7B) of the 989 TFLOP/s peak. A time per layer that does not
+#   0.34 ms (2.7B) at the bf16 peak, yet eager took about 1 ms per layer at every width (0.7-1.3 ms), and the
+#   forward reached only about 4% (small) to 25% (2.7B) of the 989 TFLOP/s peak. A time per layer that does not
 #   grow with d_model^2 is not set by FLOPs or bytes: the GPU waits while Python and the dispatcher launch the
 #   layer's kernels one by one (about 31 per layer in eager: 379 for the small model's 12 layers, from RMSNorm as
 #   several kernels, the autocast casts of every weight, the causal mask rebuilt, masked_fill, softmax, GELU,
@@ -3460,14 +3462,19 @@ else:
 # - **What compile changes.** Inductor fuses the glue of a block (norms, casts, mask, softmax, GELU, adds) into a
 #   few Triton kernels: the compiled forward launches about a third fewer kernels (247 against 379 for the
 #   small model, 711 against 1063 for 2.7B) and moves less data, with less Python per layer; the matmuls stay
-#   cuBLAS calls. That is where the gain comes from: the compiled forward still took 0.5-0.9 ms per layer, far
-#   above its FLOP time for the small model (still launch-bound, just with fewer launches), and reached 20-40% of
-#   peak only at xl and 2.7B, where the matmuls are big enough to fill part of that time.
+#   cuBLAS calls. That is where the gain comes from, and it is not free: each call of a compiled block also runs
+#   Dynamo's guard checks and Inductor's wrapper, and for the small and medium models, where every layer does
+#   little work, that cost outweighed the launches saved (their compiled forwards took 1.0 and 0.8 ms per layer,
+#   more than eager's 0.8 and 0.7 ms). The compiled forward reached 30-40% of peak only at xl and 2.7B (0.5 and
+#   0.9 ms per layer), where the matmuls are big enough to fill part of that time.
 # - **Shares with d_model.** Matmul FLOPs grow as d^2 per token (24 d^2 with d_ff = 4d, against 4 S d for
 #   attention and O(d) for the glue), so with width the matmuls take a growing share and the fusible glue a
-#   shrinking one: compile's relative gain should fall with size once the GPU, not the CPU, sets the time. The
-#   training step shows that fall (1.89x to 1.26x); the forward does not (xl's 2.32x), because at these sizes the
-#   forward is still mostly launch-bound, and 5 repeats on a shared GPU cannot separate 10-20% differences.
+#   shrinking one: compile's relative gain should fall with size once the GPU, not the CPU, sets the time. These
+#   numbers show no clean fall: the step gains most at small (2.10x) and least at medium and 2.7B (1.22x, 1.26x),
+#   with xl in between (1.72x), and the forward goes the other way (slower than eager at small and medium, 2.53x
+#   at xl), because at these sizes the forward is still mostly launch-bound (the compiled blocks' per-call
+#   overhead weighs most where a layer does least work), and 5 repeats on a shared GPU cannot separate 10-20%
+#   differences.
 # - **Training step vs forward.** The step adds the backward (twice the forward's matmul FLOPs, plus the fused
 #   glue's backward), which gives the GPU more work per launch, and the AdamW update, a memory-bound pass over
 #   all parameters and optimizer states that we did not compile: the step gains a different amount than the
@@ -3581,9 +3588,9 @@ plt.show()
 # 3.35 TB/s x intensity).)
 # 1. **S = 16384.** Eager and compiled make two round trips of the S x S matrix: about 32 FLOP/byte (d/2 once
 #    S >> d), far left of the ridge (295 FLOP/byte): memory-bound, with a roof of about 107 TFLOP/s. Eager reached
-#    about 78 TFLOP/s (7.03 ms, 73% of its roof), compiled about 62 TFLOP/s (8.86 ms, 58%). FlashAttention and
+#    about 78 TFLOP/s (7.04 ms, 73% of its roof), compiled about 62 TFLOP/s (8.86 ms, 58%). FlashAttention and
 #    the Triton kernel make none: S/2 = 8192 FLOP/byte, far right of the ridge, compute-bound by the model, with
-#    the full 989 TFLOP/s as roof; they reached about 308 and 312 TFLOP/s (1.78 and 1.76 ms), 31-32% of it. The
+#    the full 989 TFLOP/s as roof; they reached about 311 and 314 TFLOP/s (1.77 and 1.75 ms), 31-32% of it. The
 #    measurements agree with the regimes: eager is close to its memory roof, so its time is the S x S traffic;
 #    the tiled kernels are far above any memory-bound point, and only compute limits them.
 # 2. Compiling changes which kernels run between the two products, not the products: Inductor keeps both as
@@ -3593,14 +3600,14 @@ plt.show()
 #    computes the two products and the softmax tile by tile, with the online softmax (Part 4), removes the round
 #    trips and moves the point right, to S/2.
 # 3. The model predicted 989 / 107 = about 9x (the ratio of the roofs); measured, FlashAttention and Triton were
-#    about 4x faster than eager (7.03 against 1.78 and 1.76 ms). They sit at about a third of the peak because
+#    about 4x faster than eager (7.04 against 1.77 and 1.75 ms). They sit at about a third of the peak because
 #    the roofline counts only matmul FLOPs and bytes: every score also needs an exponential, a max and a
 #    rescaling, which run on the GPU's ordinary units at a small fraction of the tensor cores' rate; with d = 64
 #    each score carries only 4 x 64 FLOPs of matmul work against that softmax work; and a simple kernel waits for
 #    its loads instead of overlapping them with the products (FlashAttention-3 overlaps loads, matmuls and the
 #    softmax with asynchronous copies and warp specialisation to get much closer to the peak).
 # 4. At S = 256 one call does 0.13 GFLOP: at eager's roof (26 FLOP/byte, 86 TFLOP/s) that is under 2
-#    microseconds, yet every implementation took 0.1-0.6 ms (0.2-1.4 TFLOP/s, under 1% of its roof). The time is
+#    microseconds, yet every implementation took 0.06-0.28 ms (0.5-2.1 TFLOP/s, under 1% of its roof). The time is
 #    launch and CPU overhead (Python, the dispatcher, compiled wrappers, a few microseconds per kernel and more per
 #    call), which the roofline leaves out; and even the ideal intensity S/2 = 128 lies below the ridge, so at short
 #    sequences the model calls FlashAttention memory-bound too. Fusion and tiling pay where the work is large.

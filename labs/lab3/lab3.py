@@ -54,12 +54,14 @@
 # ## Points and time
 # Autograded questions have one right answer (a function, a formula, a number). Written answers and plots are
 # graded by a TA. Each part's row gives our estimate of a student's time for it, reading, coding and running
-# included, and how long its cells run on a laptop CPU (at teaching scale on a GPU, Parts 1 and 5 take a minute or
-# two each). The whole lab: about 7 hours, plus about 45 minutes for the two bonus questions.
+# included, and how long its cells run on a CPU (a busy 2-core machine, reports/cpu-2core/lab3-cpu_run.json: a
+# laptop is faster; at teaching scale on the course's H100, Parts 1 and 5 take
+# about a minute each, Part 6 about 10 s and the others seconds: under 3 minutes in all). The whole lab: about
+# 7 hours, plus about 45 minutes for the two bonus questions.
 #
 # | Question | Topic | Points |
 # | --- | --- | --- |
-# | **Part 1** | about 60 min (15 reading, 25 coding, 20 writing); its cells run about 1 min at cpu scale | |
+# | **Part 1** | about 60 min (15 reading, 25 coding, 20 writing); its cells run about 6.5 min at cpu scale (training) | |
 # | Question 1.1 | `causal_self_attention` | 6 |
 # | Question 1.2 | why the causal mask (written) | 2 |
 # | Question 1.3 | how many layers does recall need? (written) | 4 |
@@ -78,7 +80,7 @@
 # | Question 4.4 | the cache and arithmetic intensity (written) | 3 |
 # | Bonus 4.5 | grouped-query attention and how many sequences fit (about 20 min) | 4 |
 # | Question 4.6 | `StaticKVCache` and `gpt2_step`: your cache and cached decode step | 12 |
-# | **Part 5** | about 50 min (10 coding, 15 plotting, 25 writing); its measurements run about 1.5 min at cpu scale | |
+# | **Part 5** | about 50 min (10 coding, 15 plotting, 25 writing); its measurements run about 1.3 min at cpu scale | |
 # | Question 5.1 | predicted latencies (code) | 2 |
 # | Question 5.2 | your cached and uncached decode against the roofline: plot and answer | 6 |
 # | **Part 6** | about 90 min; its cells run about 1 min at cpu scale | |
@@ -454,7 +456,7 @@ finish_checks("Question 1.1")
 # blocks of your `causal_self_attention` and a 4x MLP) and train it with 1, 2, ... layers.
 
 # %%
-# cpu scale: a smaller task (6 pairs, 24 keys and values) and model that a laptop trains in about a minute, still
+# cpu scale: a smaller task (6 pairs, 24 keys and values) and model that a CPU trains in a few minutes, still
 # showing that one layer cannot recall and two can; a third layer would need several times more steps there.
 RECALL_TASK = dict(
     num_pairs=at_scale(teaching=8, quick=4, cpu=6),     # key-value pairs listed in the context
@@ -600,7 +602,7 @@ def recall_accuracy(model, task=RECALL_TASK, num_sequences=1024, seed=1234, devi
 recall_models, recall_results = {}, []
 if SCALE != "quick":
     print(f"Training {len(RECALL_LAYER_COUNTS)} models of {RECALL_LAYER_COUNTS} layers for {RECALL_TRAINING['steps']} "
-          f"steps each: about 1 minute on a laptop CPU at cpu scale, about 1.5 minutes on an H100 at teaching scale.")
+          f"steps each: a few minutes on a CPU at cpu scale, about 1 minute on an H100 at teaching scale.")
 for num_layers in RECALL_LAYER_COUNTS:
     start_s = time.perf_counter()
     recall_models[num_layers], losses = train_recall_model(num_layers)
@@ -2028,8 +2030,8 @@ print(f"GPT-2-shaped model: {MEASURED_SHAPE}, {MEASURE_DTYPE}, "
 
 gpt2_measured = []
 if SCALE != "quick":
-    print(f"Timing {len(GPT2_MEASURE['cases'])} cases: about 1.5 minutes at cpu scale on a laptop, about 1.5 minutes "
-          "on an H100 at teaching scale (the CUDA graphs are captured first).")
+    print(f"Timing {len(GPT2_MEASURE['cases'])} cases: about 1.5 minutes at cpu scale on a laptop, a little over 1 "
+          "minute on an H100 at teaching scale (the CUDA graphs are captured first).")
 for B, N in progress(GPT2_MEASURE["cases"], "batch sizes and lengths"):
     status, result = run_oom_safe(measure_gpt2_ms, gpt2_model, B, N, GPT2_MEASURE["n_warmup"], GPT2_MEASURE["n_repeat"])
     row = {"B": B, "N": N}
@@ -2232,40 +2234,49 @@ plt.show()
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
 # (Model answer from the H100 run of `reports/lab3-h100.md`: GPT-2 XL in fp16, CUDA-graph times; your numbers will
 # differ, and on another GPU the per-kernel floor and the peaks differ too.) The cached decode step with the most
-# bytes is predicted best: at $(64, 1024)$ it takes 11.6 ms against 7.14 ms predicted (1.6x), reading 2.95 GB of
-# weights and 20.1 GB of cache. The other cached steps take 3.8 to 5.0 ms against 0.88 to 1.13 ms (4.2x to 4.4x),
-# and the passes without a cache are 3.6x to 4.6x their predictions (4.23 ms against 0.917 at $(1, 32)$, 1,403 ms
-# against 356 at $(64, 1024)$).
+# bytes is predicted best: at $(64, 1024)$ it takes 11.8 ms against 7.14 ms predicted (1.7x), reading 2.95 GB of
+# weights and 20.1 GB of cache. At $(64, 256)$ (5 GB of cache) it takes 6.79 ms against 2.49 ms (2.7x); the other
+# cached steps take 3.8 to 5.2 ms against 0.88 to 1.13 ms (4.3x to 4.6x), and the passes without a cache are 3.6x
+# to 4.6x their predictions (4.22 ms against 0.917 at $(1, 32)$, 1,400 ms against 356 at $(64, 1024)$).
 #
-# 1. **A floor per kernel.** A decode step launches 1,109 (B = 1) to 1,253 (B = 64) kernels, 23 to 26 per layer
+# 1. **A floor per kernel.** A decode step launches 1,112 (B = 1) to 1,257 (B = 64) kernels, 23 to 26 per layer
 #    over 48 layers. Even replayed as a CUDA graph each costs a few microseconds however little it does
-#    (3.780 ms / 1,109 kernels = 3.4 µs at $(1, 32)$), so any pass costs about 3.4 ms (the single-token line:
-#    3.445 ms) and the small steps, whose bytes would take about 1 ms, sit on that floor, not on the bandwidth roof.
-# 2. **Launch overhead when run eagerly.** Launched one by one from Python, the same steps take 37 to 50 ms
-#    whatever $B$ and $N$: the CPU needs tens of microseconds per kernel, the GPU waits, and the cache then seems
-#    to do little (eager cache speedups 1.16x to 1.43x, except 32x at $(64, 1024)$). CUDA graphs remove this.
+#    (3.827 ms / 1,112 kernels = 3.4 µs at $(1, 32)$), so any pass costs about 3.8 ms (the single-token line:
+#    3.784 ms) and the small steps, whose bytes would take about 1 ms, sit on that floor, not on the bandwidth roof.
+# 2. **Launch overhead when run eagerly.** Launched one by one from Python, the same steps take 24 to 50 ms
+#    whatever $B$ and $N$, and the short passes without a cache 26 to 36 ms: the CPU needs tens of microseconds per
+#    kernel, the GPU waits, and the cache then seems to do little (eager cache speedups 1.03x to 1.14x at $B = 1$)
+#    or even to slow decoding down (0.60x at $(64, 32)$: 50.4 ms for the step against 30.0 ms without the cache).
+#    Only where the pass without a cache is itself long does it show eagerly (7.9x at $(64, 256)$, 53x at
+#    $(64, 1024)$). CUDA graphs remove this.
 # 3. **Work Part 2 does not count.** Per layer of the pass without a cache: a separate pass that scales the scores
 #    (it reads and writes the $HBN^2$ scores once more: $2HBN^2$ elements on top of the $6HBN^2$ counted; the mask
 #    pass is counted), GPT-2's GELU as eight elementwise kernels over $(B, N, 4D)$ (about $72BND$ elements read and
 #    written, where Part 2 fuses it), and layer norms, residual additions and the copy of the heads into
 #    $(B, N, D)$ (about $12BND$). The fused QKV matmul saves only $2BND$. At $(64, 1024)$ that is about as many
 #    bytes again as the $22BND + 12D^2 + 6HBN^2$ counted: a factor of about 2 of the 3.9x; at decode time these terms
-#    carry a factor $B$ instead of $BN$ and are small next to the weights and the cache.
+#    carry a factor $B$ instead of $BN$ and are small next to the weights and the cache. Both ways also run the LM
+#    head (a $D \times V$ weight read, about 5 % more bytes than the decoder's weights), which Part 2 leaves out.
 # 4. **Peaks are not reached and do not overlap perfectly**: kernels, elementwise ones especially, reach only
-#    part of the datasheet's bandwidth and FLOP/s, and the roofline's $\max$ assumes perfect overlap (the 1.6x at
+#    part of the datasheet's bandwidth and FLOP/s, and the roofline's $\max$ assumes perfect overlap (the 1.7x at
 #    $(64, 1024)$ with the cache, and the rest of the 3.9x without it).
 #
-# The cache delivers speedups of the predicted order: 1.12x at $(1, 32)$ (predicted 1.04x: both read the same
-# weights), 5.6x at $(1, 1024)$ (6.6x), 4.7x at $(64, 32)$ (5.4x) and 121x at $(64, 1024)$ (50x). The last is
-# more than predicted because the pass without the cache is 3.9x its prediction (the uncounted passes over its
-# $N \times N$ scores and $(B, N, 4D)$ activations) while the cached step is only 1.6x: $49.8 \times 3.94 / 1.62
-# \approx 121$.
+# The cache delivers speedups of the predicted order: 1.10x at $(1, 32)$ (predicted 1.04x: both read the same
+# weights), 1.46x at $(1, 256)$ (1.57x), 5.5x at $(1, 1024)$ (6.6x), 4.6x at $(64, 32)$ (5.4x), 31x at $(64, 256)$
+# (20x) and 119x at $(64, 1024)$ (50x). The last two are more than predicted because the pass without the cache is
+# about 4x its prediction (the uncounted passes over its $N \times N$ scores and $(B, N, 4D)$ activations) while the
+# cached step is only 2.7x and 1.65x: $20.2 \times 4.21 / 2.73 \approx 31$ and $49.8 \times 3.94 / 1.65 \approx
+# 119$. At small $B N$ the cached step sits on the kernel floor and the speedup falls short of the prediction.
 #
-# **Growth with $N$** (the plot): without the cache the time grows with $N$ (about linearly while the $BN$ tokens'
-# matmuls dominate, faster at $N = 1024$ where the $HBN^2$ score traffic takes over), as the roofline line does. The
-# cached step is nearly flat at $B = 1$: its bytes are the weights, the cache of 1,024 tokens adds a few percent;
-# at $B = 64$ it rises with $N$ once the $2LBND$ elements of cache read per step approach and then exceed the weights
-# (about 20 GB against 3 GB at $N = 1024$), the linear growth in $N$ that Question 4.1 predicts.
+# **Growth with $N$** (the plot): without the cache the time grows with $N$, as the roofline line does. At $B = 64$
+# it grows about linearly from $N = 32$ to 256 (23.6 to 211 ms for 8x the tokens: the $BN$ tokens' matmuls
+# dominate) and faster from 256 to 1,024 (6.6x for 4x the tokens) where the $HBN^2$ score traffic takes over; at
+# $B = 1$ it starts on the floor of the weights and the kernels (4.22 ms at $N = 32$, 5.69 ms at $N = 256$) and
+# rises only at $N = 1024$ (22.8 ms). The cached step is nearly flat at $B = 1$ (3.83, 3.89 and 4.17 ms at
+# $N = 32$, 256 and 1,024): its bytes are the weights, and the cache of 1,024 tokens adds under a tenth. At
+# $B = 64$ it rises with $N$ (5.16, 6.79 and 11.8 ms) as the $2LBND$ elements of cache read per step exceed the
+# weights (about 5 GB at $N = 256$ and 20 GB at $N = 1024$, against 3 GB), the linear growth in $N$ that
+# Question 4.1 predicts; at $N = 256$ the kernel floor still hides part of it (2.7x its prediction).
 #
 # At cpu scale (float32, predictions from the CPU's measured peaks) the cache's speedup also grows with $N$, and a
 # cached step of 8 sequences costs little more than one of a single sequence: both read the same weights. There is
@@ -2281,9 +2292,9 @@ plt.show()
 #   heads); peaks not reached / imperfect overlap. (1 point for one or two reasons.) Naming the causal mask as
 #   uncounted work is a slip (Part 2 counts it), not a reason: it does not count towards the three.
 # - 1 point: compares the measured cache speedups with Part 4 (same order of magnitude with CUDA graphs) and
-#   explains where and why they differ (or why the eager speedups are near 1x); says how the two curves of the plot
-#   grow with N (uncached rising with N, cached flat at B = 1 and rising at large B N once the cache read rivals the
-#   weights).
+#   explains where and why they differ (or why the eager speedups are near 1x, or below it, for the short cases);
+#   says how the two curves of the plot grow with N (uncached rising with N, cached flat at B = 1 and rising at
+#   large B N once the cache read rivals the weights).
 # A CPU-only student who answers from the committed H100 tables (with or without their cpu-scale numbers) is marked
 # exactly as above. An answer from the student's own cpu-scale run alone earns the first and last points when the
 # ratios and speedups are read correctly from it, and the reasons point when it explains the CPU's gaps (eager
@@ -3088,36 +3099,34 @@ if spec_cost is not None:
 # (Model answer from the H100 run of `reports/lab3-h100.md`: 4-layer target, $\gamma = 4$, 64 sequences; re-read its
 # tables, your numbers will differ, and timings of these tiny models vary from run to run.)
 #
-# **Acceptance.** The 1-layer draft's `accepted/drafted` is 0.257, but that is not $\alpha$: a step stops at its first
+# **Acceptance.** The 1-layer draft's `accepted/drafted` is 0.247, but that is not $\alpha$: a step stops at its first
 # rejection, so the drafts after it are counted as drafted without ever being tested. Counting only tested drafts,
-# $\alpha$ = accepted / (accepted + rejections) is about twice as large (0.495), and with it
-# $(1 - \alpha^5)/(1 - \alpha)$ = 1.92 gives about the measured 1.94 tokens per pass (the old estimate, 0.257, would
-# give $(1 - 0.257^5)/(1 - 0.257) = 1.34$). Its rate by position alternates, high at positions 1 and 3 and low at 2 and
+# $\alpha$ = accepted / (accepted + rejections) is about twice as large (0.489), and with it
+# $(1 - \alpha^5)/(1 - \alpha)$ = 1.90 gives the measured 1.90 tokens per pass (the old estimate, 0.247, would
+# give $(1 - 0.247^5)/(1 - 0.247) = 1.33$). Its rate by position alternates, high at positions 1 and 3 and low at 2 and
 # 4: a step usually starts at a query key (after an answer), and the 1-layer draft does well on query keys, where it
 # only has to pick one of the listed keys at random as the target does, and badly on answers, which need recall (two
 # layers, Question 1.3). Here the average over positions still predicts the tokens per pass well; the formula needs
 # the right estimate of $\alpha$ more than equal rates. The 2- and 3-layer drafts can recall, agree with the target
-# almost everywhere ($\alpha$ above 0.9 at every position) and give 4.27 and 4.29 tokens per pass, out of at most 5;
-# the formula says a little more (4.56), because the last step of each sequence has fewer than $\gamma$ tokens left to
-# draft.
+# almost everywhere ($\alpha$ of 0.9 or more at every position) and give 4.02 and 4.31 tokens per pass, out of at
+# most 5; the formula says more (4.37 and 4.59), because the last step of each sequence has fewer than $\gamma$
+# tokens left to draft.
 #
-# **Wall clock.** The 1-layer draft made generation slower (0.646x), the 2-layer draft faster (1.08x) and the
-# 3-layer draft slower (0.796x). A speculative step costs (ms per token times tokens per pass) 8.2, 10.7 and 14.7 ms
-# against 2.73 ms per plain token. Reading that as $1 + \gamma c$ target passes would put $c$ at
-# $(1.939/0.646 - 1)/4 = 0.50$, $(4.267/1.084 - 1)/4 = 0.73$ and $(4.286/0.796 - 1)/4 = 1.10$: a 3-layer draft pass
-# costing more than a 4-layer target pass is impossible, so the step pays for something besides the passes. The cost
-# table splits it: the 1- and 2-layer drafts' passes timed alone give $c$ = 0.35 and 0.64, a little above the layer
-# ratios 0.25 and 0.5 (a fixed cost per pass: embeddings, final norm, LM head and softmax, each a few kernels), and
-# the loop's own work per step (drawing $\gamma$ draft tokens one by one, concatenations, the acceptance test, the
-# residual draw, reading `num_new` back to the CPU, which waits for the GPU) costs 3.2 to 3.3 ms, more than a
-# target pass (2.2 ms) and six times the overhead of a plain token (0.53 ms). So the speedup is tokens per pass
-# $\times (t_T + o_\text{plain}) / (t_T + \gamma t_D + o_\text{step})$, below tokens per pass / $(1 + \gamma c)$
-# (0.65 against 0.81, 1.08 against 1.21). The 3-layer row shows how noisy these sub-millisecond timings are: its
-# pass timed alone came out at $c$ = 1.28, dearer than the 4-layer target's, which no work explains, so its split
-# (1.8 ms of overhead, and a $1 + \gamma c$ prediction of 0.70 below the measured 0.80) is not to be trusted; its
-# 14.7 ms per step is what was measured. Speculation pays when the draft is much cheaper
-# ($c \ll 1$), usually right, and the step's overhead is small next to a target pass: a small LLM drafting for a
-# large one whose decode steps are bound by reading its weights, with the sampling on the GPU, not these tiny
+# **Wall clock.** The 1-layer draft made generation slower (0.642x), the 2-layer draft a little faster (1.04x) and
+# the 3-layer draft slower (0.857x). A speculative step costs (ms per token times tokens per pass) 7.1, 9.3 and
+# 12.0 ms against 2.40 ms per plain token. Reading that as $1 + \gamma c$ target passes would put $c$ at
+# $(1.897/0.642 - 1)/4 = 0.49$, $(4.017/1.040 - 1)/4 = 0.72$ and $(4.305/0.857 - 1)/4 = 1.01$: a 3-layer draft pass
+# costing as much as a 4-layer target pass is impossible, so the step pays for something besides the passes. The
+# cost table splits it: the drafts' passes timed alone give $c$ = 0.35, 0.68 and 0.89, a little above the layer
+# ratios 0.25, 0.5 and 0.75 (a fixed cost per pass: embeddings, final norm, LM head and softmax, each a few
+# kernels), and the loop's own work per step (drawing $\gamma$ draft tokens one by one, concatenations, the
+# acceptance test, the residual draw, reading `num_new` back to the CPU, which waits for the GPU) costs 2.5 to
+# 3.6 ms, more than a target pass (1.9 ms) and five to seven times the overhead of a plain token (0.49 ms). So the
+# speedup is tokens per pass $\times (t_T + o_\text{plain}) / (t_T + \gamma t_D + o_\text{step})$, below tokens per
+# pass / $(1 + \gamma c)$ (0.64 against 0.79, 1.04 against 1.08, 0.86 against 0.94). Even the 3-layer draft, right
+# almost always, loses: its pass costs nearly as much as the target's. Speculation pays when the draft is much
+# cheaper ($c \ll 1$), usually right, and the step's overhead is small next to a target pass: a small LLM drafting
+# for a large one whose decode steps are bound by reading its weights, with the sampling on the GPU, not these tiny
 # models bound by fixed costs.
 #
 # **Accuracy.** The answer accuracy is the same with every draft (98.2 % to 99.0 %) as with plain sampling from
@@ -3131,7 +3140,8 @@ if spec_cost is not None:
 #   keys and low on answers; deeper drafts are accepted almost always. Half of this point if the student plugs
 #   accepted/drafted into the formula as alpha without saying why it underestimates alpha (untested drafts after the
 #   first rejection). Saying that acceptance depends on the position is welcome but not required: with the right
-#   alpha the formula matches the measured tokens per pass within a few per cent here.
+#   alpha the formula matches the measured tokens per pass of the 1-layer draft within a few per cent here (the
+#   deeper drafts' formula is under a tenth above, from the short last step of each sequence).
 # - 1 point: the wall-clock speedup explained from the cost split: a step = one target pass + gamma draft passes +
 #   the loop's own overhead, so tokens per pass / (1 + gamma c) over-predicts the speedup (or: c inferred from
 #   1 + gamma c alone comes out too large, even above 1); c is above draft layers / target layers because of a fixed

@@ -147,7 +147,7 @@ def prefill_decode_section(p: dict) -> list[str]:
     return out + [""]
 
 
-def lab1_report(results: Path) -> str:
+def lab1_report(results: Path, figures: Path) -> str:
     m = json.loads((results / "lab1_measurements.json").read_text())
     run = json.loads((results / "lab1_run.json").read_text()) if (results / "lab1_run.json").exists() else {}
     s = m["sections"]
@@ -221,6 +221,7 @@ def lab1_report(results: Path) -> str:
                 f"Kernels per call at sequence 1024 (bf16, 2×12 heads): from-scratch SDPA "
                 f"{fa['kernels_per_call']['sdpa_from_scratch']['total']}, fused SDPA {fa['kernels_per_call']['flash']['total']}.", ""]
     out += tables_section(results / "lab1_executed.ipynb", "lab1")
+    out += figures_section(results / "lab1_executed.ipynb", "lab1", figures)
     out += printed_results(results / "lab1_executed.ipynb")
     return "\n".join(out) + "\n"
 
@@ -292,6 +293,34 @@ TABLE_MARKERS = {  # lab -> {text a measurement table prints: its title}; printe
 }
 
 
+FIGURE_MARKERS = {  # lab -> {text in the source of a cell that draws a figure the report shows: its title}
+    "lab1": {"q3_5_2_plot": "Section 3.5: every operator on the measured roofline"},
+    "lab2": {"eager_round_trips = einsum_round_trips - 1": "Part 5: attention implementations on the roofline"},
+    "lab3": {"q5_2_plot": "Part 5: decode with and without the cache against the roofline"},
+}
+
+
+def figures_section(executed: Path, lab: str, figures: Path) -> list[str]:
+    """The figures of ``FIGURE_MARKERS`` taken from the executed notebook into ``figures/``, linked from the report."""
+    import base64
+
+    if not executed.exists():
+        return []
+    nb = json.loads(executed.read_text())
+    out = []
+    for marker, title in FIGURE_MARKERS.get(lab, {}).items():
+        for cell in nb["cells"]:
+            source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+            images = [o["data"]["image/png"] for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+            if images and (marker in source or marker == grade_id):
+                name = f"{lab}_{title.split(':')[0].lower().replace(' ', '_').replace('.', '_')}.png"
+                (figures / name).write_bytes(base64.b64decode(images[0]))
+                out += [f"### {title}", "", f"![{title}](figures/{name})", ""]
+                break
+    return (["## Figures", ""] + out) if out else []
+
+
 def tables_section(executed: Path, lab: str) -> list[str]:
     """A lab's measurement tables (``TABLE_MARKERS``) in full: ``printed_results`` leaves out long outputs such as
     Lab 2's attention sweep or Lab 1's operator table, which the written answers quote."""
@@ -311,7 +340,7 @@ def tables_section(executed: Path, lab: str) -> list[str]:
     return out if len(out) > 2 else []
 
 
-def lab_run_report(results: Path, lab: str) -> str:
+def lab_run_report(results: Path, lab: str, figures: Path) -> str:
     """Report of a lab whose GPU evidence is its teaching-scale run (Labs 2 and 3)."""
     run = json.loads((results / f"{lab}_run.json").read_text())
     out = [f"# {lab.capitalize()} on {run.get('device')}: the teaching-scale run", "",
@@ -320,6 +349,7 @@ def lab_run_report(results: Path, lab: str) -> str:
     if lab == "lab3":
         out += lab3_why_section(results / f"{lab}_executed.ipynb")
     out += tables_section(results / f"{lab}_executed.ipynb", lab)
+    out += figures_section(results / f"{lab}_executed.ipynb", lab, figures)
     out += printed_results(results / f"{lab}_executed.ipynb")
     return "\n".join(out) + "\n"
 
@@ -393,9 +423,10 @@ def main() -> int:
     figures = args.out / "figures"
     figures.mkdir(exist_ok=True)
     for png in sorted(args.results.glob("*.png")):
-        shutil.copy2(png, figures / png.name)
+        if "_fig_" not in png.name:  # every notebook figure is in the executed notebook; the reports link a few
+            shutil.copy2(png, figures / png.name)
     if (args.results / "lab1_measurements.json").exists():
-        report = lab1_report(args.results) + flash_figure(args.results, figures) + "\n" + utils_report(args.results)
+        report = lab1_report(args.results, figures) + flash_figure(args.results, figures) + "\n" + utils_report(args.results)
         (args.out / "lab1-h100.md").write_text(report)
         print(f"wrote {args.out / 'lab1-h100.md'}")
     autograde = autograde_report(args.results)
@@ -404,7 +435,7 @@ def main() -> int:
         print(f"wrote {args.out / 'autograde-h100.md'}")
     for lab in ("lab2", "lab3"):
         if (args.results / f"{lab}_run.json").exists():
-            (args.out / f"{lab}-h100.md").write_text(lab_run_report(args.results, lab))
+            (args.out / f"{lab}-h100.md").write_text(lab_run_report(args.results, lab, figures))
             print(f"wrote {args.out / f'{lab}-h100.md'}")
     return 0
 

@@ -34,9 +34,9 @@ for step in "$@"; do
     measure) python3 scripts/gpu/lab1_measure.py --out "$RESULTS" 2>&1 | tee "$RESULTS/lab1_measure.log" ;;
     lab2bench) python3 scripts/gpu/lab2_bench.py --out "$RESULTS/lab2" 2>&1 | tee "$RESULTS/lab2_bench.log" ;;
     cudafaults) python3 scripts/gpu/check_cuda_faults.py --out "$RESULTS" 2>&1 | tee "$RESULTS/cuda_faults.log" ;;
-    autograde) for lab in $(ls labs); do python3 scripts/gpu/run_lab.py "$lab" --skip-execute --out "$RESULTS"; done 2>&1 | tee "$RESULTS/autograde.log" ;;
+    autograde) for lab in $(cd labs && ls -d lab*/ | tr -d /); do python3 scripts/gpu/run_lab.py "$lab" --skip-execute --out "$RESULTS"; done 2>&1 | tee "$RESULTS/autograde.log" ;;
     capped)  for cap in ${EFFICIENT_AI_GPU_MEMORY_GB:?capped needs EFFICIENT_AI_GPU_MEMORY_GB, e.g. 15}; do
-               for lab in $(ls labs); do
+               for lab in $(cd labs && ls -d lab*/ | tr -d /); do
                  EFFICIENT_AI_GPU_MEMORY_GB=$cap python3 scripts/gpu/run_lab.py "$lab" --skip-autograde --out "$RESULTS" \
                    > "$RESULTS/${lab}-cap${cap}gb.log" 2>&1 &
                done

@@ -397,7 +397,8 @@ def gemm_mac(x, y):
     _seen.extend("".join(linecache.getlines(frame.filename)) for frame in inspect.stack()[1:3])
     return _plain_gemm_mac(x, y)
 '''), "q1_4_gemm_io", 'print("\\n".join(_seen))\nprint(In[-6:])\n'
-            f'_leaked = {list(HIDDEN_Q1_3)!r}\nprint("\\n".join(_leaked))\n'
+            f'_leaked = [bytes.fromhex(h).decode() for h in {[line.encode().hex() for line in HIDDEN_Q1_3]!r}]\n'
+            'print("\\n".join(_leaked))\n'
             'raise RuntimeError("\\n".join(_leaked) + "".join(_seen)[:3000])\n')},
         set(), feedback_must_not_contain=HIDDEN_Q1_3),
 ]
