@@ -1,20 +1,15 @@
 """Start a grading kernel that no file beside it can shadow (run by ``course/sandbox.py``; standard library only).
 
-``python -I kernel_boot.py --files DIR --work DIR [--on-path] [--uid N] -- KERNEL_ARGUMENTS``:
-
-1. copies ``--files`` (the lab's instructor files: ``utils.py``, ``assets/``; never a notebook) into ``--work``, the
-   kernel's writable working folder;
-2. with ``--on-path``, puts ``--files`` first on ``sys.path``, so ``import utils`` finds the instructor's copy. The
-   working folder, the folder this file is in and ``PYTHONPATH`` are never on ``sys.path`` (``python -I``, IPython's
-   ``ignore_cwd``): a student's ``torch.py``, ``sitecustomize.py`` or ``ipykernel_launcher.py`` is never imported;
-3. creates the kernel, which binds its sockets; then, with ``--uid`` (the sandbox started it as root), gives the
-   working folder and HOME to uid/gid N and becomes that user, with no supplementary groups (the socket folder stays
-   root's: the kernel cannot write there);
-4. changes into the working folder, freezes what start-up made (``freeze_heap``) and runs the kernel.
+``python -I kernel_boot.py --files DIR --work DIR [--on-path] [--uid N] -- KERNEL_ARGUMENTS`` copies ``--files``
+(the lab's instructor files, never a notebook) into the kernel's working folder ``--work``; with ``--on-path`` puts
+``--files`` first on ``sys.path``. ``python -I`` and IPython's ``ignore_cwd`` keep the working folder, this file's
+folder and ``PYTHONPATH`` off ``sys.path`` (docs/SECURITY.md, "isolated start"). With ``--uid`` (started as root),
+the kernel binds its sockets first, then gives the working folder and HOME to uid/gid N and becomes that user.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import sys
@@ -48,20 +43,6 @@ def become(uid: int) -> None:
         raise SystemExit(f"kernel_boot: could not become uid {uid}")
 
 
-def freeze_heap() -> None:
-    """Collect start-up's garbage, then move every surviving object out of the collector's reach (``gc.freeze``).
-
-    Importing torch, pandas, matplotlib and transformers leaves many objects that the cyclic collector would walk on
-    every full collection, and ``utils.benchmark_memory`` runs one per call. Frozen objects are still freed by
-    reference counting; only a reference cycle through one of them (an object of the notebook stored inside an
-    imported module's container, and both dropped) is never collected.
-    """
-    import gc
-
-    gc.collect()
-    gc.freeze()
-
-
 def main(argv: list[str]) -> None:
     """Start the kernel."""
     options, kernel_args = parse(argv)
@@ -72,12 +53,15 @@ def main(argv: list[str]) -> None:
 
     app = IPKernelApp.instance()
     app.initialize(["--IPKernelApp.ignore_cwd=True", *kernel_args])
-    if options.uid is not None:
+    if options.uid is not None:  # after binding the sockets, whose folder stays root's
         give_tree(options.work, options.uid)
         give_tree(os.path.expanduser("~"), options.uid)  # what IPython made there (its profile, history)
         become(options.uid)
     os.chdir(options.work)
-    freeze_heap()
+    # Take start-up's objects (torch, pandas...) out of the cyclic collector's walk: utils.benchmark_memory collects
+    # on every call. Reference counting still frees them.
+    gc.collect()
+    gc.freeze()
     app.start()
 
 

@@ -1,36 +1,20 @@
 """Grading kernels: started isolated from student files, and sandboxed in bubblewrap (``bwrap``) where it works.
 
-``configure_sandbox(c)`` (called at the end of ``nbgrader_config.py``) points nbgrader's ``Execute`` at a kernelspec
-whose argv runs this file, ``python -I sandbox.py [--unsandboxed] -f CONNECTION_FILE``. Every kernel then starts
-through ``course/kernel_boot.py`` with ``python -I`` in a private working folder holding a copy of the lab's
-instructor files (the non-notebook files of the course's ``source/<lab>/``: ``utils.py``, ``assets/``), with only
-those files added to ``sys.path``: no file a student submits can shadow a module, on any route to a grade.
+``configure_sandbox(c)`` (end of ``nbgrader_config.py``) selects a kernelspec that runs ``launch``: it copies the lab's
+instructor files (``source/<lab>/`` without notebooks) into a private folder and starts the kernel through
+``course/kernel_boot.py`` with only that copy on ``sys.path``, so no submitted file can shadow a module. Sandboxed,
+the kernel sees an allow-list of the file system (``_bwrap_args``), has no network, its own PID and IPC namespaces,
+an environment reduced to ``ENV_KEEP``, resource caps, a cgroup where one is writable and, run as root, a uid of its
+own. docs/SECURITY.md ("isolated start", "sandbox") says what each defence stops.
 
-Sandboxed (the default where bwrap works), the kernel sees an allow-list of the file system:
-
-- read-only: ``/usr`` and the ``/bin``, ``/sbin``, ``/lib*`` links or folders, a few files of ``/etc`` (``ETC_KEEP``),
-  the Python installation and the C and C++ compilers where they lie elsewhere (``_toolchain_dirs``; under ``/tmp``
-  too, shown over the private ``/tmp`` below), ``/sys``; its
-  own ``/proc`` (PID namespace) and a minimal ``/dev`` plus NVIDIA devices;
-- ``/run/efficient-ai/``: the instructor files (on ``sys.path``), the boot script and the connection file, read-only;
-- ``/tmp``: a private tmpfs of ``c.Sandbox.scratch_mb`` (HOME, TMPDIR, and the working folder
-  ``/tmp/work``), a private 256 MiB ``/dev/shm``, and the folder of its ZMQ ``ipc`` sockets (it has no network);
-
-nothing else: not the course, the gradebook, other submissions, home folders or another checkout anywhere on the
-machine. Run as root, the kernel becomes a uid of its own (``KERNEL_UID_BASE`` + the launcher's PID) after binding its
-sockets, with a cap on its processes and threads (RLIMIT_NPROC, counted per uid); where a cgroup hierarchy is
-writable, each kernel also gets a cgroup of its own (``pids.max``; equal CPU weight, so a CPU or fork flood gets one
-kernel's share, not the machine). Plus address-space and file-size caps, its own PID and IPC namespaces, no
-network, an environment reduced to ``ENV_KEEP``.
-
-``c.Sandbox`` (``course.settings.Sandbox``, docs/SETTINGS.md): ``mode`` ``auto`` (default; without a working bwrap,
-kernels start isolated but unsandboxed, with one warning per nbgrader process), ``on`` (refuse to run without the
-sandbox) or ``off`` (isolated start only); ``memory_gb``, ``scratch_mb``, ``max_processes``: the limits below. Needs
-bubblewrap 0.7 or newer, not setuid, run by root or with unprivileged user namespaces allowed.
+``c.Sandbox`` (docs/SETTINGS.md): ``mode`` ``auto`` (without a working bwrap, start kernels isolated only and warn
+once per nbgrader process), ``on`` (refuse to grade without the sandbox) or ``off``; ``memory_gb``, ``scratch_mb``,
+``max_processes``. Needs bubblewrap 0.7 or newer, not setuid, run by root or with unprivileged user namespaces.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import glob
 import json
 import os
@@ -54,6 +38,8 @@ KERNEL_NICE = 5  # kernels yield to the grader's own processes (nbgrader, the ZM
 CGROUP_PARENT = "efficient-ai"
 CGROUP_PREFIX = "kernel-"
 INSTRUCTOR_FILES_IGNORE = ("*.ipynb", ".ipynb_checkpoints", "__pycache__", "*.pyc")
+COMPILER_ENV = ("CC", "CXX")  # the C and C++ compilers Triton and torch.compile call, where the grader names them
+COMPILER_NAMES = ("cc", "gcc", "c++", "g++", "clang")  # what they look for on PATH otherwise
 
 # Inside the sandbox.
 RUN_DIR = "/run/efficient-ai"
@@ -63,133 +49,39 @@ CONNECTION_PATH = RUN_DIR + "/connection.json"
 SCRATCH_DIR = "/tmp"
 WORK_DIR = SCRATCH_DIR + "/work"
 SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-ETC_KEEP = (
-    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime",
-    "/etc/timezone", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/hosts", "/etc/os-release", "/etc/fonts",
-    "/etc/mime.types",
-)
-ENV_KEEP = (
-    "PATH", "LANG", "LANGUAGE", "TZ", "EFFICIENT_AI_SCALE", "MPLBACKEND", "PYTHONUNBUFFERED", "PYTHONHASHSEED",
-    "PYTHONDONTWRITEBYTECODE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME", "NVIDIA_VISIBLE_DEVICES",
-    "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TRITON_INTERPRET",
-    "PYTORCH_CUDA_ALLOC_CONF", "CC", "CXX",
-)
+ETC_KEEP = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime",
+            "/etc/timezone", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/hosts", "/etc/os-release", "/etc/fonts",
+            "/etc/mime.types")
+ENV_KEEP = ("PATH", "LANG", "LANGUAGE", "TZ", "EFFICIENT_AI_SCALE", "MPLBACKEND", "PYTHONUNBUFFERED", "PYTHONHASHSEED",
+            "PYTHONDONTWRITEBYTECODE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME",
+            "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+            "TRITON_INTERPRET", "PYTORCH_CUDA_ALLOC_CONF", "CC", "CXX")
 ENV_KEEP_PREFIXES = ("LC_",)
 
 _process_dir: str | None = None  # this nbgrader process's private folder (kernelspec, ipc sockets, kernels)
 _warned = False
-# What the launcher applies: the nbgrader process's c.Sandbox settings (configure_sandbox), read back from its
-# LAUNCH_FILE by the launcher (launch). The defaults are c.Sandbox's.
-_limits = {"memory_bytes": 8 << 30, "scratch_bytes": 1024 << 20, "max_processes": 1024}
-
-
-def _is_root() -> bool:
-    return os.geteuid() == 0
-
-
-def _namespace_args() -> list[str]:
-    args = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session"]
-    return args if _is_root() else ["--unshare-user", *args]
-
-
-def _parent_dirs(destinations: list[str], under: str = "/") -> list[str]:
-    """bwrap arguments making every folder between ``under`` and each destination with mode 0755, parents first.
-
-    bwrap would make them with mode 0700, which the kernel's own uid could not pass through.
-    """
-    parents = set()
-    for path in destinations:
-        parent = os.path.dirname(path)
-        while parent != os.path.dirname(parent) and parent != under and _inside(parent, under):
-            parents.add(parent)
-            parent = os.path.dirname(parent)
-    args = []
-    for folder in sorted(parents, key=lambda p: (p.count("/"), p)):
-        args += ["--perms", "0755", "--dir", folder]
-    return args
-
-
-def _system_args() -> list[str]:
-    """bwrap arguments that show the system's programs and libraries, read-only (links stay links)."""
-    args = _parent_dirs([p for p in ETC_KEEP if os.path.exists(p)])
-    for tree in SYSTEM_TREES:
-        if os.path.islink(tree):
-            args += ["--symlink", os.readlink(tree), tree]
-        elif os.path.isdir(tree):
-            args += ["--ro-bind", tree, tree]
-    for path in ETC_KEEP:
-        if os.path.exists(path):
-            args += ["--ro-bind", path, path]
-    return args
-
-
 _reasons: dict[tuple, str | None] = {}  # unavailable_reason's answers, by what they depend on
-
-
-def unavailable_reason() -> str | None:
-    """Why bwrap cannot sandbox kernels on this machine, or None when it can.
-
-    Runs this Python in a sandbox that shows its installation as a kernel's does: a Python that
-    cannot run there (a venv hidden by the sandbox's own folders, a library it cannot see) would kill every kernel,
-    and every submission would score 0. Answered once per process for the same Python, bwrap, installation folders
-    and library path."""
-    if not sys.platform.startswith("linux"):
-        return f"the sandbox needs Linux (this is {sys.platform})"
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-    installed = _installed_dirs()
-    key = (sys.executable, bwrap, os.geteuid(), tuple(installed), os.environ.get("LD_LIBRARY_PATH"))
-    if key not in _reasons:
-        _reasons[key] = _probe(bwrap, installed)
-    return _reasons[key]
-
-
-def _probe(bwrap: str, installed: list[str]) -> str | None:
-    """``unavailable_reason``'s check of bwrap and of this Python inside it."""
-    overlapping = [d for d in installed if _inside(d, WORK_DIR) or _inside(WORK_DIR, d)]
-    if overlapping:
-        return (f"the Python installation or compiler at {overlapping[0]} overlaps the sandbox's working folder "
-                f"{WORK_DIR}: install it elsewhere (a venv under /var/tmp or the home folder, say)")
-    sandbox = [bwrap, *_namespace_args(), *_system_args(), *_installed_args(installed, in_scratch=False),
-               "--proc", "/proc", "--dev", "/dev", "--perms", "01777", "--size", "65536", "--tmpfs", SCRATCH_DIR,
-               *_installed_args(installed, in_scratch=True), "--remount-ro", "/", "--clearenv"]  # --size: 0.7+
-    for key, value in sorted(kernel_env().items()):
-        sandbox += ["--setenv", key, value]
-    probe = [*sandbox, sys.executable, "-I", "-c", "pass"]  # this Python, shown as a kernel's is: not merely bwrap
-    try:
-        result = subprocess.run(probe, capture_output=True, text=True, timeout=30)
-        version = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"bwrap did not run: {exc}"
-    if result.returncode != 0:
-        if subprocess.run([*sandbox, "true"], capture_output=True, timeout=30).returncode == 0:  # only Python fails
-            return (f"{sys.executable} does not run inside the sandbox ({result.stderr.strip()[:300]}); it shows "
-                    f"read-only {', '.join(installed) or 'only /usr'} besides /usr")
-        hint = "" if _is_root() else "; unprivileged user namespaces may be disabled: grade as root, or allow them"
-        return f"{version} fails here ({result.stderr.strip()[:300]}): it needs 0.7 or newer, not setuid{hint}"
-    return None
+# c.Sandbox's limits: set by configure_sandbox, read back from LAUNCH_FILE by launch. The defaults are c.Sandbox's.
+_limits = {"memory_bytes": 8 << 30, "scratch_bytes": 1024 << 20, "max_processes": 1024}
 
 
 def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def _sqlite_folder(db_url: str | None) -> str | None:
-    if db_url and db_url.startswith("sqlite:///"):
-        return os.path.dirname(os.path.abspath(db_url[len("sqlite:///"):]))
-    return None
+def _outermost(paths: list[str]) -> list[str]:
+    return [p for p in paths if not any(p != o and _inside(p, o) for o in paths)]
 
 
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+# The nbgrader process: choose the grading kernelspec.
 def configure_sandbox(c) -> None:
-    """Make nbgrader's ``Execute`` start every kernel isolated, and sandboxed unless ``c.Sandbox.mode`` (or
-    EFFICIENT_AI_SANDBOX, ``course.settings``) says no.
-
-    Writes a kernelspec and the launcher's settings (``LAUNCH_FILE``: the course folders to hide, the source folder,
-    the limits of ``c.Sandbox``) into a private folder of this process (on JUPYTER_PATH) and selects the kernelspec
-    with ``c.Execute.kernel_name`` (the notebook's own kernelspec is ignored); sandboxed, it also sets ``ipc``
-    transport on ``c.KernelManager``. Commands that run no kernel are unaffected.
+    """Make nbgrader's ``Execute`` start every kernel through ``launch`` (the notebook's kernelspec is ignored),
+    sandboxed unless ``c.Sandbox.mode`` (or EFFICIENT_AI_SANDBOX) says no; sandboxed, over ``ipc`` transport.
 
     Args:
         c: the traitlets config object of ``nbgrader_config.py``.
@@ -211,13 +103,10 @@ def configure_sandbox(c) -> None:
                          f"cannot be sandboxed: {reason}.")
     if reason is not None and not _warned:
         _warned = True
-        print(
-            f"WARNING: grading is NOT sandboxed: {reason}. Student code runs with this account's rights and can "
-            "read source/, the gradebook and other submissions. Install bubblewrap to fix this; set "
-            "c.Sandbox.mode = 'on' (or EFFICIENT_AI_SANDBOX=on) to refuse grading without a sandbox, or 'off' to "
-            "silence this warning.",
-            file=sys.stderr,
-        )
+        print(f"WARNING: grading is NOT sandboxed: {reason}. Student code runs with this account's rights and can "
+              "read source/, the gradebook and other submissions. Install bubblewrap to fix this; set "
+              "c.Sandbox.mode = 'on' (or EFFICIENT_AI_SANDBOX=on) to refuse grading without a sandbox, or 'off' to "
+              "silence this warning.", file=sys.stderr)
     sandboxed = mode != "off" and reason is None
     c.Execute.kernel_name = KERNEL_NAME  # first: should anything below fail, no kernel starts (not an open one)
     process_dir = _ensure_process_dir(sandboxed)
@@ -237,20 +126,13 @@ def configure_sandbox(c) -> None:
 
 def grading_kernel_spec(root: str, source_directory: str | None, db_url: str | None, runtime_dir: str,
                         sandboxed: bool) -> tuple[dict, dict]:
-    """The kernelspec (``kernel.json``'s content) of a grading kernel for the course in ``root``, and what its
-    launcher reads from ``LAUNCH_FILE`` in ``runtime_dir`` (``file``: that file's path) besides the limits.
-
-    Args:
-        root: the course folder (nbgrader's ``CourseDirectory.root``).
-        source_directory: its source folder's name (default ``source``); the lab's instructor files come from it.
-        db_url: the gradebook's URL (a SQLite gradebook's folder is hidden from the kernel).
-        runtime_dir: where the launcher makes each kernel's private folder.
-        sandboxed: start kernels in bwrap (else isolated only).
-    """
-    hidden = [
-        os.getcwd(), root, _sqlite_folder(db_url), os.environ.get("EFFICIENT_AI_REPO"),
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), tempfile.gettempdir(),
-    ]
+    """``kernel.json`` of a grading kernel for the course in ``root`` (nbgrader's ``CourseDirectory`` options), and
+    ``LAUNCH_FILE``'s content besides the limits: its path, the folders to hide (a SQLite gradebook's among them),
+    the source folder, and ``runtime_dir`` (where the launcher makes each kernel's private folder)."""
+    sqlite = db_url[len("sqlite:///"):] if db_url and db_url.startswith("sqlite:///") else None
+    hidden = [os.getcwd(), root, sqlite and os.path.dirname(os.path.abspath(sqlite)),
+              os.environ.get("EFFICIENT_AI_REPO"), os.path.dirname(os.path.dirname(LAUNCHER_SCRIPT)),
+              tempfile.gettempdir()]
     launch = {
         "file": os.path.join(runtime_dir, LAUNCH_FILE),
         "hidden": sorted({os.path.abspath(p) for p in hidden if p}),
@@ -272,72 +154,84 @@ def _ensure_process_dir(sandboxed: bool) -> str:
     """This nbgrader process's private folder (made once, removed at exit), put first on JUPYTER_PATH."""
     global _process_dir
     if _process_dir is None:
-        _remove_stale_process_dirs()
+        for folder in glob.glob(f"/tmp/{PROCESS_DIR_PREFIX}*"):  # left by nbgrader processes killed at a time limit
+            try:
+                os.kill(int(folder[len(f"/tmp/{PROCESS_DIR_PREFIX}"):].split("-")[0]), 0)
+            except ProcessLookupError:
+                shutil.rmtree(folder, ignore_errors=True)
+            except (ValueError, PermissionError):
+                pass
         # Short path under /tmp: ipc socket paths must stay under about 100 characters.
         _process_dir = tempfile.mkdtemp(prefix=f"{PROCESS_DIR_PREFIX}{os.getpid()}-", dir="/tmp")
         atexit.register(shutil.rmtree, _process_dir, True)
         os.makedirs(os.path.join(_process_dir, "ipc"))
         os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [_process_dir, os.environ.get("JUPYTER_PATH")]))
-        if sandboxed and _limits["memory_bytes"] and _cuda_devices():
+        if sandboxed and _limits["memory_bytes"] and glob.glob("/dev/nvidia[0-9]*"):
             print("sandbox: CUDA devices present, so the kernel's address-space cap is not applied "
                   "(CUDA reserves far more virtual memory than it uses)", file=sys.stderr)
     return _process_dir
 
 
-def _remove_stale_process_dirs() -> None:
-    """Remove the private folders of nbgrader processes that were killed (at a time limit) before cleaning up."""
-    for folder in glob.glob(f"/tmp/{PROCESS_DIR_PREFIX}*"):
-        try:
-            os.kill(int(folder[len(f"/tmp/{PROCESS_DIR_PREFIX}"):].split("-")[0]), 0)
-        except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
-        except (ValueError, PermissionError):
-            pass
+def unavailable_reason() -> str | None:
+    """Why bwrap cannot sandbox kernels on this machine, or None when it can.
+
+    Runs this Python in a sandbox that shows its installation as a kernel's does: a Python that cannot run there
+    would kill every kernel, and every submission would score 0. Answered once per process for the same Python,
+    bwrap, installation folders and library path.
+    """
+    if not sys.platform.startswith("linux"):
+        return f"the sandbox needs Linux (this is {sys.platform})"
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    installed = _installed_dirs()
+    key = (sys.executable, bwrap, os.geteuid(), tuple(installed), os.environ.get("LD_LIBRARY_PATH"))
+    if key not in _reasons:
+        _reasons[key] = _probe(bwrap, installed)
+    return _reasons[key]
 
 
-def _cuda_devices() -> list[str]:
-    return sorted(glob.glob("/dev/nvidia[0-9]*"))
+def _probe(bwrap: str, installed: list[str]) -> str | None:
+    """``unavailable_reason``'s check of bwrap and of this Python inside it."""
+    overlapping = [d for d in installed if _inside(d, WORK_DIR) or _inside(WORK_DIR, d)]
+    if overlapping:
+        return (f"the Python installation or compiler at {overlapping[0]} overlaps the sandbox's working folder "
+                f"{WORK_DIR}: install it elsewhere (a venv under /var/tmp or the home folder, say)")
+    sandbox = _bwrap_args(installed, 65536, [], [], [])  # --size needs bwrap 0.7+
+    try:
+        result = subprocess.run([*sandbox, sys.executable, "-I", "-c", "pass"], capture_output=True, text=True,
+                                timeout=30)
+        version = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bwrap did not run: {exc}"
+    if result.returncode != 0:
+        if subprocess.run([*sandbox, "true"], capture_output=True, timeout=30).returncode == 0:  # only Python fails
+            return (f"{sys.executable} does not run inside the sandbox ({result.stderr.strip()[:300]}); it shows "
+                    f"read-only {', '.join(installed) or 'only /usr'} besides /usr")
+        hint = "; unprivileged user namespaces may be disabled: grade as root, or allow them" if os.geteuid() else ""
+        return f"{version} fails here ({result.stderr.strip()[:300]}): it needs 0.7 or newer, not setuid{hint}"
+    return None
 
 
-def _nvidia_devices() -> list[str]:
-    """Every NVIDIA device node (GPUs, nvidiactl, nvidia-uvm, nvidia-caps/): what CUDA opens."""
-    return sorted(glob.glob("/dev/nvidia*"))
+# The bwrap command line: what the kernel (and the probe) can see.
+def _installed_dirs() -> list[str]:
+    """The folders outside ``SYSTEM_TREES`` a kernel runs from: the Python installation (venv and base interpreter,
+    as named and with symlinks resolved) and the C compilers' (``_toolchain_dirs``)."""
+    python = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable)}
+    python |= {os.path.realpath(d) for d in python} | {os.path.dirname(os.path.realpath(sys.executable))}
+    outside = {d for d in python if not any(_inside(d, tree) for tree in SYSTEM_TREES)}
+    return _outermost(sorted(outside | set(_toolchain_dirs())))
 
 
-def _set_limits(kernel_uid: int | None) -> None:
-    """Resource limits of this process, inherited by bwrap and the kernel; a lower CPU priority."""
-    memory_bytes = _limits["memory_bytes"]
-    if memory_bytes and not _cuda_devices():
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_CAP_BYTES, FILE_SIZE_CAP_BYTES))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if kernel_uid is not None:  # counted per uid: only meaningful for a uid of the kernel's own (root is exempt)
-        resource.setrlimit(resource.RLIMIT_NPROC, (_limits["max_processes"], _limits["max_processes"]))
-    os.nice(KERNEL_NICE)
-
-
-def _python_dirs() -> list[str]:
-    """The Python installation (venv and base interpreter), as named and with symlinks resolved."""
-    dirs = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable)}
-    dirs |= {os.path.realpath(d) for d in dirs} | {os.path.dirname(os.path.realpath(sys.executable))}
-    return sorted(dirs)
-
-
-COMPILER_ENV = ("CC", "CXX")  # the C and C++ compilers Triton and torch.compile call, where the grader names them
-COMPILER_NAMES = ("cc", "gcc", "c++", "g++", "clang")  # what they look for on PATH otherwise
-
-
-def _toolchain_dirs(environ=None) -> list[str]:
-    """Where the C and C++ compilers a kernel may call are installed, outside ``SYSTEM_TREES``: Triton builds each
-    kernel's launcher with one and torch.compile's CPU code needs one, so a compiler that ``CC`` or ``CXX`` names,
-    or that PATH finds, is shown read-only in the sandbox (a cluster's ``module load gcc`` puts it in, say,
-    ``/opt/gcc/12/bin``). A compiler in ``PREFIX/bin`` gives PREFIX (its cc1, headers and libraries lie there); a
-    folder fewer than two levels deep, or one that holds the grader's HOME, is never shown."""
-    environ = os.environ if environ is None else environ
+def _toolchain_dirs() -> list[str]:
+    """Where the C and C++ compilers a kernel may call lie outside ``SYSTEM_TREES`` (Triton builds its launchers with
+    one, torch.compile's CPU code needs one): for a compiler that ``CC``, ``CXX`` or PATH finds (``module load gcc``
+    puts one in ``/opt/gcc/12/bin``, say), its folder, or PREFIX for ``PREFIX/bin``. Never a folder fewer than two
+    levels deep, or one that holds the grader's HOME."""
     home = os.path.realpath(os.path.expanduser("~"))
     dirs = set()
-    for name in [*(environ[k] for k in COMPILER_ENV if environ.get(k)), *COMPILER_NAMES]:
-        found = shutil.which(name, path=environ.get("PATH", os.defpath))
+    for name in [*(os.environ[k] for k in COMPILER_ENV if os.environ.get(k)), *COMPILER_NAMES]:
+        found = shutil.which(name, path=os.environ.get("PATH", os.defpath))
         for binary in {found, os.path.realpath(found)} if found else ():
             folder = os.path.dirname(os.path.abspath(binary))
             prefix = os.path.dirname(folder) if os.path.basename(folder) == "bin" else folder
@@ -347,14 +241,19 @@ def _toolchain_dirs(environ=None) -> list[str]:
     return sorted(dirs)
 
 
-def _outermost(paths: list[str]) -> list[str]:
-    return [p for p in paths if not any(p != o and _inside(p, o) for o in paths)]
-
-
-def _installed_dirs() -> list[str]:
-    """The folders outside ``SYSTEM_TREES`` a kernel runs from: the Python installation and the C compilers."""
-    return _outermost(sorted({d for d in _python_dirs() if not any(_inside(d, t) for t in SYSTEM_TREES)}
-                             | set(_toolchain_dirs())))
+def _parent_dirs(destinations: list[str], under: str = "/") -> list[str]:
+    """bwrap arguments making every folder between ``under`` and each destination, parents first, with mode 0755
+    (bwrap's 0700 would stop the kernel's own uid)."""
+    parents = set()
+    for path in destinations:
+        parent = os.path.dirname(path)
+        while parent != os.path.dirname(parent) and parent != under and _inside(parent, under):
+            parents.add(parent)
+            parent = os.path.dirname(parent)
+    args = []
+    for folder in sorted(parents, key=lambda p: (p.count("/"), p)):
+        args += ["--perms", "0755", "--dir", folder]
+    return args
 
 
 def _installed_args(installed: list[str], in_scratch: bool) -> list[str]:
@@ -367,111 +266,49 @@ def _installed_args(installed: list[str], in_scratch: bool) -> list[str]:
     return args
 
 
-def kernel_env(environ=None) -> dict[str, str]:
-    """The environment a sandboxed kernel gets, from ``environ`` (default: this process's): ``ENV_KEEP`` and the
-    sandbox's own HOME, TMPDIR and user."""
-    environ = os.environ if environ is None else environ
-    env = {k: v for k, v in environ.items() if k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES)}
+def _bwrap_args(installed: list[str], scratch_bytes: int, mounts: list[str], scratch_mounts: list[str],
+                hidden: list[str]) -> list[str]:
+    """bwrap, its namespaces and the allow-list the kernel and the probe share, up to the command.
+
+    Args:
+        installed: ``_installed_dirs()``, shown read-only.
+        scratch_bytes: size of the private tmpfs at ``SCRATCH_DIR``.
+        mounts, scratch_mounts: more bwrap arguments, after ``/dev`` and after the scratch tmpfs.
+        hidden: course folders to lay an empty folder over should an allowed tree hold them.
+    """
+    args = [shutil.which("bwrap") or "bwrap", *([] if os.geteuid() == 0 else ["--unshare-user"]), "--unshare-pid",
+            "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
+            "--new-session", *_parent_dirs([p for p in ETC_KEEP if os.path.exists(p)])]
+    for tree in SYSTEM_TREES:  # links stay links
+        if os.path.islink(tree):
+            args += ["--symlink", os.readlink(tree), tree]
+        elif os.path.isdir(tree):
+            args += ["--ro-bind", tree, tree]
+    for path in ETC_KEEP:
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    args += [*_installed_args(installed, in_scratch=False), "--proc", "/proc", "--dev", "/dev", *mounts,
+             "--perms", "01777", "--size", str(scratch_bytes), "--tmpfs", SCRATCH_DIR, *scratch_mounts,
+             *_installed_args(installed, in_scratch=True)]
+    for folder in _outermost(sorted({os.path.realpath(h) for h in hidden if h and os.path.isdir(h)})):
+        if any(_inside(folder, tree) for tree in [*SYSTEM_TREES, *installed]):  # a course in the installation, say
+            args += ["--size", str(HIDDEN_TMPFS_BYTES), "--tmpfs", folder, "--remount-ro", folder]
+    env = {k: v for k, v in os.environ.items() if k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES)}
     # glibc reserves 64 MiB of address space per malloc arena (up to 8 per core): keep the cap meaningful.
     env.update(HOME=SCRATCH_DIR, TMPDIR=SCRATCH_DIR, USER="kernel", LOGNAME="kernel", MALLOC_ARENA_MAX="4",
                JPY_PARENT_PID="1")  # the sandbox's init: ipykernel then neither polls its parent nor prints a banner
-    return env
-
-
-def bwrap_command(boot_args: list[str], files: str, connection_file: str, ipc_dir: str, passwd_dir: str,
-                  hidden: list[str]) -> list[str]:
-    """The bwrap command line that runs ``python -I kernel_boot.py BOOT_ARGS`` sandboxed (the allow-list).
-
-    Args:
-        boot_args: arguments of ``course/kernel_boot.py`` (its options, ``--``, the kernel's arguments).
-        files: the private copy of the instructor files, shown read-only at ``FILES_DIR``.
-        connection_file: the private copy of the kernel's connection file, shown read-only at ``CONNECTION_PATH``.
-        ipc_dir: the folder of the kernel's ipc sockets, writable at its own path (the grader connects there).
-        passwd_dir: a folder holding the ``passwd`` and ``group`` files shown in ``/etc``.
-        hidden: course folders laid over with an empty folder should an allowed tree hold them.
-    """
-    installed = _installed_dirs()
-    args = [shutil.which("bwrap") or "bwrap", *_namespace_args(), *_system_args(),
-            *_parent_dirs([FILES_DIR, BOOT_PATH, CONNECTION_PATH]), *_installed_args(installed, in_scratch=False)]
-    for name in ("passwd", "group"):
-        args += ["--ro-bind", os.path.join(passwd_dir, name), f"/etc/{name}"]
-    args += ["--ro-bind", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev"]
-    for device in _nvidia_devices():
-        args += ["--dev-bind", device, device]
-    args += ["--perms", "01777", "--size", str(SHM_SIZE_BYTES), "--tmpfs", "/dev/shm",
-             "--perms", "01777", "--size", str(_limits["scratch_bytes"]), "--tmpfs", SCRATCH_DIR,
-             *_parent_dirs([ipc_dir], SCRATCH_DIR), "--bind", ipc_dir, ipc_dir,
-             "--ro-bind", files, FILES_DIR, "--ro-bind", BOOT_SCRIPT, BOOT_PATH,
-             "--ro-bind", connection_file, CONNECTION_PATH, *_installed_args(installed, in_scratch=True)]
-    allowed = [*SYSTEM_TREES, *installed]
-    for folder in _outermost(sorted({os.path.realpath(h) for h in hidden if h and os.path.isdir(h)})):
-        if any(_inside(folder, tree) for tree in allowed):  # a course inside the Python installation, say
-            args += ["--size", str(HIDDEN_TMPFS_BYTES), "--tmpfs", folder, "--remount-ro", folder]
     args += ["--remount-ro", "/", "--clearenv"]
-    for key, value in sorted(kernel_env().items()):
+    for key, value in sorted(env.items()):
         args += ["--setenv", key, value]
-    return [*args, "--chdir", "/", "--", sys.executable, "-I", BOOT_PATH, *boot_args]
+    return args
 
 
-def _instructor_files(cwd: str, source_root: str | None) -> str | None:
-    """The course's ``source/<lab>/`` for a kernel started in ``.../<lab>/`` (nbgrader's layout), if there is one."""
-    if not source_root:
-        return None
-    folder = os.path.join(source_root, os.path.basename(os.path.abspath(cwd)))
-    return folder if os.path.isdir(folder) else None
-
-
-def prepare_files(cwd: str, source_root: str | None, hidden: list[str], dest: str) -> bool:
-    """Fill ``dest`` with the files the kernel works with; whether they are the instructor's (then on sys.path).
-
-    The instructor's files of the lab (never a notebook: nbgrader wrote hidden tests into the one being graded) when
-    the course has them; else the kernel's folder without notebooks (nothing when it holds a course, the repository
-    or a home folder). A student's symlinks are copied as links, never followed.
-    """
-    instructor = _instructor_files(cwd, source_root)
-    ignore = shutil.ignore_patterns(*INSTRUCTOR_FILES_IGNORE)
-    if instructor is not None:
-        shutil.copytree(instructor, dest, ignore=ignore)
-        _make_readable(dest)  # the kernel reads them as another uid
-        return True
-    if any(_inside(os.path.realpath(h), cwd) for h in hidden if h):
-        os.mkdir(dest)
-        print(f"sandbox: the kernel's folder {cwd} holds private files, so the kernel starts in an empty copy",
-              file=sys.stderr)
-    else:
-        shutil.copytree(cwd, dest, symlinks=True, ignore=shutil.ignore_patterns("*.ipynb"))
-    return False
-
-
-def _make_readable(folder: str) -> None:
-    """chmod a+rX over a tree of the instructor's files (no symlinks in it: copytree followed them)."""
-    for parent, dirs, files in os.walk(folder):
-        os.chmod(parent, os.stat(parent).st_mode | 0o555)
-        for name in files:
-            path = os.path.join(parent, name)
-            os.chmod(path, os.stat(path).st_mode | 0o444)
-
-
-def _write_passwd(folder: str, uid: int) -> None:
-    with open(os.path.join(folder, "passwd"), "w") as handle:
-        handle.write(f"root:x:0:0:root:/root:/usr/sbin/nologin\nkernel:x:{uid}:{uid}:grading kernel:"
-                     f"{SCRATCH_DIR}:/usr/sbin/nologin\n")
-    with open(os.path.join(folder, "group"), "w") as handle:
-        handle.write(f"root:x:0:\nkernel:x:{uid}:\n")
-
-
-def parse_cpus(text: str) -> set[int]:
-    """CPU numbers from ``"0,1,5"`` (empty: no restriction)."""
-    return {int(part) for part in text.split(",") if part.strip().isdigit()}
-
-
+# The launcher: the kernelspec's argv, one per kernel.
 def launch(argv: list[str]) -> None:
-    """Start the kernel: replaces this process with bwrap (sandboxed) or with the boot script (``--unsandboxed``).
+    """Replace this process with the kernel, in bwrap or (``--unsandboxed``) started by the boot script alone.
 
     Args:
-        argv: the kernelspec's arguments after this file: ``[--settings LAUNCH_FILE] [--unsandboxed] -f
-            CONNECTION_FILE`` and any extra kernel arguments. ``LAUNCH_FILE`` (written by ``configure_sandbox``)
-            names the course folders to hide, the course's source folder, where kernels' folders go, and the limits.
+        argv: ``[--settings LAUNCH_FILE] [--unsandboxed] -f CONNECTION_FILE`` and any extra kernel arguments.
     """
     settings = {}
     if "--settings" in argv:
@@ -482,7 +319,7 @@ def launch(argv: list[str]) -> None:
     _limits.update({key: settings[key] for key in _limits if key in settings})
     sandboxed = "--unsandboxed" not in argv
     argv = [a for a in argv if a != "--unsandboxed"]
-    cpus = parse_cpus(os.environ.get(CPUS_ENV, ""))
+    cpus = {int(part) for part in os.environ.get(CPUS_ENV, "").split(",") if part.strip().isdigit()}
     if cpus and hasattr(os, "sched_setaffinity"):  # the kernel runs on its worker's CPUs
         os.sched_setaffinity(0, cpus)
     connection_file = os.path.abspath(argv[argv.index("-f") + 1])
@@ -492,34 +329,44 @@ def launch(argv: list[str]) -> None:
     files = os.path.join(kernel_dir, "files")
     boot_options = ["--on-path"] if prepare_files(os.getcwd(), settings.get("source"), hidden, files) else []
     if sandboxed:
-        _exec_sandboxed(argv, connection_file, kernel_dir, boot_options, hidden)
-    command = [sys.executable, "-I", BOOT_SCRIPT, *boot_options, "--files", files, "--work",
-               os.path.join(kernel_dir, "work"), "--", *argv]
+        command = _sandbox_command(argv, connection_file, kernel_dir, boot_options, hidden)
+        join_kernel_cgroup(_limits["max_processes"])
+        _set_limits()
+    else:
+        command = [sys.executable, "-I", BOOT_SCRIPT, *boot_options, "--files", files, "--work",
+                   os.path.join(kernel_dir, "work"), "--", *argv]
     os.execv(command[0], command)
 
 
-def _exec_sandboxed(argv: list[str], connection_file: str, kernel_dir: str, boot_options: list[str],
-                    hidden: list[str]) -> None:
-    """Replace this process with the kernel in bwrap, in cgroups of its own, with its limits.
+def prepare_files(cwd: str, source_root: str | None, hidden: list[str], dest: str) -> bool:
+    """Fill ``dest`` with the files the kernel works with; whether they are the instructor's (then on sys.path).
 
-    Raises:
-        SystemExit: the connection file does not ask for ipc transport (the kernel has no TCP).
+    The lab's instructor files (``source_root/<lab>/`` for a kernel started in ``.../<lab>/``, nbgrader's layout;
+    never a notebook: nbgrader wrote hidden tests into the one being graded) when the course has them; else the
+    kernel's folder without notebooks (nothing when it holds a course, the repository or a home folder). A student's
+    symlinks are copied as links, never followed.
     """
-    command = _sandbox_command(argv, connection_file, kernel_dir, boot_options, hidden)
-    join_kernel_cgroup(_limits["max_processes"])
-    _set_limits(_kernel_uid())
-    os.execv(command[0], command)
-
-
-def _kernel_uid() -> int | None:
-    """The uid the kernel of this launcher becomes: one of its own when run as root, else None (it keeps ours)."""
-    return KERNEL_UID_BASE + os.getpid() if _is_root() else None
+    instructor = os.path.join(source_root, os.path.basename(os.path.abspath(cwd))) if source_root else ""
+    if os.path.isdir(instructor):
+        shutil.copytree(instructor, dest, ignore=shutil.ignore_patterns(*INSTRUCTOR_FILES_IGNORE))
+        for parent, _, names in os.walk(dest):  # a+rX: the kernel reads them as another uid (no links: copied)
+            os.chmod(parent, os.stat(parent).st_mode | 0o555)
+            for name in names:
+                os.chmod(os.path.join(parent, name), os.stat(os.path.join(parent, name)).st_mode | 0o444)
+        return True
+    if any(_inside(os.path.realpath(h), cwd) for h in hidden if h):
+        os.mkdir(dest)
+        print(f"sandbox: the kernel's folder {cwd} holds private files, so the kernel starts in an empty copy",
+              file=sys.stderr)
+    else:
+        shutil.copytree(cwd, dest, symlinks=True, ignore=shutil.ignore_patterns("*.ipynb"))
+    return False
 
 
 def _sandbox_command(argv: list[str], connection_file: str, kernel_dir: str, boot_options: list[str],
                      hidden: list[str]) -> list[str]:
-    """The bwrap command of this launcher's kernel; writes the kernel's passwd and private connection file into
-    ``kernel_dir`` (whose ``files`` folder holds the instructor files, shown at ``FILES_DIR``).
+    """The bwrap command that runs ``python -I kernel_boot.py`` for this launcher's kernel; writes the kernel's
+    ``passwd``, ``group`` and private connection file into ``kernel_dir`` (its ``files`` are shown at ``FILES_DIR``).
 
     Raises:
         SystemExit: the connection file does not ask for ipc transport (the kernel has no TCP).
@@ -528,16 +375,40 @@ def _sandbox_command(argv: list[str], connection_file: str, kernel_dir: str, boo
         info = json.load(handle)
     if info.get("transport") != "ipc" or not os.path.isabs(info.get("ip", "")):
         raise SystemExit("sandbox: the kernel needs ipc transport with an absolute ip (see configure_sandbox)")
-    kernel_uid = _kernel_uid()
-    _write_passwd(kernel_dir, os.getuid() if kernel_uid is None else kernel_uid)
+    uid = KERNEL_UID_BASE + os.getpid() if os.geteuid() == 0 else os.getuid()
+    _write(os.path.join(kernel_dir, "passwd"), f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
+                                               f"kernel:x:{uid}:{uid}:grading kernel:{SCRATCH_DIR}:/usr/sbin/nologin\n")
+    _write(os.path.join(kernel_dir, "group"), f"root:x:0:\nkernel:x:{uid}:\n")
     private_connection = os.path.join(kernel_dir, "connection.json")
     shutil.copyfile(connection_file, private_connection)
+    mounts = [*_parent_dirs([FILES_DIR, BOOT_PATH, CONNECTION_PATH]), "--ro-bind", "/sys", "/sys"]
+    for name in ("passwd", "group"):
+        mounts += ["--ro-bind", os.path.join(kernel_dir, name), f"/etc/{name}"]
+    for device in sorted(glob.glob("/dev/nvidia*")):  # what CUDA opens: GPUs, nvidiactl, nvidia-uvm, nvidia-caps/
+        mounts += ["--dev-bind", device, device]
+    mounts += ["--perms", "01777", "--size", str(SHM_SIZE_BYTES), "--tmpfs", "/dev/shm"]
+    ipc_dir = os.path.dirname(info["ip"])  # writable: the grader connects there
+    scratch_mounts = [*_parent_dirs([ipc_dir], SCRATCH_DIR), "--bind", ipc_dir, ipc_dir,
+                      "--ro-bind", os.path.join(kernel_dir, "files"), FILES_DIR, "--ro-bind", BOOT_SCRIPT, BOOT_PATH,
+                      "--ro-bind", private_connection, CONNECTION_PATH]
+    args = _bwrap_args(_installed_dirs(), _limits["scratch_bytes"], mounts, scratch_mounts, hidden)
     kernel_args = list(argv)
     kernel_args[argv.index("-f") + 1] = CONNECTION_PATH
     boot = [*boot_options, "--files", FILES_DIR, "--work", WORK_DIR,
-            *(["--uid", str(kernel_uid)] if kernel_uid is not None else []), "--", *kernel_args]
-    return bwrap_command(boot, os.path.join(kernel_dir, "files"), private_connection, os.path.dirname(info["ip"]),
-                         kernel_dir, hidden)
+            *(["--uid", str(uid)] if os.geteuid() == 0 else []), "--", *kernel_args]
+    return [*args, "--chdir", "/", "--", sys.executable, "-I", BOOT_PATH, *boot]
+
+
+def _set_limits() -> None:
+    """Resource limits of this process, inherited by bwrap and the kernel; a lower CPU priority."""
+    memory_bytes = _limits["memory_bytes"]
+    if memory_bytes and not glob.glob("/dev/nvidia[0-9]*"):  # CUDA reserves far more address space than it uses
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_CAP_BYTES, FILE_SIZE_CAP_BYTES))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if os.geteuid() == 0:  # counted per uid: meaningful only for the kernel's own uid (root is exempt)
+        resource.setrlimit(resource.RLIMIT_NPROC, (_limits["max_processes"], _limits["max_processes"]))
+    os.nice(KERNEL_NICE)
 
 
 # cgroups: one per kernel, where a hierarchy with the cpu and pids controllers is writable (cgroup v2, or v1).
@@ -555,62 +426,38 @@ def _cgroup_bases() -> list[tuple[str, str]]:
         dash = fields.index("-")
         fstype, root, point, options = fields[dash + 1], fields[3], fields[4], set(fields[dash + 3].split(","))
         for _, controllers, path in own:
-            names = set(controllers.split(",")) if controllers else set()
-            if (fstype == "cgroup2" and not controllers) or (fstype == "cgroup" and names & {"cpu", "pids"} & options):
-                relative = os.path.relpath(path, root) if _inside(path, root) else None
-                if relative is not None:
-                    bases.append((os.path.normpath(os.path.join(point, relative)), "v2" if fstype == "cgroup2" else "v1"))
+            v2 = fstype == "cgroup2" and not controllers
+            v1 = fstype == "cgroup" and set(controllers.split(",")) & {"cpu", "pids"} & options
+            if (v1 or v2) and _inside(path, root):
+                bases.append((os.path.normpath(os.path.join(point, os.path.relpath(path, root))), "v2" if v2 else "v1"))
     return bases
 
 
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(text)
-
-
-def _kernel_cgroup(base: str, version: str, max_processes: int) -> str | None:
-    """A fresh cgroup for this kernel under ``base``/efficient-ai, with its limits; None where that is not allowed."""
-    parent = os.path.join(base, CGROUP_PARENT)
-    try:
-        if version == "v2":
-            available = set(open(os.path.join(base, "cgroup.controllers")).read().split())
-            if not {"cpu", "pids"} <= available:
-                return None
-            _write(os.path.join(base, "cgroup.subtree_control"), "+cpu +pids")
-        os.makedirs(parent, exist_ok=True)
-        if version == "v2":
-            _write(os.path.join(parent, "cgroup.subtree_control"), "+cpu +pids")
-        for stale in glob.glob(os.path.join(parent, CGROUP_PREFIX + "*")):
-            try:
-                os.rmdir(stale)  # only an empty cgroup goes: its kernel is gone
-            except OSError:
-                pass
-        group = os.path.join(parent, f"{CGROUP_PREFIX}{os.getpid()}")
-        os.makedirs(group, exist_ok=True)
-        if os.path.exists(os.path.join(group, "pids.max")):
-            _write(os.path.join(group, "pids.max"), str(max_processes))
-        return group
-    except OSError:
-        return None
-
-
-def join_kernel_cgroup(max_processes: int) -> list[str]:
-    """Move this process (soon the kernel) into cgroups of its own: a pids cap and an equal CPU share.
-
-    Best effort: where no cgroup hierarchy is writable (a container without cgroup delegation), nothing changes
-    and RLIMIT_NPROC alone caps processes. Returns the cgroups joined.
-    """
-    joined = []
+def join_kernel_cgroup(max_processes: int) -> None:
+    """Move this process (soon the kernel) into a fresh cgroup of its own in each hierarchy: a pids cap and an equal
+    CPU share. Best effort: where no hierarchy is writable (a container without cgroup delegation), nothing changes
+    and RLIMIT_NPROC alone caps processes."""
     for base, version in _cgroup_bases():
-        group = _kernel_cgroup(base, version, max_processes)
-        if group is None:
-            continue
+        parent = os.path.join(base, CGROUP_PARENT)
         try:
+            if version == "v2":
+                with open(os.path.join(base, "cgroup.controllers")) as handle:
+                    if not {"cpu", "pids"} <= set(handle.read().split()):
+                        continue
+                _write(os.path.join(base, "cgroup.subtree_control"), "+cpu +pids")
+            os.makedirs(parent, exist_ok=True)
+            if version == "v2":
+                _write(os.path.join(parent, "cgroup.subtree_control"), "+cpu +pids")
+            for stale in glob.glob(os.path.join(parent, CGROUP_PREFIX + "*")):
+                with contextlib.suppress(OSError):
+                    os.rmdir(stale)  # only an empty cgroup goes: its kernel is gone
+            group = os.path.join(parent, f"{CGROUP_PREFIX}{os.getpid()}")
+            os.makedirs(group, exist_ok=True)
+            if os.path.exists(os.path.join(group, "pids.max")):
+                _write(os.path.join(group, "pids.max"), str(max_processes))
             _write(os.path.join(group, "cgroup.procs"), str(os.getpid()))
-            joined.append(group)
         except OSError:
             pass
-    return joined
 
 
 if __name__ == "__main__":
