@@ -1,11 +1,9 @@
 """Start a grading kernel that no file beside it can shadow (run by ``course/sandbox.py``; standard library only).
 
-``python -I kernel_boot.py --files DIR --work DIR [--on-path] [--uid N] -- KERNEL_ARGUMENTS`` copies ``--files``
-(the lab's instructor files, never a notebook) into the kernel's working folder ``--work``; with ``--on-path`` puts
-``--files`` first on ``sys.path``. ``python -I`` and IPython's ``ignore_cwd`` keep the working folder, this file's
-folder and ``PYTHONPATH`` off ``sys.path`` (docs/SECURITY.md, "isolated start"). With ``--uid`` (started as root),
-the kernel binds its sockets first, then gives the working folder and HOME to uid/gid N and becomes that user.
-"""
+``python -I kernel_boot.py --files DIR --work DIR [--on-path] [--uid N] -- KERNEL_ARGUMENTS`` copies the instructor
+files into the working folder and, with ``--on-path``, puts them first on ``sys.path`` (``-I`` and ``ignore_cwd`` keep
+the working folder and PYTHONPATH off it: docs/SECURITY.md). With ``--uid`` (started as root), once the kernel's
+sockets are bound, it gives the working folder and HOME to uid/gid N and becomes that user."""
 from __future__ import annotations
 
 import argparse

@@ -173,12 +173,9 @@ def _ensure_process_dir(sandboxed: bool) -> str:
 
 
 def unavailable_reason() -> str | None:
-    """Why bwrap cannot sandbox kernels on this machine, or None when it can.
-
-    Runs this Python in a sandbox that shows its installation as a kernel's does: a Python that cannot run there
-    would kill every kernel, and every submission would score 0. Answered once per process for the same Python,
-    bwrap, installation folders and library path.
-    """
+    """Why bwrap cannot sandbox kernels on this machine, or None when it can; answered once per process for the
+    same Python, bwrap, installation folders and library path. Runs this Python in a sandbox that shows it as a
+    kernel's does: a Python that cannot run there would kill every kernel, and every submission would score 0."""
     if not sys.platform.startswith("linux"):
         return f"the sandbox needs Linux (this is {sys.platform})"
     bwrap = shutil.which("bwrap")
@@ -250,10 +247,8 @@ def _parent_dirs(destinations: list[str], under: str = "/") -> list[str]:
         while parent != os.path.dirname(parent) and parent != under and _inside(parent, under):
             parents.add(parent)
             parent = os.path.dirname(parent)
-    args = []
-    for folder in sorted(parents, key=lambda p: (p.count("/"), p)):
-        args += ["--perms", "0755", "--dir", folder]
-    return args
+    ordered = sorted(parents, key=lambda p: (p.count("/"), p))
+    return [arg for folder in ordered for arg in ("--perms", "0755", "--dir", folder)]
 
 
 def _installed_args(installed: list[str], in_scratch: bool) -> list[str]:
@@ -339,13 +334,10 @@ def launch(argv: list[str]) -> None:
 
 
 def prepare_files(cwd: str, source_root: str | None, hidden: list[str], dest: str) -> bool:
-    """Fill ``dest`` with the files the kernel works with; whether they are the instructor's (then on sys.path).
-
-    The lab's instructor files (``source_root/<lab>/`` for a kernel started in ``.../<lab>/``, nbgrader's layout;
-    never a notebook: nbgrader wrote hidden tests into the one being graded) when the course has them; else the
-    kernel's folder without notebooks (nothing when it holds a course, the repository or a home folder). A student's
-    symlinks are copied as links, never followed.
-    """
+    """Fill ``dest`` with the files the kernel works with; return whether they are the instructor's (then on
+    sys.path): ``source_root/<lab>/`` for a kernel started in ``.../<lab>/`` when the course has it, else the kernel's
+    folder (an empty one when it holds a course, the repository or a home; a student's symlinks stay links). Never a
+    notebook: nbgrader wrote hidden tests into the one being graded."""
     instructor = os.path.join(source_root, os.path.basename(os.path.abspath(cwd))) if source_root else ""
     if os.path.isdir(instructor):
         shutil.copytree(instructor, dest, ignore=shutil.ignore_patterns(*INSTRUCTOR_FILES_IGNORE))
@@ -439,7 +431,7 @@ def join_kernel_cgroup(max_processes: int) -> None:
     and RLIMIT_NPROC alone caps processes."""
     for base, version in _cgroup_bases():
         parent = os.path.join(base, CGROUP_PARENT)
-        try:
+        with contextlib.suppress(OSError):
             if version == "v2":
                 with open(os.path.join(base, "cgroup.controllers")) as handle:
                     if not {"cpu", "pids"} <= set(handle.read().split()):
@@ -456,8 +448,6 @@ def join_kernel_cgroup(max_processes: int) -> None:
             if os.path.exists(os.path.join(group, "pids.max")):
                 _write(os.path.join(group, "pids.max"), str(max_processes))
             _write(os.path.join(group, "cgroup.procs"), str(os.getpid()))
-        except OSError:
-            pass
 
 
 if __name__ == "__main__":
