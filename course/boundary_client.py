@@ -1,10 +1,7 @@
 """The grader's end of the grading boundary's comm (``course/boundary.py``, ``course/boundary_kernel.py``): installing
-the boundary's server in a fresh kernel before any student code, and sending it the requests of a test cell.
-
-Requests and answers travel on a Jupyter comm. The answer and the kernel's idle status are read from the IOPub
-channel, matched by request; a request the kernel handled without an answer (student code replaced the server) gives
-None, and a request still running at the test cell's time limit is interrupted (the server answers with the
-interruption); a kernel that does not answer even then counts as lost.
+the boundary's server in a fresh kernel before any student code, and sending it a test cell's requests. A request
+handled without an answer (student code replaced the server) gives None; one still running at the test cell's time
+limit is interrupted; a kernel that does not answer even then counts as lost.
 """
 from __future__ import annotations
 
@@ -35,16 +32,11 @@ class BoundaryClient:
                               f"{boundary.COMM_TARGET!r})")
         reply = self.channel.request(code, timeout_s=timeout_s)
         if not reply or reply["content"].get("status") != "ok":
-            self.comm = ""
             return
         self.comm = secrets.token_hex(16)
         kc = self.channel.owner.kc
         kc.shell_channel.send(kc.session.msg(
             "comm_open", {"comm_id": self.comm, "target_name": boundary.COMM_TARGET, "data": {}}))
-
-    def forget(self) -> None:
-        """The kernel was replaced: the server must be installed again."""
-        self.comm = ""
 
     async def _ask(self, payload: str, timeout_s: float) -> tuple[str | None] | None:
         kc = self.channel.owner.kc

@@ -1,9 +1,6 @@
 """The grader's side of the grading guard (``course/guard_kernel.py``, docs/SECURITY.md): installing it in a fresh
-kernel before any student code, and its signed commands.
-
-The guard answers through Jupyter ``user_expressions`` (evaluated without input transformers, AST transformers or
-cell hooks), each answer signed with a key the grader received before any student code ran. An answer that is
-missing or wrongly signed breaks the guard for good (``broken``): every later test cell then fails (fail closed).
+kernel before any student code, and its signed commands. An answer missing or wrongly signed breaks the guard for
+good (``broken``): every later test cell then fails.
 """
 from __future__ import annotations
 
@@ -46,19 +43,18 @@ class GuardClient:
         return self.enabled and self.key is None and not self.broken
 
     def install(self, watch_libraries: bool, timeout_s: float) -> None:
-        """Install the guard in the kernel (``watch_libraries``: numpy, torch and utils are watched too); installing
-        imports what it watches, which on a busy machine takes as long as a cell (``timeout_s``)."""
+        """Install the guard and take its key (``watch_libraries``: numpy, torch and utils are watched too, and
+        importing them may take as long as a cell, ``timeout_s``)."""
         code = install_source(GUARD_SOURCE.read_text(), "_efficient_ai_guard", "<grading guard>",
                               f"_efficient_ai_guard = _g['_efficient_ai_guard_install']({watch_libraries!r})")
         reply = self.channel.request(code, timeout_s=timeout_s)
-        if not reply or reply["content"].get("status") != "ok":
+        key = None
+        if reply and reply["content"].get("status") == "ok":
+            key = guard_value(self.channel.request("", "_efficient_ai_guard('key')"))
+        if key:
+            self.key = bytes.fromhex(key)
+        else:
             self.broken = NOT_INSTALLED
-            return
-        key = guard_value(self.channel.request("", "_efficient_ai_guard('key')"))
-        if not key:
-            self.broken = NOT_INSTALLED
-            return
-        self.key = bytes.fromhex(key)
 
     def command(self, command: str) -> list[str] | None:
         """Run a guard command (``check``, ``restore``, ``mark``, ``adopt``); its findings (a list), or None when its

@@ -1,28 +1,16 @@
 """``GuardedExecute``: nbgrader's Execute with the grading boundary and guard, recovery from a lost kernel, output
-caps and a notebook time limit (docs/SECURITY.md). Its parts, one job each:
+caps and a notebook time limit (docs/SECURITY.md). This class decides what runs where, cell by cell; its parts do
+the rest: ``KernelChannel`` (the grader's own requests to the kernel), ``GuardClient`` (the grading guard),
+``BoundaryClient`` (the boundary's server), ``OutputBudget`` (output caps) and ``GradingRecord``
+(``grading_report.json``).
 
-- ``course.kernel_channel.KernelChannel``: the grader's own requests to the kernel, and whether it was lost;
-- ``course.guard_client.GuardClient``: the grading guard's installation and signed commands;
-- ``course.boundary_client.BoundaryClient``: the boundary's server and the requests of test cells;
-- ``course.output_budget.OutputBudget``: the output kept per cell and per notebook;
-- ``course.grading_record.GradingRecord``: what happened, written as ``grading_report.json``.
-
-This class only decides what runs where, cell by cell:
-
-- Test cells never run in the kernel: ``course/boundary.py`` runs them in this process, asking the kernel's boundary
-  server for the student's values, and writes the cells' outputs itself; no reply status, error or output of the
-  kernel decides a score. Hidden test source therefore never reaches the kernel.
-- Around every test cell, and before every locked (instructor) cell, the guard is asked what student code changed:
-  anything changed is put back and the next test cell gets a ``GradingIntegrityError``; what a locked cell itself
-  changes becomes the reference (``adopt``).
-- A dead or mute kernel fails the cell it happened in; a fresh kernel runs the earlier cells (not the tests) again and
-  grading goes on (at most ``MAX_KERNEL_RESTARTS``). When no fresh kernel can help, at the notebook time limit or
-  after a sticky CUDA error, execution stops; later test cells get an error saying why they did not run.
-- Cell metadata that changes how a cell runs is removed before any cell runs (``neutralise_cell_metadata``); widget
-  messages are ignored.
-- A cell whose output did not finish arriving (nbclient's ``CellTimeoutError``) counts as failed; a kernel lost
-  before any student code ran, or anything a busy machine can explain, asks ``course.grade`` to grade again
-  (``retry``).
+- Test cells never run in the kernel: ``course/boundary.py`` runs them here, asking the kernel's boundary server for
+  the student's values, and writes their outputs; nothing the kernel reports decides a score.
+- Around every test cell and before every locked cell, the guard puts back what student code changed and the next
+  test cell gets a ``GradingIntegrityError``; what a locked cell itself changes becomes the reference (``adopt``).
+- A dead or mute kernel fails its cell; a fresh kernel runs the earlier cells (not the tests) again, at most
+  ``MAX_KERNEL_RESTARTS`` times. Execution stops at the notebook time limit or after a sticky CUDA error.
+- A kernel lost before any student code ran, or output that did not arrive, asks ``course.grade`` to grade again.
 """
 from __future__ import annotations
 
@@ -59,6 +47,9 @@ from .scan import recording_bypass_flags
 
 DEFAULT_NOTEBOOK_TIMEOUT_S = 600
 MAX_KERNEL_RESTARTS = 3  # a kernel that dies or stops answering is replaced (earlier cells run again) this often
+# Fixed limits, not settings: no lab needs other values (docs/SECURITY.md, "Output is capped while it arrives").
+MAX_ERROR_BYTES = 64 * 1024  # an error output (message and traceback) is shortened to this size
+MAX_MESSAGE_BYTES = 8 * MIB  # ZeroMQ drops a larger kernel message unread
 
 
 class GuardedExecute(Execute):
@@ -69,12 +60,6 @@ class GuardedExecute(Execute):
     ).tag(config=True)
     max_notebook_output_bytes = Integer(
         16 * MIB, help="Output the whole notebook may keep (bytes); later output is dropped with a note."
-    ).tag(config=True)
-    max_error_bytes = Integer(
-        64 * 1024, help="Size an error output (message and traceback) is shortened to (bytes)."
-    ).tag(config=True)
-    max_message_bytes = Integer(
-        8 * MIB, help="Largest kernel message the grader reads (bytes); ZeroMQ drops a larger one unread."
     ).tag(config=True)
     notebook_timeout_s = Float(
         DEFAULT_NOTEBOOK_TIMEOUT_S,
@@ -90,6 +75,11 @@ class GuardedExecute(Execute):
         ["graceful", "immediate"], default_value="immediate",
         help="How the kernel ends after the last cell: 'immediate' kills it, 'graceful' asks it to shut down first.",
     ).tag(config=True)
+
+    def __init__(self, max_error_bytes: int = MAX_ERROR_BYTES, **kwargs):
+        """``max_error_bytes``: smaller only in tests."""
+        super().__init__(**kwargs)
+        self.max_error_bytes = max_error_bytes
 
     def preprocess(self, nb, resources=None, km=None):
         self._start_run(nb, resources)
@@ -135,12 +125,12 @@ class GuardedExecute(Execute):
                 self._record.neutralised[where(cell, index)] = removed
 
     async def async_start_new_kernel_client(self):
-        """nbclient's kernel client, on ZeroMQ sockets that drop any message over ``max_message_bytes`` unread."""
+        """nbclient's kernel client, on ZeroMQ sockets that drop any message over ``MAX_MESSAGE_BYTES`` unread."""
         import zmq
         import zmq.asyncio
 
         context = zmq.asyncio.Context()
-        context.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self._zmq_context = context
         make_client = self.km.client
         self.km.client = lambda **kwargs: make_client(context=context, **kwargs)
@@ -292,8 +282,8 @@ class GuardedExecute(Execute):
             self._stop_lost_kernel(f"{when} (a fresh kernel could not start: {type(exc).__name__})")
             return
         self._channel.lost = ""
-        self._guard.key = None
-        self._boundary.forget()
+        self._guard.key = None  # the fresh kernel has neither the guard nor the boundary's server
+        self._boundary.comm = ""
         self._install_kernel_side()
         for earlier in list(self._replayable):
             cell = self.nb.cells[earlier]

@@ -1,9 +1,5 @@
 """The grader's own requests to a grading kernel, beside the cells nbclient runs: silent requests, reads that give
 up after a time, and reconnecting after ZeroMQ dropped an oversized message.
-
-``KernelChannel`` talks through the executor's current client and manager (``owner.kc``, ``owner.km``: both change
-when a fresh kernel replaces a lost one) and records, in ``lost``, that the kernel died or stopped answering one of
-these requests ("" while it answers). Once lost, no further request is sent.
 """
 from __future__ import annotations
 
@@ -13,13 +9,11 @@ from queue import Empty
 from nbclient.exceptions import DeadKernelError
 from nbclient.util import ensure_async, run_sync
 
-# How long the grader waits for the kernel to answer one of its own requests (a guard command, or the empty
-# request sent after every cell); a healthy kernel answers in milliseconds.
+# How long the grader waits for the kernel to answer one of its own requests; a healthy kernel answers in ms.
 KERNEL_REPLY_TIMEOUT_S = 60
 
-# Settings of a grading kernel, made before any student code: cuDNN's attention prepares its kernels on each shape's
-# first call in a process, on the CPU, and every grading kernel is a fresh process; FlashAttention or the
-# memory-efficient kernel give the same results. A student's own kernel keeps PyTorch's defaults.
+# Made in every grading kernel before any student code: cuDNN's attention prepares its kernels on the CPU on each
+# shape's first call in a process, and every grading kernel is a fresh process; the other kernels give the same results.
 GRADING_KERNEL_SETTINGS = (
     "import sys as _s\n"
     "if 'torch' in _s.modules and hasattr(_s.modules['torch'].backends.cuda, 'enable_cudnn_sdp'):\n"
@@ -43,11 +37,12 @@ def install_source(source: str, namespace: str, filename: str, install_call: str
 
 
 class KernelChannel:
-    """Requests of the grader's own to the kernel of ``owner`` (an nbclient executor)."""
+    """Requests of the grader's own to the kernel of ``owner`` (an nbclient executor, whose ``kc`` and ``km`` change
+    when a fresh kernel replaces a lost one). Once the kernel is ``lost``, no further request is sent."""
 
     def __init__(self, owner):
         self.owner = owner
-        self.lost = ""  # "died" or "stopped answering ...", found by a request of the grader's own
+        self.lost = ""  # "died" or "stopped answering ...", found by a request of the grader's own ("" while it answers)
 
     def run(self, coroutine_function, *args):
         """Run one of this channel's coroutines; None (and ``lost`` set to "died") when the kernel died meanwhile."""
@@ -96,35 +91,24 @@ class KernelChannel:
         return reply
 
     def reopen(self) -> None:
-        """Connect the shell and output channels to the kernel again, and wait until output arrives on them.
-
-        ZeroMQ closes a channel that received a message over the executor's ``max_message_bytes`` and does not reopen
-        it; a fresh subscription misses what the kernel sent before it took effect, so the kernel is asked for a
-        status until one arrives. A kernel that sends none within ``KERNEL_REPLY_TIMEOUT_S`` counts as no longer
-        answering.
-        """
+        """Connect the shell and output channels again (ZeroMQ closes a channel for good once it received a message
+        over ``MAX_MESSAGE_BYTES``), and ask the kernel for a status until one arrives: a fresh subscription misses
+        what came before it took effect. No output within ``KERNEL_REPLY_TIMEOUT_S`` counts as no longer answering."""
         for name in ("_iopub_channel", "_shell_channel"):
             channel = getattr(self.owner.kc, name, None)
             if channel is not None:
                 channel.close()
                 setattr(self.owner.kc, name, None)
-        arrived = self.run(self._output_arrives, KERNEL_REPLY_TIMEOUT_S)
-        if not arrived and not self.lost:
+        if not self.run(self._output_arrives) and not self.lost:
             self.lost = f"stopped answering (no output in {KERNEL_REPLY_TIMEOUT_S} s)"
 
-    async def _output_arrives(self, timeout_s: float) -> bool:
+    async def _output_arrives(self) -> bool:
         kc = self.owner.kc
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + KERNEL_REPLY_TIMEOUT_S
         while time.monotonic() < deadline:
             msg_id = kc.execute("", silent=True, store_history=False, allow_stdin=False)
-            retry_at = min(deadline, time.monotonic() + 2)
-            while time.monotonic() < retry_at:
-                try:
-                    msg = await ensure_async(kc.iopub_channel.get_msg(timeout=0.5))
-                except Empty:
-                    if not await ensure_async(kc.is_alive()):
-                        raise DeadKernelError("Kernel died") from None
-                    continue
-                if msg["parent_header"].get("msg_id") == msg_id:
-                    return True
+            status = await self.read(kc.iopub_channel, min(2, deadline - time.monotonic()), False,
+                                     lambda msg: True if msg["parent_header"].get("msg_id") == msg_id else None)
+            if status:
+                return True
         return False
