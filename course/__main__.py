@@ -65,37 +65,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "build":
         from . import build
-
         return build.main(resolve_labs(args.labs))
-    if args.command == "lint":
+    if args.command in ("lint", "check"):
         from . import check
-
-        return check.main(resolve_labs(args.labs), execute=False)
-    if args.command == "check":
-        from . import check
-
-        return check.main(resolve_labs(args.labs))
+        return check.main(resolve_labs(args.labs), execute=args.command == "check")
     if args.command == "bundle":
         from . import bundle
-
         return bundle.main(resolve_labs(args.labs), args.out)
     if args.command == "solutions":
         from . import solutions
-
         return solutions.main(resolve_labs(args.labs), args.out)
     if args.command == "grade":
         from . import grade
-
         return grade.main(args.lab, args.course_dir.resolve(), args.student, args.timeout_s,
                           workers=args.workers, shard=args.shard, resume=args.resume, report_only=args.report,
                           roster=args.roster, canvas_assignment_id=args.canvas_assignment_id)
     if args.command == "feedback":
         from . import feedback
-
         return feedback.main(args.lab, args.course_dir.resolve(), args.student, args.exchange, args.force)
     if args.command == "demo":
         from . import demo
-
         return demo.main(resolve_labs([args.lab])[0])
     return 2
 

@@ -1,46 +1,28 @@
-"""grade: autograde every submission of a lab, then report it (``course.report``: the score table, grades.csv and a
-histogram).
+"""grade: autograde every submission of a lab, then report it (``course.report``).
 
-Submissions are read from ``submitted/<student>/<lab>/`` (nbgrader's layout) and graded from a staged, repaired
-copy (``course.submission``): only the notebook and ``timestamp.txt``, so files a student adds cannot shadow a
-library; repairs and suspicious code (``course.scan``) are reported as notes and flags for the TA. A submission
-with nothing to grade (no notebook, not a notebook) is recorded with zero points and its reason. Each submission
-is autograded by its own nbgrader process with a time limit, so a crash, a hang or a dead kernel costs that
-submission only; its status and reason are recorded beside whatever points the gradebook holds for it.
+Each submission in ``submitted/<student>/<lab>/`` is graded from a staged, repaired copy (``course.submission``) by
+its own nbgrader process with a time limit, so a crash, a hang or a dead kernel costs that submission only; its
+status and reason are recorded beside whatever points the gradebook holds for it.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
 from .grading_record import GRADING_REPORT
-from .nbgrader_run import (
-    SubmissionScores,
-    available_cpus,
-    read_scores,
-    run_nbgrader,
-    worker_envs,
-)
+from .nbgrader_run import SubmissionScores, available_cpus, read_scores, run_nbgrader, worker_envs
 from .outcome import NEEDS_TA, Outcome
 from .paths import REPO_ROOT
 from .quoting import escape_controls
 from .recorded import is_recorded, mark_recorded
-from .report import (
-    TABLE_LEGEND,
-    flagged_for_review,
-    format_table,
-    previous_outcomes,
-    score_table,
-    write_canvas_export,
-    write_reports,
-)
+from .report import flagged_for_review, previous_outcomes, print_table, write_canvas_export, write_reports
 from .sandbox import unavailable_reason
 from .settings import sandbox_mode
 from .submission import ClassStaging, clear_autograded_scores, record_zero
@@ -48,7 +30,7 @@ from .submission import ClassStaging, clear_autograded_scores, record_zero
 DEFAULT_SUBMISSION_TIMEOUT_S = 900.0
 
 
-def prepare_gradebook(course_root: Path, lab: str, env: dict[str, str] | None = None) -> None:
+def prepare_gradebook(course_root: Path, lab: str) -> None:
     """Record the lab's cells in the gradebook (nbgrader generate_assignment, output to a scratch folder).
 
     Raises:
@@ -56,14 +38,12 @@ def prepare_gradebook(course_root: Path, lab: str, env: dict[str, str] | None = 
     """
     for attempt in range(3):  # shards starting together on one PostgreSQL gradebook may collide once
         with tempfile.TemporaryDirectory(prefix="efficient-ai-release-") as scratch:
-            result = run_nbgrader(
-                course_root, ["generate_assignment", lab, "--force", f"--CourseDirectory.release_directory={scratch}"], env=env
-            )
+            result = run_nbgrader(course_root, ["generate_assignment", lab, "--force",
+                                                f"--CourseDirectory.release_directory={scratch}"])
         if result.ok:
             return
         time.sleep(1 + 2 * attempt)
-    if not result.ok:
-        raise RuntimeError(f"nbgrader generate_assignment {lab} failed:\n{result.tail(25)}")
+    raise RuntimeError(f"nbgrader generate_assignment {lab} failed:\n{result.tail(25)}")
 
 
 def list_students(course_root: Path, lab: str) -> list[str]:
@@ -105,38 +85,27 @@ def _failure_reason(result_output: str) -> str:
                        [line for line in lines if "ERROR" in line or "Error" in line],
                        lines):
         if candidates:
-            return _whole_line(candidates[-1])
+            line = escape_controls(candidates[-1])
+            return line if len(line) <= MAX_REASON_CHARS else line[:MAX_REASON_CHARS] + " [...]"
     return "nbgrader failed without output"
 
 
-def _whole_line(line: str) -> str:
-    line = escape_controls(line)
-    return line if len(line) <= MAX_REASON_CHARS else line[:MAX_REASON_CHARS] + " [...]"
-
-
-def autograde_one(
-    course_root: Path,
-    lab: str,
-    student: str,
-    timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
-    env: dict[str, str] | None = None,
-    extra_args: list[str] | None = None,
-    submitted: Path | None = None,
-) -> Outcome:
+def autograde_one(course_root: Path, lab: str, student: str, timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
+                  env: dict[str, str] | None = None, submitted: Path | None = None) -> Outcome:
     """Autograde one submission in its own nbgrader process. Never raises for a bad submission.
 
-    ``submitted``: the folder holding ``<student>/<lab>/`` (a staging folder); default ``submitted/``.
+    Args:
+        env: extra environment variables of the nbgrader process (a worker's GPU and CPUs).
+        submitted: the folder holding ``<student>/<lab>/`` (a staging folder); default ``submitted/``.
 
-    A submission whose run hit a sticky CUDA error (a device-side assert: every later CUDA call in that kernel
-    fails) is graded once more with the GPU hidden, so it earns what it would on a CPU grader; a note says so.
-    A run that went wrong in a way a busy machine can explain (``Outcome.retry``: a kernel that stopped answering
-    or did not start, output that did not arrive in time) is graded once more; the second run's grade is kept,
-    and a note says what the first run saw.
+    A run that went wrong in a way a busy machine can explain (``Outcome.retry``) is graded once more and the second
+    run kept. A run that hit a sticky CUDA error (every later CUDA call in that kernel fails) is graded once more with
+    the GPU hidden, so it earns what it would on a CPU grader. A note says so either way.
     """
-    outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted)
+    outcome = _autograde_once(course_root, lab, student, timeout_s, env, submitted)
     if outcome.retry:
         first = outcome
-        outcome = _autograde_once(course_root, lab, student, timeout_s, env, extra_args, submitted)
+        outcome = _autograde_once(course_root, lab, student, timeout_s, env, submitted)
         outcome.seconds += first.seconds
         if outcome.retry:
             outcome.reason = f"{outcome.reason} (the same in two runs: {first.retry})"
@@ -144,37 +113,25 @@ def autograde_one(
     cuda_error = outcome.cuda_error
     if not cuda_error or (env or {}).get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")) == "":
         return outcome
-    cpu = _autograde_once(course_root, lab, student, timeout_s, {**(env or {}), "CUDA_VISIBLE_DEVICES": ""},
-                          extra_args, submitted)
+    cpu = _autograde_once(course_root, lab, student, timeout_s, {**(env or {}), "CUDA_VISIBLE_DEVICES": ""}, submitted)
     cpu.seconds += outcome.seconds
     cpu.notes.insert(0, f"graded on the CPU: on the GPU, {cuda_error} made every later CUDA call fail")
     return cpu
 
 
-def _autograde_once(
-    course_root: Path,
-    lab: str,
-    student: str,
-    timeout_s: float,
-    env: dict[str, str] | None,
-    extra_args: list[str] | None,
-    submitted: Path | None,
-) -> Outcome:
+def _autograde_once(course_root: Path, lab: str, student: str, timeout_s: float, env: dict[str, str] | None,
+                    submitted: Path | None) -> Outcome:
     start = time.perf_counter()
+    args = ["autograde", lab, "--student", student, "--create", "--force"]
     if submitted is not None:
-        extra_args = [*(extra_args or []), f"--CourseDirectory.submitted_directory={submitted}"]
-    result = run_nbgrader(
-        course_root,
-        ["autograde", lab, "--student", student, "--create", "--force", *(extra_args or [])],
-        timeout_s=timeout_s,
-        env=env,
-    )
+        args.append(f"--CourseDirectory.submitted_directory={submitted}")
+    result = run_nbgrader(course_root, args, timeout_s=timeout_s, env=env)
     seconds = time.perf_counter() - start
     graded_nb = course_root / "autograded" / student / lab / f"{lab}.ipynb"
     if result.timed_out:
         return Outcome(student, "failed", f"exceeded the per-submission time limit of {timeout_s:.0f} s", seconds)
     if not result.ok or not graded_nb.exists():
-        busy = next((needle for needle in BUSY_MACHINE_NEEDLES if needle in result.output), "")
+        busy = any(needle in result.output for needle in BUSY_MACHINE_NEEDLES)
         reason = _failure_reason(result.output)
         return Outcome(student, "failed", reason, seconds, retry=reason if busy else "")
     return with_grading_report(Outcome(student, "ok", "", seconds), graded_nb.parent / GRADING_REPORT)
@@ -192,10 +149,8 @@ def sandbox_status() -> str:
 
 
 def with_grading_report(outcome: Outcome, report_path: Path) -> Outcome:
-    """``outcome`` with what the grading run reported (``GuardedExecute``'s ``grading_report.json``).
-
-    Execution stopped early (a dead kernel, the notebook time limit) makes the status ``partial``, with the reason:
-    the points earned before are recorded. What the grading guard found becomes notes, per test cell.
+    """``outcome`` with what the grading run reported (``grading_report.json``): execution that stopped early (a
+    dead kernel, the notebook time limit) makes it ``partial``, with the reason; what the guard found becomes notes.
     """
     try:
         report = json.loads(report_path.read_text())
@@ -227,49 +182,32 @@ def visible_gpus() -> list[str]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [d for d in visible.split(",") if d.strip()]
-    if shutil.which("nvidia-smi") is None:
-        return []
     try:
         listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError):  # no nvidia-smi, or it hung
         return []
     return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
 
 
-def worker_environments(workers: int = 1) -> list[dict[str, str]]:
-    """The environment of each worker of ``course grade`` (``worker_envs``: its GPU, CPUs and thread counts; one
-    worker keeps the defaults)."""
-    return [{}] if workers <= 1 else worker_envs(workers, visible_gpus(), available_cpus())
-
-
-def autograde_all(
-    course_root: Path,
-    lab: str,
-    students: list[str],
-    timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
-    progress: bool = True,
-    workers: int = 1,
-    submitted: Path | None = None,
-    gradable: Callable[[str], bool] | None = None,
-) -> dict[str, Outcome]:
+def autograde_all(course_root: Path, lab: str, students: list[str], timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
+                  progress: bool = True, workers: int = 1, submitted: Path | None = None,
+                  gradable: Callable[[str], bool] | None = None) -> dict[str, Outcome]:
     """Autograde every student's submission with one progress bar; continue past failures.
 
-    ``workers`` submissions run at a time, each worker pinned to one GPU when there are GPUs and to an equal share of
-    the CPUs, with thread pools sized to it (``worker_environments``). Every worker runs ``nbgrader autograde`` on
-    the course's own gradebook, SQLite or PostgreSQL alike; a SQLite gradebook that stayed locked too long is
-    graded once more, as a busy machine is (``BUSY_MACHINE_NEEDLES``). ``submitted`` is the folder holding
-    ``<student>/<lab>/`` (``grade_lab`` passes its staging folder); default the course's ``submitted/``.
-    ``gradable``: asked before each submission is graded (it may wait for the submission's staging); a submission it
-    refuses is left out of the outcomes.
+    Args:
+        workers: submissions graded at a time, each worker pinned to a GPU and an equal share of the CPUs
+            (``worker_envs``), all on the course's own gradebook.
+        submitted: the folder holding ``<student>/<lab>/``; default the course's ``submitted/``.
+        gradable: asked before each submission is graded (it may wait for its staging); a submission it refuses is
+            left out of the outcomes.
     """
-    from concurrent.futures import ThreadPoolExecutor
     from queue import Queue
 
     from tqdm import tqdm
 
     submitted = submitted or course_root / "submitted"
     envs: Queue = Queue()
-    for env in worker_environments(workers):
+    for env in [{}] if workers <= 1 else worker_envs(workers, visible_gpus(), available_cpus()):
         envs.put(env)
 
     def work(student: str) -> Outcome | None:
@@ -311,27 +249,20 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def shard_students(students: list[str], shard: tuple[int, int] | None) -> list[str]:
-    """The students of one shard: every n-th of the sorted list, starting at i. Shards are disjoint and
-    together cover every student."""
-    if shard is None:
-        return sorted(students)
-    index, count = shard
+    """The students of shard (i, n): every n-th of the sorted list, starting at i; all of them for None."""
+    index, count = shard or (0, 1)
     return sorted(students)[index::count]
 
 
 def already_graded(course_root: Path, lab: str, students: list[str]) -> list[str]:
-    """Students whose grading an earlier ``course grade`` run finished (for --resume): the autograded notebook it
-    wrote is there unchanged (``course.recorded``) and the gradebook holds the submission's scores."""
+    """Students whose grading an earlier run finished (``course.recorded``) and whose scores the gradebook holds."""
     scores = read_scores(course_root, lab, students)
-    return [
-        s for s in students
-        if s in scores and scores[s].cells and is_recorded(course_root / "autograded" / s / lab, f"{lab}.ipynb")
-    ]
+    return [s for s in students
+            if s in scores and scores[s].cells and is_recorded(course_root / "autograded" / s / lab, f"{lab}.ipynb")]
 
 
 def _record_finished(course_root: Path, lab: str, outcome: Outcome) -> Outcome:
-    """Mark a submission whose scores are now in the gradebook as finished (``course.recorded``); a mark that
-    cannot be written only means that ``--resume`` grades it again, and a note says so."""
+    """Mark a graded submission as finished for ``--resume`` (``course.recorded``); a note says when it cannot."""
     if outcome.status in ("ok", "partial"):
         try:
             mark_recorded(course_root / "autograded" / outcome.student / lab, f"{lab}.ipynb")
@@ -349,8 +280,8 @@ def kept_from_earlier_run(course_root: Path, lab: str, student: str) -> Outcome:
 
 
 def mark_earlier_scores_stale(course_root: Path, lab: str, outcome: Outcome) -> None:
-    """After a failed run, clear what an earlier run recorded for the submission (``clear_autograded_scores``) and
-    say so in the reason, so that neither the gradebook nor ``grades.csv`` shows old scores as current."""
+    """After a failed run, clear an earlier run's scores of the submission (``clear_autograded_scores``), and say so
+    in the reason, so that no old score reads as current."""
     try:
         if clear_autograded_scores(course_root, lab, outcome.student):
             outcome.reason += ("; the scores of an earlier run were cleared (the formgrader lists its cells for "
@@ -359,19 +290,12 @@ def mark_earlier_scores_stale(course_root: Path, lab: str, outcome: Outcome) -> 
         outcome.reason += f"; clearing the scores of an earlier run failed ({exc}): they are NOT current"
 
 
-def grade_staged(
-    course_root: Path,
-    lab: str,
-    staged: ClassStaging,
-    staging: Path,
-    timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
-    progress: bool = True,
-    workers: int = 1,
-    resume: bool = False,
-) -> dict[str, Outcome]:
+def grade_staged(course_root: Path, lab: str, staged: ClassStaging, staging: Path,
+                 timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S, progress: bool = True, workers: int = 1,
+                 resume: bool = False) -> dict[str, Outcome]:
     """The outcome of every staged submission, with its notes and flags: kept from an earlier run (``resume``),
     autograded from ``staging`` as soon as it is staged, else recorded with zero points when there is nothing to
-    grade (after the autograding)."""
+    grade. A failed submission loses what an earlier run recorded for it."""
     students = staged.students
     done = set(already_graded(course_root, lab, students)) if resume else set()
     outcomes = {s: kept_from_earlier_run(course_root, lab, s) for s in done}
@@ -381,16 +305,14 @@ def grade_staged(
     everything = staged.all()
     for student in todo:
         submission = everything[student]
-        if submission.gradable:
-            continue
-        outcomes[student] = Outcome(student, "failed", submission.reason)
-        if submission.zero:
+        if not submission.gradable:
+            outcomes[student] = Outcome(student, "failed", submission.reason)
+        if submission.zero and not submission.gradable:
             try:
                 record_zero(course_root, lab, student, staging / student / lab)
             except Exception as exc:  # noqa: BLE001 - reported with the submission; the others go on
                 outcomes[student].reason += f"; recording zero points failed: {exc}"
-    for student, submission in everything.items():
-        if student not in done and outcomes[student].status == "failed" and not (submission.zero and not submission.gradable):
+        elif outcomes[student].status == "failed":
             mark_earlier_scores_stale(course_root, lab, outcomes[student])
     for student, submission in everything.items():  # staging's notes first, then what grading itself reported
         if submission.review and outcomes[student].status == "ok":
@@ -400,36 +322,21 @@ def grade_staged(
     return {s: outcomes[s] for s in students}
 
 
-def grade_lab(
-    course_root: Path,
-    lab: str,
-    students: list[str] | None = None,
-    out_dir: Path | None = None,
-    timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
-    progress: bool = True,
-    workers: int = 1,
-    resume: bool = False,
-) -> tuple[dict[str, Outcome], dict[str, SubmissionScores]]:
-    """Autograde a lab's submissions and write ``grades.csv`` and ``scores.png`` into ``out_dir``.
-
-    Every submission is graded from its staged, repaired copy (``course.submission.ClassStaging``), in a
-    temporary folder. With ``resume``, submissions already graded (autograded notebook and gradebook scores
-    present, e.g. from a run that was killed) are kept and only the others are graded.
+def grade_lab(course_root: Path, lab: str, students: list[str] | None = None, out_dir: Path | None = None,
+              timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S, progress: bool = True, workers: int = 1,
+              resume: bool = False) -> tuple[dict[str, Outcome], dict[str, SubmissionScores]]:
+    """Autograde a lab's submissions, each from its staged copy (``ClassStaging``, in a temporary folder), and write
+    ``grades.csv`` and ``scores.png`` into ``out_dir``. With ``resume``, submissions an earlier run finished are
+    kept and only the others are graded.
     """
     students = students if students is not None else list_students(course_root, lab)
     out_dir = out_dir or course_root / "grading" / lab
-    from concurrent.futures import ThreadPoolExecutor
-
-    with tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging:
-        with ThreadPoolExecutor(1, thread_name_prefix="gradebook-prepare") as preparing:
-            gradebook = preparing.submit(prepare_gradebook, course_root, lab)  # an nbgrader process: no GIL taken
-            staged = ClassStaging(course_root, lab, students, Path(staging))  # meanwhile, and while grading
-            try:
-                gradebook.result()
-            except BaseException:
-                staged.close()
-                raise
+    with tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging, \
+            ThreadPoolExecutor(1, thread_name_prefix="gradebook-prepare") as preparing:
+        gradebook = preparing.submit(prepare_gradebook, course_root, lab)  # an nbgrader process: no GIL taken
+        staged = ClassStaging(course_root, lab, students, Path(staging))  # meanwhile, and while grading
         try:
+            gradebook.result()
             outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume)
         finally:
             staged.close()  # before the staging folder goes
@@ -437,18 +344,11 @@ def grade_lab(
     return outcomes, {student: scores[student] for student in students if student in scores}
 
 
-def main(
-    lab: str,
-    root: Path = REPO_ROOT,
-    students: list[str] | None = None,
-    timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
-    workers: int = 1,
-    shard: str | None = None,
-    resume: bool = False,
-    report_only: bool = False,
-    roster: Path | None = None,
-    canvas_assignment_id: str | None = None,
-) -> int:
+def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None,
+         timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S, workers: int = 1, shard: str | None = None,
+         resume: bool = False, report_only: bool = False, roster: Path | None = None,
+         canvas_assignment_id: str | None = None) -> int:
+    """``course grade LAB``: grade, print the table and what needs a TA; 2 when there is nothing to grade."""
     if report_only:
         return report_main(lab, root, roster, canvas_assignment_id)
     if sandbox_mode() == "on" and (reason := unavailable_reason()):
@@ -475,9 +375,7 @@ def main(
     if shard:
         out_dir = out_dir / f"shard-{shard.replace('/', '-of-')}"
     outcomes, scores = grade_lab(root, lab, selected, out_dir, timeout_s, workers=workers, resume=resume)
-    header, rows = score_table(lab, outcomes, scores)
-    print(format_table(header, rows))
-    print(TABLE_LEGEND)
+    print_table(lab, outcomes, scores)
     failed = [o for o in outcomes.values() if o.status == "failed"]
     partial = [o for o in outcomes.values() if o.status == "partial"]
     noted = [o for o in outcomes.values() if o.notes]
@@ -492,11 +390,9 @@ def main(
 
 
 def report_main(lab: str, root: Path = REPO_ROOT, roster: Path | None = None, canvas_assignment_id: str | None = None) -> int:
-    """``course grade LAB --report``: rewrite ``grades.csv`` and ``scores.png`` from the gradebook, grading nothing,
-    and write ``canvas.csv`` (Canvas's gradebook import; ``roster`` maps student ids to Canvas's fields).
-
-    Run it after grading written answers in the formgrader: their points then appear in ``grades.csv``.
-    """
+    """``course grade LAB --report``: rewrite ``grades.csv`` and ``scores.png`` from the gradebook (manual points a TA
+    gave in the formgrader included), grading nothing, and write ``canvas.csv`` (``roster`` maps student ids to
+    Canvas's fields)."""
     out_dir = root / "grading" / lab
     outcomes = previous_outcomes(out_dir / "grades.csv", lab)
     if not outcomes:
@@ -511,9 +407,7 @@ def report_main(lab: str, root: Path = REPO_ROOT, roster: Path | None = None, ca
     except ValueError as exc:  # a roster without its student_id column
         print(f"grade {lab} --report: {exc}")
         return 2
-    header, rows = score_table(lab, outcomes, scores)
-    print(format_table(header, rows))
-    print(TABLE_LEGEND)
+    print_table(lab, outcomes, scores)
     print(f"wrote {out_dir / 'grades.csv'}, {out_dir / 'scores.png'} and {canvas} (Canvas's gradebook import) from the "
           "gradebook (manual points included, late penalties taken off)")
     return 0

@@ -1,12 +1,9 @@
 """Which autograded submissions a run of ``course grade`` finished: the mark ``--resume`` trusts.
 
-nbgrader writes a submission's autograded notebook twice: once sanitized, before any cell runs, and once graded, at
-the end; the gradebook gets the submission's rows (with no scores) at the start and the scores cell by cell. A run
-killed part-way therefore leaves a notebook and gradebook rows that look graded but hold no points. ``course grade``
-marks a submission only after the nbgrader process that graded it ended successfully and its scores are in the
-course's gradebook: it writes the SHA-256 of the autograded notebook into the submission's ``grading_report.json``.
-A later nbgrader run over the submission (``--force`` removes the folder) or any change to the notebook drops
-the mark, and a mark copied from elsewhere does not match.
+A run killed part-way leaves an autograded notebook and gradebook rows that look graded but hold no points. So a
+submission is marked only once its nbgrader process ended well and its scores are in the gradebook: the SHA-256 of
+its autograded notebook goes into its ``grading_report.json``. A later nbgrader run (``--force`` removes the folder)
+or any change to the notebook drops the mark, and a mark copied from elsewhere does not match.
 """
 from __future__ import annotations
 
@@ -33,8 +30,8 @@ def _report(folder: Path) -> dict:
 
 
 def mark_recorded(folder: Path, notebook: str) -> None:
-    """Mark the autograded submission in ``folder`` (``autograded/<student>/<lab>/``) as finished: its grading ended
-    and its scores are in the gradebook. ``notebook``: the notebook's file name (``lab1.ipynb``).
+    """Mark the submission in ``folder`` (``autograded/<student>/<lab>/``, notebook file name ``notebook``) as
+    finished.
 
     Raises:
         OSError: the notebook cannot be read or the report cannot be written.
@@ -48,8 +45,7 @@ def mark_recorded(folder: Path, notebook: str) -> None:
 
 def is_recorded(folder: Path, notebook: str) -> bool:
     """Whether ``folder`` holds a submission whose grading a run finished, with the notebook that run wrote."""
-    mark = _report(folder).get(MARK)
     try:
-        return isinstance(mark, str) and mark == _digest(folder / notebook)
+        return _report(folder).get(MARK) == _digest(folder / notebook)
     except OSError:
         return False

@@ -1,15 +1,12 @@
-"""Reporting a lab's grades: the per-question score table printed to the TA, ``grades.csv`` and the histogram.
-
-Everything here reads what grading recorded (each submission's ``Outcome``, the gradebook's scores and late
-penalties) and grades nothing; ``course.grade`` and ``course.check`` print their tables with it, and
-``course grade LAB --report`` rewrites ``grades.csv`` once a TA has graded the written answers, and writes
-``canvas.csv`` for Canvas's gradebook import.
+"""Reporting a lab's grades from what grading recorded: the score table printed to the TA, ``grades.csv``,
+``canvas.csv`` and the histogram. Nothing here grades.
 """
 from __future__ import annotations
 
 import csv
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .lms import read_roster, write_canvas_csv
 from .nbgrader_run import SubmissionScores, read_scores
@@ -20,7 +17,7 @@ from .quoting import escape_controls
 
 @dataclass
 class QuestionScore:
-    """One question of one submission: its autograded part and its manually graded part, in points."""
+    """One question (or part) of one submission: its autograded and its manually graded points."""
 
     auto_score: float = 0.0
     auto_max: float = 0.0
@@ -38,11 +35,11 @@ class QuestionScore:
         return " ".join(parts)
 
 
-def question_scores(scores: SubmissionScores) -> dict[str, QuestionScore]:
-    """Per question key (``q1_1``): the autograded and manual points of this submission."""
-    per_question: dict[str, QuestionScore] = {}
+def question_scores(scores: SubmissionScores, group: Callable[[str], str] = str) -> dict[str, QuestionScore]:
+    """Per question key (``q1_1``), or per ``group(question key)``: the autograded and manual points."""
+    grouped: dict[str, QuestionScore] = {}
     for cell in scores.cells.values():
-        entry = per_question.setdefault(question_key(cell.grade_id) or cell.grade_id, QuestionScore())
+        entry = grouped.setdefault(group(question_key(cell.grade_id) or cell.grade_id), QuestionScore())
         if cell.autograded:
             entry.auto_score += cell.score
             entry.auto_max += cell.max_score
@@ -52,7 +49,7 @@ def question_scores(scores: SubmissionScores) -> dict[str, QuestionScore]:
                 entry.manual_pending = True
             else:
                 entry.manual_score += cell.score
-    return per_question
+    return grouped
 
 
 def part_of(key: str) -> str:
@@ -60,70 +57,75 @@ def part_of(key: str) -> str:
     return "bonus" if key.startswith("b") else f"P{key[1:].split('_')[0]}" if key[:1] == "q" else key
 
 
-REASON_CHARS = 40  # the table shows a reason's start; grades.csv has it whole
+def _points(value: float) -> str:
+    """Points as the table shows them: at most two decimals (grades.csv has them exact)."""
+    return f"{round(value, 2):g}"
 
 
 def score_table(lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-student table, a part of the lab per column (it fits a 120-column terminal;
-    grades.csv has every question).
+    """Header and rows of the per-student table, a part of the lab per column (grades.csv has every question).
 
-    Each part shows its autograded points (``14/15``), ``bonus`` the bonus points earned (``+5``), ``autograded`` the
-    core total and the bonus on top (``47/47 + 10 bonus``), ``to grade`` the written answers and plots still waiting
-    for a TA (``+12?``) or their points once graded (``+10/12``); ``flags`` counts the flags for review.
+    Each part shows its autograded points (``14/15``); ``autograded`` the core total with the bonus on top
+    (``47/47 + 10 bonus``); ``to grade`` the written answers and plots still waiting for a TA (``+12?``) or their
+    points once graded (``+10/12``); ``flags`` the number of flags for review.
     """
-    parts: set[str] = set()
-    for sub in scores.values():
-        parts |= {part_of(key) for key in question_scores(sub)}
-    ordered = sorted(parts - {"bonus"}, key=lambda p: int(p[1:]) if p[1:].isdigit() else 10**6) + (
-        ["bonus"] if "bonus" in parts else [])
+    per_part = {s: question_scores(sub, part_of) for s, sub in scores.items()}
+    parts = {part for grouped in per_part.values() for part in grouped} - {"bonus"}
+    ordered = sorted(parts, key=lambda p: int(p[1:]) if p[1:].isdigit() else 10**6)
     header = ["student", "status", *ordered, "autograded", "to grade", "flags", "reason"]
     rows = []
     for student in sorted(outcomes):
-        outcome, sub = outcomes[student], scores.get(student)
-        per_part: dict[str, QuestionScore] = {}
-        for key, entry in (question_scores(sub) if sub else {}).items():
-            total = per_part.setdefault(part_of(key), QuestionScore())
-            total.auto_score += entry.auto_score
-            total.auto_max += entry.auto_max
-            total.manual_score += entry.manual_score
-            total.manual_max += entry.manual_max
-            total.manual_pending |= entry.manual_pending
-        cells = []
-        for part in ordered:
-            entry = per_part.get(part)
-            if entry is None or not entry.auto_max:
-                cells.append("-" if entry is None else "")
-            else:
-                cells.append(f"+{entry.auto_score:g}" if part == "bonus" else f"{entry.auto_score:g}/{entry.auto_max:g}")
-        core = [c for c in sub.cells.values() if c.autograded and not c.bonus] if sub else []
-        bonus = sum(c.score for c in sub.cells.values() if c.autograded and c.bonus) if sub else 0.0
-        auto = (f"{sum(c.score for c in core):g}/{sum(c.max_score for c in core):g}" + (f" + {bonus:g} bonus" if bonus else "")
-                if sub else "0")
-        manual = [entry for entry in per_part.values() if entry.manual_max]
-        waiting = any(entry.manual_pending for entry in manual)
-        manual_max = sum(entry.manual_max for entry in manual)
-        to_grade = "" if not manual else f"+{manual_max:g}?" if waiting else \
-            f"+{sum(entry.manual_score for entry in manual):g}/{manual_max:g}"
-        reason = outcome.reason if len(outcome.reason) <= REASON_CHARS else outcome.reason[: REASON_CHARS - 3] + "..."
-        rows.append([student, outcome.status, *cells, auto, to_grade, str(len(outcome.flags) or ""), reason])
+        outcome, sub, grouped = outcomes[student], scores.get(student), per_part.get(student, {})
+        cells = ["-" if part not in grouped else
+                 f"{_points(grouped[part].auto_score)}/{_points(grouped[part].auto_max)}" if grouped[part].auto_max else ""
+                 for part in ordered]
+        auto = "0"
+        if sub:
+            core = [c for c in sub.cells.values() if c.autograded and not c.bonus]
+            bonus = sum(c.score for c in sub.cells.values() if c.autograded and c.bonus)
+            auto = f"{_points(sum(c.score for c in core))}/{_points(sum(c.max_score for c in core))}"
+            auto += f" + {_points(bonus)} bonus" if bonus else ""
+        manual = [entry for entry in grouped.values() if entry.manual_max]
+        manual_max = _points(sum(entry.manual_max for entry in manual))
+        to_grade = ("" if not manual else f"+{manual_max}?" if any(entry.manual_pending for entry in manual)
+                    else f"+{_points(sum(entry.manual_score for entry in manual))}/{manual_max}")
+        rows.append([student, outcome.status, *cells, auto, to_grade, str(len(outcome.flags) or ""), outcome.reason])
     return header, [[escape_controls(value) for value in row] for row in rows]
 
 
-TABLE_LEGEND = (
-    "P3 = Part 3's autograded points earned/possible; bonus = bonus points earned, on top of the lab's maximum; "
-    "+12? = points of written answers or plots still to grade (in JupyterLab, Nbgrader > Formgrader), +10/12 once "
-    "graded; - = not in this submission's gradebook entry. grades.csv has every question and the whole reason."
-)
+TABLE_LEGEND = """\
+P3 = Part 3's autograded points earned/possible; autograded = the lab's autograded points, bonus points on top;
++12? = points of written answers or plots still to grade (in JupyterLab, Nbgrader > Formgrader), +10/12 once graded;
+- = not in this submission's gradebook entry. grades.csv has every question and the whole reason."""
+TABLE_WIDTH = 120  # a terminal's columns
 
 
-def format_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)] if rows else [len(h) for h in header]
-    line = lambda values: "  ".join(str(v).ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(header), line(["-" * w for w in widths]), *[line(r) for r in rows]])
+def _cut(line: str, width: int) -> str:
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
-def flagged_for_review(outcomes: dict[str, Outcome], width: int = 160) -> str:
-    """A short list of the students whose code was flagged, one line each ("" when none)."""
+def format_table(header: list[str], rows: list[list[str]], width: int = TABLE_WIDTH) -> str:
+    """The table as text, columns padded to their widest entry. The last column (the reason) is long text: where a
+    row has one, it goes on a line of its own under the row, cut to ``width``."""
+    widths = [max(len(value) for value in column) for column in zip(header[:-1], *(row[:-1] for row in rows))]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(value.ljust(w) for value, w in zip(values, widths)).rstrip()
+
+    lines = [line(header), line(["-" * w for w in widths])]
+    for row in rows:
+        lines += [line(row)] + ([_cut(f"  {header[-1]}: {row[-1]}", width)] if row[-1] else [])
+    return "\n".join(lines)
+
+
+def print_table(lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> None:
+    """Print the score table and its legend."""
+    print(format_table(*score_table(lab, outcomes, scores)))
+    print(TABLE_LEGEND)
+
+
+def flagged_for_review(outcomes: dict[str, Outcome], width: int = TABLE_WIDTH) -> str:
+    """The students whose code was flagged, one line each, cut to ``width`` ("" when none)."""
     lines = []
     for student in sorted(s for s, o in outcomes.items() if o.flags):
         line = escape_controls(f"  {student} ({len(outcomes[student].flags)}): " + "; ".join(outcomes[student].flags))
@@ -135,10 +137,9 @@ def flagged_for_review(outcomes: dict[str, Outcome], width: int = 160) -> str:
 
 def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores],
                      penalties: dict[str, float] | None = None) -> None:
-    """One row per student: status, reason, repair notes, flags, every graded cell's score, autograded and total
-    scores, the late penalty (``penalties``, points; ``course.late``) and the final score (total less penalty).
-    Scores include bonus points (nbgrader's extra credit); maxima do not (a lab is out of 100 + bonus), as in the
-    formgrader and ``nbgrader export``."""
+    """One row per student: status, reason, notes, flags, every graded cell's score, the autograded and total scores,
+    the late penalty (``penalties``, points; ``course.late``) and the final score (total less penalty). Scores include
+    bonus points (nbgrader's extra credit); maxima do not, as in the formgrader and ``nbgrader export``."""
     penalties = penalties or {}
     cell_ids: list[str] = []
     for s in scores.values():
@@ -149,18 +150,22 @@ def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores:
         writer.writerow(["student", "lab", "status", "reason", "notes", "flags", *cell_ids, "autograded_score", "autograded_max",
                          "total_score", "total_max", "late_penalty", "final_score", "seconds"])
         for student in sorted(outcomes):
-            sub, outcome = scores.get(student), outcomes[student]
-            values = [_csv_score(sub.cells[g]) if sub and g in sub.cells else "" for g in cell_ids]
-            auto = sub.autograded_score() if sub else 0.0
-            auto_max = sub.autograded_max() if sub else 0.0
-            total = sub.total_score() if sub else 0.0
-            total_max = sub.total_max() if sub else 0.0
+            sub, outcome = scores.get(student) or SubmissionScores(student), outcomes[student]
             quoted = [escape_controls(text) for text in
                       (student, outcome.status, outcome.reason, "; ".join(outcome.notes), "; ".join(outcome.flags))]
-            penalty = penalties.get(student, 0.0)
-            writer.writerow([quoted[0], lab, *quoted[1:], *values, f"{auto:g}", f"{auto_max:g}", f"{total:g}",
-                             f"{total_max:g}", f"{penalty:g}", f"{final_score(total, penalty):g}",
-                             f"{outcome.seconds:.1f}"])
+            total, penalty = sub.total_score(), penalties.get(student, 0.0)
+            points = [sub.autograded_score(), sub.autograded_max(), total, sub.total_max(), penalty,
+                      final_score(total, penalty)]
+            writer.writerow([quoted[0], lab, *quoted[1:], *(_csv_score(sub.cells.get(g)) for g in cell_ids),
+                             *(f"{value:g}" for value in points), f"{outcome.seconds:.1f}"])
+
+
+def _csv_score(cell) -> str:
+    """A cell's score for grades.csv; empty when the submission lacks the cell, or for an autograded cell with no
+    score (cleared after a failed run)."""
+    if cell is None or cell.autograded and cell.auto_score is None and cell.manual_score is None:
+        return ""
+    return f"{cell.score:g}"
 
 
 def final_score(total: float, penalty: float) -> float:
@@ -168,18 +173,15 @@ def final_score(total: float, penalty: float) -> float:
     return max(0.0, total - penalty)
 
 
-def _split_joined(text: str | None) -> list[str]:
-    """The items of a ``"; "``-joined ``grades.csv`` field (notes, flags)."""
-    return [part for part in (text or "").split("; ") if part]
-
-
 def previous_outcomes(path: Path, lab: str) -> dict[str, Outcome]:
-    """The students of an existing ``grades.csv`` of ``lab``, with the status, reason, notes and flags it recorded.
-
-    Grading some students (``--student``) updates their rows and keeps everyone else's from here.
-    """
+    """The students of an existing ``grades.csv`` of ``lab``, with the status, reason, notes and flags it recorded
+    (grading some students keeps everyone else's rows from here)."""
     if not path.exists():
         return {}
+
+    def items(text: str | None) -> list[str]:  # of a "; "-joined field
+        return [part for part in (text or "").split("; ") if part]
+
     kept: dict[str, Outcome] = {}
     with path.open(newline="") as handle:
         for row in csv.DictReader(handle):
@@ -190,16 +192,13 @@ def previous_outcomes(path: Path, lab: str) -> dict[str, Outcome]:
             except ValueError:
                 seconds = 0.0
             kept[row["student"]] = Outcome(row["student"], row.get("status") or "ok", row.get("reason") or "", seconds,
-                                           _split_joined(row.get("notes")), _split_joined(row.get("flags")))
+                                           items(row.get("notes")), items(row.get("flags")))
     return kept
 
 
 def write_reports(course_root: Path, lab: str, out_dir: Path, outcomes: dict[str, Outcome]) -> dict[str, SubmissionScores]:
-    """Write ``grades.csv`` and ``scores.png`` from the gradebook: ``outcomes``' students updated, others kept.
-
-    Manual points a TA entered in the formgrader are read from the gradebook, so running this after grading the
-    written answers brings ``grades.csv`` up to date. Returns every listed student's scores.
-    """
+    """Write ``grades.csv`` and ``scores.png`` from the gradebook (manual points a TA entered included):
+    ``outcomes``' students updated, the others kept. Returns every listed student's scores."""
     from .late import late_penalties  # imports nbgrader
 
     csv_path = out_dir / "grades.csv"
@@ -213,8 +212,8 @@ def write_reports(course_root: Path, lab: str, out_dir: Path, outcomes: dict[str
 def write_canvas_export(course_root: Path, lab: str, out_dir: Path, students: list[str],
                         scores: dict[str, SubmissionScores], roster: Path | None = None,
                         assignment_id: str | None = None) -> Path:
-    """Write ``canvas.csv``, the students' final scores (total less late penalty) in Canvas's gradebook import
-    format (``course.lms``), beside ``grades.csv``. Returns its path."""
+    """Write ``canvas.csv`` beside ``grades.csv``: the final scores in Canvas's gradebook import format
+    (``course.lms``). Returns its path."""
     from .late import late_penalties  # imports nbgrader
 
     penalties = late_penalties(course_root, lab)
@@ -225,16 +224,8 @@ def write_canvas_export(course_root: Path, lab: str, out_dir: Path, students: li
     return path
 
 
-def _csv_score(cell) -> str:
-    """A cell's score for grades.csv; empty for an autograded cell with no score (cleared after a failed run)."""
-    if cell.autograded and cell.auto_score is None and cell.manual_score is None:
-        return ""
-    return f"{cell.score:g}"
-
-
 def prepare_plotting() -> None:
-    """Import what ``plot_histogram`` draws with (matplotlib's file-only Agg backend), which a grading run
-    does while it waits for its workers instead of after the last submission."""
+    """Import matplotlib with its file-only Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
