@@ -1,21 +1,11 @@
-"""sanitize: nothing a student writes runs script where a TA or another student looks at it.
+"""sanitize: nothing a student writes runs script where a TA or another student looks at it (docs/SECURITY.md).
 
-Two layers, both named in ``nbgrader_config.py``:
-
-- ``SanitizeNotebook`` (an nbgrader preprocessor) rewrites the notebook itself. It runs last in autograde, so the
-  autograded notebook the formgrader shows (and feedback is made from) is already safe, and again in
-  ``generate_feedback``. Markdown cells keep their source unless rendering it yields raw HTML or anything outside
-  the allow-list below; then the cell becomes the sanitized rendering (answers, math, tables and images still
-  show). Outputs keep only text, PNG/JPEG/GIF images, LaTeX, sanitized HTML and Markdown; SVG is shown as an
-  image (an SVG loaded as an image never runs script); JavaScript, widget views and every other type are replaced
-  by a note. Widget state, forged execution counts, cell ids and grade ids that could break out of an HTML
-  attribute are dropped.
-- ``markdown2html`` and ``clean_html`` replace nbconvert's filters of the same name in every HTML export
-  (``c.HTMLExporter.filters``): the formgrader's and the feedback templates render Markdown through them, so a
-  notebook that skipped the first layer is still rendered safely.
-
-What is allowed is an allow-list (tags, attributes, URL schemes, CSS properties); everything else is escaped
-(a ``<script>`` shows as text, so the TA sees the attempt) or dropped.
+Two layers, both named in ``nbgrader_config.py``: ``SanitizeNotebook`` (an nbgrader preprocessor, last in autograde
+and again in feedback) rewrites the notebook itself, and ``markdown2html`` and ``clean_html`` replace nbconvert's
+filters of those names in every HTML export, so a notebook that skipped the first layer still renders safely.
+Markdown keeps its source unless its rendering leaves the allow-list (tags, attributes, URL schemes, CSS properties
+below); then it becomes the sanitized rendering. Anything outside the allow-list is escaped (a ``<script>`` shows
+as text, so the TA sees the attempt) or dropped; outputs of other types are replaced by a note.
 """
 from __future__ import annotations
 
@@ -66,17 +56,13 @@ def _scheme(url: str) -> str:
     return match.group(1).lower() if match else ""
 
 
-def _safe_link(url: str) -> bool:
-    return _scheme(url) in ("", *LINK_SCHEMES)
-
-
 def _safe_image(url: str) -> bool:
+    """A relative or http(s) URL, or ``data:`` of an image type (an SVG loaded as an image runs no script)."""
     scheme = _scheme(url)
-    if scheme == "data":
-        squeezed = re.sub(r"[\x00-\x20\x7f]", "", html.unescape(url)).lower()
-        return any(squeezed.startswith(f"data:{kind};") or squeezed.startswith(f"data:{kind},")
-                   for kind in IMAGE_DATA_TYPES)
-    return scheme in ("", "https", "http")
+    if scheme != "data":
+        return scheme in ("", "https", "http")
+    squeezed = re.sub(r"[\x00-\x20\x7f]", "", html.unescape(url)).lower()
+    return squeezed.startswith(tuple(f"data:{kind}{sep}" for kind in IMAGE_DATA_TYPES for sep in ";,"))
 
 
 def attribute_allowed(tag: str, name: str, value: str) -> bool:
@@ -91,7 +77,7 @@ def attribute_allowed(tag: str, name: str, value: str) -> bool:
     if name == "id":
         return tag in HEADINGS
     if tag == "a":
-        return name == "href" and _safe_link(value)
+        return name == "href" and _scheme(value) in ("", *LINK_SCHEMES)
     if tag == "img":
         if name == "src":
             return _safe_image(value)
@@ -119,10 +105,7 @@ _STYLE_BLOCK = re.compile(r"<style\b[^>]*>.*?</style\s*>", re.IGNORECASE | re.DO
 
 def clean_html(text) -> str:
     """Sanitize an HTML fragment: allowed tags and attributes stay, other tags are escaped (shown as text).
-
-    ``<style>`` blocks (pandas tables carry one) are dropped first so their CSS does not show as text; the
-    result then goes through the cleaner, which is what makes it safe.
-    """
+    ``<style>`` blocks (pandas tables carry one) are dropped first, so their CSS does not show as text."""
     text = text.decode() if isinstance(text, bytes) else str(text)
     return _CLEANER.clean(_STYLE_BLOCK.sub("", text))
 
@@ -147,17 +130,10 @@ class _Checker(HTMLParser):
         if tag not in ALLOWED_TAGS:
             self.problems.append(f"</{tag}>")
 
-    def handle_comment(self, data):
-        self.problems.append("<!-- -->")
+    def handle_comment(self, data):  # also declarations and processing instructions: never allowed
+        self.problems.append("<!...>")
 
-    def handle_decl(self, decl):
-        self.problems.append("<!declaration>")
-
-    def unknown_decl(self, data):
-        self.problems.append("<![...]>")
-
-    def handle_pi(self, data):
-        self.problems.append("<?...>")
+    handle_decl = unknown_decl = handle_pi = handle_comment
 
 
 def html_problems(rendered: str) -> list[str]:
@@ -321,7 +297,7 @@ def _sanitize_attachments(attachments) -> dict:
     for name, bundle in (attachments or {}).items():
         if isinstance(bundle, dict):
             images = {m: v for m, v in bundle.items()
-                      if m in ("image/png", "image/jpeg", "image/gif", "image/svg+xml") and isinstance(v, str) and _is_base64(v)}
+                      if m in (*RASTER_TYPES, "image/svg+xml") and isinstance(v, str) and _is_base64(v)}
             if images:
                 kept[str(name)] = images
     return kept

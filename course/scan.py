@@ -1,26 +1,11 @@
-"""scan: a static look at the code a student wrote, for constructs that can tamper with grading.
+"""scan: a static look at student code for constructs that can tamper with grading (docs/SECURITY.md).
 
-The grading kernel runs student code with the grading account's rights: it can patch what the tests call, read
-the gradebook or the instructor's notebook, or fake a test's outcome. This scan parses every student code cell
-(the cells that are not locked; IPython magics and shell lines are first turned into the calls IPython makes of
-them) and returns short flags such as ``q1_1_add: import inspect`` for a TA to review. Flags change no score, with
-one exception: a flag that reaches PyTorch's dispatch internals or the call recorder (``recording_bypass_flags``)
-zeroes every test that relies on recorded calls (a rule a student can switch off is not a rule). Honest code can trip
-a rule, and a determined student can evade any static scan.
-
-Rules (a name is followed through the notebook's imports, ``import numpy as np`` makes ``np.x`` ``numpy.x``):
-- imports or uses of introspection, process and grading internals (``SUSPICIOUS_RE``: ctypes, inspect,
-  importlib, builtins, IPython/ipykernel internals, subprocess, socket, ``sys._getframe``, ``sys.modules`` ...);
-- ``get_ipython()`` used for anything but ordinary magics; shell lines and shell, file and install magics;
-- assignments, ``del``, ``setattr`` and ``delattr`` on attributes of imported modules and classes
-  (``torch.allclose = ...``, ``np.testing.x = ...``), save the usual configuration namespaces
-  (``ALLOWED_ASSIGNMENTS``), and assignments to special attributes (``x.__class__ = ...``);
-- comparison, truth and dispatch hooks defined in student classes (``CLASS_HOOKS``);
-- a top-level rebinding of a name a locked cell imports or defines, or of a builtin the locked cells use;
-- ``exec``, ``eval``, ``compile``, ``__import__`` and ``globals``;
-- strings naming ``NBGRADER`` variables, grading paths (``PATH_RE``) or ``_efficient_ai`` internals, and any
-  name or attribute starting with ``_efficient_ai``;
-- a cell that does not parse (it cannot be scanned).
+Every student code cell (not locked; IPython magics and shell lines first become the calls IPython makes of them)
+is parsed, and what it does that could patch what tests call, read grading files or fake a test's outcome becomes a
+short flag for a TA to review (``q1_1_add: import inspect``). Names are followed through the notebook's imports
+(after ``import numpy as np``, ``np.x`` is ``numpy.x``). Flags change no score, except those of
+``recording_bypass_flags``: they zero every test that relies on recorded torch calls. Honest code can trip a rule,
+and a determined student can evade any static scan. The rules are the constants below and ``CellScan``'s visitors.
 """
 from __future__ import annotations
 
@@ -48,25 +33,21 @@ SUSPICIOUS_RE = re.compile(
 """Dotted names (after following imports) whose import or use is flagged."""
 WELL_KNOWN_MODULES = {"os", "sys", "gc", "inspect", "ctypes", "subprocess", "importlib", "builtins", "threading"}
 """Names taken as these modules even when no cell imports them (``from utils import *`` can provide them)."""
-ALLOWED_ASSIGNMENTS = (
-    "torch.backends.", "torch._dynamo.config.", "torch._inductor.config.", "torch._functorch.config.",
-    "matplotlib.rcParams", "matplotlib.pyplot.rcParams", "pandas.options.", "os.environ",
-)
+ALLOWED_ASSIGNMENTS = ("torch.backends.", "torch._dynamo.config.", "torch._inductor.config.",
+                       "torch._functorch.config.", "matplotlib.rcParams", "matplotlib.pyplot.rcParams",
+                       "pandas.options.", "os.environ")
 """Configuration namespaces honest code sets (``torch.backends.cudnn.benchmark = True``)."""
 HARMLESS_SPECIAL_ATTRIBUTES = {"__doc__", "__name__", "__qualname__", "__module__", "__wrapped__"}
-CLASS_HOOKS = {
-    "__torch_function__", "__torch_dispatch__", "__eq__", "__ne__", "__bool__", "__float__", "__lt__", "__le__",
-    "__gt__", "__ge__", "__instancecheck__", "__subclasscheck__", "__array_function__", "__array_ufunc__",
-}
+CLASS_HOOKS = {"__torch_function__", "__torch_dispatch__", "__eq__", "__ne__", "__bool__", "__float__", "__lt__",
+               "__le__", "__gt__", "__ge__", "__instancecheck__", "__subclasscheck__", "__array_function__",
+               "__array_ufunc__"}
 """Methods that let an object pass a comparison, truth or isinstance test it should fail."""
 DYNAMIC_CODE = {"exec", "eval", "compile", "__import__", "globals"}
 GET_IPYTHON = {"get_ipython", "IPython.get_ipython", "IPython.core.getipython.get_ipython"}
 ORDINARY_IPYTHON = {"run_line_magic", "run_cell_magic", "system", "getoutput"}  # judged by what they run
-PYTHON_MAGICS = {"time", "timeit", "prun", "capture"}  # their argument or body is Python: scanned as such
-FLAGGED_MAGICS = {
-    "system", "sx", "sc", "bash", "sh", "script", "perl", "ruby", "python", "python2", "python3", "pypy",
-    "writefile", "file", "run", "load", "pip", "conda", "mamba", "cd", "env",
-}
+PYTHON_MAGICS = {"time", "timeit", "prun", "capture"}
+FLAGGED_MAGICS = {"system", "sx", "sc", "bash", "sh", "script", "perl", "ruby", "python", "python2", "python3", "pypy",
+                  "writefile", "file", "run", "load", "pip", "conda", "mamba", "cd", "env"}
 """Magics that run shell commands or other files, install packages, or change the folder or environment."""
 PATH_RE = re.compile(r"(?:^|[/\\])(?:source|submitted|autograded|\.\.)(?:[/\\]|$)|gradebook|nbgrader_config|\.ipynb\b")
 INTERNAL_PREFIX = "_efficient_ai"
@@ -93,8 +74,6 @@ def parse_cell(source: str) -> ast.Module:
 
     try:
         return ast.parse(TransformerManager().transform_cell(source))
-    except SyntaxError:
-        raise
     except (ValueError, RecursionError, MemoryError) as exc:
         raise SyntaxError(f"{type(exc).__name__}: {exc}") from None
 
@@ -217,12 +196,11 @@ class CellScan(ast.NodeVisitor):
             self.flags.append(text)
 
     def run(self, tree: ast.Module) -> list[str]:
+        protected = self.context.protected
         for binding in top_level_bindings(tree):
-            if binding.name not in self.context.protected:
-                continue
-            origin = self.context.protected[binding.name]
-            if binding.kind == "import" and origin is not None and binding.origin == origin:
-                continue  # the same import again
+            origin = protected.get(binding.name)
+            if binding.name not in protected or (binding.kind == "import" and binding.origin == origin):
+                continue  # not protected, or the same import again
             if origin is not None:
                 why = "imported by a locked cell"
             elif hasattr(builtins, binding.name):
@@ -232,15 +210,6 @@ class CellScan(ast.NodeVisitor):
             self.flag(f"rebinds {binding.name} ({why})")
         self.visit(tree)
         return self.flags
-
-    def scan_source(self, source: str, quiet: bool) -> None:
-        """Scan Python carried by a magic (``%time stmt``, a ``%%time`` body); ``quiet``: say nothing when it
-        does not parse (line magics take options: ``%timeit -n 3 f()``)."""
-        try:
-            self.visit(parse_cell(source))
-        except SyntaxError as exc:
-            if not quiet:
-                self.flag(f"magic body does not parse ({_where(exc)}), not scanned")
 
     # imports -----------------------------------------------------------------------------------------------
     def visit_Import(self, node):
@@ -312,9 +281,12 @@ class CellScan(ast.NodeVisitor):
 
     def magic(self, name: str, texts: list[str], cell: bool) -> None:
         """A ``%name`` line magic (``texts``: its argument) or ``%%name`` cell magic (its line and body)."""
-        if name in PYTHON_MAGICS:
-            for text in texts[-1:]:
-                self.scan_source(text, quiet=not cell)
+        if name in PYTHON_MAGICS and texts:  # ``%time stmt``, a ``%%time`` body: Python, scanned as such
+            try:
+                self.visit(parse_cell(texts[-1]))
+            except SyntaxError as exc:
+                if cell:  # a line magic's argument may start with options (``%timeit -n 3 f()``): no flag
+                    self.flag(f"magic body does not parse ({_where(exc)}), not scanned")
         elif name in FLAGGED_MAGICS:
             line = texts[0].strip() if texts else ""
             self.flag(("%%" if cell else "%") + f"{name} {line}".strip()[:70] + (" cell" if cell else ""))
@@ -339,20 +311,12 @@ class CellScan(ast.NodeVisitor):
                 self.flag(f"{verb} {ast.unparse(target)}")
 
     def visit_Assign(self, node):
-        for target in node.targets:
-            self.check_target(target, "assigns")
+        verb = "deletes" if isinstance(node, ast.Delete) else "assigns"
+        for target in getattr(node, "targets", None) or [node.target]:
+            self.check_target(target, verb)
         self.generic_visit(node)
 
-    def visit_AugAssign(self, node):
-        self.check_target(node.target, "assigns")
-        self.generic_visit(node)
-
-    visit_AnnAssign = visit_AugAssign
-
-    def visit_Delete(self, node):
-        for target in node.targets:
-            self.check_target(target, "deletes")
-        self.generic_visit(node)
+    visit_AugAssign = visit_AnnAssign = visit_Delete = visit_Assign
 
     def visit_ClassDef(self, node):
         for stmt in node.body:
@@ -364,11 +328,6 @@ class CellScan(ast.NodeVisitor):
                 if name in CLASS_HOOKS:
                     self.flag(f"class {node.name} defines {name}")
         self.generic_visit(node)
-
-
-def cell_label(cell, index: int) -> str:
-    """How a flag names a cell: its grade id, else its index in the notebook."""
-    return grade_id(cell) or f"cell {index}"
 
 
 def scan_notebook(nb) -> list[str]:
@@ -385,7 +344,7 @@ def scan_notebook(nb) -> list[str]:
             tree = parse_cell(cell.source)
         except SyntaxError as exc:
             tree = f"does not parse ({_where(exc)}), not scanned"
-        parsed.append((cell_label(cell, index), is_locked(cell), tree))
+        parsed.append((grade_id(cell) or f"cell {index}", is_locked(cell), tree))
     context = Context()
     for _, locked, tree in parsed:
         if isinstance(tree, ast.Module):
@@ -403,13 +362,11 @@ RECORDING_BYPASS_RE = re.compile(
     r"torch\._C\b|torch\.overrides|torch\.utils\._python_dispatch|__torch_function__|__torch_dispatch__"
     r"|record_torch_calls|\b(?:utils|checks)\.(?!\w+\()"
 )
-"""Flag texts that reach what ``checks.record_torch_calls`` relies on: PyTorch's function and dispatch modes (switched
-off by ``torch._C.DisableTorchFunction``, patched through ``torch.overrides``), or the recorder itself and the module
-that holds it (``checks``, and ``utils``, where it was before)."""
+"""Flag texts that reach what ``checks.record_torch_calls`` relies on: PyTorch's function and dispatch modes, the
+recorder, or the modules that could hold it (``checks``, ``utils``)."""
 
 
 def recording_bypass_flags(nb) -> list[str]:
-    """The flags of ``scan_notebook`` that touch what call recording relies on. Tests that check which torch
-    functions an answer called (``record_torch_calls``) score zero when there is any: the student's kernel could have
-    switched the recording off."""
+    """The flags of ``scan_notebook`` that touch what call recording relies on: with any, the tests that check which
+    torch functions an answer called score zero (the kernel could have switched the recording off)."""
     return [flag for flag in scan_notebook(nb) if RECORDING_BYPASS_RE.search(flag.split(": ", 1)[-1])]
