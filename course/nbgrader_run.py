@@ -1,8 +1,7 @@
 """Running nbgrader in a course folder, and reading scores back from its gradebook.
 
-Every job runs nbgrader as a child process (``python -m course.nbgrader_child PID ...``: nbgrader itself, ending
-with this process, see ``course.nbgrader_child``) in a course folder that holds a copy of ``nbgrader_config.py``: one
-submission's crash, hang or dead kernel then ends that child process only.
+Every job runs nbgrader as a child process (``course.nbgrader_child``) in a course folder that holds a copy of
+``nbgrader_config.py``: one submission's crash, hang or dead kernel ends that child process only.
 """
 from __future__ import annotations
 
@@ -13,30 +12,28 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .notebooks import is_bonus_id
+from .notebooks import NotebookError, bonus_points, cells_by_grade_id, is_bonus_id, read_notebook
 from .paths import COURSE_ID, REPO_ROOT
 from .processes import kill_group
 from .sandbox import CPUS_ENV
 
 THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
-GRADING_ENV = {
-    "EFFICIENT_AI_SCALE": "quick",  # grading always runs at quick scale: same score on CPU and GPU
-    "MPLBACKEND": "Agg",
-    "PYTHONUNBUFFERED": "1",
-}
-
 
 def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment nbgrader and its kernels run with: ours, quick scale, headless plotting."""
-    env = dict(os.environ)
-    env.update(GRADING_ENV)
-    env["EFFICIENT_AI_REPO"] = str(REPO_ROOT)
-    # nbgrader runs the `alembic` and `jupyter` executables of its own environment.
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
-    env.update(extra or {})
-    return env
+    """The environment nbgrader and its kernels run with: ours, quick scale (the same score on CPU and GPU),
+    headless plotting, and ``extra``."""
+    return {
+        **os.environ,
+        "EFFICIENT_AI_SCALE": "quick",
+        "MPLBACKEND": "Agg",
+        "PYTHONUNBUFFERED": "1",
+        "EFFICIENT_AI_REPO": str(REPO_ROOT),
+        # nbgrader runs the `alembic` and `jupyter` executables of its own environment.
+        "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])),
+        **(extra or {}),
+    }
 
 
 @dataclass
@@ -55,12 +52,8 @@ class NbgraderResult:
         return "\n".join(self.output.strip().splitlines()[-lines:])
 
 
-def run_nbgrader(
-    course_root: Path,
-    args: list[str],
-    timeout_s: float | None = None,
-    env: dict[str, str] | None = None,
-) -> NbgraderResult:
+def run_nbgrader(course_root: Path, args: list[str], timeout_s: float | None = None,
+                 env: dict[str, str] | None = None) -> NbgraderResult:
     """Run ``nbgrader ARGS`` in ``course_root`` (``course.nbgrader_child``); never raises for nbgrader's own failures.
 
     Args:
@@ -70,15 +63,9 @@ def run_nbgrader(
         env: extra environment variables.
     """
     cmd = [sys.executable, "-m", "course.nbgrader_child", str(os.getpid()), *args]  # it ends with this process
-    proc = subprocess.Popen(
-        cmd,
-        cwd=course_root,
-        env=nbgrader_env(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # lets us kill the kernel too when the time limit is exceeded
-    )
+    proc = subprocess.Popen(cmd, cwd=course_root, env=nbgrader_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # a time limit kills the kernel too
     try:
         output, _ = proc.communicate(timeout=timeout_s)
         return NbgraderResult(proc.returncode, output)
@@ -89,22 +76,12 @@ def run_nbgrader(
 
 
 def worker_envs(workers: int, gpus: list[str], cpus: list[int]) -> list[dict[str, str]]:
-    """The environment of each of ``workers`` concurrent grading jobs: its GPU, its CPUs and its thread counts.
+    """The environment variables of each of ``workers`` concurrent grading jobs.
 
-    Each worker gets one GPU (round robin) when there are GPUs, and an equal, disjoint share of the CPUs this process
-    may use for its kernels (``CPUS_ENV``), with PyTorch, OpenMP and BLAS thread pools sized to that share, so
-    concurrent kernels do not fight over cores and a student's code that floods the CPUs slows its own worker only.
-    The worker's nbgrader processes run no student code and may use any CPU: pinned to the share, they took CPU from
-    the worker's kernel while other workers' CPUs idled. One worker keeps every CPU and the libraries' own thread
-    defaults.
-
-    Args:
-        workers: concurrent grading jobs (>= 1).
-        gpus: GPU ids visible to grading (empty on a CPU server).
-        cpus: CPU numbers this process may use (``os.sched_getaffinity(0)``).
-
-    Returns:
-        One dict of environment variables per worker.
+    Each worker gets one GPU (round robin over ``gpus``) and an equal, disjoint share of ``cpus`` for its kernels
+    (``CPUS_ENV``), with the thread pools sized to it, so a student's code that floods the CPUs slows its own worker
+    only (its nbgrader process runs no student code and is not pinned). One worker keeps every CPU and the
+    libraries' thread defaults.
     """
     envs: list[dict[str, str]] = [{} for _ in range(workers)]
     for index, env in enumerate(envs):
@@ -129,10 +106,8 @@ def available_cpus() -> list[int]:
 
 
 def make_course_dir(course_root: Path, labs: list[str], repo_root: Path = REPO_ROOT) -> Path:
-    """Create a course folder for grading: our nbgrader_config.py and each lab's ``source/`` copied in.
-
-    The gradebook and the submitted/autograded/feedback folders of the new course start empty.
-    """
+    """Create a course folder for grading: our nbgrader_config.py and each lab's ``source/`` copied in (nothing
+    else: the gradebook and the submissions start empty)."""
     course_root.mkdir(parents=True, exist_ok=True)
     shutil.copy2(repo_root / "nbgrader_config.py", course_root / "nbgrader_config.py")
     for lab in labs:
@@ -178,9 +153,8 @@ class SubmissionScores:
         return sum(c.score for c in self.cells.values() if c.autograded)
 
     def autograded_short(self) -> list[CellScore]:
-        """The autograded cells, bonus ones included, that earned less than their maximum: none for a solution that
-        passes every test. (``autograded_score() < autograded_max()`` cannot tell: bonus points make up for a failed
-        test.)"""
+        """The autograded cells, bonus ones included, that earned less than their maximum (bonus points can make up
+        for a failed test, so ``autograded_score() < autograded_max()`` cannot tell)."""
         return [c for c in self.cells.values() if c.autograded and c.score < c.max_score]
 
     def autograded_max(self) -> float:
@@ -207,39 +181,31 @@ def db_url_for(course_root: Path) -> str:
 def read_scores(course_root: Path, lab: str, students: list[str] | None = None) -> dict[str, SubmissionScores]:
     """Per-cell scores of every submission of ``lab`` in the gradebook (or of the given students).
 
-    A bonus cell's maximum is its bonus points, read from the course's ``source/<lab>/`` notebook (nbgrader records
-    0); its score is the gradebook's, extra credit included. Each submission's cells are in the order of that notebook
-    (cells it does not have come last, by name), whatever order the database returns rows in.
-
-    The gradebook is read in a few queries whatever the class size (the lab's cells, its submissions, and every
-    submission's grades in one): nbgrader's ORM objects load each grade's maximum and cell lazily, a query each
-    (scripts/bench_report_writing.py times it).
+    Each submission's cells are in the order of the course's ``source/<lab>/`` notebook (cells it lacks last, by
+    name); a bonus cell's maximum is its bonus points from that notebook (nbgrader records 0). The gradebook is read
+    in three queries whatever the class size (nbgrader's ORM objects would load each grade's cell in a query each).
     """
     from nbgrader.api import Grade, Gradebook, MissingEntry, SubmittedAssignment, SubmittedNotebook
 
-    result: dict[str, SubmissionScores] = {}
     with Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
         try:
             assignment = gb.find_assignment(lab)
         except MissingEntry:
-            return result
-        cells: dict[str, _CellFacts] = {}
+            return {}
+        cells: dict[str, tuple[str, float, bool]] = {}  # cell id -> grade id, maximum, autograded
         order: dict[str, int] = {}
         for notebook in assignment.notebooks:
-            source = course_notebook_facts(course_root, lab, notebook.name)
-            for gid in source.grade_ids:
+            grade_ids, bonus = _source_notebook_facts(course_root / "source" / lab / f"{notebook.name}.ipynb")
+            for gid in grade_ids:
                 order.setdefault(gid, len(order))
             solution_names = {cell.name for cell in notebook.solution_cells}
             for cell in [*notebook.grade_cells, *notebook.task_cells]:
-                cells[cell.id] = _CellFacts(
-                    name=cell.name,
-                    max_score=source.bonus.get(cell.name, float(cell.max_score)),
-                    autograded=_is_autograded_cell(cell, solution_names))
-        submissions = (gb.db.query(SubmittedAssignment.student_id)
-                       .filter(SubmittedAssignment.assignment_id == assignment.id))
-        for (student,) in submissions:
-            if students is None or student in students:
-                result[student] = SubmissionScores(student)
+                cells[cell.id] = (cell.name, bonus.get(cell.name, float(cell.max_score)),
+                                  _is_autograded_cell(cell, solution_names))
+        submitted = (gb.db.query(SubmittedAssignment.student_id)
+                     .filter(SubmittedAssignment.assignment_id == assignment.id))
+        result = {student: SubmissionScores(student) for (student,) in submitted
+                  if students is None or student in students}
         rows = (gb.db.query(SubmittedAssignment.student_id, Grade.cell_id, Grade.auto_score, Grade.manual_score,
                             Grade.extra_credit, Grade.needs_manual_grade)
                 .join(SubmittedNotebook, SubmittedNotebook.assignment_id == SubmittedAssignment.id)
@@ -247,56 +213,28 @@ def read_scores(course_root: Path, lab: str, students: list[str] | None = None) 
                 .filter(SubmittedAssignment.assignment_id == assignment.id))
         found: dict[str, list[CellScore]] = {}
         for student, cell_id, auto_score, manual_score, extra_credit, needs_manual_grade in rows:
-            if student not in result:
-                continue
-            facts = cells[cell_id]
-            found.setdefault(student, []).append(CellScore(
-                grade_id=facts.name,
-                max_score=facts.max_score,
-                auto_score=None if auto_score is None else float(auto_score),
-                manual_score=None if manual_score is None else float(manual_score),
-                needs_manual_grade=bool(needs_manual_grade),
-                autograded=facts.autograded,
-                extra_credit=None if extra_credit is None else float(extra_credit),
-                bonus=is_bonus_id(facts.name),
-            ))
-    last = len(order)
+            if student in result:
+                name, max_score, autograded = cells[cell_id]
+                found.setdefault(student, []).append(CellScore(
+                    name, max_score, _number(auto_score), _number(manual_score), bool(needs_manual_grade),
+                    autograded, _number(extra_credit), bonus=is_bonus_id(name)))
     for student, student_cells in found.items():
-        student_cells.sort(key=lambda cell: (order.get(cell.grade_id, last), cell.grade_id))
+        student_cells.sort(key=lambda cell: (order.get(cell.grade_id, len(order)), cell.grade_id))
         result[student].cells = {cell.grade_id: cell for cell in student_cells}
     return result
 
 
-@dataclass(frozen=True)
-class _CellFacts:
-    """What the gradebook records of one graded cell of a lab, the same for every submission."""
-
-    name: str
-    max_score: float
-    autograded: bool
+def _number(value) -> float | None:
+    return None if value is None else float(value)
 
 
-@dataclass(frozen=True)
-class NotebookFacts:
-    """What ``read_scores`` takes from the course's own instructor notebook: its grade ids in notebook order and the
-    bonus points of its bonus cells (both empty when the course folder has no such notebook)."""
-
-    grade_ids: tuple[str, ...] = ()
-    bonus: dict[str, float] = field(default_factory=dict)
-
-
-def course_notebook_facts(course_root: Path, lab: str, notebook: str) -> NotebookFacts:
-    """The grade ids and bonus points of the course's own instructor notebook ``source/<lab>/<notebook>.ipynb``."""
-    from .notebooks import NotebookError, bonus_points, cells_by_grade_id, read_notebook
-
-    path = course_root / "source" / lab / f"{notebook}.ipynb"
+def _source_notebook_facts(path: Path) -> tuple[list[str], dict[str, float]]:
+    """The grade ids (in notebook order) and bonus points of an instructor notebook; empty when it is missing."""
     try:
         nb = read_notebook(path) if path.is_file() else None
     except NotebookError:
         nb = None
-    if nb is None:
-        return NotebookFacts()
-    return NotebookFacts(tuple(cells_by_grade_id(nb)), bonus_points(nb))
+    return ([], {}) if nb is None else (list(cells_by_grade_id(nb)), bonus_points(nb))
 
 
 def is_autograded_grade(grade) -> bool:

@@ -1,17 +1,12 @@
 """submission: the staged, repaired copy of a submission that grading reads, with notes a TA can read.
 
-nbgrader autograde reads ``submitted/<student>/<lab>/`` as it is: every file there lands beside the notebook in
-the grading kernel's working folder, which comes before site-packages on ``sys.path`` (a ``numpy.py`` or a
-``torch/`` folder shadows the library), and a renamed or malformed notebook is not graded at all. Grading therefore reads a staged copy,
-``<staging>/<student>/<lab>/``, holding only ``<lab>.ipynb`` (repaired) and ``timestamp.txt``; nothing under
-``submitted/`` is ever modified, so no submission is lost.
-
-Repairs (each leaves a note): extra files ignored; a renamed notebook graded under the release name (several: the
-release name first, else the newest); duplicated nbgrader cells dropped (locked) or kept as ordinary cells
-(answers); deleted nbgrader cells restored from the instructor's notebook (an answer as its release stub);
-graded and locked cells put back in the instructor's order, each with the student's cells that followed it;
-edited locked cells, nbgrader metadata and kernelspec restored. A submission with no notebook, or with one that
-is not a notebook, has nothing to grade: it is recorded with zero points and a reason (``record_zero``).
+Every file in ``submitted/<student>/<lab>/`` would land in the grading kernel's working folder, ahead of
+site-packages on ``sys.path`` (a ``numpy.py`` shadows the library), and a renamed or malformed notebook would not be
+graded at all. So grading reads ``<staging>/<student>/<lab>/``, holding only ``<lab>.ipynb`` (repaired) and
+``timestamp.txt``; nothing under ``submitted/`` is modified. Each repair leaves a note: a renamed notebook graded
+under the release name; duplicated, deleted, reordered or edited nbgrader cells restored as the instructor's
+notebook has them; nbgrader metadata and kernelspec restored. A submission with nothing to grade (no notebook, or
+not a notebook) is recorded with zero points and a reason (``record_zero``).
 """
 from __future__ import annotations
 
@@ -22,6 +17,7 @@ import json
 import re
 import shutil
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,36 +42,21 @@ CELL_ID_RE = re.compile(r"^[a-zA-Z0-9-_]{1,64}$")  # nbformat 4.5
 
 @dataclass
 class Staged:
-    """One submission as it will be graded.
-
-    Attributes:
-        student: the student id.
-        notebook: the staged, repaired notebook; None when there is nothing to grade.
-        reason: why there is nothing to grade (``"no notebook submitted"``, ``"not a valid notebook (...)"``).
-        zero: record zero points for it (the student's submission has nothing to grade); False when staging
-            itself failed and a TA must look.
-        notes: the repairs made, one short sentence each.
-        flags: suspicious constructs in the student's code (``course.scan``); they never change a score.
-        review: why a TA must look at it although it was graded (answers that lost their metadata and could not be
-            placed, ``course.recover``); empty otherwise.
-    """
+    """One submission as it will be graded."""
 
     student: str
-    notebook: Path | None = None
-    reason: str = ""
-    zero: bool = True
-    notes: list[str] = field(default_factory=list)
-    flags: list[str] = field(default_factory=list)
-    review: str = ""
+    notebook: Path | None = None  # the staged, repaired notebook; None when there is nothing to grade
+    reason: str = ""  # why there is nothing to grade
+    zero: bool = True  # record zero points when there is nothing to grade; False when staging itself failed
+    notes: list[str] = field(default_factory=list)  # the repairs made, one short sentence each
+    flags: list[str] = field(default_factory=list)  # suspicious code (course.scan); never changes a score
+    review: str = ""  # why a TA must look although it was graded (answers course.recover could not place)
 
     @property
     def gradable(self) -> bool:
         return self.notebook is not None
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Files: which notebook, which extras
-# ---------------------------------------------------------------------------------------------------------------
 def choose_notebook(folder: Path, lab: str) -> tuple[Path | None, str | None]:
     """The notebook to grade among the top-level ``*.ipynb`` of a submission folder, and a note.
 
@@ -109,21 +90,12 @@ def _same_as_release(path: Path, release_copy: Path) -> bool:
 
 
 def ignored_entries(folder: Path, keep: set[Path], release_dir: Path) -> list[str]:
-    """Names of the submitted files and folders grading ignores, for the note (folders end in ``/``).
-
-    Editor debris (``.ipynb_checkpoints``, ``__pycache__``, ``*.pyc``) and unchanged copies of the release's own
-    files (``utils.py``, ``assets/``) are ignored without being named.
-    """
-    names = []
-    for entry in sorted(folder.iterdir()):
-        if entry in keep or entry.name in JUNK or entry.name in EXCHANGE_FILES or entry.suffix == ".pyc":
-            continue
-        if entry.suffix == ".ipynb" and entry.is_file():
-            continue  # other notebooks are named by choose_notebook's note
-        if _same_as_release(entry, release_dir / entry.name):
-            continue
-        names.append(entry.name + ("/" if entry.is_dir() else ""))
-    return names
+    """Names of the submitted files and folders grading ignores, for the note (folders end in ``/``). Editor
+    debris, other notebooks (choose_notebook's note names them) and unchanged copies of the release's own files
+    (``utils.py``, ``assets/``) are left unnamed."""
+    return [entry.name + ("/" if entry.is_dir() else "") for entry in sorted(folder.iterdir())
+            if not (entry in keep or entry.name in JUNK | EXCHANGE_FILES or entry.suffix == ".pyc"
+                    or entry.suffix == ".ipynb" and entry.is_file() or _same_as_release(entry, release_dir / entry.name))]
 
 
 def _check_timestamp(path: Path) -> str | None:
@@ -140,13 +112,9 @@ def _check_timestamp(path: Path) -> str | None:
     return f"timestamp.txt unreadable ({text[:40]!r}): graded without it, check lateness by hand"
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Reading: anything that is a notebook at all
-# ---------------------------------------------------------------------------------------------------------------
 def load_submitted_notebook(path: Path) -> tuple[nbformat.NotebookNode, list[str]]:
-    """Read a submitted notebook leniently: every cell rebuilt from its type, source and metadata.
-
-    Outputs are dropped (nbgrader clears them before executing anyway); cell attachments are kept.
+    """Read a submitted notebook leniently: every cell rebuilt from its type, source, metadata and attachments
+    (outputs are dropped: nbgrader clears them anyway).
 
     Returns:
         The notebook (nbformat 4, valid) and notes about cells that had to be dropped.
@@ -223,23 +191,13 @@ def _ensure_valid(nb) -> None:
         raise NotebookError(f"fails the notebook schema: {exc.message}") from None
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Cells: duplicates, deletions, order, edits
-# ---------------------------------------------------------------------------------------------------------------
 @dataclass
 class Instructor:
-    """The instructor's side of a lab, read once per class.
+    """The instructor's side of a lab, read once per class."""
 
-    Attributes:
-        source_nb: ``source/<lab>/<lab>.ipynb``.
-        reference: its graded and locked cells as the release has them, by grade id, in notebook order:
-            locked as nbgrader locks them, solutions replaced by stubs, hidden tests and mark schemes removed.
-        release_nb: the whole notebook as the release has it.
-    """
-
-    source_nb: nbformat.NotebookNode
-    reference: dict[str, nbformat.NotebookNode]
-    release_nb: nbformat.NotebookNode
+    source_nb: nbformat.NotebookNode  # source/<lab>/<lab>.ipynb
+    reference: dict[str, nbformat.NotebookNode]  # the release's graded and locked cells by grade id, in order
+    release_nb: nbformat.NotebookNode  # the whole notebook as the release has it
 
     @classmethod
     def load(cls, course_root: Path, lab: str) -> "Instructor":
@@ -363,12 +321,8 @@ def _moved(order: list[str], target: list[str]) -> list[str]:
 def repair_cells(nb, reference: dict) -> list[str]:
     """Repair the cells of a submitted notebook in place; return the notes.
 
-    Args:
-        nb: the submitted notebook.
-        reference: the instructor's release cells by grade id, in order (``Instructor.reference``).
-
-    After it, the notebook has every graded and locked cell of the instructor's notebook exactly once, in the
-    instructor's order, with its nbgrader metadata; each carries the student's ordinary cells that followed it.
+    After it, ``nb`` has every cell of ``reference`` (``Instructor.reference``) exactly once, in the instructor's
+    order, with its nbgrader metadata; each carries the student's ordinary cells that followed it.
     """
     cells, notes = _deduplicate(list(nb.cells), reference)
     notes += _restore_edits(cells, reference)
@@ -402,21 +356,13 @@ def repair_kernelspec(nb, source_nb) -> list[str]:
     return [f"kernelspec {was!r} replaced by the instructor's {theirs.get('name')!r}"]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# One submission, a class
-# ---------------------------------------------------------------------------------------------------------------
 def stage_submission(
     course_root: Path, lab: str, student: str, staging_root: Path, instructor: Instructor | None = None
 ) -> Staged:
     """Write the repaired copy of ``submitted/<student>/<lab>/`` into ``staging_root/<student>/<lab>/``.
 
-    Only ``<lab>.ipynb`` and ``timestamp.txt`` are written; nothing under ``submitted/`` is changed.
-    ``instructor`` (``Instructor.load(course_root, lab)``) saves reading the instructor's notebook again.
-    Student text quoted in the notes and the reason (file names, grade ids, metadata values) has its control
-    characters escaped (``course.quoting``).
-
-    Returns:
-        The staged submission: its notebook (None when there is nothing to grade, with the reason) and the notes.
+    ``instructor`` (``Instructor.load(course_root, lab)``) saves reading the instructor's notebook again. Student
+    text quoted in the notes and the reason has its control characters escaped (``course.quoting``).
 
     Raises:
         NotebookError: the instructor's notebook ``source/<lab>/<lab>.ipynb`` cannot be read.
@@ -465,8 +411,7 @@ def _stage(course_root: Path, lab: str, student: str, staging_root: Path, instru
 
 
 def _stage_and_scan(course_root: Path, lab: str, student: str, staging_root: Path, instructor: Instructor) -> Staged:
-    """Stage and scan one submission. A failure of staging itself costs that submission only: it is not graded, and
-    its reason asks a TA to look (no zero is recorded for it)."""
+    """Stage and scan one submission. A failure of staging itself leaves it ungraded, for a TA (no zero recorded)."""
     try:
         staged = stage_submission(course_root, lab, student, staging_root, instructor)
     except Exception as exc:  # noqa: BLE001 - one submission's problem never stops the others
@@ -485,47 +430,23 @@ class ClassStaging:
     while grading goes on: ``get(student)`` waits for that submission only.
 
     Raises:
-        NotebookError: the instructor's notebook cannot be read (read here, before the thread starts).
+        NotebookError: the instructor's notebook cannot be read.
     """
 
     def __init__(self, course_root: Path, lab: str, students: list[str], staging_root: Path):
-        import threading
-
         self.students = list(students)
         instructor = Instructor.load(course_root, lab)
-        self._staged: dict[str, Staged] = {}
-        self._error: BaseException | None = None
-        self._stop = self._finished = False
-        self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="class-staging", daemon=True,
-                                        args=(course_root, lab, staging_root, instructor))
-        self._thread.start()
-
-    def _run(self, course_root: Path, lab: str, staging_root: Path, instructor: Instructor) -> None:
-        try:
-            for student in self.students:
-                if self._stop:
-                    return
-                staged = _stage_and_scan(course_root, lab, student, staging_root, instructor)
-                with self._changed:
-                    self._staged[student] = staged
-                    self._changed.notify_all()
-        except BaseException as exc:  # noqa: BLE001 - whoever waits for a submission gets it
-            with self._changed:
-                self._error = exc
-        finally:
-            with self._changed:
-                self._finished = True
-                self._changed.notify_all()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="class-staging")
+        self._staged = {student: self._pool.submit(_stage_and_scan, course_root, lab, student, staging_root, instructor)
+                        for student in self.students}
 
     def get(self, student: str) -> Staged:
-        """The staged submission of ``student`` (one of ``students``), once it is staged."""
-        with self._changed:
-            while student not in self._staged and not self._finished:
-                self._changed.wait()
-            if student in self._staged:
-                return self._staged[student]
-            raise RuntimeError(f"staging stopped before {student}: {self._error or 'it was closed'}") from self._error
+        """The staged submission of ``student`` (one of ``students``), once it is staged.
+
+        Raises:
+            CancelledError: the staging was closed before it.
+        """
+        return self._staged[student].result()
 
     def all(self) -> dict[str, Staged]:
         """Every staged submission, in the order of ``students`` (waits for the last)."""
@@ -533,14 +454,13 @@ class ClassStaging:
 
     def close(self) -> None:
         """Stop after the submission being staged and wait for it (before the staging folder is removed)."""
-        self._stop = True
-        self._thread.join()
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def record_zero(course_root: Path, lab: str, student: str, staged_folder: Path | None = None) -> None:
     """Record a submission with nothing to grade: every graded cell scores zero, as nbgrader records a missing
-    notebook. The submission's timestamp (``staged_folder/timestamp.txt``) is kept; its stale autograded output,
-    if an earlier run left one, is removed so that feedback is not generated from it."""
+    notebook, with the timestamp in ``staged_folder``; an earlier autograded output is removed (no feedback from it).
+    """
     stamp = staged_folder / TIMESTAMP if staged_folder else None
     extra = {"timestamp": stamp.read_text().strip()} if stamp and stamp.is_file() else {}
 
@@ -555,15 +475,9 @@ def record_zero(course_root: Path, lab: str, student: str, staged_folder: Path |
 
 
 def clear_autograded_scores(course_root: Path, lab: str, student: str) -> bool:
-    """After a failed grading run, make an earlier run's scores of this submission stop looking current.
-
-    In the gradebook every automatic score of the submission is cleared and the cell is marked as needing a
-    manual grade (the formgrader lists it for a TA; manual scores a TA gave are kept); the earlier autograded
-    notebook is removed, so feedback is not generated from it and ``--resume`` grades it again.
-
-    Returns:
-        Whether the gradebook held automatic scores of this submission.
-    """
+    """After a failed grading run, make an earlier run's scores of this submission stop looking current: every
+    automatic score is cleared and its cell marked for manual grading (a TA's manual scores stay), and the earlier
+    autograded notebook is removed. Returns whether the gradebook held automatic scores of it."""
     def clear(grade) -> bool:
         had_score = grade.auto_score is not None
         grade.auto_score = None
@@ -574,12 +488,9 @@ def clear_autograded_scores(course_root: Path, lab: str, student: str) -> bool:
 
 
 def _edit_grades(course_root: Path, lab: str, student: str, edit, create: bool, **submission_fields) -> list:
-    """Apply ``edit`` to every grade of one submission in the gradebook and commit; ``edit``'s results.
-
-    With ``create``, the student and the submission are created (nbgrader's ``update_or_create_*``); without it,
-    a submission that is not in the gradebook is left alone (an empty list is returned). The submission's
-    autograded output, if any, is removed either way.
-    """
+    """Apply ``edit`` to every grade of one submission in the gradebook and commit; ``edit``'s results. With
+    ``create`` the student and the submission are created, else a submission not in the gradebook is left alone.
+    The submission's autograded output is removed either way."""
     from nbgrader.api import Gradebook, MissingEntry
     from sqlalchemy.exc import SAWarning
 
