@@ -5,9 +5,10 @@ grader, so replacing this server only changes the data its own answers produce. 
 package does not exist in the kernel.
 
 Requests are pickled tuples, base64 encoded (from the trusted grader, so unpickling them is safe):
-``("export", names)``, ``("call", ("handle", handle), args, kwargs)``, ``("getattr", handle, name)``, ``("getitem", handle, key)``, ``("define", source, name, args, kwargs)`` (define a
-``kernel_side`` function in a copy of the notebook's namespace and call it) and ``("release",)`` (forget every
-handle). Arguments hold ``("__efficient_ai_ref__", id)`` where the grader passed a handle back.
+``("export", names)``, ``("call", ("handle", handle), args, kwargs)``, ``("getattr", handle, name)``,
+``("getitem", handle, key)``, ``("define", source, name, args, kwargs)`` (define a ``kernel_side`` function in a
+copy of the notebook's namespace and call it) and ``("release",)`` (forget every handle). Arguments hold
+``("__efficient_ai_ref__", id)`` where the grader passed a handle back.
 
 Answers: ``{"ok": value}`` or ``{"error": [type name, message, student traceback]}``; a value is JSON's null, bool,
 number or string, or ``{"$": tag, ...}``: ``list``, ``tuple``, ``set``, ``dict`` (key-value pairs), ``float``
@@ -37,8 +38,8 @@ def _spend(budget, raw):
 
 
 class _Server:
-    """Answers the grader's requests over the notebook's namespace ``shell.user_ns``; an answer whose strings and
-    array data take more than ``max_bytes`` is refused."""
+    """Answers the grader's requests over the notebook's namespace ``shell.user_ns``; an answer whose array data
+    (after its strings) exceeds ``max_bytes`` is refused (``ResultTooLarge``)."""
 
     def __init__(self, max_bytes, shell):
         self.max_bytes = max_bytes
@@ -49,7 +50,8 @@ class _Server:
         handle = len(self.handles) + 1
         self.handles[handle] = value
         kind = "class" if isinstance(value, type) else "callable" if callable(value) else "object"
-        doc = {"$": "handle", "id": handle, "kind": kind, "type": f"{type(value).__module__}.{type(value).__qualname__}"}
+        type_name = f"{type(value).__module__}.{type(value).__qualname__}"
+        doc = {"$": "handle", "id": handle, "kind": kind, "type": type_name}
         if kind != "object":
             try:
                 name = value.__name__

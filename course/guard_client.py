@@ -56,13 +56,13 @@ class GuardClient:
         else:
             self.broken = NOT_INSTALLED
 
-    def command(self, command: str) -> list[str] | None:
-        """Run a guard command (``check``, ``restore``, ``mark``, ``adopt``); its findings (a list), or None when its
-        answer cannot be trusted."""
+    def command(self, command: str) -> list[str]:
+        """Run a guard command (``check``, ``restore``, ``mark``, ``adopt``); its findings, or the reason the guard is
+        broken when its answer cannot be trusted."""
         if not self.enabled:
             return []
         if self.key is None:
-            return None
+            return [self.broken]
         nonce = secrets.token_hex(16)
         value = guard_value(self.channel.request("", f"_efficient_ai_guard({command!r}, {nonce!r})"))
         if self.channel.lost:
@@ -72,10 +72,5 @@ class GuardClient:
         if not value or not hmac.compare_digest(signature, expected):
             self.key = None
             self.broken = STOPPED_ANSWERING
-            return None
+            return [self.broken]
         return json.loads(payload) if command in ("check", "restore") else []
-
-    def findings(self, command: str) -> list[str]:
-        """``command``'s findings; the reason the guard is broken when its answer cannot be trusted."""
-        found = self.command(command)
-        return [self.broken] if found is None else found

@@ -94,7 +94,7 @@ class GuardedExecute(Execute):
             self._record.write(((resources or {}).get("metadata") or {}).get("path"))
 
     def _make_parts(self) -> None:
-        """The parts one notebook's run works with, fresh."""
+        """Fresh parts for one notebook's run."""
         self._record = GradingRecord(output_caps_bytes=[self.max_cell_output_bytes, self.max_notebook_output_bytes])
         self._channel = KernelChannel(self)
         self._guard = GuardClient(self._channel, self.guard)
@@ -214,15 +214,14 @@ class GuardedExecute(Execute):
             self._replayable.append(index)
 
     def _before_locked_cell(self) -> None:
-        """Student changes are undone before a locked cell (and charged to the next test cell), so that what the
-        locked cell changes can be adopted as the instructor's own (``adopt`` after it)."""
-        self._pending += self._guard.findings("restore")
+        """Undo student changes (charged to the next test cell): what the locked cell changes is then its own."""
+        self._pending += self._guard.command("restore")
         self._guard.command("mark")
 
     def _grade_test_cell(self, cell, index: int, here: str) -> None:
         """Run a test cell in the grader (course/boundary.py); its outputs are the grader's, never the kernel's."""
         gid = cell.metadata.get("nbgrader", {}).get("grade_id") or str(index)
-        found, self._pending = self._pending + self._guard.findings("restore"), []
+        found, self._pending = self._pending + self._guard.command("restore"), []
         cell.outputs, cell.execution_count = [], None
         if self._channel.lost:
             self._recover(f"before {here}")
@@ -239,7 +238,7 @@ class GuardedExecute(Execute):
         if self._channel.lost:
             self._recover(f"in {here}")
         else:
-            found += self._guard.findings("restore")
+            found += self._guard.command("restore")
         if self._recording_bypass and RECORDS_CALLS in cell.source:
             found += [f"code that can switch off the recording of torch calls ({flag})"
                       for flag in self._recording_bypass[:3]]
@@ -268,10 +267,8 @@ class GuardedExecute(Execute):
 
     # -- a lost kernel: a fresh one, and the cells before ----------------------------------------------------------
     def _recover(self, when: str) -> None:
-        """After the kernel died or went mute: start a fresh kernel and run the earlier cells (not the tests) again,
-        so a crash costs only the cell it happened in. Gives up (``_stop_lost_kernel``) after
-        ``MAX_KERNEL_RESTARTS`` fresh kernels, past the notebook's time limit, or when the earlier cells lose the
-        fresh kernel too."""
+        """After the kernel died or went mute: a fresh kernel runs the earlier cells (not the tests) again. Gives up
+        after ``MAX_KERNEL_RESTARTS``, past the notebook's time limit, or when the earlier cells lose it too."""
         if len(self._record.kernel_restarts) >= MAX_KERNEL_RESTARTS or time.monotonic() > self._deadline:
             self._stop_lost_kernel(when)
             return
@@ -321,9 +318,8 @@ class GuardedExecute(Execute):
         record.stopped = f"the kernel {lost} {when} {cause}; cells after it were not run"
 
     def _output_did_not_arrive(self, cell, here: str) -> None:
-        """nbclient's ``CellTimeoutError``: the kernel replied, but the cell's output did not finish arriving within
-        ``iopub_timeout`` (a cell interrupted at the time limit that kept running, output dropped for its size, or a
-        busy machine). The cell counts as failed; the next request tells whether the kernel still answers."""
+        """nbclient's ``CellTimeoutError`` (the cell's output did not finish arriving within ``iopub_timeout``): the
+        cell counts as failed, and the channels are reconnected in case ZeroMQ dropped an oversized message."""
         reason = (f"the output of {here} had not finished arriving {self.iopub_timeout} s after the kernel's reply "
                   "(nbclient's CellTimeoutError); it counts as failed")
         self._record.output_missed.append(reason)

@@ -42,7 +42,7 @@ class KernelChannel:
 
     def __init__(self, owner):
         self.owner = owner
-        self.lost = ""  # "died" or "stopped answering ...", found by a request of the grader's own ("" while it answers)
+        self.lost = ""  # "died" or "stopped answering ...": found by a request of the grader's own
 
     def run(self, coroutine_function, *args):
         """Run one of this channel's coroutines; None (and ``lost`` set to "died") when the kernel died meanwhile."""

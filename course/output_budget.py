@@ -8,7 +8,7 @@ MIB = 1024 * 1024
 
 
 def approx_bytes(value) -> int:
-    """Roughly how many bytes a message's content takes (strings by length, containers summed)."""
+    """Roughly a message content's size in bytes (strings by length, containers summed)."""
     if isinstance(value, str):
         return len(value)
     if isinstance(value, dict):
@@ -36,7 +36,7 @@ class OutputBudget:
 
     def admit(self, msg: dict, cell_index: int) -> tuple[bool, int]:
         """Whether an output message of cell ``cell_index`` is kept, and how many of its bytes are dropped (a stream
-        text too long for what is left is cut in place). Errors are kept, shortened (``shorten_error``)."""
+        text too long is cut in place; errors are always kept, shortened)."""
         content = msg.get("content") or {}
         if msg.get("msg_type") == "error":
             self.shorten_error(content)
