@@ -82,9 +82,8 @@ c.Sandbox.memory_gb = 8.0
 c.Sandbox.scratch_mb = 1024
 c.Sandbox.max_processes = 1024
 
-# nbconvert validates the whole notebook after each of the pipeline's preprocessors (about 10 ms each on Lab 1, twice
-# for every submission a worker records in a SQLite gradebook); validating once, after the last, rejects the same
-# invalid notebooks.
+# nbconvert validates the whole notebook after each of the pipeline's preprocessors; validating once, after the last,
+# rejects the same invalid notebooks.
 if "optimistic_validation" in Exporter.class_trait_names():  # nbconvert 7.3 and newer
     c.Exporter.optimistic_validation = True
 
@@ -124,10 +123,7 @@ c.LatePenalty.percent_per_day = 10.0
 # names; swap in ZIP_COLLECT_PATTERNS["moodle"] or ["blackboard"] for those LMSs.
 c.FileNameCollectorPlugin.named_regexp = ZIP_COLLECT_PATTERNS["canvas"]
 
-# Feedback never shows hidden test source, nor what test cells printed (True; False shows hidden tests), and shortens
-# a hidden test's error message to this many characters.
-c.StripHiddenTests.enabled = True
-c.StripHiddenTests.max_message_chars = 500
+# Feedback never shows hidden test source, nor what test cells printed besides their failed checks and error message.
 c.GenerateFeedback.preprocessors = [GetGrades, ShowBonusPoints, CSSHTMLHeaderPreprocessor, StripHiddenTests, SanitizeNotebook]
 
 # Nothing a student writes runs script in a browser (course/sanitize.py): SanitizeNotebook, last in autograde,

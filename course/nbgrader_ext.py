@@ -10,7 +10,6 @@ from pathlib import Path
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import NbGraderPreprocessor, OverwriteCells
 from nbgrader.utils import is_grade, is_locked, is_solution
-from traitlets import Integer
 
 from .grading_record import GRADING_REPORT  # noqa: F401  (named here for the tests and tools that read the report)
 from .notebooks import (
@@ -185,17 +184,13 @@ class StripHiddenTests(NbGraderPreprocessor):
 
     - A hidden test region becomes a one-line note.
     - A test cell keeps only its error's name and message and the list of its failed checks (our assertion messages,
-      written for students), shortened to ``max_message_chars``; its other printed output and traceback are dropped.
+      written for students), shortened to ``MAX_MESSAGE_CHARS``; its other printed output and traceback are dropped.
     - In every cell, any output line that quotes a line of hidden test source (compared without whitespace,
       for source lines of at least ``min_quoted_chars`` characters) is replaced by a note, so student code that
       copied hidden test text during grading cannot print it into the feedback later.
-
-    Instructors who want tests shown set ``c.StripHiddenTests.enabled = False``.
     """
 
-    max_message_chars = Integer(
-        500, help="Length a hidden test's error message is shortened to in feedback (characters)."
-    ).tag(config=True)
+    MAX_MESSAGE_CHARS = 500
     min_quoted_chars = 12
 
     def preprocess(self, nb, resources):
@@ -241,7 +236,7 @@ class StripHiddenTests(NbGraderPreprocessor):
                     kept.append(line)
             cell.source = "\n".join(kept)
         outputs = []
-        failed = [line[: self.max_message_chars] for out in cell.get("outputs", [])
+        failed = [line[: self.MAX_MESSAGE_CHARS] for out in cell.get("outputs", [])
                   if out.get("output_type") == "stream" and out.get("name") == "stdout"
                   for line in "".join(out.get("text", "")).splitlines() if line.startswith(FAILED_CHECK_PREFIX)]
         if failed:  # the grader's list of failed checks (checks.py): assertion messages, written for students
@@ -251,8 +246,8 @@ class StripHiddenTests(NbGraderPreprocessor):
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 message = str(out.get("evalue", ""))
-                if len(message) > self.max_message_chars:
-                    message = message[: self.max_message_chars] + " [...]"
+                if len(message) > self.MAX_MESSAGE_CHARS:
+                    message = message[: self.MAX_MESSAGE_CHARS] + " [...]"
                 out["evalue"] = self._redact(message)
                 out["traceback"] = [f"{out.get('ename', 'Error')}: {out['evalue']}"]
                 outputs.append(out)
@@ -375,12 +370,6 @@ class QuietOverwriteCells(OverwriteCells):
         released = strip_lines(stored.source, HIDDEN_BEGIN, HIDDEN_END, keep_inside=False)
         cell_type, source = self._submitted
         return cell_type == stored.cell_type and source.rstrip() == released.rstrip()
-
-
-
-
-
-
 
 
 def is_setup_cell(cell) -> bool:
