@@ -9,7 +9,7 @@ import secrets
 import time
 
 from . import boundary
-from .kernel_channel import KERNEL_REPLY_TIMEOUT_S, KernelChannel, install_source
+from .kernel_channel import KERNEL_REPLY_TIMEOUT_S, KernelChannel
 
 
 class BoundaryClient:
@@ -27,11 +27,9 @@ class BoundaryClient:
     def install(self, timeout_s: float) -> None:
         """Install the server; on success open the comm (the kernel handles shell messages in order, so requests
         sent after this find it open)."""
-        code = install_source(boundary.KERNEL_SOURCE.read_text(), "_efficient_ai_boundary", "<grading boundary>",
-                              f"_g['_efficient_ai_boundary_install']({boundary.MAX_ANSWER_BYTES}, "
-                              f"{boundary.COMM_TARGET!r})")
-        reply = self.channel.request(code, timeout_s=timeout_s)
-        if not reply or reply["content"].get("status") != "ok":
+        call = f"_g['_efficient_ai_boundary_install']({boundary.MAX_ANSWER_BYTES}, {boundary.COMM_TARGET!r})"
+        if not self.channel.install(boundary.KERNEL_SOURCE, "_efficient_ai_boundary", "<grading boundary>", call,
+                                    timeout_s):
             return
         self.comm = secrets.token_hex(16)
         kc = self.channel.owner.kc

@@ -11,7 +11,7 @@ import json
 import secrets
 from pathlib import Path
 
-from .kernel_channel import KernelChannel, install_source
+from .kernel_channel import KernelChannel
 
 GUARD_SOURCE = Path(__file__).with_name("guard_kernel.py")
 NOT_INSTALLED = "the grading guard could not be installed in the kernel"
@@ -45,11 +45,10 @@ class GuardClient:
     def install(self, watch_libraries: bool, timeout_s: float) -> None:
         """Install the guard and take its key (``watch_libraries``: numpy, torch and utils are watched too, and
         importing them may take as long as a cell, ``timeout_s``)."""
-        code = install_source(GUARD_SOURCE.read_text(), "_efficient_ai_guard", "<grading guard>",
-                              f"_efficient_ai_guard = _g['_efficient_ai_guard_install']({watch_libraries!r})")
-        reply = self.channel.request(code, timeout_s=timeout_s)
         key = None
-        if reply and reply["content"].get("status") == "ok":
+        if self.channel.install(GUARD_SOURCE, "_efficient_ai_guard", "<grading guard>",
+                                f"_efficient_ai_guard = _g['_efficient_ai_guard_install']({watch_libraries!r})",
+                                timeout_s):
             key = guard_value(self.channel.request("", "_efficient_ai_guard('key')"))
         if key:
             self.key = bytes.fromhex(key)

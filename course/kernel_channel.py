@@ -4,6 +4,7 @@ up after a time, and reconnecting after ZeroMQ dropped an oversized message.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from queue import Empty
 
 from nbclient.exceptions import DeadKernelError
@@ -22,20 +23,6 @@ GRADING_KERNEL_SETTINGS = (
 )
 
 
-def install_source(source: str, namespace: str, filename: str, install_call: str) -> str:
-    """Code that runs ``source`` (a file of the grader's, shown as ``filename``) in the kernel with a private copy of
-    the builtins, taken before any student code runs (replacing ``builtins.type`` later cannot change how it works),
-    and then ``install_call`` (a statement over ``_g``, the namespace named ``namespace`` it ran in)."""
-    return (
-        GRADING_KERNEL_SETTINGS +
-        "import builtins as _b\n"
-        f"_g = {{'__builtins__': dict(vars(_b)), '__name__': {namespace!r}}}\n"
-        f"exec(compile({source!r}, {filename!r}, 'exec'), _g)\n"
-        f"{install_call}\n"
-        "del _b, _g\n"
-    )
-
-
 class KernelChannel:
     """Requests of the grader's own to the kernel of ``owner`` (an nbclient executor, whose ``kc`` and ``km`` change
     when a fresh kernel replaces a lost one). Once the kernel is ``lost``, no further request is sent."""
@@ -51,6 +38,21 @@ class KernelChannel:
         except DeadKernelError:
             self.lost = "died"
             return None
+
+    def install(self, source: Path, namespace: str, filename: str, install_call: str, timeout_s: float) -> bool:
+        """Run the grader's file ``source`` (shown as ``filename``) in the kernel, in a namespace ``_g`` named
+        ``namespace`` with a private copy of the builtins taken before any student code (replacing ``builtins.type``
+        later cannot change how it works), then ``install_call`` (a statement over ``_g``); whether it succeeded."""
+        code = (
+            GRADING_KERNEL_SETTINGS +
+            "import builtins as _b\n"
+            f"_g = {{'__builtins__': dict(vars(_b)), '__name__': {namespace!r}}}\n"
+            f"exec(compile({source.read_text()!r}, {filename!r}, 'exec'), _g)\n"
+            f"{install_call}\n"
+            "del _b, _g\n"
+        )
+        reply = self.request(code, timeout_s=timeout_s)
+        return bool(reply) and reply["content"].get("status") == "ok"
 
     async def read(self, channel, timeout_s: float, interrupt: bool, pick):
         """Read ``channel``'s messages until ``pick(message)`` returns something other than None, and return that;
