@@ -15,14 +15,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m course", description="Efficient AI Labs course tooling.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("build", help="labs/labN/labN.py -> source/labN/ -> release/labN/ (idempotent)")
-    p.add_argument("labs", nargs="*", help="labs to build (default: all)")
-
-    p = sub.add_parser("lint", help="static checks only: metadata, points, leaks, up to date")
-    p.add_argument("labs", nargs="*", help="labs to lint (default: all)")
-
-    p = sub.add_parser("check", help="pre-release gate: lint, then autograde reference (full marks) and blank (zero)")
-    p.add_argument("labs", nargs="*", help="labs to check (default: all)")
+    for name, text in [("build", "labs/labN/labN.py -> source/labN/ -> release/labN/ (idempotent)"),
+                       ("lint", "static checks only: metadata, points, leaks, up to date"),
+                       ("check", "pre-release gate: lint, then autograde reference (full marks) and blank (zero)")]:
+        sub.add_parser(name, help=text).add_argument("labs", nargs="*", help=f"labs to {name} (default: all)")
 
     p = sub.add_parser("bundle", help="what students get: OUT/labN/ (for a student repository) and OUT/labN.zip (for an LMS)")
     p.add_argument("labs", nargs="*", help="labs to bundle (default: all)")

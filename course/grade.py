@@ -6,7 +6,6 @@ status and reason are recorded beside whatever points the gradebook holds for it
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -21,7 +20,7 @@ from .nbgrader_run import SubmissionScores, available_cpus, read_scores, run_nbg
 from .outcome import NEEDS_TA, Outcome
 from .paths import REPO_ROOT
 from .quoting import escape_controls
-from .recorded import is_recorded, mark_recorded
+from .recorded import is_recorded, mark_recorded, read_report
 from .report import flagged_for_review, previous_outcomes, print_table, write_canvas_export, write_reports
 from .sandbox import unavailable_reason
 from .settings import sandbox_mode
@@ -31,11 +30,8 @@ DEFAULT_SUBMISSION_TIMEOUT_S = 900.0
 
 
 def prepare_gradebook(course_root: Path, lab: str) -> None:
-    """Record the lab's cells in the gradebook (nbgrader generate_assignment, output to a scratch folder).
-
-    Raises:
-        RuntimeError: nbgrader could not generate the assignment.
-    """
+    """Record the lab's cells in the gradebook (nbgrader generate_assignment into a scratch folder); RuntimeError
+    when nbgrader cannot."""
     for attempt in range(3):  # shards starting together on one PostgreSQL gradebook may collide once
         with tempfile.TemporaryDirectory(prefix="efficient-ai-release-") as scratch:
             result = run_nbgrader(course_root, ["generate_assignment", lab, "--force",
@@ -64,8 +60,7 @@ FAILURE_REASONS = (
     ("NotJSONError", "the notebook is not valid JSON"),
     ("not valid JSON", "the notebook is not valid JSON"),
 )
-# Failures a busy machine can cause (a SQLite gradebook that other workers kept locked past its wait included): the
-# submission is graded once more before the failure is recorded.
+# Failures a busy machine can cause (a SQLite gradebook locked by other workers included): graded once more.
 BUSY_MACHINE_NEEDLES = ("Kernel didn't respond", "Timeout waiting for IOPub output", "Timeout waiting for kernel_info",
                         "database is locked")
 # An exception line of a Python traceback: ``ValueError: ...``, ``nbclient.exceptions.CellTimeoutError: ...``.
@@ -74,9 +69,8 @@ MAX_REASON_CHARS = 500
 
 
 def _failure_reason(result_output: str) -> str:
-    """What a TA reads for a failed nbgrader process: a known cause, else the whole line that names the error
-    (the last exception line of a traceback, else the last line logged as an error, else the last line).
-    Control characters are escaped; the line is cut at ``MAX_REASON_CHARS``."""
+    """What a TA reads for a failed nbgrader process: a known cause, else the last exception line of a traceback,
+    else the last line logged as an error, else the last line (escaped, cut at ``MAX_REASON_CHARS``)."""
     for needle, reason in FAILURE_REASONS:
         if needle in result_output:
             return reason
@@ -92,11 +86,8 @@ def _failure_reason(result_output: str) -> str:
 
 def autograde_one(course_root: Path, lab: str, student: str, timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
                   env: dict[str, str] | None = None, submitted: Path | None = None) -> Outcome:
-    """Autograde one submission in its own nbgrader process. Never raises for a bad submission.
-
-    Args:
-        env: extra environment variables of the nbgrader process (a worker's GPU and CPUs).
-        submitted: the folder holding ``<student>/<lab>/`` (a staging folder); default ``submitted/``.
+    """Autograde one submission in its own nbgrader process (``env``: extra variables, a worker's GPU and CPUs;
+    ``submitted``: the folder holding ``<student>/<lab>/``, default ``submitted/``). Never raises for a bad submission.
 
     A run that went wrong in a way a busy machine can explain (``Outcome.retry``) is graded once more and the second
     run kept. A run that hit a sticky CUDA error (every later CUDA call in that kernel fails) is graded once more with
@@ -152,10 +143,7 @@ def with_grading_report(outcome: Outcome, report_path: Path) -> Outcome:
     """``outcome`` with what the grading run reported (``grading_report.json``): execution that stopped early (a
     dead kernel, the notebook time limit) makes it ``partial``, with the reason; what the guard found becomes notes.
     """
-    try:
-        report = json.loads(report_path.read_text())
-    except (OSError, ValueError):
-        return outcome
+    report = read_report(report_path)
     stopped = [report["stopped"]] if report.get("stopped") else []
     if stopped or report.get("output_missed"):
         outcome.status, outcome.reason = "partial", "; ".join(report.get("output_missed", []) + stopped)
@@ -192,15 +180,9 @@ def visible_gpus() -> list[str]:
 def autograde_all(course_root: Path, lab: str, students: list[str], timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
                   progress: bool = True, workers: int = 1, submitted: Path | None = None,
                   gradable: Callable[[str], bool] | None = None) -> dict[str, Outcome]:
-    """Autograde every student's submission with one progress bar; continue past failures.
-
-    Args:
-        workers: submissions graded at a time, each worker pinned to a GPU and an equal share of the CPUs
-            (``worker_envs``), all on the course's own gradebook.
-        submitted: the folder holding ``<student>/<lab>/``; default the course's ``submitted/``.
-        gradable: asked before each submission is graded (it may wait for its staging); a submission it refuses is
-            left out of the outcomes.
-    """
+    """Autograde every student's submission with one progress bar, ``workers`` at a time (each pinned to a GPU and
+    a share of the CPUs: ``worker_envs``); continue past failures. ``gradable`` is asked before each submission is
+    graded (it may wait for the staging); a submission it refuses is left out of the outcomes."""
     from queue import Queue
 
     from tqdm import tqdm
@@ -234,11 +216,7 @@ def autograde_all(course_root: Path, lab: str, students: list[str], timeout_s: f
 
 
 def parse_shard(text: str) -> tuple[int, int]:
-    """``"2/8"`` -> (2, 8): shard 2 of 8, numbered from 0.
-
-    Raises:
-        ValueError: not of the form i/n with 0 <= i < n.
-    """
+    """``"2/8"`` -> (2, 8): shard 2 of 8, numbered from 0. Raises ValueError unless i/n with 0 <= i < n."""
     try:
         index, count = (int(part) for part in text.split("/"))
     except ValueError:
@@ -271,14 +249,6 @@ def _record_finished(course_root: Path, lab: str, outcome: Outcome) -> Outcome:
     return outcome
 
 
-def kept_from_earlier_run(course_root: Path, lab: str, student: str) -> Outcome:
-    """The outcome of a submission an earlier run finished, with what that run reported (a partial run stays one)."""
-    outcome = with_grading_report(Outcome(student, "ok", ""),
-                                  course_root / "autograded" / student / lab / GRADING_REPORT)
-    outcome.reason = "graded by an earlier run" + (f": {outcome.reason}" if outcome.reason else "")
-    return outcome
-
-
 def mark_earlier_scores_stale(course_root: Path, lab: str, outcome: Outcome) -> None:
     """After a failed run, clear an earlier run's scores of the submission (``clear_autograded_scores``), and say so
     in the reason, so that no old score reads as current."""
@@ -298,7 +268,10 @@ def grade_staged(course_root: Path, lab: str, staged: ClassStaging, staging: Pat
     grade. A failed submission loses what an earlier run recorded for it."""
     students = staged.students
     done = set(already_graded(course_root, lab, students)) if resume else set()
-    outcomes = {s: kept_from_earlier_run(course_root, lab, s) for s in done}
+    outcomes = {s: with_grading_report(Outcome(s, "ok"), course_root / "autograded" / s / lab / GRADING_REPORT)
+                for s in done}  # a partial run stays one
+    for outcome in outcomes.values():
+        outcome.reason = "graded by an earlier run" + (f": {outcome.reason}" if outcome.reason else "")
     todo = [s for s in students if s not in done]
     outcomes.update(autograde_all(course_root, lab, todo, timeout_s, progress, workers, submitted=staging,
                                   gradable=lambda student: staged.get(student).gradable))
@@ -376,12 +349,11 @@ def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None,
         out_dir = out_dir / f"shard-{shard.replace('/', '-of-')}"
     outcomes, scores = grade_lab(root, lab, selected, out_dir, timeout_s, workers=workers, resume=resume)
     print_table(lab, outcomes, scores)
-    failed = [o for o in outcomes.values() if o.status == "failed"]
-    partial = [o for o in outcomes.values() if o.status == "partial"]
-    noted = [o for o in outcomes.values() if o.notes]
-    print(f"\n{len(outcomes)} submission(s): {len(failed)} failed and {len(partial)} stopped early (their points so "
-          f"far are recorded; see 'reason'), {len(noted)} with notes (repairs, tampering found; see 'notes' in "
-          "grades.csv).")
+    statuses = [o.status for o in outcomes.values()]
+    noted = sum(1 for o in outcomes.values() if o.notes)
+    print(f"\n{len(outcomes)} submission(s): {statuses.count('failed')} failed and {statuses.count('partial')} stopped "
+          f"early (their points so far are recorded; see 'reason'), {noted} with notes (repairs, tampering found; see "
+          "'notes' in grades.csv).")
     print(sandbox_status())
     if review := flagged_for_review(outcomes):
         print(review)

@@ -21,11 +21,8 @@ def kill_group(pid: int) -> None:
 
 
 def die_with_parent(parent_pid: int) -> bool:
-    """Have this process SIGKILLed when the thread that started it ends; exit now if ``parent_pid`` already ended.
-
-    Only the calling process is covered, not a child it starts later. Returns whether the request was made: False
-    where ``prctl`` is not to be had (not Linux).
-    """
+    """Have this process (not its later children) SIGKILLed when the thread that started it ends; exit now if
+    ``parent_pid`` already ended. Returns False where ``prctl`` is not to be had (not Linux)."""
     try:
         import ctypes
 

@@ -21,22 +21,19 @@ def _digest(notebook: Path) -> str:
     return hashlib.sha256(notebook.read_bytes()).hexdigest()
 
 
-def _report(folder: Path) -> dict:
+def read_report(path: Path) -> dict:
+    """The JSON object in ``path`` (a ``grading_report.json``); {} when it cannot be read or is not an object."""
     try:
-        report = json.loads((folder / GRADING_REPORT).read_text())
+        report = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return report if isinstance(report, dict) else {}
 
 
 def mark_recorded(folder: Path, notebook: str) -> None:
-    """Mark the submission in ``folder`` (``autograded/<student>/<lab>/``, notebook file name ``notebook``) as
-    finished.
-
-    Raises:
-        OSError: the notebook cannot be read or the report cannot be written.
-    """
-    report = _report(folder)
+    """Mark the submission in ``folder`` (``autograded/<student>/<lab>/``, with the notebook file ``notebook``) as
+    finished; OSError when the notebook cannot be read or the report written."""
+    report = read_report(folder / GRADING_REPORT)
     report[MARK] = _digest(folder / notebook)
     partial = folder / f".{GRADING_REPORT}.partial"
     partial.write_text(json.dumps(report, indent=1))
@@ -46,6 +43,6 @@ def mark_recorded(folder: Path, notebook: str) -> None:
 def is_recorded(folder: Path, notebook: str) -> bool:
     """Whether ``folder`` holds a submission whose grading a run finished, with the notebook that run wrote."""
     try:
-        return _report(folder).get(MARK) == _digest(folder / notebook)
+        return read_report(folder / GRADING_REPORT).get(MARK) == _digest(folder / notebook)
     except OSError:
         return False

@@ -100,10 +100,6 @@ P3 = Part 3's autograded points earned/possible; autograded = the lab's autograd
 TABLE_WIDTH = 120  # a terminal's columns
 
 
-def _cut(line: str, width: int) -> str:
-    return line if len(line) <= width else line[: width - 3] + "..."
-
-
 def format_table(header: list[str], rows: list[list[str]], width: int = TABLE_WIDTH) -> str:
     """The table as text, columns padded to their widest entry. The last column (the reason) is long text: where a
     row has one, it goes on a line of its own under the row, cut to ``width``."""
@@ -114,7 +110,10 @@ def format_table(header: list[str], rows: list[list[str]], width: int = TABLE_WI
 
     lines = [line(header), line(["-" * w for w in widths])]
     for row in rows:
-        lines += [line(row)] + ([_cut(f"  {header[-1]}: {row[-1]}", width)] if row[-1] else [])
+        lines.append(line(row))
+        if row[-1]:
+            below = f"  {header[-1]}: {row[-1]}"
+            lines.append(below if len(below) <= width else below[: width - 3] + "...")
     return "\n".join(lines)
 
 

@@ -1,12 +1,9 @@
 """submission: the staged, repaired copy of a submission that grading reads, with notes a TA can read.
 
-Every file in ``submitted/<student>/<lab>/`` would land in the grading kernel's working folder, ahead of
-site-packages on ``sys.path`` (a ``numpy.py`` shadows the library), and a renamed or malformed notebook would not be
-graded at all. So grading reads ``<staging>/<student>/<lab>/``, holding only ``<lab>.ipynb`` (repaired) and
-``timestamp.txt``; nothing under ``submitted/`` is modified. Each repair leaves a note: a renamed notebook graded
-under the release name; duplicated, deleted, reordered or edited nbgrader cells restored as the instructor's
-notebook has them; nbgrader metadata and kernelspec restored. A submission with nothing to grade (no notebook, or
-not a notebook) is recorded with zero points and a reason (``record_zero``).
+Files beside the notebook would come before site-packages on the kernel's ``sys.path`` (a ``numpy.py`` shadows the
+library), so grading reads ``<staging>/<student>/<lab>/``: only ``<lab>.ipynb`` (repaired: renamed, duplicated,
+deleted, reordered or edited nbgrader cells restored, each repair noted) and ``timestamp.txt``. Nothing under
+``submitted/`` is modified. A submission with nothing to grade is recorded with zero points (``record_zero``).
 """
 from __future__ import annotations
 
@@ -34,8 +31,7 @@ from .scan import is_locked, scan_notebook
 NO_NOTEBOOK = "no notebook submitted"
 TIMESTAMP = "timestamp.txt"
 JUNK = {".ipynb_checkpoints", "__pycache__", ".DS_Store", "Thumbs.db"}  # ignored without a note
-# What nbgrader's exchange (`nbgrader collect`) writes beside every submission: normal, so no note either.
-EXCHANGE_FILES = {TIMESTAMP, "submission_secret.txt"}
+EXCHANGE_FILES = {TIMESTAMP, "submission_secret.txt"}  # nbgrader collect writes them: no note either
 METADATA_CHECKED = {"grade": bool, "solution": bool, "locked": bool, "task": bool, "points": float}  # nbgrader's
 CELL_ID_RE = re.compile(r"^[a-zA-Z0-9-_]{1,64}$")  # nbformat 4.5
 
@@ -58,11 +54,8 @@ class Staged:
 
 
 def choose_notebook(folder: Path, lab: str) -> tuple[Path | None, str | None]:
-    """The notebook to grade among the top-level ``*.ipynb`` of a submission folder, and a note.
-
-    The release name ``<lab>.ipynb`` alone needs no note; one notebook of another name is graded under the
-    release name; of several, ``<lab>.ipynb`` is preferred, else the most recently modified one.
-    """
+    """The notebook to grade among the top-level ``*.ipynb`` of a submission folder, and a note (None for
+    ``<lab>.ipynb`` alone). Of several, ``<lab>.ipynb`` is preferred, else the most recently modified one."""
     candidates = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
     release_name = folder / f"{lab}.ipynb"
     if not candidates:
@@ -114,14 +107,8 @@ def _check_timestamp(path: Path) -> str | None:
 
 def load_submitted_notebook(path: Path) -> tuple[nbformat.NotebookNode, list[str]]:
     """Read a submitted notebook leniently: every cell rebuilt from its type, source, metadata and attachments
-    (outputs are dropped: nbgrader clears them anyway).
-
-    Returns:
-        The notebook (nbformat 4, valid) and notes about cells that had to be dropped.
-
-    Raises:
-        NotebookError: it is not a notebook; the message says why, for the TA.
-    """
+    (outputs are dropped: nbgrader clears them anyway). Returns it (nbformat 4, valid) and notes on dropped cells;
+    raises NotebookError, saying why for the TA, when it is not a notebook."""
     try:
         raw = json.loads(path.read_bytes().decode("utf-8-sig"))
     except UnicodeDecodeError:
@@ -167,11 +154,8 @@ def _rebuild_cell(cell) -> nbformat.NotebookNode | None:
 
 
 def _ensure_valid(nb) -> None:
-    """Make cell ids unique and drop cell metadata the schema rejects (nbgrader's own is kept).
-
-    Raises:
-        NotebookError: still not a valid notebook.
-    """
+    """Make cell ids unique and drop cell metadata the schema rejects (nbgrader's own is kept); NotebookError when
+    the notebook is still not valid."""
     seen: set[str] = set()
     for cell in nb.cells:
         if not isinstance(cell.get("id"), str) or not CELL_ID_RE.match(cell["id"]) or cell["id"] in seen:
@@ -201,11 +185,8 @@ class Instructor:
 
     @classmethod
     def load(cls, course_root: Path, lab: str) -> "Instructor":
-        """Read the instructor's notebook and derive the release cells with nbgrader's own preprocessors.
-
-        Raises:
-            NotebookError: the instructor's notebook cannot be read.
-        """
+        """Read the instructor's notebook and derive the release with nbgrader's own preprocessors (NotebookError
+        when the notebook cannot be read)."""
         source_nb = read_notebook(course_root / "source" / lab / f"{lab}.ipynb")
         nb = release_of(source_nb)
         return cls(source_nb, {gid: cell for cell in nb.cells if (gid := grade_id(cell))}, nb)
@@ -223,8 +204,7 @@ def _listed(what: str, ids: list[str]) -> list[str]:
 
 def _deduplicate(cells, reference: dict) -> tuple[list, list[str]]:
     """Keep the first cell of each grade id. Later copies of a locked cell are dropped; later copies of an answer
-    stay where they are as ordinary cells (they ran in the student's notebook too). Unknown grade ids and
-    nbgrader metadata without a grade id become ordinary cells."""
+    (they ran in the student's notebook too), unknown grade ids and metadata without one become ordinary cells."""
     kept, seen, dropped, demoted, unknown = [], set(), [], [], []
     for cell in cells:
         gid = grade_id(cell)
@@ -280,19 +260,14 @@ def _metadata_changes(mine: dict, theirs: dict) -> list[str]:
         except (TypeError, ValueError):
             return raw
 
-    changes = []
-    for key, kind in METADATA_CHECKED.items():
-        was, should = value(kind, mine.get(key)), value(kind, theirs.get(key))
-        if was != should:
-            changes.append(f"{key} {was} -> {should}")
-    return changes
+    pairs = {key: (value(kind, mine.get(key)), value(kind, theirs.get(key))) for key, kind in METADATA_CHECKED.items()}
+    return [f"{key} {was} -> {should}" for key, (was, should) in pairs.items() if was != should]
 
 
 def _from_reference(ref, cell_id: str | None, source: str | None = None) -> nbformat.NotebookNode:
     """A new cell like the instructor's release cell ``ref`` (optionally with another source)."""
-    new = getattr(nbformat.v4, f"new_{ref.cell_type}_cell")(
-        source=ref.source if source is None else source, metadata=copy.deepcopy(ref.metadata)
-    )
+    new = getattr(nbformat.v4, f"new_{ref.cell_type}_cell")(source=ref.source if source is None else source,
+                                                            metadata=copy.deepcopy(ref.metadata))
     if cell_id:
         new["id"] = cell_id
     return new
@@ -319,11 +294,9 @@ def _moved(order: list[str], target: list[str]) -> list[str]:
 
 
 def repair_cells(nb, reference: dict) -> list[str]:
-    """Repair the cells of a submitted notebook in place; return the notes.
-
-    After it, ``nb`` has every cell of ``reference`` (``Instructor.reference``) exactly once, in the instructor's
-    order, with its nbgrader metadata; each carries the student's ordinary cells that followed it.
-    """
+    """Repair the cells of a submitted notebook in place and return the notes: after it, ``nb`` has every cell of
+    ``reference`` exactly once, in order, with its nbgrader metadata, each followed by the student's cells that
+    followed it."""
     cells, notes = _deduplicate(list(nb.cells), reference)
     notes += _restore_edits(cells, reference)
     head, segments = _segments(cells)
@@ -356,17 +329,11 @@ def repair_kernelspec(nb, source_nb) -> list[str]:
     return [f"kernelspec {was!r} replaced by the instructor's {theirs.get('name')!r}"]
 
 
-def stage_submission(
-    course_root: Path, lab: str, student: str, staging_root: Path, instructor: Instructor | None = None
-) -> Staged:
-    """Write the repaired copy of ``submitted/<student>/<lab>/`` into ``staging_root/<student>/<lab>/``.
-
-    ``instructor`` (``Instructor.load(course_root, lab)``) saves reading the instructor's notebook again. Student
-    text quoted in the notes and the reason has its control characters escaped (``course.quoting``).
-
-    Raises:
-        NotebookError: the instructor's notebook ``source/<lab>/<lab>.ipynb`` cannot be read.
-    """
+def stage_submission(course_root: Path, lab: str, student: str, staging_root: Path,
+                     instructor: Instructor | None = None) -> Staged:
+    """Write the repaired copy of ``submitted/<student>/<lab>/`` into ``staging_root/<student>/<lab>/``, with student
+    text in the notes and the reason escaped (``course.quoting``). ``instructor`` saves reading the instructor's
+    notebook again; NotebookError when it cannot be read."""
     staged = _stage(course_root, lab, student, staging_root, instructor)
     staged.notes = [escape_controls(note) for note in staged.notes]
     staged.reason = escape_controls(staged.reason)
@@ -426,12 +393,8 @@ def _stage_and_scan(course_root: Path, lab: str, student: str, staging_root: Pat
 
 
 class ClassStaging:
-    """Every student's submission staged and scanned in a thread, one after another in the order of ``students``,
-    while grading goes on: ``get(student)`` waits for that submission only.
-
-    Raises:
-        NotebookError: the instructor's notebook cannot be read.
-    """
+    """Every student's submission staged and scanned in a thread, in the order of ``students``, while grading goes
+    on: ``get(student)`` waits for that submission only. Raises NotebookError: no instructor's notebook."""
 
     def __init__(self, course_root: Path, lab: str, students: list[str], staging_root: Path):
         self.students = list(students)
@@ -441,11 +404,7 @@ class ClassStaging:
                         for student in self.students}
 
     def get(self, student: str) -> Staged:
-        """The staged submission of ``student`` (one of ``students``), once it is staged.
-
-        Raises:
-            CancelledError: the staging was closed before it.
-        """
+        """The staged submission of ``student``, once it is staged (CancelledError when staging was closed first)."""
         return self._staged[student].result()
 
     def all(self) -> dict[str, Staged]:
@@ -497,7 +456,6 @@ def _edit_grades(course_root: Path, lab: str, student: str, edit, create: bool, 
     results = []
     with warnings.catch_warnings(), Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
         warnings.simplefilter("ignore", SAWarning)  # nbgrader's add_submission warns about its own session use
-        submission = None
         if create:
             gb.update_or_create_student(student)
             submission = gb.update_or_create_submission(lab, student, **submission_fields)
@@ -505,7 +463,7 @@ def _edit_grades(course_root: Path, lab: str, student: str, edit, create: bool, 
             try:
                 submission = gb.find_submission(lab, student)
             except MissingEntry:
-                pass
+                submission = None
         if submission is not None:
             results = [edit(grade) for notebook in submission.notebooks for grade in notebook.grades]
             gb.db.commit()
