@@ -45,9 +45,7 @@ def prepare_gradebook(course_root: Path, lab: str) -> None:
 def list_students(course_root: Path, lab: str) -> list[str]:
     """Students with a submission folder for ``lab`` under ``submitted/``, sorted."""
     submitted = course_root / "submitted"
-    if not submitted.is_dir():
-        return []
-    return sorted(p.name for p in submitted.iterdir() if (p / lab).is_dir())
+    return sorted(p.name for p in submitted.iterdir() if (p / lab).is_dir()) if submitted.is_dir() else []
 
 
 # Why an nbgrader process failed, by what its output shows; the first match wins.
@@ -130,11 +128,9 @@ def _autograde_once(course_root: Path, lab: str, student: str, timeout_s: float,
 
 def sandbox_status() -> str:
     """One line on whether grading kernels ran in the sandbox (docs/SECURITY.md)."""
-    mode = sandbox_mode()
-    if mode == "off":
+    if sandbox_mode() == "off":
         return "sandbox: off (EFFICIENT_AI_SANDBOX=off): student code ran with the grader's rights"
-    reason = unavailable_reason()
-    if reason:
+    if reason := unavailable_reason():
         return f"sandbox: NOT used: {reason}. Student code ran with the grader's rights (docs/SECURITY.md)"
     return "sandbox: every grading kernel ran in bubblewrap (no network, no view of the course folder)"
 
@@ -269,7 +265,7 @@ def grade_staged(course_root: Path, lab: str, staged: ClassStaging, staging: Pat
     students = staged.students
     done = set(already_graded(course_root, lab, students)) if resume else set()
     outcomes = {s: with_grading_report(Outcome(s, "ok"), course_root / "autograded" / s / lab / GRADING_REPORT)
-                for s in done}  # a partial run stays one
+                for s in done}  # with what that run reported (a partial run stays one)
     for outcome in outcomes.values():
         outcome.reason = "graded by an earlier run" + (f": {outcome.reason}" if outcome.reason else "")
     todo = [s for s in students if s not in done]

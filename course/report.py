@@ -27,9 +27,7 @@ class QuestionScore:
 
     def cell(self) -> str:
         """Compact table entry: ``4/5`` autograded, ``+2?`` manual points still to grade."""
-        parts = []
-        if self.auto_max:
-            parts.append(f"{self.auto_score:g}/{self.auto_max:g}")
+        parts = [f"{self.auto_score:g}/{self.auto_max:g}"] if self.auto_max else []
         if self.manual_max:
             parts.append(f"+{self.manual_max:g}?" if self.manual_pending else f"+{self.manual_score:g}/{self.manual_max:g}m")
         return " ".join(parts)
@@ -62,6 +60,13 @@ def _points(value: float) -> str:
     return f"{round(value, 2):g}"
 
 
+def _part_cell(entry: QuestionScore | None) -> str:
+    """A part's autograded points (``14/15``); "" when nothing in it is autograded, ``-`` when it is not there."""
+    if entry is None:
+        return "-"
+    return f"{_points(entry.auto_score)}/{_points(entry.auto_max)}" if entry.auto_max else ""
+
+
 def score_table(lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-student table, a part of the lab per column (grades.csv has every question).
 
@@ -76,9 +81,7 @@ def score_table(lab: str, outcomes: dict[str, Outcome], scores: dict[str, Submis
     rows = []
     for student in sorted(outcomes):
         outcome, sub, grouped = outcomes[student], scores.get(student), per_part.get(student, {})
-        cells = ["-" if part not in grouped else
-                 f"{_points(grouped[part].auto_score)}/{_points(grouped[part].auto_max)}" if grouped[part].auto_max else ""
-                 for part in ordered]
+        cells = [_part_cell(grouped.get(part)) for part in ordered]
         auto = "0"
         if sub:
             core = [c for c in sub.cells.values() if c.autograded and not c.bonus]
@@ -129,9 +132,8 @@ def flagged_for_review(outcomes: dict[str, Outcome], width: int = TABLE_WIDTH) -
     for student in sorted(s for s, o in outcomes.items() if o.flags):
         line = escape_controls(f"  {student} ({len(outcomes[student].flags)}): " + "; ".join(outcomes[student].flags))
         lines.append(line if len(line) <= width else line[: width - 24] + " ... (see grades.csv)")
-    if not lines:
-        return ""
-    return "\n".join(["flagged for review (flags never change a score; read the student's cells):", *lines])
+    header = "flagged for review (flags never change a score; read the student's cells):"
+    return "\n".join([header, *lines]) if lines else ""
 
 
 def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores],

@@ -123,14 +123,10 @@ def load_submitted_notebook(path: Path) -> tuple[nbformat.NotebookNode, list[str
         except Exception as exc:  # noqa: BLE001 - nbformat raises several types
             raise NotebookError(f"an old notebook format nbformat cannot convert: {exc}") from None
     metadata = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+    rebuilt = [_rebuild_cell(cell) for cell in raw["cells"]]
+    dropped = [str(index) for index, cell in enumerate(rebuilt) if cell is None]
     nb = nbformat.v4.new_notebook(metadata=copy.deepcopy(metadata))
-    dropped = []
-    for index, cell in enumerate(raw["cells"]):
-        rebuilt = _rebuild_cell(cell)
-        if rebuilt is None:
-            dropped.append(str(index))
-        else:
-            nb.cells.append(rebuilt)
+    nb.cells = [cell for cell in rebuilt if cell is not None]  # validated by _ensure_valid, once repaired
     _ensure_valid(nb)
     return nb, [f"unreadable cells dropped: {', '.join(dropped)}"] if dropped else []
 
@@ -145,9 +141,7 @@ def _rebuild_cell(cell) -> nbformat.NotebookNode | None:
     if not isinstance(source, str):
         return None
     metadata = copy.deepcopy(cell["metadata"]) if isinstance(cell.get("metadata"), dict) else {}
-    new = getattr(nbformat.v4, f"new_{cell['cell_type']}_cell")(source=source, metadata=metadata)
-    if isinstance(cell.get("id"), str):
-        new["id"] = cell["id"]
+    new = _new_cell(cell["cell_type"], source, metadata, cell.get("id") if isinstance(cell.get("id"), str) else None)
     if cell["cell_type"] != "code" and isinstance(cell.get("attachments"), dict):
         new["attachments"] = copy.deepcopy(cell["attachments"])
     return new
@@ -266,8 +260,11 @@ def _metadata_changes(mine: dict, theirs: dict) -> list[str]:
 
 def _from_reference(ref, cell_id: str | None, source: str | None = None) -> nbformat.NotebookNode:
     """A new cell like the instructor's release cell ``ref`` (optionally with another source)."""
-    new = getattr(nbformat.v4, f"new_{ref.cell_type}_cell")(source=ref.source if source is None else source,
-                                                            metadata=copy.deepcopy(ref.metadata))
+    return _new_cell(ref.cell_type, ref.source if source is None else source, copy.deepcopy(ref.metadata), cell_id)
+
+
+def _new_cell(cell_type: str, source: str, metadata: dict, cell_id: str | None) -> nbformat.NotebookNode:
+    new = getattr(nbformat.v4, f"new_{cell_type}_cell")(source=source, metadata=metadata)
     if cell_id:
         new["id"] = cell_id
     return new
