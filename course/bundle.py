@@ -1,9 +1,8 @@
 """bundle: what students get of a lab, written outside this repository (which holds every solution and hidden test).
 
 ``python -m course bundle [labs...] --out DIR`` writes, per lab, ``DIR/labN/`` (ready to push to a public student
-repository) and ``DIR/labN.zip`` (the same folder, for an LMS). Each holds exactly what ``release/labN/`` holds (the
-notebook, ``utils.py``, ``checks.py``, ``assets/``) and a README for students, and nothing else: both are checked
-before the command reports success, with ``course.lint``'s release leak check run on every text file in them.
+repository) and ``DIR/labN.zip`` (the same folder, for an LMS): exactly ``release/labN/``'s files and a README for
+students, checked for solution and hidden-test text (``course.lint.check_release_leaks``) before success.
 """
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ README_TEMPLATE = Path(__file__).parent / "templates" / "student_bundle" / "READ
 README = "README.md"
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # one fixed date: the same bundle zips to the same bytes
 SKIPPED = ("__pycache__", ".ipynb_checkpoints")  # what a release folder may gather that is no part of it
+COLAB_PROVIDES = ("jupyterlab", "ipykernel")  # Colab runs its own notebook server and kernel
 
 
 class BundleError(Exception):
@@ -42,45 +42,35 @@ def zip_files(zip_path: Path, lab: str) -> dict[str, bytes]:
                 archive.read(name) for name in archive.namelist() if not name.endswith("/")}
 
 
-COLAB_PROVIDES = ("jupyterlab", "ipykernel")  # Colab runs its own notebook server and kernel
-
-
 def pip_requirements(requirements: Path, leave_out: tuple[str, ...] = ()) -> str:
-    """The requirement specifiers of a requirements file, shell-quoted on one line (``pip install`` arguments),
-    without the packages named in ``leave_out``."""
+    """The specifiers of a requirements file as shell-quoted ``pip install`` arguments, less those in ``leave_out``."""
     specs = [line.split(" #")[0].strip() for line in requirements.read_text().splitlines()]
     specs = [spec for spec in specs if spec and not spec.startswith(("#", "-"))]
     return " ".join(shlex.quote(spec) for spec in specs if not spec.startswith(leave_out))
 
 
-def student_readme(lab: str, notebook_text: str, requirements: Path) -> str:
-    """The bundle's README for students: opening the lab locally and on Colab, and what to submit."""
-    nb = nbformat.reads(notebook_text, as_version=NB_VERSION)
-    first = next((cell.source for cell in nb.cells if cell.cell_type == "markdown"), "")
-    title = next((line[2:].strip() for line in first.splitlines() if line.startswith("# ")), lab)
-    return README_TEMPLATE.read_text().format(
-        title=title, lab_title=title.split(":")[0], lab=lab, requirements=pip_requirements(requirements),
-        colab_requirements=pip_requirements(requirements, COLAB_PROVIDES))
-
-
 def bundle_contents(lab: str, root: Path = REPO_ROOT) -> dict[str, bytes]:
-    """What a lab's bundle holds: ``release/<lab>/``'s files and the students' README."""
+    """What a lab's bundle holds: ``release/<lab>/``'s files and the students' README (opening the lab locally and
+    on Colab, what to submit)."""
     files = release_files(root / "release" / lab)
     notebook = f"{lab}.ipynb"
     if notebook not in files:
         raise BundleError(f"{root / 'release' / lab / notebook} is missing: run `python -m course build {lab}`")
-    files[README] = student_readme(lab, files[notebook].decode(), root / "requirements.txt").encode()
+    nb = nbformat.reads(files[notebook].decode(), as_version=NB_VERSION)
+    first = next((cell.source for cell in nb.cells if cell.cell_type == "markdown"), "")
+    title = next((line[2:].strip() for line in first.splitlines() if line.startswith("# ")), lab)
+    requirements = root / "requirements.txt"
+    files[README] = README_TEMPLATE.read_text().format(
+        title=title, lab_title=title.split(":")[0], lab=lab, requirements=pip_requirements(requirements),
+        colab_requirements=pip_requirements(requirements, COLAB_PROVIDES)).encode()
     return files
 
 
 def check_bundle(lab: str, files: dict[str, bytes], root: Path = REPO_ROOT) -> list[str]:
     """Problems of a bundle's files (empty when none): a file that is not the release's or the README, a release
-    file missing or changed, and solution or hidden-test text (``course.lint.check_release_leaks``).
-
-    The notebook and the README get the whole leak check (delimiters, and every line of a solution or hidden test).
-    The other text files (``utils.py``, ``checks.py``) are the course's public helpers, byte for byte those of
-    ``release/``: they share short lines with solutions and hidden tests (``start = time.perf_counter()``), so only
-    the delimiters are looked for in them."""
+    file missing or changed, and solution or hidden-test text. The notebook and the README get the whole leak check;
+    ``utils.py`` and ``checks.py`` share short lines with solutions (``start = time.perf_counter()``), so only
+    delimiters are looked for in them."""
     release = release_files(root / "release" / lab)
     problems = [f"{name}: not part of release/{lab}/ nor the README" for name in sorted(set(files) - set(release) - {README})]
     problems += [f"{name}: missing (release/{lab}/ has it)" for name in sorted(set(release) - set(files))]
@@ -93,16 +83,15 @@ def check_bundle(lab: str, files: dict[str, bytes], root: Path = REPO_ROOT) -> l
     for name, content in sorted(files.items()):
         try:
             text = content.decode()
-        except UnicodeDecodeError:
-            continue  # a figure
-        try:
             nb = (nbformat.reads(text, as_version=NB_VERSION) if name.endswith(".ipynb")
                   else nbformat.v4.new_notebook(cells=[nbformat.v4.new_raw_cell(text)]))
+        except UnicodeDecodeError:
+            continue  # a figure
         except Exception as exc:  # noqa: BLE001 - nbformat raises several types for malformed JSON
             problems.append(f"{name}: not a readable notebook ({type(exc).__name__})")
             continue
-        full = name.endswith(".ipynb") or name == README
-        against = source_nb if full else nbformat.v4.new_notebook()  # no lines to match: delimiters only
+        full = name.endswith(".ipynb") or name == README  # else no lines to match against: delimiters only
+        against = source_nb if full else nbformat.v4.new_notebook()
         problems += [f"{name}: {problem.message}" for problem in check_release_leaks(lab, against, nb)]
     return problems
 
@@ -143,8 +132,7 @@ def write_bundle(lab: str, out_dir: Path, root: Path = REPO_ROOT) -> tuple[Path,
     write_folder(files, folder)
     write_zip(files, zip_path, lab)
     written = {"folder": release_files(folder), "zip": zip_files(zip_path, lab)}
-    problems = [f"{kind}: {problem}" for kind, found in written.items() for problem in check_bundle(lab, found, root)]
-    if problems:
+    if problems := [f"{kind}: {problem}" for kind, found in written.items() for problem in check_bundle(lab, found, root)]:
         shutil.rmtree(folder)
         zip_path.unlink()
         raise BundleError("\n".join(problems))
@@ -163,7 +151,6 @@ def main(labs: list[str], out_dir: Path, root: Path = REPO_ROOT) -> int:
         except BundleError as exc:
             print(f"bundle {lab}: FAILED\n{exc}")
             return 1
-        count = len(release_files(folder))
-        print(f"bundle {lab}: {folder}/ and {zip_path} ({count} files; checked: the release's files and "
-              f"{README} only, no solution or hidden-test text)")
+        print(f"bundle {lab}: {folder}/ and {zip_path} ({len(release_files(folder))} files; checked: the release's "
+              f"files and {README} only, no solution or hidden-test text)")
     return 0

@@ -1,8 +1,8 @@
 """check: the instructor's pre-release gate for a lab.
 
 1. lint (docs/AUTHORING.md rules, and ``source/``/``release/`` up to date with ``labs/`` and ``utils.py``);
-2. autograde the reference solution (the release with every answer filled from the source): this executes the
-   whole notebook at quick scale with the hidden tests restored, and must earn every autograded point;
+2. autograde the reference solution (the release with every answer filled from the source, hidden tests restored,
+   at quick scale): it must earn every autograded point;
 3. autograde the blank release: it must earn zero;
 4. print the per-question table. Exit status 1 on any failure, with the reason.
 """
@@ -35,21 +35,18 @@ def grade_reference_and_blank(lab: str, root: Path, workdir: Path) -> tuple[dict
 def grading_problems(lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> list[Problem]:
     """Reference: every autograded cell full marks. Blank: every autograded cell zero."""
     problems = []
-    for student in (REFERENCE, BLANK):
-        outcome = outcomes[student]
-        if outcome.status != "ok":
-            problems.append(Problem(lab, f"{student} submission", f"autograde failed: {outcome.reason}"))
-        sub = scores.get(student)
-        if sub is None:
+    for student, failure in ((REFERENCE, "the reference solution fails this test"),
+                             (BLANK, "this test passes without an answer")):
+        if outcomes[student].status != "ok":
+            problems.append(Problem(lab, f"{student} submission", f"autograde failed: {outcomes[student].reason}"))
+        if student not in scores:
             problems.append(Problem(lab, f"{student} submission", "no scores in the gradebook"))
             continue
-        for cell in sub.cells.values():
-            if not cell.autograded:
-                continue
-            if student == REFERENCE and cell.score != cell.max_score:
-                problems.append(Problem(lab, f"reference ({cell.grade_id})", f"earned {cell.score:g} of {cell.max_score:g}: the reference solution fails this test"))
-            if student == BLANK and cell.score != 0:
-                problems.append(Problem(lab, f"blank ({cell.grade_id})", f"earned {cell.score:g} of {cell.max_score:g}: this test passes without an answer"))
+        for cell in scores[student].cells.values():
+            expected = cell.max_score if student == REFERENCE else 0
+            if cell.autograded and cell.score != expected:
+                problems.append(Problem(lab, f"{student} ({cell.grade_id})",
+                                        f"earned {cell.score:g} of {cell.max_score:g}: {failure}"))
     return problems
 
 
@@ -60,20 +57,16 @@ def question_table(scores: dict[str, SubmissionScores]) -> str:
     lines = [f"{'question':<16}{'points':>7}{'autograded':>11}{'reference':>10}{'blank':>7}"]
     for key in sorted(ref, key=question_sort_key):
         q = ref[key]
-        total = q.auto_max + q.manual_max
-        auto = lambda v: f"{v:g}" if q.auto_max else "-"  # noqa: E731
-        blank_auto = blank[key].auto_score if key in blank else None
-        lines.append(f"{question_label(key):<16}{total:>7g}{auto(q.auto_max):>11}{auto(q.auto_score):>10}"
-                     f"{auto(blank_auto) if blank_auto is not None else '-':>7}")
+        auto = lambda v: f"{v:g}" if q.auto_max and v is not None else "-"  # noqa: E731
+        lines.append(f"{question_label(key):<16}{q.auto_max + q.manual_max:>7g}{auto(q.auto_max):>11}"
+                     f"{auto(q.auto_score):>10}{auto(blank[key].auto_score if key in blank else None):>7}")
     return "\n".join(lines)
 
 
 def check_lab(lab: str, root: Path = REPO_ROOT, execute: bool = True) -> list[Problem]:
     """Run every check of one lab; print its table; return the problems found."""
     problems = lint_lab(lab, root)
-    if not execute:
-        return problems
-    if any(p.where == "notebooks" for p in problems):
+    if not execute or any(p.where == "notebooks" for p in problems):
         return problems  # nothing to execute
     with tempfile.TemporaryDirectory(prefix=f"efficient-ai-check-{lab}-") as tmp:
         try:
@@ -88,11 +81,11 @@ def check_lab(lab: str, root: Path = REPO_ROOT, execute: bool = True) -> list[Pr
 
 
 def main(labs: list[str], root: Path = REPO_ROOT, execute: bool = True) -> int:
-    all_problems: list[Problem] = []
+    failed = False
     for lab in labs:
         problems = check_lab(lab, root, execute)
-        all_problems += problems
+        failed = failed or bool(problems)
         print(f"check {lab}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
         for problem in problems:
             print(f"  {problem}")
-    return 1 if all_problems else 0
+    return 1 if failed else 0

@@ -1,9 +1,8 @@
 """demo: the main job on its embedded default: build, grade a small demo class, print the table.
 
-The demo class lives in ``demo/`` (ignored by git) with its own SQLite gradebook ``demo/gradebook.db``:
-``demo-reference`` (the reference solution), ``demo-blank`` (the release as handed out) and ``demo-partial``
-(the reference with every other autograded question left blank). The demo checks the scores it gets against
-the ones it expects and exits non-zero if they differ.
+The demo class lives in ``demo/`` (ignored by git) with its own SQLite gradebook: ``demo-reference`` (the reference
+solution), ``demo-blank`` (the release as handed out) and ``demo-partial`` (the reference with every other
+autograded question left blank). The demo exits non-zero unless each earns exactly the score expected of it.
 """
 from __future__ import annotations
 
@@ -28,16 +27,12 @@ from .report import TABLE_LEGEND, format_table, score_table
 
 
 def partial_answer_ids(source_nb) -> tuple[set[str], set[str]]:
-    """Solution cells the partial submission answers, and the autograded questions that leaves answered.
-
-    Every other autograded question (1st, 3rd, ...) in lab order is answered; the rest stay blank.
-    """
+    """Solution cells the partial submission answers (those of every other autograded question in lab order: 1st,
+    3rd, ...), and the autograded questions that leaves answered."""
     questions = sorted(autograded_points_by_question(source_nb), key=question_sort_key)
     answered_questions = set(questions[::2])
-    answered_cells = {
-        gid for cell in source_nb.cells
-        if is_solution(cell) and (gid := grade_id(cell)) and question_key(gid) in answered_questions
-    }
+    answered_cells = {gid for cell in source_nb.cells
+                      if is_solution(cell) and (gid := grade_id(cell)) and question_key(gid) in answered_questions}
     return answered_cells, answered_questions
 
 
@@ -50,10 +45,8 @@ def demo_class(lab: str, root: Path, course: Path) -> dict[str, float]:
     submissions = {
         "demo-reference": (make_submission(release_nb, source_nb), sum(points.values())),
         "demo-blank": (release_nb, 0.0),
-        "demo-partial": (
-            make_submission(release_nb, source_nb, answered_cells),
-            sum(points[q] for q in answered_questions),
-        ),
+        "demo-partial": (make_submission(release_nb, source_nb, answered_cells),
+                         sum(points[q] for q in answered_questions)),
     }
     for student, (nb, _) in submissions.items():
         write_notebook(nb, course / "submitted" / student / lab / f"{lab}.ipynb")
@@ -61,46 +54,35 @@ def demo_class(lab: str, root: Path, course: Path) -> dict[str, float]:
 
 
 def mismatches(expected: dict[str, float], scores: dict[str, SubmissionScores]) -> list[str]:
-    out = []
-    for student, want in expected.items():
-        got = scores[student].autograded_score() if student in scores else None
-        if got != want:
-            out.append(f"{student}: expected {want:g} autograded points, got {got}")
-    return out
+    got = {student: scores[student].autograded_score() if student in scores else None for student in expected}
+    return [f"{student}: expected {want:g} autograded points, got {got[student]}"
+            for student, want in expected.items() if got[student] != want]
 
 
 def main(lab: str = "lab1", root: Path = REPO_ROOT, course: Path | None = None) -> int:
     course = course or root / "demo"
+    where = course.relative_to(root) if course.is_relative_to(root) else course
     print(f"1/3 build {lab}")
     if build.main([lab], root) != 0:
         return 1
-    print(f"2/3 demo class in {course.relative_to(root) if course.is_relative_to(root) else course}/ "
-          f"(reference, blank, partial)")
+    print(f"2/3 demo class in {where}/ (reference, blank, partial)")
     if course.exists():
         shutil.rmtree(course)
     make_course_dir(course, [lab], root)
     expected = demo_class(lab, root, course)
     print(f"3/3 autograde into the SQLite gradebook {course.name}/gradebook.db")
     outcomes, scores = grade_lab(course, lab, sorted(expected), out_dir=course / "grading" / lab)
-    header, rows = score_table(lab, outcomes, scores)
     print()
-    print(format_table(header, rows))
+    print(format_table(*score_table(lab, outcomes, scores)))
     print(TABLE_LEGEND)
     print(f"\ngrades.csv and scores.png are in {course / 'grading' / lab}")
     problems = mismatches(expected, scores)
     for problem in problems:
         print(f"UNEXPECTED: {problem}")
-    if not problems:
-        print("demo: every submission earned exactly the autograded points expected of it.")
-        print(next_steps(lab, course, root))
-    return 1 if problems else 0
-
-
-def next_steps(lab: str, course: Path, root: Path) -> str:
-    """Copy-paste commands for the demo class: grade written answers, then feedback (the TA's next steps)."""
-    where = course.relative_to(root) if course.is_relative_to(root) else course
-    return (
-        "\nNext steps with the demo class:\n"
-        f"  (cd {where} && jupyter lab)   # then Nbgrader > Formgrader: grade the written answers of {lab}\n"
-        f"  python -m course feedback {lab} --course-dir {where}   # feedback/<student>/{lab}/{lab}.html"
-    )
+    if problems:
+        return 1
+    print("demo: every submission earned exactly the autograded points expected of it.")
+    print("\nNext steps with the demo class:\n"
+          f"  (cd {where} && jupyter lab)   # then Nbgrader > Formgrader: grade the written answers of {lab}\n"
+          f"  python -m course feedback {lab} --course-dir {where}   # feedback/<student>/{lab}/{lab}.html")
+    return 0

@@ -1,22 +1,15 @@
 """feedback: generate feedback HTML for autograded submissions and release it.
 
-``nbgrader generate_feedback`` writes ``feedback/<student>/<lab>/<lab>.html``; hidden test source is replaced by
-a one-line note (``course.nbgrader_ext.StripHiddenTests``). With ``--exchange DIR`` the feedback is also released
-into an nbgrader exchange folder, where students fetch it with ``nbgrader fetch_feedback``.
+``nbgrader generate_feedback`` writes ``feedback/<student>/<lab>/<lab>.html``, hidden test source replaced by a
+one-line note (``course.nbgrader_ext.StripHiddenTests``). With ``--exchange DIR`` the feedback is also released into
+an nbgrader exchange folder, where students fetch it with ``nbgrader fetch_feedback``.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from .nbgrader_run import read_scores, run_nbgrader
-from .notebooks import (
-    grade_id,
-    is_autograded_test,
-    is_bonus_id,
-    nbgrader_meta,
-    question_key,
-    question_label,
-)
+from .notebooks import grade_id, is_autograded_test, is_bonus_id, nbgrader_meta, question_key, question_label
 from .paths import REPO_ROOT
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"  # course_feedback: nbgrader's feedback page, a table of questions
@@ -30,11 +23,11 @@ def _points(value) -> float | None:
 
 
 def question_rows(nb) -> list[dict]:
-    """The feedback page's summary: one row per question, in the lab's order, for the ``course_feedback`` template.
+    """The feedback page's summary (the ``course_feedback`` template): one row per question, in the lab's order.
 
     Each row: ``label`` ("Question 3.1.1"), ``anchor`` (the grade id of its first graded cell, which the page links
-    to), ``autograded``, ``ta`` and ``bonus`` as ``[score, points]`` or None (a score is None while a TA has not
-    graded it), and ``comments``: the TA's comments on its cells. Reads what nbgrader's ``GetGrades`` (and
+    to), ``autograded``, ``ta`` and ``bonus`` as ``[score, points]`` or None (a score is None until a TA grades it),
+    and ``comments``: the TA's comments on its cells. Reads the grades nbgrader's ``GetGrades`` (and
     ``ShowBonusPoints``: a bonus cell's own points) wrote into each cell's metadata."""
     rows: dict[str, dict] = {}
     for cell in nb.cells:
@@ -47,14 +40,21 @@ def question_rows(nb) -> list[dict]:
                                     "autograded": None, "ta": None, "bonus": None, "comments": []})
         column = "bonus" if is_bonus_id(key) else "autograded" if is_autograded_test(cell) else "ta"
         score, points = _points(meta.get("score")), _points(meta.get("points")) or 0.0
-        if row[column] is None:
-            row[column] = [score, points]
-        else:
-            earlier = row[column][0]
-            row[column] = [None if earlier is None or score is None else earlier + score, row[column][1] + points]
+        if row[column] is not None:
+            earlier, earlier_points = row[column]
+            score = None if earlier is None or score is None else earlier + score
+            points += earlier_points
+        row[column] = [score, points]
         if meta.get("comment"):
             row["comments"].append(str(meta["comment"]))
     return list(rows.values())
+
+
+def _run(course_root: Path, args: list[str]) -> None:
+    """Run nbgrader in ``course_root``; raise RuntimeError (with its output's tail) when it fails."""
+    result = run_nbgrader(course_root, args)
+    if not result.ok:
+        raise RuntimeError(f"nbgrader {args[0]} {args[1]} failed:\n{result.tail(20)}")
 
 
 def generate_feedback(course_root: Path, lab: str, students: list[str] | None = None) -> list[Path]:
@@ -65,33 +65,23 @@ def generate_feedback(course_root: Path, lab: str, students: list[str] | None = 
     """
     # nbgrader takes one --student (a name or a glob) per run: one run for everyone, or one per named student.
     for student in students or [None]:
-        args = ["generate_feedback", lab, "--force", *(["--student", student] if student else [])]
-        result = run_nbgrader(course_root, args)
-        if not result.ok:
-            raise RuntimeError(f"nbgrader generate_feedback {lab} failed:\n{result.tail(20)}")
+        _run(course_root, ["generate_feedback", lab, "--force", *(["--student", student] if student else [])])
     if students:
         return sorted(path for student in students for path in (course_root / "feedback" / student / lab).glob("*.html"))
     return sorted((course_root / "feedback").glob(f"*/{lab}/*.html"))
 
 
 def ungraded_answers(course_root: Path, lab: str, students: list[str] | None = None) -> dict[str, list[str]]:
-    """Cells still waiting for a TA's score (written answers, plots), by student; students with none are left out.
-
-    nbgrader shows such a cell as 0 points in feedback, which reads as a grade.
-    """
-    waiting = {}
-    for student, scores in read_scores(course_root, lab, students).items():
-        cells = sorted(gid for gid, cell in scores.cells.items() if cell.needs_manual_grade)
-        if cells:
-            waiting[student] = cells
-    return waiting
+    """Cells still waiting for a TA's score (written answers, plots), by student; students with none are left out
+    (nbgrader's feedback shows such a cell as 0 points, which reads as a grade)."""
+    waiting = {student: sorted(gid for gid, cell in scores.cells.items() if cell.needs_manual_grade)
+               for student, scores in read_scores(course_root, lab, students).items()}
+    return {student: cells for student, cells in waiting.items() if cells}
 
 
 def release_feedback(course_root: Path, lab: str, exchange: Path) -> None:
     exchange.mkdir(parents=True, exist_ok=True)
-    result = run_nbgrader(course_root, ["release_feedback", lab, f"--Exchange.root={exchange}"])
-    if not result.ok:
-        raise RuntimeError(f"nbgrader release_feedback {lab} failed:\n{result.tail(20)}")
+    _run(course_root, ["release_feedback", lab, f"--Exchange.root={exchange}"])
 
 
 def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None, exchange: str | None = None,

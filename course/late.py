@@ -1,15 +1,8 @@
 """Late submissions: the course's late-penalty policy (an nbgrader plugin) and the penalties the gradebook holds.
 
 nbgrader's ``AssignLatePenalties`` (in the autograde pipeline) asks the plugin for a penalty when a submission's
-``timestamp.txt`` is after the lab's due date in the gradebook, and records it beside the scores; feedback shows it.
-The policy is one option, ``c.LateSubmissionPlugin.penalty_method`` in ``nbgrader_config.py``:
-
-- ``"none"``: no penalty (nbgrader's default);
-- ``"zero"``: a late submission scores 0 (nbgrader's);
-- ``"percent_per_day"``: ``c.LatePenalty.percent_per_day`` percent of the score per day late or part of one.
-
-The penalty is computed when the submission is autograded, from the points known then: points a TA gives written
-answers afterwards are not penalised.
+``timestamp.txt`` is after the lab's due date, and records it beside the scores; feedback shows it. The penalty is
+computed from the points known at autograde time: points a TA gives written answers afterwards are not penalised.
 """
 from __future__ import annotations
 
@@ -18,6 +11,8 @@ from pathlib import Path
 
 from nbgrader.plugins import LateSubmissionPlugin
 from traitlets import Enum, Float
+
+from .paths import COURSE_ID
 
 SECONDS_PER_DAY = 24 * 3600
 
@@ -49,8 +44,7 @@ def late_penalties(course_root: Path, lab: str) -> dict[str, float]:
     """Student id -> the late penalty (points) the gradebook records for the student's submission of ``lab``."""
     from nbgrader.api import Assignment, Gradebook, SubmittedAssignment
 
-    from .nbgrader_run import db_url_for
-    from .paths import COURSE_ID
+    from .nbgrader_run import db_url_for  # not at the top: nbgrader_config.py imports this module
 
     with Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
         rows = (gb.db.query(SubmittedAssignment.student_id, SubmittedAssignment.late_submission_penalty)

@@ -5,11 +5,15 @@ Each rule returns problems that name the lab, the cell and what is wrong; ``chec
 from __future__ import annotations
 
 import ast
+import builtins
+import importlib
 import re
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .boundary import HELPERS_TAG, global_reads
 from .notebooks import (
     BONUS_POINTS,
     COURSE_METADATA,
@@ -42,10 +46,12 @@ from .paths import REPO_ROOT, release_notebook_path, source_notebook_path
 REQUIRED_KEYS = ("grade", "grade_id", "locked", "schema_version", "solution", "task")
 GRADE_ID_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 TABLE_ROW_RE = re.compile(r"^\|\s*\**(?P<kind>Question|Bonus)\s+(?P<number>\d+(?:\.\d+)*)\**\s*\|(?P<rest>.*)\|\s*$")
-MARKERS = (SOLUTION_BEGIN, SOLUTION_END, HIDDEN_BEGIN, HIDDEN_END, MARK_SCHEME_BEGIN, MARK_SCHEME_END)
+REGIONS = ((SOLUTION_BEGIN, SOLUTION_END), (HIDDEN_BEGIN, HIDDEN_END), (MARK_SCHEME_BEGIN, MARK_SCHEME_END))
+MARKERS = tuple(marker for region in REGIONS for marker in region)
 MIN_LEAK_LINE_CHARS = 16  # shorter lines (``return out``) appear in stubs and prose too often to count as leaks
 MARKDOWN_HEADING_RE = re.compile(r"^ {0,3}#{1,6}\s+\S")
 ORDERED_ITEM_RE = re.compile(r"^ {0,3}(?P<number>\d{1,9})[.)](?: |$)")
+CONTRACT_NAMES = {"check", "finish_checks"}  # checks.py's partial-credit names: a test must not shadow them
 
 
 @dataclass(frozen=True)
@@ -65,74 +71,81 @@ def _where(index: int, cell) -> str:
     return f"cell {index}" + (f" ({gid})" if gid else "")
 
 
+def _calls(node, *names: str) -> bool:
+    """Whether ``node`` is a call of a plain name among ``names`` (``print(...)``, not ``x.print(...)``)."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
+
+
+def _last_expression(tree: ast.Module) -> ast.expr | None:
+    """The value of the cell's last statement when that is an expression (what IPython displays)."""
+    last = tree.body[-1] if tree.body else None
+    return last.value if isinstance(last, ast.Expr) else None
+
+
+def _tree(cell) -> ast.Module | None:
+    """The cell's syntax tree; None when it does not parse (``check_test_cells`` reports such test cells)."""
+    try:
+        return ast.parse(cell.source)
+    except SyntaxError:
+        return None
+
+
 def check_metadata(lab: str, nb) -> list[Problem]:
-    """Full schema-3 nbgrader metadata; unique, well-formed grade ids; points on every graded cell."""
+    """Full schema-3 nbgrader metadata; unique, well-formed grade ids; points on every graded cell; a bonus cell's
+    points in the course metadata (nbgrader points 0), and no other cell's there (``course build`` writes both)."""
     problems, seen = [], {}
     for index, cell in enumerate(nb.cells):
         meta = nbgrader_meta(cell)
         if not meta:
             continue
-        where = _where(index, cell)
-        missing = [key for key in REQUIRED_KEYS if key not in meta]
-        if missing:
-            problems.append(Problem(lab, where, f"nbgrader metadata lacks {', '.join(missing)} (schema 3 needs all)"))
+        gid, messages = meta.get("grade_id"), []
+        if missing := [key for key in REQUIRED_KEYS if key not in meta]:
+            messages.append(f"nbgrader metadata lacks {', '.join(missing)} (schema 3 needs all)")
         if meta.get("schema_version") != 3:
-            problems.append(Problem(lab, where, f"schema_version is {meta.get('schema_version')!r}, expected 3"))
-        gid = meta.get("grade_id")
+            messages.append(f"schema_version is {meta.get('schema_version')!r}, expected 3")
         if gid is not None:
             if not GRADE_ID_RE.match(str(gid)):
-                problems.append(Problem(lab, where, f"grade id {gid!r} is not lower-case letters, digits and _"))
+                messages.append(f"grade id {gid!r} is not lower-case letters, digits and _")
             if gid in seen:
-                problems.append(Problem(lab, where, f"grade id {gid!r} is also used by cell {seen[gid]}"))
+                messages.append(f"grade id {gid!r} is also used by cell {seen[gid]}")
             seen.setdefault(gid, index)
         if (meta.get("grade") or meta.get("task")) and not cell_points(cell) > 0:
-            problems.append(Problem(lab, where, "graded cell has no points (points must be > 0)"))
-        problems += [Problem(lab, where, message) for message in _bonus_metadata_problems(cell)]
+            messages.append("graded cell has no points (points must be > 0)")
+        if is_bonus_cell(cell):
+            points = float(meta.get("points", 0) or 0)
+            if points != 0 or BONUS_POINTS not in course_meta(cell):
+                messages.append(f"bonus cell must have nbgrader points 0 and its points in metadata {COURSE_METADATA}."
+                                f"{BONUS_POINTS} (has points {points:g}; run python -m course build)")
+        elif BONUS_POINTS in course_meta(cell):
+            messages.append(f"only bonus cells (grade ids b...) carry {COURSE_METADATA}.{BONUS_POINTS}")
         if is_graded(cell) and question_key(gid) is None:
-            problems.append(Problem(lab, where, f"graded cell id {gid!r} names no question (q<N>_<M>_name or b...)"))
+            messages.append(f"graded cell id {gid!r} names no question (q<N>_<M>_name or b...)")
+        problems += [Problem(lab, _where(index, cell), message) for message in messages]
     return problems
-
-
-def _bonus_metadata_problems(cell) -> list[str]:
-    """A built bonus cell has nbgrader points 0 and its points in the course metadata; no other cell has bonus points
-    (``course build`` writes both; a notebook edited by hand or through the pairing may lose them)."""
-    has_bonus = BONUS_POINTS in course_meta(cell)
-    if is_bonus_cell(cell):
-        nbgrader_points = float(nbgrader_meta(cell).get("points", 0) or 0)
-        if nbgrader_points != 0 or not has_bonus:
-            return [f"bonus cell must have nbgrader points 0 and its points in metadata {COURSE_METADATA}.{BONUS_POINTS} "
-                    f"(has points {nbgrader_points:g}; run python -m course build)"]
-    elif has_bonus:
-        return [f"only bonus cells (grade ids b...) carry {COURSE_METADATA}.{BONUS_POINTS}"]
-    return []
 
 
 def check_points(lab: str, nb) -> list[Problem]:
     """Heading points == metadata points per question; every question has a heading and graded cells."""
-    problems = []
-    headings = find_headings(nb)
-    metadata_points: dict[str, float] = {}
-    for index, cell in enumerate(nb.cells):
+    problems, seen, metadata_points = [], {}, {}
+    for cell in nb.cells:
         key = question_key(grade_id(cell))
         if is_graded(cell) and key:
             metadata_points[key] = metadata_points.get(key, 0.0) + cell_points(cell)
-    seen: dict[str, int] = {}
-    for heading in headings:
-        label = question_label(heading.key)
+    for heading in find_headings(nb):
+        label, where = question_label(heading.key), f"cell {heading.cell_index}"
+        got = metadata_points.get(heading.key)
         if heading.key in seen:
-            problems.append(Problem(lab, f"cell {heading.cell_index}", f"{label} has a second heading (first in cell {seen[heading.key]})"))
+            problems.append(Problem(lab, where, f"{label} has a second heading (first in cell {seen[heading.key]})"))
             continue
         seen[heading.key] = heading.cell_index
-        got = metadata_points.get(heading.key)
         if got is None:
-            problems.append(Problem(lab, f"cell {heading.cell_index}", f"{label} heading has no graded cell (grade ids {heading.key}_...)"))
+            problems.append(Problem(lab, where, f"{label} heading has no graded cell (grade ids {heading.key}_...)"))
         elif got != heading.points:
-            problems.append(
-                Problem(lab, f"cell {heading.cell_index}", f"{label} heading says {heading.points} points, its graded cells' metadata sums to {got:g}")
-            )
-    for key in sorted(set(metadata_points) - set(seen), key=question_sort_key):
-        problems.append(Problem(lab, "headings", f"graded cells {key}_... have no '#### {question_label(key)} (N points)' heading"))
-    return problems
+            problems.append(Problem(lab, where, f"{label} heading says {heading.points} points, its graded cells' "
+                                    f"metadata sums to {got:g}"))
+    return problems + [
+        Problem(lab, "headings", f"graded cells {key}_... have no '#### {question_label(key)} (N points)' heading")
+        for key in sorted(set(metadata_points) - set(seen), key=question_sort_key)]
 
 
 def parse_points_table(nb) -> dict[str, int]:
@@ -142,103 +155,79 @@ def parse_points_table(nb) -> dict[str, int]:
     if first_md is None:
         return rows
     for line in first_md.source.splitlines():
-        match = TABLE_ROW_RE.match(line.strip())
-        if match:
+        if match := TABLE_ROW_RE.match(line.strip()):
             last = match["rest"].split("|")[-1].strip().strip("*")
-            key = ("q" if match["kind"] == "Question" else "b") + match["number"].replace(".", "_")
-            rows[key] = int(last) if last.isdigit() else -1
+            rows[question_key_from_heading(match["kind"], match["number"])] = int(last) if last.isdigit() else -1
     return rows
 
 
-def lab_totals(nb) -> tuple[int, int]:
-    """(core points, bonus points) from the question headings."""
+def lab_total_text(nb) -> str:
+    """The lab's total from its question headings: ``100 + 20 bonus``, or ``100`` without bonus questions."""
     headings = find_headings(nb)
     core = sum(h.points for h in headings if h.key.startswith("q"))
     bonus = sum(h.points for h in headings if h.key.startswith("b"))
-    return core, bonus
-
-
-def totals_text(core: int, bonus: int) -> str:
     return f"{core} + {bonus} bonus" if bonus else f"{core}"
 
 
 def check_points_table(lab: str, nb) -> list[Problem]:
     """The opening points table lists every question with the heading's points, and the right total."""
-    problems = []
     table = parse_points_table(nb)
-    headings = {h.key: h.points for h in find_headings(nb)}
     if not table:
         return [Problem(lab, "first markdown cell", "no points table (rows like '| Question 1.1 | ... | 5 |')")]
+    messages = []
+    headings = {h.key: h.points for h in find_headings(nb)}
     for key, points in headings.items():
         if key not in table:
-            problems.append(Problem(lab, "points table", f"{question_label(key)} is missing"))
+            messages.append(f"{question_label(key)} is missing")
         elif table[key] != points:
-            problems.append(Problem(lab, "points table", f"{question_label(key)} lists {table[key]} points, its heading says {points}"))
-    for key in table.keys() - headings.keys():
-        problems.append(Problem(lab, "points table", f"{question_label(key)} is listed but has no heading in the lab"))
+            messages.append(f"{question_label(key)} lists {table[key]} points, its heading says {points}")
+    messages += [f"{question_label(key)} is listed but has no heading in the lab" for key in table.keys() - headings.keys()]
     first_md = next(cell for cell in nb.cells if cell.cell_type == "markdown")
-    expected_total = totals_text(*lab_totals(nb))
-    if not re.search(r"\*\*\s*" + re.escape(expected_total) + r"\s*\*\*", first_md.source):
-        problems.append(Problem(lab, "points table", f"total row must read **{expected_total}**"))
-    return problems
+    total = lab_total_text(nb)
+    if not re.search(r"\*\*\s*" + re.escape(total) + r"\s*\*\*", first_md.source):
+        messages.append(f"total row must read **{total}**")
+    return [Problem(lab, "points table", message) for message in messages]
 
 
 def check_readme_total(lab: str, nb, readme: Path) -> list[Problem]:
     """README's lab table states the lab's total, e.g. ``| Lab 1 | ... | 100 + 20 bonus |``."""
     if not readme.exists():
         return [Problem(lab, "README.md", "missing")]
-    number = lab[3:]
-    expected = totals_text(*lab_totals(nb))
+    number, total = lab[3:], lab_total_text(nb)
     for line in readme.read_text().splitlines():
         if re.match(rf"^\|\s*\[?Lab {number}\b", line):
-            if re.search(rf"\|\s*{re.escape(expected)}\s*\|", line):
+            if re.search(rf"\|\s*{re.escape(total)}\s*\|", line):
                 return []
-            return [Problem(lab, "README.md", f"the Lab {number} row must state its total '{expected}': {line.strip()}")]
-    return [Problem(lab, "README.md", f"no row '| Lab {number} | ... | {expected} |' in the labs table")]
-
-
-def _shows_nothing(expr: ast.expr) -> bool:
-    """An expression statement whose value IPython displays as nothing: ``None``, or a ``print(...)`` or
-    ``finish_checks(...)`` call (both return None)."""
-    if isinstance(expr, ast.Constant) and expr.value is None:
-        return True
-    return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in ("print", "finish_checks")
+            return [Problem(lab, "README.md", f"the Lab {number} row must state its total '{total}': {line.strip()}")]
+    return [Problem(lab, "README.md", f"no row '| Lab {number} | ... | {total} |' in the labs table")]
 
 
 def check_test_cells(lab: str, nb) -> list[Problem]:
-    """Autograded test cells parse, and do not end in an expression (nbgrader reads a number there as partial credit)."""
+    """Autograded test cells parse, and do not end in an expression (nbgrader reads a number there as partial
+    credit); ``None``, ``print(...)`` and ``finish_checks(...)`` display nothing and are allowed."""
     problems = []
     for index, cell in enumerate(nb.cells):
         if not is_autograded_test(cell):
             continue
         try:
-            tree = ast.parse(cell.source)
+            last = _last_expression(ast.parse(cell.source))
         except SyntaxError as exc:
             problems.append(Problem(lab, _where(index, cell), f"test cell does not parse: {exc.msg} (line {exc.lineno})"))
             continue
-        last = tree.body[-1] if tree.body else None
-        if isinstance(last, ast.Expr) and not _shows_nothing(last.value):
-            problems.append(
-                Problem(lab, _where(index, cell), "test cell ends in an expression; nbgrader would read its value as partial credit (assign it: `_ = ...`)")
-            )
+        shows_nothing = isinstance(last, ast.Constant) and last.value is None or _calls(last, "print", "finish_checks")
+        if last is not None and not shows_nothing:
+            problems.append(Problem(lab, _where(index, cell), "test cell ends in an expression; nbgrader would read "
+                                    "its value as partial credit (assign it: `_ = ...`)"))
     return problems
-
-
-HELPERS_TAG = "test-helpers"
-CONTRACT_NAMES = {"check", "finish_checks"}  # checks.py's partial-credit names: a test must not shadow them
-
-
-def _decorated_kernel_side(node) -> bool:
-    return any(isinstance(d, ast.Name) and d.id == "kernel_side" for d in node.decorator_list)
 
 
 def _comparison_problems(tree: ast.Module) -> list[str]:
     """Comparisons a test or helper cell makes by itself instead of through checks.py (kernel_side probes, which run
     beside the student's code and return data, are left alone)."""
-    found = []
-    skip: set[int] = set()
+    found, skip = [], set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _decorated_kernel_side(node):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                isinstance(d, ast.Name) and d.id == "kernel_side" for d in node.decorator_list):
             skip |= {id(inner) for inner in ast.walk(node) if inner is not node}
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -254,10 +243,9 @@ def _comparison_problems(tree: ast.Module) -> list[str]:
                              "(every form the question allows, no lying subclasses)")
         elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            is_type = any(isinstance(side, ast.Call) and isinstance(side.func, ast.Name) and side.func.id == "type"
-                          for side in sides)
-            is_float = any(isinstance(side, ast.Constant) and type(side.value) is float or isinstance(side, ast.Call)
-                           and isinstance(side.func, ast.Name) and side.func.id == "float" for side in sides)
+            is_type = any(_calls(side, "type") for side in sides)
+            is_float = any(isinstance(side, ast.Constant) and type(side.value) is float or _calls(side, "float")
+                           for side in sides)
             if is_type and any(isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)) for op in node.ops):
                 found.append(f"line {node.lineno}: `{ast.unparse(node)[:60]}` checks a type itself: use checks.py")
             elif is_float and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
@@ -276,29 +264,22 @@ def check_test_contract(lab: str, nb) -> list[Problem]:
     problems = []
     for index, cell in enumerate(nb.cells):
         helpers = cell.cell_type == "code" and HELPERS_TAG in (cell.metadata.get("tags") or ())
-        if not (is_autograded_test(cell) or helpers):
+        tree = _tree(cell) if is_autograded_test(cell) or helpers else None
+        if tree is None:
             continue
-        try:
-            tree = ast.parse(cell.source)
-        except SyntaxError:
-            continue  # check_test_cells reports it
         problems += [Problem(lab, _where(index, cell), message) for message in _comparison_problems(tree)]
-        uses_checks = any(isinstance(node, ast.With) and any(
-            isinstance(item.context_expr, ast.Call) and isinstance(item.context_expr.func, ast.Name)
-            and item.context_expr.func.id == "check" for item in node.items) for node in ast.walk(tree))
-        last = tree.body[-1] if tree.body else None
-        finishes = isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and isinstance(
-            last.value.func, ast.Name) and last.value.func.id == "finish_checks"
-        if uses_checks and not finishes:
+        uses_checks = any(isinstance(node, ast.With) and any(_calls(item.context_expr, "check") for item in node.items)
+                          for node in ast.walk(tree))
+        if uses_checks and not _calls(_last_expression(tree), "finish_checks"):
             problems.append(Problem(lab, _where(index, cell), "a test cell with `check` blocks must end with "
                                     "`finish_checks(...)` (else a failed check passes silently in a notebook)"))
     return problems
 
 
-def _bound_names(tree: ast.Module, folder: Path) -> set[str]:
-    """Names a cell binds at its top level (definitions, assignments, imports; ``*`` imports resolved)."""
+def _bound_names(body: list[ast.stmt], folder: Path) -> set[str]:
+    """Names top-level statements bind (definitions, assignments, imports; ``*`` imports resolved in ``folder``)."""
     names: set[str] = set()
-    for node in tree.body:
+    for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -308,16 +289,11 @@ def _bound_names(tree: ast.Module, folder: Path) -> set[str]:
                 else:
                     names.add(alias.asname or alias.name.split(".")[0])
         else:
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
-                    names.add(sub.id)
+            names |= {sub.id for sub in ast.walk(node) if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store)}
     return names
 
 
 def _star_names(module: str, folder: Path) -> set[str]:
-    import importlib
-    import sys
-
     saved = list(sys.path)
     sys.path.insert(0, str(folder))
     try:
@@ -333,20 +309,12 @@ def check_test_boundary(lab: str, nb, folder: Path = REPO_ROOT) -> list[Problem]
     """Every name a test cell reads is the grader's (an instructor import, a ``test-helpers`` cell) or the
     student's (bound in a cell students edit): never instructor data kept in the kernel, where student code could
     change it (course/boundary.py)."""
-    import builtins
-
-    from .boundary import HELPERS_TAG, global_reads
-
-    grader, student, kernel_only = set(), set(), {}
-    problems = []
+    grader, student, kernel_only, problems = set(), set(), {}, []
     for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
+        tree = _tree(cell) if cell.cell_type == "code" else None
+        if tree is None:
             continue
         meta = nbgrader_meta(cell)
-        try:
-            tree = ast.parse(cell.source)
-        except SyntaxError:
-            continue  # check_test_cells reports test cells that do not parse
         if is_autograded_test(cell):
             reads = global_reads(compile(cell.source, "<test>", "exec")) - grader - set(dir(builtins))
             for name in sorted(reads - student):
@@ -355,17 +323,15 @@ def check_test_boundary(lab: str, nb, folder: Path = REPO_ROOT) -> list[Problem]
                     "no cell before defines it"
                 problems.append(Problem(lab, _where(index, cell), f"the test reads {name!r}, but {where}"))
             continue
-        bound = _bound_names(tree, folder)
-        if meta.get("locked") and not meta.get("solution"):
-            if HELPERS_TAG in (cell.metadata.get("tags") or []):
-                grader |= bound
-            else:
-                imported = _bound_names(ast.Module(body=[n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))],
-                                                   type_ignores=[]), folder)
-                grader |= imported
-                kernel_only.update({name: _where(index, cell) for name in bound - imported})
-        else:
+        bound = _bound_names(tree.body, folder)
+        if not meta.get("locked") or meta.get("solution"):
             student |= bound
+        elif HELPERS_TAG in (cell.metadata.get("tags") or []):
+            grader |= bound
+        else:
+            imported = _bound_names([n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))], folder)
+            grader |= imported
+            kernel_only.update({name: _where(index, cell) for name in bound - imported})
     return problems
 
 
@@ -373,41 +339,33 @@ def check_markers(lab: str, nb) -> list[Problem]:
     """Solution/hidden-test/mark-scheme delimiters come in ordered pairs and sit in the right kind of cell."""
     problems = []
     for index, cell in enumerate(nb.cells):
-        lines = [line.strip() for line in cell.source.splitlines()]
-        for begin, end in ((SOLUTION_BEGIN, SOLUTION_END), (HIDDEN_BEGIN, HIDDEN_END), (MARK_SCHEME_BEGIN, MARK_SCHEME_END)):
+        lines, messages = [line.strip() for line in cell.source.splitlines()], []
+        for begin, end in REGIONS:
             depth = 0
             for line in lines:
-                if line == begin:
-                    depth += 1
-                elif line == end:
-                    depth -= 1
+                depth += (line == begin) - (line == end)
                 if depth not in (0, 1):
                     break
             if depth != 0:
-                problems.append(Problem(lab, _where(index, cell), f"unbalanced {begin!r} / {end!r}"))
+                messages.append(f"unbalanced {begin!r} / {end!r}")
         if SOLUTION_BEGIN in lines and not is_solution(cell):
-            problems.append(Problem(lab, _where(index, cell), "has a solution region but is not a solution cell"))
+            messages.append("has a solution region but is not a solution cell")
         if HIDDEN_BEGIN in lines and not is_autograded_test(cell):
-            problems.append(Problem(lab, _where(index, cell), "has hidden tests but is not an autograded test cell"))
+            messages.append("has hidden tests but is not an autograded test cell")
         if is_solution(cell) and cell.cell_type == "code" and SOLUTION_BEGIN not in lines:
-            problems.append(Problem(lab, _where(index, cell), f"code solution cell has no {SOLUTION_BEGIN!r} region"))
+            messages.append(f"code solution cell has no {SOLUTION_BEGIN!r} region")
+        problems += [Problem(lab, _where(index, cell), message) for message in messages]
     return problems
 
 
 def check_question_statements(lab: str, source_nb, release_nb) -> list[Problem]:
-    """Every question statement reaches students.
-
-    The release replaces a solution cell's text with a stub, so a question heading (or any heading) that sits
-    inside a written-answer cell, typically after a forgotten ``# %% [markdown]`` line, vanishes from the
-    student's notebook. Flag such headings, and every question heading of the source missing from the release.
-    """
+    """Every question statement reaches students: the release replaces a solution cell's text with a stub, so a
+    heading inside a written-answer cell (typically after a forgotten ``# %% [markdown]`` line) vanishes."""
     problems = []
     for index, cell in enumerate(source_nb.cells):
         if cell.cell_type != "markdown" or not is_solution(cell):
             continue
-        for line in cell.source.splitlines():
-            if not MARKDOWN_HEADING_RE.match(line):
-                continue
+        for line in filter(MARKDOWN_HEADING_RE.match, cell.source.splitlines()):
             match = HEADING_RE.match(line.strip())
             what = question_label(question_key_from_heading(match["kind"], match["number"])) if match else "a heading"
             problems.append(Problem(
@@ -415,12 +373,10 @@ def check_question_statements(lab: str, source_nb, release_nb) -> list[Problem]:
                 f"{what} ({line.strip()[:50]!r}) sits inside a solution cell, whose text the release replaces with a "
                 "stub: start a new markdown cell (`# %% [markdown]`) before it"))
     released = {heading.key for heading in find_headings(release_nb)}
-    for heading in find_headings(source_nb):
-        if heading.key not in released:
-            problems.append(Problem(
-                lab, "release", f"{question_label(heading.key)} has no heading in the release notebook: students do "
-                "not see the question"))
-    return problems
+    return problems + [
+        Problem(lab, "release", f"{question_label(heading.key)} has no heading in the release notebook: students do "
+                "not see the question")
+        for heading in find_headings(source_nb) if heading.key not in released]
 
 
 def _rendered_list_lines(markdown: str) -> set[int]:
@@ -435,11 +391,9 @@ def _rendered_list_lines(markdown: str) -> set[int]:
 
 
 def check_numbered_lists(lab: str, nb) -> list[Problem]:
-    """Numbered items render as a list: ``7.`` and ``8.`` right after a line of text are one run-on paragraph.
-
-    CommonMark lets only a list that starts at 1 interrupt a paragraph. An item ``k.`` that is followed in the
-    same cell by an item ``k+1.`` is meant as a list; flag it when it does not render as one.
-    """
+    """Numbered items render as a list: CommonMark lets only a list that starts at 1 interrupt a paragraph, so
+    ``7.`` and ``8.`` right after a line of text are one run-on paragraph. An item ``k.`` followed in the same cell
+    by ``k+1.`` is meant as a list; flag it when it does not render as one."""
     problems = []
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "markdown":
@@ -467,27 +421,23 @@ def _region_lines(source: str, begin: str, end: str) -> list[str]:
 
 def check_release_leaks(lab: str, source_nb, release_nb) -> list[Problem]:
     """The release holds no delimiter, no hidden test line, no solution line and no model answer."""
-    problems = []
     release_text = "\n".join(cell.source for cell in release_nb.cells)
     release_lines = {line.strip() for line in release_text.splitlines()}
-    for marker in MARKERS:
-        if marker in release_text:
-            problems.append(Problem(lab, "release", f"contains the delimiter {marker!r}"))
+    problems = [Problem(lab, "release", f"contains the delimiter {marker!r}") for marker in MARKERS if marker in release_text]
     outside_lines: set[str] = set()
     secret: list[tuple[str, str]] = []
     for cell in source_nb.cells:
-        gid = grade_id(cell) or "?"
         hidden = _region_lines(cell.source, HIDDEN_BEGIN, HIDDEN_END)
         solution = _region_lines(cell.source, SOLUTION_BEGIN, SOLUTION_END)
         if is_solution(cell) and cell.cell_type == "markdown" and SOLUTION_BEGIN not in cell.source:
             solution = [line.strip() for line in cell.source.splitlines() if line.strip()]
-        secret += [(gid, line) for line in hidden + solution]
+        secret += [(grade_id(cell) or "?", line) for line in hidden + solution]
         inside = set(hidden) | set(solution) | set(_region_lines(cell.source, MARK_SCHEME_BEGIN, MARK_SCHEME_END))
         outside_lines |= {line.strip() for line in cell.source.splitlines()} - inside
-    for gid, line in secret:
-        if len(line) >= MIN_LEAK_LINE_CHARS and line in release_lines and line not in outside_lines:
-            problems.append(Problem(lab, f"release cell ({gid})", f"shows a line of the solution or hidden tests: {line[:60]!r}"))
-    return problems
+    return problems + [
+        Problem(lab, f"release cell ({gid})", f"shows a line of the solution or hidden tests: {line[:60]!r}")
+        for gid, line in secret
+        if len(line) >= MIN_LEAK_LINE_CHARS and line in release_lines and line not in outside_lines]
 
 
 def check_grade_id_lock(lab: str, nb, lock_path: Path) -> list[Problem]:
@@ -496,16 +446,19 @@ def check_grade_id_lock(lab: str, nb, lock_path: Path) -> list[Problem]:
         return [Problem(lab, str(lock_path.name), "missing: run `python -m course build` to record the grade ids")]
     present = {grade_id(cell) for cell in nb.cells if grade_id(cell)}
     locked = [line.strip() for line in lock_path.read_text().splitlines() if line.strip() and not line.startswith("#")]
-    return [
-        Problem(lab, "grade ids", f"{gid!r} is recorded in {lock_path.name} but gone from the lab: grade ids are never renamed or removed after a release")
-        for gid in locked
-        if gid not in present
-    ]
+    return [Problem(lab, "grade ids", f"{gid!r} is recorded in {lock_path.name} but gone from the lab: grade ids are "
+                    "never renamed or removed after a release") for gid in locked if gid not in present]
+
+
+def _tree_files(folder: Path) -> dict[Path, bytes]:
+    """Relative path -> content of every file under ``folder`` (caches left out); empty when it does not exist."""
+    return {path.relative_to(folder): path.read_bytes() for path in folder.rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts}
 
 
 def check_up_to_date(lab: str, root: Path) -> list[Problem]:
     """``source/<lab>/`` and ``release/<lab>/`` equal what ``build`` would write now."""
-    from .build import BuildError, build_lab
+    from .build import BuildError, build_lab  # build imports nbgrader's runner, which lint needs only here
 
     problems = []
     with tempfile.TemporaryDirectory(prefix="efficient-ai-lint-") as tmp:
@@ -515,18 +468,11 @@ def check_up_to_date(lab: str, root: Path) -> list[Problem]:
         except BuildError as exc:
             return [Problem(lab, "build", str(exc))]
         for tree in ("source", "release"):
-            fresh, committed = out / tree / lab, root / tree / lab
-            fresh_files = {p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
-            committed_files = {p.relative_to(committed) for p in committed.rglob("*") if p.is_file() and "__pycache__" not in p.parts} if committed.exists() else set()
-            stale = sorted(
-                str(rel) for rel in fresh_files | committed_files
-                if rel not in fresh_files or rel not in committed_files
-                or (fresh / rel).read_bytes() != (committed / rel).read_bytes()
-            )
+            fresh, committed = _tree_files(out / tree / lab), _tree_files(root / tree / lab)
+            stale = sorted(str(rel) for rel in fresh.keys() | committed.keys() if fresh.get(rel) != committed.get(rel))
             if stale:
-                problems.append(
-                    Problem(lab, tree, f"out of date with labs/ and utils.py ({', '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}): run `python -m course build {lab}`")
-                )
+                problems.append(Problem(lab, tree, f"out of date with labs/ and utils.py ({', '.join(stale[:5])}"
+                                        f"{' ...' if len(stale) > 5 else ''}): run `python -m course build {lab}`"))
     return problems
 
 
@@ -538,12 +484,9 @@ def lint_lab(lab: str, root: Path = REPO_ROOT, check_fresh: bool = True) -> list
     except NotebookError as exc:
         return [Problem(lab, "notebooks", f"{exc}: run `python -m course build {lab}`")]
     problems = []
-    problems += check_metadata(lab, source_nb)
-    problems += check_markers(lab, source_nb)
-    problems += check_points(lab, source_nb)
-    problems += check_points_table(lab, source_nb)
-    problems += check_test_cells(lab, source_nb)
-    problems += check_test_contract(lab, source_nb)
+    for rule in (check_metadata, check_markers, check_points, check_points_table, check_test_cells,
+                 check_test_contract):
+        problems += rule(lab, source_nb)
     problems += check_test_boundary(lab, source_nb, root)
     problems += check_readme_total(lab, source_nb, root / "README.md")
     problems += check_grade_id_lock(lab, source_nb, root / "labs" / lab / "grade_ids.lock")

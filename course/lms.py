@@ -1,12 +1,11 @@
 """The LMS in and out: which submission a downloaded file is (``nbgrader zip_collect``), and final grades in Canvas's
 gradebook import format.
 
-In: an LMS's "download all submissions" zip names each file after its student. ``nbgrader zip_collect LAB`` unpacks
-``downloaded/LAB/archive/*.zip`` and copies each notebook to ``submitted/<student_id>/LAB/<file_id>.ipynb`` by the
-named groups of ``c.FileNameCollectorPlugin.named_regexp`` (matched against the file's absolute path; an optional
-``timestamp`` group becomes ``timestamp.txt``). ``nbgrader_config.py`` sets Canvas's pattern; the others are here to
-swap in. Only Canvas's is tested against its documented names; check another against your LMS's zip with
-``nbgrader zip_collect LAB --debug`` before grading.
+In: ``nbgrader zip_collect LAB`` unpacks an LMS's "download all submissions" zip (``downloaded/LAB/archive/*.zip``)
+and copies each notebook to ``submitted/<student_id>/LAB/<file_id>.ipynb`` by the named groups of
+``c.FileNameCollectorPlugin.named_regexp``, matched against the file's absolute path (an optional ``timestamp`` group
+becomes ``timestamp.txt``). ``nbgrader_config.py`` sets Canvas's pattern, the only one tested against its documented
+names; check another against your LMS's zip with ``nbgrader zip_collect LAB --debug`` before grading.
 
 Out: ``grading/LAB/canvas.csv`` (``course grade LAB --report``), which Canvas's Gradebook > Import reads.
 """
@@ -32,11 +31,9 @@ POINTS_POSSIBLE = "    Points Possible"  # the second row of Canvas's own gradeb
 
 
 def read_roster(path: Path) -> dict[str, dict[str, str]]:
-    """nbgrader student id -> Canvas fields, from a CSV roster.
-
-    The roster has a ``student_id`` column (the nbgrader student id, the name of the student's ``submitted/``
-    folder) and any of the columns ``Student``, ``ID``, ``SIS User ID``, ``SIS Login ID``, ``Section`` (as in
-    Canvas's gradebook export: add a ``student_id`` column to one). Other columns are ignored.
+    """nbgrader student id -> Canvas fields, from a CSV roster: a ``student_id`` column (the name of the student's
+    ``submitted/`` folder) and any of ``CANVAS_FIELDS`` (Canvas's gradebook export with a ``student_id`` column
+    added); other columns are ignored.
 
     Raises:
         ValueError: the file has no ``student_id`` column.
@@ -49,13 +46,6 @@ def read_roster(path: Path) -> dict[str, dict[str, str]]:
                 for row in reader if (row.get("student_id") or "").strip()}
 
 
-def canvas_column(lab: str, assignment_id: str | None = None) -> str:
-    """The assignment's column: ``Lab 1 (123456)`` for Canvas assignment 123456, else ``Lab 1`` (Canvas then offers
-    to create a new assignment)."""
-    title = f"Lab {lab[3:]}" if lab.startswith("lab") else lab
-    return f"{title} ({assignment_id})" if assignment_id else title
-
-
 def write_canvas_csv(path: Path, lab: str, final_scores: dict[str, float], points_possible: float,
                      roster: dict[str, dict[str, str]] | None = None, assignment_id: str | None = None) -> None:
     """Write Canvas's gradebook import CSV: a header, the Points Possible row, one row per student.
@@ -63,15 +53,17 @@ def write_canvas_csv(path: Path, lab: str, final_scores: dict[str, float], point
     Args:
         final_scores: student id -> the points to upload (late penalty already taken off).
         points_possible: the assignment's maximum (bonus points come on top, as in Canvas's extra credit).
-        roster: student id -> Canvas fields (``read_roster``); a student missing from it, or no roster, is
-            written with the student id as ``Student`` and ``SIS Login ID``.
+        roster: student id -> Canvas fields (``read_roster``); a student missing from it is written with the student
+            id as ``Student`` and ``SIS Login ID``.
+        assignment_id: Canvas's id of the assignment (column ``Lab 1 (123456)``); without it the column is
+            ``Lab 1`` and Canvas offers to create a new assignment.
     """
-    roster = roster or {}
+    title = f"Lab {lab[3:]}" if lab.startswith("lab") else lab
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow([*CANVAS_FIELDS, canvas_column(lab, assignment_id)])
+        writer.writerow([*CANVAS_FIELDS, f"{title} ({assignment_id})" if assignment_id else title])
         writer.writerow([POINTS_POSSIBLE, "", "", "", "", f"{points_possible:g}"])
         for student in sorted(final_scores):
-            fields = roster.get(student) or {"Student": student, "SIS Login ID": student}
+            fields = (roster or {}).get(student) or {"Student": student, "SIS Login ID": student}
             writer.writerow([fields.get(name, "") for name in CANVAS_FIELDS] + [f"{final_scores[student]:g}"])

@@ -17,16 +17,19 @@ import nbformat
 NB_VERSION = 4
 
 QUESTION_ID_RE = re.compile(r"^(?P<kind>[qb])(?P<digits>\d+(?:_\d+)*)(?=_[a-z]|$)")
-HEADING_RE = re.compile(
-    r"^#{1,6}\s*(?P<kind>Question|Bonus)\s+(?P<number>\d+(?:\.\d+)*)\s*\((?P<points>\d+)\s*points?\)",
-    re.MULTILINE,
-)
+HEADING_RE = re.compile(r"^#{1,6}\s*(?P<kind>Question|Bonus)\s+(?P<number>\d+(?:\.\d+)*)\s*\((?P<points>\d+)\s*points?\)",
+                        re.MULTILINE)
 SOLUTION_BEGIN = "### BEGIN SOLUTION"
 SOLUTION_END = "### END SOLUTION"
 HIDDEN_BEGIN = "### BEGIN HIDDEN TESTS"
 HIDDEN_END = "### END HIDDEN TESTS"
 MARK_SCHEME_BEGIN = "=== BEGIN MARK SCHEME ==="
 MARK_SCHEME_END = "=== END MARK SCHEME ==="
+# A bonus grade cell (grade id ``b...``) has nbgrader ``points`` 0 and its points in the course metadata
+# ``cell.metadata["efficient_ai"]["bonus_points"]``: nbgrader's maximum of a lab is its core total, and bonus points
+# reach the gradebook as extra credit (``course.nbgrader_ext.AwardBonusPoints``). ``course build`` moves them there.
+COURSE_METADATA = "efficient_ai"
+BONUS_POINTS = "bonus_points"
 
 
 class NotebookError(Exception):
@@ -58,6 +61,12 @@ def nbgrader_meta(cell) -> dict:
     return dict(cell.get("metadata", {}).get("nbgrader", {}) or {})
 
 
+def course_meta(cell) -> dict:
+    """The cell's course metadata (``cell.metadata["efficient_ai"]``), or an empty dict."""
+    meta = cell.get("metadata", {}).get(COURSE_METADATA, {})
+    return dict(meta) if isinstance(meta, dict) else {}
+
+
 def grade_id(cell) -> str | None:
     return nbgrader_meta(cell).get("grade_id")
 
@@ -72,37 +81,12 @@ def is_solution(cell) -> bool:
 
 def is_autograded_test(cell) -> bool:
     """A code cell nbgrader scores by running it: ``grade`` and not ``solution``."""
-    meta = nbgrader_meta(cell)
-    return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
-
-
-# Course metadata of a cell (beside nbgrader's): ``cell.metadata["efficient_ai"]``. A bonus grade cell (grade id
-# ``b...``) carries its points there as ``bonus_points`` and has nbgrader ``points`` 0, so that nbgrader's maximum of a
-# lab is its core total (100) and bonus points reach the gradebook as ``extra_credit`` (``course.nbgrader_ext.
-# AwardBonusPoints``). Authors write the real points in ``labs/*.py``; ``course build`` moves them (``mark_bonus``).
-COURSE_METADATA = "efficient_ai"
-BONUS_POINTS = "bonus_points"
-
-
-def course_meta(cell) -> dict:
-    """The cell's course metadata (``cell.metadata["efficient_ai"]``), or an empty dict."""
-    meta = cell.get("metadata", {}).get(COURSE_METADATA, {})
-    return dict(meta) if isinstance(meta, dict) else {}
+    return cell.cell_type == "code" and is_graded(cell) and not is_solution(cell)
 
 
 def is_bonus_id(gid: str | None) -> bool:
     """Whether a grade id belongs to a bonus question (``b3_1_attn_module_mac_tests``)."""
-    key = question_key(gid)
-    return bool(key) and key.startswith("b")
-
-
-def cell_points(cell) -> float:
-    """The points a graded cell is worth as the lab states them: its bonus points for a bonus cell (once built;
-    its nbgrader ``points`` are 0 there), else its nbgrader ``points``."""
-    bonus = course_meta(cell).get(BONUS_POINTS)
-    if bonus is not None:
-        return float(bonus or 0)
-    return float(nbgrader_meta(cell).get("points", 0) or 0)
+    return (question_key(gid) or "").startswith("b")
 
 
 def is_bonus_cell(cell) -> bool:
@@ -110,10 +94,15 @@ def is_bonus_cell(cell) -> bool:
     return (is_graded(cell) or bool(nbgrader_meta(cell).get("task"))) and is_bonus_id(grade_id(cell))
 
 
+def cell_points(cell) -> float:
+    """The points of a graded cell as the lab states them: a built bonus cell's bonus points, else nbgrader's."""
+    bonus = course_meta(cell).get(BONUS_POINTS)
+    return float(nbgrader_meta(cell).get("points", 0) or 0) if bonus is None else float(bonus or 0)
+
+
 def mark_bonus(cell) -> None:
-    """Build step for one cell: a bonus grade cell's points move from nbgrader's ``points`` to the course's
-    ``bonus_points`` (nbgrader ``points`` 0). A cell already marked (a notebook edited through the jupytext pairing)
-    keeps its bonus points; any other cell is left alone."""
+    """Build step: a bonus cell's points move from nbgrader's ``points`` (then 0) to the course's ``bonus_points``;
+    a cell already marked keeps its bonus points, any other cell is left alone."""
     if not is_bonus_cell(cell):
         return
     points = cell_points(cell)
@@ -129,16 +118,13 @@ def bonus_points(nb) -> dict[str, float]:
 
 def question_key(gid: str | None) -> str | None:
     """``q1_1_gemm_tests`` -> ``q1_1``; ids that name no question (``setup_imports``) -> None."""
-    if not gid:
-        return None
-    match = QUESTION_ID_RE.match(gid)
+    match = QUESTION_ID_RE.match(gid) if gid else None
     return f"{match['kind']}{match['digits']}" if match else None
 
 
 def question_label(key: str) -> str:
     """``q2_1_2`` -> ``Question 2.1.2``; ``b3_1`` -> ``Bonus 3.1``."""
-    kind = "Question" if key[0] == "q" else "Bonus"
-    return f"{kind} {key[1:].replace('_', '.')}"
+    return f"{'Question' if key[0] == 'q' else 'Bonus'} {key[1:].replace('_', '.')}"
 
 
 def question_key_from_heading(kind: str, number: str) -> str:
@@ -162,15 +148,9 @@ class Heading:
 
 def find_headings(nb) -> list[Heading]:
     """Every ``#### Question N.M (P points)`` / ``#### Bonus N.M (P points)`` heading, in order."""
-    headings = []
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "markdown":
-            continue
-        for match in HEADING_RE.finditer(cell.source):
-            headings.append(
-                Heading(question_key_from_heading(match["kind"], match["number"]), int(match["points"]), index)
-            )
-    return headings
+    return [Heading(question_key_from_heading(match["kind"], match["number"]), int(match["points"]), index)
+            for index, cell in enumerate(nb.cells) if cell.cell_type == "markdown"
+            for match in HEADING_RE.finditer(cell.source)]
 
 
 def autograded_points_by_cell(nb) -> dict[str, float]:
@@ -181,26 +161,21 @@ def autograded_points_by_cell(nb) -> dict[str, float]:
 def autograded_points_by_question(nb) -> dict[str, float]:
     """Max points of the autograded test cells, summed per question key."""
     totals: dict[str, float] = {}
-    for cell in nb.cells:
-        if is_autograded_test(cell):
-            key = question_key(grade_id(cell)) or grade_id(cell)
-            totals[key] = totals.get(key, 0.0) + cell_points(cell)
+    for cell in filter(is_autograded_test, nb.cells):
+        key = question_key(grade_id(cell)) or grade_id(cell)
+        totals[key] = totals.get(key, 0.0) + cell_points(cell)
     return totals
 
 
 def marked_lines(source: str, begin: str, end: str, keepends: bool = False):
-    """Each line of ``source`` with where it lies: ``"begin"`` or ``"end"`` (a delimiter line, matched after
-    stripping whitespace), ``"inside"`` or ``"outside"`` the region the delimiters mark. The one parser of marked
-    regions (solutions, hidden tests, mark schemes) that build, lint and grading share."""
+    """Each line of ``source`` with where it lies: ``"begin"`` or ``"end"`` (a delimiter line, matched stripped),
+    ``"inside"`` or ``"outside"`` the region. The one parser of marked regions that build, lint and grading share."""
     inside = False
     for line in source.splitlines(keepends=keepends):
         stripped = line.strip()
-        if stripped == begin:
-            inside = True
-            yield line, "begin"
-        elif stripped == end:
-            inside = False
-            yield line, "end"
+        if stripped in (begin, end):
+            inside = stripped == begin
+            yield line, "begin" if inside else "end"
         else:
             yield line, "inside" if inside else "outside"
 
@@ -227,15 +202,10 @@ def cells_by_grade_id(nb) -> dict[str, object]:
 
 
 def make_submission(release_nb, source_nb, answered: set[str] | None = None):
-    """A student notebook built from the release: the chosen solution cells answered with the reference.
+    """A new student notebook from ``release_nb`` whose solution cells hold ``source_nb``'s reference answers.
 
     Args:
-        release_nb: the student notebook (stubs, no hidden tests).
-        source_nb: the instructor notebook it was generated from.
-        answered: grade ids of solution cells to fill with the reference answer; None fills all of them.
-
-    Returns:
-        A new notebook; the inputs are not modified.
+        answered: grade ids of the solution cells to answer; None answers all of them.
 
     Raises:
         NotebookError: a solution cell of the release has no counterpart in the source.
@@ -269,10 +239,9 @@ def replace_cell_source(nb, gid: str, new_source: str):
 def exec_cells(path: Path, grade_ids: list[str]) -> dict:
     """Execute the named cells of a notebook, in the order given, in one fresh namespace; return it.
 
-    Used to reuse code a lab defines (the Gemma-3 decoder layer of Lab 1, say) in tests and GPU scripts
-    instead of copying it. The namespace is that of a module registered in ``sys.modules`` as
-    ``<notebook stem>_cells`` (a later call replaces it), so tools that import a function's module by name
-    (``torch.compile``, pickle) work on the cells' code as they do on a notebook's ``__main__``.
+    Tests and GPU scripts reuse a lab's code this way instead of copying it. The namespace is a module registered
+    as ``<notebook stem>_cells`` (a later call replaces it), so that tools that import a function's module by name
+    (``torch.compile``, pickle) work as they do on a notebook's ``__main__``.
 
     Raises:
         NotebookError: a named cell does not exist.

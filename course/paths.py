@@ -4,37 +4,30 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-"""The repository root: it holds labs/, source/, release/, utils.py, assets/ and nbgrader_config.py."""
-
-COURSE_ID = "efficient-ai"
-"""nbgrader's course id: ``nbgrader_config.py`` sets it, and the gradebook is opened with it."""
-
+REPO_ROOT = Path(__file__).resolve().parent.parent  # labs/, source/, release/, utils.py, assets/, nbgrader_config.py
+COURSE_ID = "efficient-ai"  # nbgrader's course id: nbgrader_config.py sets it, the gradebook is opened with it
 LAB_NAME_RE = re.compile(r"^lab\d+$")
 
 
 def lab_text_path(root: Path, lab: str) -> Path:
-    """Path of a lab's authored text file, ``labs/labN/labN.py``."""
+    """A lab's authored text file, ``labs/labN/labN.py``."""
     return root / "labs" / lab / f"{lab}.py"
 
 
 def source_notebook_path(root: Path, lab: str) -> Path:
-    """Path of a lab's instructor notebook, ``source/labN/labN.ipynb``."""
+    """A lab's instructor notebook, ``source/labN/labN.ipynb``."""
     return root / "source" / lab / f"{lab}.ipynb"
 
 
 def release_notebook_path(root: Path, lab: str) -> Path:
-    """Path of a lab's student notebook, ``release/labN/labN.ipynb``."""
+    """A lab's student notebook, ``release/labN/labN.ipynb``."""
     return root / "release" / lab / f"{lab}.ipynb"
 
 
 def discover_labs(root: Path = REPO_ROOT) -> list[str]:
     """Names of the labs authored under ``labs/`` (``lab1``, ``lab2``, ...), in numeric order."""
-    labs = [
-        p.name
-        for p in (root / "labs").iterdir()
-        if p.is_dir() and LAB_NAME_RE.match(p.name) and lab_text_path(root, p.name).exists()
-    ] if (root / "labs").is_dir() else []
+    folders = (root / "labs").iterdir() if (root / "labs").is_dir() else []
+    labs = [p.name for p in folders if p.is_dir() and LAB_NAME_RE.match(p.name) and lab_text_path(root, p.name).exists()]
     return sorted(labs, key=lambda name: int(name[3:]))
 
 
@@ -45,12 +38,8 @@ def resolve_labs(requested: list[str] | None, root: Path = REPO_ROOT) -> list[st
         SystemExit: a requested lab has no ``labs/labN/labN.py``.
     """
     available = discover_labs(root)
-    if not requested:
-        return available
-    unknown = [lab for lab in requested if lab not in available]
+    unknown = [lab for lab in requested or [] if lab not in available]
     if unknown:
-        raise SystemExit(
-            f"unknown lab(s) {', '.join(unknown)}: expected one of {', '.join(available) or '(none)'}; "
-            f"a lab is a file labs/labN/labN.py"
-        )
-    return list(requested)
+        raise SystemExit(f"unknown lab(s) {', '.join(unknown)}: expected one of {', '.join(available) or '(none)'}; "
+                         "a lab is a file labs/labN/labN.py")
+    return list(requested) if requested else available

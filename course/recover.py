@@ -1,20 +1,12 @@
 """recover: give back the nbgrader metadata a submission lost, by where its cells sit.
 
-A student who pastes their work into a fresh notebook, or an editor that drops metadata it does not know (Colab,
-VS Code, nbformat 4.4 without cell ids), hands in cells without ``metadata.nbgrader``. nbgrader then finds none of
-the lab's answers and tests. This module aligns such cells with the release notebook:
-
-- **anchors**: the instructor's locked cells (setup code, explanations, test cells as the release has them) are
-  found in the submission by their text, in order;
-- **answers** sit between two anchors: a code answer is the unlabelled code cell there that defines what the
-  instructor's solution defines (``def gemm``), or the only code cell there; a written answer is the only markdown
-  cell there that is not an anchor (several answers between the same anchors are taken in order when their numbers
-  match).
-
-Each recovered cell gets the release cell's nbgrader metadata. An answer whose candidates are ambiguous is left
-unplaced and named, so that grading can say the submission needs a TA instead of scoring a missing answer as zero.
-Used by staging (``course.submission``) and by the ``RecoverCellMetadata`` sanitize step of plain ``nbgrader
-autograde`` (``course.nbgrader_ext``).
+Cells pasted into a fresh notebook, or saved by an editor that drops unknown metadata (Colab, VS Code), have no
+``metadata.nbgrader``, so nbgrader finds none of the lab's answers and tests. Such cells are aligned with the release:
+the instructor's locked cells (**anchors**) are found by their text, in order; an **answer** between two anchors is
+the unlabelled code cell there that defines what the solution defines (``def gemm``), or the only cell of its kind
+there (several answers between the same anchors are taken in order when their numbers match). An ambiguous answer is
+left unplaced and named, so that grading asks for a TA instead of scoring a missing answer as zero. Used by staging
+(``course.submission``) and the ``RecoverCellMetadata`` sanitize step (``course.nbgrader_ext``).
 """
 from __future__ import annotations
 
@@ -77,57 +69,46 @@ def defined_names(source: str) -> set[str]:
 
 
 def recover_metadata(nb, release_nb, source_nb) -> Recovery:
-    """Label, in place, the cells of ``nb`` that lost their nbgrader metadata.
-
-    Args:
-        nb: the submitted notebook.
-        release_nb: the release notebook (as students got it; ``course.submission.Instructor.release_nb``).
-        source_nb: the instructor's notebook (what each code answer of the solution defines).
-
-    Returns:
-        What was recovered and what could not be placed. Cells that keep their metadata are left alone.
-    """
+    """Label, in place, the cells of ``nb`` (a submission) that lost their nbgrader metadata; cells that kept it are
+    left alone. ``release_nb`` is the notebook students got, ``source_nb`` tells what each code answer defines."""
     reference = {gid: cell for cell in release_nb.cells if (gid := grade_id(cell))}
     solutions = {gid: cell.source for cell in source_nb.cells if (gid := grade_id(cell))}
     ordinary = {_text(cell.source) for cell in release_nb.cells if grade_id(cell) is None}
     order = list(reference)
-    at = {gid: index for index, gid in enumerate(order)}
-    labelled = {grade_id(cell): i for i, cell in enumerate(nb.cells) if grade_id(cell) in at}
+    labelled = {grade_id(cell): i for i, cell in enumerate(nb.cells) if grade_id(cell) in reference}
     unlabelled = [i for i, cell in enumerate(nb.cells) if grade_id(cell) is None]
-    # Answers are looked for among the unlabelled cells that are not the release's own explanations or demo code
+    # answers are looked for among the unlabelled cells that are not the release's own explanations or demo code
     free = [i for i in unlabelled if _text(nb.cells[i].source) not in ordinary]
     recovery = Recovery()
     if len(labelled) == len(order) or not unlabelled:
         return recovery
 
-    def label(i: int, gid: str) -> None:
+    def label(i: int, gid: str, found: list[str]) -> None:
         nb.cells[i].metadata["nbgrader"] = copy.deepcopy(reference[gid].metadata["nbgrader"])
         labelled[gid] = i
         unlabelled.remove(i)
         if i in free:
             free.remove(i)
+        found.append(gid)
 
     last = -1
     for gid in order:  # anchors, matched by their text in order
+        ref = reference[gid]
         if gid in labelled:
             last = max(last, labelled[gid])
-            continue
-        ref = reference[gid]
-        if not is_locked(ref):
-            continue
-        match = next((i for i in unlabelled if i > last and nb.cells[i].cell_type == ref.cell_type
-                      and _text(nb.cells[i].source) == _text(ref.source)), None)
-        if match is not None:
-            label(match, gid)
-            recovery.anchors.append(gid)
-            last = match
+        elif is_locked(ref):
+            match = next((i for i in unlabelled if i > last and nb.cells[i].cell_type == ref.cell_type
+                          and _text(nb.cells[i].source) == _text(ref.source)), None)
+            if match is not None:
+                label(match, gid, recovery.anchors)
+                last = match
 
     slots: dict[tuple[int, int, str], list[str]] = {}
-    for gid in order:  # answers, grouped by the anchors around them
+    for position, gid in enumerate(order):  # answers, grouped by the anchors around them
         if gid in labelled or is_locked(reference[gid]):
             continue
-        before = max((labelled[g] for g in order[: at[gid]] if g in labelled), default=-1)
-        after = min((labelled[g] for g in order[at[gid] + 1:] if g in labelled), default=len(nb.cells))
+        before = max((labelled[g] for g in order[:position] if g in labelled), default=-1)
+        after = min((labelled[g] for g in order[position + 1:] if g in labelled), default=len(nb.cells))
         slots.setdefault((before, after, reference[gid].cell_type), []).append(gid)
     for (before, after, kind), gids in slots.items():
         candidates = [i for i in free if before < i < after and nb.cells[i].cell_type == kind]
@@ -136,16 +117,14 @@ def recover_metadata(nb, release_nb, source_nb) -> Recovery:
             definers = [i for i in (candidates or free) if wanted and wanted & defined_names(nb.cells[i].source)
                         and nb.cells[i].cell_type == kind]
             if definers:
-                label(definers[-1], gid)  # the last definition is the one the tests see
+                label(definers[-1], gid, recovery.answers)  # the last definition is the one the tests see
                 candidates = [i for i in candidates if i in free]
-                recovery.answers.append(gid)
                 gids.remove(gid)
         if not gids or not candidates:
             continue  # nothing left to place: a missing answer is restored as the release stub
         if len(candidates) == len(gids):
             for i, gid in zip(candidates, gids):
-                label(i, gid)
-                recovery.answers.append(gid)
+                label(i, gid, recovery.answers)
         else:
             recovery.unplaced += gids
     recovery.unplaced = [gid for gid in order if gid in set(recovery.unplaced)]

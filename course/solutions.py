@@ -1,10 +1,8 @@
 """solutions: after the deadline, each lab's model solutions for students.
 
-``python -m course solutions [labs...] --out DIR`` writes ``DIR/labN_solution.ipynb``: the student notebook of
-``release/labN/`` (no hidden tests) with every solution cell holding the model solution or model answer of
-``source/labN/``, without its delimiters and without its mark scheme (``course.notebooks.make_submission``, which
-makes the reference submission for grading, then the commented mark schemes of code cells removed). It runs beside the lab's ``utils.py``, ``checks.py`` and ``assets/``, which
-students have from the lab's bundle. Every notebook is checked before the command reports success.
+``python -m course solutions [labs...] --out DIR`` writes ``DIR/labN_solution.ipynb``: the release notebook (no
+hidden tests) with every solution cell holding the model solution or answer, without delimiters or mark schemes. It
+runs beside the bundle's ``utils.py``, ``checks.py`` and ``assets/``. Every notebook is checked before success.
 """
 from __future__ import annotations
 
@@ -33,12 +31,16 @@ CODE_MARK_SCHEME = ("# " + MARK_SCHEME_BEGIN, "# " + MARK_SCHEME_END)
 SECRET_REGIONS = ((HIDDEN_BEGIN, HIDDEN_END), (MARK_SCHEME_BEGIN, MARK_SCHEME_END), CODE_MARK_SCHEME)
 
 
+def _model(source: str) -> str:
+    return strip_lines(source, *CODE_MARK_SCHEME, keep_inside=False)
+
+
 def solution_notebook(source_nb, release_nb):
     """The students' solution notebook: the release (no hidden tests) with every solution cell holding the model
     solution or answer, without delimiters and mark schemes."""
     nb = make_submission(release_nb, source_nb)
     for cell in nb.cells:
-        cell.source = strip_lines(cell.source, *CODE_MARK_SCHEME, keep_inside=False)
+        cell.source = _model(cell.source)
     return nb
 
 
@@ -57,17 +59,14 @@ def _secret_lines(source_nb) -> set[str]:
 def check_solution_notebook(source_nb, solution_nb) -> list[str]:
     """Problems of a solution notebook (empty when none): a delimiter, a line of a hidden test or of a mark scheme,
     or a solution cell of the source whose model solution is not there in full."""
-    problems = []
     text = "\n".join(cell.source for cell in solution_nb.cells)
-    for marker in (HIDDEN_BEGIN, HIDDEN_END, MARK_SCHEME_BEGIN, MARK_SCHEME_END):
-        problems += [f"contains the delimiter {marker!r}"] if marker in text else []
+    problems = [f"contains the delimiter {marker!r}" for region in SECRET_REGIONS[:2] for marker in region
+                if marker in text]
     lines = {line.strip() for line in text.splitlines()}
     problems += [f"shows a line of a hidden test or mark scheme: {line[:60]!r}" for line in sorted(_secret_lines(source_nb) & lines)]
     answered = cells_by_grade_id(solution_nb)
-    for gid, cell in cells_by_grade_id(source_nb).items():
-        model = strip_lines(answer_source(cell), *CODE_MARK_SCHEME, keep_inside=False)
-        if is_solution(cell) and (gid not in answered or answered[gid].source != model):
-            problems.append(f"{gid}: the model solution is missing or incomplete")
+    problems += [f"{gid}: the model solution is missing or incomplete" for gid, cell in cells_by_grade_id(source_nb).items()
+                 if is_solution(cell) and (gid not in answered or answered[gid].source != _model(answer_source(cell)))]
     return problems
 
 
