@@ -183,7 +183,7 @@ def read_scores(course_root: Path, lab: str, students: list[str] | None = None) 
 
     Each submission's cells are in the order of the course's ``source/<lab>/`` notebook (cells it lacks last, by
     name); a bonus cell's maximum is its bonus points from that notebook (nbgrader records 0). The gradebook is read
-    in three queries whatever the class size (nbgrader's ORM objects would load each grade's cell in a query each).
+    in a few queries whatever the class size (nbgrader's ORM objects would load each grade's cell in a query each).
     """
     from nbgrader.api import Grade, Gradebook, MissingEntry, SubmittedAssignment, SubmittedNotebook
 
