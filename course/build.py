@@ -1,9 +1,8 @@
 """build: labs/labN/labN.py -> source/labN/ (instructor notebook) -> release/labN/ (student bundle).
 
-``source/labN/`` gets the notebook plus copies of ``utils.py``, ``checks.py`` and ``assets/``; nbgrader copies every
-non-notebook file of ``source/labN/`` into ``release/labN/``, which makes the release self-contained, and
-``nbgrader autograde`` overwrites a student's copies with these. Files are written only when their content
-changes, so a second build changes nothing.
+``source/labN/`` gets the notebook and copies of ``utils.py``, ``checks.py`` and ``assets/``; nbgrader copies them
+into ``release/labN/`` (a self-contained release), and ``nbgrader autograde`` overwrites a student's copies with them.
+Files are written only when their content changes, so a second build changes nothing.
 """
 from __future__ import annotations
 
@@ -16,28 +15,22 @@ import jupytext
 import nbformat
 
 from .nbgrader_run import run_nbgrader
-from .notebooks import NB_VERSION, mark_bonus
+from .notebooks import NB_VERSION, grade_id, mark_bonus, read_notebook
 from .paths import REPO_ROOT, lab_text_path
 
 SUPPORT_FILES = ("utils.py", "checks.py")  # the student helper module and the test contract
 SUPPORT_DIRS = ("assets",)
-# What ipykernel reports about its language, so that JupyterLab, which writes the kernel's language_info into the
-# notebook when it connects, finds nothing to change and does not mark a freshly opened notebook as modified. A
-# constant (the build stays byte-for-byte reproducible): the Python version is the course's reference environment,
-# and a student on another Python sees only that one field change.
-LANGUAGE_INFO = {
-    "codemirror_mode": {"name": "ipython", "version": 3},
-    "file_extension": ".py",
-    "mimetype": "text/x-python",
-    "name": "python",
-    "nbconvert_exporter": "python",
-    "pygments_lexer": "ipython3",
-    "version": "3.11.7",
-}
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+# What ipykernel reports, so that JupyterLab finds nothing to change when it connects and does not mark a freshly
+# opened notebook as modified. A constant, so that the build is reproducible: the course's reference Python.
+LANGUAGE_INFO = {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+                 "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+                 "pygments_lexer": "ipython3", "version": "3.11.7"}
 BUNDLE_URL_FILE = "bundle_url.txt"  # labs/bundle_url.txt: where the course publishes bundles, {lab} for the lab
 FETCH_CELL_TEMPLATE = Path(__file__).parent / "templates" / "fetch_cell" / "cell.txt"
 FETCH_CELL_ID = "fetch-lab-files"
 SET_ASIDE_DIR = "build-set-aside"  # files found in release/labN/ that the build did not write (ignored by git)
+LOCK_HEADER = "# Grade ids of this lab: the gradebook keys on them. Never rename or remove one; add new ones freely."
 
 
 class BuildError(Exception):
@@ -51,13 +44,10 @@ def text_to_notebook(text_path: Path) -> str:
     except Exception as exc:
         raise BuildError(f"{text_path}: jupytext could not read it ({exc})") from None
     nb.metadata.pop("jupytext", None)
-    nb.metadata.setdefault(
-        "kernelspec", {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
-    )
+    nb.metadata.setdefault("kernelspec", dict(KERNELSPEC))
     nb.metadata["language_info"] = dict(LANGUAGE_INFO)
     for index, cell in enumerate(nb.cells):
-        # Stable cell ids (nbformat would draw random ones): the grade id, else the position.
-        cell["id"] = cell.metadata.get("nbgrader", {}).get("grade_id") or f"cell-{index}"
+        cell["id"] = grade_id(cell) or f"cell-{index}"  # stable ids (nbformat would draw random ones)
         cell.metadata.pop("lines_to_next_cell", None)
         mark_bonus(cell)  # bonus points leave nbgrader's maximum (docs/AUTHORING.md, "Points")
         if cell.cell_type == "code":
@@ -66,12 +56,11 @@ def text_to_notebook(text_path: Path) -> str:
     return nbformat.writes(nbformat.from_dict(nb), version=NB_VERSION) + "\n"
 
 
-def _write_if_changed(path: Path, text: str, changed: list[Path]) -> None:
-    if path.exists() and path.read_text() == text:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    changed.append(path)
+def _copy_if_changed(src: Path, target: Path, changed: list[Path]) -> None:
+    if not target.exists() or not filecmp.cmp(src, target, shallow=False):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+        changed.append(target)
 
 
 def sync_tree(src: Path, dest: Path, changed: list[Path], set_aside: Path | None = None) -> None:
@@ -83,18 +72,13 @@ def sync_tree(src: Path, dest: Path, changed: list[Path], set_aside: Path | None
     """
     dest.mkdir(parents=True, exist_ok=True)
     for item in sorted(src.rglob("*")):
-        if item.is_dir() or "__pycache__" in item.parts:
-            continue
-        target = dest / item.relative_to(src)
-        if not target.exists() or not filecmp.cmp(item, target, shallow=False):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(item, target)
-            changed.append(target)
+        if item.is_file() and "__pycache__" not in item.parts:
+            _copy_if_changed(item, dest / item.relative_to(src), changed)
     for item in sorted(dest.rglob("*"), reverse=True):
-        if "__pycache__" in item.parts:
-            continue
         counterpart = src / item.relative_to(dest)
-        if item.is_file() and not counterpart.exists():
+        if "__pycache__" in item.parts or counterpart.exists():
+            continue
+        if item.is_file():
             if set_aside is None:
                 item.unlink()
             else:
@@ -103,22 +87,21 @@ def sync_tree(src: Path, dest: Path, changed: list[Path], set_aside: Path | None
                 shutil.move(item, kept)
                 print(f"build: {item} is not part of the release: moved to {kept} (work in a copy of the release)")
             changed.append(item)
-        elif item.is_dir() and not counterpart.exists() and not any(item.iterdir()):
+        elif item.is_dir() and not any(item.iterdir()):
             item.rmdir()
 
 
 def build_source(lab: str, root: Path = REPO_ROOT, out_root: Path | None = None) -> list[Path]:
     """Write ``source/<lab>/`` under ``out_root`` (default: ``root``). Returns the files it changed."""
-    out_root = out_root or root
     changed: list[Path] = []
-    text_path = lab_text_path(root, lab)
-    source_dir = out_root / "source" / lab
-    _write_if_changed(source_dir / f"{lab}.ipynb", text_to_notebook(text_path), changed)
+    source_dir = (out_root or root) / "source" / lab
+    notebook, text = source_dir / f"{lab}.ipynb", text_to_notebook(lab_text_path(root, lab))
+    if not notebook.exists() or notebook.read_text() != text:
+        notebook.parent.mkdir(parents=True, exist_ok=True)
+        notebook.write_text(text)
+        changed.append(notebook)
     for name in SUPPORT_FILES:
-        target = source_dir / name
-        if not target.exists() or not filecmp.cmp(root / name, target, shallow=False):
-            shutil.copy2(root / name, target)
-            changed.append(target)
+        _copy_if_changed(root / name, source_dir / name, changed)
     for name in SUPPORT_DIRS:
         if (root / name).is_dir():
             sync_tree(root / name, source_dir / name, changed)
@@ -155,50 +138,43 @@ def bundle_url(lab: str, root: Path = REPO_ROOT) -> str:
 
 def add_fetch_cell(notebook: Path, url: str) -> bool:
     """Put the cell that fetches the lab's files where they are missing (Colab) first among the release notebook's
-    code cells, as an ordinary cell; True when the file changed."""
+    code cells; True when the file changed."""
     nb = nbformat.read(notebook, as_version=NB_VERSION)
-    source = FETCH_CELL_TEMPLATE.read_text().format(url=url, lab=notebook.stem).rstrip("\n")
     if any(cell.get("id") == FETCH_CELL_ID for cell in nb.cells):
         return False
-    at = next(i for i, cell in enumerate(nb.cells) if cell.cell_type == "code")
-    cell = nbformat.v4.new_code_cell(source)
+    cell = nbformat.v4.new_code_cell(FETCH_CELL_TEMPLATE.read_text().format(url=url, lab=notebook.stem).rstrip("\n"))
     cell["id"] = FETCH_CELL_ID
-    nb.cells.insert(at, cell)
+    first_code = next(i for i, other in enumerate(nb.cells) if other.cell_type == "code")
+    nb.cells.insert(first_code, cell)
     nbformat.write(nb, notebook)
     return True
 
 
 def build_lab(lab: str, root: Path = REPO_ROOT, out_root: Path | None = None) -> list[Path]:
-    """Build one lab's ``source/`` and ``release/`` under ``out_root`` (default ``root``). Where
-    ``labs/bundle_url.txt`` names the course's published bundles, the release notebook gets a first code cell that
-    fetches ``utils.py``, ``checks.py`` and ``assets/`` when they are missing (a notebook opened alone on Colab)."""
+    """Build one lab's ``source/`` and ``release/`` under ``out_root`` (default ``root``); with a
+    ``labs/bundle_url.txt``, the release notebook fetches its files from the published bundle when they are missing
+    (a notebook opened alone on Colab)."""
     out_root = out_root or root
     changed = build_source(lab, root, out_root)
-    changed += generate_release(lab, out_root / "source" / lab, out_root / "release" / lab, bundle_url(lab, root))
-    return changed
+    return changed + generate_release(lab, out_root / "source" / lab, out_root / "release" / lab, bundle_url(lab, root))
 
 
 def record_grade_ids(lab: str, root: Path = REPO_ROOT) -> list[Path]:
     """Append the lab's new grade ids to ``labs/<lab>/grade_ids.lock`` (ids are never renamed once released)."""
-    from .notebooks import grade_id, read_notebook
-
     lock = root / "labs" / lab / "grade_ids.lock"
     known = [line.strip() for line in lock.read_text().splitlines()] if lock.exists() else []
-    header = ["# Grade ids of this lab: the gradebook keys on them. Never rename or remove one; add new ones freely."]
     ids = [gid for cell in read_notebook(root / "source" / lab / f"{lab}.ipynb").cells if (gid := grade_id(cell))]
     new = [gid for gid in ids if gid not in known]
     if not new:
         return []
-    lines = (known or header) + new
-    lock.write_text("\n".join(lines) + "\n")
+    lock.write_text("\n".join((known or [LOCK_HEADER]) + new) + "\n")
     return [lock]
 
 
 def main(labs: list[str], root: Path = REPO_ROOT) -> int:
     for lab in labs:
         try:
-            changed = build_lab(lab, root)
-            changed += record_grade_ids(lab, root)
+            changed = build_lab(lab, root) + record_grade_ids(lab, root)
         except BuildError as exc:
             print(f"build {lab}: FAILED\n{exc}")
             return 1

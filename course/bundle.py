@@ -132,7 +132,8 @@ def write_bundle(lab: str, out_dir: Path, root: Path = REPO_ROOT) -> tuple[Path,
     write_folder(files, folder)
     write_zip(files, zip_path, lab)
     written = {"folder": release_files(folder), "zip": zip_files(zip_path, lab)}
-    if problems := [f"{kind}: {problem}" for kind, found in written.items() for problem in check_bundle(lab, found, root)]:
+    problems = [f"{kind}: {problem}" for kind, found in written.items() for problem in check_bundle(lab, found, root)]
+    if problems:
         shutil.rmtree(folder)
         zip_path.unlink()
         raise BundleError("\n".join(problems))

@@ -181,7 +181,8 @@ def check_points_table(lab: str, nb) -> list[Problem]:
             messages.append(f"{question_label(key)} is missing")
         elif table[key] != points:
             messages.append(f"{question_label(key)} lists {table[key]} points, its heading says {points}")
-    messages += [f"{question_label(key)} is listed but has no heading in the lab" for key in table.keys() - headings.keys()]
+    messages += [f"{question_label(key)} is listed but has no heading in the lab"
+                 for key in table.keys() - headings.keys()]
     first_md = next(cell for cell in nb.cells if cell.cell_type == "markdown")
     total = lab_total_text(nb)
     if not re.search(r"\*\*\s*" + re.escape(total) + r"\s*\*\*", first_md.source):
@@ -423,7 +424,8 @@ def check_release_leaks(lab: str, source_nb, release_nb) -> list[Problem]:
     """The release holds no delimiter, no hidden test line, no solution line and no model answer."""
     release_text = "\n".join(cell.source for cell in release_nb.cells)
     release_lines = {line.strip() for line in release_text.splitlines()}
-    problems = [Problem(lab, "release", f"contains the delimiter {marker!r}") for marker in MARKERS if marker in release_text]
+    problems = [Problem(lab, "release", f"contains the delimiter {marker!r}")
+                for marker in MARKERS if marker in release_text]
     outside_lines: set[str] = set()
     secret: list[tuple[str, str]] = []
     for cell in source_nb.cells:

@@ -17,8 +17,8 @@ import nbformat
 NB_VERSION = 4
 
 QUESTION_ID_RE = re.compile(r"^(?P<kind>[qb])(?P<digits>\d+(?:_\d+)*)(?=_[a-z]|$)")
-HEADING_RE = re.compile(r"^#{1,6}\s*(?P<kind>Question|Bonus)\s+(?P<number>\d+(?:\.\d+)*)\s*\((?P<points>\d+)\s*points?\)",
-                        re.MULTILINE)
+HEADING_RE = re.compile(
+    r"^#{1,6}\s*(?P<kind>Question|Bonus)\s+(?P<number>\d+(?:\.\d+)*)\s*\((?P<points>\d+)\s*points?\)", re.MULTILINE)
 SOLUTION_BEGIN = "### BEGIN SOLUTION"
 SOLUTION_END = "### END SOLUTION"
 HIDDEN_BEGIN = "### BEGIN HIDDEN TESTS"
@@ -202,9 +202,11 @@ def cells_by_grade_id(nb) -> dict[str, object]:
 
 
 def make_submission(release_nb, source_nb, answered: set[str] | None = None):
-    """A new student notebook from ``release_nb`` whose solution cells hold ``source_nb``'s reference answers.
+    """A student notebook built from the release: the chosen solution cells answered with the reference.
 
     Args:
+        release_nb: the student notebook (stubs, no hidden tests); not modified.
+        source_nb: the instructor notebook it was generated from.
         answered: grade ids of the solution cells to answer; None answers all of them.
 
     Raises:

@@ -27,7 +27,8 @@ def release_notebook_path(root: Path, lab: str) -> Path:
 def discover_labs(root: Path = REPO_ROOT) -> list[str]:
     """Names of the labs authored under ``labs/`` (``lab1``, ``lab2``, ...), in numeric order."""
     folders = (root / "labs").iterdir() if (root / "labs").is_dir() else []
-    labs = [p.name for p in folders if p.is_dir() and LAB_NAME_RE.match(p.name) and lab_text_path(root, p.name).exists()]
+    labs = [p.name for p in folders
+            if p.is_dir() and LAB_NAME_RE.match(p.name) and lab_text_path(root, p.name).exists()]
     return sorted(labs, key=lambda name: int(name[3:]))
 
 

@@ -69,8 +69,16 @@ def defined_names(source: str) -> set[str]:
 
 
 def recover_metadata(nb, release_nb, source_nb) -> Recovery:
-    """Label, in place, the cells of ``nb`` (a submission) that lost their nbgrader metadata; cells that kept it are
-    left alone. ``release_nb`` is the notebook students got, ``source_nb`` tells what each code answer defines."""
+    """Label, in place, the cells of ``nb`` that lost their nbgrader metadata (cells that kept it are left alone).
+
+    Args:
+        nb: the submitted notebook.
+        release_nb: the release notebook, as students got it.
+        source_nb: the instructor's notebook (what each code answer of the solution defines).
+
+    Returns:
+        What was recovered and what could not be placed.
+    """
     reference = {gid: cell for cell in release_nb.cells if (gid := grade_id(cell))}
     solutions = {gid: cell.source for cell in source_nb.cells if (gid := grade_id(cell))}
     ordinary = {_text(cell.source) for cell in release_nb.cells if grade_id(cell) is None}

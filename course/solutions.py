@@ -65,7 +65,8 @@ def check_solution_notebook(source_nb, solution_nb) -> list[str]:
     lines = {line.strip() for line in text.splitlines()}
     problems += [f"shows a line of a hidden test or mark scheme: {line[:60]!r}" for line in sorted(_secret_lines(source_nb) & lines)]
     answered = cells_by_grade_id(solution_nb)
-    problems += [f"{gid}: the model solution is missing or incomplete" for gid, cell in cells_by_grade_id(source_nb).items()
+    problems += [f"{gid}: the model solution is missing or incomplete"
+                 for gid, cell in cells_by_grade_id(source_nb).items()
                  if is_solution(cell) and (gid not in answered or answered[gid].source != _model(answer_source(cell)))]
     return problems
 
