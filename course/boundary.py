@@ -1,21 +1,11 @@
-"""The grader half of the grading boundary: hidden tests run here, in the nbgrader process, never in the kernel.
+"""The grader half of the grading boundary: test cells run here, in the nbgrader process, never in the kernel.
 
-The kernel that runs a student's notebook is untrusted (docs/SECURITY.md). ``GuardedExecute`` therefore runs the
-code of every autograded test cell (public and hidden tests alike) here, in a namespace of the grader's own:
-
-- the imports of the notebook's locked (instructor) cells, made here from the instructor's files (``utils.py`` of
-  ``source/<lab>/``), and the whole of every locked cell tagged ``test-helpers`` (helpers the tests call);
-- every other global name a test cell reads is looked up in the kernel when the cell starts: plain data (numbers,
-  strings, lists, dicts, tensors, arrays) arrives by value, anything else (a student's function, class, module
-  instance) as a ``Remote`` handle whose calls, attributes and items are requests to the kernel that answer with
-  plain data or another handle;
-- ``kernel_side`` functions (probes a test needs run next to the student's code: timings, which torch functions
-  were called) are sent to the kernel as source and run there; their results come back as data.
-
-Every expected value and every comparison is computed here, so nothing in the kernel can read, replace or forge a
-verdict: the kernel's replies are decoded by a strict decoder (``decode``) that builds only plain Python values,
-``torch.Tensor``, ``numpy`` arrays and scalars. The cell's outputs (what it printed, its error) are written by the
-grader, never copied from the kernel, and nbgrader scores them as usual.
+The kernel is untrusted (docs/SECURITY.md, "the grading boundary"). ``GraderSide`` runs every autograded test cell
+in a namespace of the grader's own: the locked cells' imports, made from the instructor's ``source/<lab>/`` files,
+and every locked cell tagged ``test-helpers``. Any other global a test reads comes from the kernel: plain data by
+value through the strict ``decode`` (plain Python values, tensors, arrays; never code), anything else as a
+``Remote`` handle whose calls, attributes and items are further requests. ``kernel_side`` functions run in the
+kernel and answer with data. Expected values, comparisons and the cell's outputs are the grader's own.
 """
 from __future__ import annotations
 
@@ -42,17 +32,11 @@ HELPERS_TAG = "test-helpers"  # a locked cell with this tag also runs in the gra
 REF_TAG = "__efficient_ai_ref__"
 COMM_TARGET = "efficient_ai_boundary"  # the Jupyter comm target of the kernel's server (boundary_kernel.py)
 MAX_ANSWER_BYTES = 4 * 1024 * 1024  # raw bytes of tensors and strings in one answer (ZeroMQ caps a message at 8 MiB)
-# Dunder names a Remote forwards to the kernel; others (``__array__``, ``__length_hint__``...) are probed by
-# libraries and answered locally as missing.
+# Dunder names a Remote forwards to the kernel; others (``__array__``...) are probed by libraries: missing here.
 FORWARDED_DUNDERS = {"__name__", "__qualname__", "__doc__", "__module__", "__wrapped__", "__defaults__",
                      "__kwdefaults__", "__annotations__"}
-
-
-# Asked in the kernel about the objects a test cell received as handles, when some of its checks failed: which are of
-# a strict subclass of a type the test contract accepts (checks.py: int, float, str, dict, torch.Tensor; bool, NumPy
-# scalars and the exact types nn.Parameter, OrderedDict and defaultdict are not lying). Such an answer could lie in a
-# comparison, so it is tampering (checks.LyingAnswer): the whole cell scores zero, as it does where the contract sees
-# the object itself. Subclasses never cross the boundary by value, so the contract alone sees only a handle here.
+# Run in the kernel on the handles a test cell received, when some check failed: the types that strictly subclass
+# one the test contract accepts (checks.py) could lie in a comparison, so the cell scores zero (checks.LyingAnswer).
 LYING_TYPES_PROBE = '''def _efficient_ai_lying_types(*values):
     import collections
     import sys
@@ -86,23 +70,29 @@ class KernelLost(BoundaryError):
 
 
 # -- answers: strict decoding of the kernel's data ----------------------------------------------------------
-def _torch():
+def _torch_dtype(name):
     import torch
 
-    return torch
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise BoundaryError(f"unknown tensor dtype {name!r}")
+    return dtype
+
+
+def _data(doc: dict, shape: list[int], dtype, itemsize: int) -> bytes:
+    """The base64 ``data`` of a tensor or array, checked to be exactly what ``shape`` and ``dtype`` hold."""
+    raw = base64.b64decode(doc["data"], validate=True)
+    if len(raw) != math.prod(shape) * itemsize:
+        raise BoundaryError(f"data of shape {shape} and dtype {dtype} cannot hold {len(raw)} bytes")
+    return raw
 
 
 def _decode_tensor(doc: dict):
-    torch = _torch()
-    dtype = getattr(torch, str(doc["dtype"]), None)
-    if not isinstance(dtype, torch.dtype):
-        raise BoundaryError(f"unknown tensor dtype {doc['dtype']!r}")
+    import torch
+
+    dtype = _torch_dtype(doc["dtype"])
     shape = [int(n) for n in doc["shape"]]
-    raw = base64.b64decode(doc["data"], validate=True)
-    count = math.prod(shape)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if len(raw) != count * itemsize:
-        raise BoundaryError(f"a tensor of shape {shape} and dtype {dtype} cannot hold {len(raw)} bytes")
+    raw = _data(doc, shape, dtype, torch.empty((), dtype=dtype).element_size())
     tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape).clone() if raw \
         else torch.empty(shape, dtype=dtype)
     device = str(doc.get("device", "cpu"))
@@ -117,15 +107,9 @@ def _decode_numpy(doc: dict, scalar: bool):
     dtype = np.dtype(str(doc["dtype"]))
     if dtype.kind not in "biufc":
         raise BoundaryError(f"unsupported array dtype {dtype}")
-    raw = base64.b64decode(doc["data"], validate=True)
-    if scalar:
-        if len(raw) != dtype.itemsize:
-            raise BoundaryError("a NumPy scalar of the wrong size")
-        return np.frombuffer(raw, dtype=dtype)[0]
-    shape = [int(n) for n in doc["shape"]]
-    if len(raw) != math.prod(shape) * dtype.itemsize:
-        raise BoundaryError(f"an array of shape {shape} and dtype {dtype} cannot hold {len(raw)} bytes")
-    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+    shape = [] if scalar else [int(n) for n in doc["shape"]]
+    array = np.frombuffer(_data(doc, shape, dtype, dtype.itemsize), dtype=dtype).reshape(shape)
+    return array[()] if scalar else array.copy()
 
 
 def decode(doc, link: "KernelLink"):
@@ -135,9 +119,9 @@ def decode(doc, link: "KernelLink"):
     if type(doc) is not dict or "$" not in doc:
         raise BoundaryError(f"malformed answer element of type {type(doc).__name__}")
     tag = doc["$"]
-    if tag in ("list", "tuple", "set", "frozenset"):
-        items = [decode(item, link) for item in doc["items"]]
-        return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
+    containers = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
+    if tag in containers:
+        return containers[tag]([decode(item, link) for item in doc["items"]])
     if tag == "dict":
         return {decode(key, link): decode(value, link) for key, value in doc["items"]}
     if tag == "float":
@@ -155,14 +139,11 @@ def decode(doc, link: "KernelLink"):
     if tag in ("ndarray", "npscalar"):
         return _decode_numpy(doc, scalar=tag == "npscalar")
     if tag == "dtype":
-        dtype = getattr(_torch(), str(doc["name"]), None)
-        if not isinstance(dtype, _torch().dtype):
-            raise BoundaryError(f"unknown dtype {doc['name']!r}")
-        return dtype
-    if tag == "device":
-        return _torch().device(str(doc["name"]))
-    if tag == "size":
-        return _torch().Size(int(n) for n in doc["items"])
+        return _torch_dtype(doc["name"])
+    if tag in ("device", "size"):
+        import torch
+
+        return torch.device(str(doc["name"])) if tag == "device" else torch.Size(int(n) for n in doc["items"])
     if tag == "handle":
         name = doc.get("name")
         if name is not None and type(name) is not str:
@@ -174,25 +155,21 @@ def decode(doc, link: "KernelLink"):
     raise BoundaryError(f"unknown answer tag {tag!r}")
 
 
-def _raise_student_error(kind: str, message: str, trace: str):
+def _student_error(kind: str, message: str, trace: str) -> Exception:
+    """The grader's copy of an exception raised by student code: the built-in type itself where it is one."""
     text = message + (f"\n\nwhere it was raised (your code):\n{trace}" if trace else "")
     cls = getattr(builtins, kind, None)
     if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, OSError):
-        try:
-            error = cls(text)
-        except Exception:  # noqa: BLE001 - an exception type whose constructor wants other arguments
-            error = StudentError(f"{kind}: {text}")
-    else:
-        error = StudentError(f"{kind}: {text}")
-    error.student_traceback = trace
-    raise error
+        with contextlib.suppress(Exception):  # a constructor that wants other arguments
+            return cls(text)
+    return StudentError(f"{kind}: {text}")
 
 
 # -- requests ---------------------------------------------------------------------------------------------------
 def _mark_refs(value):
     kind = type(value)
     if kind is Remote:
-        return (REF_TAG, object.__getattribute__(value, "_id"))
+        return (REF_TAG, value._id)
     if kind in (list, tuple):
         return kind(_mark_refs(item) for item in value)
     if kind is dict:
@@ -228,7 +205,7 @@ class KernelLink:
             error = answer["error"]
             if type(error) is not list or len(error) != 3 or not all(type(e) is str for e in error):
                 raise BoundaryError("the kernel's error answer is malformed")
-            _raise_student_error(*error)
+            raise _student_error(*error)
         if "ok" not in answer:
             raise BoundaryError("the kernel's answer holds no value")
         return decode(answer["ok"], self)
@@ -239,9 +216,6 @@ class KernelLink:
             raise BoundaryError("the kernel's export answer is not a dict")
         return {name: value for name, value in found.items() if name in names}
 
-    def release(self) -> None:
-        self.request("release")
-
 
 class Remote:
     """A student's object that stays in the kernel: calling it, reading its attributes or items asks the kernel."""
@@ -249,44 +223,29 @@ class Remote:
     __slots__ = ("_link", "_id", "_kind", "_type", "_name")
 
     def __init__(self, link: KernelLink, handle: int, kind: str, type_name: str, name: str | None = None):
-        object.__setattr__(self, "_link", link)
-        object.__setattr__(self, "_id", handle)
-        object.__setattr__(self, "_kind", kind)
-        object.__setattr__(self, "_type", type_name)
-        object.__setattr__(self, "_name", name)  # a callable's __name__, sent with the handle (messages use it)
+        # ``name``: a callable's __name__, sent with the handle (messages use it)
+        for slot, value in zip(self.__slots__, (link, handle, kind, type_name, name)):
+            object.__setattr__(self, slot, value)
 
     def __call__(self, *args, **kwargs):
-        link = object.__getattribute__(self, "_link")
-        return link.request("call", ("handle", object.__getattribute__(self, "_id")), args, kwargs)
+        return self._link.request("call", ("handle", self._id), args, kwargs)
 
     def __getattr__(self, name: str):
         if name.startswith("__") and name.endswith("__") and name not in FORWARDED_DUNDERS:
             raise AttributeError(name)
-        if name == "__name__" and object.__getattribute__(self, "_name") is not None:
-            return object.__getattribute__(self, "_name")
-        link = object.__getattribute__(self, "_link")
-        return link.request("getattr", object.__getattribute__(self, "_id"), name)
+        if name == "__name__" and self._name is not None:
+            return self._name
+        link = object.__getattribute__(self, "_link")  # not self._link: a half-built handle must not recurse here
+        return link.request("getattr", self._id, name)
 
     def __setattr__(self, name, value):
         raise TypeError("a hidden test cannot set attributes of a student's object from the grader")
 
     def __getitem__(self, key):
-        link = object.__getattribute__(self, "_link")
-        return link.request("getitem", object.__getattribute__(self, "_id"), key)
+        return self._link.request("getitem", self._id, key)
 
     def __repr__(self) -> str:
-        return f"<student {object.__getattribute__(self, '_kind')} of type {object.__getattribute__(self, '_type')}>"
-
-
-# -- kernel_side --------------------------------------------------------------------------------------------------
-def _function_source(fn) -> str:
-    source = textwrap.dedent(inspect.getsource(fn))
-    tree = ast.parse(source)
-    node = tree.body[0]
-    if not isinstance(node, ast.FunctionDef):
-        raise TypeError("kernel_side decorates a plain function (def), not a lambda or a class")
-    node.decorator_list = []
-    return ast.unparse(tree)
+        return f"<student {self._kind} of type {self._type}>"
 
 
 def make_kernel_side(link: KernelLink):
@@ -297,7 +256,11 @@ def make_kernel_side(link: KernelLink):
             raise TypeError(
                 f"kernel_side function {fn.__name__} uses variables of the function around it "
                 f"({', '.join(fn.__code__.co_freevars)}): it runs in the kernel, so pass them as arguments")
-        source = _function_source(fn)
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        if not isinstance(tree.body[0], ast.FunctionDef):
+            raise TypeError("kernel_side decorates a plain function (def), not a lambda or a class")
+        tree.body[0].decorator_list = []
+        source = ast.unparse(tree)
 
         def run_in_kernel(*args, **kwargs):
             return link.request("define", source, fn.__name__, args, kwargs)
@@ -310,17 +273,12 @@ def make_kernel_side(link: KernelLink):
 
 
 # -- the grader's namespace ---------------------------------------------------------------------------------------
-def _code_objects(code):
-    yield code
-    for const in code.co_consts:
-        if inspect.iscode(const):
-            yield from _code_objects(const)
-
-
 def global_reads(code) -> set[str]:
     """Global names a compiled cell reads (module level and inside its functions), minus those it binds itself."""
-    reads, binds = set(), set()
-    for obj in _code_objects(code):
+    reads, binds, todo = set(), set(), [code]
+    while todo:
+        obj = todo.pop()
+        todo += [const for const in obj.co_consts if inspect.iscode(const)]
         for ins in dis.get_instructions(obj):
             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"):
                 reads.add(ins.argval)
@@ -351,7 +309,6 @@ class GraderSide:
         self.link = link
         self.kernel_side = make_kernel_side(link)
         self.base: dict = {"__builtins__": builtins, "__name__": "__grader__", "kernel_side": self.kernel_side}
-        self.problems: list[str] = []
         self._pending: list[tuple[str, list[str]]] = []  # locked cells not yet taken into the grader
         self.needed = needed  # names the notebook's test cells read (None: all): other imports are not made here
         self._cells = 0
@@ -388,19 +345,16 @@ class GraderSide:
                 del sys.modules[name]  # another course's copy: this lab's tests use its own instructor files
         with _instructor_imports(self.folder):
             for node in nodes:
-                module = ast.Module(body=[node], type_ignores=[])
-                try:
+                with contextlib.suppress(Exception):  # an import the grader cannot make leaves its names remote
                     if self.needed is not None and _is_star_import(node):
                         self._take_star_import(node.module)
                     else:
-                        exec(compile(module, filename, "exec"), self.base)
-                except Exception as exc:  # noqa: BLE001 - an import the grader cannot make leaves its names remote
-                    self.problems.append(f"{ast.unparse(node)[:80]}: {type(exc).__name__}: {exc}")
+                        exec(compile(ast.Module(body=[node], type_ignores=[]), filename, "exec"), self.base)
                 self.base["kernel_side"] = self.kernel_side  # `from checks import *` brings the local one
 
     def _take_star_import(self, name: str) -> None:
-        """``from <name> import *``, restricted to the names the tests read: a module's lazy attributes the tests do
-        not use (``utils``' Gemma-3 configs import transformers, seconds) are never built here."""
+        """``from <name> import *``, restricted to the names the tests read: lazy attributes of a module that no
+        test uses (``utils``' model configs import transformers) are never built here."""
         module = importlib.import_module(name)
         exported = getattr(module, "__all__", None)
         if exported is None:
@@ -444,7 +398,7 @@ class GraderSide:
             card = contract.end_cell() if contract is not None else None
             linecache.cache.pop(filename, None)
             with contextlib.suppress(BoundaryError):
-                link.release()
+                link.request("release")  # the kernel forgets this cell's handles
         self.last_failures = card.failures() if card is not None else []
         failures = "\n".join(self.last_failures)
         if lying:
@@ -458,8 +412,8 @@ class GraderSide:
         return printed.getvalue() + failures + "\n", None, card.share
 
     def _lying_types(self, card) -> list[str]:
-        """The lying answer types among the objects this cell received as handles (``LYING_TYPES_PROBE``); asked only
-        when some check of the cell (its ``checks.Scorecard``) failed: the contract refuses every handle."""
+        """The lying answer types among the handles this cell received (``LYING_TYPES_PROBE``); asked only when a
+        check of the cell (its ``checks.Scorecard``) failed, as the contract refuses every handle."""
         if card is None or card.share == 1.0 or card.lying or not self.link.objects:
             return []
         found = self.link.request("define", LYING_TYPES_PROBE, "_efficient_ai_lying_types", tuple(self.link.objects), {})
@@ -510,8 +464,8 @@ def imported_modules(nb) -> set[str]:
 
 
 def lab_uses_guard_libraries(folder: Path | None) -> bool:
-    """Whether the instructor's notebooks in ``folder`` (``source/<lab>/``) import numpy, torch or utils; True when
-    they cannot be read (the guard then watches everything, as it always did)."""
+    """Whether the instructor's notebooks in ``folder`` (``source/<lab>/``) import one of ``GUARD_LIBRARIES``;
+    True when they cannot be read (the guard then watches everything)."""
     import nbformat
 
     notebooks = sorted(folder.glob("*.ipynb")) if folder and folder.is_dir() else []
@@ -540,9 +494,9 @@ def _import_wanted(node, needed: set[str] | None) -> bool:
 
 
 def modules_to_import(locked_cells: list[tuple[str, list[str]]], needed: set[str] | None) -> list[str]:
-    """The modules ``GraderSide`` will import when it takes these locked cells (source and tags of each), in order:
-    their imports that the tests need (every import of a ``test-helpers`` cell). ``torch.nn.functional`` stays
-    dotted; relative imports are left out."""
+    """The modules ``GraderSide`` will import, in order, when it takes these locked cells (source and tags of each):
+    their imports the tests need (every import of a ``test-helpers`` cell); dotted names stay dotted, relative
+    imports are left out."""
     modules: list[str] = []
     for source, tags in locked_cells:
         try:
@@ -560,23 +514,20 @@ def modules_to_import(locked_cells: list[tuple[str, list[str]]], needed: set[str
 
 
 def warm_imports(needed: set[str], folder: Path | None, modules: list[str] = ()) -> None:
-    """Import ahead of the first test cell what the tests will need: numpy and torch (and what the first
-    ``torch.testing.assert_close`` imports), the instructor's ``utils``
-    (from ``folder``), the other ``modules`` the locked cells import for the tests (``modules_to_import``: transformers
-    takes seconds) and, where the tests use ``DEVICE`` on a GPU, the GPU's context.
+    """Import, in a thread while the kernel starts, what the tests will need: numpy, torch, the instructor's
+    ``utils`` (from ``folder``) and its attributes the tests read, the locked cells' other ``modules``
+    (``modules_to_import``) and, where the tests use ``DEVICE``, the GPU's context.
 
-    Runs in a thread while the kernel starts and runs the setup cells; ``GraderSide`` waits for it before taking the
-    locked cells' imports, so nothing is imported twice. A module found in ``folder`` or in the current folder is
-    left to that import (made with the instructor's files first, never a submission's). Errors are left for the test
-    cell that needs the module."""
+    ``GraderSide`` joins the thread before taking the locked cells' imports, so nothing is imported twice. A module
+    found in ``folder`` or the current folder is left to that import (instructor's files first, never a
+    submission's); errors are left for the test cell that needs the module.
+    """
     if not needed:
         return
-    for name in [m for m in ("numpy", "torch") if m in needed or "DEVICE" in needed]:
-        with contextlib.suppress(Exception):
-            __import__(name)
-    if "torch" in needed and "torch" in sys.modules:
-        with contextlib.suppress(Exception):  # its first call imports torch.distributed.tensor and sympy: about 1 s
-            sys.modules["torch"].testing.assert_close(sys.modules["torch"].zeros(1), sys.modules["torch"].zeros(1))
+    for name in ("numpy", "torch"):
+        if name in needed or "DEVICE" in needed:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
     utils_file = folder / "utils.py" if folder else None
     if utils_file is not None and utils_file.is_file() and "utils" not in sys.modules:
         spec = importlib.util.spec_from_file_location("utils", utils_file)
@@ -589,18 +540,23 @@ def warm_imports(needed: set[str], folder: Path | None, modules: list[str] = ())
         else:
             for name in needed.intersection(getattr(module, "__all__", ())):
                 with contextlib.suppress(Exception):
-                    getattr(module, name)  # a lazy attribute the tests read (a Gemma-3 config) is built here
+                    getattr(module, name)  # a lazy attribute the tests read (a model config) is built here
     for name in modules:
         with contextlib.suppress(Exception):
             if name not in sys.modules and _installed_elsewhere(name.split(".")[0], folder):
                 importlib.import_module(name)
     torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+    if torch is None:
+        return
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
         torch.backends.cuda.enable_cudnn_sdp(False)  # as in the grading kernels (kernel_channel.GRADING_KERNEL_SETTINGS)
-    if torch is not None and "DEVICE" in needed:
+    if "torch" in needed:
+        with contextlib.suppress(Exception):  # its first call imports more of torch
+            torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
+    if "DEVICE" in needed:
         with contextlib.suppress(Exception):
             if torch.cuda.is_available():
-                torch.empty(1, device="cuda")  # the CUDA context: about a second, paid here rather than in a test
+                torch.empty(1, device="cuda")  # the CUDA context, made here rather than in a test
 
 
 def _installed_elsewhere(top: str, folder: Path | None) -> bool:
