@@ -58,10 +58,8 @@ class DropTestResults(NbGraderPreprocessor):
     """Remove ``execute_result`` outputs from autograded test cells before nbgrader scores them, except the partial
     credit this grading process recorded (``partial_credit_output``).
 
-    nbgrader reads a number shown as a test cell's result as partial credit, and stops at the first such
-    output, even when an assertion error follows it. Our test cells never end in an expression (``check``
-    enforces it), so any other result there was put there by student code (``get_ipython().displayhook(5)``).
-    Without it the cell scores on its errors alone.
+    nbgrader reads a number shown as a test cell's result as its score. Our test cells never end in an expression
+    (``course lint``), so any other result there came from student code (``get_ipython().displayhook(5)``).
     """
 
     def preprocess_cell(self, cell, resources, cell_index):
@@ -74,17 +72,14 @@ class DropTestResults(NbGraderPreprocessor):
 class AwardBonusPoints(NbGraderPreprocessor):
     """Record the bonus points of bonus questions as nbgrader's ``extra_credit``, after ``SaveAutoGrades``.
 
-    A bonus grade cell has nbgrader ``points`` 0 (``course build``), so nbgrader's maximum of a lab is its core total
-    and the formgrader, ``nbgrader export`` and our reports show e.g. 57/100. Its points are read here from the
-    course's own instructor notebook (``source/<lab>/<notebook>.ipynb`` of the course folder), never from the
-    submission, whose metadata the student can edit (docs/SECURITY.md).
+    A bonus grade cell has nbgrader ``points`` 0 (``course build``), so a lab's maximum is its core total. The bonus
+    points are read from the course's instructor notebook, never from the submission, whose metadata the student
+    can edit (docs/SECURITY.md).
 
-    - An autograded bonus test cell earns what nbgrader's ``determine_grade`` gives the graded cell (its outputs as
-      the grader left them) with the real bonus points: all of them when it passed, 0 when it failed or is missing.
-      Every grading run overwrites the earlier extra credit of these cells.
-    - A manually graded bonus cell is the TA's: its extra credit (the formgrader's "Extra credit" box) is kept. Its
-      automatic score is set to 0 where nbgrader left none, so that the extra credit a TA enters counts in nbgrader's
-      score even when the TA leaves the score box (out of 0) empty.
+    - An autograded bonus test cell earns its share of the bonus points (its partial credit, else nbgrader's
+      ``determine_grade`` on the graded cell); every grading run overwrites that extra credit.
+    - A manually graded bonus cell is the TA's: its extra credit is kept, and its automatic score set to 0 where
+      nbgrader left none, so that the extra credit counts even when the TA leaves the score box empty.
     """
 
     def preprocess(self, nb, resources):
@@ -183,11 +178,10 @@ class StripHiddenTests(NbGraderPreprocessor):
     """Keep hidden tests out of feedback HTML: their source, and any output that quotes them.
 
     - A hidden test region becomes a one-line note.
-    - A test cell keeps only its error's name and message and the list of its failed checks (our assertion messages,
-      written for students), shortened to ``MAX_MESSAGE_CHARS``; its other printed output and traceback are dropped.
-    - In every cell, any output line that quotes a line of hidden test source (compared without whitespace,
-      for source lines of at least ``min_quoted_chars`` characters) is replaced by a note, so student code that
-      copied hidden test text during grading cannot print it into the feedback later.
+    - A test cell keeps only its error's name and message and its failed checks (assertion messages written for
+      students), shortened to ``MAX_MESSAGE_CHARS``.
+    - In every cell, an output line that quotes a line of hidden test source (without whitespace, at least
+      ``min_quoted_chars`` long) is replaced by a note: student code cannot print copied test text into feedback.
     """
 
     MAX_MESSAGE_CHARS = 500
@@ -279,15 +273,10 @@ def error_output(ename: str, evalue: str) -> NotebookNode:
 def neutralise_cell_metadata(cell, skip_tag: str) -> list[str]:
     """Remove from one cell the metadata that changes how it is executed or trusted; what was removed, in words.
 
-    - The tags nbclient acts on: ``skip_tag`` (``Execute.skip_cells_with_tag``, "skip-execution": the cell is not
-      run, so a test cell would pass unrun) and ``raises-exception`` (the cell's error does not count as one).
-    - nbgrader metadata without a grade id. nbgrader's sanitize step (``OverwriteCells``) restores the cells whose
-      grade id is in the gradebook and deletes any other grade id, but leaves the flags: a student cell marked
-      ``locked`` would be run as an instructor cell (the grading guard adopts what those change), one marked
-      ``grade`` as a test cell. Without a grade id a cell is the student's own.
-
-    The same cell from any route (``course grade``, plain ``nbgrader autograde``, the formgrader) is then run the
-    same way.
+    - The tags nbclient acts on: ``skip_tag`` (a test cell would pass unrun) and ``raises-exception`` (its error
+      would not count).
+    - nbgrader metadata without a grade id: ``OverwriteCells`` deletes a made-up grade id but leaves the flags, so a
+      student cell marked ``locked`` would run as an instructor cell, one marked ``grade`` as a test cell.
     """
     removed = []
     tags = cell.metadata.get("tags")
@@ -311,12 +300,9 @@ NEUTRALISED_KEY = "efficient_ai_neutralised"  # notebook metadata: what the sani
 
 
 class NeutraliseCellMetadata(NbGraderPreprocessor):
-    """nbgrader's sanitize step, after ``OverwriteCells``: ``neutralise_cell_metadata`` on every cell.
-
-    It runs before ``CheckCellMetadata``, which would otherwise reject a student cell whose made-up grade id
-    ``OverwriteCells`` deleted (nbgrader's stock pipeline then fails the whole submission, where ``course grade``
-    grades it with that cell as the student's own). What was removed is kept in the notebook's metadata
-    (``NEUTRALISED_KEY``, replaced on every run) for ``GuardedExecute``'s report.
+    """nbgrader's sanitize step, after ``OverwriteCells`` and before ``CheckCellMetadata`` (which would reject the whole
+    submission over one cell whose made-up grade id was deleted): ``neutralise_cell_metadata`` on every cell. What
+    was removed goes to the notebook's metadata (``NEUTRALISED_KEY``) for ``GuardedExecute``'s report.
     """
 
     def preprocess(self, nb, resources):
@@ -347,9 +333,8 @@ class RecoverCellMetadata(NbGraderPreprocessor):
 class QuietOverwriteCells(OverwriteCells):
     """nbgrader's ``OverwriteCells`` without its false alarm on hidden-test cells a student never touched.
 
-    nbgrader records a locked cell's checksum before ``generate_assignment`` removes the cell's hidden tests
-    (jupyter/nbgrader#1961), so every untouched hidden-test cell of every submission logs "Attribute 'checksum' ...
-    has changed!" and a TA learns to ignore the warning. Here it is logged (at warning level, as nbgrader does) only
+    nbgrader records a locked cell's checksum before ``generate_assignment`` removes the hidden tests
+    (jupyter/nbgrader#1961), so every such cell would log "Attribute 'checksum' ... has changed!". It is logged only
     when the submitted source differs from what was released; the cell is restored from the gradebook either way.
     """
 
