@@ -44,9 +44,10 @@ LOGS: dict[str, str] = {}  # what each nbgrader command of the course_dir fixtur
 
 
 def plain_env(**extra: str) -> dict[str, str]:
-    """The TA's shell: no variables of ours, scale and plotting as grading sets them."""
+    """The TA's shell: no variables of ours (a GPU machine's student default scale, teaching, left set), plotting
+    headless."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EFFICIENT_AI_REPO")}
-    env.update(EFFICIENT_AI_SCALE="quick", MPLBACKEND="Agg",
+    env.update(EFFICIENT_AI_SCALE="teaching", MPLBACKEND="Agg",
                PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
     env.update(extra)
     return env
@@ -81,6 +82,13 @@ def course_dir(tmp_path_factory) -> Path:
     bonus_cell.metadata["nbgrader"]["points"] = 50
     bonus_cell.metadata[COURSE_METADATA] = {BONUS_POINTS: 50}
     write_notebook(greedy, course / "submitted" / "eve" / LAB / f"{LAB}.ipynb")
+    # carol's answer reads the scale where the tests call it, in the grading kernel: grading runs at quick scale on
+    # every route, whatever the TA's shell sets.
+    checks_scale = replace_cell_source(reference, "q1_2_scale", (
+        "def scale(x, factor_per_unit):\n    import os\n"
+        "    assert os.environ.get('EFFICIENT_AI_SCALE') == 'quick', 'the grading kernel must run at quick scale'\n"
+        "    return x * factor_per_unit\n"))
+    write_notebook(checks_scale, course / "submitted" / "carol" / LAB / f"{LAB}.ipynb")
     # bob left the bonus question as released: its test fails.
     write_notebook(make_submission(release, source, CORE_ANSWERS), course / "submitted" / "bob" / LAB / f"{LAB}.ipynb")
     for args in (["generate_assignment", LAB, "--force"], ["autograde", LAB, "--force"],
@@ -97,6 +105,13 @@ def test_plain_autograde_in_a_course_folder_uses_our_grading(course_dir):
     report = course_dir / "autograded" / "alice" / LAB / GRADING_REPORT
     assert report.exists(), "plain nbgrader autograde must run our GuardedExecute (it writes grading_report.json)"
     assert json.loads(report.read_text())["guard"] == "", "the grading guard must be installed and answering"
+
+
+def test_plain_autograde_runs_the_kernel_at_quick_scale(course_dir):
+    scores = read_scores(course_dir, LAB)
+    assert scores["carol"].cells["q1_2_scale_tests"].auto_score == 2, (
+        "plain nbgrader autograde must run grading kernels at quick scale (EFFICIENT_AI_SCALE=quick) even when the "
+        "TA's shell sets another scale")
 
 
 def test_autograde_warns_about_edited_locked_cells_only(course_dir):
