@@ -23,7 +23,7 @@ from .notebooks import (
     write_notebook,
 )
 from .paths import REPO_ROOT, release_notebook_path, source_notebook_path
-from .report import TABLE_LEGEND, format_table, score_table
+from .report import print_table
 
 
 def partial_answer_ids(source_nb) -> tuple[set[str], set[str]]:
@@ -73,8 +73,7 @@ def main(lab: str = "lab1", root: Path = REPO_ROOT, course: Path | None = None) 
     print(f"3/3 autograde into the SQLite gradebook {course.name}/gradebook.db")
     outcomes, scores = grade_lab(course, lab, sorted(expected), out_dir=course / "grading" / lab)
     print()
-    print(format_table(*score_table(lab, outcomes, scores)))
-    print(TABLE_LEGEND)
+    print_table(lab, outcomes, scores)
     print(f"\ngrades.csv and scores.png are in {course / 'grading' / lab}")
     problems = mismatches(expected, scores)
     for problem in problems:
