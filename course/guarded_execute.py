@@ -14,6 +14,7 @@ the rest: ``KernelChannel`` (the grader's own requests to the kernel), ``GuardCl
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -48,6 +49,7 @@ from .scan import recording_bypass_flags
 DEFAULT_NOTEBOOK_TIMEOUT_S = 600
 MAX_KERNEL_RESTARTS = 3  # a kernel that dies or stops answering is replaced (earlier cells run again) this often
 # Fixed limits, not settings: no lab needs other values (docs/SECURITY.md, "Output is capped while it arrives").
+SCALE_ENV = "EFFICIENT_AI_SCALE"  # utils.py's sizes: grading always runs at quick scale
 MAX_ERROR_BYTES = 64 * 1024  # an error output (message and traceback) is shortened to this size
 MAX_MESSAGE_BYTES = 8 * MIB  # ZeroMQ drops a larger kernel message unread
 
@@ -82,10 +84,18 @@ class GuardedExecute(Execute):
         self.max_error_bytes = max_error_bytes
 
     def preprocess(self, nb, resources=None, km=None):
+        # The grader's tests (and its import of the lab's utils) run at the kernel's quick scale (course/sandbox.py),
+        # on every route; the setting is given back after, for the formgrader's server and its other kernels.
+        scale = os.environ.get(SCALE_ENV)
+        os.environ[SCALE_ENV] = "quick"
         self._start_run(nb, resources)
         try:
             return super().preprocess(nb, resources, km)
         finally:
+            if scale is None:
+                os.environ.pop(SCALE_ENV, None)
+            else:
+                os.environ[SCALE_ENV] = scale
             if self._zmq_context is not None:
                 self._zmq_context.destroy(linger=0)
             self._record.output_dropped_bytes = {where(self.nb.cells[i], i): size
