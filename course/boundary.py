@@ -23,7 +23,6 @@ import math
 import pickle
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 KERNEL_SOURCE = Path(__file__).with_name("boundary_kernel.py")
@@ -303,8 +302,7 @@ def _instructor_imports(folder: Path | None):
 class GraderSide:
     """One notebook's grader-side namespace and the test cells run in it."""
 
-    def __init__(self, instructor_folder: Path | None, link: KernelLink, needed: set[str] | None = None,
-                 warming: threading.Thread | None = None):
+    def __init__(self, instructor_folder: Path | None, link: KernelLink, needed: set[str] | None = None):
         self.folder = instructor_folder
         self.link = link
         self.kernel_side = make_kernel_side(link)
@@ -313,7 +311,6 @@ class GraderSide:
         self.needed = needed  # names the notebook's test cells read (None: all): other imports are not made here
         self._cells = 0
         self.last_failures: list[str] = []  # the failed checks of the last test cell (checks.Scorecard.failures)
-        self._warming = warming  # warm_imports, running: joined before the first locked cell is taken
 
     def run_locked_cell(self, source: str, tags) -> None:
         """Take a locked cell's imports (or the whole cell when tagged ``test-helpers``) into the grader, before the
@@ -321,12 +318,12 @@ class GraderSide:
         self._pending.append((source, list(tags or ())))
 
     def _take_pending(self) -> None:
-        if self._warming is not None:
-            self._warming.join()
-            self._warming = None
         pending, self._pending = self._pending, []
         for source, tags in pending:
             self._take_locked_cell(source, tags)
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+            torch.backends.cuda.enable_cudnn_sdp(False)  # as in the grading kernels (kernel_channel)
 
     def _take_locked_cell(self, source: str, tags: list[str]) -> None:
         try:
@@ -491,83 +488,6 @@ def _import_wanted(node, needed: set[str] | None) -> bool:
         return True
     names = {alias.asname or alias.name.split(".")[0] for alias in node.names}
     return "*" in names or bool(names & needed)
-
-
-def modules_to_import(locked_cells: list[tuple[str, list[str]]], needed: set[str] | None) -> list[str]:
-    """The modules ``GraderSide`` will import, in order, when it takes these locked cells (source and tags of each):
-    their imports the tests need (every import of a ``test-helpers`` cell); dotted names stay dotted, relative
-    imports are left out."""
-    modules: list[str] = []
-    for source, tags in locked_cells:
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        for node in tree.body:
-            if not _import_wanted(node, None if HELPERS_TAG in tags else needed):
-                continue
-            if isinstance(node, ast.Import):
-                modules += [alias.name for alias in node.names]
-            elif node.module and not node.level:
-                modules.append(node.module)
-    return list(dict.fromkeys(modules))
-
-
-def warm_imports(needed: set[str], folder: Path | None, modules: list[str] = ()) -> None:
-    """Import, in a thread while the kernel starts, what the tests will need: numpy, torch, the instructor's
-    ``utils`` (from ``folder``) and its attributes the tests read, the locked cells' other ``modules``
-    (``modules_to_import``) and, where the tests use ``DEVICE``, the GPU's context.
-
-    ``GraderSide`` joins the thread before taking the locked cells' imports, so nothing is imported twice. A module
-    found in ``folder`` or the current folder is left to that import (instructor's files first, never a
-    submission's); errors are left for the test cell that needs the module.
-    """
-    if not needed:
-        return
-    for name in ("numpy", "torch"):
-        if name in needed or "DEVICE" in needed:
-            with contextlib.suppress(Exception):
-                importlib.import_module(name)
-    utils_file = folder / "utils.py" if folder else None
-    if utils_file is not None and utils_file.is_file() and "utils" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("utils", utils_file)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["utils"] = module  # as `import` does: in sys.modules while its code runs (dataclasses look there)
-        try:
-            spec.loader.exec_module(module)
-        except Exception:  # noqa: BLE001 - the test cell's own import reports the error
-            sys.modules.pop("utils", None)
-        else:
-            for name in needed.intersection(getattr(module, "__all__", ())):
-                with contextlib.suppress(Exception):
-                    getattr(module, name)  # a lazy attribute the tests read (a model config) is built here
-    for name in modules:
-        with contextlib.suppress(Exception):
-            if name not in sys.modules and _installed_elsewhere(name.split(".")[0], folder):
-                importlib.import_module(name)
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return
-    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
-        torch.backends.cuda.enable_cudnn_sdp(False)  # as in the grading kernels (kernel_channel.GRADING_KERNEL_SETTINGS)
-    if "torch" in needed:
-        with contextlib.suppress(Exception):  # its first call imports more of torch
-            torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
-    if "DEVICE" in needed:
-        with contextlib.suppress(Exception):
-            if torch.cuda.is_available():
-                torch.empty(1, device="cuda")  # the CUDA context, made here rather than in a test
-
-
-def _installed_elsewhere(top: str, folder: Path | None) -> bool:
-    """Whether module ``top`` is found outside ``folder`` and the current folder (an installed library)."""
-    if top in sys.modules:
-        return True
-    spec = importlib.util.find_spec(top)
-    if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
-        return spec is not None
-    origin = Path(spec.origin).resolve()
-    return not any(origin.is_relative_to(place.resolve()) for place in (folder, Path.cwd()) if place is not None)
 
 
 def _from_folder(module, folder: Path) -> bool:

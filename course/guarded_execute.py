@@ -15,7 +15,6 @@ the rest: ``KernelChannel`` (the grader's own requests to the kernel), ``GuardCl
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -38,7 +37,6 @@ from .nbgrader_ext import (
     is_setup_cell,
     neutralise_cell_metadata,
     partial_credit_output,
-    setup_cells,
     sticky_cuda_error,
     where,
 )
@@ -117,14 +115,10 @@ class GuardedExecute(Execute):
         self._deadline = time.monotonic() + self.notebook_timeout_s
 
     def _start_run(self, nb, resources) -> None:
-        """What one notebook's run needs, made before its first cell: its parts, and the grader's imports started."""
+        """What one notebook's run needs, made before its first cell."""
         self._make_parts()
-        # The grader runs the test cells with torch of its own: import it while the kernel starts, not after.
         self._needed = boundary.names_tests_read(nb)
         self._recording_bypass = recording_bypass_flags(nb)
-        self._warming = threading.Thread(target=boundary.warm_imports, name="grader-imports", daemon=True, args=(
-            self._needed, self._instructor_folder(resources), boundary.modules_to_import(setup_cells(nb), self._needed)))
-        self._warming.start()
         earlier = nb.metadata.pop(NEUTRALISED_KEY, None)  # found by NeutraliseCellMetadata in the sanitize step
         if isinstance(earlier, dict):
             self._record.neutralised.update({str(k): [str(x) for x in v] for k, v in earlier.items()
@@ -171,7 +165,7 @@ class GuardedExecute(Execute):
         self._check_assign_resources(resources)
         if self._grader is None:
             self._grader = boundary.GraderSide(self._instructor_folder(resources), boundary.KernelLink(self._boundary.ask),
-                                               self._needed, self._warming)
+                                               self._needed)
         if not self._record.stopped and not self._channel.lost:
             self._install_kernel_side()
         is_test = is_autograded_test(cell)

@@ -362,11 +362,6 @@ def is_setup_cell(cell) -> bool:
     return cell.cell_type == "code" and is_locked(cell) and not is_grade(cell) and not is_solution(cell)
 
 
-def setup_cells(nb) -> list[tuple[str, list[str]]]:
-    """Source and tags of each setup cell of ``nb`` (``_is_setup_cell``), as ``boundary.modules_to_import`` takes them."""
-    return [(cell.source, list(cell.metadata.get("tags") or ())) for cell in nb.cells if is_setup_cell(cell)]
-
-
 def where(cell, index: int) -> str:
     """How reasons name a cell: ``cell 7 (q1_2_scale)``."""
     gid = (cell.metadata.get("nbgrader") or {}).get("grade_id") if isinstance(cell.metadata.get("nbgrader"), dict) else None

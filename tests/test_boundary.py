@@ -217,13 +217,6 @@ def test_a_star_import_binds_only_the_names_tests_read(tmp_path, monkeypatch):
     assert grader.base["kernel_side"] is grader.kernel_side, "the grader's kernel_side must survive a star import"
 
 
-def test_modules_to_import_are_those_of_the_imports_the_tests_need():
-    cells = [("import math\nimport numpy as np\nfrom torch.nn import functional as F\nfrom . import x\nA = 1\n", []),
-             ("import json\n", [boundary.HELPERS_TAG]), ("from utils import *\n", [])]
-    assert boundary.modules_to_import(cells, {"np", "F"}) == ["numpy", "torch.nn", "json", "utils"]
-    assert boundary.modules_to_import(cells, None) == ["math", "numpy", "torch.nn", "json", "utils"]
-
-
 def test_global_reads_are_the_names_a_cell_reads_but_does_not_bind():
     code = compile("import math\nx = gemm(A)\ndef f():\n    return helper(x) + math.pi\nprint(f())\n", "<t>", "exec")
     assert boundary.global_reads(code) == {"gemm", "A", "helper", "print"}
