@@ -192,7 +192,8 @@ def main() -> int:
     if not args.skip_autograde:
         result["autograde"] = autograde_reference(args.lab)
         print(f"{args.lab}: autograde of one submission {result['autograde']['seconds']:.0f} s, "
-              f"{result['autograde']['autograded_score']}/{result['autograde']['autograded_max']} autograded points, "
+              f"{result['autograde']['autograded_score']} autograded points of {result['autograde']['autograded_max']}"
+              " (bonus included), "
               f"cells short of full marks: {result['autograde']['cells_short_of_full_marks']}",
               flush=True)
     # An autograde-only run (--skip-execute) must not overwrite the teaching-scale run's record.
