@@ -82,8 +82,8 @@ class GuardedExecute(Execute):
         self.max_error_bytes = max_error_bytes
 
     def preprocess(self, nb, resources=None, km=None):
-        # The grader's tests (and its import of the lab's utils) run at the kernel's quick scale (course/sandbox.py),
-        # on every route; the setting is given back after, for the formgrader's server and its other kernels.
+        # Grading runs at quick scale on every route: the grader's tests, and the kernel, which the launcher starts
+        # with this environment. The TA's value comes back after, for the formgrader's server and its other kernels.
         scale = os.environ.get(SCALE_ENV)
         os.environ[SCALE_ENV] = "quick"
         self._start_run(nb, resources)

@@ -305,7 +305,6 @@ def launch(argv: list[str]) -> None:
     Args:
         argv: ``[--settings LAUNCH_FILE] [--unsandboxed] -f CONNECTION_FILE`` and any extra kernel arguments.
     """
-    os.environ["EFFICIENT_AI_SCALE"] = "quick"  # every grading kernel, on every route: the same sizes on every grader
     settings = {}
     if "--settings" in argv:
         at = argv.index("--settings")
