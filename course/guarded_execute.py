@@ -46,8 +46,8 @@ from .scan import recording_bypass_flags
 
 DEFAULT_NOTEBOOK_TIMEOUT_S = 600
 MAX_KERNEL_RESTARTS = 3  # a kernel that dies or stops answering is replaced (earlier cells run again) this often
-# Fixed limits, not settings: no lab needs other values (docs/SECURITY.md, "Output is capped while it arrives").
 SCALE_ENV = "EFFICIENT_AI_SCALE"  # utils.py's sizes: grading always runs at quick scale
+# Fixed limits, not settings: no lab needs other values (docs/SECURITY.md, "Output is capped while it arrives").
 MAX_ERROR_BYTES = 64 * 1024  # an error output (message and traceback) is shortened to this size
 MAX_MESSAGE_BYTES = 8 * MIB  # ZeroMQ drops a larger kernel message unread
 

@@ -21,11 +21,10 @@ THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment nbgrader and its kernels run with: ours, quick scale (the same score on CPU and GPU),
-    headless plotting, and ``extra``."""
+    """The environment nbgrader and its kernels run with: ours, headless plotting, and ``extra`` (the scale is
+    ``GuardedExecute``'s, on every route)."""
     return {
         **os.environ,
-        "EFFICIENT_AI_SCALE": "quick",
         "MPLBACKEND": "Agg",
         "PYTHONUNBUFFERED": "1",
         "EFFICIENT_AI_REPO": str(REPO_ROOT),
