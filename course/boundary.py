@@ -317,7 +317,8 @@ class GraderSide:
         next test cell runs (so the grader's imports overlap with the kernel's work on the cells in between)."""
         self._pending.append((source, list(tags or ())))
 
-    def _take_pending(self) -> None:
+    def take_pending(self) -> None:
+        """Take the locked cells run so far into the grader now."""
         pending, self._pending = self._pending, []
         for source, tags in pending:
             self._take_locked_cell(source, tags)
@@ -368,7 +369,7 @@ class GraderSide:
         except SyntaxError as exc:
             return "", ("SyntaxError", f"the test cell does not compile: {exc}"), 0.0
         link = self.link
-        self._take_pending()
+        self.take_pending()
         contract = self._contract()
         started = None
         if contract is not None:

@@ -10,13 +10,14 @@ import os
 import re
 import subprocess
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
 from .grading_record import GRADING_REPORT
-from .nbgrader_run import SubmissionScores, available_cpus, read_scores, run_nbgrader, worker_envs
+from .nbgrader_run import NbgraderProcess, SubmissionScores, available_cpus, read_scores, run_nbgrader, worker_envs
 from .outcome import NEEDS_TA, Outcome
 from .paths import REPO_ROOT
 from .quoting import escape_controls
@@ -83,15 +84,17 @@ def _failure_reason(result_output: str) -> str:
 
 
 def autograde_one(course_root: Path, lab: str, student: str, timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
-                  env: dict[str, str] | None = None, submitted: Path | None = None) -> Outcome:
+                  env: dict[str, str] | None = None, submitted: Path | None = None,
+                  started: NbgraderProcess | None = None) -> Outcome:
     """Autograde one submission in its own nbgrader process (``env``: extra variables, a worker's GPU and CPUs;
-    ``submitted``: the folder holding ``<student>/<lab>/``, default ``submitted/``). Never raises for a bad submission.
+    ``submitted``: the folder holding ``<student>/<lab>/``, default ``submitted/``; ``started``: its process, started
+    ahead by ``start_autograde``). Never raises for a bad submission.
 
     A run that went wrong in a way a busy machine can explain (``Outcome.retry``) is graded once more and the second
     run kept. A run that hit a sticky CUDA error (every later CUDA call in that kernel fails) is graded once more with
     the GPU hidden, so it earns what it would on a CPU grader. A note says so either way.
     """
-    outcome = _autograde_once(course_root, lab, student, timeout_s, env, submitted)
+    outcome = _autograde_once(course_root, lab, student, timeout_s, env, submitted, started)
     if outcome.retry:
         first = outcome
         outcome = _autograde_once(course_root, lab, student, timeout_s, env, submitted)
@@ -108,13 +111,20 @@ def autograde_one(course_root: Path, lab: str, student: str, timeout_s: float = 
     return cpu
 
 
-def _autograde_once(course_root: Path, lab: str, student: str, timeout_s: float, env: dict[str, str] | None,
-                    submitted: Path | None) -> Outcome:
-    start = time.perf_counter()
+def start_autograde(course_root: Path, lab: str, student: str, env: dict[str, str] | None = None,
+                    submitted: Path | None = None, ahead: bool = False) -> NbgraderProcess:
+    """The nbgrader process that autogrades one submission, started (``ahead``: it waits for ``go`` before the
+    notebook's first student cell)."""
     args = ["autograde", lab, "--student", student, "--create", "--force"]
     if submitted is not None:
         args.append(f"--CourseDirectory.submitted_directory={submitted}")
-    result = run_nbgrader(course_root, args, timeout_s=timeout_s, env=env)
+    return NbgraderProcess(course_root, args, env, ahead)
+
+
+def _autograde_once(course_root: Path, lab: str, student: str, timeout_s: float, env: dict[str, str] | None,
+                    submitted: Path | None, started: NbgraderProcess | None = None) -> Outcome:
+    start = time.perf_counter()
+    result = (started or start_autograde(course_root, lab, student, env, submitted)).finish(timeout_s)
     seconds = time.perf_counter() - start
     graded_nb = course_root / "autograded" / student / lab / f"{lab}.ipynb"
     if result.timed_out:
@@ -178,37 +188,58 @@ def autograde_all(course_root: Path, lab: str, students: list[str], timeout_s: f
                   gradable: Callable[[str], bool] | None = None) -> dict[str, Outcome]:
     """Autograde every student's submission with one progress bar, ``workers`` at a time (each pinned to a GPU and
     a share of the CPUs: ``worker_envs``); continue past failures. ``gradable`` is asked before each submission is
-    graded (it may wait for the staging); a submission it refuses is left out of the outcomes."""
-    from queue import Queue
+    graded (it may wait for the staging); a submission it refuses is left out of the outcomes.
 
+    Each worker starts its next submission's nbgrader process while it grades one (``start_autograde(ahead=True)``):
+    its imports, kernel start and setup cells overlap the cells being graded, and its student cells wait their turn.
+    """
     from tqdm import tqdm
 
     submitted = submitted or course_root / "submitted"
-    envs: Queue = Queue()
-    for env in [{}] if workers <= 1 else worker_envs(workers, visible_gpus(), available_cpus()):
-        envs.put(env)
-
-    def work(student: str) -> Outcome | None:
-        if gradable is not None and not gradable(student):
-            return None
-        env = envs.get()
-        try:
-            return _record_finished(course_root, lab, autograde_one(
-                course_root, lab, student, timeout_s, env=env, submitted=submitted))
-        except Exception as exc:  # noqa: BLE001 - a worker's own failure is one submission's failure
-            return Outcome(student, "failed", f"worker error: {exc}")
-        finally:
-            envs.put(env)
-
+    queue = iter(students)
+    lock = threading.Lock()
     outcomes: dict[str, Outcome] = {}
-    with tqdm(total=len(students), desc=f"autograde {lab}", unit="submission", disable=not progress) as bar, \
-            ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="grading-worker") as executor:
-        for student, outcome in zip(students, executor.map(work, students)):
-            if outcome is not None:
+
+    def next_student() -> str | None:
+        while True:
+            with lock:
+                student = next(queue, None)
+            if student is None or gradable is None or gradable(student):
+                return student
+            with lock:
+                bar.update()
+
+    def start_ahead(student: str | None, env: dict[str, str]) -> NbgraderProcess | None:
+        try:
+            return student and start_autograde(course_root, lab, student, env, submitted, ahead=True)
+        except OSError:  # it starts at its turn instead
+            return None
+
+    def work(env: dict[str, str]) -> None:
+        student = next_student()
+        started = start_ahead(student, env)
+        while student is not None:
+            if started:
+                started.go()
+            upcoming = next_student()
+            ahead = start_ahead(upcoming, env)
+            try:
+                outcome = _record_finished(course_root, lab, autograde_one(
+                    course_root, lab, student, timeout_s, env, submitted, started))
+            except Exception as exc:  # noqa: BLE001 - a worker's own failure is one submission's failure
+                outcome = Outcome(student, "failed", f"worker error: {exc}")
+            with lock:
                 outcomes[student] = outcome
-            bar.set_postfix_str(student)
-            bar.update()
-    return outcomes
+                bar.set_postfix_str(student)
+                bar.update()
+            student, started = upcoming, ahead
+
+    envs = [{}] if workers <= 1 else worker_envs(workers, visible_gpus(), available_cpus())
+    with tqdm(total=len(students), desc=f"autograde {lab}", unit="submission", disable=not progress) as bar, \
+            ThreadPoolExecutor(max_workers=len(envs), thread_name_prefix="grading-worker") as executor:
+        for done in [executor.submit(work, env) for env in envs]:
+            done.result()
+    return {s: outcomes[s] for s in students if s in outcomes}
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -24,7 +24,7 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Enum, Float, Integer
 
-from . import boundary
+from . import boundary, nbgrader_child
 from .boundary_client import BoundaryClient
 from .grading_record import GradingRecord
 from .guard_client import GuardClient
@@ -175,6 +175,8 @@ class GuardedExecute(Execute):
             return cell, self.resources
         if cell.cell_type != "code":
             return cell, self.resources
+        if not is_setup_cell(cell):
+            self._wait_for_turn()
         here = where(cell, index)
         if is_test:
             self._grade_test_cell(cell, index, here)
@@ -189,6 +191,14 @@ class GuardedExecute(Execute):
             self._record.stopped = (f"the notebook exceeded its time limit of {self.notebook_timeout_s:.0f} s "
                                     f"(GuardedExecute.notebook_timeout_s) after {here}; cells after it were not run")
         return cell, self.resources
+
+    def _wait_for_turn(self) -> None:
+        """Before the first student cell of a run started ahead (``course.nbgrader_child``): the grader takes the
+        locked cells' imports, then waits for its turn, and the notebook's time limit counts from there."""
+        if nbgrader_child.waiting():
+            self._grader.take_pending()
+            nbgrader_child.wait_for_turn()
+            self._deadline = time.monotonic() + self.notebook_timeout_s
 
     def _run_notebook_cell(self, cell, index: int, here: str, is_setup: bool) -> None:
         """Run a cell that is not a test in the kernel (student code, or a locked instructor cell)."""

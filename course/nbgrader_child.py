@@ -1,12 +1,16 @@
-"""``python -m course.nbgrader_child PARENT_PID ARGS``: ``nbgrader ARGS``, as ``course grade`` runs it.
+"""``python -m course.nbgrader_child PARENT_PID [--turn-fd FD] ARGS``: ``nbgrader ARGS``, as ``course grade`` runs it.
 
-It differs from a plain ``nbgrader`` command in two ways, neither of which changes what nbgrader does: it ends when
-``PARENT_PID`` does (``course.processes.die_with_parent``), and ``rfc3987_syntax`` is marked absent before
-``jsonschema`` is imported (it compiles grammars at import, for the ``iri`` formats no notebook schema uses;
-``jsonschema`` skips those checks without it).
+It differs from a plain ``nbgrader`` command in ways that do not change what nbgrader does: it ends when
+``PARENT_PID`` does (``course.processes.die_with_parent``); ``rfc3987_syntax`` is marked absent before ``jsonschema``
+is imported (it compiles grammars at import, for the ``iri`` formats no notebook schema uses; ``jsonschema`` skips
+those checks without it); it skips the interpreter's teardown (``exit_now``); with ``--turn-fd``, started ahead of
+its turn, ``GuardedExecute`` waits before the notebook's first student cell until ``course grade`` writes to that pipe
+(``wait_for_turn``).
 """
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 
 from .processes import die_with_parent
@@ -17,18 +21,54 @@ def skip_slow_optional_imports() -> None:
     sys.modules.setdefault("rfc3987_syntax", None)
 
 
+_turn_fd: int | None = None  # the pipe that says this process's turn has come (None: it started at its turn)
+
+
+def waiting() -> bool:
+    """Whether this process was started ahead and its turn has not come yet."""
+    return _turn_fd is not None
+
+
+def wait_for_turn() -> None:
+    """Return when this process's turn has come: at once unless it was started ahead (``--turn-fd``), and at once
+    after the first call."""
+    global _turn_fd
+    fd, _turn_fd = _turn_fd, None
+    if fd is not None:
+        os.read(fd, 1)  # a byte, or end of file should course grade stop (it then ends this process)
+        os.close(fd)
+
+
 def main(argv: list[str]) -> int:
     if not argv or not argv[0].isdigit():
-        print("usage: python -m course.nbgrader_child PARENT_PID NBGRADER_ARGS", file=sys.stderr)
+        print("usage: python -m course.nbgrader_child PARENT_PID [--turn-fd FD] NBGRADER_ARGS", file=sys.stderr)
         return 2
     die_with_parent(int(argv[0]))
+    if argv[1:2] == ["--turn-fd"]:
+        from course import nbgrader_child  # the module GuardedExecute imports (this one runs as __main__)
+
+        nbgrader_child._turn_fd, argv = int(argv[2]), [argv[0], *argv[3:]]
     skip_slow_optional_imports()
     from nbgrader.apps.nbgraderapp import main as nbgrader_main
 
     sys.argv = ["nbgrader", *argv[1:]]
-    nbgrader_main()
+    try:
+        nbgrader_main()
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     return 0
 
 
+def exit_now(status: int) -> None:
+    """Exit with ``status`` once the exit handlers ran, without the interpreter's teardown: with torch and
+    transformers imported it takes seconds and has nothing left to save."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_now(main(sys.argv[1:]))

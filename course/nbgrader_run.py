@@ -5,6 +5,7 @@ Every job runs nbgrader as a child process (``course.nbgrader_child``) in a cour
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -61,17 +62,54 @@ def run_nbgrader(course_root: Path, args: list[str], timeout_s: float | None = N
         timeout_s: wall-clock limit in seconds; the whole process group is killed when it is exceeded.
         env: extra environment variables.
     """
-    cmd = [sys.executable, "-m", "course.nbgrader_child", str(os.getpid()), *args]  # it ends with this process
-    proc = subprocess.Popen(cmd, cwd=course_root, env=nbgrader_env(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # a time limit kills the kernel too
-    try:
-        output, _ = proc.communicate(timeout=timeout_s)
-        return NbgraderResult(proc.returncode, output)
-    except subprocess.TimeoutExpired:
-        kill_group(proc.pid)
-        output, _ = proc.communicate()
-        return NbgraderResult(-9, output or "", timed_out=True)
+    return NbgraderProcess(course_root, args, env).finish(timeout_s)
+
+
+class NbgraderProcess:
+    """One ``nbgrader ARGS`` process (``course.nbgrader_child``), in its own session so that a time limit kills its
+    kernel too; it ends with the thread that started it.
+
+    Started ``ahead``, it gets ready (imports, its kernel started, the locked setup cells run) and waits before the
+    notebook's first student cell until ``go`` says its turn has come: ``course grade`` starts the next submission
+    so while one is graded.
+    """
+
+    def __init__(self, course_root: Path, args: list[str], env: dict[str, str] | None = None, ahead: bool = False):
+        self._turn = None
+        turn_args, pass_fds = [], ()
+        if ahead:
+            read_end, self._turn = os.pipe()
+            turn_args, pass_fds = ["--turn-fd", str(read_end)], (read_end,)
+        cmd = [sys.executable, "-m", "course.nbgrader_child", str(os.getpid()), *turn_args, *args]
+        self._proc = subprocess.Popen(cmd, cwd=course_root, env=nbgrader_env(env), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True, pass_fds=pass_fds)
+        if ahead:
+            os.close(read_end)
+
+    def go(self) -> None:
+        """Let a process started ahead go on past its first student cell (nothing for one started at its turn)."""
+        if self._turn is not None:
+            with contextlib.suppress(OSError):  # it ended before its turn (a notebook nbgrader could not read)
+                os.write(self._turn, b"1")
+            os.close(self._turn)
+            self._turn = None
+
+    def finish(self, timeout_s: float | None = None) -> NbgraderResult:
+        """``go``, then wait at most ``timeout_s`` seconds for the process to end (its group is killed after)."""
+        self.go()
+        try:
+            output, _ = self._proc.communicate(timeout=timeout_s)
+            return NbgraderResult(self._proc.returncode, output)
+        except subprocess.TimeoutExpired:
+            kill_group(self._proc.pid)
+            output, _ = self._proc.communicate()
+            return NbgraderResult(-9, output or "", timed_out=True)
+
+    def kill(self) -> None:
+        """End a process that will not get its turn."""
+        kill_group(self._proc.pid)
+        self.go()
+        self._proc.communicate()
 
 
 def worker_envs(workers: int, gpus: list[str], cpus: list[int]) -> list[dict[str, str]]:

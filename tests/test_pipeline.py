@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import time
 from pathlib import Path
 
 import nbformat
@@ -247,6 +248,26 @@ def test_grade_continues_past_broken_submissions(built_root, tmp_path):
     assert totals == {"b1_1_square_tests": "1", "autograded_score": "6", "autograded_max": "5", "total_score": "6",
                       "total_max": "7"}, f"scores include the bonus, maxima are the core points as in nbgrader: {totals}"
     assert (course / "grading" / LAB / "scores.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_submission_started_ahead_runs_no_student_code_before_its_turn(built_root, tmp_path):
+    """course grade starts a worker's next nbgrader process while it grades one; that process's student cells wait
+    for ``go``, and its time limit counts from there."""
+    course = make_course_dir(tmp_path / "course", [LAB], built_root)
+    source_nb = read_notebook(built_root / "source" / LAB / f"{LAB}.ipynb")
+    submission = make_submission(read_notebook(built_root / "release" / LAB / f"{LAB}.ipynb"), source_nb)
+    cell(submission, "q1_1_add").source = "import time\nprint('RAN AT', time.time())\n" + cell(submission, "q1_1_add").source
+    write_notebook(submission, course / "submitted" / "ada" / LAB / f"{LAB}.ipynb")
+    grade.prepare_gradebook(course, LAB)
+    started = grade.start_autograde(course, LAB, "ada", ahead=True)
+    time.sleep(20)  # far longer than this tiny lab takes to reach its first student cell
+    turn_s = time.time()
+    outcome = grade.autograde_one(course, LAB, "ada", timeout_s=120, started=started)
+    assert outcome.status == "ok", outcome
+    graded = read_notebook(course / "autograded" / "ada" / LAB / f"{LAB}.ipynb")
+    printed = "".join(out.get("text", "") for out in cell(graded, "q1_1_add").outputs)
+    ran_s = float(printed.split("RAN AT")[1].split()[0])
+    assert ran_s >= turn_s, f"the first student cell ran {turn_s - ran_s:.1f} s before the submission's turn"
 
 
 SPOOF_ADD = '''def add(a, b):
