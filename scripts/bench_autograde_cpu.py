@@ -122,7 +122,7 @@ def report(args, runs: list[dict], imports: list[dict]) -> list[str]:
         f"round so all meet it). Each run grades the demo class (reference, blank, partial), each {args.copies} times: "
         f"{size} submissions, into a fresh SQLite course with one worker, sandboxed where bubblewrap works. The time per "
         "submission is the whole `grade_lab` call (the gradebook's preparation included) over the submissions.", "",
-        f"- before: commit {args.before_commit} (the merge base with main)",
+        f"- before: commit {args.before_commit}",
         *([f"- layer base: commit {args.layer_base} (this branch without the speed layer)"] if args.layer_base else []),
         f"- after: commit {args.after_commit}" + (" (with the speed layer: the next submission started ahead, no teardown)"
                                                   if args.layer_base else ""), "",
