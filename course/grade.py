@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Callable
 
 from .grading_record import GRADING_REPORT
-from .nbgrader_run import NbgraderProcess, SubmissionScores, available_cpus, read_scores, run_nbgrader, worker_envs
+from .nbgrader_run import (
+    NbgraderProcess,
+    SubmissionScores,
+    Worker,
+    available_cpus,
+    grading_workers,
+    read_scores,
+    run_nbgrader,
+)
 from .outcome import NEEDS_TA, Outcome
 from .paths import REPO_ROOT
 from .quoting import escape_controls
@@ -84,9 +92,9 @@ def _failure_reason(result_output: str) -> str:
 
 
 def autograde_one(course_root: Path, lab: str, student: str, timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
-                  env: dict[str, str] | None = None, submitted: Path | None = None,
+                  worker: Worker | None = None, submitted: Path | None = None,
                   started: NbgraderProcess | None = None) -> Outcome:
-    """Autograde one submission in its own nbgrader process (``env``: extra variables, a worker's GPU and CPUs;
+    """Autograde one submission in its own nbgrader process (``worker``: its GPU and CPUs;
     ``submitted``: the folder holding ``<student>/<lab>/``, default ``submitted/``; ``started``: its process, started
     ahead by ``start_autograde``). Never raises for a bad submission.
 
@@ -94,37 +102,40 @@ def autograde_one(course_root: Path, lab: str, student: str, timeout_s: float = 
     run kept. A run that hit a sticky CUDA error (every later CUDA call in that kernel fails) is graded once more with
     the GPU hidden, so it earns what it would on a CPU grader. A note says so either way.
     """
-    outcome = _autograde_once(course_root, lab, student, timeout_s, env, submitted, started)
+    worker = worker or Worker()
+    outcome = _autograde_once(course_root, lab, student, timeout_s, worker, submitted, started)
     if outcome.retry:
         first = outcome
-        outcome = _autograde_once(course_root, lab, student, timeout_s, env, submitted)
+        outcome = _autograde_once(course_root, lab, student, timeout_s, worker, submitted)
         outcome.seconds += first.seconds
         if outcome.retry:
             outcome.reason = f"{outcome.reason} (the same in two runs: {first.retry})"
         outcome.notes.insert(0, f"graded twice: the first run was not kept ({first.retry})")
     cuda_error = outcome.cuda_error
-    if not cuda_error or (env or {}).get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")) == "":
+    if not cuda_error or worker.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")) == "":
         return outcome
-    cpu = _autograde_once(course_root, lab, student, timeout_s, {**(env or {}), "CUDA_VISIBLE_DEVICES": ""}, submitted)
+    no_gpu = Worker({**worker.env, "CUDA_VISIBLE_DEVICES": ""}, worker.kernel_cpus)
+    cpu = _autograde_once(course_root, lab, student, timeout_s, no_gpu, submitted)
     cpu.seconds += outcome.seconds
     cpu.notes.insert(0, f"graded on the CPU: on the GPU, {cuda_error} made every later CUDA call fail")
     return cpu
 
 
-def start_autograde(course_root: Path, lab: str, student: str, env: dict[str, str] | None = None,
+def start_autograde(course_root: Path, lab: str, student: str, worker: Worker | None = None,
                     submitted: Path | None = None, ahead: bool = False) -> NbgraderProcess:
     """The nbgrader process that autogrades one submission, started (``ahead``: it waits for ``go`` before the
     notebook's first student cell)."""
     args = ["autograde", lab, "--student", student, "--create", "--force"]
     if submitted is not None:
         args.append(f"--CourseDirectory.submitted_directory={submitted}")
-    return NbgraderProcess(course_root, args, env, ahead)
+    worker = worker or Worker()
+    return NbgraderProcess(course_root, args, worker.env, ahead, worker.kernel_cpus)
 
 
-def _autograde_once(course_root: Path, lab: str, student: str, timeout_s: float, env: dict[str, str] | None,
+def _autograde_once(course_root: Path, lab: str, student: str, timeout_s: float, worker: Worker,
                     submitted: Path | None, started: NbgraderProcess | None = None) -> Outcome:
     start = time.perf_counter()
-    result = (started or start_autograde(course_root, lab, student, env, submitted)).finish(timeout_s)
+    result = (started or start_autograde(course_root, lab, student, worker, submitted)).finish(timeout_s)
     seconds = time.perf_counter() - start
     graded_nb = course_root / "autograded" / student / lab / f"{lab}.ipynb"
     if result.timed_out:
@@ -187,7 +198,7 @@ def autograde_all(course_root: Path, lab: str, students: list[str], timeout_s: f
                   progress: bool = True, workers: int = 1, submitted: Path | None = None,
                   gradable: Callable[[str], bool] | None = None) -> dict[str, Outcome]:
     """Autograde every student's submission with one progress bar, ``workers`` at a time (each pinned to a GPU and
-    a share of the CPUs: ``worker_envs``); continue past failures. ``gradable`` is asked before each submission is
+    a share of the CPUs: ``grading_workers``); continue past failures. ``gradable`` is asked before each submission is
     graded (it may wait for the staging); a submission it refuses is left out of the outcomes.
 
     Each worker starts its next submission's nbgrader process while it grades one (``start_autograde(ahead=True)``):
@@ -209,23 +220,23 @@ def autograde_all(course_root: Path, lab: str, students: list[str], timeout_s: f
             with lock:
                 bar.update()
 
-    def start_ahead(student: str | None, env: dict[str, str]) -> NbgraderProcess | None:
+    def start_ahead(student: str | None, worker: Worker) -> NbgraderProcess | None:
         try:
-            return student and start_autograde(course_root, lab, student, env, submitted, ahead=True)
+            return student and start_autograde(course_root, lab, student, worker, submitted, ahead=True)
         except OSError:  # it starts at its turn instead
             return None
 
-    def work(env: dict[str, str]) -> None:
+    def work(worker: Worker) -> None:
         student = next_student()
-        started = start_ahead(student, env)
+        started = start_ahead(student, worker)
         while student is not None:
             if started:
                 started.go()
             upcoming = next_student()
-            ahead = start_ahead(upcoming, env)
+            ahead = start_ahead(upcoming, worker)
             try:
                 outcome = _record_finished(course_root, lab, autograde_one(
-                    course_root, lab, student, timeout_s, env, submitted, started))
+                    course_root, lab, student, timeout_s, worker, submitted, started))
             except Exception as exc:  # noqa: BLE001 - a worker's own failure is one submission's failure
                 outcome = Outcome(student, "failed", f"worker error: {exc}")
             with lock:
@@ -234,10 +245,10 @@ def autograde_all(course_root: Path, lab: str, students: list[str], timeout_s: f
                 bar.update()
             student, started = upcoming, ahead
 
-    envs = [{}] if workers <= 1 else worker_envs(workers, visible_gpus(), available_cpus())
+    team = [Worker()] if workers <= 1 else grading_workers(workers, visible_gpus(), available_cpus())
     with tqdm(total=len(students), desc=f"autograde {lab}", unit="submission", disable=not progress) as bar, \
-            ThreadPoolExecutor(max_workers=len(envs), thread_name_prefix="grading-worker") as executor:
-        for done in [executor.submit(work, env) for env in envs]:
+            ThreadPoolExecutor(max_workers=len(team), thread_name_prefix="grading-worker") as executor:
+        for done in [executor.submit(work, worker) for worker in team]:
             done.result()
     return {s: outcomes[s] for s in students if s in outcomes}
 

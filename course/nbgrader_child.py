@@ -1,10 +1,10 @@
-"""``python -m course.nbgrader_child PARENT_PID [--turn-fd FD] ARGS``: ``nbgrader ARGS``, as ``course grade`` runs it.
+"""``python -m course.nbgrader_child PARENT_PID [--kernel-cpus LIST] [--turn-fd FD] ARGS``: ``nbgrader ARGS``, as ``course grade`` runs it.
 
 It differs from a plain ``nbgrader`` command in ways that do not change what nbgrader does: it ends when
 ``PARENT_PID`` does (``course.processes.die_with_parent``); ``rfc3987_syntax`` is marked absent before ``jsonschema``
 is imported (it compiles grammars at import, for the ``iri`` formats no notebook schema uses; ``jsonschema`` skips
-those checks without it); it skips the interpreter's teardown (``exit_now``); with ``--turn-fd``, started ahead of
-its turn, ``GuardedExecute`` waits before the notebook's first student cell until ``course grade`` writes to that pipe
+those checks without it); it skips the interpreter's teardown (``exit_now``). ``--kernel-cpus 0,1`` are the CPUs its
+kernels run on (``course.sandbox.kernel_cpus``: a worker's share). With ``--turn-fd``, started ahead of its turn, ``GuardedExecute`` waits before the notebook's first student cell until ``course grade`` writes to that pipe
 (``wait_for_turn``).
 """
 from __future__ import annotations
@@ -41,12 +41,15 @@ def wait_for_turn() -> None:
 
 def main(argv: list[str]) -> int:
     if not argv or not argv[0].isdigit():
-        print("usage: python -m course.nbgrader_child PARENT_PID [--turn-fd FD] NBGRADER_ARGS", file=sys.stderr)
+        print("usage: python -m course.nbgrader_child PARENT_PID [--kernel-cpus LIST] [--turn-fd FD] NBGRADER_ARGS",
+              file=sys.stderr)
         return 2
     die_with_parent(int(argv[0]))
-    if argv[1:2] == ["--turn-fd"]:
-        from course import nbgrader_child  # the module GuardedExecute imports (this one runs as __main__)
+    from course import nbgrader_child, sandbox  # the modules GuardedExecute and the config import (this is __main__)
 
+    if argv[1:2] == ["--kernel-cpus"]:
+        sandbox.kernel_cpus, argv = [int(cpu) for cpu in argv[2].split(",")], [argv[0], *argv[3:]]
+    if argv[1:2] == ["--turn-fd"]:
         nbgrader_child._turn_fd, argv = int(argv[2]), [argv[0], *argv[3:]]
     skip_slow_optional_imports()
     from nbgrader.apps.nbgraderapp import main as nbgrader_main

@@ -16,7 +16,6 @@ from pathlib import Path
 from .notebooks import NotebookError, bonus_points, cells_by_grade_id, is_bonus_id, read_notebook
 from .paths import COURSE_ID, REPO_ROOT
 from .processes import kill_group
-from .sandbox import CPUS_ENV
 
 THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -28,7 +27,6 @@ def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         **os.environ,
         "MPLBACKEND": "Agg",
         "PYTHONUNBUFFERED": "1",
-        "EFFICIENT_AI_REPO": str(REPO_ROOT),
         # nbgrader runs the `alembic` and `jupyter` executables of its own environment.
         "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])),
@@ -74,13 +72,14 @@ class NbgraderProcess:
     so while one is graded.
     """
 
-    def __init__(self, course_root: Path, args: list[str], env: dict[str, str] | None = None, ahead: bool = False):
+    def __init__(self, course_root: Path, args: list[str], env: dict[str, str] | None = None, ahead: bool = False,
+                 kernel_cpus: list[int] | None = None):
         self._turn = None
-        turn_args, pass_fds = [], ()
+        options, pass_fds = ["--kernel-cpus", ",".join(map(str, kernel_cpus))] if kernel_cpus else [], ()
         if ahead:
             read_end, self._turn = os.pipe()
-            turn_args, pass_fds = ["--turn-fd", str(read_end)], (read_end,)
-        cmd = [sys.executable, "-m", "course.nbgrader_child", str(os.getpid()), *turn_args, *args]
+            options, pass_fds = [*options, "--turn-fd", str(read_end)], (read_end,)
+        cmd = [sys.executable, "-m", "course.nbgrader_child", str(os.getpid()), *options, *args]
         self._proc = subprocess.Popen(cmd, cwd=course_root, env=nbgrader_env(env), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True, pass_fds=pass_fds)
         if ahead:
@@ -112,24 +111,32 @@ class NbgraderProcess:
         self._proc.communicate()
 
 
-def worker_envs(workers: int, gpus: list[str], cpus: list[int]) -> list[dict[str, str]]:
-    """The environment variables of each of ``workers`` concurrent grading jobs.
+@dataclass
+class Worker:
+    """One of ``course grade``'s concurrent grading jobs: the environment of its nbgrader processes (its GPU, the
+    libraries' thread counts) and the CPUs its kernels run on (empty: every CPU)."""
 
-    Each worker gets one GPU (round robin over ``gpus``) and an equal, disjoint share of ``cpus`` for its kernels
-    (``CPUS_ENV``), with the thread pools sized to it, so a student's code that floods the CPUs slows its own worker
-    only (its nbgrader process runs no student code and is not pinned). One worker keeps every CPU and the
-    libraries' thread defaults.
+    env: dict[str, str] = field(default_factory=dict)
+    kernel_cpus: list[int] = field(default_factory=list)
+
+
+def grading_workers(workers: int, gpus: list[str], cpus: list[int]) -> list[Worker]:
+    """``workers`` concurrent grading jobs.
+
+    Each worker gets one GPU (round robin over ``gpus``) and an equal, disjoint share of ``cpus`` for its kernels,
+    with the thread pools sized to it, so a student's code that floods the CPUs slows its own worker only (its
+    nbgrader process runs no student code and is not pinned). One worker keeps every CPU and the libraries' thread
+    defaults.
     """
-    envs: list[dict[str, str]] = [{} for _ in range(workers)]
-    for index, env in enumerate(envs):
+    found = [Worker() for _ in range(workers)]
+    for index, worker in enumerate(found):
         if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
+            worker.env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
         if workers > 1 and cpus:
             share = max(1, len(cpus) // workers)
-            mine = cpus[(index * share) % len(cpus):][:share] or cpus[:share]
-            env[CPUS_ENV] = ",".join(map(str, mine))
-            env.update(thread_pool_env(len(mine)))
-    return envs
+            worker.kernel_cpus = cpus[(index * share) % len(cpus):][:share] or cpus[:share]
+            worker.env.update(thread_pool_env(len(worker.kernel_cpus)))
+    return found
 
 
 def thread_pool_env(threads: int) -> dict[str, str]:

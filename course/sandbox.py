@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 
-CPUS_ENV = "EFFICIENT_AI_CPUS"  # CPUs a worker's kernels run on ("0,1,2"): set per worker by course.grade
 KERNEL_NAME = "efficient-ai-sandbox"
 PROCESS_DIR_PREFIX = "efficient-ai-kernels-"
 BOOT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_boot.py")
@@ -63,6 +62,7 @@ _warned = False
 _reasons: dict[tuple, str | None] = {}  # unavailable_reason's answers, by what they depend on
 # c.Sandbox's limits: set by configure_sandbox, read back from LAUNCH_FILE by launch. The defaults are c.Sandbox's.
 _limits = {"memory_bytes": 8 << 30, "scratch_bytes": 1024 << 20, "max_processes": 1024}
+kernel_cpus: list[int] = []  # CPUs this nbgrader process's kernels run on (empty: all): course.nbgrader_child sets it
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -114,7 +114,7 @@ def configure_sandbox(c) -> None:
     spec, launch = grading_kernel_spec(course.get("root") or os.getcwd(), course.get("source_directory"),
                                        course.get("db_url"), process_dir, sandboxed)
     with open(launch["file"], "w") as handle:
-        json.dump({**launch, **_limits}, handle, indent=1)
+        json.dump({**launch, **_limits, "cpus": kernel_cpus}, handle, indent=1)
     spec_dir = os.path.join(process_dir, "kernels", KERNEL_NAME)
     os.makedirs(spec_dir, exist_ok=True)
     with open(os.path.join(spec_dir, "kernel.json"), "w") as handle:
@@ -131,7 +131,7 @@ def grading_kernel_spec(root: str, source_directory: str | None, db_url: str | N
     the source folder, and ``runtime_dir`` (where the launcher makes each kernel's private folder)."""
     sqlite = db_url[len("sqlite:///"):] if db_url and db_url.startswith("sqlite:///") else None
     hidden = [os.getcwd(), root, sqlite and os.path.dirname(os.path.abspath(sqlite)),
-              os.environ.get("EFFICIENT_AI_REPO"), os.path.dirname(os.path.dirname(LAUNCHER_SCRIPT)),
+              os.path.dirname(os.path.dirname(LAUNCHER_SCRIPT)),
               tempfile.gettempdir()]
     launch = {
         "file": os.path.join(runtime_dir, LAUNCH_FILE),
@@ -314,9 +314,8 @@ def launch(argv: list[str]) -> None:
     _limits.update({key: settings[key] for key in _limits if key in settings})
     sandboxed = "--unsandboxed" not in argv
     argv = [a for a in argv if a != "--unsandboxed"]
-    cpus = {int(part) for part in os.environ.get(CPUS_ENV, "").split(",") if part.strip().isdigit()}
-    if cpus and hasattr(os, "sched_setaffinity"):  # the kernel runs on its worker's CPUs
-        os.sched_setaffinity(0, cpus)
+    if settings.get("cpus") and hasattr(os, "sched_setaffinity"):  # the kernel runs on its worker's CPUs
+        os.sched_setaffinity(0, settings["cpus"])
     connection_file = os.path.abspath(argv[argv.index("-f") + 1])
     hidden = [*settings.get("hidden", []), os.path.expanduser("~"), tempfile.gettempdir(),
               os.path.dirname(connection_file)]

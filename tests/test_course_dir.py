@@ -6,7 +6,7 @@ hidden tests in feedback and grade without our guard and sandbox. The course too
 ``demo/``, any ``--course-dir``) loads our settings; where they cannot load, every nbgrader command must stop.
 
 These tests run nbgrader the way a TA does: ``nbgrader ...`` in the course folder, with none of the environment
-that ``course.nbgrader_run`` adds (no PYTHONPATH, no EFFICIENT_AI_REPO).
+that ``course.nbgrader_run`` adds (no PYTHONPATH).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ LOGS: dict[str, str] = {}  # what each nbgrader command of the course_dir fixtur
 def plain_env(**extra: str) -> dict[str, str]:
     """The TA's shell: no variables of ours (a GPU machine's student default scale, teaching, left set), plotting
     headless."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EFFICIENT_AI_REPO")}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(EFFICIENT_AI_SCALE="teaching", MPLBACKEND="Agg",
                PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
     env.update(extra)

@@ -204,24 +204,23 @@ def test_table_csv_and_review_escape_student_text(tmp_path):
 
 
 def test_workers_get_disjoint_cpu_shares_and_matching_thread_counts():
-    from course.nbgrader_run import THREAD_ENVS, worker_envs
+    from course.nbgrader_run import THREAD_ENVS, Worker, grading_workers
 
-    envs = worker_envs(4, [], list(range(16)))
-    shares = [set(map(int, env["EFFICIENT_AI_CPUS"].split(","))) for env in envs]
+    workers = grading_workers(4, [], list(range(16)))
+    shares = [set(worker.kernel_cpus) for worker in workers]
     assert all(len(share) == 4 for share in shares), f"16 CPUs over 4 workers must be 4 each: {shares}"
     assert set().union(*shares) == set(range(16)), "together the workers use every CPU, each CPU once"
-    assert all(env[name] == "4" for env in envs for name in THREAD_ENVS), "thread pools follow the worker's share"
-    assert worker_envs(1, [], list(range(16))) == [{}], "one worker keeps every CPU and the libraries' defaults"
-    gpu_envs = worker_envs(3, ["0", "1"], [0, 1])
-    assert [env["CUDA_VISIBLE_DEVICES"] for env in gpu_envs] == ["0", "1", "0"], "one GPU per worker, round robin"
-    assert all(env["EFFICIENT_AI_CPUS"] in ("0", "1") for env in gpu_envs), "more workers than CPUs still get one"
+    assert all(w.env[name] == "4" for w in workers for name in THREAD_ENVS), "thread pools follow the worker's share"
+    assert grading_workers(1, [], list(range(16))) == [Worker()], "one worker keeps every CPU and the libraries' defaults"
+    gpu_workers = grading_workers(3, ["0", "1"], [0, 1])
+    assert [w.env["CUDA_VISIBLE_DEVICES"] for w in gpu_workers] == ["0", "1", "0"], "one GPU per worker, round robin"
+    assert all(w.kernel_cpus in ([0], [1]) for w in gpu_workers), "more workers than CPUs still get one"
 
 
 def test_a_worker_s_nbgrader_processes_run_on_every_cpu(tmp_path):
     """nbgrader runs no student code: pinned to its worker's share it would take CPU from that worker's kernel while
     other workers' CPUs idle. It is left on every CPU; only the kernels run on the worker's share (next test)."""
     from course import nbgrader_run
-    from course.sandbox import CPUS_ENV
 
     everywhere = sorted(os.sched_getaffinity(0))
     if len(everywhere) < 2:
@@ -229,24 +228,22 @@ def test_a_worker_s_nbgrader_processes_run_on_every_cpu(tmp_path):
     seen = tmp_path / "affinity.txt"
     (tmp_path / "nbgrader_config.py").write_text(  # nbgrader runs its config file at start-up, in its own process
         f"import os\nopen({str(seen)!r}, 'w').write(repr(sorted(os.sched_getaffinity(0))))\n")
-    result = nbgrader_run.run_nbgrader(tmp_path, ["db", "student", "list"], env={CPUS_ENV: str(everywhere[0])})
+    result = nbgrader_run.NbgraderProcess(tmp_path, ["db", "student", "list"], kernel_cpus=everywhere[:1]).finish(120)
     assert result.ok, result.tail()
     assert seen.read_text() == repr(everywhere), "a worker's nbgrader process may use every CPU"
 
 
 def test_the_kernel_launcher_runs_the_kernel_on_its_worker_s_cpus(tmp_path):
-    """A kernel nbgrader starts runs on its worker's CPUs: the launcher pins itself before it becomes the kernel
-    (``sandbox.launch``)."""
-    from course import sandbox
-
+    """A kernel nbgrader starts runs on its worker's CPUs (``launch.json``): the launcher pins itself before it becomes
+    the kernel (``sandbox.launch``)."""
     everywhere = sorted(os.sched_getaffinity(0))
     if len(everywhere) < 2:
         pytest.skip("one CPU: a pinned and an unpinned process cannot be told apart")
     probe = ("import os, sys\nfrom course import sandbox\n"
              "os.execv = lambda *args: (print(sorted(os.sched_getaffinity(0))), sys.stdout.flush(), os._exit(0))\n"
              "sandbox.launch(['--settings', sys.argv[2], '--unsandboxed', '-f', sys.argv[1]])\n")
-    (tmp_path / "launch.json").write_text(json.dumps({"runtime": str(tmp_path)}))
-    env = {**os.environ, sandbox.CPUS_ENV: str(everywhere[-1]), "PYTHONPATH": str(REPO)}
+    (tmp_path / "launch.json").write_text(json.dumps({"runtime": str(tmp_path), "cpus": everywhere[-1:]}))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "connection.json"), str(tmp_path / "launch.json")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == repr([everywhere[-1]]), (

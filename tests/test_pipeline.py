@@ -270,6 +270,28 @@ def test_a_submission_started_ahead_runs_no_student_code_before_its_turn(built_r
     assert ran_s >= turn_s, f"the first student cell ran {turn_s - ran_s:.1f} s before the submission's turn"
 
 
+def test_a_worker_s_kernels_run_on_its_cpus(built_root, tmp_path):
+    """A worker's CPU share reaches its kernels: course grade -> nbgrader_child --kernel-cpus -> launch.json -> the
+    launcher, which pins itself before it becomes the kernel."""
+    import os
+
+    everywhere = sorted(os.sched_getaffinity(0))
+    if len(everywhere) < 2:
+        pytest.skip("one CPU: a pinned and an unpinned process cannot be told apart")
+    course = make_course_dir(tmp_path / "course", [LAB], built_root)
+    source_nb = read_notebook(built_root / "source" / LAB / f"{LAB}.ipynb")
+    submission = make_submission(read_notebook(built_root / "release" / LAB / f"{LAB}.ipynb"), source_nb)
+    cell(submission, "q1_1_add").source = "import os\nprint('CPUS', sorted(os.sched_getaffinity(0)))\n" + cell(
+        submission, "q1_1_add").source
+    write_notebook(submission, course / "submitted" / "ada" / LAB / f"{LAB}.ipynb")
+    grade.prepare_gradebook(course, LAB)
+    worker = grade.Worker(kernel_cpus=everywhere[-1:])
+    assert grade.autograde_one(course, LAB, "ada", timeout_s=120, worker=worker).status == "ok"
+    graded = read_notebook(course / "autograded" / "ada" / LAB / f"{LAB}.ipynb")
+    printed = "".join(out.get("text", "") for out in cell(graded, "q1_1_add").outputs)
+    assert f"CPUS {everywhere[-1:]}" in printed, printed
+
+
 SPOOF_ADD = '''def add(a, b):
     get_ipython().displayhook(3)  # shows "3" as the test cell's result: nbgrader would read it as 3 points
     return a - b'''
