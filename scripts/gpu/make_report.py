@@ -419,7 +419,10 @@ def cuda_faults_section(results: Path) -> list[str]:
     return ["## Submissions that break the GPU", "",
             "`scripts/gpu/check_cuda_faults.py`: Lab 1's reference, and the reference with its gemm answer cell "
             "starting with an out-of-bounds index on `DEVICE` (a device-side assert on the GPU) or a 4 TiB "
-            "allocation (CUDA out-of-memory). On a CPU grader both lose Question 1.1 (5 points) and nothing else.", "",
+            "allocation (CUDA out-of-memory), graded as one class by `course grade`'s one worker. On a CPU grader both "
+            "lose Question 1.1 (5 points) and nothing else. A submission's seconds count from its turn: the worker "
+            "starts the next submission's nbgrader process (its imports, kernel and setup cells) while it grades one.",
+            "",
             table(["submission", "status", "seconds", "autograded points", "note"], rows), "",
             *[f"- {'PASS' if ok else 'FAIL'}: {check}" for check, ok in data["checks"].items()], ""]
 
