@@ -828,6 +828,31 @@ def test_plot_roofline():
         utils.plot_roofline("A6000", peak, bw, [1.0, 2.0])
 
 
+def test_plot_roofline_with_measured_ceilings():
+    peak, bw, m_peak, m_bw = 38.7, 0.768, 20.0, 0.5
+    fig, ax = utils.plot_roofline("A6000", peak, bw, {"gemm": (100.0, 12.5), "copy": (0.25, 0.1)},
+                                  measured_tflops=m_peak, measured_bandwidth_tb_s=m_bw, measured_label="this GPU",
+                                  measured_only=True)
+    labels = ax.get_legend_handles_labels()[1]
+    assert "A6000 roofline (datasheet)" in labels, "with measured ceilings the datasheet roof is named as such"
+    assert any(lbl.startswith("this GPU:") and "20 TFLOP/s" in lbl for lbl in labels), labels
+    assert any(f"this GPU ridge: {m_peak / m_bw:.1f} FLOP/byte" == lbl for lbl in labels), labels
+    measured_roof = next(line for line in ax.get_lines() if line.get_label().startswith("this GPU:"))
+    x, y = measured_roof.get_xdata(), measured_roof.get_ydata()
+    assert y.max() == pytest.approx(m_peak) and y[0] == pytest.approx(m_bw * x[0]), "measured roof = min(peak, bw*AI)"
+    spans = [patch for patch in ax.patches if patch.get_label() == "memory-bound region"]
+    assert spans and spans[0].get_x() + spans[0].get_width() == pytest.approx(m_peak / m_bw), (
+        "the regions are shaded by the measured ridge, not the datasheet's")
+    points = {line.get_label().split(":")[0]: line.get_ydata()[0] for line in ax.get_lines()
+              if len(line.get_xdata()) == 1 and "ridge" not in line.get_label()}
+    assert points == {"gemm": pytest.approx(12.5), "copy": pytest.approx(0.1)}, (
+        f"measured_only draws each operation at its measured TFLOP/s only: {points}")
+    with pytest.raises(ValueError):
+        utils.plot_roofline("A6000", peak, bw, {"x": 1.0}, measured_tflops=m_peak)
+    with pytest.raises(ValueError):
+        utils.plot_roofline("A6000", peak, bw, {"x": 1.0}, measured_tflops=0.0, measured_bandwidth_tb_s=m_bw)
+
+
 def test_plot_roofline_on_given_axes():
     fig, ax = plt.subplots()
     fig2, ax2 = utils.plot_roofline("H100-SXM", 989.4, 3.35, {"x": 10}, title="custom", ax=ax)
