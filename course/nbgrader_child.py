@@ -1,10 +1,12 @@
-"""``python -m course.nbgrader_child PARENT_PID [--kernel-cpus LIST] [--turn-fd FD] ARGS``: ``nbgrader ARGS``, as ``course grade`` runs it.
+"""``python -m course.nbgrader_child PARENT_PID [--kernel-cpus LIST] [--turn-fd FD] ARGS``: ``nbgrader ARGS``, as
+``course grade`` runs it.
 
 It differs from a plain ``nbgrader`` command in ways that do not change what nbgrader does: it ends when
 ``PARENT_PID`` does (``course.processes.die_with_parent``); ``rfc3987_syntax`` is marked absent before ``jsonschema``
 is imported (it compiles grammars at import, for the ``iri`` formats no notebook schema uses; ``jsonschema`` skips
 those checks without it); it skips the interpreter's teardown (``exit_now``). ``--kernel-cpus 0,1`` are the CPUs its
-kernels run on (``course.sandbox.kernel_cpus``: a worker's share). With ``--turn-fd``, started ahead of its turn, ``GuardedExecute`` waits before the notebook's first student cell until ``course grade`` writes to that pipe
+kernels run on (``course.sandbox.kernel_cpus``: a worker's share). Started ahead of its turn (``--turn-fd``),
+``GuardedExecute`` waits before the notebook's first student cell until ``course grade`` writes to that pipe
 (``wait_for_turn``).
 """
 from __future__ import annotations
