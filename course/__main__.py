@@ -27,7 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = sub.add_parser("grade", help="autograde every submission in submitted/<student>/<lab>/")
     p.add_argument("lab")
     p.add_argument("--student", action="append", help="grade only this student (repeatable)")
-    p.add_argument("--timeout-s", type=float, default=900.0, help="time limit per submission in seconds (default 900)")
+    p.add_argument("--timeout-s", type=float, default=900.0, help="time limit per submission in seconds, from its turn (default 900)")
     p.add_argument("--workers", type=int, default=1, help="submissions graded at once (one per GPU or CPU core)")
     p.add_argument("--shard", help="grade only shard i of n (i/n, from 0): for cluster job arrays")
     p.add_argument("--resume", action="store_true", help="keep submissions an earlier (killed) run already graded")
