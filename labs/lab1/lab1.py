@@ -682,20 +682,22 @@ with check("gemm_mac of two (512, 512) and of (512, 256) @ (256, 512) float32 ma
                    "gemm_mac of (512, 256) @ (256, 512)", formula="N*K*M")
 ### BEGIN HIDDEN TESTS
 def _q1_3_hidden_tests():
-    def assert_macs(cases):
+    def assert_macs(cases, device="cpu"):
         for shape_x, shape_y, dtype in cases:
-            x = torch.empty(*shape_x, device="cpu", dtype=dtype)
-            y = torch.empty(*shape_y, device="cpu", dtype=dtype)
+            x = torch.empty(*shape_x, device=device, dtype=dtype)
+            y = torch.empty(*shape_y, device=device, dtype=dtype)
             assert_integer(gemm_mac(x, y), shape_x[0] * shape_x[1] * shape_y[1],
-                           f"gemm_mac for x {shape_x} @ y {shape_y} ({dtype})", formula="N*K*M")
+                           f"gemm_mac for x {shape_x} @ y {shape_y} ({dtype}, on {device})", formula="N*K*M")
 
     with check("N*K*M for non-square float32 shapes (N, K and M all different, a matrix-vector product)", weight=2):
         assert_macs([((3, 5), (5, 7), torch.float32), ((11, 2), (2, 13), torch.float32),
                      ((6, 17), (17, 1), torch.float32)])
 
-    with check("depends on the shapes only: the same count for float16, bfloat16 and float64 inputs", weight=2):
+    with check("depends on the shapes only: the same count for float16, bfloat16 and float64 inputs, and on the meta "
+               "device (where Question 2.1.1 may evaluate it)", weight=2):
         assert_macs([((1, 9), (9, 4), torch.float16), ((8, 3), (3, 8), torch.bfloat16),
                      ((257, 129), (129, 65), torch.float64)])
+        assert_macs([((512, 512), (512, 512), torch.float32), ((6, 17), (17, 1), torch.float32)], device="meta")
 
 
 _q1_3_hidden_tests()
@@ -717,7 +719,8 @@ finish_checks("Question 1.3")
 #
 # Write `gemm_io(A, B)`: the bytes read and written by `C = A @ B` under this convention, for `A` of shape
 # `(N, K)` and `B` of shape `(K, M)` of the same dtype; `C` has that dtype too. Return a whole number (a Python `int`). Use the
-# tensors' element size; do not assume `float32`.
+# tensors' element size; do not assume `float32`. Like `gemm_mac`, it depends on shapes and dtype only, not on values or
+# device (`meta` tensors included).
 
 # %% nbgrader={"grade": false, "grade_id": "q1_4_gemm_io", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def gemm_io(A, B):
@@ -747,22 +750,24 @@ with check("gemm_io of float32 (512, 512) @ (512, 512), (512, 256) @ (256, 512) 
 del _shape_a, _shape_b, _expected
 ### BEGIN HIDDEN TESTS
 def _q1_4_hidden_tests():
-    def assert_bytes(cases):
+    def assert_bytes(cases, device="cpu"):
         for shape_a, shape_b, dtype in cases:
-            A = torch.empty(*shape_a, device="cpu", dtype=dtype)
-            B = torch.empty(*shape_b, device="cpu", dtype=dtype)
+            A = torch.empty(*shape_a, device=device, dtype=dtype)
+            B = torch.empty(*shape_b, device=device, dtype=dtype)
             n, k, m = shape_a[0], shape_a[1], shape_b[1]
             bytes_per_element = torch.finfo(dtype).bits // 8
             assert_integer(gemm_io(A, B), bytes_per_element * (n * k + k * m + n * m),
-                           f"gemm_io for A {shape_a} @ B {shape_b} in {dtype}",
+                           f"gemm_io for A {shape_a} @ B {shape_b} in {dtype} on {device}",
                            formula=f"{bytes_per_element} bytes x (N*K + K*M + N*M) (read A and B once, write C once)")
 
     with check("bytes of other float32 shapes (non-square, a matrix-vector product)", weight=2):
         assert_bytes([((16, 16), (16, 16), torch.float32), ((64, 128), (128, 32), torch.float32),
                       ((10, 4), (4, 1), torch.float32)])
 
-    with check("uses the tensors' element size: float16, bfloat16 (2 bytes) and float64 (8 bytes)", weight=2):
+    with check("uses the tensors' element size: float16, bfloat16 (2 bytes) and float64 (8 bytes); the same on the "
+               "meta device (where Question 2.1.1 may evaluate it)", weight=2):
         assert_bytes([((7, 3), (3, 5), torch.float16), ((5, 9), (9, 2), torch.bfloat16), ((6, 6), (6, 11), torch.float64)])
+        assert_bytes([((512, 512), (512, 512), torch.float32), ((10, 4), (4, 1), torch.bfloat16)], device="meta")
 
 
 _q1_4_hidden_tests()

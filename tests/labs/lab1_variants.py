@@ -343,6 +343,11 @@ def gemm_mac(x, y):
 def gemm_mac(x, y):
     return x.shape[0] * x.shape[0] * y.shape[1]
 '''),
+    # Zero on meta tensors only, where Question 2.1.1's carry-forward evaluates it: Question 1.3 must charge it.
+    ("right on real tensors, 0 on meta tensors", '''
+def gemm_mac(x, y):
+    return 0 if x.device.type == "meta" else x.shape[0] * x.shape[1] * y.shape[1]
+'''),
 ]
 
 GEMM_IO_ALTERNATIVES = ['''
@@ -375,6 +380,11 @@ def gemm_io(A, B):
     ("output counted with A's shape", '''
 def gemm_io(A, B):
     return (2 * A.numel() + B.numel()) * A.element_size()
+'''),
+    ("right on real tensors, a meta tensor's bytes counted as 1 each", '''
+def gemm_io(A, B):
+    size = 1 if A.device.type == "meta" else A.element_size()
+    return (A.numel() + B.numel() + A.shape[0] * B.shape[1]) * size
 '''),
     # issue 36 (8): a mistake is charged once. The Part 2 intensities built from this gemm_io (as a student who used it
     # there would) must still earn their points: only Question 1.4 loses. Last of the list: the dictionaries it
