@@ -68,8 +68,8 @@ class NbgraderProcess:
     kernel too; it ends with the thread that started it.
 
     Started ``ahead``, it gets ready (imports, its kernel started, the locked setup cells run) and waits before the
-    notebook's first student cell until ``go`` says its turn has come: ``course grade`` starts the next submission
-    so while one is graded.
+    notebook's first student cell until ``go`` says its turn has come: ``course grade`` starts a worker's next
+    submission this way while it grades one.
     """
 
     def __init__(self, course_root: Path, args: list[str], env: dict[str, str] | None = None, ahead: bool = False,
@@ -103,12 +103,6 @@ class NbgraderProcess:
             kill_group(self._proc.pid)
             output, _ = self._proc.communicate()
             return NbgraderResult(-9, output or "", timed_out=True)
-
-    def kill(self) -> None:
-        """End a process that will not get its turn."""
-        kill_group(self._proc.pid)
-        self.go()
-        self._proc.communicate()
 
 
 @dataclass

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -250,45 +251,48 @@ def test_grade_continues_past_broken_submissions(built_root, tmp_path):
     assert (course / "grading" / LAB / "scores.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_submission_started_ahead_runs_no_student_code_before_its_turn(built_root, tmp_path):
-    """course grade starts a worker's next nbgrader process while it grades one; that process's student cells wait
-    for ``go``, and its time limit counts from there."""
+def course_with_first_cell_printing(built_root: Path, tmp_path: Path, code: str) -> Path:
+    """A course with its gradebook and one submission, ada's: the reference whose first student cell (q1_1_add)
+    starts with ``code``."""
     course = make_course_dir(tmp_path / "course", [LAB], built_root)
     source_nb = read_notebook(built_root / "source" / LAB / f"{LAB}.ipynb")
     submission = make_submission(read_notebook(built_root / "release" / LAB / f"{LAB}.ipynb"), source_nb)
-    cell(submission, "q1_1_add").source = "import time\nprint('RAN AT', time.time())\n" + cell(submission, "q1_1_add").source
+    cell(submission, "q1_1_add").source = code + cell(submission, "q1_1_add").source
     write_notebook(submission, course / "submitted" / "ada" / LAB / f"{LAB}.ipynb")
     grade.prepare_gradebook(course, LAB)
+    return course
+
+
+def first_cell_printed(course: Path) -> str:
+    """What ada's first student cell printed when it was graded."""
+    graded = read_notebook(course / "autograded" / "ada" / LAB / f"{LAB}.ipynb")
+    return "".join(out.get("text", "") for out in cell(graded, "q1_1_add").outputs)
+
+
+def test_a_submission_started_ahead_runs_no_student_code_before_its_turn(built_root, tmp_path):
+    """course grade starts a worker's next nbgrader process while it grades one; that process's student cells wait
+    for ``go``, and its time limit counts from there."""
+    course = course_with_first_cell_printing(built_root, tmp_path, "import time\nprint('RAN AT', time.time())\n")
     started = grade.start_autograde(course, LAB, "ada", ahead=True)
     time.sleep(20)  # far longer than this tiny lab takes to reach its first student cell
     turn_s = time.time()
     outcome = grade.autograde_one(course, LAB, "ada", timeout_s=120, started=started)
     assert outcome.status == "ok", outcome
-    graded = read_notebook(course / "autograded" / "ada" / LAB / f"{LAB}.ipynb")
-    printed = "".join(out.get("text", "") for out in cell(graded, "q1_1_add").outputs)
-    ran_s = float(printed.split("RAN AT")[1].split()[0])
+    ran_s = float(first_cell_printed(course).split("RAN AT")[1].split()[0])
     assert ran_s >= turn_s, f"the first student cell ran {turn_s - ran_s:.1f} s before the submission's turn"
 
 
 def test_a_worker_s_kernels_run_on_its_cpus(built_root, tmp_path):
     """A worker's CPU share reaches its kernels: course grade -> nbgrader_child --kernel-cpus -> launch.json -> the
     launcher, which pins itself before it becomes the kernel."""
-    import os
-
     everywhere = sorted(os.sched_getaffinity(0))
     if len(everywhere) < 2:
         pytest.skip("one CPU: a pinned and an unpinned process cannot be told apart")
-    course = make_course_dir(tmp_path / "course", [LAB], built_root)
-    source_nb = read_notebook(built_root / "source" / LAB / f"{LAB}.ipynb")
-    submission = make_submission(read_notebook(built_root / "release" / LAB / f"{LAB}.ipynb"), source_nb)
-    cell(submission, "q1_1_add").source = "import os\nprint('CPUS', sorted(os.sched_getaffinity(0)))\n" + cell(
-        submission, "q1_1_add").source
-    write_notebook(submission, course / "submitted" / "ada" / LAB / f"{LAB}.ipynb")
-    grade.prepare_gradebook(course, LAB)
+    course = course_with_first_cell_printing(built_root, tmp_path,
+                                             "import os\nprint('CPUS', sorted(os.sched_getaffinity(0)))\n")
     worker = grade.Worker(kernel_cpus=everywhere[-1:])
     assert grade.autograde_one(course, LAB, "ada", timeout_s=120, worker=worker).status == "ok"
-    graded = read_notebook(course / "autograded" / "ada" / LAB / f"{LAB}.ipynb")
-    printed = "".join(out.get("text", "") for out in cell(graded, "q1_1_add").outputs)
+    printed = first_cell_printed(course)
     assert f"CPUS {everywhere[-1:]}" in printed, printed
 
 
