@@ -245,7 +245,7 @@ def autograde_all(course_root: Path, lab: str, students: list[str], timeout_s: f
                 bar.update()
             student, started = upcoming, ahead
 
-    team = [Worker()] if workers <= 1 else grading_workers(workers, visible_gpus(), available_cpus())
+    team = grading_workers(max(1, workers), visible_gpus() if workers > 1 else [], available_cpus())
     with tqdm(total=len(students), desc=f"autograde {lab}", unit="submission", disable=not progress) as bar, \
             ThreadPoolExecutor(max_workers=len(team), thread_name_prefix="grading-worker") as executor:
         for done in [executor.submit(work, worker) for worker in team]:

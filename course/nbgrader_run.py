@@ -117,19 +117,21 @@ class Worker:
 def grading_workers(workers: int, gpus: list[str], cpus: list[int]) -> list[Worker]:
     """``workers`` concurrent grading jobs.
 
-    Each worker gets one GPU (round robin over ``gpus``) and an equal, disjoint share of ``cpus`` for its kernels,
-    with the thread pools sized to it, so a student's code that floods the CPUs slows its own worker only (its
-    nbgrader process runs no student code and is not pinned). One worker keeps every CPU and the libraries' thread
-    defaults.
+    Each worker gets one GPU (round robin over ``gpus``) and, when there are several, an equal, disjoint share of
+    ``cpus`` for its kernels, so a student's code that floods the CPUs slows its own worker only (its nbgrader
+    process runs no student code and is not pinned). A kernel's thread pools leave one CPU of the share to the
+    worker's next submission, which gets ready beside it: a thread pool as wide as the share, whose threads wait
+    for each other at every operation, stalls whenever that preparation takes one of its CPUs.
     """
     found = [Worker() for _ in range(workers)]
+    share = max(1, len(cpus) // workers) if cpus else 0
     for index, worker in enumerate(found):
         if gpus:
             worker.env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
         if workers > 1 and cpus:
-            share = max(1, len(cpus) // workers)
             worker.kernel_cpus = cpus[(index * share) % len(cpus):][:share] or cpus[:share]
-            worker.env.update(thread_pool_env(len(worker.kernel_cpus)))
+        if share:
+            worker.env.update(thread_pool_env(max(1, share - 1)))
     return found
 
 

@@ -204,14 +204,17 @@ def test_table_csv_and_review_escape_student_text(tmp_path):
 
 
 def test_workers_get_disjoint_cpu_shares_and_matching_thread_counts():
-    from course.nbgrader_run import THREAD_ENVS, Worker, grading_workers
+    from course.nbgrader_run import THREAD_ENVS, Worker, grading_workers, thread_pool_env
 
     workers = grading_workers(4, [], list(range(16)))
     shares = [set(worker.kernel_cpus) for worker in workers]
     assert all(len(share) == 4 for share in shares), f"16 CPUs over 4 workers must be 4 each: {shares}"
     assert set().union(*shares) == set(range(16)), "together the workers use every CPU, each CPU once"
-    assert all(w.env[name] == "4" for w in workers for name in THREAD_ENVS), "thread pools follow the worker's share"
-    assert grading_workers(1, [], list(range(16))) == [Worker()], "one worker keeps every CPU and the libraries' defaults"
+    assert all(w.env[name] == "3" for w in workers for name in THREAD_ENVS), \
+        "a kernel's thread pools leave one CPU of its worker's share to the next submission getting ready"
+    assert grading_workers(1, [], list(range(16))) == [Worker(thread_pool_env(15))], \
+        "one worker runs its kernels on every CPU, with one left to the next submission"
+    assert grading_workers(2, [], [0, 1])[0].env["OMP_NUM_THREADS"] == "1", "a thread pool has one thread at least"
     gpu_workers = grading_workers(3, ["0", "1"], [0, 1])
     assert [w.env["CUDA_VISIBLE_DEVICES"] for w in gpu_workers] == ["0", "1", "0"], "one GPU per worker, round robin"
     assert all(w.kernel_cpus in ([0], [1]) for w in gpu_workers), "more workers than CPUs still get one"
