@@ -18,7 +18,6 @@ from typing import Callable
 
 from .grading_record import GRADING_REPORT
 from .nbgrader_run import (
-    GradingServer,
     NbgraderProcess,
     SubmissionScores,
     Worker,
@@ -94,7 +93,7 @@ def _failure_reason(result_output: str) -> str:
 
 def autograde_one(course_root: Path, lab: str, student: str, timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
                   worker: Worker | None = None, submitted: Path | None = None,
-                  started: NbgraderProcess | GradingServer | None = None) -> Outcome:
+                  started: NbgraderProcess | None = None) -> Outcome:
     """Autograde one submission in its own nbgrader process (``worker``: its GPU and CPUs;
     ``submitted``: the folder holding ``<student>/<lab>/``, default ``submitted/``; ``started``: its process, started
     ahead by ``start_autograde``). Never raises for a bad submission.
@@ -123,22 +122,18 @@ def autograde_one(course_root: Path, lab: str, student: str, timeout_s: float = 
 
 
 def start_autograde(course_root: Path, lab: str, student: str, worker: Worker | None = None,
-                    submitted: Path | None = None,
-                    server: GradingServer | None = None) -> NbgraderProcess | GradingServer:
-    """The nbgrader command that autogrades one submission, started: in a process of its own, or on ``server`` (where
-    it waits for ``go`` before the notebook's first student cell)."""
+                    submitted: Path | None = None, ahead: bool = False) -> NbgraderProcess:
+    """The nbgrader process that autogrades one submission, started (``ahead``: it waits for ``go`` before the
+    notebook's first student cell)."""
     args = ["autograde", lab, "--student", student, "--create", "--force"]
     if submitted is not None:
         args.append(f"--CourseDirectory.submitted_directory={submitted}")
-    if server is not None:
-        server.submit(args)
-        return server
     worker = worker or Worker()
-    return NbgraderProcess(course_root, args, worker.env, worker.kernel_cpus)
+    return NbgraderProcess(course_root, args, worker.env, ahead, worker.kernel_cpus)
 
 
 def _autograde_once(course_root: Path, lab: str, student: str, timeout_s: float, worker: Worker,
-                    submitted: Path | None, started: NbgraderProcess | GradingServer | None = None) -> Outcome:
+                    submitted: Path | None, started: NbgraderProcess | None = None) -> Outcome:
     start = time.perf_counter()
     result = (started or start_autograde(course_root, lab, student, worker, submitted)).finish(timeout_s)
     seconds = time.perf_counter() - start
@@ -225,41 +220,30 @@ def autograde_all(course_root: Path, lab: str, students: list[str], timeout_s: f
             with lock:
                 bar.update()
 
-    def start_ahead(student: str | None, worker: Worker, servers: list[GradingServer]) -> GradingServer | None:
+    def start_ahead(student: str | None, worker: Worker) -> NbgraderProcess | None:
         try:
-            if student is None:
-                return None
-            server = next((server for server in servers if server.idle), None)
-            if server is None:
-                server = GradingServer(course_root, worker.env, worker.kernel_cpus)
-                servers.append(server)
-            return start_autograde(course_root, lab, student, worker, submitted, server)
+            return student and start_autograde(course_root, lab, student, worker, submitted, ahead=True)
         except OSError:  # it starts at its turn instead
             return None
 
     def work(worker: Worker) -> None:
-        servers: list[GradingServer] = []  # this worker's: one grading, one getting the next submission ready
-        try:
-            student = next_student()
-            started = start_ahead(student, worker, servers)
-            while student is not None:
-                if started:
-                    started.go()
-                upcoming = next_student()
-                ahead = start_ahead(upcoming, worker, servers)
-                try:
-                    outcome = _record_finished(course_root, lab, autograde_one(
-                        course_root, lab, student, timeout_s, worker, submitted, started))
-                except Exception as exc:  # noqa: BLE001 - a worker's own failure is one submission's failure
-                    outcome = Outcome(student, "failed", f"worker error: {exc}")
-                with lock:
-                    outcomes[student] = outcome
-                    bar.set_postfix_str(student)
-                    bar.update()
-                student, started = upcoming, ahead
-        finally:
-            for server in servers:
-                server.close()
+        student = next_student()
+        started = start_ahead(student, worker)
+        while student is not None:
+            if started:
+                started.go()
+            upcoming = next_student()
+            ahead = start_ahead(upcoming, worker)
+            try:
+                outcome = _record_finished(course_root, lab, autograde_one(
+                    course_root, lab, student, timeout_s, worker, submitted, started))
+            except Exception as exc:  # noqa: BLE001 - a worker's own failure is one submission's failure
+                outcome = Outcome(student, "failed", f"worker error: {exc}")
+            with lock:
+                outcomes[student] = outcome
+                bar.set_postfix_str(student)
+                bar.update()
+            student, started = upcoming, ahead
 
     team = grading_workers(max(1, workers), visible_gpus() if workers > 1 else [], available_cpus())
     with tqdm(total=len(students), desc=f"autograde {lab}", unit="submission", disable=not progress) as bar, \

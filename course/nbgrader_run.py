@@ -6,14 +6,10 @@ Every job runs nbgrader as a child process (``course.nbgrader_child``) in a cour
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import select
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,16 +65,37 @@ def run_nbgrader(course_root: Path, args: list[str], timeout_s: float | None = N
 
 class NbgraderProcess:
     """One ``nbgrader ARGS`` process (``course.nbgrader_child``), in its own session so that a time limit kills its
-    kernel too; it ends with the thread that started it."""
+    kernel too; it ends with the thread that started it.
 
-    def __init__(self, course_root: Path, args: list[str], env: dict[str, str] | None = None,
+    Started ``ahead``, it gets ready (imports, its kernel started, the locked setup cells run) and waits before the
+    notebook's first student cell until ``go`` says its turn has come: ``course grade`` starts a worker's next
+    submission this way while it grades one.
+    """
+
+    def __init__(self, course_root: Path, args: list[str], env: dict[str, str] | None = None, ahead: bool = False,
                  kernel_cpus: list[int] | None = None):
-        cmd = [sys.executable, "-m", "course.nbgrader_child", str(os.getpid()), *_cpu_options(kernel_cpus), *args]
+        self._turn = None
+        options, pass_fds = ["--kernel-cpus", ",".join(map(str, kernel_cpus))] if kernel_cpus else [], ()
+        if ahead:
+            read_end, self._turn = os.pipe()
+            options, pass_fds = [*options, "--turn-fd", str(read_end)], (read_end,)
+        cmd = [sys.executable, "-m", "course.nbgrader_child", str(os.getpid()), *options, *args]
         self._proc = subprocess.Popen(cmd, cwd=course_root, env=nbgrader_env(env), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True, pass_fds=pass_fds)
+        if ahead:
+            os.close(read_end)
+
+    def go(self) -> None:
+        """Let a process started ahead go on past its first student cell (nothing for one started at its turn)."""
+        if self._turn is not None:
+            with contextlib.suppress(OSError):  # it ended before its turn (a notebook nbgrader could not read)
+                os.write(self._turn, b"1")
+            os.close(self._turn)
+            self._turn = None
 
     def finish(self, timeout_s: float | None = None) -> NbgraderResult:
-        """Wait at most ``timeout_s`` seconds for the process to end (its group is killed after)."""
+        """``go``, then wait at most ``timeout_s`` seconds for the process to end (its group is killed after)."""
+        self.go()
         try:
             output, _ = self._proc.communicate(timeout=timeout_s)
             return NbgraderResult(self._proc.returncode, output)
@@ -86,91 +103,6 @@ class NbgraderProcess:
             kill_group(self._proc.pid)
             output, _ = self._proc.communicate()
             return NbgraderResult(-9, output or "", timed_out=True)
-
-
-class GradingServer:
-    """An nbgrader process that runs one command after another (``nbgrader_child --serve``), importing nbgrader and
-    the grader's copies of the lab's libraries once; in its own session, ending with the thread that started it.
-
-    A command ``submit``-ted gets ready (its kernel started, the locked setup cells run) and waits before the
-    notebook's first student cell until ``go``: ``course grade`` keeps two per worker, one grading a submission while
-    the other gets the next one ready. A command that runs over its time limit ends the process, its kernel with it.
-    """
-
-    def __init__(self, course_root: Path, env: dict[str, str] | None = None, kernel_cpus: list[int] | None = None):
-        self._folder = Path(tempfile.mkdtemp(prefix="efficient-ai-server-"))
-        self._output = self._folder / "output.log"  # the running command's output (the process's own before that)
-        cmd = [sys.executable, "-m", "course.nbgrader_child", str(os.getpid()), *_cpu_options(kernel_cpus), "--serve"]
-        with open(self._output, "wb") as early_output:
-            self._proc = subprocess.Popen(cmd, cwd=course_root, env=nbgrader_env(env), stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=early_output, bufsize=0,
-                                          start_new_session=True)
-        self.busy = False
-        self._turn_due = False
-
-    @property
-    def idle(self) -> bool:
-        """Whether it can take a command: alive, and not running one."""
-        return not self.busy and self._proc.poll() is None
-
-    def submit(self, args: list[str]) -> None:
-        """Start ``nbgrader ARGS``; its student cells wait for ``go``."""
-        self.busy, self._turn_due = True, True
-        self._send(json.dumps({"args": args, "output": str(self._output)}) + "\n")
-
-    def go(self) -> None:
-        """Let the command go on past the notebook's first student cell."""
-        if self._turn_due:
-            self._turn_due = False
-            self._send("go\n")
-
-    def finish(self, timeout_s: float | None = None) -> NbgraderResult:
-        """``go``, then wait at most ``timeout_s`` seconds for the command to end (the process group is killed
-        after: this server is gone)."""
-        self.go()
-        status = self._read_status(timeout_s)
-        if status is None:
-            kill_group(self._proc.pid)
-            self._proc.wait()
-        result = NbgraderResult(-9 if status is None else int(status) if status else self._proc.wait() or 1,
-                                self._output.read_text(errors="replace"), timed_out=status is None)
-        self.busy = False
-        return result
-
-    def close(self) -> None:
-        """End the process (and anything it left running) and remove its folder."""
-        with contextlib.suppress(OSError):
-            self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        kill_group(self._proc.pid)
-        self._proc.wait()
-        shutil.rmtree(self._folder, ignore_errors=True)
-
-    def _send(self, line: str) -> None:
-        with contextlib.suppress(OSError):  # it ended: finish reads its status as gone
-            self._proc.stdin.write(line.encode())
-
-    def _read_status(self, timeout_s: float | None) -> str | None:
-        """The finished command's exit status as sent, "" when the process ended first, None at the time limit."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        fd, data = self._proc.stdout.fileno(), b""
-        while not data.endswith(b"\n"):
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                return None
-            chunk = os.read(fd, 64)
-            if not chunk:
-                return ""
-            data += chunk
-        return data.decode().strip()
-
-
-def _cpu_options(kernel_cpus: list[int] | None) -> list[str]:
-    """``nbgrader_child``'s option naming the CPUs its kernels run on (none: every CPU)."""
-    return ["--kernel-cpus", ",".join(map(str, kernel_cpus))] if kernel_cpus else []
 
 
 @dataclass

@@ -273,18 +273,13 @@ def test_a_submission_started_ahead_runs_no_student_code_before_its_turn(built_r
     """course grade starts a worker's next nbgrader process while it grades one; that process's student cells wait
     for ``go``, and its time limit counts from there."""
     course = course_with_first_cell_printing(built_root, tmp_path, "import time\nprint('RAN AT', time.time())\n")
-    server = grade.GradingServer(course)
-    try:
-        for _ in range(2):  # a server's second command waits for its turn too
-            started = grade.start_autograde(course, LAB, "ada", server=server)
-            time.sleep(20)  # far longer than this tiny lab takes to reach its first student cell
-            turn_s = time.time()
-            outcome = grade.autograde_one(course, LAB, "ada", timeout_s=120, started=started)
-            assert outcome.status == "ok", outcome
-            ran_s = float(first_cell_printed(course).split("RAN AT")[1].split()[0])
-            assert ran_s >= turn_s, f"the first student cell ran {turn_s - ran_s:.1f} s before the submission's turn"
-    finally:
-        server.close()
+    started = grade.start_autograde(course, LAB, "ada", ahead=True)
+    time.sleep(20)  # far longer than this tiny lab takes to reach its first student cell
+    turn_s = time.time()
+    outcome = grade.autograde_one(course, LAB, "ada", timeout_s=120, started=started)
+    assert outcome.status == "ok", outcome
+    ran_s = float(first_cell_printed(course).split("RAN AT")[1].split()[0])
+    assert ran_s >= turn_s, f"the first student cell ran {turn_s - ran_s:.1f} s before the submission's turn"
 
 
 def test_a_worker_s_kernels_run_on_its_cpus(built_root, tmp_path):
