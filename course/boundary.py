@@ -443,11 +443,12 @@ def names_tests_read(nb) -> set[str]:
 GUARD_LIBRARIES = frozenset({"numpy", "torch", "utils"})
 
 
-def imported_modules(nb) -> set[str]:
-    """Top-level names of the modules the code cells of ``nb`` import (``import torch.nn`` -> ``torch``)."""
+def imported_modules(nb, locked_only: bool = False) -> set[str]:
+    """Dotted names of the modules the code cells of ``nb`` (only its locked ones: ``locked_only``) import
+    (``from torch.nn import functional`` -> ``torch.nn``; relative imports are left out)."""
     found: set[str] = set()
     for cell in nb.cells:
-        if cell.cell_type != "code":
+        if cell.cell_type != "code" or locked_only and not (cell.metadata.get("nbgrader") or {}).get("locked"):
             continue
         try:
             tree = ast.parse(cell.source)
@@ -455,24 +456,38 @@ def imported_modules(nb) -> set[str]:
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                found |= {alias.name.split(".")[0] for alias in node.names}
+                found |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                found.add(node.module.split(".")[0])
+                found.add(node.module)
     return found
+
+
+def _instructor_notebooks(folder: Path | None) -> list:
+    """The instructor's notebooks in ``folder`` (``source/<lab>/``); raises when one cannot be read."""
+    import nbformat
+
+    paths = sorted(folder.glob("*.ipynb")) if folder and folder.is_dir() else []
+    return [nbformat.read(path, as_version=4) for path in paths]
 
 
 def lab_uses_guard_libraries(folder: Path | None) -> bool:
     """Whether the instructor's notebooks in ``folder`` (``source/<lab>/``) import one of ``GUARD_LIBRARIES``;
     True when they cannot be read (the guard then watches everything)."""
-    import nbformat
-
-    notebooks = sorted(folder.glob("*.ipynb")) if folder and folder.is_dir() else []
-    if not notebooks:
-        return True
     try:
-        return any(imported_modules(nbformat.read(path, as_version=4)) & GUARD_LIBRARIES for path in notebooks)
+        notebooks = _instructor_notebooks(folder)
+        return not notebooks or any({name.split(".")[0] for name in imported_modules(nb)} & GUARD_LIBRARIES
+                                    for nb in notebooks)
     except Exception:  # noqa: BLE001 - unreadable instructor files: watch everything
         return True
+
+
+def locked_cell_imports(folder: Path | None) -> list[str]:
+    """The modules the locked cells of the instructor's notebooks in ``folder`` import, sorted (none when they
+    cannot be read): what a kernel waiting for its turn imports ahead, so that later locked cells find them loaded."""
+    try:
+        return sorted(set().union(*(imported_modules(nb, locked_only=True) for nb in _instructor_notebooks(folder))))
+    except Exception:  # noqa: BLE001 - unreadable instructor files: nothing imported ahead
+        return []
 
 
 def _is_star_import(node) -> bool:

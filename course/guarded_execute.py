@@ -45,6 +45,17 @@ from .output_budget import MIB, OutputBudget, shorten
 from .scan import recording_bypass_flags
 
 DEFAULT_NOTEBOOK_TIMEOUT_S = 600
+# Run in a kernel waiting for its turn: the modules the lab's locked cells import (boundary.locked_cell_imports),
+# loaded ahead so that a locked cell after the student's first one does not load them on the clock.
+IMPORT_AHEAD = (
+    "import importlib as _i\n"
+    "for _m in {modules!r}:\n"
+    "    try:\n"
+    "        _i.import_module(_m)\n"
+    "    except BaseException:\n"
+    "        pass\n"
+    "del _i, _m\n"
+)
 MAX_KERNEL_RESTARTS = 3  # a kernel that dies or stops answering is replaced (earlier cells run again) this often
 SCALE_ENV = "EFFICIENT_AI_SCALE"  # utils.py's sizes: grading always runs at quick scale
 # Fixed limits, not settings: no lab needs other values (docs/SECURITY.md, "Output is capped while it arrives").
@@ -194,9 +205,13 @@ class GuardedExecute(Execute):
 
     def _wait_for_turn(self) -> None:
         """Before the first student cell of a run started ahead (``course.nbgrader_child``): the grader takes the
-        locked cells' imports, then waits for its turn, and the notebook's time limit counts from there."""
+        locked cells' imports, the kernel loads the modules of the lab's locked cells (``IMPORT_AHEAD``), then both
+        wait for the turn, and the notebook's time limit counts from there."""
         if nbgrader_child.waiting():
             self._grader.take_pending()
+            if modules := boundary.locked_cell_imports(self._grader.folder):
+                self._channel.request(IMPORT_AHEAD.format(modules=modules),
+                                      timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
             nbgrader_child.wait_for_turn()
             self._deadline = time.monotonic() + self.notebook_timeout_s
 

@@ -282,6 +282,20 @@ def test_a_submission_started_ahead_runs_no_student_code_before_its_turn(built_r
     assert ran_s >= turn_s, f"the first student cell ran {turn_s - ran_s:.1f} s before the submission's turn"
 
 
+def test_a_submission_over_the_time_limit_costs_only_itself(built_root, tmp_path):
+    """The hanging submission's nbgrader process is killed with its kernel; the next one, started ahead meanwhile,
+    and the one after are graded."""
+    course = course_with_first_cell_printing(built_root, tmp_path, "import time\ntime.sleep(600)\n")
+    source_nb = read_notebook(built_root / "source" / LAB / f"{LAB}.ipynb")
+    reference = make_submission(read_notebook(built_root / "release" / LAB / f"{LAB}.ipynb"), source_nb)
+    for student in ("bob", "cy"):
+        write_notebook(reference, course / "submitted" / student / LAB / f"{LAB}.ipynb")
+    outcomes, scores = grade.grade_lab(course, LAB, timeout_s=30, progress=False)
+    assert outcomes["ada"].status == "failed" and "time limit of 30 s" in outcomes["ada"].reason, outcomes["ada"]
+    for student in ("bob", "cy"):
+        assert outcomes[student].status == "ok" and scores[student].autograded_score() == 6, outcomes[student]
+
+
 def test_a_worker_s_kernels_run_on_its_cpus(built_root, tmp_path):
     """A worker's CPU share reaches its kernels: course grade -> nbgrader_child --kernel-cpus -> launch.json -> the
     launcher, which pins itself before it becomes the kernel."""
