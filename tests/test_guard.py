@@ -131,6 +131,17 @@ def test_tampering_before_a_locked_cell_is_charged_to_the_next_test(graded_with_
     assert any("math.isclose was replaced" in note for note in outcomes["patcher"].notes), outcomes["patcher"]
 
 
+def test_a_kernel_started_ahead_loads_the_modules_of_the_lab_s_locked_kernel_cells():
+    from course.boundary import locked_cell_imports
+    from course.paths import REPO_ROOT
+
+    modules = locked_cell_imports(REPO_ROOT / "source" / "lab1")
+    assert "transformers.models.gemma3.configuration_gemma3" in modules, "a locked cell after the first answer imports it"
+    assert "dis" not in modules, "a module only test cells import is the grader's, not the kernel's"
+    assert "torch.nn.attention" not in modules, "a module only a cell the student may edit imports is not loaded ahead"
+    assert locked_cell_imports(None) == [], "no instructor notebooks: nothing loaded ahead"
+
+
 def test_the_guard_watches_numpy_torch_and_utils_in_labs_that_import_them(tmp_path):
     from course.boundary import lab_uses_guard_libraries
     from course.paths import REPO_ROOT, discover_labs
