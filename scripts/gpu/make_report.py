@@ -421,7 +421,8 @@ def cuda_faults_section(results: Path) -> list[str]:
             "starting with an out-of-bounds index on `DEVICE` (a device-side assert on the GPU) or a 4 TiB "
             "allocation (CUDA out-of-memory), graded as one class by `course grade`'s one worker. On a CPU grader both "
             "lose Question 1.1 (5 points) and nothing else. A submission's seconds count from its turn: the worker "
-            "starts the next submission's nbgrader process (its imports, kernel and setup cells) while it grades one.",
+            "starts the next submission's nbgrader process (its imports, kernel, setup cells and the modules of the "
+            "lab's locked cells) while it grades one.",
             "",
             table(["submission", "status", "seconds", "autograded points", "note"], rows), "",
             *[f"- {'PASS' if ok else 'FAIL'}: {check}" for check, ok in data["checks"].items()], ""]
