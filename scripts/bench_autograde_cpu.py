@@ -125,8 +125,7 @@ def report(args, runs: list[dict], imports: list[dict]) -> list[str]:
         "submission is the whole `grade_lab` call (the gradebook's preparation included) over the submissions.", "",
         f"- before: commit {args.before_commit}",
         *([f"- layer base: commit {args.layer_base} (this branch without the speed layer)"] if args.layer_base else []),
-        f"- after: commit {args.after_commit}" + (" (with the speed layer: the next submission started ahead, no teardown)"
-                                                  if args.layer_base else ""), "",
+        f"- after: commit {args.after_commit}" + (" (with the speed layer)" if args.layer_base else ""), "",
         "| round | tree | per submission (s) | whole grade_lab call (s) | load before, after | statuses | "
         "demo scores |",
         "| --- | --- | --- | --- | --- | --- | --- |",
