@@ -443,15 +443,12 @@ def names_tests_read(nb) -> set[str]:
 GUARD_LIBRARIES = frozenset({"numpy", "torch", "utils"})
 
 
-def imported_modules(nb, kernel_locked_only: bool = False) -> set[str]:
-    """Dotted names of the modules the code cells of ``nb`` import (``from torch.nn import functional`` ->
-    ``torch.nn``; relative imports are left out); with ``kernel_locked_only``, only its locked cells that run in the
-    kernel (not tests, which the grader runs, nor answers)."""
+def imported_modules(nb, keep=None) -> set[str]:
+    """Dotted names of the modules the code cells of ``nb`` (those ``keep(cell)`` accepts, when given) import
+    (``from torch.nn import functional`` -> ``torch.nn``; relative imports are left out)."""
     found: set[str] = set()
     for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader") or {}
-        if cell.cell_type != "code" or kernel_locked_only and not (
-                meta.get("locked") and not meta.get("grade") and not meta.get("solution")):
+        if cell.cell_type != "code" or keep is not None and not keep(cell):
             continue
         try:
             tree = ast.parse(cell.source)
@@ -488,9 +485,10 @@ def locked_cell_imports(folder: Path | None) -> list[str]:
     """The modules the locked cells that run in the kernel (not tests) of the instructor's notebooks in ``folder``
     import, sorted (none when they cannot be read): what a kernel waiting for its turn imports ahead, so that later
     locked cells find them loaded."""
+    from .nbgrader_ext import is_setup_cell
+
     try:
-        return sorted(set().union(*(imported_modules(nb, kernel_locked_only=True)
-                                    for nb in _instructor_notebooks(folder))))
+        return sorted(set().union(*(imported_modules(nb, keep=is_setup_cell) for nb in _instructor_notebooks(folder))))
     except Exception:  # noqa: BLE001 - unreadable instructor files: nothing imported ahead
         return []
 
