@@ -1,7 +1,5 @@
-"""The settings a TA may change, beside nbgrader's own: the sandbox's (``c.Sandbox``), and the environment variables
-that override a setting of ``nbgrader_config.py`` for one run (a cluster job, CI). docs/SETTINGS.md lists them all.
-
-Every variable is read here and nowhere else, and every on/off value is read one way (``parse_switch``).
+"""The settings a TA may change beside nbgrader's own: ``c.Sandbox``, and the environment variables that override an
+option of ``nbgrader_config.py`` for one run (read here and nowhere else). docs/SETTINGS.md lists them all.
 """
 from __future__ import annotations
 
@@ -31,50 +29,46 @@ class Sandbox(Configurable):
     ).tag(config=True)
 
 
-# Variable -> (configurable, option): set, it overrides that option of nbgrader_config.py for the processes it reaches.
+# Variable -> (configurable, option, how its text is read): set, it overrides that option of nbgrader_config.py for
+# the processes it reaches.
 ENVIRONMENT = {
-    "EFFICIENT_AI_SANDBOX": ("Sandbox", "mode"),
-    "EFFICIENT_AI_SANDBOX_MEMORY_GB": ("Sandbox", "memory_gb"),
-    "EFFICIENT_AI_SANDBOX_SCRATCH_MB": ("Sandbox", "scratch_mb"),
-    "EFFICIENT_AI_SANDBOX_MAX_PROCESSES": ("Sandbox", "max_processes"),
-    "EFFICIENT_AI_CELL_TIMEOUT_S": ("Execute", "timeout"),
-    "EFFICIENT_AI_OUTPUT_WAIT_S": ("Execute", "iopub_timeout"),
-    "EFFICIENT_AI_NOTEBOOK_TIMEOUT_S": ("GuardedExecute", "notebook_timeout_s"),
-    "EFFICIENT_AI_GUARD": ("GuardedExecute", "guard"),
+    "EFFICIENT_AI_SANDBOX": ("Sandbox", "mode", str),
+    "EFFICIENT_AI_SANDBOX_MEMORY_GB": ("Sandbox", "memory_gb", float),
+    "EFFICIENT_AI_SANDBOX_SCRATCH_MB": ("Sandbox", "scratch_mb", int),
+    "EFFICIENT_AI_SANDBOX_MAX_PROCESSES": ("Sandbox", "max_processes", int),
+    "EFFICIENT_AI_CELL_TIMEOUT_S": ("Execute", "timeout", int),
+    "EFFICIENT_AI_OUTPUT_WAIT_S": ("Execute", "iopub_timeout", int),
+    "EFFICIENT_AI_NOTEBOOK_TIMEOUT_S": ("GuardedExecute", "notebook_timeout_s", float),
+    "EFFICIENT_AI_GUARD": ("GuardedExecute", "guard", bool),
 }
 SWITCHES = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
-NUMBERS = {("Sandbox", "memory_gb"): float, ("Sandbox", "scratch_mb"): int, ("Sandbox", "max_processes"): int,
-           ("Execute", "timeout"): int, ("Execute", "iopub_timeout"): int,
-           ("GuardedExecute", "notebook_timeout_s"): float}
 
 
-def parse_switch(name: str, text: str) -> bool:
-    """``on``/``off`` (or true/false, 1/0, yes/no) as a bool; anything else stops with an error naming ``name``."""
-    value = SWITCHES.get(text.strip().lower())
-    if value is None:
-        raise SystemExit(f"{name} must be on or off, got {text!r}")
-    return value
+def override(name: str):
+    """The value variable ``name`` sets (parsed for its option), or None when it is not set.
 
-
-def override(name: str, environ=None):
-    """The value variable ``name`` sets (parsed for its option), or None when it is not set."""
-    text = (os.environ if environ is None else environ).get(name, "").strip()
+    Raises:
+        SystemExit: a switch that is not on/off (or true/false, 1/0, yes/no), or a number that is not one.
+    """
+    text = os.environ.get(name, "").strip()
     if not text:
         return None
-    section, option = ENVIRONMENT[name]
-    if option == "guard":
-        return parse_switch(name, text)
-    if option == "mode":
-        return text.lower() if text.lower() in ("auto", "on", "off") else "on"  # unknown: fail safe
+    section, option, kind = ENVIRONMENT[name]
+    if kind is bool:
+        if text.lower() not in SWITCHES:
+            raise SystemExit(f"{name} must be on or off, got {text!r}")
+        return SWITCHES[text.lower()]
+    if kind is str:  # the sandbox mode; an unknown one fails safe
+        return text.lower() if text.lower() in ("auto", "on", "off") else "on"
     try:
-        return NUMBERS[section, option](float(text)) if NUMBERS[section, option] is int else float(text)
+        return kind(float(text))
     except ValueError:
         raise SystemExit(f"{name} must be a number, got {text!r}") from None
 
 
 def apply_environment(c, sections: tuple[str, ...] | None = None) -> None:
     """Set on config ``c`` every option whose variable is set (only those of ``sections``, when given)."""
-    for name, (section, option) in ENVIRONMENT.items():
+    for name, (section, option, _) in ENVIRONMENT.items():
         value = override(name)
         if value is not None and (sections is None or section in sections):
             c[section][option] = value
