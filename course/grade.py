@@ -1,8 +1,7 @@
 """grade: autograde every submission of a lab, then report it (``course.report``).
 
-Each submission in ``submitted/<student>/<lab>/`` is graded from a staged, repaired copy (``course.submission``) by
-its own nbgrader process with a time limit, so a crash, a hang or a dead kernel costs that submission only; its
-status and reason are recorded beside whatever points the gradebook holds for it.
+Each submission is graded from a staged, repaired copy (``course.submission``) by its own nbgrader process with a
+time limit, so a crash, a hang or a dead kernel costs that submission only.
 """
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ DEFAULT_SUBMISSION_TIMEOUT_S = 900.0
 
 
 def prepare_gradebook(course_root: Path, lab: str) -> None:
-    """Record the lab's cells in the gradebook (nbgrader generate_assignment into a scratch folder); RuntimeError
-    when nbgrader cannot."""
+    """Record the lab's cells in the gradebook (nbgrader generate_assignment); RuntimeError when nbgrader cannot."""
     for attempt in range(3):  # shards starting together on one PostgreSQL gradebook may collide once
         with tempfile.TemporaryDirectory(prefix="efficient-ai-release-") as scratch:
             result = run_nbgrader(course_root, ["generate_assignment", lab, "--force",
@@ -59,13 +57,11 @@ def list_students(course_root: Path, lab: str) -> list[str]:
 
 # Why an nbgrader process failed, by what its output shows; the first match wins.
 FAILURE_REASONS = (
-    ("DeadKernelError", "the kernel died (os._exit, a segfault or the out-of-memory killer)"),
-    ("Kernel died", "the kernel died (os._exit, a segfault or the out-of-memory killer)"),
-    ("Kernel didn't respond", "the kernel did not start in time (a busy machine, or a broken environment)"),
-    ("CellTimeoutError", "nbclient stopped waiting for a cell's output (CellTimeoutError)"),
-    ("No submitted file", "no notebook named as the release in the submission"),
-    ("NotJSONError", "the notebook is not valid JSON"),
-    ("not valid JSON", "the notebook is not valid JSON"),
+    (("DeadKernelError", "Kernel died"), "the kernel died (os._exit, a segfault or the out-of-memory killer)"),
+    (("Kernel didn't respond",), "the kernel did not start in time (a busy machine, or a broken environment)"),
+    (("CellTimeoutError",), "nbclient stopped waiting for a cell's output (CellTimeoutError)"),
+    (("No submitted file",), "no notebook named as the release in the submission"),
+    (("NotJSONError", "not valid JSON"), "the notebook is not valid JSON"),
 )
 # Failures a busy machine can cause (a SQLite gradebook locked by other workers included): graded once more.
 BUSY_MACHINE_NEEDLES = ("Kernel didn't respond", "Timeout waiting for IOPub output", "Timeout waiting for kernel_info",
@@ -78,8 +74,8 @@ MAX_REASON_CHARS = 500
 def _failure_reason(result_output: str) -> str:
     """What a TA reads for a failed nbgrader process: a known cause, else the last exception line of a traceback,
     else the last line logged as an error, else the last line (escaped, cut at ``MAX_REASON_CHARS``)."""
-    for needle, reason in FAILURE_REASONS:
-        if needle in result_output:
+    for needles, reason in FAILURE_REASONS:
+        if any(needle in result_output for needle in needles):
             return reason
     lines = [line.strip() for line in result_output.strip().splitlines() if line.strip()]
     for candidates in ([line for line in lines if EXCEPTION_LINE_RE.match(line)],
@@ -94,13 +90,15 @@ def _failure_reason(result_output: str) -> str:
 def autograde_one(course_root: Path, lab: str, student: str, timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
                   worker: Worker | None = None, submitted: Path | None = None,
                   started: NbgraderProcess | None = None) -> Outcome:
-    """Autograde one submission in its own nbgrader process (``worker``: its GPU and CPUs;
-    ``submitted``: the folder holding ``<student>/<lab>/``, default ``submitted/``; ``started``: its process, started
-    ahead by ``start_autograde``). Never raises for a bad submission.
+    """Autograde one submission in its own nbgrader process; never raises for a bad submission.
 
-    A run that went wrong in a way a busy machine can explain (``Outcome.retry``) is graded once more and the second
-    run kept. A run that hit a sticky CUDA error (every later CUDA call in that kernel fails) is graded once more with
-    the GPU hidden, so it earns what it would on a CPU grader. A note says so either way.
+    A run a busy machine can explain (``Outcome.retry``) is graded once more and the second run kept; a run that hit a
+    sticky CUDA error is graded once more with the GPU hidden, as a CPU grader would. A note says so either way.
+
+    Args:
+        worker: its GPU and CPUs.
+        submitted: the folder holding ``<student>/<lab>/`` (default ``submitted/``).
+        started: its process, started ahead by ``start_autograde``.
     """
     worker = worker or Worker()
     outcome = _autograde_once(course_root, lab, student, timeout_s, worker, submitted, started)
@@ -197,12 +195,11 @@ def visible_gpus() -> list[str]:
 def autograde_all(course_root: Path, lab: str, students: list[str], timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
                   progress: bool = True, workers: int = 1, submitted: Path | None = None,
                   gradable: Callable[[str], bool] | None = None) -> dict[str, Outcome]:
-    """Autograde every student's submission with one progress bar, ``workers`` at a time (each pinned to a GPU and
-    a share of the CPUs: ``grading_workers``); continue past failures. ``gradable`` is asked before each submission is
-    graded (it may wait for the staging); a submission it refuses is left out of the outcomes.
+    """Autograde every submission, ``workers`` at a time (``grading_workers``), past failures, with a progress bar.
+    ``gradable`` is asked before each one (it may wait for the staging); one it refuses is left out of the outcomes.
 
-    Each worker starts its next submission's nbgrader process while it grades one (``start_autograde(ahead=True)``):
-    its imports, kernel start and setup cells overlap the cells being graded, and its student cells wait their turn.
+    Each worker starts its next submission's nbgrader process while it grades one (``start_autograde(ahead=True)``),
+    so that its imports, kernel start and setup cells overlap the cells being graded.
     """
     from tqdm import tqdm
 
@@ -369,12 +366,10 @@ def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None,
         print(f"grade {lab}: {root / 'source' / lab / (lab + '.ipynb')} is missing (build the lab, or check --course-dir)")
         return 2
     found = list_students(root, lab)
-    if students:
-        missing = [s for s in students if s not in found]
-        if missing:
-            print(f"grade {lab}: no submission for {', '.join(missing)} under submitted/<student>/{lab}/")
-            return 2
-    elif not found:
+    if missing := [s for s in students or [] if s not in found]:
+        print(f"grade {lab}: no submission for {', '.join(missing)} under submitted/<student>/{lab}/")
+        return 2
+    if not (students or found):
         print(f"grade {lab}: nothing to grade: put submissions in submitted/<student>/{lab}/{lab}.ipynb")
         return 2
     try:

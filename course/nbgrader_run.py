@@ -1,7 +1,5 @@
-"""Running nbgrader in a course folder, and reading scores back from its gradebook.
-
-Every job runs nbgrader as a child process (``course.nbgrader_child``) in a course folder that holds a copy of
-``nbgrader_config.py``: one submission's crash, hang or dead kernel ends that child process only.
+"""Running nbgrader in a course folder (a child process per command, ``course.nbgrader_child``, so that one
+submission's crash, hang or dead kernel ends that process only), and reading scores back from its gradebook.
 """
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment nbgrader and its kernels run with: ours, headless plotting, and ``extra`` (the scale is
-    ``GuardedExecute``'s, on every route)."""
+    """The environment nbgrader and its kernels run with: ours, headless plotting, and ``extra``."""
     return {
         **os.environ,
         "MPLBACKEND": "Agg",
@@ -52,24 +49,17 @@ class NbgraderResult:
 
 def run_nbgrader(course_root: Path, args: list[str], timeout_s: float | None = None,
                  env: dict[str, str] | None = None) -> NbgraderResult:
-    """Run ``nbgrader ARGS`` in ``course_root`` (``course.nbgrader_child``); never raises for nbgrader's own failures.
-
-    Args:
-        course_root: a folder holding ``nbgrader_config.py`` and the nbgrader course layout.
-        args: nbgrader arguments, e.g. ``["autograde", "lab1", "--student", "alice", "--force"]``.
-        timeout_s: wall-clock limit in seconds; the whole process group is killed when it is exceeded.
-        env: extra environment variables.
-    """
+    """Run ``nbgrader ARGS`` (e.g. ``["db", "student", "list"]``) in ``course_root``, a folder holding
+    ``nbgrader_config.py``, with ``env`` added and a wall-clock limit of ``timeout_s`` seconds (its process group is
+    killed past it). Never raises for nbgrader's own failures."""
     return NbgraderProcess(course_root, args, env).finish(timeout_s)
 
 
 class NbgraderProcess:
-    """One ``nbgrader ARGS`` process (``course.nbgrader_child``), in its own session so that a time limit kills its
-    kernel too; it ends with the thread that started it.
+    """One ``nbgrader ARGS`` process, in its own session so that a time limit kills its kernel too.
 
-    Started ``ahead``, it gets ready (imports, its kernel started, the locked setup cells run) and waits before the
-    notebook's first student cell until ``go`` says its turn has come: ``course grade`` starts a worker's next
-    submission this way while it grades one.
+    Started ``ahead``, it gets ready (imports, kernel, locked setup cells) and waits before the notebook's first
+    student cell until ``go``: ``course grade`` starts a worker's next submission this way while it grades one.
     """
 
     def __init__(self, course_root: Path, args: list[str], env: dict[str, str] | None = None, ahead: bool = False,
@@ -117,11 +107,10 @@ class Worker:
 def grading_workers(workers: int, gpus: list[str], cpus: list[int]) -> list[Worker]:
     """``workers`` concurrent grading jobs.
 
-    Each worker gets one GPU (round robin over ``gpus``) and, when there are several, an equal, disjoint share of
-    ``cpus`` for its kernels, so a student's code that floods the CPUs slows its own worker only (its nbgrader
-    process runs no student code and is not pinned). A kernel's thread pools leave one CPU of the share to the
-    worker's next submission, which gets ready beside it: a thread pool as wide as the share, whose threads wait
-    for each other at every operation, stalls whenever that preparation takes one of its CPUs.
+    Each worker gets one GPU (round robin over ``gpus``) and, when there are several workers, an equal, disjoint share
+    of ``cpus`` for its kernels, so student code that floods the CPUs slows its own worker only. A kernel's thread
+    pools leave one CPU of the share to the worker's next submission getting ready beside it (a pool as wide as the
+    share would stall whenever that takes one of its CPUs).
     """
     found = [Worker() for _ in range(workers)]
     share = max(1, len(cpus) // workers) if cpus else 0
@@ -146,8 +135,7 @@ def available_cpus() -> list[int]:
 
 
 def make_course_dir(course_root: Path, labs: list[str], repo_root: Path = REPO_ROOT) -> Path:
-    """Create a course folder for grading: our nbgrader_config.py and each lab's ``source/`` copied in (nothing
-    else: the gradebook and the submissions start empty)."""
+    """Create a course folder for grading: our nbgrader_config.py and each lab's ``source/`` copied in."""
     course_root.mkdir(parents=True, exist_ok=True)
     shutil.copy2(repo_root / "nbgrader_config.py", course_root / "nbgrader_config.py")
     for lab in labs:
@@ -167,14 +155,13 @@ class CellScore:
     auto_score: float | None
     manual_score: float | None
     needs_manual_grade: bool
-    autograded: bool  # an autograded test cell (as opposed to a written answer or open-ended code)
+    autograded: bool  # a test cell (not a written answer or open-ended code)
     extra_credit: float | None = None
     bonus: bool = False  # a bonus question's cell: max_score is its bonus points, on top of the lab's maximum
 
     @property
     def score(self) -> float:
-        """nbgrader's score of the cell: the manual score, else the automatic one, plus any extra credit (a bonus
-        cell's points); 0 when the cell has neither score."""
+        """nbgrader's score: the manual score, else the automatic one (else 0), plus any extra credit."""
         value = self.manual_score if self.manual_score is not None else self.auto_score
         if value is None:
             return 0.0
@@ -193,8 +180,7 @@ class SubmissionScores:
         return sum(c.score for c in self.cells.values() if c.autograded)
 
     def autograded_short(self) -> list[CellScore]:
-        """The autograded cells, bonus ones included, that earned less than their maximum (bonus points can make up
-        for a failed test, so ``autograded_score() < autograded_max()`` cannot tell)."""
+        """The autograded cells, bonus ones included, that earned less than their maximum."""
         return [c for c in self.cells.values() if c.autograded and c.score < c.max_score]
 
     def autograded_max(self) -> float:
@@ -221,9 +207,9 @@ def db_url_for(course_root: Path) -> str:
 def read_scores(course_root: Path, lab: str, students: list[str] | None = None) -> dict[str, SubmissionScores]:
     """Per-cell scores of every submission of ``lab`` in the gradebook (or of the given students).
 
-    Each submission's cells are in the order of the course's ``source/<lab>/`` notebook (cells it lacks last, by
-    name); a bonus cell's maximum is its bonus points from that notebook (nbgrader records 0). The gradebook is read
-    in a few queries whatever the class size (nbgrader's ORM objects would load each grade's cell in a query each).
+    Cells are in the order of the course's ``source/<lab>/`` notebook (others last, by name); a bonus cell's maximum
+    is its bonus points from that notebook (nbgrader records 0). A few queries whatever the class size: nbgrader's
+    ORM objects would load each grade's cell in a query of its own.
     """
     from nbgrader.api import Grade, Gradebook, MissingEntry, SubmittedAssignment, SubmittedNotebook
 
@@ -271,15 +257,14 @@ def _number(value) -> float | None:
 def _source_notebook_facts(path: Path) -> tuple[list[str], dict[str, float]]:
     """The grade ids (in notebook order) and bonus points of an instructor notebook; empty when it is missing."""
     try:
-        nb = read_notebook(path) if path.is_file() else None
-    except NotebookError:
-        nb = None
-    return ([], {}) if nb is None else (list(cells_by_grade_id(nb)), bonus_points(nb))
+        nb = read_notebook(path)
+    except NotebookError:  # missing too
+        return [], {}
+    return list(cells_by_grade_id(nb)), bonus_points(nb)
 
 
 def is_autograded_grade(grade) -> bool:
-    """Whether a gradebook grade is an autograded test cell's: a code grade cell that is not also a solution cell (a
-    manually graded answer). Its extra credit, a bonus test's points, is the grader's (``AwardBonusPoints``)."""
+    """Whether a gradebook grade is an autograded test cell's (``_is_autograded_cell``)."""
     cell = grade.cell
     return _is_autograded_cell(cell, {solution.name for solution in cell.notebook.solution_cells})
 
