@@ -1,8 +1,7 @@
 """Late submissions: the course's late-penalty policy (an nbgrader plugin) and the penalties the gradebook holds.
 
-nbgrader's ``AssignLatePenalties`` (in the autograde pipeline) asks the plugin for a penalty when a submission's
-``timestamp.txt`` is after the lab's due date, and records it beside the scores; feedback shows it. The penalty is
-computed from the points known at autograde time: points a TA gives written answers afterwards are not penalised.
+nbgrader's ``AssignLatePenalties`` asks the plugin for a penalty when a submission's ``timestamp.txt`` is after the
+due date, from the points known at autograde time: points a TA gives written answers later are not penalised.
 """
 from __future__ import annotations
 
@@ -13,8 +12,6 @@ from nbgrader.plugins import LateSubmissionPlugin
 from traitlets import Enum, Float
 
 from .paths import COURSE_ID
-
-SECONDS_PER_DAY = 24 * 3600
 
 
 class LatePenalty(LateSubmissionPlugin):
@@ -36,7 +33,7 @@ class LatePenalty(LateSubmissionPlugin):
         """The points taken from a notebook's ``score`` for being ``total_seconds_late`` late (None: no penalty)."""
         if self.penalty_method != "percent_per_day":
             return super().late_submission_penalty(student_id, score, total_seconds_late)
-        days_late = math.ceil(total_seconds_late / SECONDS_PER_DAY)
+        days_late = math.ceil(total_seconds_late / (24 * 3600))
         return score * min(1.0, days_late * self.percent_per_day / 100.0)
 
 

@@ -1,13 +1,9 @@
-"""The LMS in and out: which submission a downloaded file is (``nbgrader zip_collect``), and final grades in Canvas's
-gradebook import format.
+"""The LMS in and out: the file-name patterns ``nbgrader zip_collect`` uses to find each downloaded submission's
+student (``c.FileNameCollectorPlugin.named_regexp``, matched against the absolute path; README.md), and final grades
+in Canvas's gradebook import format (``grading/LAB/canvas.csv``, written by ``course grade LAB --report``).
 
-In: ``nbgrader zip_collect LAB`` unpacks an LMS's "download all submissions" zip (``downloaded/LAB/archive/*.zip``)
-and copies each notebook to ``submitted/<student_id>/LAB/<file_id>.ipynb`` by the named groups of
-``c.FileNameCollectorPlugin.named_regexp``, matched against the file's absolute path (an optional ``timestamp`` group
-becomes ``timestamp.txt``). ``nbgrader_config.py`` sets Canvas's pattern, the only one tested against its documented
-names; check another against your LMS's zip with ``nbgrader zip_collect LAB --debug`` before grading.
-
-Out: ``grading/LAB/canvas.csv`` (``course grade LAB --report``), which Canvas's Gradebook > Import reads.
+Only Canvas's pattern is tested against its documented names: check another against your LMS's zip with
+``nbgrader zip_collect LAB --debug`` before grading.
 """
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """``python -m course.nbgrader_child PARENT_PID [--kernel-cpus LIST] [--turn-fd FD] ARGS``: ``nbgrader ARGS``, as
-``course grade`` runs it.
-
-It differs from a plain ``nbgrader`` command in ways that do not change what nbgrader does: it ends when
-``PARENT_PID`` does (``course.processes.die_with_parent``); ``rfc3987_syntax`` is marked absent before ``jsonschema``
-is imported (it compiles grammars at import, for the ``iri`` formats no notebook schema uses; ``jsonschema`` skips
-those checks without it); it skips the interpreter's teardown (``exit_now``). ``--kernel-cpus 0,1`` are the CPUs its
-kernels run on (``course.sandbox.kernel_cpus``: a worker's share). Started ahead of its turn (``--turn-fd``),
-``GuardedExecute`` waits before the notebook's first student cell until ``course grade`` writes to that pipe
-(``wait_for_turn``).
+``course grade`` runs it, doing what nbgrader does. It ends when ``PARENT_PID`` does; its kernels run on the CPUs of
+``--kernel-cpus 0,1`` (``course.sandbox.kernel_cpus``); started ahead of its turn, ``GuardedExecute`` waits before
+the notebook's first student cell until ``course grade`` writes to the pipe ``--turn-fd`` (``wait_for_turn``).
 """
 from __future__ import annotations
 
@@ -19,7 +13,8 @@ from .processes import die_with_parent
 
 
 def skip_slow_optional_imports() -> None:
-    """Make ``import rfc3987_syntax`` raise ImportError in this process, unless it is already imported."""
+    """Make ``import rfc3987_syntax`` raise ImportError in this process, unless it is already imported: it compiles
+    grammars at import for ``jsonschema``'s ``iri`` formats, which no notebook schema uses."""
     sys.modules.setdefault("rfc3987_syntax", None)
 
 
@@ -32,8 +27,7 @@ def waiting() -> bool:
 
 
 def wait_for_turn() -> None:
-    """Return when this process's turn has come: at once unless it was started ahead (``--turn-fd``), and at once
-    after the first call."""
+    """Return when this process's turn has come (at once unless it was started ahead and this is the first call)."""
     global _turn_fd
     fd, _turn_fd = _turn_fd, None
     if fd is not None:
@@ -67,8 +61,7 @@ def main(argv: list[str]) -> int:
 
 
 def exit_now(status: int) -> None:
-    """Exit with ``status`` once the exit handlers ran, without the interpreter's teardown: with torch and
-    transformers imported it takes seconds and has nothing left to save."""
+    """Exit with ``status`` once the exit handlers ran, skipping the interpreter's slow teardown (nothing to save)."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
