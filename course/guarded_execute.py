@@ -1,22 +1,17 @@
 """``GuardedExecute``: nbgrader's Execute with the grading boundary and guard, recovery from a lost kernel, output
-caps and a notebook time limit (docs/SECURITY.md). This class decides what runs where, cell by cell; its parts do
-the rest: ``KernelChannel`` (the grader's own requests to the kernel), ``GuardClient`` (the grading guard),
-``BoundaryClient`` (the boundary's server), ``OutputBudget`` (output caps) and ``GradingRecord``
-(``grading_report.json``).
+caps and a notebook time limit (docs/SECURITY.md). It decides what runs where, cell by cell; ``KernelChannel``,
+``GuardClient``, ``BoundaryClient``, ``OutputBudget`` and ``GradingRecord`` (``grading_report.json``) do the rest.
 
-- Test cells never run in the kernel: ``course/boundary.py`` runs them here, asking the kernel's boundary server for
-  the student's values, and writes their outputs; nothing the kernel reports decides a score.
-- Around every test cell and before every locked cell, the guard puts back what student code changed and the next
-  test cell gets a ``GradingIntegrityError``; what a locked cell itself changes becomes the reference (``adopt``).
-- A dead or mute kernel fails its cell; a fresh kernel runs the earlier cells (not the tests) again, at most
-  ``MAX_KERNEL_RESTARTS`` times. Execution stops at the notebook time limit or after a sticky CUDA error.
-- A kernel lost before any student code ran, or output that did not arrive, asks ``course.grade`` to grade again.
+- Test cells never run in the kernel: ``course/boundary.py`` runs them here and writes their outputs.
+- Around every test cell and before every locked cell, the guard undoes what student code changed (charged to the
+  next test cell); what a locked cell itself changes becomes the reference (``adopt``).
+- A dead or mute kernel fails its cell; a fresh kernel runs the earlier cells (not the tests) again. Execution stops
+  at the notebook time limit or after a sticky CUDA error.
 """
 from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbclient.util import ensure_async, run_sync
@@ -80,8 +75,7 @@ class GuardedExecute(Execute):
         True, help="Install the grading guard (course/guard_kernel.py) in every kernel. Turn it off only to rule it out "
                    "when a reference solution loses points.",
     ).tag(config=True)
-    # nbclient's own option, with another default: once the last cell has run nothing the kernel does can change a
-    # grade, so it is killed instead of being asked to shut down and waited for.
+    # nbclient's option, another default: after the last cell nothing the kernel does can change a grade.
     shutdown_kernel = Enum(
         ["graceful", "immediate"], default_value="immediate",
         help="How the kernel ends after the last cell: 'immediate' kills it, 'graceful' asks it to shut down first.",
@@ -93,8 +87,7 @@ class GuardedExecute(Execute):
         self.max_error_bytes = max_error_bytes
 
     def preprocess(self, nb, resources=None, km=None):
-        # Grading runs at quick scale on every route: the grader's tests, and the kernel, which the launcher starts
-        # with this environment. The TA's value comes back after, for the formgrader's server and its other kernels.
+        # Quick scale on every route, for the grader's tests and the kernel (started with this environment).
         scale = os.environ.get(SCALE_ENV)
         os.environ[SCALE_ENV] = "quick"
         self._start_run(nb, resources)
@@ -120,15 +113,17 @@ class GuardedExecute(Execute):
         self._boundary = BoundaryClient(self._channel)
         self._budget = OutputBudget(self.max_cell_output_bytes, self.max_notebook_output_bytes, self.max_error_bytes)
         self._zmq_context = None
-        self._grader: boundary.GraderSide | None = None  # runs the test cells (course/boundary.py)
         self._pending: list[str] = []  # tampering undone before a locked cell, charged to the next test cell
         self._replayable: list[int] = []  # code cells (not tests) that ran without losing the kernel
         self._deadline = time.monotonic() + self.notebook_timeout_s
 
     def _start_run(self, nb, resources) -> None:
-        """What one notebook's run needs, made before its first cell."""
+        """What one notebook's run needs before its first cell."""
         self._make_parts()
-        self._needed = boundary.names_tests_read(nb)
+        lab = ((resources or {}).get("nbgrader") or {}).get("assignment")
+        folder = course_source_folder(self.config, lab) if lab else None  # the grader imports utils from there
+        self._grader = boundary.GraderSide(folder if folder and folder.is_dir() else None,  # runs the test cells
+                                           boundary.KernelLink(self._boundary.ask), boundary.names_tests_read(nb))
         self._recording_bypass = recording_bypass_flags(nb)
         earlier = nb.metadata.pop(NEUTRALISED_KEY, None)  # found by NeutraliseCellMetadata in the sanitize step
         if isinstance(earlier, dict):
@@ -156,27 +151,17 @@ class GuardedExecute(Execute):
 
     start_new_kernel_client = run_sync(async_start_new_kernel_client)  # nbclient binds the sync name to its own
 
-    def _instructor_folder(self, resources) -> Path | None:
-        """The lab's instructor files (``source/<lab>/``): the grader imports ``utils`` from there."""
-        lab = ((resources or {}).get("nbgrader") or {}).get("assignment")
-        folder = course_source_folder(self.config, lab) if lab else None
-        return folder if folder is not None and folder.is_dir() else None
-
     def _install_kernel_side(self) -> None:
         """The grading guard and the boundary's server, in a kernel that has neither yet."""
         timeout_s = max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0)  # installing imports torch: as long as a cell
         if self._guard.needs_install():
-            folder = self._grader.folder if self._grader is not None else None
-            self._guard.install(boundary.lab_uses_guard_libraries(folder), timeout_s)
+            self._guard.install(boundary.lab_uses_guard_libraries(self._grader.folder), timeout_s)
         if not self._boundary.ready and not self._channel.lost:
             self._boundary.install(timeout_s)
 
     # -- cells --------------------------------------------------------------------------------------------------
     def preprocess_cell(self, cell, resources, index):
         self._check_assign_resources(resources)
-        if self._grader is None:
-            self._grader = boundary.GraderSide(self._instructor_folder(resources), boundary.KernelLink(self._boundary.ask),
-                                               self._needed)
         if not self._record.stopped and not self._channel.lost:
             self._install_kernel_side()
         is_test = is_autograded_test(cell)
@@ -186,13 +171,14 @@ class GuardedExecute(Execute):
             return cell, self.resources
         if cell.cell_type != "code":
             return cell, self.resources
-        if not is_setup_cell(cell):
+        is_setup = is_setup_cell(cell)
+        if not is_setup:
             self._wait_for_turn()
         here = where(cell, index)
         if is_test:
             self._grade_test_cell(cell, index, here)
         else:
-            self._run_notebook_cell(cell, index, here, is_setup_cell(cell))
+            self._run_notebook_cell(cell, index, here, is_setup)
         cuda_error = sticky_cuda_error(cell)
         if cuda_error:
             self._record.cuda_error = f"{cuda_error} in {here}"
@@ -204,9 +190,8 @@ class GuardedExecute(Execute):
         return cell, self.resources
 
     def _wait_for_turn(self) -> None:
-        """Before the first student cell of a run started ahead (``course.nbgrader_child``): the grader takes the
-        locked cells' imports, the kernel loads the modules of the lab's locked cells (``IMPORT_AHEAD``), then both
-        wait for the turn, and the notebook's time limit counts from there."""
+        """In a run started ahead (``course.nbgrader_child``), before its first student cell: load the locked cells'
+        imports (``IMPORT_AHEAD``), wait for the turn, and count the notebook's time limit from there."""
         if nbgrader_child.waiting():
             self._grader.take_pending()
             if modules := boundary.locked_cell_imports(self._grader.folder):
@@ -234,8 +219,7 @@ class GuardedExecute(Execute):
         if is_setup:
             self._guard.command("adopt")
         else:
-            # Student code can leave the kernel unable to answer (replacing builtins.type breaks ipykernel's
-            # message handler): ask now, so a kernel in that state costs one wait, not one per remaining cell.
+            # Student code can leave the kernel mute (replacing builtins.type does): find out now, not at every cell.
             self._channel.request("")
         if self._channel.lost:
             self._recover(f"after {here}")
@@ -296,8 +280,8 @@ class GuardedExecute(Execute):
 
     # -- a lost kernel: a fresh one, and the cells before ----------------------------------------------------------
     def _recover(self, when: str) -> None:
-        """After the kernel died or went mute: a fresh kernel runs the earlier cells (not the tests) again. Gives up
-        after ``MAX_KERNEL_RESTARTS``, past the notebook's time limit, or when the earlier cells lose it too."""
+        """A fresh kernel runs the earlier cells (not the tests) again; gives up after ``MAX_KERNEL_RESTARTS``, past
+        the notebook's time limit, or when the earlier cells lose it too."""
         if len(self._record.kernel_restarts) >= MAX_KERNEL_RESTARTS or time.monotonic() > self._deadline:
             self._stop_lost_kernel(when)
             return
@@ -347,8 +331,8 @@ class GuardedExecute(Execute):
         record.stopped = f"the kernel {lost} {when} {cause}; cells after it were not run"
 
     def _output_did_not_arrive(self, cell, here: str) -> None:
-        """nbclient's ``CellTimeoutError`` (the cell's output did not finish arriving within ``iopub_timeout``): the
-        cell counts as failed, and the channels are reconnected in case ZeroMQ dropped an oversized message."""
+        """nbclient's ``CellTimeoutError``: the cell fails, and the channels are reconnected in case ZeroMQ dropped an
+        oversized message."""
         reason = (f"the output of {here} had not finished arriving {self.iopub_timeout} s after the kernel's reply "
                   "(nbclient's CellTimeoutError); it counts as failed")
         self._record.output_missed.append(reason)
@@ -376,6 +360,5 @@ class GuardedExecute(Execute):
             super()._update_display_id(display_id, msg)
 
     def handle_comm_msg(self, outs, msg, cell_index):
-        """Ignore widget (comm) messages: grading needs no widget state, and an output widget would capture the
-        outputs of the cell it names, a test cell's error included."""
+        """Ignore widget (comm) messages: an output widget could capture a test cell's error."""
         return None

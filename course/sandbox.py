@@ -1,15 +1,10 @@
 """Grading kernels: started isolated from student files, and sandboxed in bubblewrap (``bwrap``) where it works.
 
 ``configure_sandbox(c)`` (end of ``nbgrader_config.py``) selects a kernelspec that runs ``launch``: it copies the lab's
-instructor files (``source/<lab>/`` without notebooks) into a private folder and starts the kernel through
-``course/kernel_boot.py`` with only that copy on ``sys.path``, so no submitted file can shadow a module. Sandboxed,
-the kernel sees an allow-list of the file system (``_bwrap_args``), has no network, its own PID and IPC namespaces,
-an environment reduced to ``ENV_KEEP``, resource caps, a cgroup where one is writable and, run as root, a uid of its
-own. docs/SECURITY.md ("isolated start", "sandbox") says what each defence stops.
-
-``c.Sandbox`` (docs/SETTINGS.md): ``mode`` ``auto`` (without a working bwrap, start kernels isolated only and warn
-once per nbgrader process), ``on`` (refuse to grade without the sandbox) or ``off``; ``memory_gb``, ``scratch_mb``,
-``max_processes``. Needs bubblewrap 0.7 or newer, not setuid, run by root or with unprivileged user namespaces.
+instructor files into a private folder and starts ``course/kernel_boot.py`` with only that copy on ``sys.path``;
+sandboxed, inside the allow-list of ``_bwrap_args``, with resource caps and a cgroup and uid of its own. What each
+defence stops: docs/SECURITY.md ("isolated start", "sandbox"); ``c.Sandbox``'s options: docs/SETTINGS.md. Needs
+bubblewrap 0.7 or newer, not setuid, run by root or with unprivileged user namespaces.
 """
 from __future__ import annotations
 
@@ -23,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 KERNEL_NAME = "efficient-ai-sandbox"
 PROCESS_DIR_PREFIX = "efficient-ai-kernels-"
@@ -73,15 +69,10 @@ def _outermost(paths: list[str]) -> list[str]:
     return [p for p in paths if not any(p != o and _inside(p, o) for o in paths)]
 
 
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(text)
-
-
 # The nbgrader process: choose the grading kernelspec.
 def configure_sandbox(c) -> None:
-    """Make nbgrader's ``Execute`` start every kernel through ``launch`` (the notebook's kernelspec is ignored),
-    sandboxed unless ``c.Sandbox.mode`` (or EFFICIENT_AI_SANDBOX) says no; sandboxed, over ``ipc`` transport.
+    """Make nbgrader's ``Execute`` start every kernel through ``launch``, whatever kernelspec the notebook names:
+    sandboxed, over ``ipc`` transport, unless ``c.Sandbox.mode`` (or EFFICIENT_AI_SANDBOX) says no.
 
     Args:
         c: the traitlets config object of ``nbgrader_config.py``.
@@ -113,12 +104,10 @@ def configure_sandbox(c) -> None:
     course = c.get("CourseDirectory", {})
     spec, launch = grading_kernel_spec(course.get("root") or os.getcwd(), course.get("source_directory"),
                                        course.get("db_url"), process_dir, sandboxed)
-    with open(launch["file"], "w") as handle:
-        json.dump({**launch, **_limits, "cpus": kernel_cpus}, handle, indent=1)
-    spec_dir = os.path.join(process_dir, "kernels", KERNEL_NAME)
-    os.makedirs(spec_dir, exist_ok=True)
-    with open(os.path.join(spec_dir, "kernel.json"), "w") as handle:
-        json.dump(spec, handle, indent=1)
+    Path(launch["file"]).write_text(json.dumps({**launch, **_limits, "cpus": kernel_cpus}, indent=1))
+    spec_dir = Path(process_dir, "kernels", KERNEL_NAME)
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
     if sandboxed:
         c.KernelManager.transport = "ipc"
         c.KernelManager.ip = os.path.join(process_dir, "ipc", "kernel")
@@ -126,13 +115,11 @@ def configure_sandbox(c) -> None:
 
 def grading_kernel_spec(root: str, source_directory: str | None, db_url: str | None, runtime_dir: str,
                         sandboxed: bool) -> tuple[dict, dict]:
-    """``kernel.json`` of a grading kernel for the course in ``root`` (nbgrader's ``CourseDirectory`` options), and
-    ``LAUNCH_FILE``'s content besides the limits: its path, the folders to hide (a SQLite gradebook's among them),
-    the source folder, and ``runtime_dir`` (where the launcher makes each kernel's private folder)."""
+    """``kernel.json`` of a grading kernel for the course in ``root``, and what ``LAUNCH_FILE`` holds besides the
+    limits: its path, the folders to hide (a SQLite gradebook's too), the source folder and ``runtime_dir``."""
     sqlite = db_url[len("sqlite:///"):] if db_url and db_url.startswith("sqlite:///") else None
     hidden = [os.getcwd(), root, sqlite and os.path.dirname(os.path.abspath(sqlite)),
-              os.path.dirname(os.path.dirname(LAUNCHER_SCRIPT)),
-              tempfile.gettempdir()]
+              os.path.dirname(os.path.dirname(LAUNCHER_SCRIPT)), tempfile.gettempdir()]
     launch = {
         "file": os.path.join(runtime_dir, LAUNCH_FILE),
         "hidden": sorted({os.path.abspath(p) for p in hidden if p}),
@@ -173,9 +160,8 @@ def _ensure_process_dir(sandboxed: bool) -> str:
 
 
 def unavailable_reason() -> str | None:
-    """Why bwrap cannot sandbox kernels on this machine, or None when it can; answered once per process for the
-    same Python, bwrap, installation folders and library path. Runs this Python in a sandbox that shows it as a
-    kernel's does: a Python that cannot run there would kill every kernel, and every submission would score 0."""
+    """Why bwrap cannot sandbox kernels here, or None when it can (cached per Python, bwrap, uid, installation and
+    library path). It runs this Python in a kernel's sandbox: one that cannot run there would score every kernel 0."""
     if not sys.platform.startswith("linux"):
         return f"the sandbox needs Linux (this is {sys.platform})"
     bwrap = shutil.which("bwrap")
@@ -212,8 +198,8 @@ def _probe(bwrap: str, installed: list[str]) -> str | None:
 
 # The bwrap command line: what the kernel (and the probe) can see.
 def _installed_dirs() -> list[str]:
-    """The folders outside ``SYSTEM_TREES`` a kernel runs from: the Python installation (venv and base interpreter,
-    as named and with symlinks resolved) and the C compilers' (``_toolchain_dirs``)."""
+    """The folders outside ``SYSTEM_TREES`` a kernel runs from: the Python installation (venv and base, as named and
+    resolved) and the C compilers' (``_toolchain_dirs``)."""
     python = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable)}
     python |= {os.path.realpath(d) for d in python} | {os.path.dirname(os.path.realpath(sys.executable))}
     outside = {d for d in python if not any(_inside(d, tree) for tree in SYSTEM_TREES)}
@@ -221,10 +207,8 @@ def _installed_dirs() -> list[str]:
 
 
 def _toolchain_dirs() -> list[str]:
-    """Where the C and C++ compilers a kernel may call lie outside ``SYSTEM_TREES`` (Triton builds its launchers with
-    one, torch.compile's CPU code needs one): for a compiler that ``CC``, ``CXX`` or PATH finds (``module load gcc``
-    puts one in ``/opt/gcc/12/bin``, say), its folder, or PREFIX for ``PREFIX/bin``. Never a folder fewer than two
-    levels deep, or one that holds the grader's HOME."""
+    """The folders outside ``SYSTEM_TREES`` of the C/C++ compilers ``CC``, ``CXX`` or PATH name (Triton and
+    torch.compile call one): its folder, or PREFIX for ``PREFIX/bin``; never a top-level folder or one holding HOME."""
     home = os.path.realpath(os.path.expanduser("~"))
     dirs = set()
     for name in [*(os.environ[k] for k in COMPILER_ENV if os.environ.get(k)), *COMPILER_NAMES]:
@@ -239,8 +223,8 @@ def _toolchain_dirs() -> list[str]:
 
 
 def _parent_dirs(destinations: list[str], under: str = "/") -> list[str]:
-    """bwrap arguments making every folder between ``under`` and each destination, parents first, with mode 0755
-    (bwrap's 0700 would stop the kernel's own uid)."""
+    """bwrap arguments making every folder between ``under`` and each destination, parents first, mode 0755 (bwrap's
+    0700 would stop the kernel's own uid)."""
     parents = set()
     for path in destinations:
         parent = os.path.dirname(path)
@@ -252,8 +236,8 @@ def _parent_dirs(destinations: list[str], under: str = "/") -> list[str]:
 
 
 def _installed_args(installed: list[str], in_scratch: bool) -> list[str]:
-    """bwrap arguments showing ``installed`` folders read-only: with ``in_scratch``, those inside ``SCRATCH_DIR``,
-    which must follow the scratch tmpfs (mounted over them, it would hide them: a venv under /tmp); else the rest."""
+    """bwrap arguments showing the ``installed`` folders inside ``SCRATCH_DIR`` (``in_scratch``: they must follow
+    the scratch tmpfs, which would hide them) or the others read-only."""
     chosen = [d for d in installed if _inside(d, SCRATCH_DIR) == in_scratch]
     args = _parent_dirs(chosen, SCRATCH_DIR if in_scratch else "/")
     for folder in chosen:
@@ -308,8 +292,7 @@ def launch(argv: list[str]) -> None:
     settings = {}
     if "--settings" in argv:
         at = argv.index("--settings")
-        with open(argv[at + 1]) as handle:
-            settings = json.load(handle)
+        settings = json.loads(Path(argv[at + 1]).read_text())
         argv = argv[:at] + argv[at + 2:]
     _limits.update({key: settings[key] for key in _limits if key in settings})
     sandboxed = "--unsandboxed" not in argv
@@ -333,10 +316,9 @@ def launch(argv: list[str]) -> None:
 
 
 def prepare_files(cwd: str, source_root: str | None, hidden: list[str], dest: str) -> bool:
-    """Fill ``dest`` with the files the kernel works with; return whether they are the instructor's (then on
-    sys.path): ``source_root/<lab>/`` for a kernel started in ``.../<lab>/`` when the course has it, else the kernel's
-    folder (an empty one when it holds a course, the repository or a home; a student's symlinks stay links). Never a
-    notebook: nbgrader wrote hidden tests into the one being graded."""
+    """Fill ``dest`` with the kernel's files: ``source_root/<lab>/`` for a kernel started in ``.../<lab>/`` when the
+    course has it (then returns True: they go on sys.path), else a copy of ``cwd`` (empty when it holds a ``hidden``
+    folder; symlinks stay links). Never a notebook: the one being graded holds the hidden tests."""
     instructor = os.path.join(source_root, os.path.basename(os.path.abspath(cwd))) if source_root else ""
     if os.path.isdir(instructor):
         shutil.copytree(instructor, dest, ignore=shutil.ignore_patterns(*INSTRUCTOR_FILES_IGNORE))
@@ -356,20 +338,19 @@ def prepare_files(cwd: str, source_root: str | None, hidden: list[str], dest: st
 
 def _sandbox_command(argv: list[str], connection_file: str, kernel_dir: str, boot_options: list[str],
                      hidden: list[str]) -> list[str]:
-    """The bwrap command that runs ``python -I kernel_boot.py`` for this launcher's kernel; writes the kernel's
-    ``passwd``, ``group`` and private connection file into ``kernel_dir`` (its ``files`` are shown at ``FILES_DIR``).
+    """The bwrap command that runs ``python -I kernel_boot.py``; writes the kernel's ``passwd``, ``group`` and
+    private connection file into ``kernel_dir`` (whose ``files`` are shown at ``FILES_DIR``).
 
     Raises:
         SystemExit: the connection file does not ask for ipc transport (the kernel has no TCP).
     """
-    with open(connection_file) as handle:
-        info = json.load(handle)
+    info = json.loads(Path(connection_file).read_text())
     if info.get("transport") != "ipc" or not os.path.isabs(info.get("ip", "")):
         raise SystemExit("sandbox: the kernel needs ipc transport with an absolute ip (see configure_sandbox)")
     uid = KERNEL_UID_BASE + os.getpid() if os.geteuid() == 0 else os.getuid()
-    _write(os.path.join(kernel_dir, "passwd"), f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
-                                               f"kernel:x:{uid}:{uid}:grading kernel:{SCRATCH_DIR}:/usr/sbin/nologin\n")
-    _write(os.path.join(kernel_dir, "group"), f"root:x:0:\nkernel:x:{uid}:\n")
+    Path(kernel_dir, "passwd").write_text(f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
+                                          f"kernel:x:{uid}:{uid}:grading kernel:{SCRATCH_DIR}:/usr/sbin/nologin\n")
+    Path(kernel_dir, "group").write_text(f"root:x:0:\nkernel:x:{uid}:\n")
     private_connection = os.path.join(kernel_dir, "connection.json")
     shutil.copyfile(connection_file, private_connection)
     mounts = [*_parent_dirs([FILES_DIR, BOOT_PATH, CONNECTION_PATH]), "--ro-bind", "/sys", "/sys"]
@@ -426,27 +407,25 @@ def _cgroup_bases() -> list[tuple[str, str]]:
 
 def join_kernel_cgroup(max_processes: int) -> None:
     """Move this process (soon the kernel) into a fresh cgroup of its own in each hierarchy: a pids cap and an equal
-    CPU share. Best effort: where no hierarchy is writable (a container without cgroup delegation), nothing changes
-    and RLIMIT_NPROC alone caps processes."""
+    CPU share. Best effort: where none is writable, RLIMIT_NPROC alone caps processes."""
     for base, version in _cgroup_bases():
         parent = os.path.join(base, CGROUP_PARENT)
         with contextlib.suppress(OSError):
             if version == "v2":
-                with open(os.path.join(base, "cgroup.controllers")) as handle:
-                    if not {"cpu", "pids"} <= set(handle.read().split()):
-                        continue
-                _write(os.path.join(base, "cgroup.subtree_control"), "+cpu +pids")
+                if not {"cpu", "pids"} <= set(Path(base, "cgroup.controllers").read_text().split()):
+                    continue
+                Path(base, "cgroup.subtree_control").write_text("+cpu +pids")
             os.makedirs(parent, exist_ok=True)
             if version == "v2":
-                _write(os.path.join(parent, "cgroup.subtree_control"), "+cpu +pids")
+                Path(parent, "cgroup.subtree_control").write_text("+cpu +pids")
             for stale in glob.glob(os.path.join(parent, CGROUP_PREFIX + "*")):
                 with contextlib.suppress(OSError):
                     os.rmdir(stale)  # only an empty cgroup goes: its kernel is gone
             group = os.path.join(parent, f"{CGROUP_PREFIX}{os.getpid()}")
             os.makedirs(group, exist_ok=True)
             if os.path.exists(os.path.join(group, "pids.max")):
-                _write(os.path.join(group, "pids.max"), str(max_processes))
-            _write(os.path.join(group, "cgroup.procs"), str(os.getpid()))
+                Path(group, "pids.max").write_text(str(max_processes))
+            Path(group, "cgroup.procs").write_text(str(os.getpid()))
 
 
 if __name__ == "__main__":
