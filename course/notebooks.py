@@ -25,9 +25,8 @@ HIDDEN_BEGIN = "### BEGIN HIDDEN TESTS"
 HIDDEN_END = "### END HIDDEN TESTS"
 MARK_SCHEME_BEGIN = "=== BEGIN MARK SCHEME ==="
 MARK_SCHEME_END = "=== END MARK SCHEME ==="
-# A bonus grade cell (grade id ``b...``) has nbgrader ``points`` 0 and its points in the course metadata
-# ``cell.metadata["efficient_ai"]["bonus_points"]``: nbgrader's maximum of a lab is its core total, and bonus points
-# reach the gradebook as extra credit (``course.nbgrader_ext.AwardBonusPoints``). ``course build`` moves them there.
+# A built bonus cell has nbgrader ``points`` 0 and its points in ``metadata["efficient_ai"]["bonus_points"]``, so that
+# nbgrader's maximum is the core total; they reach the gradebook as extra credit (docs/AUTHORING.md, "Points").
 COURSE_METADATA = "efficient_ai"
 BONUS_POINTS = "bonus_points"
 
@@ -37,11 +36,7 @@ class NotebookError(Exception):
 
 
 def read_notebook(path: Path) -> nbformat.NotebookNode:
-    """Read an ``.ipynb`` file as nbformat v4.
-
-    Raises:
-        NotebookError: the file is missing or is not a valid notebook (the message names the file).
-    """
+    """Read an ``.ipynb`` file as nbformat v4; NotebookError (naming the file) when it is missing or malformed."""
     try:
         return nbformat.read(str(path), as_version=NB_VERSION)
     except FileNotFoundError:
@@ -169,7 +164,7 @@ def autograded_points_by_question(nb) -> dict[str, float]:
 
 def marked_lines(source: str, begin: str, end: str, keepends: bool = False):
     """Each line of ``source`` with where it lies: ``"begin"`` or ``"end"`` (a delimiter line, matched stripped),
-    ``"inside"`` or ``"outside"`` the region. The one parser of marked regions that build, lint and grading share."""
+    ``"inside"`` or ``"outside"`` the region."""
     inside = False
     for line in source.splitlines(keepends=keepends):
         stripped = line.strip()
@@ -202,15 +197,9 @@ def cells_by_grade_id(nb) -> dict[str, object]:
 
 
 def make_submission(release_nb, source_nb, answered: set[str] | None = None):
-    """A student notebook built from the release: the chosen solution cells answered with the reference.
+    """A copy of ``release_nb`` whose solution cells in ``answered`` (None: all) hold the answers of ``source_nb``.
 
-    Args:
-        release_nb: the student notebook (stubs, no hidden tests); not modified.
-        source_nb: the instructor notebook it was generated from.
-        answered: grade ids of the solution cells to answer; None answers all of them.
-
-    Raises:
-        NotebookError: a solution cell of the release has no counterpart in the source.
+    Raises NotebookError when a solution cell of the release is missing from the source.
     """
     reference = cells_by_grade_id(source_nb)
     submission = copy.deepcopy(release_nb)
@@ -225,11 +214,7 @@ def make_submission(release_nb, source_nb, answered: set[str] | None = None):
 
 
 def replace_cell_source(nb, gid: str, new_source: str):
-    """A copy of ``nb`` whose cell ``gid`` holds ``new_source``.
-
-    Raises:
-        NotebookError: no cell has that grade id.
-    """
+    """A copy of ``nb`` whose cell ``gid`` holds ``new_source`` (NotebookError when no cell has that grade id)."""
     result = copy.deepcopy(nb)
     for cell in result.cells:
         if grade_id(cell) == gid:
@@ -241,12 +226,8 @@ def replace_cell_source(nb, gid: str, new_source: str):
 def exec_cells(path: Path, grade_ids: list[str]) -> dict:
     """Execute the named cells of a notebook, in the order given, in one fresh namespace; return it.
 
-    Tests and GPU scripts reuse a lab's code this way instead of copying it. The namespace is a module registered
-    as ``<notebook stem>_cells`` (a later call replaces it), so that tools that import a function's module by name
-    (``torch.compile``, pickle) work as they do on a notebook's ``__main__``.
-
-    Raises:
-        NotebookError: a named cell does not exist.
+    The namespace is a module registered as ``<notebook stem>_cells`` (a later call replaces it), so that tools that
+    import a function's module by name (``torch.compile``, pickle) work. NotebookError when a named cell is missing.
     """
     cells = cells_by_grade_id(read_notebook(path))
     missing = [gid for gid in grade_ids if gid not in cells]

@@ -1,12 +1,12 @@
 """submission: the staged, repaired copy of a submission that grading reads, with notes a TA can read.
 
-Files beside the notebook would come before site-packages on the kernel's ``sys.path`` (a ``numpy.py`` shadows the
-library), so grading reads ``<staging>/<student>/<lab>/``: only ``<lab>.ipynb`` (repaired: renamed, duplicated,
-deleted, reordered or edited nbgrader cells restored, each repair noted) and ``timestamp.txt``. Nothing under
-``submitted/`` is modified. A submission with nothing to grade is recorded with zero points (``record_zero``).
+Grading reads ``<staging>/<student>/<lab>/``: only ``<lab>.ipynb`` (renamed, duplicated, deleted, reordered or edited
+nbgrader cells repaired, each repair noted) and ``timestamp.txt``, since other files would shadow libraries on the
+kernel's ``sys.path`` (a ``numpy.py``). ``submitted/`` is never modified.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import filecmp
@@ -58,11 +58,9 @@ def choose_notebook(folder: Path, lab: str) -> tuple[Path | None, str | None]:
     ``<lab>.ipynb`` alone). Of several, ``<lab>.ipynb`` is preferred, else the most recently modified one."""
     candidates = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
     release_name = folder / f"{lab}.ipynb"
-    if not candidates:
-        return None, None
-    if len(candidates) == 1:
-        chosen = candidates[0]
-        return chosen, None if chosen == release_name else f"graded {chosen.name!r} as {lab}.ipynb"
+    if len(candidates) < 2:
+        chosen = candidates[0] if candidates else None
+        return chosen, None if chosen in (None, release_name) else f"graded {chosen.name!r} as {lab}.ipynb"
     if release_name in candidates:
         chosen, why = release_name, "the release name"
     else:
@@ -83,26 +81,28 @@ def _same_as_release(path: Path, release_copy: Path) -> bool:
 
 
 def ignored_entries(folder: Path, keep: set[Path], release_dir: Path) -> list[str]:
-    """Names of the submitted files and folders grading ignores, for the note (folders end in ``/``). Editor
-    debris, other notebooks (choose_notebook's note names them) and unchanged copies of the release's own files
-    (``utils.py``, ``assets/``) are left unnamed."""
+    """Names of the ignored submitted files and folders (``name/``) for the note, less editor debris, notebooks
+    (choose_notebook names them) and unchanged copies of the release's own files (``utils.py``, ``assets/``)."""
     return [entry.name + ("/" if entry.is_dir() else "") for entry in sorted(folder.iterdir())
             if not (entry in keep or entry.name in JUNK | EXCHANGE_FILES or entry.suffix == ".pyc"
                     or entry.suffix == ".ipynb" and entry.is_file() or _same_as_release(entry, release_dir / entry.name))]
 
 
-def _check_timestamp(path: Path) -> str | None:
-    """None when ``timestamp.txt`` is one nbgrader reads, else a note (nbgrader would fail the submission)."""
+def _copy_timestamp(folder: Path, dest: Path) -> list[str]:
+    """Copy the submission's ``timestamp.txt`` into ``dest`` when nbgrader can read it, else leave it out (nbgrader
+    would fail the submission) and return a note."""
     from nbgrader.utils import parse_utc
 
-    text = path.read_text(errors="replace").strip()
+    stamp = folder / TIMESTAMP
+    if not stamp.is_file():
+        return []
+    text = stamp.read_text(errors="replace").strip()
     try:
-        if text:
-            parse_utc(text)
-            return None
+        parse_utc(text)  # an empty text raises too
     except (ValueError, OverflowError):
-        pass
-    return f"timestamp.txt unreadable ({text[:40]!r}): graded without it, check lateness by hand"
+        return [f"timestamp.txt unreadable ({text[:40]!r}): graded without it, check lateness by hand"]
+    shutil.copy2(stamp, dest / TIMESTAMP)
+    return []
 
 
 def load_submitted_notebook(path: Path) -> tuple[nbformat.NotebookNode, list[str]]:
@@ -155,11 +155,9 @@ def _ensure_valid(nb) -> None:
         if not isinstance(cell.get("id"), str) or not CELL_ID_RE.match(cell["id"]) or cell["id"] in seen:
             cell["id"] = generate_corpus_id()
         seen.add(cell["id"])
-    try:
+    with contextlib.suppress(nbformat.ValidationError):
         nbformat.validate(nb)
         return
-    except nbformat.ValidationError:
-        pass
     for cell in nb.cells:
         cell.metadata = nbformat.from_dict({"nbgrader": cell.metadata["nbgrader"]} if "nbgrader" in cell.metadata else {})
         cell.pop("attachments", None)
@@ -179,8 +177,7 @@ class Instructor:
 
     @classmethod
     def load(cls, course_root: Path, lab: str) -> "Instructor":
-        """Read the instructor's notebook and derive the release with nbgrader's own preprocessors (NotebookError
-        when the notebook cannot be read)."""
+        """Read the instructor's notebook and derive its release (NotebookError when it cannot be read)."""
         source_nb = read_notebook(course_root / "source" / lab / f"{lab}.ipynb")
         nb = release_of(source_nb)
         return cls(source_nb, {gid: cell for cell in nb.cells if (gid := grade_id(cell))}, nb)
@@ -328,9 +325,8 @@ def repair_kernelspec(nb, source_nb) -> list[str]:
 
 def stage_submission(course_root: Path, lab: str, student: str, staging_root: Path,
                      instructor: Instructor | None = None) -> Staged:
-    """Write the repaired copy of ``submitted/<student>/<lab>/`` into ``staging_root/<student>/<lab>/``, with student
-    text in the notes and the reason escaped (``course.quoting``). ``instructor`` saves reading the instructor's
-    notebook again; NotebookError when it cannot be read."""
+    """Write the repaired copy of ``submitted/<student>/<lab>/`` into ``staging_root/<student>/<lab>/``; student text
+    in the notes and reasons is escaped (``course.quoting``). NotebookError: no instructor's notebook."""
     staged = _stage(course_root, lab, student, staging_root, instructor)
     staged.notes = [escape_controls(note) for note in staged.notes]
     staged.reason = escape_controls(staged.reason)
@@ -346,14 +342,8 @@ def _stage(course_root: Path, lab: str, student: str, staging_root: Path, instru
     dest.mkdir(parents=True)
     staged = Staged(student)
     chosen, note = choose_notebook(folder, lab)
-    staged.notes += [note] if note else []
-    stamp = folder / TIMESTAMP
-    if stamp.is_file():
-        problem = _check_timestamp(stamp)
-        staged.notes += [problem] if problem else []
-        if problem is None:
-            shutil.copy2(stamp, dest / TIMESTAMP)
-    keep = {stamp} | ({chosen} if chosen else set())
+    staged.notes += ([note] if note else []) + _copy_timestamp(folder, dest)
+    keep = {folder / TIMESTAMP, chosen}
     staged.notes += _listed("ignored extra files", ignored_entries(folder, keep, course_root / "source" / lab))
     if chosen is None:
         staged.reason = NO_NOTEBOOK
@@ -414,9 +404,8 @@ class ClassStaging:
 
 
 def record_zero(course_root: Path, lab: str, student: str, staged_folder: Path | None = None) -> None:
-    """Record a submission with nothing to grade: every graded cell scores zero, as nbgrader records a missing
-    notebook, with the timestamp in ``staged_folder``; an earlier autograded output is removed (no feedback from it).
-    """
+    """Record a submission with nothing to grade as nbgrader records a missing notebook (every graded cell zero), with
+    the timestamp in ``staged_folder``; an earlier autograded output is removed (no feedback from it)."""
     stamp = staged_folder / TIMESTAMP if staged_folder else None
     extra = {"timestamp": stamp.read_text().strip()} if stamp and stamp.is_file() else {}
 
@@ -431,9 +420,8 @@ def record_zero(course_root: Path, lab: str, student: str, staged_folder: Path |
 
 
 def clear_autograded_scores(course_root: Path, lab: str, student: str) -> bool:
-    """After a failed grading run, make an earlier run's scores of this submission stop looking current: every
-    automatic score is cleared and its cell marked for manual grading (a TA's manual scores stay), and the earlier
-    autograded notebook is removed. Returns whether the gradebook held automatic scores of it."""
+    """After a failed run, clear an earlier run's automatic scores of this submission and mark their cells for manual
+    grading (a TA's scores stay), and remove its autograded notebook. Returns whether there were automatic scores."""
     def clear(grade) -> bool:
         had_score = grade.auto_score is not None
         grade.auto_score = None
