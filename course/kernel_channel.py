@@ -1,6 +1,5 @@
 """The grader's own requests to a grading kernel, beside the cells nbclient runs: silent requests, reads that give
-up after a time, and reconnecting after ZeroMQ dropped an oversized message.
-"""
+up after a time, and reconnecting after ZeroMQ dropped an oversized message."""
 from __future__ import annotations
 
 import time
@@ -13,8 +12,8 @@ from nbclient.util import ensure_async, run_sync
 # How long the grader waits for the kernel to answer one of its own requests; a healthy kernel answers in ms.
 KERNEL_REPLY_TIMEOUT_S = 60
 
-# Made in every grading kernel before any student code: cuDNN's attention prepares its kernels on the CPU on each
-# shape's first call in a process, and every grading kernel is a fresh process; the other kernels give the same results.
+# Run in every grading kernel before student code: cuDNN's attention prepares each shape on the CPU in every new
+# process, and the other attention kernels give the same results.
 GRADING_KERNEL_SETTINGS = (
     "import sys as _s\n"
     "if 'torch' in _s.modules and hasattr(_s.modules['torch'].backends.cuda, 'enable_cudnn_sdp'):\n"
@@ -41,8 +40,8 @@ class KernelChannel:
 
     def install(self, source: Path, namespace: str, filename: str, install_call: str, timeout_s: float) -> bool:
         """Run the grader's file ``source`` (shown as ``filename``) in the kernel, in a namespace ``_g`` named
-        ``namespace`` with a private copy of the builtins taken before any student code (replacing ``builtins.type``
-        later cannot change how it works), then ``install_call`` (a statement over ``_g``); whether it succeeded."""
+        ``namespace`` with its own copy of the builtins (student code cannot replace them later), then
+        ``install_call`` (a statement over ``_g``); whether it succeeded."""
         code = (
             GRADING_KERNEL_SETTINGS +
             "import builtins as _b\n"
@@ -93,9 +92,9 @@ class KernelChannel:
         return reply
 
     def reopen(self) -> None:
-        """Connect the shell and output channels again (ZeroMQ closes a channel for good once it received a message
-        over ``MAX_MESSAGE_BYTES``), and ask the kernel for a status until one arrives: a fresh subscription misses
-        what came before it took effect. No output within ``KERNEL_REPLY_TIMEOUT_S`` counts as no longer answering."""
+        """Connect the shell and output channels again (ZeroMQ closes one for good after an oversized message), and
+        ask for a status until one arrives (a fresh subscription misses earlier messages); none within
+        ``KERNEL_REPLY_TIMEOUT_S`` counts as no longer answering."""
         for name in ("_iopub_channel", "_shell_channel"):
             channel = getattr(self.owner.kc, name, None)
             if channel is not None:

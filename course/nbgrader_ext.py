@@ -35,9 +35,8 @@ _PARTIAL_CREDIT_TOKEN = secrets.token_hex(16)
 
 
 def partial_credit_output(cell, share: float, failed: list[str]) -> NotebookNode:
-    """The ``execute_result`` that records a test cell's partial credit: the weighted share of its checks that passed
-    (``checks.py``) times the cell's nbgrader points, rounded down to a hundredth, as nbgrader's ``determine_grade``
-    reads it. A bonus cell (nbgrader points 0) shows 0 here; ``AwardBonusPoints`` reads the share from the metadata."""
+    """The ``execute_result`` nbgrader's ``determine_grade`` reads as a test cell's score: ``share`` (of its checks
+    that passed) times its points, rounded down to a hundredth. ``AwardBonusPoints`` reads a bonus cell's share."""
     points = float(cell.metadata.get("nbgrader", {}).get("points", 0) or 0)
     score = math.floor(share * points * 100 + 1e-9) / 100
     return NotebookNode(output_type="execute_result", execution_count=None, data={"text/plain": f"{score:g}"},
@@ -55,12 +54,9 @@ def partial_credit_share(cell) -> float | None:
 
 
 class DropTestResults(NbGraderPreprocessor):
-    """Remove ``execute_result`` outputs from autograded test cells before nbgrader scores them, except the partial
-    credit this grading process recorded (``partial_credit_output``).
-
-    nbgrader reads a number shown as a test cell's result as its score. Our test cells never end in an expression
-    (``course lint``), so any other result there came from student code (``get_ipython().displayhook(5)``).
-    """
+    """Remove ``execute_result`` outputs from test cells before nbgrader scores them, except this process's partial
+    credit: nbgrader reads a shown number as the score, and our test cells never end in an expression (``course
+    lint``), so any other result came from student code (``get_ipython().displayhook(5)``)."""
 
     def preprocess_cell(self, cell, resources, cell_index):
         if is_autograded_test(cell):
@@ -70,16 +66,12 @@ class DropTestResults(NbGraderPreprocessor):
 
 
 class AwardBonusPoints(NbGraderPreprocessor):
-    """Record the bonus points of bonus questions as nbgrader's ``extra_credit``, after ``SaveAutoGrades``.
+    """Record bonus questions' points as nbgrader's ``extra_credit``, after ``SaveAutoGrades``.
 
-    A bonus grade cell has nbgrader ``points`` 0 (``course build``), so a lab's maximum is its core total. The bonus
-    points are read from the course's instructor notebook, never from the submission, whose metadata the student
-    can edit (docs/SECURITY.md).
-
-    - An autograded bonus test cell earns its share of the bonus points (its partial credit, else nbgrader's
-      ``determine_grade`` on the graded cell); every grading run overwrites that extra credit.
-    - A manually graded bonus cell is the TA's: its extra credit is kept, and its automatic score set to 0 where
-      nbgrader left none, so that the extra credit counts even when the TA leaves the score box empty.
+    Bonus cells have nbgrader points 0 (``course build``); their bonus points come from the instructor notebook,
+    never from the submission's metadata (docs/SECURITY.md). An autograded bonus test earns its share of them (its
+    partial credit, else ``determine_grade``). A manually graded one keeps the TA's extra credit, with an automatic
+    score of 0 where there is none (nbgrader ignores extra credit without a score).
     """
 
     def preprocess(self, nb, resources):
@@ -105,13 +97,13 @@ class AwardBonusPoints(NbGraderPreprocessor):
                     grade.extra_credit = self._earned(reference[gid], submitted.get(gid), points) if share is None \
                         else math.floor(share * points * 100 + 1e-9) / 100
                 elif grade.auto_score is None:
-                    grade.auto_score = 0.0  # the TA's extra credit alone counts (nbgrader ignores it without a score)
+                    grade.auto_score = 0.0
             gb.db.commit()
         return nb, resources
 
     def _earned(self, reference, cell, points: float) -> float:
-        """What nbgrader's own rule gives the graded test cell ``cell`` (its outputs as the grader left them) when it
-        is the instructor's cell ``reference`` worth ``points``; 0 when the submission lacks it."""
+        """What ``determine_grade`` gives the graded ``cell`` as the instructor's ``reference`` worth ``points``; 0 when
+        the submission lacks it."""
         from nbformat import from_dict
         from nbgrader.utils import determine_grade
 
@@ -133,9 +125,8 @@ def course_source_folder(config, lab: str) -> Path:
 
 
 def read_course_source(config, info, log, failure: str):
-    """The course's instructor notebook (``source/<lab>/<notebook>.ipynb``) of the notebook nbgrader is processing
-    (``info``: ``resources["nbgrader"]``), or None, logged as an error that starts with ``failure``, when the course
-    folder has none or it cannot be read."""
+    """The instructor notebook of the one nbgrader is processing (``info``: ``resources["nbgrader"]``), or None when
+    there is none or it cannot be read, logged as an error that starts with ``failure``."""
     path = course_source_folder(config, info["assignment"]) / f"{info['notebook']}.ipynb"
     if not path.is_file():
         log.error("%s: no instructor notebook for %s/%s in the course's source folder", failure, info["assignment"],
@@ -149,10 +140,8 @@ def read_course_source(config, info, log, failure: str):
 
 
 class ShowBonusPoints(NbGraderPreprocessor):
-    """In feedback, a bonus cell reads "Score: 5 / 5", not "/ 0": after nbgrader's ``GetGrades`` (which shows each
-    cell out of its nbgrader points, 0 for bonus cells), its points become the bonus points of the course's source
-    notebook (never the submission's metadata). The page's total stays nbgrader's: out of the core maximum, bonus
-    included in the score."""
+    """In feedback, a bonus cell reads "Score: 5 / 5", not "/ 0": after ``GetGrades``, its points become the bonus
+    points of the instructor notebook (never the submission's). The page's total stays nbgrader's."""
 
     def preprocess(self, nb, resources):
         source = read_course_source(self.config, resources["nbgrader"], self.log, "Bonus cells shown out of 0 points")
@@ -175,14 +164,9 @@ def _squeeze(text: str) -> str:
 
 
 class StripHiddenTests(NbGraderPreprocessor):
-    """Keep hidden tests out of feedback HTML: their source, and any output that quotes them.
-
-    - A hidden test region becomes a one-line note.
-    - A test cell keeps only its error's name and message and its failed checks (assertion messages written for
-      students), shortened to ``MAX_MESSAGE_CHARS``.
-    - In every cell, an output line that quotes a line of hidden test source (without whitespace, at least
-      ``min_quoted_chars`` long) is replaced by a note: student code cannot print copied test text into feedback.
-    """
+    """Keep hidden tests out of feedback HTML: a hidden test region becomes a one-line note, a test cell keeps only
+    its error's name and message and its failed checks (``MAX_MESSAGE_CHARS`` each), and in every cell an output line
+    quoting a line of hidden test source (whitespace ignored, ``min_quoted_chars`` or longer) becomes a note."""
 
     MAX_MESSAGE_CHARS = 500
     min_quoted_chars = 12
@@ -256,14 +240,9 @@ STICKY_CUDA_ERRORS = ("device-side assert triggered", "an illegal memory access 
 
 def sticky_cuda_error(cell) -> str:
     """The sticky CUDA error a cell's outputs report (``STICKY_CUDA_ERRORS``), or ""."""
-    for out in cell.get("outputs", []):
-        if out.get("output_type") != "error":
-            continue
-        text = f"{out.get('ename', '')}: {out.get('evalue', '')}"
-        for needle in STICKY_CUDA_ERRORS:
-            if needle in text:
-                return needle
-    return ""
+    errors = [f"{out.get('ename', '')}: {out.get('evalue', '')}" for out in cell.get("outputs", [])
+              if out.get("output_type") == "error"]
+    return next((needle for text in errors for needle in STICKY_CUDA_ERRORS if needle in text), "")
 
 
 def error_output(ename: str, evalue: str) -> NotebookNode:
@@ -271,12 +250,9 @@ def error_output(ename: str, evalue: str) -> NotebookNode:
 
 
 def neutralise_cell_metadata(cell, skip_tag: str) -> list[str]:
-    """Remove from one cell the metadata that changes how it is executed or trusted; what was removed, in words.
-
-    - The tags nbclient acts on: ``skip_tag`` (a test cell would pass unrun) and ``raises-exception`` (its error
-      would not count).
-    - nbgrader metadata without a grade id: ``OverwriteCells`` deletes a made-up grade id but leaves the flags, so a
-      student cell marked ``locked`` would run as an instructor cell, one marked ``grade`` as a test cell.
+    """Remove the metadata that changes how a cell runs or is trusted; returns what was removed, in words: the tags
+    nbclient acts on (``skip_tag``: a test would pass unrun; ``raises-exception``), and nbgrader flags without a
+    grade id (``OverwriteCells`` deletes a made-up one, so a ``locked`` student cell would run as the instructor's).
     """
     removed = []
     tags = cell.metadata.get("tags")
@@ -300,10 +276,8 @@ NEUTRALISED_KEY = "efficient_ai_neutralised"  # notebook metadata: what the sani
 
 
 class NeutraliseCellMetadata(NbGraderPreprocessor):
-    """nbgrader's sanitize step, after ``OverwriteCells`` and before ``CheckCellMetadata`` (which would reject the whole
-    submission over one cell whose made-up grade id was deleted): ``neutralise_cell_metadata`` on every cell. What
-    was removed goes to the notebook's metadata (``NEUTRALISED_KEY``) for ``GuardedExecute``'s report.
-    """
+    """``neutralise_cell_metadata`` on every cell in nbgrader's sanitize step, before ``CheckCellMetadata`` would
+    reject the whole submission; what was removed goes to ``NEUTRALISED_KEY`` for ``GuardedExecute``'s report."""
 
     def preprocess(self, nb, resources):
         removed = {}
@@ -316,10 +290,9 @@ class NeutraliseCellMetadata(NbGraderPreprocessor):
 
 
 class RecoverCellMetadata(NbGraderPreprocessor):
-    """Give back the nbgrader metadata a submission lost (a notebook pasted into a fresh one, an editor that drops
-    metadata), by where its cells sit (``course.recover``), before nbgrader looks for its graded cells. What was
-    recovered, and any answer that could not be placed (a TA must look), is logged; ``course grade`` does the same
-    when it stages the submission and records the status ``needs-TA``."""
+    """Give back the nbgrader metadata a submission lost (a notebook pasted into a fresh one), by where its cells sit
+    (``course.recover``), before nbgrader looks for its graded cells; what was recovered or could not be placed is
+    logged (``course grade`` does this when staging, and records ``needs-TA``)."""
 
     def preprocess(self, nb, resources):
         source = read_course_source(self.config, resources["nbgrader"], self.log, "Cell metadata not recovered")
@@ -331,12 +304,9 @@ class RecoverCellMetadata(NbGraderPreprocessor):
 
 
 class QuietOverwriteCells(OverwriteCells):
-    """nbgrader's ``OverwriteCells`` without its false alarm on hidden-test cells a student never touched.
-
-    nbgrader records a locked cell's checksum before ``generate_assignment`` removes the hidden tests
-    (jupyter/nbgrader#1961), so every such cell would log "Attribute 'checksum' ... has changed!". It is logged only
-    when the submitted source differs from what was released; the cell is restored from the gradebook either way.
-    """
+    """nbgrader's ``OverwriteCells``, warning about a changed checksum only when the submitted source differs from
+    the released one: nbgrader's checksum includes the hidden tests (jupyter/nbgrader#1961). The cell is restored
+    from the gradebook either way."""
 
     def preprocess_cell(self, cell, resources, cell_index):
         self._submitted = (cell.cell_type, cell.source)  # before nbgrader restores anything
@@ -349,8 +319,7 @@ class QuietOverwriteCells(OverwriteCells):
         super().report_change(name, attr, old, new)
 
     def _as_released(self, name: str) -> bool:
-        """Whether the cell being processed (grade id ``name``, which nbgrader just found in the gradebook) was
-        submitted exactly as released: the gradebook's source without its hidden tests."""
+        """Whether the cell being processed (grade id ``name``) was submitted as released (without hidden tests)."""
         stored = self.gradebook.find_source_cell(name, self.notebook_id, self.assignment_id)
         released = strip_lines(stored.source, HIDDEN_BEGIN, HIDDEN_END, keep_inside=False)
         cell_type, source = self._submitted
@@ -364,5 +333,6 @@ def is_setup_cell(cell) -> bool:
 
 def where(cell, index: int) -> str:
     """How reasons name a cell: ``cell 7 (q1_2_scale)``."""
-    gid = (cell.metadata.get("nbgrader") or {}).get("grade_id") if isinstance(cell.metadata.get("nbgrader"), dict) else None
+    meta = cell.metadata.get("nbgrader")
+    gid = meta.get("grade_id") if isinstance(meta, dict) else None
     return f"cell {index}" + (f" ({gid})" if gid else " (a cell without a grade id)")

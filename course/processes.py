@@ -1,11 +1,9 @@
-"""Process groups and parents: killing a group, ending with a parent (Linux).
-
-``course grade`` starts each nbgrader process (``course.nbgrader_child``) in its own session, so that a time limit
-can kill the whole group. A ``kill -9`` of ``course grade`` does not reach such a session, so each child asks the
-kernel for a SIGKILL when its parent ends: no grading goes on writing the gradebook behind a killed run.
-"""
+"""Process groups and parents (Linux): each nbgrader process runs in its own session, so that a time limit can kill
+its group, and asks for a SIGKILL when ``course grade`` ends (``kill -9`` included), so that no grading goes on
+writing the gradebook behind a killed run."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -14,10 +12,8 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 def kill_group(pid: int) -> None:
     """SIGKILL the process group ``pid`` leads; nothing when it is gone."""
-    try:
+    with contextlib.suppress(OSError):
         os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def die_with_parent(parent_pid: int) -> bool:

@@ -1,9 +1,5 @@
-"""Quoting student text in what a TA reads (terminal, ``grades.csv``, notes, flags, reasons).
-
-A file name or an error message can carry an ANSI escape (``ESC [ 8 m`` hides the rest of a line), a carriage
-return or a Unicode direction override; each such character is written as its Python escape, so what a TA reads is
-what is there.
-"""
+"""Quoting student text in what a TA reads (terminal, ``grades.csv``, notes, flags, reasons): an ANSI escape
+(``ESC [ 8 m`` hides the rest of a line), a carriage return or a direction override is written as its Python escape."""
 from __future__ import annotations
 
 import re

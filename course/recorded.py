@@ -1,9 +1,8 @@
 """Which autograded submissions a run of ``course grade`` finished: the mark ``--resume`` trusts.
 
-A run killed part-way leaves an autograded notebook and gradebook rows that look graded but hold no points. So a
-submission is marked only once its nbgrader process ended well and its scores are in the gradebook: the SHA-256 of
-its autograded notebook goes into its ``grading_report.json``. A later nbgrader run (``--force`` removes the folder)
-or any change to the notebook drops the mark, and a mark copied from elsewhere does not match.
+A killed run leaves notebooks that look graded, so a submission is marked only once its scores are in the
+gradebook: the SHA-256 of its autograded notebook, in its ``grading_report.json``. Any later change to the notebook
+drops the mark, and a mark copied from elsewhere does not match.
 """
 from __future__ import annotations
 
