@@ -68,12 +68,7 @@ def _part_cell(entry: QuestionScore | None) -> str:
 
 
 def score_table(lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-student table, a part of the lab per column (grades.csv has every question).
-
-    Each part shows its autograded points (``14/15``); ``autograded`` the core total with the bonus on top
-    (``47/47 + 10 bonus``); ``to grade`` the written answers and plots still waiting for a TA (``+12?``) or their
-    points once graded (``+10/12``); ``flags`` the number of flags for review.
-    """
+    """Header and rows of the per-student table, a part of the lab per column (``TABLE_LEGEND`` reads them)."""
     per_part = {s: question_scores(sub, part_of) for s, sub in scores.items()}
     parts = {part for grouped in per_part.values() for part in grouped} - {"bonus"}
     ordered = sorted(parts, key=lambda p: int(p[1:]) if p[1:].isdigit() else 10**6)
@@ -104,8 +99,8 @@ TABLE_WIDTH = 120  # a terminal's columns
 
 
 def format_table(header: list[str], rows: list[list[str]], width: int = TABLE_WIDTH) -> str:
-    """The table as text, columns padded to their widest entry. The last column (the reason) is long text: where a
-    row has one, it goes on a line of its own under the row, cut to ``width``."""
+    """The table as text, columns padded to their widest entry; the last column (the reason, long text) goes on a line
+    of its own under its row, cut to ``width``."""
     widths = [max(len(value) for value in column) for column in zip(header[:-1], *(row[:-1] for row in rows))]
 
     def line(values: list[str]) -> str:
@@ -139,12 +134,10 @@ def flagged_for_review(outcomes: dict[str, Outcome], width: int = TABLE_WIDTH) -
 def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores],
                      penalties: dict[str, float] | None = None) -> None:
     """One row per student: status, reason, notes, flags, every graded cell's score, the autograded and total scores,
-    the late penalty (``penalties``, points; ``course.late``) and the final score (total less penalty). Scores include
-    bonus points (nbgrader's extra credit); maxima do not, as in the formgrader and ``nbgrader export``."""
+    the late penalty (``penalties``, points) and the final score. Scores include bonus points (nbgrader's extra
+    credit); maxima do not, as in the formgrader and ``nbgrader export``."""
     penalties = penalties or {}
-    cell_ids: list[str] = []
-    for s in scores.values():
-        cell_ids += [gid for gid in s.cells if gid not in cell_ids]
+    cell_ids = list(dict.fromkeys(gid for s in scores.values() for gid in s.cells))  # in order, each once
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -162,8 +155,7 @@ def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores:
 
 
 def _csv_score(cell) -> str:
-    """A cell's score for grades.csv; empty when the submission lacks the cell, or for an autograded cell with no
-    score (cleared after a failed run)."""
+    """A cell's score for grades.csv; empty when the submission lacks the cell, or an autograded one has no score."""
     if cell is None or cell.autograded and cell.auto_score is None and cell.manual_score is None:
         return ""
     return f"{cell.score:g}"
@@ -225,18 +217,11 @@ def write_canvas_export(course_root: Path, lab: str, out_dir: Path, students: li
     return path
 
 
-def prepare_plotting() -> None:
-    """Import matplotlib with its file-only Agg backend."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot  # noqa: F401
-    import matplotlib.ticker  # noqa: F401
-
-
 def plot_histogram(path: Path, lab: str, scores: dict[str, SubmissionScores], students: list[str]) -> None:
     """PNG histogram of the students' total scores so far (autograded + graded manual points)."""
-    prepare_plotting()
+    import matplotlib
+
+    matplotlib.use("Agg")  # file only
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
