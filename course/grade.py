@@ -90,15 +90,11 @@ def _failure_reason(result_output: str) -> str:
 def autograde_one(course_root: Path, lab: str, student: str, timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
                   worker: Worker | None = None, submitted: Path | None = None,
                   started: NbgraderProcess | None = None) -> Outcome:
-    """Autograde one submission in its own nbgrader process; never raises for a bad submission.
+    """Autograde one submission (in ``submitted``, default ``submitted/``; ``started``: its process, started ahead)
+    on ``worker``'s GPU and CPUs. Never raises for a bad submission.
 
     A run a busy machine can explain (``Outcome.retry``) is graded once more and the second run kept; a run that hit a
     sticky CUDA error is graded once more with the GPU hidden, as a CPU grader would. A note says so either way.
-
-    Args:
-        worker: its GPU and CPUs.
-        submitted: the folder holding ``<student>/<lab>/`` (default ``submitted/``).
-        started: its process, started ahead by ``start_autograde``.
     """
     worker = worker or Worker()
     outcome = _autograde_once(course_root, lab, student, timeout_s, worker, submitted, started)
@@ -203,7 +199,6 @@ def autograde_all(course_root: Path, lab: str, students: list[str], timeout_s: f
     """
     from tqdm import tqdm
 
-    submitted = submitted or course_root / "submitted"
     queue = iter(students)
     lock = threading.Lock()
     outcomes: dict[str, Outcome] = {}
@@ -333,10 +328,8 @@ def grade_staged(course_root: Path, lab: str, staged: ClassStaging, staging: Pat
 def grade_lab(course_root: Path, lab: str, students: list[str] | None = None, out_dir: Path | None = None,
               timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S, progress: bool = True, workers: int = 1,
               resume: bool = False) -> tuple[dict[str, Outcome], dict[str, SubmissionScores]]:
-    """Autograde a lab's submissions, each from its staged copy (``ClassStaging``, in a temporary folder), and write
-    ``grades.csv`` and ``scores.png`` into ``out_dir``. With ``resume``, submissions an earlier run finished are
-    kept and only the others are graded.
-    """
+    """Autograde a lab's submissions, each from its staged copy (``ClassStaging``), and write ``grades.csv`` and
+    ``scores.png`` into ``out_dir``. With ``resume``, submissions an earlier run finished are kept."""
     students = students if students is not None else list_students(course_root, lab)
     out_dir = out_dir or course_root / "grading" / lab
     with tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging, \
