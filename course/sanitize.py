@@ -1,16 +1,13 @@
 """sanitize: nothing a student writes runs script where a TA or another student looks at it (docs/SECURITY.md).
 
-Two layers, both named in ``nbgrader_config.py``: ``SanitizeNotebook`` (an nbgrader preprocessor, last in autograde
-and again in feedback) rewrites the notebook itself, and ``markdown2html`` and ``clean_html`` replace nbconvert's
-filters of those names in every HTML export, so a notebook that skipped the first layer still renders safely.
-Markdown keeps its source unless its rendering leaves the allow-list (tags, attributes, URL schemes, CSS properties
-below); then it becomes the sanitized rendering. Anything outside the allow-list is escaped (a ``<script>`` shows
-as text, so the TA sees the attempt) or dropped; outputs of other types are replaced by a note.
+Two layers, both named in ``nbgrader_config.py``: the ``SanitizeNotebook`` preprocessor (autograde and feedback)
+rewrites the notebook, and ``markdown2html`` and ``clean_html`` replace nbconvert's filters of those names in every
+HTML export. Markdown keeps its source unless its rendering leaves the allow-list below; anything outside it is
+escaped (a ``<script>`` shows as text, so the TA sees the attempt) or dropped, other outputs become a note.
 """
 from __future__ import annotations
 
 import base64
-import binascii
 import html
 import re
 import secrets
@@ -21,6 +18,7 @@ from bleach.css_sanitizer import CSSSanitizer
 from jinja2 import pass_context
 from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
 from nbconvert.preprocessors import Preprocessor
+from nbformat import from_dict
 from traitlets import Bool
 
 HEADINGS = ("h1", "h2", "h3", "h4", "h5", "h6")
@@ -32,14 +30,13 @@ ALLOWED_TAGS = frozenset({
 })
 ALLOWED_CSS_PROPERTIES = frozenset({
     "text-align", "vertical-align", "color", "background-color", "font-weight", "font-style", "text-decoration",
-    "white-space", "border", "border-collapse", "border-bottom", "border-top", "padding", "padding-left",
-    "padding-right",
+    "white-space", "border", "border-collapse", "border-bottom", "border-top", "padding", "padding-left", "padding-right",
 })
 # Classes that a script of the page acts on (mermaid renders diagrams from them): never from a student.
 SCRIPTED_CLASS = re.compile(r"mermaid", re.IGNORECASE)
 CLASS_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 LINK_SCHEMES = ("http", "https", "mailto")
-IMAGE_DATA_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp", "image/svg+xml")
+IMAGE_DATA_PREFIXES = tuple(f"data:image/{kind}{sep}" for kind in ("png", "jpeg", "gif", "webp", "svg+xml") for sep in ";,")
 NUMBER = re.compile(r"^\d{1,5}(\.\d{1,3})?%?$")
 SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # nbformat's cell id pattern; also nbgrader's grade ids
 # Output types shown as they are (after the checks below); everything else becomes a note.
@@ -57,18 +54,14 @@ def _scheme(url: str) -> str:
 
 def _safe_image(url: str) -> bool:
     """A relative or http(s) URL, or ``data:`` of an image type (an SVG loaded as an image runs no script)."""
-    scheme = _scheme(url)
-    if scheme != "data":
-        return scheme in ("", "https", "http")
     squeezed = re.sub(r"[\x00-\x20\x7f]", "", html.unescape(url)).lower()
-    return squeezed.startswith(tuple(f"data:{kind}{sep}" for kind in IMAGE_DATA_TYPES for sep in ";,"))
+    return _scheme(url) in ("", "https", "http") or squeezed.startswith(IMAGE_DATA_PREFIXES)
 
 
 def attribute_allowed(tag: str, name: str, value: str) -> bool:
     """Whether ``name="value"`` may stay on a ``tag`` a student wrote (the attribute allow-list)."""
     if name == "class":
-        tokens = value.split()
-        return all(CLASS_TOKEN.match(t) and not SCRIPTED_CLASS.search(t) for t in tokens)
+        return all(CLASS_TOKEN.match(t) and not SCRIPTED_CLASS.search(t) for t in value.split())
     if name == "title":
         return True
     if name == "style":
@@ -193,17 +186,15 @@ def render_markdown(source: str, attachments: dict | None = None) -> str:
 
 def sanitize_markdown(source: str, attachments: dict | None = None) -> str:
     """Markdown source that renders safely: ``source`` itself when it does, else its sanitized rendering."""
+    escaped = _freeze(f"<pre>{html.escape(source)}</pre>")  # nothing but escaped text: always safe
     try:
         rendered, raw_html = _render(source, attachments)
-    except Exception:
-        rendered, raw_html = None, True
-    if rendered is not None and (not raw_html or _is_frozen(source)) and not html_problems(rendered):
+    except Exception:  # a missing attachment, a renderer bug
+        return escaped
+    if (not raw_html or _is_frozen(source)) and not html_problems(rendered):
         return source
-    body = clean_html(rendered) if rendered is not None else f"<pre>{html.escape(source)}</pre>"
-    frozen = _freeze(body)
-    if not html_problems(_render(frozen, None)[0]):
-        return frozen
-    return _freeze(f"<pre>{html.escape(source)}</pre>")  # nothing but escaped text: always safe
+    frozen = _freeze(clean_html(rendered))
+    return escaped if html_problems(_render(frozen, None)[0]) else frozen
 
 
 @pass_context
@@ -220,7 +211,7 @@ def _text(value) -> str:
 def _is_base64(value: str) -> bool:
     try:  # validate=True refuses any character outside the base64 alphabet
         base64.b64decode(re.sub(r"\s", "", value), validate=True)
-    except (binascii.Error, ValueError):
+    except ValueError:  # binascii.Error is one
         return False
     return True
 
@@ -281,7 +272,7 @@ def sanitize_output(out) -> dict:
         # A widget with a text fallback (tqdm's bar) just shows its text; anything else removed is said once.
         noted = [mime for mime in dropped if mime != WIDGET_VIEW or not kept]
         if noted or not kept:
-            kept["text/plain"] = (kept.get("text/plain", "") + "\n" if kept.get("text/plain") else "") + _note(noted or ["empty"])
+            kept["text/plain"] = "\n".join(filter(None, [kept.get("text/plain"), _note(noted or ["empty"])]))
         clean = {"output_type": kind, "data": kept, "metadata": _image_metadata(out.get("metadata"))}
         if kind == "execute_result":
             clean["execution_count"] = _count(out.get("execution_count"))
@@ -340,7 +331,5 @@ class SanitizeNotebook(Preprocessor):
     enabled = Bool(True).tag(config=True)
 
     def preprocess(self, nb, resources):
-        from nbformat import from_dict
-
         nb.cells = [from_dict(cell) for cell in sanitize_notebook(nb).cells]
         return nb, resources
