@@ -1,8 +1,6 @@
-"""demo: the main job on its embedded default: build, grade a small demo class, print the table.
-
-The demo class lives in ``demo/`` (ignored by git) with its own SQLite gradebook: ``demo-reference`` (the reference
-solution), ``demo-blank`` (the release as handed out) and ``demo-partial`` (the reference with every other
-autograded question left blank). The demo exits non-zero unless each earns exactly the score expected of it.
+"""demo: build a lab, grade a demo class in ``demo/`` (its own SQLite gradebook) and print the table; non-zero
+unless each of ``demo-reference`` (the reference solution), ``demo-blank`` (the release) and ``demo-partial`` (every
+other autograded question answered) earns exactly the score expected of it.
 """
 from __future__ import annotations
 

@@ -27,13 +27,9 @@ POINTS_POSSIBLE = "    Points Possible"  # the second row of Canvas's own gradeb
 
 
 def read_roster(path: Path) -> dict[str, dict[str, str]]:
-    """nbgrader student id -> Canvas fields, from a CSV roster: a ``student_id`` column (the name of the student's
-    ``submitted/`` folder) and any of ``CANVAS_FIELDS`` (Canvas's gradebook export with a ``student_id`` column
-    added); other columns are ignored.
-
-    Raises:
-        ValueError: the file has no ``student_id`` column.
-    """
+    """nbgrader student id -> Canvas fields, from a CSV roster with a ``student_id`` column (the student's
+    ``submitted/`` folder) and any of ``CANVAS_FIELDS`` (Canvas's gradebook export with that column added); other
+    columns are ignored. ValueError when there is no ``student_id`` column."""
     with path.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         if "student_id" not in (reader.fieldnames or []):
@@ -49,8 +45,8 @@ def write_canvas_csv(path: Path, lab: str, final_scores: dict[str, float], point
     Args:
         final_scores: student id -> the points to upload (late penalty already taken off).
         points_possible: the assignment's maximum (bonus points come on top, as in Canvas's extra credit).
-        roster: student id -> Canvas fields (``read_roster``); a student missing from it is written with the student
-            id as ``Student`` and ``SIS Login ID``.
+        roster: student id -> Canvas fields (``read_roster``); without an entry, the id is ``Student`` and
+            ``SIS Login ID``.
         assignment_id: Canvas's id of the assignment (column ``Lab 1 (123456)``); without it the column is
             ``Lab 1`` and Canvas offers to create a new assignment.
     """

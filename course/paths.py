@@ -33,11 +33,8 @@ def discover_labs(root: Path = REPO_ROOT) -> list[str]:
 
 
 def resolve_labs(requested: list[str] | None, root: Path = REPO_ROOT) -> list[str]:
-    """The labs a command should act on: the requested ones (validated), or all of them.
-
-    Raises:
-        SystemExit: a requested lab has no ``labs/labN/labN.py``.
-    """
+    """The labs a command should act on: the requested ones, or all of them; SystemExit for a requested lab
+    without ``labs/labN/labN.py``."""
     available = discover_labs(root)
     unknown = [lab for lab in requested or [] if lab not in available]
     if unknown:
