@@ -1,12 +1,10 @@
 """recover: give back the nbgrader metadata a submission lost, by where its cells sit.
 
 Cells pasted into a fresh notebook, or saved by an editor that drops unknown metadata (Colab, VS Code), have no
-``metadata.nbgrader``, so nbgrader finds none of the lab's answers and tests. Such cells are aligned with the release:
-the instructor's locked cells (**anchors**) are found by their text, in order; an **answer** between two anchors is
-the unlabelled code cell there that defines what the solution defines (``def gemm``), or the only cell of its kind
-there (several answers between the same anchors are taken in order when their numbers match). An ambiguous answer is
-left unplaced and named, so that grading asks for a TA instead of scoring a missing answer as zero. Used by staging
-(``course.submission``) and the ``RecoverCellMetadata`` sanitize step (``course.nbgrader_ext``).
+``metadata.nbgrader``. The instructor's locked cells (**anchors**) are found by their text, in order; an **answer**
+between two anchors is the cell there that defines what the solution defines (``def gemm``), else the only cell of its
+kind there (several in order when their numbers match). An ambiguous answer is left unplaced and named, so that
+grading asks for a TA instead of scoring it zero.
 """
 from __future__ import annotations
 
@@ -69,16 +67,8 @@ def defined_names(source: str) -> set[str]:
 
 
 def recover_metadata(nb, release_nb, source_nb) -> Recovery:
-    """Label, in place, the cells of ``nb`` that lost their nbgrader metadata (cells that kept it are left alone).
-
-    Args:
-        nb: the submitted notebook.
-        release_nb: the release notebook, as students got it.
-        source_nb: the instructor's notebook (what each code answer of the solution defines).
-
-    Returns:
-        What was recovered and what could not be placed.
-    """
+    """Label, in place, the cells of the submitted ``nb`` that lost their nbgrader metadata, by aligning them with
+    ``release_nb`` (what students got) and ``source_nb`` (what each solution defines); returns what it did."""
     reference = {gid: cell for cell in release_nb.cells if (gid := grade_id(cell))}
     solutions = {gid: cell.source for cell in source_nb.cells if (gid := grade_id(cell))}
     ordinary = {_text(cell.source) for cell in release_nb.cells if grade_id(cell) is None}
@@ -128,12 +118,10 @@ def recover_metadata(nb, release_nb, source_nb) -> Recovery:
                 label(definers[-1], gid, recovery.answers)  # the last definition is the one the tests see
                 candidates = [i for i in candidates if i in free]
                 gids.remove(gid)
-        if not gids or not candidates:
-            continue  # nothing left to place: a missing answer is restored as the release stub
         if len(candidates) == len(gids):
             for i, gid in zip(candidates, gids):
                 label(i, gid, recovery.answers)
-        else:
+        elif gids and candidates:  # with no candidate, a missing answer is restored as the release stub
             recovery.unplaced += gids
     recovery.unplaced = [gid for gid in order if gid in set(recovery.unplaced)]
     return recovery
