@@ -2,6 +2,7 @@
 autograded notebook (read back by ``course.grade.with_grading_report``)."""
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,7 +32,5 @@ class GradingRecord:
             return
         report = asdict(self)
         del report["student_code_ran"]
-        try:
+        with contextlib.suppress(OSError):
             (Path(folder) / GRADING_REPORT).write_text(json.dumps(report, indent=1))
-        except OSError:
-            pass

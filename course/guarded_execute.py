@@ -10,6 +10,7 @@ caps and a notebook time limit (docs/SECURITY.md). It decides what runs where, c
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -308,10 +309,8 @@ class GuardedExecute(Execute):
                 return
 
     async def _async_fresh_kernel(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the channels of a dead kernel may be closed already
             self.kc.stop_channels()
-        except Exception:  # noqa: BLE001, S110 - channels of a dead kernel may already be closed
-            pass
         await ensure_async(self.km.restart_kernel(now=True))
         await self.async_start_new_kernel_client()
 
