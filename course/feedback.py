@@ -23,12 +23,11 @@ def _points(value) -> float | None:
 
 
 def question_rows(nb) -> list[dict]:
-    """The feedback page's summary (the ``course_feedback`` template): one row per question, in the lab's order.
+    """The feedback page's summary (the ``course_feedback`` template): one row per question, in the lab's order,
+    from the grades nbgrader's ``GetGrades`` and ``ShowBonusPoints`` wrote into each cell's metadata.
 
-    Each row: ``label`` ("Question 3.1.1"), ``anchor`` (the grade id of its first graded cell, which the page links
-    to), ``autograded``, ``ta`` and ``bonus`` as ``[score, points]`` or None (a score is None until a TA grades it),
-    and ``comments``: the TA's comments on its cells. Reads the grades nbgrader's ``GetGrades`` (and
-    ``ShowBonusPoints``: a bonus cell's own points) wrote into each cell's metadata."""
+    Each row: ``label`` ("Question 3.1.1"), ``anchor`` (the grade id of its first graded cell), ``autograded``, ``ta``
+    and ``bonus`` as ``[score, points]`` or None (score None until a TA grades it), and the TA's ``comments``."""
     rows: dict[str, dict] = {}
     for cell in nb.cells:
         meta = nbgrader_meta(cell)
@@ -58,11 +57,7 @@ def _run(course_root: Path, args: list[str]) -> None:
 
 
 def generate_feedback(course_root: Path, lab: str, students: list[str] | None = None) -> list[Path]:
-    """Generate feedback HTML; return the files written.
-
-    Raises:
-        RuntimeError: nbgrader failed (its output tail is in the message).
-    """
+    """Generate feedback HTML; return the files written (RuntimeError with nbgrader's output when it fails)."""
     # nbgrader takes one --student (a name or a glob) per run: one run for everyone, or one per named student.
     for student in students or [None]:
         _run(course_root, ["generate_feedback", lab, "--force", *(["--student", student] if student else [])])
@@ -79,11 +74,6 @@ def ungraded_answers(course_root: Path, lab: str, students: list[str] | None = N
     return {student: cells for student, cells in waiting.items() if cells}
 
 
-def release_feedback(course_root: Path, lab: str, exchange: Path) -> None:
-    exchange.mkdir(parents=True, exist_ok=True)
-    _run(course_root, ["release_feedback", lab, f"--Exchange.root={exchange}"])
-
-
 def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None, exchange: str | None = None,
          force: bool = False) -> int:
     waiting = ungraded_answers(root, lab, students)
@@ -98,7 +88,8 @@ def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None, ex
     try:
         files = generate_feedback(root, lab, students)
         if exchange:
-            release_feedback(root, lab, Path(exchange).resolve())
+            Path(exchange).resolve().mkdir(parents=True, exist_ok=True)
+            _run(root, ["release_feedback", lab, f"--Exchange.root={Path(exchange).resolve()}"])
     except RuntimeError as exc:
         print(exc)
         return 1
