@@ -237,16 +237,14 @@ def read_scores(course_root: Path, lab: str, students: list[str] | None = None) 
                 .join(SubmittedNotebook, SubmittedNotebook.assignment_id == SubmittedAssignment.id)
                 .join(Grade, Grade.notebook_id == SubmittedNotebook.id)
                 .filter(SubmittedAssignment.assignment_id == assignment.id))
-        found: dict[str, list[CellScore]] = {}
         for student, cell_id, auto_score, manual_score, extra_credit, needs_manual_grade in rows:
             if student in result:
                 name, max_score, autograded = cells[cell_id]
-                found.setdefault(student, []).append(CellScore(
+                result[student].cells[name] = CellScore(
                     name, max_score, _number(auto_score), _number(manual_score), bool(needs_manual_grade),
-                    autograded, _number(extra_credit), bonus=is_bonus_id(name)))
-    for student, student_cells in found.items():
-        student_cells.sort(key=lambda cell: (order.get(cell.grade_id, len(order)), cell.grade_id))
-        result[student].cells = {cell.grade_id: cell for cell in student_cells}
+                    autograded, _number(extra_credit), bonus=is_bonus_id(name))
+    for sub in result.values():
+        sub.cells = dict(sorted(sub.cells.items(), key=lambda item: (order.get(item[0], len(order)), item[0])))
     return result
 
 
