@@ -151,9 +151,8 @@ def sandbox_status() -> str:
 
 
 def with_grading_report(outcome: Outcome, report_path: Path) -> Outcome:
-    """``outcome`` with what the grading run reported (``grading_report.json``): execution that stopped early (a
-    dead kernel, the notebook time limit) makes it ``partial``, with the reason; what the guard found becomes notes.
-    """
+    """``outcome`` with what the grading run reported (``grading_report.json``): ``partial`` when execution stopped
+    early (a dead kernel, the notebook time limit), with the reason; what the guard found becomes notes."""
     report = read_report(report_path)
     stopped = [report["stopped"]] if report.get("stopped") else []
     if stopped or report.get("output_missed"):
@@ -388,9 +387,8 @@ def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None,
 
 
 def report_main(lab: str, root: Path = REPO_ROOT, roster: Path | None = None, canvas_assignment_id: str | None = None) -> int:
-    """``course grade LAB --report``: rewrite ``grades.csv`` and ``scores.png`` from the gradebook (manual points a TA
-    gave in the formgrader included), grading nothing, and write ``canvas.csv`` (``roster`` maps student ids to
-    Canvas's fields)."""
+    """``course grade LAB --report``: grading nothing, rewrite ``grades.csv`` and ``scores.png`` from the gradebook
+    (a TA's manual points included) and write ``canvas.csv`` (``roster`` maps student ids to Canvas's fields)."""
     out_dir = root / "grading" / lab
     outcomes = previous_outcomes(out_dir / "grades.csv", lab)
     if not outcomes:
