@@ -44,13 +44,11 @@ DEFAULT_NOTEBOOK_TIMEOUT_S = 600
 # Run in a kernel waiting for its turn: the modules the lab's locked cells import (boundary.locked_cell_imports),
 # loaded ahead so that a locked cell after the student's first one does not load them on the clock.
 IMPORT_AHEAD = (
-    "import importlib as _i\n"
+    "import contextlib as _c, importlib as _i\n"
     "for _m in {modules!r}:\n"
-    "    try:\n"
+    "    with _c.suppress(BaseException):\n"
     "        _i.import_module(_m)\n"
-    "    except BaseException:\n"
-    "        pass\n"
-    "del _i, _m\n"
+    "del _c, _i, _m\n"
 )
 MAX_KERNEL_RESTARTS = 3  # a kernel that dies or stops answering is replaced (earlier cells run again) this often
 SCALE_ENV = "EFFICIENT_AI_SCALE"  # utils.py's sizes: grading always runs at quick scale

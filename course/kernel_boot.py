@@ -1,9 +1,7 @@
 """Start a grading kernel that no file beside it can shadow (run by ``course/sandbox.py``; standard library only).
 
-``python -I kernel_boot.py --files DIR --work DIR [--on-path] [--uid N] -- KERNEL_ARGUMENTS`` copies the instructor
-files into the working folder and, with ``--on-path``, puts them first on ``sys.path`` (``-I`` and ``ignore_cwd`` keep
-the working folder and PYTHONPATH off it: docs/SECURITY.md). With ``--uid`` (started as root), once the kernel's
-sockets are bound, it gives the working folder and HOME to uid/gid N and becomes that user."""
+``python -I kernel_boot.py --files DIR --work DIR [--on-path] [--uid N] -- KERNEL_ARGUMENTS``: ``-I`` and
+``ignore_cwd`` keep the working folder and PYTHONPATH off ``sys.path`` (docs/SECURITY.md)."""
 from __future__ import annotations
 
 import argparse
@@ -56,8 +54,7 @@ def main(argv: list[str]) -> None:
         give_tree(os.path.expanduser("~"), options.uid)  # what IPython made there (its profile, history)
         become(options.uid)
     os.chdir(options.work)
-    # Take start-up's objects (torch, pandas...) out of the cyclic collector's walk: utils.benchmark_memory collects
-    # on every call. Reference counting still frees them.
+    # Start-up's objects (torch...) leave the cyclic collector's walk: utils.benchmark_memory collects on every call.
     gc.collect()
     gc.freeze()
     app.start()

@@ -79,9 +79,7 @@ class AwardBonusPoints(NbGraderPreprocessor):
 
         info = resources["nbgrader"]
         source = read_course_source(self.config, info, self.log, "Bonus points not awarded")
-        if source is None:
-            return nb, resources
-        bonus = bonus_points(source)
+        bonus = bonus_points(source) if source is not None else {}
         if not bonus:
             return nb, resources
         reference, submitted = cells_by_grade_id(source), cells_by_grade_id(nb)
@@ -94,8 +92,8 @@ class AwardBonusPoints(NbGraderPreprocessor):
                     continue
                 if is_autograded_test(reference[gid]):
                     share = partial_credit_share(submitted[gid]) if gid in submitted else None
-                    grade.extra_credit = self._earned(reference[gid], submitted.get(gid), points) if share is None \
-                        else math.floor(share * points * 100 + 1e-9) / 100
+                    grade.extra_credit = (self._earned(reference[gid], submitted.get(gid), points) if share is None
+                                          else math.floor(share * points * 100 + 1e-9) / 100)
                 elif grade.auto_score is None:
                     grade.auto_score = 0.0
             gb.db.commit()
