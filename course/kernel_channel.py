@@ -74,11 +74,12 @@ class KernelChannel:
             if picked is not None:
                 return picked
 
-    async def _request(self, code: str, expression: str | None, timeout_s: float) -> dict | None:
+    async def _request(self, code: str, expression: str | None, timeout_s: float, on_iopub: bool = False) -> dict | None:
+        """Send a silent request; its reply (``on_iopub``: its first output message), or None after ``timeout_s``."""
         kc = self.owner.kc
         msg_id = kc.execute(code, silent=True, store_history=False, allow_stdin=False,
                             user_expressions={"guard": expression} if expression else None)
-        return await self.read(kc.shell_channel, timeout_s, False,
+        return await self.read(kc.iopub_channel if on_iopub else kc.shell_channel, timeout_s, False,
                                lambda msg: msg if msg["parent_header"].get("msg_id") == msg_id else None)
 
     def request(self, code: str, expression: str | None = None, timeout_s: float = KERNEL_REPLY_TIMEOUT_S) -> dict | None:
@@ -104,12 +105,8 @@ class KernelChannel:
             self.lost = f"stopped answering (no output in {KERNEL_REPLY_TIMEOUT_S} s)"
 
     async def _output_arrives(self) -> bool:
-        kc = self.owner.kc
         deadline = time.monotonic() + KERNEL_REPLY_TIMEOUT_S
         while time.monotonic() < deadline:
-            msg_id = kc.execute("", silent=True, store_history=False, allow_stdin=False)
-            status = await self.read(kc.iopub_channel, min(2, deadline - time.monotonic()), False,
-                                     lambda msg: True if msg["parent_header"].get("msg_id") == msg_id else None)
-            if status:
+            if await self._request("", None, min(2, deadline - time.monotonic()), on_iopub=True):
                 return True
         return False

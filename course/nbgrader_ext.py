@@ -26,8 +26,6 @@ from .notebooks import (
 )
 from .recover import recover_metadata, release_of
 
-# Cell tags nbclient acts on besides ``Execute.skip_cells_with_tag``: ``raises-exception`` lets a cell's error pass.
-EXECUTION_TAGS = ("raises-exception",)
 FAILED_CHECK_PREFIX = "FAILED "  # how checks.Scorecard.failures starts a line
 RECORDS_CALLS = "record_torch_calls"  # a test cell that names it checks how an answer was computed (docs/SECURITY.md)
 # Marks the partial-credit results this grading process wrote (a secret of the process: the kernel never sees it).
@@ -255,7 +253,7 @@ def neutralise_cell_metadata(cell, skip_tag: str) -> list[str]:
     removed = []
     tags = cell.metadata.get("tags")
     if isinstance(tags, list):
-        bad = [tag for tag in tags if tag in (skip_tag, *EXECUTION_TAGS)]
+        bad = [tag for tag in tags if tag in (skip_tag, "raises-exception")]
         if bad:
             cell.metadata["tags"] = [tag for tag in tags if tag not in bad]
             removed += [f"tag {tag!r}" for tag in bad]
