@@ -140,7 +140,7 @@ def _rebuild_cell(cell) -> nbformat.NotebookNode | None:
         source = "".join(source)
     if not isinstance(source, str):
         return None
-    metadata = copy.deepcopy(cell["metadata"]) if isinstance(cell.get("metadata"), dict) else {}
+    metadata = cell["metadata"] if isinstance(cell.get("metadata"), dict) else {}
     new = _new_cell(cell["cell_type"], source, metadata, cell.get("id") if isinstance(cell.get("id"), str) else None)
     if cell["cell_type"] != "code" and isinstance(cell.get("attachments"), dict):
         new["attachments"] = copy.deepcopy(cell["attachments"])
@@ -183,12 +183,6 @@ class Instructor:
         return cls(source_nb, {gid: cell for cell in nb.cells if (gid := grade_id(cell))}, nb)
 
 
-def _plain(cell) -> nbformat.NotebookNode:
-    """The same cell without nbgrader metadata: an ordinary student cell."""
-    cell.metadata.pop("nbgrader", None)
-    return cell
-
-
 def _listed(what: str, ids: list[str]) -> list[str]:
     return [f"{what}: {', '.join(ids)}"] if ids else []
 
@@ -199,18 +193,16 @@ def _deduplicate(cells, reference: dict) -> tuple[list, list[str]]:
     kept, seen, dropped, demoted, unknown = [], set(), [], [], []
     for cell in cells:
         gid = grade_id(cell)
-        if gid is None or gid not in reference:
-            if gid is not None:
-                unknown.append(gid)
-            kept.append(_plain(cell) if "nbgrader" in cell.metadata else cell)
-        elif gid not in seen:
+        if gid in reference and gid not in seen:
             seen.add(gid)
             kept.append(cell)
-        elif is_locked(reference[gid]):
+        elif gid in reference and is_locked(reference[gid]):
             dropped.append(gid)
-        else:
-            demoted.append(gid)
-            kept.append(_plain(cell))
+        else:  # kept as an ordinary student cell
+            if gid is not None:
+                (demoted if gid in reference else unknown).append(gid)
+            cell.metadata.pop("nbgrader", None)
+            kept.append(cell)
     notes = (_listed("duplicate locked cells dropped", dropped)
              + _listed("duplicate answer cells kept as ordinary cells after the first", demoted)
              + _listed("unknown grade ids, kept as ordinary cells", unknown))
@@ -226,17 +218,16 @@ def _restore_edits(cells, reference: dict) -> list[str]:
         if gid is None:
             continue
         ref = reference[gid]
-        changed = _metadata_changes(nbgrader_meta(cell), nbgrader_meta(ref))
-        if changed:
+        if changed := _metadata_changes(nbgrader_meta(cell), nbgrader_meta(ref)):
             metadata_notes.append(f"{gid} ({', '.join(changed)})")
         if is_locked(ref):
             if cell.cell_type != ref.cell_type or cell.source.rstrip() != ref.source.rstrip():
                 edited_locked.append(gid)
-            cells[index] = _from_reference(ref, cell.get("id"))
+            cells[index] = _new_cell(ref.cell_type, ref.source, ref.metadata, cell.get("id"))
             continue
         if cell.cell_type != ref.cell_type:
             retyped.append(f"{gid} ({cell.cell_type} -> {ref.cell_type})")
-            cells[index] = cell = _from_reference(ref, cell.get("id"), source=cell.source)
+            cells[index] = cell = _new_cell(ref.cell_type, cell.source, ref.metadata, cell.get("id"))
         cell.metadata["nbgrader"] = copy.deepcopy(ref.metadata["nbgrader"])
     return (_listed("edited locked cells restored from the instructor's notebook", edited_locked)
             + _listed("nbgrader metadata restored", metadata_notes)
@@ -255,13 +246,9 @@ def _metadata_changes(mine: dict, theirs: dict) -> list[str]:
     return [f"{key} {was} -> {should}" for key, (was, should) in pairs.items() if was != should]
 
 
-def _from_reference(ref, cell_id: str | None, source: str | None = None) -> nbformat.NotebookNode:
-    """A new cell like the instructor's release cell ``ref`` (optionally with another source)."""
-    return _new_cell(ref.cell_type, ref.source if source is None else source, copy.deepcopy(ref.metadata), cell_id)
-
-
 def _new_cell(cell_type: str, source: str, metadata: dict, cell_id: str | None) -> nbformat.NotebookNode:
-    new = getattr(nbformat.v4, f"new_{cell_type}_cell")(source=source, metadata=metadata)
+    """A new cell with a copy of ``metadata`` (and ``cell_id`` unless None)."""
+    new = getattr(nbformat.v4, f"new_{cell_type}_cell")(source=source, metadata=copy.deepcopy(metadata))
     if cell_id:
         new["id"] = cell_id
     return new
@@ -306,7 +293,7 @@ def repair_cells(nb, reference: dict) -> list[str]:
         at = len(nb.cells)  # after the student's cells that precede it, before the next section's headings
         while at and nb.cells[at - 1].cell_type == "markdown" and grade_id(nb.cells[at - 1]) is None:
             at -= 1
-        nb.cells.insert(at, _from_reference(ref, ref.get("id")))
+        nb.cells.insert(at, _new_cell(ref.cell_type, ref.source, ref.metadata, ref.get("id")))
     _ensure_valid(nb)
     return (notes + _listed("missing cells restored from the instructor's notebook", restored)
             + _listed("missing answer cells restored as the release stub", stubs))
