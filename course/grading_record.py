@@ -1,5 +1,4 @@
-"""The record of what happened while one notebook was graded, written as ``grading_report.json`` beside the
-autograded notebook (read back by ``course.grade.with_grading_report``)."""
+"""What happened while one notebook was graded: ``grading_report.json``, read by ``course.grade``."""
 from __future__ import annotations
 
 import contextlib

@@ -1,5 +1,4 @@
-"""What grading one submission came to: ``Outcome``, shared by grading (``course.grade``) and its reports
-(``course.report``)."""
+"""``Outcome``: what grading one submission came to, shared by ``course.grade`` and ``course.report``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,8 +11,7 @@ class Outcome:
     """How autograding one submission went."""
 
     student: str
-    status: str  # "ok", "partial" (execution stopped early; points so far recorded), "needs-TA" (graded, but an
-    # answer could not be placed: see reason) or "failed"
+    status: str  # "ok", "partial" (stopped early, points so far kept), "needs-TA" (see reason) or "failed"
     reason: str = ""
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # repairs made to the submission before grading
