@@ -179,9 +179,7 @@ def render_markdown(source: str, attachments: dict | None = None) -> str:
         rendered, raw_html = _render(source, attachments)
     except Exception:  # a missing attachment, a renderer bug: show the source as text
         return f"<pre>{html.escape(source)}</pre>"
-    if not raw_html and not html_problems(rendered):
-        return rendered
-    return clean_html(rendered)
+    return rendered if not raw_html and not html_problems(rendered) else clean_html(rendered)
 
 
 def sanitize_markdown(source: str, attachments: dict | None = None) -> str:
@@ -240,17 +238,18 @@ def _sanitize_data(data: dict) -> tuple[dict, list[str]]:
     return kept, dropped
 
 
+def _filtered(bundles, keep) -> dict:
+    """The dict values of ``bundles`` with only the items that ``keep(key, value)`` accepts; empty ones are dropped."""
+    kept = {str(name): {key: value for key, value in bundle.items() if keep(key, value)}
+            for name, bundle in (bundles or {}).items() if isinstance(bundle, dict)}
+    return {name: bundle for name, bundle in kept.items() if bundle}
+
+
 def _image_metadata(metadata) -> dict:
     """Only numeric width and height of images survive (templates write them into attributes)."""
-    kept = {}
-    for mime in RASTER_TYPES:
-        values = (metadata or {}).get(mime)
-        if isinstance(values, dict):
-            sizes = {k: v for k, v in values.items()
-                     if k in ("width", "height") and isinstance(v, (int, float)) and not isinstance(v, bool)}
-            if sizes:
-                kept[mime] = sizes
-    return kept
+    images = {mime: values for mime, values in (metadata or {}).items() if mime in RASTER_TYPES}
+    return _filtered(images, lambda key, v: key in ("width", "height") and isinstance(v, (int, float))
+                     and not isinstance(v, bool))
 
 
 def _count(value):
@@ -281,14 +280,9 @@ def sanitize_output(out) -> dict:
 
 
 def _sanitize_attachments(attachments) -> dict:
-    kept = {}
-    for name, bundle in (attachments or {}).items():
-        if isinstance(bundle, dict):
-            images = {m: v for m, v in bundle.items()
-                      if m in (*RASTER_TYPES, "image/svg+xml") and isinstance(v, str) and _is_base64(v)}
-            if images:
-                kept[str(name)] = images
-    return kept
+    """Only base64 images survive."""
+    return _filtered(attachments, lambda mime, v: mime in (*RASTER_TYPES, "image/svg+xml") and isinstance(v, str)
+                     and _is_base64(v))
 
 
 def sanitize_cell(cell) -> None:
