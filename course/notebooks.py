@@ -197,10 +197,8 @@ def cells_by_grade_id(nb) -> dict[str, object]:
 
 
 def make_submission(release_nb, source_nb, answered: set[str] | None = None):
-    """A copy of ``release_nb`` whose solution cells in ``answered`` (None: all) hold the answers of ``source_nb``.
-
-    Raises NotebookError when a solution cell of the release is missing from the source.
-    """
+    """A copy of ``release_nb`` whose solution cells in ``answered`` (None: all) hold the answers of ``source_nb``
+    (NotebookError when one is missing from the source)."""
     reference = cells_by_grade_id(source_nb)
     submission = copy.deepcopy(release_nb)
     for cell in submission.cells:
@@ -230,8 +228,7 @@ def exec_cells(path: Path, grade_ids: list[str]) -> dict:
     import a function's module by name (``torch.compile``, pickle) work. NotebookError when a named cell is missing.
     """
     cells = cells_by_grade_id(read_notebook(path))
-    missing = [gid for gid in grade_ids if gid not in cells]
-    if missing:
+    if missing := [gid for gid in grade_ids if gid not in cells]:
         raise NotebookError(f"{path}: no cell with grade id {missing[0]!r}")
     module = types.ModuleType(f"{path.stem}_cells")
     sys.modules[module.__name__] = module
