@@ -41,8 +41,7 @@ from .output_budget import MIB, OutputBudget, shorten
 from .scan import recording_bypass_flags
 
 DEFAULT_NOTEBOOK_TIMEOUT_S = 600
-# Run in a kernel waiting for its turn: the modules the lab's locked cells import (boundary.locked_cell_imports),
-# loaded ahead so that a locked cell after the student's first one does not load them on the clock.
+# Run in a kernel waiting for its turn, so that no locked cell loads these modules on the clock.
 IMPORT_AHEAD = (
     "import contextlib as _c, importlib as _i\n"
     "for _m in {modules!r}:\n"
