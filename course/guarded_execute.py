@@ -128,8 +128,7 @@ class GuardedExecute(Execute):
             self._record.neutralised.update({str(k): [str(x) for x in v] for k, v in earlier.items()
                                              if isinstance(v, list)})
         for index, cell in enumerate(nb.cells):
-            removed = neutralise_cell_metadata(cell, self.skip_cells_with_tag)
-            if removed:
+            if removed := neutralise_cell_metadata(cell, self.skip_cells_with_tag):
                 self._record.neutralised[where(cell, index)] = removed
 
     async def async_start_new_kernel_client(self):
@@ -177,8 +176,7 @@ class GuardedExecute(Execute):
             self._grade_test_cell(cell, index, here)
         else:
             self._run_notebook_cell(cell, index, here, is_setup)
-        cuda_error = sticky_cuda_error(cell)
-        if cuda_error:
+        if cuda_error := sticky_cuda_error(cell):
             self._record.cuda_error = f"{cuda_error} in {here}"
             self._record.stopped = (f"a CUDA error that leaves the GPU unusable ({cuda_error}) in {here}; "
                                     "cells after it were not run")

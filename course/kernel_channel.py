@@ -70,8 +70,7 @@ class KernelChannel:
                 if not await ensure_async(self.owner.kc.is_alive()):
                     raise DeadKernelError("Kernel died") from None
                 continue
-            picked = pick(msg)
-            if picked is not None:
+            if (picked := pick(msg)) is not None:
                 return picked
 
     async def _request(self, code: str, expression: str | None, timeout_s: float, on_iopub: bool = False) -> dict | None:
@@ -97,8 +96,7 @@ class KernelChannel:
         ask for a status until one arrives (a fresh subscription misses earlier messages); none within
         ``KERNEL_REPLY_TIMEOUT_S`` counts as no longer answering."""
         for name in ("_iopub_channel", "_shell_channel"):
-            channel = getattr(self.owner.kc, name, None)
-            if channel is not None:
+            if (channel := getattr(self.owner.kc, name, None)) is not None:
                 channel.close()
                 setattr(self.owner.kc, name, None)
         if not self.run(self._output_arrives) and not self.lost:

@@ -253,8 +253,7 @@ def neutralise_cell_metadata(cell, skip_tag: str) -> list[str]:
     removed = []
     tags = cell.metadata.get("tags")
     if isinstance(tags, list):
-        bad = [tag for tag in tags if tag in (skip_tag, "raises-exception")]
-        if bad:
+        if bad := [tag for tag in tags if tag in (skip_tag, "raises-exception")]:
             cell.metadata["tags"] = [tag for tag in tags if tag not in bad]
             removed += [f"tag {tag!r}" for tag in bad]
     elif tags is not None:
@@ -278,8 +277,7 @@ class NeutraliseCellMetadata(NbGraderPreprocessor):
     def preprocess(self, nb, resources):
         removed = {}
         for index, cell in enumerate(nb.cells):
-            found = neutralise_cell_metadata(cell, "skip-execution")
-            if found:
+            if found := neutralise_cell_metadata(cell, "skip-execution"):
                 removed[where(cell, index)] = found
         nb.metadata[NEUTRALISED_KEY] = removed
         return nb, resources

@@ -176,8 +176,7 @@ def unavailable_reason() -> str | None:
 
 def _probe(bwrap: str, installed: list[str]) -> str | None:
     """``unavailable_reason``'s check of bwrap and of this Python inside it."""
-    overlapping = [d for d in installed if _inside(d, WORK_DIR) or _inside(WORK_DIR, d)]
-    if overlapping:
+    if overlapping := [d for d in installed if _inside(d, WORK_DIR) or _inside(WORK_DIR, d)]:
         return (f"the Python installation or compiler at {overlapping[0]} overlaps the sandbox's working folder "
                 f"{WORK_DIR}: install it elsewhere (a venv under /var/tmp or the home folder, say)")
     sandbox = _bwrap_args(installed, 65536, [], [], [])  # --size needs bwrap 0.7+
