@@ -73,12 +73,12 @@ class KernelChannel:
             if (picked := pick(msg)) is not None:
                 return picked
 
-    async def _request(self, code: str, expression: str | None, timeout_s: float, on_iopub: bool = False) -> dict | None:
-        """Send a silent request; its reply (``on_iopub``: its first output message), or None after ``timeout_s``."""
+    async def _request(self, code: str, expression: str | None, timeout_s: float, iopub: bool = False) -> dict | None:
+        """Send a silent request; its reply (with ``iopub``: its first output message), or None after ``timeout_s``."""
         kc = self.owner.kc
         msg_id = kc.execute(code, silent=True, store_history=False, allow_stdin=False,
                             user_expressions={"guard": expression} if expression else None)
-        return await self.read(kc.iopub_channel if on_iopub else kc.shell_channel, timeout_s, False,
+        return await self.read(kc.iopub_channel if iopub else kc.shell_channel, timeout_s, False,
                                lambda msg: msg if msg["parent_header"].get("msg_id") == msg_id else None)
 
     def request(self, code: str, expression: str | None = None, timeout_s: float = KERNEL_REPLY_TIMEOUT_S) -> dict | None:
@@ -105,6 +105,6 @@ class KernelChannel:
     async def _output_arrives(self) -> bool:
         deadline = time.monotonic() + KERNEL_REPLY_TIMEOUT_S
         while time.monotonic() < deadline:
-            if await self._request("", None, min(2, deadline - time.monotonic()), on_iopub=True):
+            if await self._request("", None, min(2, deadline - time.monotonic()), iopub=True):
                 return True
         return False
