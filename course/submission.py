@@ -106,9 +106,8 @@ def _copy_timestamp(folder: Path, dest: Path) -> list[str]:
 
 
 def load_submitted_notebook(path: Path) -> tuple[nbformat.NotebookNode, list[str]]:
-    """Read a submitted notebook leniently: every cell rebuilt from its type, source, metadata and attachments
-    (outputs are dropped: nbgrader clears them anyway). Returns it (nbformat 4, valid) and notes on dropped cells;
-    raises NotebookError, saying why for the TA, when it is not a notebook."""
+    """Read a submitted notebook leniently, each cell rebuilt without outputs (nbgrader clears them anyway). Returns
+    it (nbformat 4, valid) and notes on dropped cells; NotebookError, saying why for the TA, when it is no notebook."""
     try:
         raw = json.loads(path.read_bytes().decode("utf-8-sig"))
     except UnicodeDecodeError:
@@ -275,9 +274,8 @@ def _moved(order: list[str], target: list[str]) -> list[str]:
 
 
 def repair_cells(nb, reference: dict) -> list[str]:
-    """Repair the cells of a submitted notebook in place and return the notes: after it, ``nb`` has every cell of
-    ``reference`` exactly once, in order, with its nbgrader metadata, each followed by the student's cells that
-    followed it."""
+    """Repair ``nb`` in place so that it has every cell of ``reference`` once, in order, with its nbgrader metadata,
+    each followed by the student's cells that followed it; returns the notes."""
     cells, notes = _deduplicate(list(nb.cells), reference)
     notes += _restore_edits(cells, reference)
     head, segments = _segments(cells)
