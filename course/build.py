@@ -21,8 +21,7 @@ from .paths import REPO_ROOT, lab_text_path
 SUPPORT_FILES = ("utils.py", "checks.py")  # the student helper module and the test contract
 SUPPORT_DIRS = ("assets",)
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
-# What ipykernel reports, so that JupyterLab finds nothing to change when it connects and does not mark a freshly
-# opened notebook as modified. A constant, so that the build is reproducible: the course's reference Python.
+# What ipykernel reports, so JupyterLab does not mark a freshly opened notebook modified; fixed: a reproducible build.
 LANGUAGE_INFO = {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
                  "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
                  "pygments_lexer": "ipython3", "version": "3.11.7"}
@@ -151,9 +150,8 @@ def add_fetch_cell(notebook: Path, url: str) -> bool:
 
 
 def build_lab(lab: str, root: Path = REPO_ROOT, out_root: Path | None = None) -> list[Path]:
-    """Build one lab's ``source/`` and ``release/`` under ``out_root`` (default ``root``); with a
-    ``labs/bundle_url.txt``, the release notebook fetches its files from the published bundle when they are missing
-    (a notebook opened alone on Colab)."""
+    """Build one lab's ``source/`` and ``release/`` under ``out_root`` (default ``root``). Returns the files it
+    changed. With a ``labs/bundle_url.txt``, the release notebook fetches missing files (Colab) from the bundle."""
     out_root = out_root or root
     changed = build_source(lab, root, out_root)
     return changed + generate_release(lab, out_root / "source" / lab, out_root / "release" / lab, bundle_url(lab, root))

@@ -1,8 +1,6 @@
-"""bundle: what students get of a lab, written outside this repository (which holds every solution and hidden test).
-
-``python -m course bundle [labs...] --out DIR`` writes, per lab, ``DIR/labN/`` (ready to push to a public student
-repository) and ``DIR/labN.zip`` (the same folder, for an LMS): exactly ``release/labN/``'s files and a README for
-students, checked for solution and hidden-test text (``course.lint.check_release_leaks``) before success.
+"""bundle: what students get of a lab: ``python -m course bundle [labs...] --out DIR`` (outside this repository, which
+holds every solution) writes ``DIR/labN/`` (for a student repository) and ``DIR/labN.zip`` (for an LMS): exactly
+``release/labN/``'s files and a README for students, checked for solution and hidden-test text before success.
 """
 from __future__ import annotations
 
@@ -68,9 +66,8 @@ def bundle_contents(lab: str, root: Path = REPO_ROOT) -> dict[str, bytes]:
 
 def check_bundle(lab: str, files: dict[str, bytes], root: Path = REPO_ROOT) -> list[str]:
     """Problems of a bundle's files (empty when none): a file that is not the release's or the README, a release
-    file missing or changed, and solution or hidden-test text. The notebook and the README get the whole leak check;
-    ``utils.py`` and ``checks.py`` share short lines with solutions (``start = time.perf_counter()``), so only
-    delimiters are looked for in them."""
+    file missing or changed, and solution or hidden-test text (only delimiters in other files than the notebook and
+    the README: ``utils.py`` shares short lines with solutions, such as ``start = time.perf_counter()``)."""
     release = release_files(root / "release" / lab)
     problems = [f"{name}: not part of release/{lab}/ nor the README" for name in sorted(set(files) - set(release) - {README})]
     problems += [f"{name}: missing (release/{lab}/ has it)" for name in sorted(set(release) - set(files))]
@@ -90,8 +87,7 @@ def check_bundle(lab: str, files: dict[str, bytes], root: Path = REPO_ROOT) -> l
         except Exception as exc:  # noqa: BLE001 - nbformat raises several types for malformed JSON
             problems.append(f"{name}: not a readable notebook ({type(exc).__name__})")
             continue
-        full = name.endswith(".ipynb") or name == README  # else no lines to match against: delimiters only
-        against = source_nb if full else nbformat.v4.new_notebook()
+        against = source_nb if name.endswith(".ipynb") or name == README else nbformat.v4.new_notebook()
         problems += [f"{name}: {problem.message}" for problem in check_release_leaks(lab, against, nb)]
     return problems
 

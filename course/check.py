@@ -1,10 +1,5 @@
-"""check: the instructor's pre-release gate for a lab.
-
-1. lint (docs/AUTHORING.md rules, and ``source/``/``release/`` up to date with ``labs/`` and ``utils.py``);
-2. autograde the reference solution (the release with every answer filled from the source, hidden tests restored,
-   at quick scale): it must earn every autograded point;
-3. autograde the blank release: it must earn zero;
-4. print the per-question table. Exit status 1 on any failure, with the reason.
+"""check: the instructor's pre-release gate for a lab: ``lint`` passes, the reference solution (the release answered
+from the source) earns every autograded point, the blank release earns zero; prints the per-question table.
 """
 from __future__ import annotations
 

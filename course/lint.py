@@ -148,19 +148,6 @@ def check_points(lab: str, nb) -> list[Problem]:
         for key in sorted(set(metadata_points) - set(seen), key=question_sort_key)]
 
 
-def parse_points_table(nb) -> dict[str, int]:
-    """Rows ``| Question 1.1 | ... | 5 |`` of the first markdown cell's points table: key -> points."""
-    first_md = next((cell for cell in nb.cells if cell.cell_type == "markdown"), None)
-    rows: dict[str, int] = {}
-    if first_md is None:
-        return rows
-    for line in first_md.source.splitlines():
-        if match := TABLE_ROW_RE.match(line.strip()):
-            last = match["rest"].split("|")[-1].strip().strip("*")
-            rows[question_key_from_heading(match["kind"], match["number"])] = int(last) if last.isdigit() else -1
-    return rows
-
-
 def lab_total_text(nb) -> str:
     """The lab's total from its question headings: ``100 + 20 bonus``, or ``100`` without bonus questions."""
     headings = find_headings(nb)
@@ -170,8 +157,14 @@ def lab_total_text(nb) -> str:
 
 
 def check_points_table(lab: str, nb) -> list[Problem]:
-    """The opening points table lists every question with the heading's points, and the right total."""
-    table = parse_points_table(nb)
+    """The first markdown cell's points table (rows ``| Question 1.1 | ... | 5 |``) lists every question with its
+    heading's points, and the right total."""
+    first_md = next((cell.source for cell in nb.cells if cell.cell_type == "markdown"), "")
+    table = {}
+    for line in first_md.splitlines():
+        if match := TABLE_ROW_RE.match(line.strip()):
+            listed = match["rest"].split("|")[-1].strip().strip("*")
+            table[question_key_from_heading(match["kind"], match["number"])] = int(listed) if listed.isdigit() else -1
     if not table:
         return [Problem(lab, "first markdown cell", "no points table (rows like '| Question 1.1 | ... | 5 |')")]
     messages = []
@@ -183,9 +176,8 @@ def check_points_table(lab: str, nb) -> list[Problem]:
             messages.append(f"{question_label(key)} lists {table[key]} points, its heading says {points}")
     messages += [f"{question_label(key)} is listed but has no heading in the lab"
                  for key in table.keys() - headings.keys()]
-    first_md = next(cell for cell in nb.cells if cell.cell_type == "markdown")
     total = lab_total_text(nb)
-    if not re.search(r"\*\*\s*" + re.escape(total) + r"\s*\*\*", first_md.source):
+    if not re.search(r"\*\*\s*" + re.escape(total) + r"\s*\*\*", first_md):
         messages.append(f"total row must read **{total}**")
     return [Problem(lab, "points table", message) for message in messages]
 
@@ -392,9 +384,8 @@ def _rendered_list_lines(markdown: str) -> set[int]:
 
 
 def check_numbered_lists(lab: str, nb) -> list[Problem]:
-    """Numbered items render as a list: CommonMark lets only a list that starts at 1 interrupt a paragraph, so
-    ``7.`` and ``8.`` right after a line of text are one run-on paragraph. An item ``k.`` followed in the same cell
-    by ``k+1.`` is meant as a list; flag it when it does not render as one."""
+    """An item ``k.`` followed in the same cell by ``k+1.`` renders as a list (CommonMark lets only a list that
+    starts at 1 interrupt a paragraph: ``7.`` right after a line of text is running text)."""
     problems = []
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "markdown":

@@ -1,10 +1,6 @@
-"""scan: a static look at student code for constructs that can tamper with grading (docs/SECURITY.md).
+"""scan: flags for a TA on student code that can tamper with grading (docs/SECURITY.md, "static scan").
 
-Every student code cell (not locked; IPython magics and shell lines first become the calls IPython makes of them)
-is parsed, and what it does that could patch what tests call, read grading files or fake a test's outcome becomes a
-short flag for a TA to review (``q1_1_add: import inspect``). Names are followed through the notebook's imports
-(after ``import numpy as np``, ``np.x`` is ``numpy.x``). Flags change no score, except those of
-``recording_bypass_flags``: they zero every test that relies on recorded torch calls. Honest code can trip a rule,
+Names are followed through the notebook's imports (``np.x`` is ``numpy.x``). Best effort: honest code can trip a rule,
 and a determined student can evade any static scan. The rules are the constants below and ``CellScan``'s visitors.
 """
 from __future__ import annotations
@@ -54,8 +50,7 @@ INTERNAL_PREFIX = "_efficient_ai"
 
 
 def is_locked(cell) -> bool:
-    """A cell whose source nbgrader restores from the instructor's copy (``nbgrader.utils.is_locked``): a test
-    cell, or a cell marked locked; never an answer."""
+    """A cell whose source nbgrader restores from the instructor's copy: a test or locked cell, never an answer."""
     return isinstance(cell.get("metadata", {}).get("nbgrader"), dict) and bool(nbgrader_is_locked(cell))
 
 
@@ -201,12 +196,8 @@ class CellScan(ast.NodeVisitor):
             origin = protected.get(binding.name)
             if binding.name not in protected or (binding.kind == "import" and binding.origin == origin):
                 continue  # not protected, or the same import again
-            if origin is not None:
-                why = "imported by a locked cell"
-            elif hasattr(builtins, binding.name):
-                why = "a builtin the tests use"
-            else:
-                why = "defined by a locked cell"
+            why = ("imported by a locked cell" if origin is not None
+                   else "a builtin the tests use" if hasattr(builtins, binding.name) else "defined by a locked cell")
             self.flag(f"rebinds {binding.name} ({why})")
         self.visit(tree)
         return self.flags

@@ -1,8 +1,5 @@
-"""solutions: after the deadline, each lab's model solutions for students.
-
-``python -m course solutions [labs...] --out DIR`` writes ``DIR/labN_solution.ipynb``: the release notebook (no
-hidden tests) with every solution cell holding the model solution or answer, without delimiters or mark schemes. It
-runs beside the bundle's ``utils.py``, ``checks.py`` and ``assets/``. Every notebook is checked before success.
+"""solutions: after the deadline, ``python -m course solutions [labs...] --out DIR`` writes each lab's model solutions
+for students, ``DIR/labN_solution.ipynb`` (it runs beside the bundle's files), checked before success.
 """
 from __future__ import annotations
 
@@ -46,8 +43,7 @@ def solution_notebook(source_nb, release_nb):
 
 def _secret_lines(source_nb) -> set[str]:
     """The stripped lines of every hidden test and mark scheme that appear nowhere else in the source notebook."""
-    inside: set[str] = set()
-    outside: set[str] = set()
+    inside, outside = set(), set()
     for cell in source_nb.cells:
         regions = [[where for _, where in marked_lines(cell.source, *region)] for region in SECRET_REGIONS]
         for index, line in enumerate(cell.source.splitlines()):
