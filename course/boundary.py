@@ -1,11 +1,9 @@
-"""The grader half of the grading boundary: test cells run here, in the nbgrader process, never in the kernel.
+"""The grader half of the grading boundary (docs/SECURITY.md, "the grading boundary"): test cells run here, in the
+nbgrader process, never in the untrusted kernel.
 
-The kernel is untrusted (docs/SECURITY.md, "the grading boundary"). ``GraderSide`` runs every autograded test cell
-in a namespace of the grader's own: the locked cells' imports, made from the instructor's ``source/<lab>/`` files,
-and every locked cell tagged ``test-helpers``. Any other global a test reads comes from the kernel: plain data by
-value through the strict ``decode`` (plain Python values, tensors, arrays; never code), anything else as a
-``Remote`` handle whose calls, attributes and items are further requests. ``kernel_side`` functions run in the
-kernel and answer with data. Expected values, comparisons and the cell's outputs are the grader's own.
+``GraderSide`` runs each test cell in the grader's own namespace (the locked cells' imports from the instructor's
+``source/<lab>/`` files, and the ``test-helpers`` cells). Other globals come from the kernel: plain data through the
+strict ``decode``, anything else as a ``Remote`` handle; ``kernel_side`` functions run in the kernel.
 """
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ import base64
 import builtins
 import contextlib
 import dis
-import importlib.util
+import importlib
 import inspect
 import io
 import json
@@ -34,8 +32,8 @@ MAX_ANSWER_BYTES = 4 * 1024 * 1024  # raw bytes of tensors and strings in one an
 # Dunder names a Remote forwards to the kernel; others (``__array__``...) are probed by libraries: missing here.
 FORWARDED_DUNDERS = {"__name__", "__qualname__", "__doc__", "__module__", "__wrapped__", "__defaults__",
                      "__kwdefaults__", "__annotations__"}
-# Run in the kernel on the handles a test cell received, when some check failed: the types that strictly subclass
-# one the test contract accepts (checks.py) could lie in a comparison, so the cell scores zero (checks.LyingAnswer).
+# Run in the kernel on a test cell's handles when a check failed: a strict subclass of a type the test contract
+# accepts (checks.py) could lie in a comparison, so the cell scores zero (checks.LyingAnswer).
 LYING_TYPES_PROBE = '''def _efficient_ai_lying_types(*values):
     import collections
     import sys
@@ -215,6 +213,25 @@ class KernelLink:
             raise BoundaryError("the kernel's export answer is not a dict")
         return {name: value for name, value in found.items() if name in names}
 
+    def kernel_side(self, fn):
+        """The grader's ``kernel_side`` decorator: ``fn`` runs in the kernel; its result comes back as data."""
+        if fn.__code__.co_freevars:
+            raise TypeError(
+                f"kernel_side function {fn.__name__} uses variables of the function around it "
+                f"({', '.join(fn.__code__.co_freevars)}): it runs in the kernel, so pass them as arguments")
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        if not isinstance(tree.body[0], ast.FunctionDef):
+            raise TypeError("kernel_side decorates a plain function (def), not a lambda or a class")
+        tree.body[0].decorator_list = []
+        source = ast.unparse(tree)
+
+        def run_in_kernel(*args, **kwargs):
+            return self.request("define", source, fn.__name__, args, kwargs)
+
+        run_in_kernel.__name__ = fn.__name__
+        run_in_kernel.__wrapped__ = fn
+        return run_in_kernel
+
 
 class Remote:
     """A student's object that stays in the kernel: calling it, reading its attributes or items asks the kernel."""
@@ -222,7 +239,6 @@ class Remote:
     __slots__ = ("_link", "_id", "_kind", "_type", "_name")
 
     def __init__(self, link: KernelLink, handle: int, kind: str, type_name: str, name: str | None = None):
-        # ``name``: a callable's __name__, sent with the handle (messages use it)
         for slot, value in zip(self.__slots__, (link, handle, kind, type_name, name)):
             object.__setattr__(self, slot, value)
 
@@ -247,30 +263,6 @@ class Remote:
         return f"<student {self._kind} of type {self._type}>"
 
 
-def make_kernel_side(link: KernelLink):
-    """The grader's ``kernel_side``: the decorated function runs in the kernel; its result comes back as data."""
-
-    def kernel_side(fn):
-        if fn.__code__.co_freevars:
-            raise TypeError(
-                f"kernel_side function {fn.__name__} uses variables of the function around it "
-                f"({', '.join(fn.__code__.co_freevars)}): it runs in the kernel, so pass them as arguments")
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-        if not isinstance(tree.body[0], ast.FunctionDef):
-            raise TypeError("kernel_side decorates a plain function (def), not a lambda or a class")
-        tree.body[0].decorator_list = []
-        source = ast.unparse(tree)
-
-        def run_in_kernel(*args, **kwargs):
-            return link.request("define", source, fn.__name__, args, kwargs)
-
-        run_in_kernel.__name__ = fn.__name__
-        run_in_kernel.__wrapped__ = fn
-        return run_in_kernel
-
-    return kernel_side
-
-
 # -- the grader's namespace ---------------------------------------------------------------------------------------
 def global_reads(code) -> set[str]:
     """Global names a compiled cell reads (module level and inside its functions), minus those it binds itself."""
@@ -288,8 +280,7 @@ def global_reads(code) -> set[str]:
 
 @contextlib.contextmanager
 def _instructor_imports(folder: Path | None):
-    """``sys.path`` for the grader's own imports: the instructor's files first, never the current folder (a
-    submission's files sit there)."""
+    """``sys.path`` with the instructor's files first and never the current folder (a submission's files sit there)."""
     saved = list(sys.path)
     sys.path[:] = ([str(folder)] if folder else []) + [p for p in saved if p not in ("", ".") and Path(p).is_absolute()
                                                        and Path(p).resolve() != Path.cwd().resolve()]
@@ -305,7 +296,7 @@ class GraderSide:
     def __init__(self, instructor_folder: Path | None, link: KernelLink, needed: set[str] | None = None):
         self.folder = instructor_folder
         self.link = link
-        self.kernel_side = make_kernel_side(link)
+        self.kernel_side = link.kernel_side
         self.base: dict = {"__builtins__": builtins, "__name__": "__grader__", "kernel_side": self.kernel_side}
         self._pending: list[tuple[str, list[str]]] = []  # locked cells not yet taken into the grader
         self.needed = needed  # names the notebook's test cells read (None: all): other imports are not made here
@@ -313,8 +304,8 @@ class GraderSide:
         self.last_failures: list[str] = []  # the failed checks of the last test cell (checks.Scorecard.failures)
 
     def run_locked_cell(self, source: str, tags) -> None:
-        """Take a locked cell's imports (or the whole cell when tagged ``test-helpers``) into the grader, before the
-        next test cell runs (so the grader's imports overlap with the kernel's work on the cells in between)."""
+        """Take a locked cell's imports (the whole cell if tagged ``test-helpers``) into the grader before the next
+        test cell (``take_pending``), so they overlap with the kernel's work in between."""
         self._pending.append((source, list(tags or ())))
 
     def take_pending(self) -> None:
@@ -351,8 +342,7 @@ class GraderSide:
                 self.base["kernel_side"] = self.kernel_side  # `from checks import *` brings the local one
 
     def _take_star_import(self, name: str) -> None:
-        """``from <name> import *``, restricted to the names the tests read: lazy attributes of a module that no
-        test uses (``utils``' model configs import transformers) are never built here."""
+        """``from <name> import *`` restricted to the names the tests read: lazy attributes no test uses are not built."""
         module = importlib.import_module(name)
         exported = getattr(module, "__all__", None)
         if exported is None:
@@ -368,7 +358,6 @@ class GraderSide:
             code = compile(source, filename, "exec")
         except SyntaxError as exc:
             return "", ("SyntaxError", f"the test cell does not compile: {exc}"), 0.0
-        link = self.link
         self.take_pending()
         contract = self._contract()
         started = None
@@ -377,12 +366,11 @@ class GraderSide:
         namespace = dict(self.base)
         printed = io.StringIO()
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        link.objects = []
-        lying: list[str] = []
+        self.link.objects = []
         try:
             wanted = sorted(name for name in global_reads(code) if name not in namespace and not hasattr(builtins, name))
             if wanted:
-                namespace.update(link.export(wanted))
+                namespace.update(self.link.export(wanted))
             with contextlib.redirect_stdout(printed), _instructor_imports(self.folder):
                 exec(code, namespace)
             lying = self._lying_types(started)
@@ -396,7 +384,7 @@ class GraderSide:
             card = contract.end_cell() if contract is not None else None
             linecache.cache.pop(filename, None)
             with contextlib.suppress(BoundaryError):
-                link.request("release")  # the kernel forgets this cell's handles
+                self.link.request("release")  # the kernel forgets this cell's handles
         self.last_failures = card.failures() if card is not None else []
         failures = "\n".join(self.last_failures)
         if lying:
@@ -410,8 +398,7 @@ class GraderSide:
         return printed.getvalue() + failures + "\n", None, card.share
 
     def _lying_types(self, card) -> list[str]:
-        """The lying answer types among the handles this cell received (``LYING_TYPES_PROBE``); asked only when a
-        check of the cell (its ``checks.Scorecard``) failed, as the contract refuses every handle."""
+        """The lying answer types among this cell's handles (``LYING_TYPES_PROBE``), asked only when a check failed."""
         if card is None or card.share == 1.0 or card.lying or not self.link.objects:
             return []
         found = self.link.request("define", LYING_TYPES_PROBE, "_efficient_ai_lying_types", tuple(self.link.objects), {})
@@ -419,10 +406,9 @@ class GraderSide:
 
     def _contract(self):
         """The instructor's ``checks`` module when this lab's tests use it (imported by a locked cell), else None."""
-        module = sys.modules.get("checks")
-        if module is None or self.folder is None or not _from_folder(module, self.folder):
-            return None
-        return module if hasattr(module, "begin_cell") else None
+        module = sys.modules.get("checks")  # _from_folder(None, ...) is False
+        ours = self.folder is not None and _from_folder(module, self.folder) and hasattr(module, "begin_cell")
+        return module if ours else None
 
 
 def names_tests_read(nb) -> set[str]:
@@ -444,8 +430,8 @@ GUARD_LIBRARIES = frozenset({"numpy", "torch", "utils"})
 
 
 def imported_modules(nb, keep=None) -> set[str]:
-    """Dotted names of the modules the code cells of ``nb`` (those ``keep(cell)`` accepts, when given) import
-    (``from torch.nn import functional`` -> ``torch.nn``; relative imports are left out)."""
+    """Modules the code cells of ``nb`` that ``keep`` accepts import (``from torch.nn import functional``: ``torch.nn``;
+    relative imports are left out)."""
     found: set[str] = set()
     for cell in nb.cells:
         if cell.cell_type != "code" or keep is not None and not keep(cell):
@@ -471,8 +457,7 @@ def _instructor_notebooks(folder: Path | None) -> list:
 
 
 def lab_uses_guard_libraries(folder: Path | None) -> bool:
-    """Whether the instructor's notebooks in ``folder`` (``source/<lab>/``) import one of ``GUARD_LIBRARIES``;
-    True when they cannot be read (the guard then watches everything)."""
+    """Whether the instructor's notebooks in ``folder`` import one of ``GUARD_LIBRARIES`` (True if unreadable)."""
     try:
         notebooks = _instructor_notebooks(folder)
         return not notebooks or any({name.split(".")[0] for name in imported_modules(nb)} & GUARD_LIBRARIES
@@ -482,9 +467,8 @@ def lab_uses_guard_libraries(folder: Path | None) -> bool:
 
 
 def locked_cell_imports(folder: Path | None) -> list[str]:
-    """The modules the locked cells that run in the kernel (not tests) of the instructor's notebooks in ``folder``
-    import, sorted (none when they cannot be read): what a kernel waiting for its turn imports ahead, so that later
-    locked cells find them loaded."""
+    """The modules the kernel's locked cells (not tests) import in the instructor's notebooks in ``folder``, sorted
+    ([] if unreadable): a kernel waiting for its turn imports them ahead."""
     from .nbgrader_ext import is_setup_cell
 
     try:
@@ -499,8 +483,7 @@ def _is_star_import(node) -> bool:
 
 
 def _import_wanted(node, needed: set[str] | None) -> bool:
-    """Whether the grader makes this statement of a locked cell: an import whose names some test cell reads (a ``*``
-    import always; every import when ``needed`` is None)."""
+    """Whether the grader makes this statement of a locked cell: an import of a name some test reads, or a ``*``."""
     if not isinstance(node, (ast.Import, ast.ImportFrom)):
         return False
     if needed is None:

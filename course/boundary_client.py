@@ -1,7 +1,5 @@
-"""The grader's end of the grading boundary's comm (``course/boundary.py``, ``course/boundary_kernel.py``): installing
-the boundary's server in a fresh kernel before any student code, and sending it a test cell's requests. A request
-handled without an answer (student code replaced the server) gives None; one still running at the test cell's time
-limit is interrupted; a kernel that does not answer even then counts as lost.
+"""The grader's end of the grading boundary's comm (``boundary.py``, ``boundary_kernel.py``): installs the server in a
+fresh kernel and sends it a test cell's requests, interrupting one still running at the test cell's time limit.
 """
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ class BoundaryClient:
         return bool(self.comm)
 
     def install(self, timeout_s: float) -> None:
-        """Install the server; on success open the comm (the kernel handles shell messages in order, so requests
-        sent after this find it open)."""
+        """Install the server, then open its comm (the kernel handles shell messages in order: later requests find it)."""
         call = f"_g['_efficient_ai_boundary_install']({boundary.MAX_ANSWER_BYTES}, {boundary.COMM_TARGET!r})"
         if not self.channel.install(boundary.KERNEL_SOURCE, "_efficient_ai_boundary", "<grading boundary>", call,
                                     timeout_s):
@@ -57,8 +54,8 @@ class BoundaryClient:
         return await self.channel.read(kc.iopub_channel, timeout_s, True, pick)
 
     def ask(self, payload: str) -> str | None:
-        """One request to the kernel's boundary server; its answer text, or None when there is none (the kernel is
-        lost, or student code took the server's place and sent nothing)."""
+        """Send one request; its answer text, or None if none came (a lost kernel, or student code replaced the
+        server)."""
         if self.channel.lost or not self.ready:
             return None
         left_s = max(1.0, (self.deadline or time.monotonic() + KERNEL_REPLY_TIMEOUT_S) - time.monotonic())

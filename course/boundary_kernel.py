@@ -1,21 +1,13 @@
-"""The kernel half of the grading boundary (docs/SECURITY.md, "the grading boundary"), sent to each grading kernel
-before any student code. ``course.boundary`` runs every test and sends this server one request per student value,
-call or ``kernel_side`` probe on a Jupyter comm; the answer is a JSON document of plain data, decoded strictly by the
-grader, so replacing this server only changes the data its own answers produce. Self-contained: the ``course``
-package does not exist in the kernel.
+"""The kernel half of the grading boundary (docs/SECURITY.md, "the grading boundary"), installed in each grading
+kernel before any student code. Self-contained: the ``course`` package does not exist in the kernel.
 
-Requests are pickled tuples, base64 encoded (from the trusted grader, so unpickling them is safe):
-``("export", names)``, ``("call", ("handle", handle), args, kwargs)``, ``("getattr", handle, name)``,
-``("getitem", handle, key)``, ``("define", source, name, args, kwargs)`` (define a ``kernel_side`` function in a
-copy of the notebook's namespace and call it) and ``("release",)`` (forget every handle). Arguments hold
-``("__efficient_ai_ref__", id)`` where the grader passed a handle back.
-
-Answers: ``{"ok": value}`` or ``{"error": [type name, message, student traceback]}``; a value is JSON's null, bool,
-number or string, or ``{"$": tag, ...}``: ``list``, ``tuple``, ``set``, ``dict`` (key-value pairs), ``float``
-(inf/nan), ``tensor``/``ndarray`` (dtype, shape, base64 bytes), ``npscalar``, ``npstr``, ``dtype``, ``device``,
-``size``, or ``handle`` for anything else, which stays in the kernel (a callable's carries its ``__name__``).
+Requests (``_Server.serve``) are base64 pickles from the trusted grader, so unpickling them is safe; their arguments
+hold ``(REF_TAG, id)`` where the grader passes a handle back. Answers are JSON, decoded strictly by the grader:
+``{"ok": value}`` or ``{"error": [type name, message, student traceback]}``; a value is JSON's null, bool, number or
+string, or a tagged ``{"$": tag, ...}`` document (``_Server.encode``), a ``handle`` for anything but plain data.
 """
 import base64
+import contextlib
 import json
 import math
 import pickle
@@ -50,14 +42,9 @@ class _Server:
         handle = len(self.handles) + 1
         self.handles[handle] = value
         kind = "class" if isinstance(value, type) else "callable" if callable(value) else "object"
-        type_name = f"{type(value).__module__}.{type(value).__qualname__}"
-        doc = {"$": "handle", "id": handle, "kind": kind, "type": type_name}
-        if kind != "object":
-            try:
-                name = value.__name__
-            except Exception:  # noqa: BLE001 - a student's __getattr__ may raise anything: the grader asks later
-                name = None
-            if type(name) is str and len(name) <= 200:
+        doc = {"$": "handle", "id": handle, "kind": kind, "type": f"{type(value).__module__}.{type(value).__qualname__}"}
+        with contextlib.suppress(Exception):  # a student's __getattr__ may raise anything: the grader asks later
+            if kind != "object" and type(name := value.__name__) is str and len(name) <= 200:
                 doc["name"] = name  # tests name the function in messages: one round trip fewer per check
         return doc
 
@@ -75,8 +62,7 @@ class _Server:
             return {"$": kind.__name__, "items": [self.encode(item, budget) for item in items]}
         if kind is dict or kind.__module__ == "collections" and kind.__name__ in ("OrderedDict", "defaultdict"):
             return {"$": "dict", "items": [[self.encode(k, budget), self.encode(v, budget)] for k, v in value.items()]}
-        torch = sys.modules.get("torch")
-        numpy = sys.modules.get("numpy")
+        torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
         if torch is not None:
             if kind is torch.Tensor or kind is torch.nn.Parameter:  # a Parameter is a correct tensor answer
                 data = value.detach()

@@ -1,6 +1,5 @@
-"""The grader's side of the grading guard (``course/guard_kernel.py``, docs/SECURITY.md): installing it in a fresh
-kernel before any student code, and its signed commands. An answer missing or wrongly signed breaks the guard for
-good (``broken``): every later test cell then fails.
+"""The grader's side of the grading guard (``guard_kernel.py``, docs/SECURITY.md): installs it in a fresh kernel and
+sends its signed commands. An answer missing or wrongly signed breaks the guard for good (``broken``).
 """
 from __future__ import annotations
 
@@ -43,8 +42,8 @@ class GuardClient:
         return self.enabled and self.key is None and not self.broken
 
     def install(self, watch_libraries: bool, timeout_s: float) -> None:
-        """Install the guard and take its key (``watch_libraries``: numpy, torch and utils are watched too, and
-        importing them may take as long as a cell, ``timeout_s``)."""
+        """Install the guard and take its key; with ``watch_libraries`` it also imports and watches numpy, torch and
+        utils."""
         key = None
         if self.channel.install(GUARD_SOURCE, "_efficient_ai_guard", "<grading guard>",
                                 f"_efficient_ai_guard = _g['_efficient_ai_guard_install']({watch_libraries!r})",
@@ -56,8 +55,7 @@ class GuardClient:
             self.broken = NOT_INSTALLED
 
     def command(self, command: str) -> list[str]:
-        """Run a guard command (``check``, ``restore``, ``mark``, ``adopt``); its findings, or the reason the guard is
-        broken when its answer cannot be trusted."""
+        """Run ``check``, ``restore``, ``mark`` or ``adopt``; the findings, or why the guard's answer is not trusted."""
         if not self.enabled:
             return []
         if self.key is None:

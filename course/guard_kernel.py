@@ -1,11 +1,8 @@
-"""The in-kernel half of the grading guard (docs/SECURITY.md, "grading guard"), sent to each grading kernel before
-any student code.
+"""The in-kernel half of the grading guard (docs/SECURITY.md, "grading guard"), installed in each grading kernel before
+any student code. Self-contained: the ``course`` package does not exist in the kernel.
 
-``course.guard_client.GuardClient`` executes this file in a private namespace and keeps only the handle that
-``_efficient_ai_guard_install`` returns (its closure holds the key and the snapshots), then calls it through Jupyter
-``user_expressions``, which no input or AST transformer or cell hook touches. The handle reports, signed with the
-key, what student code replaced of what the tests rely on; ``restore`` also puts it back. Self-contained: the
-``course`` package does not exist in the kernel.
+``course.guard_client`` keeps only the handle ``_efficient_ai_guard_install`` returns (its closure holds the key and
+the snapshots) and calls it through ``user_expressions``, which no input or AST transformer or cell hook touches.
 """
 import hashlib
 import hmac
@@ -61,23 +58,20 @@ class _Guard:
         self.dicts = {"IPython text/plain type printers": plain_text.type_printers,
                       "IPython text/plain deferred printers": plain_text.deferred_printers}
         # Methods are watched through their classes, never here: a bound method is a new object on every access.
-        self.objects = {
-            "shell.display_formatter": (shell, "display_formatter"), "shell.displayhook": (shell, "displayhook"),
-            "shell.events": (shell, "events"), "shell.input_transformer_manager": (shell, "input_transformer_manager"),
-            "shell.custom_exceptions": (shell, "custom_exceptions"), "shell.compile": (shell, "compile"),
-            "sys.displayhook": (sys, "displayhook"), "sys.excepthook": (sys, "excepthook"),
-        }
+        shell_attrs = ("display_formatter", "displayhook", "events", "input_transformer_manager", "custom_exceptions",
+                       "compile")
+        self.objects = {**{f"shell.{attr}": (shell, attr) for attr in shell_attrs},
+                        "sys.displayhook": (sys, "displayhook"), "sys.excepthook": (sys, "excepthook")}
         self.snapshot = {}
         self.locked_globals = {}  # what the locked cells bound, by name
         self.marked = None  # id of every global before the running locked cell
 
     def take_snapshot(self):
-        """The reference, taken when the key is handed out and after every locked cell (what instructor code changes
-        is the tests' environment), through ``user_expressions`` like every check (same phase of IPython)."""
+        """The reference, taken when the key is handed out and after every locked cell (instructor code's changes are
+        the tests' environment)."""
         self.snapshot = {
             "modules": {name: _watchable_attrs(vars(mod), IPYTHON_MANAGED_BUILTINS if name == "builtins" else ())
                         for name, mod in self.modules.items()},
-            "sys.modules": dict(self.modules),
             "classes": {cls: _watchable_attrs(vars(cls)) for cls in self.classes},
             "instances": [(obj, _watchable_attrs(vars(obj))) for obj in (self.shell, self.shell.kernel)],
             "lists": {name: (lst, list(lst)) for name, lst in self.lists.items()},
@@ -99,7 +93,7 @@ class _Guard:
                 if current is not value and not dynamo:
                     found.append((f"{mod_name}.{name} was replaced",
                                   lambda ns=namespace, n=name, v=value: ns.__setitem__(n, v)))
-        for mod_name, mod in self.snapshot["sys.modules"].items():
+        for mod_name, mod in self.modules.items():
             if sys.modules.get(mod_name) is not mod:
                 found.append((f"sys.modules[{mod_name!r}] was replaced",
                               lambda n=mod_name, m=mod: sys.modules.__setitem__(n, m)))
@@ -197,11 +191,8 @@ class _Guard:
 
 
 def _efficient_ai_guard_install(watch_libraries=True):
-    """Install the guard; its handle ``handle(command, nonce="")``, whose answers are ``payload|signature``.
-
-    ``watch_libraries`` False (a lab whose instructor cells import none of numpy, torch and utils) leaves those
-    unimported and unwatched. The key and the guard's state live only in the handle's closure.
-    """
+    """Install the guard; its handle ``handle(command, nonce="")`` answers ``payload|signature``. ``watch_libraries``
+    False (the lab imports none of numpy, torch and utils) leaves those unimported and unwatched."""
     key = os.urandom(32)
     guard = _Guard(watch_libraries)
     handed_out = []
