@@ -38,50 +38,61 @@ def load_variants(path: Path):
     return alternatives, getattr(module, "WRONG", {}), hints
 
 
-def defined_names(source: str) -> set[str]:
-    """Top-level names a cell defines (functions, classes, assigned variables)."""
+def statements(source: str) -> list[tuple[str, set[str], bool]]:
+    """A cell's top-level statements: each one's source, the names it defines (functions, classes, assigned
+    variables), and whether it is a definition (``def`` or ``class``, whose body runs only when called). A cell that
+    does not parse is one statement defining nothing."""
     import ast
 
     try:
         tree = ast.parse(source)
     except SyntaxError:
-        return set()
-    names: set[str] = set()
+        return [(source, set(), False)]
+    found = []
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        names: set[str] = set()
+        is_definition = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        if is_definition:
             names.add(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
-    return names
+        found.append((ast.get_source_segment(source, node) or "", names, is_definition))
+    return found
 
 
 def affected_tests(cell_id: str, sources: dict[str, str], tests: list[tuple[str, str]]) -> list[str]:
-    """Test cells that can see a change to ``cell_id``: they name what it defines, directly or through
-    another solution cell that does. Other test cells keep their reference result and are not re-run.
+    """Test cells that can see a change to ``cell_id``: they name what it defines, directly or through another
+    answer or setup cell that names it. Other test cells keep their reference result and are not re-run.
 
-    Only answer and setup cells pass a change on: a test cell's own names (``_q``, ``_out``) are its scratch
-    values, deleted at its end (``del _q, ...``), so a test that reuses the same scratch names does not depend on
-    it. (Passing changes through tests made every attention variant of Lab 2 re-run every attention test.)
+    A ``def`` or ``class`` that names a changed definition passes the change on to its own name only, so in a cell
+    of test helpers only the helpers that reach the change are affected; any other statement that names one may
+    change whatever its cell defines (a loop appending to a list), so it passes the change on to all of them. Only
+    answer and setup cells pass a change on: a test cell's own names (``_q``, ``_out``) are its scratch values,
+    deleted at its end (``del _q, ...``), so a test that reuses the same scratch names does not depend on it.
     """
     import re
 
+    def mentions(text: str, names: set[str]) -> bool:
+        return bool(names) and re.search(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b", text) is not None
+
     test_ids = {gid for gid, _ in tests}
-    names = defined_names(sources[cell_id])
+    names = set().union(*(defined for _, defined, _ in statements(sources[cell_id])))
     changed = True
     while changed:
         changed = False
         for gid, source in sources.items():
-            if gid == cell_id or gid in test_ids or not names:
+            if gid == cell_id or gid in test_ids:
                 continue
-            if re.search(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b", source):
-                extra = defined_names(source) - names
-                if extra:
-                    names |= extra
+            cell = statements(source)
+            everything = set().union(*(defined for _, defined, _ in cell))
+            for text, defined, is_definition in cell:
+                reached = defined if is_definition else everything
+                if reached - names and mentions(text, names):
+                    names |= reached
                     changed = True
-    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b") if names else None
-    return [gid for gid, source in tests if pattern and pattern.search(source)]
+    return [gid for gid, source in tests if mentions(source, names)]
 
 
 def run_cell(source: str, namespace: dict, name: str) -> tuple[bool, str]:
