@@ -18,8 +18,8 @@ every run. The time per submission is the whole ``grade_lab`` call divided by th
 speed layer a submission's own process starts before its turn, so its own time says less.
 
 ``--layer-base COMMIT`` adds a third tree, this tree without its speed layer (each worker starts the next
-submission's nbgrader process ahead, which loads the modules of the lab's locked cells in its kernel and is held
-before its first student cell until its turn; a kernel's thread pools leave it one CPU; nbgrader processes skip the
+submission's nbgrader process ahead, which loads the modules of the lab's locked cells in its kernel, freezes them
+out of the garbage collector's walk and is held before its first student cell until its turn; a kernel's thread pools leave it one CPU; nbgrader processes skip the
 interpreter's teardown), checked out beside the other two (``../<repo>-layer-base``): what the layer saves is the
 difference between it and this tree, in the same rounds. ``--from-json PATH`` writes the report again from the runs
 a run saved, grading nothing.
@@ -147,7 +147,8 @@ def report(args, runs: list[dict], imports: list[dict]) -> list[str]:
                    "not kept (a layer must save at least 20 %): the branch grades without it, as the layer-base tree "
                    f"does, at {med['layer base'] / med['before']:.2f}x the before tree's time per submission")
         lines += ["", "The speed layer (each worker starts the next submission's nbgrader process ahead, which loads "
-                  "the modules of the lab's locked cells in its kernel and is held before its first student cell until "
+                  "the modules of the lab's locked cells in its kernel, freezes them out of the garbage collector's walk "
+                  "and is held before its first student cell until "
                   "its turn; a kernel's thread pools leave it one CPU; nbgrader processes skip the interpreter's "
                   f"teardown): median "
                   f"per submission without it (layer base) **{med['layer base']:.1f} s**, with it (after) **{med['after']:.1f} s**: it saves "
