@@ -10,6 +10,7 @@ test cell, ``[passed, first line of its first failure, share of its checks' weig
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import importlib.util
 import io
@@ -39,16 +40,17 @@ def load_variants(path: Path):
     return alternatives, getattr(module, "WRONG", {}), hints
 
 
-def statements(source: str) -> list[tuple[str, set[str], bool]]:
+@functools.lru_cache(maxsize=None)
+def statements(source: str) -> tuple[tuple[str, frozenset[str], bool], ...]:
     """A cell's top-level statements: each one's source, the names it defines (functions, classes, assigned
     variables), and whether it is a definition (``def`` or ``class``, whose body runs only when called). A cell that
-    does not parse is one statement defining nothing."""
+    does not parse is one statement defining nothing. Cached: every prepared answer asks again about the same cells."""
     import ast
 
     try:
         tree = ast.parse(source)
     except SyntaxError:
-        return [(source, set(), False)]
+        return ((source, frozenset(), False),)
     found = []
     for node in tree.body:
         names: set[str] = set()
@@ -59,8 +61,8 @@ def statements(source: str) -> list[tuple[str, set[str], bool]]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
-        found.append((ast.get_source_segment(source, node) or "", names, is_definition))
-    return found
+        found.append((ast.get_source_segment(source, node) or "", frozenset(names), is_definition))
+    return tuple(found)
 
 
 def affected_tests(cell_id: str, sources: dict[str, str], tests: list[tuple[str, str]]) -> list[str]:
