@@ -2,11 +2,13 @@
 caps and a notebook time limit (docs/SECURITY.md). It decides what runs where, cell by cell; ``KernelChannel``,
 ``GuardClient``, ``BoundaryClient``, ``OutputBudget`` and ``GradingRecord`` (``grading_report.json``) do the rest.
 
-- Test cells never run in the kernel: ``course/boundary.py`` runs them here and writes their outputs.
+- Test cells never run in the kernel: ``course/boundary.py`` runs them here and writes their outputs; nothing the
+  kernel reports decides a score.
 - Around every test cell and before every locked cell, the guard undoes what student code changed (charged to the
   next test cell); what a locked cell itself changes becomes the reference (``adopt``).
 - A dead or mute kernel fails its cell; a fresh kernel runs the earlier cells (not the tests) again. Execution stops
-  at the notebook time limit or after a sticky CUDA error.
+  at the notebook time limit or after a sticky CUDA error. A kernel lost before any student code ran, or output
+  that did not arrive, asks ``course.grade`` to grade again.
 """
 from __future__ import annotations
 
