@@ -5,10 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .nbgrader_child import skip_slow_optional_imports
+from . import nbgrader_child  # noqa: F401 - first: it marks rfc3987_syntax absent before anything imports nbformat
 from .paths import REPO_ROOT, resolve_labs
-
-skip_slow_optional_imports()  # before anything imports nbformat (course.nbgrader_child says why)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

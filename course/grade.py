@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
+from .boundary import locked_cell_imports
 from .grading_record import GRADING_REPORT
 from .nbgrader_run import (
     NbgraderProcess,
@@ -22,6 +23,7 @@ from .nbgrader_run import (
     Worker,
     available_cpus,
     grading_workers,
+    preload,
     read_scores,
     run_nbgrader,
 )
@@ -331,6 +333,7 @@ def grade_lab(course_root: Path, lab: str, students: list[str] | None = None, ou
     ``scores.png`` into ``out_dir``. With ``resume``, submissions an earlier run finished are kept."""
     students = students if students is not None else list_students(course_root, lab)
     out_dir = out_dir or course_root / "grading" / lab
+    preload(locked_cell_imports(course_root / "source" / lab))
     with tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging, \
             ThreadPoolExecutor(1, thread_name_prefix="gradebook-prepare") as preparing:
         gradebook = preparing.submit(prepare_gradebook, course_root, lab)  # an nbgrader process: no GIL taken

@@ -1,63 +1,75 @@
-"""``python -m course.nbgrader_child PARENT_PID [--kernel-cpus LIST] [--turn-fd FD] ARGS``: ``nbgrader ARGS``, as
-``course grade`` runs it, doing what nbgrader does. It ends when ``PARENT_PID`` does; its kernels run on the CPUs of
-``--kernel-cpus 0,1`` (``course.sandbox.kernel_cpus``); started ahead of its turn, ``GuardedExecute`` waits before
-the notebook's first student cell until ``course grade`` writes to the pipe ``--turn-fd`` (``wait_for_turn``).
+"""The body of each nbgrader process ``course grade`` runs (``course.nbgrader_run.NbgraderProcess``): ``nbgrader
+ARGS`` in a process of its own, forked from a server that has imported nbgrader and the lab's libraries once
+(``multiprocessing``'s forkserver), so that one submission's crash, hang or dead kernel ends that process only.
+
+Started ahead of its turn, ``GuardedExecute`` waits before the notebook's first student cell until ``course grade``
+says go (``wait_for_turn``).
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
+import gc
 import os
 import sys
 
 from .processes import die_with_parent
 
+# rfc3987_syntax compiles grammars at import for jsonschema's ``iri`` formats, which no notebook schema uses: a
+# process that runs nbgrader marks it absent before anything imports nbformat (this module is imported first).
+sys.modules.setdefault("rfc3987_syntax", None)
 
-def skip_slow_optional_imports() -> None:
-    """Make ``import rfc3987_syntax`` raise ImportError in this process, unless it is already imported: it compiles
-    grammars at import for ``jsonschema``'s ``iri`` formats, which no notebook schema uses."""
-    sys.modules.setdefault("rfc3987_syntax", None)
-
-
-_turn_fd: int | None = None  # the pipe that says this process's turn has come (None: it started at its turn)
+_turn = None  # the Connection that says this process's turn has come (None: it started at its turn)
 
 
 def waiting() -> bool:
     """Whether this process was started ahead and its turn has not come yet."""
-    return _turn_fd is not None
+    return _turn is not None
 
 
 def wait_for_turn() -> None:
     """Return when this process's turn has come (at once unless it was started ahead and this is the first call)."""
-    global _turn_fd
-    fd, _turn_fd = _turn_fd, None
-    if fd is not None:
-        os.read(fd, 1)  # a byte, or end of file should course grade stop (it then ends this process)
-        os.close(fd)
+    global _turn
+    turn, _turn = _turn, None
+    if turn is not None:
+        with contextlib.suppress(EOFError, OSError):  # a message, or end of file should course grade stop
+            turn.recv_bytes()
+        turn.close()
 
 
-def main(argv: list[str]) -> int:
-    if not argv or not argv[0].isdigit():
-        print("usage: python -m course.nbgrader_child PARENT_PID [--kernel-cpus LIST] [--turn-fd FD] NBGRADER_ARGS",
-              file=sys.stderr)
-        return 2
-    die_with_parent(int(argv[0]))
-    from course import nbgrader_child, sandbox  # the modules GuardedExecute and the config import (this is __main__)
+def run(args: list[str], cwd: str, env: dict[str, str], output_path: str, kernel_cpus: list[int], turn) -> None:
+    """Run ``nbgrader ARGS`` in ``cwd`` with exactly ``env``, its output (stdout and stderr) into ``output_path``, its
+    kernels on ``kernel_cpus`` (``course.sandbox.kernel_cpus``; empty: every CPU), waiting for ``turn`` (a
+    ``multiprocessing`` Connection, or None) before the first student cell; then exit with nbgrader's status.
 
-    if argv[1:2] == ["--kernel-cpus"]:
-        sandbox.kernel_cpus, argv = [int(cpu) for cpu in argv[2].split(",")], [argv[0], *argv[3:]]
-    if argv[1:2] == ["--turn-fd"]:
-        nbgrader_child._turn_fd, argv = int(argv[2]), [argv[0], *argv[3:]]
-    skip_slow_optional_imports()
-    from nbgrader.apps.nbgraderapp import main as nbgrader_main
+    The process leads a session of its own (a time limit kills it with its kernels) and is SIGKILLed when its parent,
+    the fork server, ends: that server ends with the process that started it (``kill -9`` included).
+    """
+    os.setsid()
+    die_with_parent(os.getppid())
+    gc.freeze()  # what the server imported stays out of the garbage collector's walk
+    with open(output_path, "ab", buffering=0) as output:
+        os.dup2(output.fileno(), 1)
+        os.dup2(output.fileno(), 2)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:0] = [cwd, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]  # as `python` started in cwd
+    global _turn
+    from . import sandbox
 
-    sys.argv = ["nbgrader", *argv[1:]]
+    sandbox.kernel_cpus, _turn = list(kernel_cpus), turn
+    from nbgrader.apps.nbgraderapp import main
+
+    sys.argv = ["nbgrader", *args]
     try:
-        nbgrader_main()
+        main()
+        status = 0
     except SystemExit as exc:
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)
-        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-    return 0
+        status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    exit_now(status)
 
 
 def exit_now(status: int) -> None:
@@ -66,7 +78,3 @@ def exit_now(status: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
-
-
-if __name__ == "__main__":
-    exit_now(main(sys.argv[1:]))

@@ -1,16 +1,20 @@
-"""Running nbgrader in a course folder (a child process per command, ``course.nbgrader_child``, so that one
-submission's crash, hang or dead kernel ends that process only), and reading scores back from its gradebook.
+"""Running nbgrader in a course folder (a process per command, ``course.nbgrader_child``, so that one submission's
+crash, hang or dead kernel ends that process only), and reading scores back from its gradebook.
 """
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import shutil
-import subprocess
 import sys
+import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import nbgrader_child
+from .boundary import INSTRUCTOR_MODULES
 from .notebooks import NotebookError, bonus_points, cells_by_grade_id, is_bonus_id, read_notebook
 from .paths import COURSE_ID, REPO_ROOT
 from .processes import kill_group
@@ -55,44 +59,60 @@ def run_nbgrader(course_root: Path, args: list[str], timeout_s: float | None = N
     return NbgraderProcess(course_root, args, env).finish(timeout_s)
 
 
-class NbgraderProcess:
-    """One ``nbgrader ARGS`` process, in its own session so that a time limit kills its kernel too.
+FORKS = multiprocessing.get_context("forkserver")
+# What every nbgrader process imports, imported once by the fork server (course.nbgrader_child first: it says why).
+PRELOAD = ("course.nbgrader_child", "nbgrader.apps.nbgraderapp", "nbgrader.preprocessors", "nbclient", "torch")
+_start_lock = threading.Lock()  # multiprocessing's record of a process's children is not safe across threads
 
-    Started ``ahead``, it gets ready (imports, kernel, locked setup cells) and waits before the notebook's first
-    student cell until ``go``: ``course grade`` starts a worker's next submission this way while it grades one.
+
+def preload(modules: list[str] = ()) -> None:
+    """Have the fork server also import ``modules`` (a lab's libraries) when it starts (nothing once it runs)."""
+    FORKS.set_forkserver_preload([*PRELOAD, *(name for name in modules if name.split(".")[0] not in INSTRUCTOR_MODULES)])
+
+
+preload()
+
+
+class NbgraderProcess:
+    """One ``nbgrader ARGS`` process (``course.nbgrader_child.run``), forked from a server that imported nbgrader and
+    the lab's libraries once, in its own session so that a time limit kills its kernel too.
+
+    Started ``ahead``, it gets ready (kernel, locked setup cells) and waits before the notebook's first student cell
+    until ``go``: ``course grade`` starts a worker's next submission this way while it grades one.
     """
 
     def __init__(self, course_root: Path, args: list[str], env: dict[str, str] | None = None, ahead: bool = False,
                  kernel_cpus: list[int] | None = None):
-        self._turn = None
-        options, pass_fds = ["--kernel-cpus", ",".join(map(str, kernel_cpus))] if kernel_cpus else [], ()
-        if ahead:
-            read_end, self._turn = os.pipe()
-            options, pass_fds = [*options, "--turn-fd", str(read_end)], (read_end,)
-        cmd = [sys.executable, "-m", "course.nbgrader_child", str(os.getpid()), *options, *args]
-        self._proc = subprocess.Popen(cmd, cwd=course_root, env=nbgrader_env(env), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, start_new_session=True, pass_fds=pass_fds)
-        if ahead:
-            os.close(read_end)
+        turn, self._turn = FORKS.Pipe(duplex=False) if ahead else (None, None)
+        handle, self._output = tempfile.mkstemp(prefix="efficient-ai-nbgrader-", suffix=".log")
+        os.close(handle)
+        self._proc = FORKS.Process(target=nbgrader_child.run, args=(
+            args, str(course_root), nbgrader_env(env), self._output, list(kernel_cpus or ()), turn))
+        with _start_lock:
+            self._proc.start()
+        if turn is not None:
+            turn.close()
 
     def go(self) -> None:
         """Let a process started ahead go on past its first student cell (nothing for one started at its turn)."""
         if self._turn is not None:
             with contextlib.suppress(OSError):  # it ended before its turn (a notebook nbgrader could not read)
-                os.write(self._turn, b"1")
-            os.close(self._turn)
+                self._turn.send_bytes(b"go")
+            self._turn.close()
             self._turn = None
 
     def finish(self, timeout_s: float | None = None) -> NbgraderResult:
         """``go``, then wait at most ``timeout_s`` seconds for the process to end (its group is killed after)."""
         self.go()
-        try:
-            output, _ = self._proc.communicate(timeout=timeout_s)
-            return NbgraderResult(self._proc.returncode, output)
-        except subprocess.TimeoutExpired:
+        self._proc.join(timeout_s)
+        timed_out = self._proc.exitcode is None
+        if timed_out:
             kill_group(self._proc.pid)
-            output, _ = self._proc.communicate()
-            return NbgraderResult(-9, output or "", timed_out=True)
+            self._proc.kill()  # in case it had not yet made its group
+            self._proc.join()
+        output = Path(self._output).read_text(errors="replace")
+        os.unlink(self._output)
+        return NbgraderResult(-9 if timed_out else self._proc.exitcode, output, timed_out)
 
 
 @dataclass
