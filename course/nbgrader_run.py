@@ -61,7 +61,7 @@ def run_nbgrader(course_root: Path, args: list[str], timeout_s: float | None = N
 
 FORKS = multiprocessing.get_context("forkserver")
 # What every nbgrader process imports, imported once by the fork server (course.nbgrader_child first: it says why).
-PRELOAD = ("course.nbgrader_child", "nbgrader.apps.nbgraderapp", "nbgrader.preprocessors", "nbclient", "torch")
+PRELOAD = ("course.nbgrader_child", "nbgrader.apps.nbgraderapp", "nbgrader.preprocessors", "nbclient", "IPython", "torch")
 _start_lock = threading.Lock()  # multiprocessing's record of a process's children is not safe across threads
 
 
