@@ -12,6 +12,7 @@ import contextlib
 import gc
 import os
 import sys
+from multiprocessing import forkserver
 
 from .processes import die_with_parent
 
@@ -46,6 +47,9 @@ def run(args: list[str], cwd: str, env: dict[str, str], output_path: str, kernel
     the fork server, ends: that server ends with the process that started it (``kill -9`` included).
     """
     os.setsid()
+    # The fork server outlives the process that started it while one of its children holds this "alive" pipe: let
+    # go of it, so that the server ends with course grade, and this process with the server.
+    os.close(forkserver._forkserver._forkserver_alive_fd)
     die_with_parent(os.getppid())
     gc.freeze()  # what the server imported stays out of the garbage collector's walk
     with open(output_path, "ab", buffering=0) as output:

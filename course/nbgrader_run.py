@@ -1,5 +1,8 @@
 """Running nbgrader in a course folder (a process per command, ``course.nbgrader_child``, so that one submission's
 crash, hang or dead kernel ends that process only), and reading scores back from its gradebook.
+
+The processes come from ``multiprocessing``'s fork server: as in any multiprocessing program, a script that starts
+them keeps its own work under ``if __name__ == "__main__":`` (each process imports the script's main module again).
 """
 from __future__ import annotations
 

@@ -7,11 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
-from fixture_lab import REPO
+from fixture_lab import REPO, processes_working_in, wait_until_no_process_works_in
 
 from course import grade, report  # noqa: E402
 from course.guarded_execute import GuardedExecute  # noqa: E402
@@ -234,6 +235,26 @@ def test_a_worker_s_nbgrader_processes_run_on_every_cpu(tmp_path):
     result = nbgrader_run.NbgraderProcess(tmp_path, ["db", "student", "list"], kernel_cpus=everywhere[:1]).finish(120)
     assert result.ok, result.tail()
     assert seen.read_text() == repr(everywhere), "a worker's nbgrader process may use every CPU"
+
+
+def test_an_nbgrader_process_ends_with_the_process_that_started_it(tmp_path):
+    """``kill -9`` of course grade alone (not its process group) ends its nbgrader processes: they are forked from a
+    server that ends with course grade, and each asks for a SIGKILL when that server ends."""
+    (tmp_path / "nbgrader_config.py").write_text(  # nbgrader runs its config file at start-up, in its own process
+        "import time\nopen('started', 'w').close()\ntime.sleep(600)\n")
+    starter = subprocess.Popen(
+        [sys.executable, "-c", "from pathlib import Path\nfrom course.nbgrader_run import run_nbgrader\n"
+                               "run_nbgrader(Path('.'), ['db', 'student', 'list'])"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline and starter.poll() is None:
+        time.sleep(0.2)
+    assert (tmp_path / "started").exists(), "the nbgrader process did not start"
+    assert processes_working_in(tmp_path), "the nbgrader process works in the course folder"
+    starter.kill()
+    starter.wait()
+    left = wait_until_no_process_works_in(tmp_path)
+    assert not left, f"nbgrader processes outlived the process that started them: {left}"
 
 
 def test_the_kernel_launcher_runs_the_kernel_on_its_worker_s_cpus(tmp_path):
