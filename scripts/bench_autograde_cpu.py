@@ -17,10 +17,11 @@ the demo's expected ones is reported as failed. The machine's load average (1 mi
 every run. The time per submission is the whole ``grade_lab`` call divided by the number of submissions: with the
 speed layer a submission's own process starts before its turn, so its own time says less.
 
-``--layer-base COMMIT`` adds a third tree, this tree without its speed layer (each worker starts the next
-submission's nbgrader process ahead, which loads the modules of the lab's locked cells in its kernel, freezes them
-out of the garbage collector's walk and is held before its first student cell until its turn; a kernel's thread pools leave it one CPU; nbgrader processes skip the
-interpreter's teardown), checked out beside the other two (``../<repo>-layer-base``): what the layer saves is the
+``--layer-base COMMIT`` adds a third tree, this tree without its speed layer (nbgrader processes forked from a
+server that imported nbgrader and the lab's libraries once; each worker starts the next submission's nbgrader
+process ahead, which loads the modules of the lab's locked cells in its kernel, freezes them out of the garbage
+collector's walk and is held before its first student cell until its turn; a kernel's thread pools leave it one
+CPU; nbgrader processes skip the interpreter's teardown), checked out beside the other two (``../<repo>-layer-base``): what the layer saves is the
 difference between it and this tree, in the same rounds. ``--from-json PATH`` writes the report again from the runs
 a run saved, grading nothing.
 
@@ -146,19 +147,19 @@ def report(args, runs: list[dict], imports: list[dict]) -> list[str]:
         verdict = ("kept" if saved >= 0.2 else
                    "not kept (a layer must save at least 20 %): the branch grades without it, as the layer-base tree "
                    f"does, at {med['layer base'] / med['before']:.2f}x the before tree's time per submission")
-        lines += ["", "The speed layer (each worker starts the next submission's nbgrader process ahead, which loads "
+        lines += ["", "The speed layer (nbgrader processes are forked from a server that imported nbgrader and the "
+                  "lab's libraries once; each worker starts the next submission's nbgrader process ahead, which loads "
                   "the modules of the lab's locked cells in its kernel, freezes them out of the garbage collector's walk "
-                  "and is held before its first student cell until "
-                  "its turn; a kernel's thread pools leave it one CPU; nbgrader processes skip the interpreter's "
-                  f"teardown): median "
+                  "and is held before its first student cell until its turn; a kernel's thread pools leave it one CPU; "
+                  "nbgrader processes skip the interpreter's teardown): median "
                   f"per submission without it (layer base) **{med['layer base']:.1f} s**, with it (after) **{med['after']:.1f} s**: it saves "
                   f"**{saved:.0%}**; {verdict}."]
     if imp:
         lines += ["", "The one speed measure kept (`course/nbgrader_child.py`: `rfc3987_syntax` marked absent before "
                   "nbgrader is imported), timed as `python -c 'import nbformat, jsonschema, nbgrader.apps.nbgraderapp'` "
                   f"with and without it, alternated, {len(imports)} times each: median {imp['with_s']:.1f} s with the "
-                  f"package imported, {imp['skipped_s']:.1f} s without; every nbgrader process pays it once (one "
-                  "per submission graded, one more per run for generate_assignment)."]
+                  f"package imported, {imp['skipped_s']:.1f} s without; a run pays it twice (the fork server and "
+                  "the process of `course grade` itself)."]
     return lines
 
 
