@@ -124,14 +124,9 @@ def course_source_folder(config, lab: str) -> Path:
 
 def read_course_source(config, info, log, failure: str):
     """The instructor notebook of the one nbgrader is processing (``info``: ``resources["nbgrader"]``), or None when
-    there is none or it cannot be read, logged as an error that starts with ``failure``."""
-    path = course_source_folder(config, info["assignment"]) / f"{info['notebook']}.ipynb"
-    if not path.is_file():
-        log.error("%s: no instructor notebook for %s/%s in the course's source folder", failure, info["assignment"],
-                  info["notebook"])
-        return None
+    there is none or it cannot be read, logged as an error that starts with ``failure`` and names the path."""
     try:
-        return read_notebook(path)
+        return read_notebook(course_source_folder(config, info["assignment"]) / f"{info['notebook']}.ipynb")
     except NotebookError as exc:
         log.error("%s: %s", failure, exc)
         return None
