@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
 import re
 import secrets
 from pathlib import Path
@@ -119,7 +118,7 @@ class AwardBonusPoints(NbGraderPreprocessor):
 def course_source_folder(config, lab: str) -> Path:
     """The course's instructor folder of ``lab`` (``source/<lab>/``, as nbgrader's CourseDirectory settings place it)."""
     course = config.get("CourseDirectory", {})
-    return Path(course.get("root") or os.getcwd()) / (course.get("source_directory") or "source") / str(lab)
+    return Path(course.get("root") or Path.cwd()) / (course.get("source_directory") or "source") / str(lab)
 
 
 def read_course_source(config, info, log, failure: str):
