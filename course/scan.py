@@ -139,18 +139,19 @@ def _imported(node) -> list[tuple[str, str]]:
     return []
 
 
+def _unpacked(target) -> list:
+    """What an assignment target assigns to, in order: ``a, (b, *c)`` is a, b and c; any other target is itself."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [leaf for element in target.elts for leaf in _unpacked(element)]
+    return _unpacked(target.value) if isinstance(target, ast.Starred) else [target]
+
+
 def top_level_bindings(tree: ast.Module) -> list[Binding]:
     """Names a cell binds at module level (also inside top-level if/for/while/with/try, not inside defs)."""
     found: list[Binding] = []
 
-    def assigned(node):
-        if isinstance(node, ast.Name):
-            found.append(Binding(node.id, "assign"))
-        elif isinstance(node, (ast.Tuple, ast.List)):
-            for element in node.elts:
-                assigned(element)
-        elif isinstance(node, ast.Starred):
-            assigned(node.value)
+    def assigned(target):
+        found.extend(Binding(leaf.id, "assign") for leaf in _unpacked(target) if isinstance(leaf, ast.Name))
 
     def visit(statements):
         for stmt in statements:
@@ -281,12 +282,7 @@ class CellScan(ast.NodeVisitor):
     def check_target(self, target, verb: str) -> None:
         """Flag an assignment or ``del`` of an attribute or item of an imported module or class, or of a special
         attribute of anything."""
-        if isinstance(target, (ast.Tuple, ast.List)):
-            for element in target.elts:
-                self.check_target(element, verb)
-        elif isinstance(target, ast.Starred):
-            self.check_target(target.value, verb)
-        elif isinstance(target, (ast.Attribute, ast.Subscript)):
+        if isinstance(target, (ast.Attribute, ast.Subscript)):
             owner = self.context.dotted(target.value)
             if owner and owner != "get_ipython()":
                 dotted = f"{owner}.{target.attr}" if isinstance(target, ast.Attribute) else owner
@@ -299,7 +295,8 @@ class CellScan(ast.NodeVisitor):
     def visit_Assign(self, node):
         verb = "deletes" if isinstance(node, ast.Delete) else "assigns"
         for target in getattr(node, "targets", None) or [node.target]:
-            self.check_target(target, verb)
+            for leaf in _unpacked(target):
+                self.check_target(leaf, verb)
         self.generic_visit(node)
 
     visit_AugAssign = visit_AnnAssign = visit_Delete = visit_Assign
