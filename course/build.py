@@ -19,13 +19,11 @@ from .notebooks import NB_VERSION, grade_id, mark_bonus, read_notebook
 from .paths import REPO_ROOT, lab_text_path
 
 SUPPORT_FILES = ("utils.py", "checks.py")  # the student helper module and the test contract
-SUPPORT_DIRS = ("assets",)
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 # What ipykernel reports, so JupyterLab does not mark a freshly opened notebook modified; fixed: a reproducible build.
 LANGUAGE_INFO = {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
                  "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
                  "pygments_lexer": "ipython3", "version": "3.11.7"}
-BUNDLE_URL_FILE = "bundle_url.txt"  # labs/bundle_url.txt: where the course publishes bundles, {lab} for the lab
 FETCH_CELL_TEMPLATE = Path(__file__).parent / "templates" / "fetch_cell" / "cell.txt"
 FETCH_CELL_ID = "fetch-lab-files"
 SET_ASIDE_DIR = "build-set-aside"  # files found in release/labN/ that the build did not write (ignored by git)
@@ -74,8 +72,7 @@ def sync_tree(src: Path, dest: Path, changed: list[Path], set_aside: Path | None
         if item.is_file() and "__pycache__" not in item.parts:
             _copy_if_changed(item, dest / item.relative_to(src), changed)
     for item in sorted(dest.rglob("*"), reverse=True):
-        counterpart = src / item.relative_to(dest)
-        if "__pycache__" in item.parts or counterpart.exists():
+        if "__pycache__" in item.parts or (src / item.relative_to(dest)).exists():
             continue
         if item.is_file():
             if set_aside is None:
@@ -88,23 +85,6 @@ def sync_tree(src: Path, dest: Path, changed: list[Path], set_aside: Path | None
             changed.append(item)
         elif item.is_dir() and not any(item.iterdir()):
             item.rmdir()
-
-
-def build_source(lab: str, root: Path = REPO_ROOT, out_root: Path | None = None) -> list[Path]:
-    """Write ``source/<lab>/`` under ``out_root`` (default: ``root``). Returns the files it changed."""
-    changed: list[Path] = []
-    source_dir = (out_root or root) / "source" / lab
-    notebook, text = source_dir / f"{lab}.ipynb", text_to_notebook(lab_text_path(root, lab))
-    if not notebook.exists() or notebook.read_text() != text:
-        notebook.parent.mkdir(parents=True, exist_ok=True)
-        notebook.write_text(text)
-        changed.append(notebook)
-    for name in SUPPORT_FILES:
-        _copy_if_changed(root / name, source_dir / name, changed)
-    for name in SUPPORT_DIRS:
-        if (root / name).is_dir():
-            sync_tree(root / name, source_dir / name, changed)
-    return changed
 
 
 def generate_release(lab: str, source_dir: Path, release_dir: Path, fetch_url: str = "") -> list[Path]:
@@ -129,32 +109,41 @@ def generate_release(lab: str, source_dir: Path, release_dir: Path, fetch_url: s
 def bundle_url(lab: str, root: Path = REPO_ROOT) -> str:
     """Where the course publishes ``lab``'s student bundle (``course bundle``'s zip): the one line of
     ``labs/bundle_url.txt`` with ``{lab}`` replaced; "" when the file is absent or empty."""
-    path = root / "labs" / BUNDLE_URL_FILE
+    path = root / "labs" / "bundle_url.txt"
     lines = path.read_text().splitlines() if path.is_file() else []
     url = next((line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")), "")
     return url.replace("{lab}", lab)
 
 
-def add_fetch_cell(notebook: Path, url: str) -> bool:
+def add_fetch_cell(notebook: Path, url: str) -> None:
     """Put the cell that fetches the lab's files where they are missing (Colab) first among the release notebook's
-    code cells; True when the file changed."""
+    code cells, unless it has one."""
     nb = nbformat.read(notebook, as_version=NB_VERSION)
     if any(cell.get("id") == FETCH_CELL_ID for cell in nb.cells):
-        return False
+        return
     cell = nbformat.v4.new_code_cell(FETCH_CELL_TEMPLATE.read_text().format(url=url, lab=notebook.stem).rstrip("\n"))
     cell["id"] = FETCH_CELL_ID
     first_code = next(i for i, other in enumerate(nb.cells) if other.cell_type == "code")
     nb.cells.insert(first_code, cell)
     nbformat.write(nb, notebook)
-    return True
 
 
 def build_lab(lab: str, root: Path = REPO_ROOT, out_root: Path | None = None) -> list[Path]:
     """Build one lab's ``source/`` and ``release/`` under ``out_root`` (default ``root``). Returns the files it
     changed. With a ``labs/bundle_url.txt``, the release notebook fetches missing files (Colab) from the bundle."""
     out_root = out_root or root
-    changed = build_source(lab, root, out_root)
-    return changed + generate_release(lab, out_root / "source" / lab, out_root / "release" / lab, bundle_url(lab, root))
+    changed: list[Path] = []
+    source_dir = out_root / "source" / lab
+    notebook, text = source_dir / f"{lab}.ipynb", text_to_notebook(lab_text_path(root, lab))
+    if not notebook.exists() or notebook.read_text() != text:
+        notebook.parent.mkdir(parents=True, exist_ok=True)
+        notebook.write_text(text)
+        changed.append(notebook)
+    for name in SUPPORT_FILES:
+        _copy_if_changed(root / name, source_dir / name, changed)
+    if (root / "assets").is_dir():
+        sync_tree(root / "assets", source_dir / "assets", changed)
+    return changed + generate_release(lab, source_dir, out_root / "release" / lab, bundle_url(lab, root))
 
 
 def record_grade_ids(lab: str, root: Path = REPO_ROOT) -> list[Path]:
@@ -176,6 +165,5 @@ def main(labs: list[str], root: Path = REPO_ROOT) -> int:
         except BuildError as exc:
             print(f"build {lab}: FAILED\n{exc}")
             return 1
-        rel = [str(p.relative_to(root)) for p in changed]
-        print(f"build {lab}: {len(rel)} file(s) changed" + ("".join(f"\n  {p}" for p in rel) if rel else ""))
+        print(f"build {lab}: {len(changed)} file(s) changed" + "".join(f"\n  {p.relative_to(root)}" for p in changed))
     return 0

@@ -4,7 +4,6 @@ holds every solution) writes ``DIR/labN/`` (for a student repository) and ``DIR/
 """
 from __future__ import annotations
 
-import io
 import shlex
 import shutil
 import zipfile
@@ -43,8 +42,7 @@ def zip_files(zip_path: Path, lab: str) -> dict[str, bytes]:
 def pip_requirements(requirements: Path, leave_out: tuple[str, ...] = ()) -> str:
     """The specifiers of a requirements file as shell-quoted ``pip install`` arguments, less those in ``leave_out``."""
     specs = [line.split(" #")[0].strip() for line in requirements.read_text().splitlines()]
-    specs = [spec for spec in specs if spec and not spec.startswith(("#", "-"))]
-    return " ".join(shlex.quote(spec) for spec in specs if not spec.startswith(leave_out))
+    return " ".join(shlex.quote(spec) for spec in specs if spec and not spec.startswith(("#", "-", *leave_out)))
 
 
 def bundle_contents(lab: str, root: Path = REPO_ROOT) -> dict[str, bytes]:
@@ -94,13 +92,11 @@ def check_bundle(lab: str, files: dict[str, bytes], root: Path = REPO_ROOT) -> l
 
 def write_zip(files: dict[str, bytes], zip_path: Path, lab: str) -> None:
     """Write ``files`` into ``zip_path`` below one top folder ``lab/`` (unzipping makes the bundle's folder)."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+    with zipfile.ZipFile(zip_path, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, content in sorted(files.items()):
             info = zipfile.ZipInfo(f"{lab}/{name}", date_time=ZIP_DATE)
             info.external_attr = 0o644 << 16
             archive.writestr(info, content, zipfile.ZIP_DEFLATED)
-    zip_path.write_bytes(buffer.getvalue())
 
 
 def write_folder(files: dict[str, bytes], folder: Path) -> None:

@@ -47,7 +47,6 @@ REQUIRED_KEYS = ("grade", "grade_id", "locked", "schema_version", "solution", "t
 GRADE_ID_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 TABLE_ROW_RE = re.compile(r"^\|\s*\**(?P<kind>Question|Bonus)\s+(?P<number>\d+(?:\.\d+)*)\**\s*\|(?P<rest>.*)\|\s*$")
 REGIONS = ((SOLUTION_BEGIN, SOLUTION_END), (HIDDEN_BEGIN, HIDDEN_END), (MARK_SCHEME_BEGIN, MARK_SCHEME_END))
-MARKERS = tuple(marker for region in REGIONS for marker in region)
 MIN_LEAK_LINE_CHARS = 16  # shorter lines (``return out``) appear in stubs and prose too often to count as leaks
 MARKDOWN_HEADING_RE = re.compile(r"^ {0,3}#{1,6}\s+\S")
 ORDERED_ITEM_RE = re.compile(r"^ {0,3}(?P<number>\d{1,9})[.)](?: |$)")
@@ -78,8 +77,7 @@ def _calls(node, *names: str) -> bool:
 
 def _last_expression(tree: ast.Module) -> ast.expr | None:
     """The value of the cell's last statement when that is an expression (what IPython displays)."""
-    last = tree.body[-1] if tree.body else None
-    return last.value if isinstance(last, ast.Expr) else None
+    return tree.body[-1].value if tree.body and isinstance(tree.body[-1], ast.Expr) else None
 
 
 def _tree(cell) -> ast.Module | None:
@@ -217,14 +215,13 @@ def check_test_cells(lab: str, nb) -> list[Problem]:
 def _comparison_problems(tree: ast.Module) -> list[str]:
     """Comparisons a test or helper cell makes by itself instead of through checks.py (kernel_side probes, which run
     beside the student's code and return data, are left alone)."""
-    found, skip = [], set()
-    for node in ast.walk(tree):
+    found, in_probe = [], set()
+    for node in ast.walk(tree):  # breadth first: a probe is met before anything inside it
+        if id(node) in in_probe:
+            continue
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
                 isinstance(d, ast.Name) and d.id == "kernel_side" for d in node.decorator_list):
-            skip |= {id(inner) for inner in ast.walk(node) if inner is not node}
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
+            in_probe |= {id(inner) for inner in ast.walk(node) if inner is not node}
         if isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
@@ -275,12 +272,10 @@ def _bound_names(body: list[ast.stmt], folder: Path) -> set[str]:
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
+        elif isinstance(node, ast.ImportFrom) and node.names[0].name == "*":  # ``*`` stands alone in its import
+            names |= _star_names(node.module or "", folder)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                if alias.name == "*" and isinstance(node, ast.ImportFrom):
-                    names |= _star_names(node.module or "", folder)
-                else:
-                    names.add(alias.asname or alias.name.split(".")[0])
+            names |= {alias.asname or alias.name.split(".")[0] for alias in node.names}
         else:
             names |= {sub.id for sub in ast.walk(node) if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store)}
     return names
@@ -307,17 +302,16 @@ def check_test_boundary(lab: str, nb, folder: Path = REPO_ROOT) -> list[Problem]
         tree = _tree(cell) if cell.cell_type == "code" else None
         if tree is None:
             continue
-        meta = nbgrader_meta(cell)
         if is_autograded_test(cell):
             reads = global_reads(compile(cell.source, "<test>", "exec")) - grader - set(dir(builtins))
             for name in sorted(reads - student):
-                where = (f"a locked cell ({kernel_only[name]}) defines it in the kernel, where student code can change "
-                         "it: define it in a cell tagged test-helpers or in utils.py") if name in kernel_only else \
-                    "no cell before defines it"
-                problems.append(Problem(lab, _where(index, cell), f"the test reads {name!r}, but {where}"))
+                why = "no cell before defines it" if name not in kernel_only else (
+                    f"a locked cell ({kernel_only[name]}) defines it in the kernel, where student code can change it: "
+                    "define it in a cell tagged test-helpers or in utils.py")
+                problems.append(Problem(lab, _where(index, cell), f"the test reads {name!r}, but {why}"))
             continue
         bound = _bound_names(tree.body, folder)
-        if not meta.get("locked") or meta.get("solution"):
+        if not nbgrader_meta(cell).get("locked") or is_solution(cell):
             student |= bound
         elif HELPERS_TAG in (cell.metadata.get("tags") or []):
             grader |= bound
@@ -334,12 +328,8 @@ def check_markers(lab: str, nb) -> list[Problem]:
     for index, cell in enumerate(nb.cells):
         lines, messages = [line.strip() for line in cell.source.splitlines()], []
         for begin, end in REGIONS:
-            depth = 0
-            for line in lines:
-                depth += (line == begin) - (line == end)
-                if depth not in (0, 1):
-                    break
-            if depth != 0:
+            delimiters = [line for line in lines if line in (begin, end)]
+            if delimiters != [begin, end] * (len(delimiters) // 2):
                 messages.append(f"unbalanced {begin!r} / {end!r}")
         if SOLUTION_BEGIN in lines and not is_solution(cell):
             messages.append("has a solution region but is not a solution cell")
@@ -361,10 +351,9 @@ def check_question_statements(lab: str, source_nb, release_nb) -> list[Problem]:
         for line in filter(MARKDOWN_HEADING_RE.match, cell.source.splitlines()):
             match = HEADING_RE.match(line.strip())
             what = question_label(question_key_from_heading(match["kind"], match["number"])) if match else "a heading"
-            problems.append(Problem(
-                lab, _where(index, cell),
-                f"{what} ({line.strip()[:50]!r}) sits inside a solution cell, whose text the release replaces with a "
-                "stub: start a new markdown cell (`# %% [markdown]`) before it"))
+            problems.append(Problem(lab, _where(index, cell), f"{what} ({line.strip()[:50]!r}) sits inside a solution "
+                                    "cell, whose text the release replaces with a stub: start a new markdown cell "
+                                    "(`# %% [markdown]`) before it"))
     released = {heading.key for heading in find_headings(release_nb)}
     return problems + [
         Problem(lab, "release", f"{question_label(heading.key)} has no heading in the release notebook: students do "
@@ -388,27 +377,19 @@ def check_numbered_lists(lab: str, nb) -> list[Problem]:
     starts at 1 interrupt a paragraph: ``7.`` right after a line of text is running text)."""
     problems = []
     for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "markdown":
-            continue
-        lines = cell.source.splitlines()
-        numbers = {int(m["number"]) for line in lines if (m := ORDERED_ITEM_RE.match(line))}
-        covered = None
-        for number, line in enumerate(lines):
-            match = ORDERED_ITEM_RE.match(line)
-            if not match or int(match["number"]) + 1 not in numbers:
-                continue
-            covered = _rendered_list_lines(cell.source) if covered is None else covered
-            if number not in covered:
-                problems.append(Problem(
-                    lab, _where(index, cell),
-                    f"the numbered item {line.strip()[:40]!r} renders as running text, not as a list (a list that "
-                    "does not start at 1 needs a blank line before it)"))
+        lines = cell.source.splitlines() if cell.cell_type == "markdown" else []
+        items = {row: int(match["number"]) for row, line in enumerate(lines) if (match := ORDERED_ITEM_RE.match(line))}
+        followed = [row for row, number in items.items() if number + 1 in items.values()]
+        covered = _rendered_list_lines(cell.source) if followed else set()
+        problems += [Problem(lab, _where(index, cell), f"the numbered item {lines[row].strip()[:40]!r} renders as "
+                             "running text, not as a list (a list that does not start at 1 needs a blank line "
+                             "before it)") for row in followed if row not in covered]
     return problems
 
 
-def _region_lines(source: str, begin: str, end: str) -> list[str]:
-    """The non-blank lines of a marked region, stripped (how leaks are matched)."""
-    return [line.strip() for line in region_lines(source, begin, end) if line.strip()]
+def _stripped(lines: list[str]) -> list[str]:
+    """The non-blank lines, stripped (how leaks are matched)."""
+    return [line.strip() for line in lines if line.strip()]
 
 
 def check_release_leaks(lab: str, source_nb, release_nb) -> list[Problem]:
@@ -416,17 +397,15 @@ def check_release_leaks(lab: str, source_nb, release_nb) -> list[Problem]:
     release_text = "\n".join(cell.source for cell in release_nb.cells)
     release_lines = {line.strip() for line in release_text.splitlines()}
     problems = [Problem(lab, "release", f"contains the delimiter {marker!r}")
-                for marker in MARKERS if marker in release_text]
+                for region in REGIONS for marker in region if marker in release_text]
     outside_lines: set[str] = set()
     secret: list[tuple[str, str]] = []
     for cell in source_nb.cells:
-        hidden = _region_lines(cell.source, HIDDEN_BEGIN, HIDDEN_END)
-        solution = _region_lines(cell.source, SOLUTION_BEGIN, SOLUTION_END)
+        solution, hidden, mark_scheme = (_stripped(region_lines(cell.source, *region)) for region in REGIONS)
         if is_solution(cell) and cell.cell_type == "markdown" and SOLUTION_BEGIN not in cell.source:
-            solution = [line.strip() for line in cell.source.splitlines() if line.strip()]
+            solution = _stripped(cell.source.splitlines())  # a written answer: the whole cell is the model answer
         secret += [(grade_id(cell) or "?", line) for line in hidden + solution]
-        inside = set(hidden) | set(solution) | set(_region_lines(cell.source, MARK_SCHEME_BEGIN, MARK_SCHEME_END))
-        outside_lines |= {line.strip() for line in cell.source.splitlines()} - inside
+        outside_lines |= {line.strip() for line in cell.source.splitlines()} - {*solution, *hidden, *mark_scheme}
     return problems + [
         Problem(lab, f"release cell ({gid})", f"shows a line of the solution or hidden tests: {line[:60]!r}")
         for gid, line in secret
@@ -455,13 +434,12 @@ def check_up_to_date(lab: str, root: Path) -> list[Problem]:
 
     problems = []
     with tempfile.TemporaryDirectory(prefix="efficient-ai-lint-") as tmp:
-        out = Path(tmp)
         try:
-            build_lab(lab, root, out_root=out)
+            build_lab(lab, root, out_root=Path(tmp))
         except BuildError as exc:
             return [Problem(lab, "build", str(exc))]
         for tree in ("source", "release"):
-            fresh, committed = _tree_files(out / tree / lab), _tree_files(root / tree / lab)
+            fresh, committed = _tree_files(Path(tmp, tree, lab)), _tree_files(root / tree / lab)
             stale = sorted(str(rel) for rel in fresh.keys() | committed.keys() if fresh.get(rel) != committed.get(rel))
             if stale:
                 problems.append(Problem(lab, tree, f"out of date with labs/ and utils.py ({', '.join(stale[:5])}"

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
 import re
 import secrets
 from pathlib import Path
@@ -89,21 +88,23 @@ class AwardBonusPoints(NbGraderPreprocessor):
                     self.log.warning("Bonus cell %s is not in the gradebook: no bonus recorded", gid)
                     continue
                 if is_autograded_test(reference[gid]):
-                    share = partial_credit_share(submitted[gid]) if gid in submitted else None
-                    grade.extra_credit = (self._earned(reference[gid], submitted.get(gid), points) if share is None
-                                          else math.floor(share * points * 100 + 1e-9) / 100)
+                    grade.extra_credit = self._earned(reference[gid], submitted.get(gid), points)
                 elif grade.auto_score is None:
                     grade.auto_score = 0.0
             gb.db.commit()
         return nb, resources
 
     def _earned(self, reference, cell, points: float) -> float:
-        """What ``determine_grade`` gives the graded ``cell`` as the instructor's ``reference`` worth ``points``; 0 when
-        the submission lacks it."""
+        """What the submitted ``cell`` earns of the instructor's ``reference`` worth ``points``: its share of them when
+        this process recorded partial credit, else what ``determine_grade`` gives it; 0 when the submission lacks it."""
         from nbformat import from_dict
         from nbgrader.utils import determine_grade
 
-        if cell is None or cell.get("cell_type") != "code":
+        if cell is None:
+            return 0.0
+        if (share := partial_credit_share(cell)) is not None:
+            return math.floor(share * points * 100 + 1e-9) / 100
+        if cell.get("cell_type") != "code":
             return 0.0
         scored = from_dict({"cell_type": "code", "source": cell.get("source", ""), "outputs": cell.get("outputs", []),
                             "metadata": {"nbgrader": {**reference.metadata["nbgrader"], "points": points}}})
@@ -117,19 +118,14 @@ class AwardBonusPoints(NbGraderPreprocessor):
 def course_source_folder(config, lab: str) -> Path:
     """The course's instructor folder of ``lab`` (``source/<lab>/``, as nbgrader's CourseDirectory settings place it)."""
     course = config.get("CourseDirectory", {})
-    return Path(course.get("root") or os.getcwd()) / (course.get("source_directory") or "source") / str(lab)
+    return Path(course.get("root") or Path.cwd()) / (course.get("source_directory") or "source") / str(lab)
 
 
 def read_course_source(config, info, log, failure: str):
     """The instructor notebook of the one nbgrader is processing (``info``: ``resources["nbgrader"]``), or None when
-    there is none or it cannot be read, logged as an error that starts with ``failure``."""
-    path = course_source_folder(config, info["assignment"]) / f"{info['notebook']}.ipynb"
-    if not path.is_file():
-        log.error("%s: no instructor notebook for %s/%s in the course's source folder", failure, info["assignment"],
-                  info["notebook"])
-        return None
+    there is none or it cannot be read, logged as an error that starts with ``failure`` and names the path."""
     try:
-        return read_notebook(path)
+        return read_notebook(course_source_folder(config, info["assignment"]) / f"{info['notebook']}.ipynb")
     except NotebookError as exc:
         log.error("%s: %s", failure, exc)
         return None
@@ -275,10 +271,8 @@ class NeutraliseCellMetadata(NbGraderPreprocessor):
     reject the whole submission; what was removed goes to ``NEUTRALISED_KEY`` for ``GuardedExecute``'s report."""
 
     def preprocess(self, nb, resources):
-        removed = {}
-        for index, cell in enumerate(nb.cells):
-            if found := neutralise_cell_metadata(cell, "skip-execution"):
-                removed[where(cell, index)] = found
+        removed = {where(cell, index): found for index, cell in enumerate(nb.cells)
+                   if (found := neutralise_cell_metadata(cell, "skip-execution"))}
         nb.metadata[NEUTRALISED_KEY] = removed
         return nb, resources
 
@@ -307,17 +301,14 @@ class QuietOverwriteCells(OverwriteCells):
         return super().preprocess_cell(cell, resources, cell_index)
 
     def report_change(self, name, attr, old, new):
-        if attr == "checksum" and self._as_released(name):
-            self.log.debug("Cell %s is as released (its recorded checksum includes hidden tests)", name)
-            return
+        if attr == "checksum":
+            stored = self.gradebook.find_source_cell(name, self.notebook_id, self.assignment_id)
+            released = strip_lines(stored.source, HIDDEN_BEGIN, HIDDEN_END, keep_inside=False)
+            cell_type, source = self._submitted
+            if cell_type == stored.cell_type and source.rstrip() == released.rstrip():
+                self.log.debug("Cell %s is as released (its recorded checksum includes hidden tests)", name)
+                return
         super().report_change(name, attr, old, new)
-
-    def _as_released(self, name: str) -> bool:
-        """Whether the cell being processed (grade id ``name``) was submitted as released (without hidden tests)."""
-        stored = self.gradebook.find_source_cell(name, self.notebook_id, self.assignment_id)
-        released = strip_lines(stored.source, HIDDEN_BEGIN, HIDDEN_END, keep_inside=False)
-        cell_type, source = self._submitted
-        return cell_type == stored.cell_type and source.rstrip() == released.rstrip()
 
 
 def is_setup_cell(cell) -> bool:

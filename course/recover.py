@@ -84,13 +84,12 @@ def recover_metadata(nb, release_nb, source_nb) -> Recovery:
     def label(i: int, gid: str, found: list[str]) -> None:
         nb.cells[i].metadata["nbgrader"] = copy.deepcopy(reference[gid].metadata["nbgrader"])
         labelled[gid] = i
-        unlabelled.remove(i)
         if i in free:
             free.remove(i)
         found.append(gid)
 
     last = -1
-    for gid in order:  # anchors, matched by their text in order
+    for gid in order:  # anchors, matched by their text in order (each after the last one found)
         ref = reference[gid]
         if gid in labelled:
             last = max(last, labelled[gid])
@@ -123,5 +122,5 @@ def recover_metadata(nb, release_nb, source_nb) -> Recovery:
                 label(i, gid, recovery.answers)
         elif gids and candidates:  # with no candidate, a missing answer is restored as the release stub
             recovery.unplaced += gids
-    recovery.unplaced = [gid for gid in order if gid in set(recovery.unplaced)]
+    recovery.unplaced.sort(key=order.index)
     return recovery

@@ -98,9 +98,9 @@ P3 = Part 3's autograded points earned/possible; autograded = the lab's autograd
 TABLE_WIDTH = 120  # a terminal's columns
 
 
-def format_table(header: list[str], rows: list[list[str]], width: int = TABLE_WIDTH) -> str:
+def format_table(header: list[str], rows: list[list[str]]) -> str:
     """The table as text, columns padded to their widest entry; the last column (the reason, long text) goes on a line
-    of its own under its row, cut to ``width``."""
+    of its own under its row, cut to ``TABLE_WIDTH``."""
     widths = [max(len(value) for value in column) for column in zip(header[:-1], *(row[:-1] for row in rows))]
 
     def line(values: list[str]) -> str:
@@ -111,7 +111,7 @@ def format_table(header: list[str], rows: list[list[str]], width: int = TABLE_WI
         lines.append(line(row))
         if row[-1]:
             below = f"  {header[-1]}: {row[-1]}"
-            lines.append(below if len(below) <= width else below[: width - 3] + "...")
+            lines.append(below if len(below) <= TABLE_WIDTH else below[: TABLE_WIDTH - 3] + "...")
     return "\n".join(lines)
 
 
@@ -121,12 +121,12 @@ def print_table(lab: str, outcomes: dict[str, Outcome], scores: dict[str, Submis
     print(TABLE_LEGEND)
 
 
-def flagged_for_review(outcomes: dict[str, Outcome], width: int = TABLE_WIDTH) -> str:
-    """The students whose code was flagged, one line each, cut to ``width`` ("" when none)."""
+def flagged_for_review(outcomes: dict[str, Outcome]) -> str:
+    """The students whose code was flagged, one line each, cut to ``TABLE_WIDTH`` ("" when none)."""
     lines = []
     for student in sorted(s for s, o in outcomes.items() if o.flags):
         line = escape_controls(f"  {student} ({len(outcomes[student].flags)}): " + "; ".join(outcomes[student].flags))
-        lines.append(line if len(line) <= width else line[: width - 24] + " ... (see grades.csv)")
+        lines.append(line if len(line) <= TABLE_WIDTH else line[: TABLE_WIDTH - 24] + " ... (see grades.csv)")
     header = "flagged for review (flags never change a score; read the student's cells):"
     return "\n".join([header, *lines]) if lines else ""
 
@@ -203,8 +203,7 @@ def write_reports(course_root: Path, lab: str, out_dir: Path, outcomes: dict[str
 
 
 def write_canvas_export(course_root: Path, lab: str, out_dir: Path, students: list[str],
-                        scores: dict[str, SubmissionScores], roster: Path | None = None,
-                        assignment_id: str | None = None) -> Path:
+                        scores: dict[str, SubmissionScores], roster: Path | None, assignment_id: str | None) -> Path:
     """Write ``canvas.csv`` beside ``grades.csv``: the final scores in Canvas's gradebook import format
     (``course.lms``). Returns its path."""
     from .late import late_penalties  # imports nbgrader
@@ -219,16 +218,14 @@ def write_canvas_export(course_root: Path, lab: str, out_dir: Path, students: li
 
 def plot_histogram(path: Path, lab: str, scores: dict[str, SubmissionScores], students: list[str]) -> None:
     """PNG histogram of the students' total scores so far (autograded + graded manual points)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # file only
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: no global backend, no figure to close
     from matplotlib.ticker import MaxNLocator
 
     totals = [scores[s].total_score() if s in scores else 0.0 for s in students]
     max_total = max((s.total_max() for s in scores.values()), default=1.0)
     max_bonus = max((s.bonus_max() for s in scores.values()), default=0.0)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
     ax.hist(totals, bins=min(20, max(5, len(totals))), range=(0, max_total + max_bonus), color="#4C72B0",
             edgecolor="white")
     out_of = f"{max_total:g} + {max_bonus:g} bonus" if max_bonus else f"{max_total:g}"
@@ -239,4 +236,3 @@ def plot_histogram(path: Path, lab: str, scores: dict[str, SubmissionScores], st
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)

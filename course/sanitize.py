@@ -116,8 +116,6 @@ class _Checker(HTMLParser):
             if name == "style" or not attribute_allowed(tag, name, value or ""):
                 self.problems.append(f"<{tag} {name}>")
 
-    handle_startendtag = handle_starttag
-
     def handle_endtag(self, tag):
         if tag not in ALLOWED_TAGS:
             self.problems.append(f"</{tag}>")

@@ -63,10 +63,8 @@ def parse_cell(source: str) -> ast.Module:
     """
     try:
         return ast.parse(source)
-    except (SyntaxError, ValueError):  # ValueError: null bytes
-        pass
-    from IPython.core.inputtransformer2 import TransformerManager
-
+    except (SyntaxError, ValueError):  # ValueError: null bytes; IPython is imported only for such a cell
+        from IPython.core.inputtransformer2 import TransformerManager
     try:
         return ast.parse(TransformerManager().transform_cell(source))
     except (ValueError, RecursionError, MemoryError) as exc:
@@ -124,9 +122,7 @@ class Context:
         if not locked:
             return
         bindings = top_level_bindings(tree)
-        for binding in bindings:
-            if binding.kind != "assign":
-                self.protected[binding.name] = binding.origin
+        self.protected.update((binding.name, binding.origin) for binding in bindings if binding.kind != "assign")
         bound = {binding.name for binding in bindings}
         for node in ast.walk(tree):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and hasattr(builtins, node.id) \
@@ -143,18 +139,19 @@ def _imported(node) -> list[tuple[str, str]]:
     return []
 
 
+def _unpacked(target) -> list:
+    """What an assignment target assigns to, in order: ``a, (b, *c)`` is a, b and c; any other target is itself."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [leaf for element in target.elts for leaf in _unpacked(element)]
+    return _unpacked(target.value) if isinstance(target, ast.Starred) else [target]
+
+
 def top_level_bindings(tree: ast.Module) -> list[Binding]:
     """Names a cell binds at module level (also inside top-level if/for/while/with/try, not inside defs)."""
     found: list[Binding] = []
 
-    def assigned(node):
-        if isinstance(node, ast.Name):
-            found.append(Binding(node.id, "assign"))
-        elif isinstance(node, (ast.Tuple, ast.List)):
-            for element in node.elts:
-                assigned(element)
-        elif isinstance(node, ast.Starred):
-            assigned(node.value)
+    def assigned(target):
+        found.extend(Binding(leaf.id, "assign") for leaf in _unpacked(target) if isinstance(leaf, ast.Name))
 
     def visit(statements):
         for stmt in statements:
@@ -236,9 +233,8 @@ class CellScan(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Constant(self, node):
-        if not isinstance(node.value, str):
+        if not isinstance(text := node.value, str):
             return
-        text = node.value
         shown = repr(text if len(text) <= 60 else text[:57] + "...")
         if "NBGRADER" in text:
             self.flag(f"mentions NBGRADER: {shown}")
@@ -286,12 +282,7 @@ class CellScan(ast.NodeVisitor):
     def check_target(self, target, verb: str) -> None:
         """Flag an assignment or ``del`` of an attribute or item of an imported module or class, or of a special
         attribute of anything."""
-        if isinstance(target, (ast.Tuple, ast.List)):
-            for element in target.elts:
-                self.check_target(element, verb)
-        elif isinstance(target, ast.Starred):
-            self.check_target(target.value, verb)
-        elif isinstance(target, (ast.Attribute, ast.Subscript)):
+        if isinstance(target, (ast.Attribute, ast.Subscript)):
             owner = self.context.dotted(target.value)
             if owner and owner != "get_ipython()":
                 dotted = f"{owner}.{target.attr}" if isinstance(target, ast.Attribute) else owner
@@ -304,7 +295,8 @@ class CellScan(ast.NodeVisitor):
     def visit_Assign(self, node):
         verb = "deletes" if isinstance(node, ast.Delete) else "assigns"
         for target in getattr(node, "targets", None) or [node.target]:
-            self.check_target(target, verb)
+            for leaf in _unpacked(target):
+                self.check_target(leaf, verb)
         self.generic_visit(node)
 
     visit_AugAssign = visit_AnnAssign = visit_Delete = visit_Assign
@@ -327,23 +319,21 @@ def scan_notebook(nb) -> list[str]:
 
     Locked cells are read only to follow names (their imports) and to know which names they protect.
     """
-    parsed = []
+    context, student_cells = Context(), []
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
+        locked = is_locked(cell)
         try:
             tree = parse_cell(cell.source)
         except SyntaxError as exc:
             tree = f"does not parse ({_where(exc)}), not scanned"
-        parsed.append((grade_id(cell) or f"cell {index}", is_locked(cell), tree))
-    context = Context()
-    for _, locked, tree in parsed:
-        if isinstance(tree, ast.Module):
+        else:
             context.learn(tree, locked)
-    flags = []
-    for label, locked, tree in parsed:
-        if locked:
-            continue
+        if not locked:
+            student_cells.append((grade_id(cell) or f"cell {index}", tree))
+    flags = []  # scanned once every cell is learned: a later cell's import names what an earlier cell uses
+    for label, tree in student_cells:
         found = [tree] if isinstance(tree, str) else CellScan(context).run(tree)
         flags += [escape_controls(f"{label}: {text}") for text in found]
     return flags

@@ -67,27 +67,19 @@ def check_solution_notebook(source_nb, solution_nb) -> list[str]:
     return problems
 
 
-def write_solution(lab: str, out_dir: Path, root: Path = REPO_ROOT) -> Path:
-    """Write and check ``out_dir/<lab>_solution.ipynb``.
-
-    Raises:
-        NotebookError: a notebook is missing, or the solution notebook failed its check (then nothing is written).
-    """
-    source_nb = read_notebook(source_notebook_path(root, lab))
-    nb = solution_notebook(source_nb, read_notebook(release_notebook_path(root, lab)))
-    if problems := check_solution_notebook(source_nb, nb):
-        raise NotebookError("\n".join(problems))
-    path = out_dir / f"{lab}_solution.ipynb"
-    write_notebook(nb, path)
-    return path
-
-
 def main(labs: list[str], out_dir: Path, root: Path = REPO_ROOT) -> int:
+    """Write and check ``out_dir/<lab>_solution.ipynb`` of each lab; a lab that fails its check writes nothing."""
     for lab in labs:
         try:
-            path = write_solution(lab, out_dir.resolve(), root)
-        except NotebookError as exc:
-            print(f"solutions {lab}: FAILED\n{exc}")
+            source_nb = read_notebook(source_notebook_path(root, lab))
+            nb = solution_notebook(source_nb, read_notebook(release_notebook_path(root, lab)))
+            problems = check_solution_notebook(source_nb, nb)
+        except NotebookError as exc:  # a notebook is missing or a solution cell is not in the source
+            problems = [str(exc)]
+        if problems:
+            print(f"solutions {lab}: FAILED\n" + "\n".join(problems))
             return 1
+        path = out_dir.resolve() / f"{lab}_solution.ipynb"
+        write_notebook(nb, path)
         print(f"solutions {lab}: {path} (checked: every model solution, no hidden test, no mark scheme)")
     return 0

@@ -80,12 +80,13 @@ def _same_as_release(path: Path, release_copy: Path) -> bool:
     return mine == theirs and all(filecmp.cmp(path / rel, release_copy / rel, shallow=False) for rel in mine)
 
 
-def ignored_entries(folder: Path, keep: set[Path], release_dir: Path) -> list[str]:
+def ignored_entries(folder: Path, release_dir: Path) -> list[str]:
     """Names of the ignored submitted files and folders (``name/``) for the note, less editor debris, notebooks
     (choose_notebook names them) and unchanged copies of the release's own files (``utils.py``, ``assets/``)."""
     return [entry.name + ("/" if entry.is_dir() else "") for entry in sorted(folder.iterdir())
-            if not (entry in keep or entry.name in JUNK | EXCHANGE_FILES or entry.suffix == ".pyc"
-                    or entry.suffix == ".ipynb" and entry.is_file() or _same_as_release(entry, release_dir / entry.name))]
+            if not (entry.name in JUNK | EXCHANGE_FILES or entry.suffix == ".pyc"
+                    or (entry.name.endswith(".ipynb") and entry.is_file())
+                    or _same_as_release(entry, release_dir / entry.name))]
 
 
 def _copy_timestamp(folder: Path, dest: Path) -> list[str]:
@@ -186,47 +187,46 @@ def _listed(what: str, ids: list[str]) -> list[str]:
     return [f"{what}: {', '.join(ids)}"] if ids else []
 
 
-def _deduplicate(cells, reference: dict) -> tuple[list, list[str]]:
-    """Keep the first cell of each grade id. Later copies of a locked cell are dropped; later copies of an answer
-    (they ran in the student's notebook too), unknown grade ids and metadata without one become ordinary cells."""
-    kept, seen, dropped, demoted, unknown = [], set(), [], [], []
+def _sections(cells, reference: dict) -> tuple[list, dict[str, list], list[str]]:
+    """Split cells into the leading ordinary cells and, per grade id, its first cell with the ordinary cells after
+    it; returns them and the notes. Later copies of a locked cell are dropped; later copies of an answer (they ran in
+    the student's notebook too), unknown grade ids and metadata without one become ordinary cells."""
+    head, sections, current = [], {}, None
+    dropped, demoted, unknown = [], [], []
     for cell in cells:
         gid = grade_id(cell)
-        if gid in reference and gid not in seen:
-            seen.add(gid)
-            kept.append(cell)
-        elif gid in reference and is_locked(reference[gid]):
+        if gid in reference and gid not in sections:
+            sections[gid] = current = [cell]
+            continue
+        if gid in reference and is_locked(reference[gid]):
             dropped.append(gid)
-        else:  # kept as an ordinary student cell
-            if gid is not None:
-                (demoted if gid in reference else unknown).append(gid)
-            cell.metadata.pop("nbgrader", None)
-            kept.append(cell)
+            continue
+        if gid is not None:
+            (demoted if gid in reference else unknown).append(gid)
+        cell.metadata.pop("nbgrader", None)
+        (head if current is None else current).append(cell)
     notes = (_listed("duplicate locked cells dropped", dropped)
              + _listed("duplicate answer cells kept as ordinary cells after the first", demoted)
              + _listed("unknown grade ids, kept as ordinary cells", unknown))
-    return kept, notes
+    return head, sections, notes
 
 
-def _restore_edits(cells, reference: dict) -> list[str]:
+def _restore_edits(sections: dict[str, list], reference: dict) -> list[str]:
     """Give each graded or locked cell the instructor's nbgrader metadata and cell type, and a locked cell the
     instructor's source (nbgrader's OverwriteCells would restore most of it: this makes it visible)."""
     metadata_notes, edited_locked, retyped = [], [], []
-    for index, cell in enumerate(cells):
-        gid = grade_id(cell)
-        if gid is None:
-            continue
-        ref = reference[gid]
+    for gid, section in sections.items():
+        cell, ref = section[0], reference[gid]
         if changed := _metadata_changes(nbgrader_meta(cell), nbgrader_meta(ref)):
             metadata_notes.append(f"{gid} ({', '.join(changed)})")
         if is_locked(ref):
             if cell.cell_type != ref.cell_type or cell.source.rstrip() != ref.source.rstrip():
                 edited_locked.append(gid)
-            cells[index] = _new_cell(ref.cell_type, ref.source, ref.metadata, cell.get("id"))
+            section[0] = _new_cell(ref.cell_type, ref.source, ref.metadata, cell.get("id"))
             continue
         if cell.cell_type != ref.cell_type:
             retyped.append(f"{gid} ({cell.cell_type} -> {ref.cell_type})")
-            cells[index] = cell = _new_cell(ref.cell_type, cell.source, ref.metadata, cell.get("id"))
+            section[0] = cell = _new_cell(ref.cell_type, cell.source, ref.metadata, cell.get("id"))
         cell.metadata["nbgrader"] = copy.deepcopy(ref.metadata["nbgrader"])
     return (_listed("edited locked cells restored from the instructor's notebook", edited_locked)
             + _listed("nbgrader metadata restored", metadata_notes)
@@ -246,46 +246,26 @@ def _metadata_changes(mine: dict, theirs: dict) -> list[str]:
 
 
 def _new_cell(cell_type: str, source: str, metadata: dict, cell_id: str | None) -> nbformat.NotebookNode:
-    """A new cell with a copy of ``metadata`` (and ``cell_id`` unless None)."""
     new = getattr(nbformat.v4, f"new_{cell_type}_cell")(source=source, metadata=copy.deepcopy(metadata))
     if cell_id:
         new["id"] = cell_id
     return new
 
 
-def _segments(cells) -> tuple[list, dict[str, list]]:
-    """Split cells into the leading ordinary cells and, per graded or locked cell, that cell with the ordinary
-    cells that follow it."""
-    head, segments, current = [], {}, None
-    for cell in cells:
-        gid = grade_id(cell)
-        if gid is not None:
-            segments[gid] = current = [cell]
-        else:
-            (head if current is None else current).append(cell)
-    return head, segments
-
-
-def _moved(order: list[str], target: list[str]) -> list[str]:
-    """The ids of ``order`` outside its longest run of matches with ``target``: the cells that were moved."""
-    matcher = difflib.SequenceMatcher(None, order, target, autojunk=False)
-    in_place = {order[block.a + i] for block in matcher.get_matching_blocks() for i in range(block.size)}
-    return [gid for gid in order if gid not in in_place]
-
-
 def repair_cells(nb, reference: dict) -> list[str]:
     """Repair ``nb`` in place so that it has every cell of ``reference`` once, in order, with its nbgrader metadata,
     each followed by the student's cells that followed it; returns the notes."""
-    cells, notes = _deduplicate(list(nb.cells), reference)
-    notes += _restore_edits(cells, reference)
-    head, segments = _segments(cells)
-    order = [gid for gid in reference if gid in segments]
-    notes += _listed("cells put back in the instructor's order", _moved(list(segments), order))
+    head, sections, notes = _sections(nb.cells, reference)
+    notes += _restore_edits(sections, reference)
+    found = list(sections)  # the cells outside the longest runs shared with the instructor's order were moved
+    matcher = difflib.SequenceMatcher(None, found, [gid for gid in reference if gid in sections], autojunk=False)
+    in_place = {found[block.a + i] for block in matcher.get_matching_blocks() for i in range(block.size)}
+    notes += _listed("cells put back in the instructor's order", [gid for gid in found if gid not in in_place])
     restored, stubs = [], []
     nb.cells = head
     for gid, ref in reference.items():
-        if gid in segments:
-            nb.cells += segments[gid]
+        if gid in sections:
+            nb.cells += sections[gid]
             continue
         (restored if is_locked(ref) else stubs).append(gid)
         at = len(nb.cells)  # after the student's cells that precede it, before the next section's headings
@@ -328,8 +308,7 @@ def _stage(course_root: Path, lab: str, student: str, staging_root: Path, instru
     staged = Staged(student)
     chosen, note = choose_notebook(folder, lab)
     staged.notes += ([note] if note else []) + _copy_timestamp(folder, dest)
-    keep = {folder / TIMESTAMP, chosen}
-    staged.notes += _listed("ignored extra files", ignored_entries(folder, keep, course_root / "source" / lab))
+    staged.notes += _listed("ignored extra files", ignored_entries(folder, course_root / "source" / lab))
     if chosen is None:
         staged.reason = NO_NOTEBOOK
         return staged
@@ -392,50 +371,43 @@ def record_zero(course_root: Path, lab: str, student: str, staged_folder: Path |
     """Record a submission with nothing to grade as nbgrader records a missing notebook (every graded cell zero), with
     the timestamp in ``staged_folder``; an earlier autograded output is removed (no feedback from it)."""
     stamp = staged_folder / TIMESTAMP if staged_folder else None
-    extra = {"timestamp": stamp.read_text().strip()} if stamp and stamp.is_file() else {}
-
-    def zero(grade) -> bool:
-        grade.auto_score = 0
-        grade.needs_manual_grade = False
-        if is_autograded_grade(grade):
-            grade.extra_credit = None  # an earlier run's bonus points (a TA's extra credit on an answer is kept)
-        return True
-
-    _edit_grades(course_root, lab, student, zero, create=True, **extra)
+    fields = {"timestamp": stamp.read_text().strip()} if stamp and stamp.is_file() else {}
+    with _submission_grades(course_root, lab, student, create=fields) as grades:
+        for grade in grades:
+            grade.auto_score = 0
+            grade.needs_manual_grade = False
+            if is_autograded_grade(grade):
+                grade.extra_credit = None  # an earlier run's bonus points (a TA's extra credit on an answer is kept)
 
 
 def clear_autograded_scores(course_root: Path, lab: str, student: str) -> bool:
     """After a failed run, clear an earlier run's automatic scores of this submission and mark their cells for manual
     grading (a TA's scores stay), and remove its autograded notebook. Returns whether there were automatic scores."""
-    def clear(grade) -> bool:
-        had_score = grade.auto_score is not None
-        grade.auto_score = None
-        grade.needs_manual_grade = True
-        return had_score
+    with _submission_grades(course_root, lab, student) as grades:
+        had_scores = any(grade.auto_score is not None for grade in grades)
+        for grade in grades:
+            grade.auto_score = None
+            grade.needs_manual_grade = True
+    return had_scores
 
-    return any(_edit_grades(course_root, lab, student, clear, create=False))
 
-
-def _edit_grades(course_root: Path, lab: str, student: str, edit, create: bool, **submission_fields) -> list:
-    """Apply ``edit`` to every grade of one submission in the gradebook and commit; ``edit``'s results. With
-    ``create`` the student and the submission are created, else a submission not in the gradebook is left alone.
-    The submission's autograded output is removed either way."""
+@contextlib.contextmanager
+def _submission_grades(course_root: Path, lab: str, student: str, create: dict | None = None):
+    """Every grade of one submission in the gradebook, committed after the ``with`` block. With ``create`` (the
+    submission's fields) the student and the submission are created, else a submission not in the gradebook has no
+    grades. The submission's autograded output is removed either way."""
     from nbgrader.api import Gradebook, MissingEntry
     from sqlalchemy.exc import SAWarning
 
-    results = []
     with warnings.catch_warnings(), Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
         warnings.simplefilter("ignore", SAWarning)  # nbgrader's add_submission warns about its own session use
-        if create:
+        notebooks = []
+        if create is not None:
             gb.update_or_create_student(student)
-            submission = gb.update_or_create_submission(lab, student, **submission_fields)
+            notebooks = gb.update_or_create_submission(lab, student, **create).notebooks
         else:
-            try:
-                submission = gb.find_submission(lab, student)
-            except MissingEntry:
-                submission = None
-        if submission is not None:
-            results = [edit(grade) for notebook in submission.notebooks for grade in notebook.grades]
-            gb.db.commit()
+            with contextlib.suppress(MissingEntry):
+                notebooks = gb.find_submission(lab, student).notebooks
+        yield [grade for notebook in notebooks for grade in notebook.grades]
+        gb.db.commit()
     shutil.rmtree(course_root / "autograded" / student / lab, ignore_errors=True)
-    return results
