@@ -76,6 +76,13 @@ def preload(modules: list[str] = ()) -> None:
 preload()
 
 
+def _forked(job: tuple):
+    """A process forked from the fork server (started now if it is not running) that runs ``nbgrader_child.run(*job)``."""
+    process = FORKS.Process(target=nbgrader_child.run, args=job)
+    process.start()
+    return process
+
+
 class NbgraderProcess:
     """One ``nbgrader ARGS`` process (``course.nbgrader_child.run``), forked from a server that imported nbgrader and
     the lab's libraries once, in its own session so that a time limit kills its kernel too.
@@ -89,10 +96,13 @@ class NbgraderProcess:
         turn, self._turn = FORKS.Pipe(duplex=False) if ahead else (None, None)
         handle, self._output = tempfile.mkstemp(prefix="efficient-ai-nbgrader-", suffix=".log")
         os.close(handle)
-        self._proc = FORKS.Process(target=nbgrader_child.run, args=(
-            args, str(course_root), nbgrader_env(env), self._output, list(kernel_cpus or ()), turn))
+        job = (args, str(course_root), nbgrader_env(env), self._output, list(kernel_cpus or ()), turn)
         with _start_lock:
-            self._proc.start()
+            try:
+                self._proc = _forked(job)
+            except (EOFError, ConnectionError):  # the fork server died: a lab library failed at import (error above)
+                preload()  # it starts again without the lab's libraries
+                self._proc = _forked(job)
         if turn is not None:
             turn.close()
 

@@ -257,6 +257,17 @@ def test_an_nbgrader_process_ends_with_the_process_that_started_it(tmp_path):
     assert not left, f"nbgrader processes outlived the process that started them: {left}"
 
 
+def test_a_lab_library_that_fails_at_import_does_not_stop_grading(tmp_path):
+    """The fork server imports the libraries of the lab's locked cells once; one that raises at import (not an
+    ImportError, which the server skips) kills the server, which then starts again without them."""
+    (tmp_path / "failing_library.py").write_text("raise RuntimeError('this library fails at import')\n")
+    script = ("from pathlib import Path\nfrom course.nbgrader_run import preload, run_nbgrader\n"
+              "preload(['failing_library'])\nprint('RESULT', run_nbgrader(Path('.'), ['--version']).ok)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])})
+    assert "RESULT True" in done.stdout, done.stdout + done.stderr
+
+
 def test_the_kernel_launcher_runs_the_kernel_on_its_worker_s_cpus(tmp_path):
     """A kernel nbgrader starts runs on its worker's CPUs (``launch.json``): the launcher pins itself before it becomes
     the kernel (``sandbox.launch``)."""
