@@ -115,7 +115,7 @@ def write_bundle(lab: str, out_dir: Path, root: Path = REPO_ROOT) -> tuple[Path,
     """Write and check ``out_dir/<lab>/`` and ``out_dir/<lab>.zip``; returns both paths.
 
     Raises:
-        BundleError: the release is missing, or what was written failed its check (nothing is left written then).
+        BundleError: the release is missing, or what was written failed its check (none of it is left then).
     """
     files = bundle_contents(lab, root)
     if problems := check_bundle(lab, files, root):
@@ -123,10 +123,12 @@ def write_bundle(lab: str, out_dir: Path, root: Path = REPO_ROOT) -> tuple[Path,
     folder, zip_path = out_dir / lab, out_dir / f"{lab}.zip"
     write_folder(files, folder)
     write_zip(files, zip_path, lab)
-    written = {"folder": release_files(folder), "zip": zip_files(zip_path, lab)}
+    in_folder = {name: content for name, content in release_files(folder).items()
+                 if name in files or not name.startswith(".")}  # a student repository's .git is not the bundle's
+    written = {"folder": in_folder, "zip": zip_files(zip_path, lab)}
     problems = [f"{kind}: {problem}" for kind, found in written.items() for problem in check_bundle(lab, found, root)]
     if problems:
-        shutil.rmtree(folder)
+        write_folder({}, folder)  # emptied, its .git kept
         zip_path.unlink()
         raise BundleError("\n".join(problems))
     return folder, zip_path

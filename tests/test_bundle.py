@@ -59,9 +59,10 @@ def test_bundle_refuses_solution_text_and_extra_files(root):
 def test_bundle_rewrites_its_folder_and_keeps_a_repository(root, tmp_path):
     out = tmp_path / "students"
     (out / LAB / ".git").mkdir(parents=True)
+    (out / LAB / ".git" / "HEAD").write_text("ref: refs/heads/main\n")  # a repository holds files
     (out / LAB / "stale.txt").write_text("from an older bundle")
     assert bundle.main([LAB], out, root) == 0
-    assert (out / LAB / ".git").is_dir() and not (out / LAB / "stale.txt").exists()
+    assert (out / LAB / ".git" / "HEAD").is_file() and not (out / LAB / "stale.txt").exists()
     assert bundle.main([LAB], root / "release" / "x", root) == 2, "never inside the release"
 
 
