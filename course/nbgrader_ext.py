@@ -301,14 +301,17 @@ class QuietOverwriteCells(OverwriteCells):
         return super().preprocess_cell(cell, resources, cell_index)
 
     def report_change(self, name, attr, old, new):
-        if attr == "checksum":
-            stored = self.gradebook.find_source_cell(name, self.notebook_id, self.assignment_id)
-            released = strip_lines(stored.source, HIDDEN_BEGIN, HIDDEN_END, keep_inside=False)
-            cell_type, source = self._submitted
-            if cell_type == stored.cell_type and source.rstrip() == released.rstrip():
-                self.log.debug("Cell %s is as released (its recorded checksum includes hidden tests)", name)
-                return
+        if attr == "checksum" and self._as_released(name):
+            self.log.debug("Cell %s is as released (its recorded checksum includes hidden tests)", name)
+            return
         super().report_change(name, attr, old, new)
+
+    def _as_released(self, name: str) -> bool:
+        """Whether the cell being processed (grade id ``name``) was submitted as released (without hidden tests)."""
+        stored = self.gradebook.find_source_cell(name, self.notebook_id, self.assignment_id)
+        released = strip_lines(stored.source, HIDDEN_BEGIN, HIDDEN_END, keep_inside=False)
+        cell_type, source = self._submitted
+        return cell_type == stored.cell_type and source.rstrip() == released.rstrip()
 
 
 def is_setup_cell(cell) -> bool:
