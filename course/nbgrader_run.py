@@ -77,10 +77,18 @@ preload()
 
 
 def _forked(job: tuple):
-    """A process forked from the fork server (started now if it is not running) that runs ``nbgrader_child.run(*job)``."""
-    process = FORKS.Process(target=nbgrader_child.run, args=job)
-    process.start()
-    return process
+    """A process forked from the fork server (started now if it is not running) that runs ``nbgrader_child.run(*job)``.
+    A server that died starting (a lab library raised at import; its error is above) starts again without the lab's
+    libraries."""
+    with _start_lock:
+        process = FORKS.Process(target=nbgrader_child.run, args=job)
+        try:
+            process.start()
+        except (EOFError, ConnectionError):
+            preload()
+            process = FORKS.Process(target=nbgrader_child.run, args=job)
+            process.start()
+        return process
 
 
 class NbgraderProcess:
@@ -97,14 +105,14 @@ class NbgraderProcess:
         handle, self._output = tempfile.mkstemp(prefix="efficient-ai-nbgrader-", suffix=".log")
         os.close(handle)
         job = (args, str(course_root), nbgrader_env(env), self._output, list(kernel_cpus or ()), turn)
-        with _start_lock:
-            try:
-                self._proc = _forked(job)
-            except (EOFError, ConnectionError):  # the fork server died: a lab library failed at import (error above)
-                preload()  # it starts again without the lab's libraries
-                self._proc = _forked(job)
-        if turn is not None:
-            turn.close()
+        try:
+            self._proc = _forked(job)
+        except BaseException:
+            os.unlink(self._output)
+            raise
+        finally:
+            if turn is not None:
+                turn.close()
 
     def go(self) -> None:
         """Let a process started ahead go on past its first student cell (nothing for one started at its turn)."""
