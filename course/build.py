@@ -16,7 +16,7 @@ import nbformat
 
 from .nbgrader_run import run_nbgrader
 from .notebooks import NB_VERSION, grade_id, mark_bonus, read_notebook
-from .paths import REPO_ROOT, lab_text_path
+from .paths import REPO_ROOT, is_cache, lab_text_path
 
 SUPPORT_FILES = ("utils.py", "checks.py")  # the student helper module and the test contract
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
@@ -69,10 +69,10 @@ def sync_tree(src: Path, dest: Path, changed: list[Path], set_aside: Path | None
     """
     dest.mkdir(parents=True, exist_ok=True)
     for item in sorted(src.rglob("*")):
-        if item.is_file() and "__pycache__" not in item.parts:
+        if item.is_file() and not is_cache(item.relative_to(src)):
             _copy_if_changed(item, dest / item.relative_to(src), changed)
     for item in sorted(dest.rglob("*"), reverse=True):
-        if "__pycache__" in item.parts or (src / item.relative_to(dest)).exists():
+        if is_cache(item.relative_to(dest)) or (src / item.relative_to(dest)).exists():
             continue
         if item.is_file():
             if set_aside is None:

@@ -13,12 +13,11 @@ import nbformat
 
 from .lint import check_release_leaks
 from .notebooks import NB_VERSION, NotebookError, read_notebook
-from .paths import REPO_ROOT, source_notebook_path
+from .paths import REPO_ROOT, is_cache, source_notebook_path
 
 README_TEMPLATE = Path(__file__).parent / "templates" / "student_bundle" / "README.md"
 README = "README.md"
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # one fixed date: the same bundle zips to the same bytes
-SKIPPED = ("__pycache__", ".ipynb_checkpoints")  # what a release folder may gather that is no part of it
 COLAB_PROVIDES = ("jupyterlab", "ipykernel")  # Colab runs its own notebook server and kernel
 
 
@@ -29,7 +28,7 @@ class BundleError(Exception):
 def release_files(folder: Path) -> dict[str, bytes]:
     """Relative path (POSIX) -> content of every file under ``folder``, caches and checkpoints left out."""
     return {path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*"))
-            if path.is_file() and not any(part in SKIPPED for part in path.parts) and path.suffix != ".pyc"}
+            if path.is_file() and not is_cache(path.relative_to(folder))}
 
 
 def zip_files(zip_path: Path, lab: str) -> dict[str, bytes]:
@@ -91,12 +90,18 @@ def check_bundle(lab: str, files: dict[str, bytes], root: Path = REPO_ROOT) -> l
 
 
 def write_zip(files: dict[str, bytes], zip_path: Path, lab: str) -> None:
-    """Write ``files`` into ``zip_path`` below one top folder ``lab/`` (unzipping makes the bundle's folder)."""
-    with zipfile.ZipFile(zip_path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, content in sorted(files.items()):
-            info = zipfile.ZipInfo(f"{lab}/{name}", date_time=ZIP_DATE)
-            info.external_attr = 0o644 << 16
-            archive.writestr(info, content, zipfile.ZIP_DEFLATED)
+    """Write ``files`` into ``zip_path`` below one top folder ``lab/`` (unzipping makes the bundle's folder). The zip
+    is written beside ``zip_path`` and then moved there, so a failed write (a full disk) leaves no partial zip."""
+    part = zip_path.with_name(zip_path.name + ".part")
+    try:
+        with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as archive:
+            for name, content in sorted(files.items()):
+                info = zipfile.ZipInfo(f"{lab}/{name}", date_time=ZIP_DATE)
+                info.external_attr = 0o644 << 16
+                archive.writestr(info, content, zipfile.ZIP_DEFLATED)
+        part.replace(zip_path)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def write_folder(files: dict[str, bytes], folder: Path) -> None:

@@ -41,7 +41,7 @@ from .notebooks import (
     read_notebook,
     region_lines,
 )
-from .paths import REPO_ROOT, release_notebook_path, source_notebook_path
+from .paths import REPO_ROOT, is_cache, release_notebook_path, source_notebook_path
 
 REQUIRED_KEYS = ("grade", "grade_id", "locked", "schema_version", "solution", "task")
 GRADE_ID_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -425,7 +425,7 @@ def check_grade_id_lock(lab: str, nb, lock_path: Path) -> list[Problem]:
 def _tree_files(folder: Path) -> dict[Path, bytes]:
     """Relative path -> content of every file under ``folder`` (caches left out); empty when it does not exist."""
     return {path.relative_to(folder): path.read_bytes() for path in folder.rglob("*")
-            if path.is_file() and "__pycache__" not in path.parts}
+            if path.is_file() and not is_cache(path.relative_to(folder))}
 
 
 def check_up_to_date(lab: str, root: Path) -> list[Problem]:

@@ -7,6 +7,13 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent  # labs/, source/, release/, utils.py, assets/, nbgrader_config.py
 COURSE_ID = "efficient-ai"  # nbgrader's course id: nbgrader_config.py sets it, the gradebook is opened with it
 LAB_NAME_RE = re.compile(r"^lab\d+$")
+CACHE_NAMES = ("__pycache__", ".ipynb_checkpoints")  # what Python and Jupyter write into a folder they open
+
+
+def is_cache(relative: Path) -> bool:
+    """Whether ``relative`` (a path below a lab's folder) is something Python or Jupyter wrote there, no part of
+    the lab: ``__pycache__``, ``*.pyc``, JupyterLab's ``.ipynb_checkpoints``."""
+    return relative.suffix == ".pyc" or any(part in CACHE_NAMES for part in relative.parts)
 
 
 def lab_text_path(root: Path, lab: str) -> Path:

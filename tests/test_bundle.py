@@ -66,6 +66,33 @@ def test_bundle_rewrites_its_folder_and_keeps_a_repository(root, tmp_path):
     assert bundle.main([LAB], root / "release" / "x", root) == 2, "never inside the release"
 
 
+def test_a_failed_zip_write_leaves_the_earlier_zip_and_no_partial_one(root, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    assert bundle.main([LAB], out, root) == 0
+    earlier = (out / f"{LAB}.zip").read_bytes()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(bundle.zipfile.ZipFile, "writestr", disk_full)
+    with pytest.raises(OSError):
+        bundle.write_zip(bundle.bundle_contents(LAB, root), out / f"{LAB}.zip", LAB)
+    assert (out / f"{LAB}.zip").read_bytes() == earlier, "the earlier zip must stay whole"
+    assert sorted(p.name for p in out.iterdir()) == [LAB, f"{LAB}.zip"], "no partial zip may be left behind"
+
+
+def test_jupyter_checkpoints_and_caches_are_not_bundled(root, tmp_path):
+    release = root / "release" / LAB
+    (release / ".ipynb_checkpoints").mkdir(exist_ok=True)
+    (release / ".ipynb_checkpoints" / f"{LAB}-checkpoint.ipynb").write_text("{}")
+    try:
+        assert bundle.main([LAB], tmp_path, root) == 0
+        assert not (tmp_path / LAB / ".ipynb_checkpoints").exists()
+        assert all(".ipynb_checkpoints" not in name for name in bundle.zip_files(tmp_path / f"{LAB}.zip", LAB))
+    finally:
+        shutil.rmtree(release / ".ipynb_checkpoints")
+
+
 def test_solutions_show_every_model_solution_and_no_hidden_test(root, tmp_path):
     assert solutions.main([LAB], tmp_path, root) == 0
     path = tmp_path / f"{LAB}_solution.ipynb"

@@ -97,6 +97,19 @@ def test_build_sets_aside_files_it_did_not_write(root, capsys):
     assert str(kept) in capsys.readouterr().out, "the build must say where it moved the file"
 
 
+def test_what_jupyter_and_python_leave_in_a_lab_folder_is_no_part_of_it(root):
+    """An instructor who opened source/ or release/ in JupyterLab (checkpoints) or imported utils.py there
+    (``__pycache__``) gets no stale-lab problem, and a rebuild neither copies nor sets aside any of it."""
+    for tree in ("source", "release"):
+        for cache in (f".ipynb_checkpoints/{LAB}-checkpoint.ipynb", "__pycache__/utils.cpython-311.pyc"):
+            (root / tree / LAB / cache).parent.mkdir(exist_ok=True)
+            (root / tree / LAB / cache).write_text("{}")
+    assert lint.check_up_to_date(LAB, root) == []
+    assert build.build_lab(LAB, root) == [], "a rebuild changes nothing"
+    assert (root / "release" / LAB / ".ipynb_checkpoints" / f"{LAB}-checkpoint.ipynb").exists()
+    assert not (root / build.SET_ASIDE_DIR).exists(), "nothing is set aside"
+
+
 def test_clean_fixture_passes_lint(root):
     assert lint.lint_lab(LAB, root, check_fresh=True) == []
 
