@@ -83,14 +83,17 @@ def test_a_failed_zip_write_leaves_the_earlier_zip_and_no_partial_one(root, tmp_
 
 def test_jupyter_checkpoints_and_caches_are_not_bundled(root, tmp_path):
     release = root / "release" / LAB
-    (release / ".ipynb_checkpoints").mkdir(exist_ok=True)
-    (release / ".ipynb_checkpoints" / f"{LAB}-checkpoint.ipynb").write_text("{}")
+    caches = (".ipynb_checkpoints", "__pycache__")
+    for cache, name in zip(caches, (f"{LAB}-checkpoint.ipynb", "utils.cpython-311.pyc")):
+        (release / cache).mkdir(exist_ok=True)
+        (release / cache / name).write_text("{}")
     try:
         assert bundle.main([LAB], tmp_path, root) == 0
-        assert not (tmp_path / LAB / ".ipynb_checkpoints").exists()
-        assert all(".ipynb_checkpoints" not in name for name in bundle.zip_files(tmp_path / f"{LAB}.zip", LAB))
+        assert not any((tmp_path / LAB / cache).exists() for cache in caches)
+        assert not [name for name in bundle.zip_files(tmp_path / f"{LAB}.zip", LAB) if name.startswith(caches)]
     finally:
-        shutil.rmtree(release / ".ipynb_checkpoints")
+        for cache in caches:
+            shutil.rmtree(release / cache, ignore_errors=True)
 
 
 def test_solutions_show_every_model_solution_and_no_hidden_test(root, tmp_path):
