@@ -301,6 +301,7 @@ class GraderSide:
         self._pending: list[tuple[str, list[str]]] = []  # locked cells not yet taken into the grader
         self.needed = needed  # names the notebook's test cells read (None: all): other imports are not made here
         self._cells = 0
+        self.kept: dict = {}  # checks.keep_carried's store: this submission's answers as graded, for later questions
         self.last_failures: list[str] = []  # the failed checks of the last test cell (checks.Scorecard.failures)
 
     def run_locked_cell(self, source: str, tags) -> None:
@@ -362,7 +363,8 @@ class GraderSide:
         contract = self._contract()
         started = None
         if contract is not None:
-            started = contract.begin_cell(graded=True, passthrough=(BoundaryError,), kernel_side=self.kernel_side)
+            started = contract.begin_cell(graded=True, passthrough=(BoundaryError,), kernel_side=self.kernel_side,
+                                          kept=self.kept)
         namespace = dict(self.base)
         printed = io.StringIO()
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
