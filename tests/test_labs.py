@@ -1,7 +1,7 @@
 """Every lab: the pre-release gate, prepared answers against the hidden tests, and grading through nbgrader.
 
 - ``check``: lint, reference solution full autograded marks, blank release zero.
-- Prepared answers (``tests/labs/<lab>_variants.py``): each correct answer written differently from the
+- Prepared answers (``labs/<lab>/variants.py``): each correct answer written differently from the
   reference passes every test; each plausible wrong answer fails its own question's tests and nothing else.
 - A mixed submission (alternatives on every other autograded question, wrong answers on the rest) earns exactly
   the expected autograded score through ``nbgrader autograde``.
@@ -40,11 +40,11 @@ from course.paths import REPO_ROOT, discover_labs
 from course.scan import recording_bypass_flags
 
 LABS = discover_labs(REPO_ROOT)
-VARIANT_LABS = [lab for lab in LABS if (REPO_ROOT / "tests" / "labs" / f"{lab}_variants.py").exists()]
+VARIANT_LABS = [lab for lab in LABS if (REPO_ROOT / "labs" / lab / "variants.py").exists()]
 
 
 def load_variants(lab: str):
-    path = REPO_ROOT / "tests" / "labs" / f"{lab}_variants.py"
+    path = REPO_ROOT / "labs" / lab / "variants.py"
     spec = importlib.util.spec_from_file_location(f"{lab}_variants", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -74,7 +74,7 @@ def harness_result(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"harness-{lab}") / "result.json"
     proc = subprocess.run(
         [sys.executable, str(REPO_ROOT / "tests" / "lab_harness.py"), lab,
-         str(REPO_ROOT / "tests" / "labs" / f"{lab}_variants.py"), str(out)],
+         str(REPO_ROOT / "labs" / lab / "variants.py"), str(out)],
         capture_output=True, text=True, timeout=1800,
     )
     assert proc.returncode == 0, f"harness failed for {lab}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -119,7 +119,7 @@ def code_hints_by_question(nb) -> dict[str, list[str]]:
 def test_every_code_hint_is_followed_by_a_prepared_answer(lab):
     # A hint students follow literally must pass the hidden tests: each question whose text gives a code hint has an
     # answer in HINTS that follows it, which the harness runs like an alternative (it must pass everything).
-    path = REPO_ROOT / "tests" / "labs" / f"{lab}_variants.py"
+    path = REPO_ROOT / "labs" / lab / "variants.py"
     spec = importlib.util.spec_from_file_location(f"{lab}_variants_hints", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

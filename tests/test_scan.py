@@ -152,7 +152,7 @@ def test_locked_cells_are_not_scanned_and_flags_name_the_cell():
 
 
 def load_alternatives(lab: str) -> dict[str, list[str]]:
-    path = REPO_ROOT / "tests" / "labs" / f"{lab}_variants.py"
+    path = REPO_ROOT / "labs" / lab / "variants.py"
     if not path.exists():
         return {}
     spec = importlib.util.spec_from_file_location(f"{lab}_variants_for_scan", path)

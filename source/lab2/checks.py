@@ -17,6 +17,13 @@ Every public and hidden test of every lab compares answers through this module, 
   an ``AssertionError`` listing every failed check; when grading, the grader records the weighted share of the
   checks that passed as the cell's score (course/boundary.py). Code outside the blocks is all or nothing: an
   error there (the function is missing, say) costs the whole cell.
+- **The method gates the value.** Where a question prescribes how to compute (three nested loops, no library
+  product, a tiled loop, a cache), that rule is a ``check(..., method=True)`` block. When a method check fails, the
+  cell earns at most ``SKIPPED_METHOD_SHARE`` (a quarter) of its points, scaled by the share of its other checks that
+  passed: an answer that hands the work to the library earns less than a real attempt with one mistake.
+- **Carried answers.** A later question that builds on an earlier answer uses that answer as it was graded:
+  the earlier question's test stores what the later one needs (``keep_carried``), and the later test reads it
+  (``kept_carried``), never by calling the student's function again after it may have been redefined.
 
 This file is the graders' and the tests' (``release/`` ships it so that public tests run in a student's notebook);
 nothing in it is needed to answer a question.
@@ -35,11 +42,16 @@ __all__ = [
     "assert_close", "assert_integer", "assert_label", "assert_reals_by_key", "assert_tensor_close",
     "as_tuple", "as_truth",
     "assert_calls", "output_devices_with_meta_default",
-    "kernel_side", "record_torch_calls", "assert_on_input_device", "carried", "assert_or_carried",
+    "kernel_side", "record_torch_calls", "RecordingDisabled", "assert_on_input_device", "carried", "assert_or_carried",
+    "SKIPPED_METHOD_SHARE", "keep_carried", "kept_carried",
 ]
 
 REL_TOL = 1e-5
 """Default relative tolerance of a real answer: float32 arithmetic (about 1e-7 per operation) meets it."""
+
+SKIPPED_METHOD_SHARE = 0.25
+"""The most a test cell earns, as a share of its points, when one of its method checks failed (docs/AUTHORING.md,
+"The order of grades")."""
 
 # Default (rtol, atol) of a tensor answer against a float64 reference, by the answer's dtype: what a computation
 # in that dtype meets on the small inputs tests use.
@@ -78,14 +90,21 @@ def _refuse(value, what: str, wanted: str):
     return error(f"{what} must be {wanted}, got {_type_name(value)}" + (" (a subclass: refused)" if lying else ""))
 
 
+class RecordingDisabled(LyingAnswer):
+    """``record_torch_calls`` saw that the recording of torch calls was switched off while it ran (its probe calls
+    went unrecorded): tampering, so the whole test cell scores zero."""
+
+
 class Scorecard:
-    """The checks one test cell ran: ``results`` holds ``(name, weight, failure message or None)`` in order."""
+    """The checks one test cell ran: ``results`` holds ``(name, weight, failure message or None)`` in order;
+    ``methods`` the names of the method checks (``check(..., method=True)``)."""
 
     def __init__(self, graded: bool = False, passthrough: tuple = (), cell: object = None):
         self.graded = graded  # True in the grader: finish_checks leaves the verdict to it
         self.passthrough = passthrough  # exception types a check never catches (the grader's own errors)
         self.cell = cell  # which notebook cell this card belongs to (IPython's execution count), None in the grader
         self.results: list[tuple[str, float, str | None]] = []
+        self.methods: set[str] = set()  # names of the checks that test the prescribed method
         self.lying = False  # a check met a LyingAnswer: the cell scores zero
 
     @property
@@ -93,21 +112,37 @@ class Scorecard:
         return sum(weight for _, weight, _ in self.results)
 
     @property
+    def method_failed(self) -> bool:
+        """A method check of this cell failed: the answer skipped what the question asks."""
+        return any(failed is not None for name, _, failed in self.results if name in self.methods)
+
+    @property
     def share(self) -> float:
-        """Weighted share of the checks that passed, in [0, 1]; 1.0 for a cell that ran none."""
-        total = self.total
+        """Weighted share of the checks that passed, in [0, 1]; 1.0 for a cell that ran none. A failed method check
+        caps it: ``SKIPPED_METHOD_SHARE`` times the share of the other checks that passed."""
         if self.lying:
             return 0.0
+        if self.method_failed:
+            others = [(w, failed) for name, w, failed in self.results if name not in self.methods]
+            total = sum(w for w, _ in others)
+            passed = 1.0 if total == 0 else sum(w for w, failed in others if failed is None) / total
+            return SKIPPED_METHOD_SHARE * passed
+        total = self.total
         return 1.0 if total == 0 else sum(w for _, w, failed in self.results if failed is None) / total
 
     def failures(self) -> list[str]:
-        """One line per failed check: its name, its weight out of the cell's, and its message."""
-        return [f"FAILED {name} (weight {weight:g} of {self.total:g}): {' '.join(message.splitlines())}"
+        """One line per failed check: its name, its weight out of the cell's, and its message; a failed method check
+        says that it caps the cell."""
+        cap = f" (the method this question asks for: the cell earns at most {SKIPPED_METHOD_SHARE:.0%} of its points)"
+        return [f"FAILED {name} (weight {weight:g} of {self.total:g}){cap if name in self.methods else ''}: "
+                f"{' '.join(message.splitlines())}"
                 for name, weight, message in self.results if message is not None]
 
 
 _card: Scorecard | None = None
 _grader_kernel_side = None  # the grader's kernel_side while it runs a test cell (begin_cell), else None
+_notebook_kept: dict = {}  # keep_carried's store in a notebook; the grader passes its own, one per submission
+_kept: dict = _notebook_kept
 
 
 def _execution_count():
@@ -120,7 +155,7 @@ def _execution_count():
     return None
 
 
-def begin_cell(graded: bool = True, passthrough: tuple = (), kernel_side=None) -> Scorecard:
+def begin_cell(graded: bool = True, passthrough: tuple = (), kernel_side=None, kept: dict | None = None) -> Scorecard:
     """Start the scorecard of one test cell (the grader calls this before it runs a cell, ``end_cell`` after).
 
     Args:
@@ -128,17 +163,20 @@ def begin_cell(graded: bool = True, passthrough: tuple = (), kernel_side=None) -
         passthrough: exception types a check never catches (the grader's own errors).
         kernel_side: the grader's ``kernel_side``, used by this module's own probes (``assert_on_input_device``)
             while the cell runs; None in a notebook, where a probe is an ordinary call.
+        kept: the store of ``keep_carried`` for this submission (the grader's, one per notebook it grades), so that
+            no carried answer crosses from one submission to another.
     """
-    global _card, _grader_kernel_side
+    global _card, _grader_kernel_side, _kept
     _card = Scorecard(graded=graded, passthrough=tuple(passthrough))
     _grader_kernel_side = kernel_side
+    _kept = _notebook_kept if kept is None else kept
     return _card
 
 
 def end_cell() -> Scorecard | None:
     """The scorecard of the cell that just ran, and forget it."""
-    global _card, _grader_kernel_side
-    card, _card, _grader_kernel_side = _card, None, None
+    global _card, _grader_kernel_side, _kept
+    card, _card, _grader_kernel_side, _kept = _card, None, None, _notebook_kept
     return card
 
 
@@ -150,18 +188,23 @@ def _current_card() -> Scorecard:
 
 
 @contextlib.contextmanager
-def check(name: str, weight: float = 1):
+def check(name: str, weight: float = 1, method: bool = False):
     """One weighted check of a test cell: a failure inside the block is recorded and the cell goes on.
 
     Args:
         name: what the block checks, as a student reads it ("matches A @ B for float32 and float64 inputs").
         weight: its share of the cell's points, relative to the other checks of the cell (> 0).
+        method: the block checks the method the question prescribes (no library routine, tiling, a cache). When it
+            fails, the cell earns at most ``SKIPPED_METHOD_SHARE`` of its points (``Scorecard.share``); its weight
+            then does not count.
 
     An ``AssertionError`` is recorded with its message; any other exception raised by the student's code is recorded
     as ``TypeName: message``. The grader's own errors (a lost kernel) are never caught.
     """
     assert weight > 0, f"check({name!r}) needs a positive weight, got {weight!r}"
     card = _current_card()
+    if method:
+        card.methods.add(name)
     try:
         yield
     except Exception as exc:  # noqa: BLE001 - a failed check, in any form, is that check's failure
@@ -382,6 +425,8 @@ def assert_calls(called, what: str, forbidden=(), required=()) -> None:
     """A record of the torch functions a call used (``record_torch_calls``' names) must avoid ``forbidden`` and
     include every name of ``required``."""
     names = {str(name) for name in called}
+    if RECORDING_OFF in names:
+        raise RecordingDisabled(f"{what}: the recording of torch calls was switched off while it ran (tampering)")
     used = sorted(names & set(forbidden))
     assert not used, f"{what} must not call {used}"
     missing = sorted(set(required) - names)
@@ -396,6 +441,22 @@ def carried(compute, *args):
         return compute(*args)
     except Exception:  # noqa: BLE001 - an earlier answer that fails is charged in its own question, not here
         return None
+
+
+def keep_carried(key: str, compute, *args) -> None:
+    """Store ``compute(*args)`` (or None when it raises) under ``key`` for a later question's test.
+
+    The test of the question whose answer a later one builds on calls this while it grades that answer, so the
+    later test uses the answer as it was graded (``kept_carried``), not the student's function as it is by then
+    (redefined in a later cell, say). Call it outside any ``check`` block, before ``finish_checks``.
+    """
+    _kept[key] = carried(compute, *args)
+
+
+def kept_carried(key: str):
+    """What ``keep_carried`` stored under ``key`` for this submission, or None (that test did not run, or failed to
+    compute it): then only the test's own expected value is accepted."""
+    return _kept.get(key)
 
 
 def _shown(value) -> str:
@@ -452,6 +513,11 @@ def _in_kernel(fn):
     return _grader_kernel_side(fn) if _grader_kernel_side is not None else fn
 
 
+RECORDING_OFF = "<the recording of torch calls was switched off>"
+"""The name ``record_torch_calls`` adds when its probe calls went unrecorded; ``assert_calls`` then raises
+``RecordingDisabled``."""
+
+
 @contextlib.contextmanager
 def record_torch_calls():
     """Record the name of every torch function and Tensor method called inside the ``with`` block.
@@ -460,24 +526,42 @@ def record_torch_calls():
     imported alias, ``F.gelu``), because it hooks PyTorch's own dispatch (``TorchFunctionMode``). Tests use it
     inside ``kernel_side`` probes to check that a function was written from the operations a question allows.
 
+    It checks itself: a probe call made right after it starts and one made right before it ends must both be
+    recorded. When one is not (code patched ``TorchFunctionMode`` or popped the mode while the block ran),
+    ``called`` gets ``RECORDING_OFF``, which ``assert_calls`` treats as tampering (the cell scores zero).
+
     Returns:
         A context manager; ``with record_torch_calls() as called:`` binds ``called``, a ``set[str]`` filled
         with ``func.__name__`` of each call (e.g. ``"matmul"``, ``"__matmul__"``, ``"gelu"``).
     """
+    import torch
     from torch.overrides import TorchFunctionMode
+
+    canary = torch.rad2deg  # a probe call, made right after entering and right before leaving the block
 
     class _Recorder(TorchFunctionMode):
         def __init__(self, names):
             super().__init__()
             self.names = names
+            self.canaries = 0
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.names.add(getattr(func, "__name__", repr(func)))
+            if func is canary:
+                self.canaries += 1
+            else:
+                self.names.add(getattr(func, "__name__", repr(func)))
             return func(*args, **(kwargs or {}))
 
     names: set = set()
-    with _Recorder(names):
-        yield names
+    recorder, probe = _Recorder(names), torch.zeros(())
+    with recorder:
+        canary(probe)
+        try:
+            yield names
+        finally:
+            canary(probe)
+            if recorder.canaries != 2:  # the mode was not entered, or was popped while the block ran
+                names.add(RECORDING_OFF)
 
 
 def assert_on_input_device(fn, args, device, what: str, outputs: int = 1) -> None:
