@@ -44,8 +44,9 @@ class BoundaryCase:
     bypasses_recording: bool = False  # the static scan finds code that can switch off call recording
 
 
-def check_weights(source: str) -> list[tuple[str, float]]:
-    """(name, weight) of each ``with check(name, weight=w):`` block of a test cell's source, in order."""
+def check_weights(source: str) -> list[tuple[str, float, bool]]:
+    """(name, weight, method) of each ``with check(name, weight=w, method=m):`` block of a test cell's source, in
+    order."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if not isinstance(node, (ast.With, ast.AsyncWith)):
@@ -55,21 +56,28 @@ def check_weights(source: str) -> list[tuple[str, float]]:
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "check":
                 weight = next((k.value for k in call.keywords if k.arg == "weight"),
                               call.args[1] if len(call.args) > 1 else ast.Constant(1))
-                found.append((ast.literal_eval(call.args[0]), float(ast.literal_eval(weight))))
+                method = next((k.value for k in call.keywords if k.arg == "method"), ast.Constant(False))
+                found.append((ast.literal_eval(call.args[0]), float(ast.literal_eval(weight)),
+                              bool(ast.literal_eval(method))))
     return found
 
 
 def kept_points(source: str, points: float, kept: tuple[str, ...], where: str = "", lost: bool = False) -> float:
     """What a test cell worth ``points`` records when only the checks whose names contain one of ``kept`` pass (with
     ``lost``: when only those fail): its points times the passing checks' weighted share, rounded down to a hundredth
-    (``partial_credit_output`` in course/nbgrader_ext.py)."""
+    (``partial_credit_output`` in course/nbgrader_ext.py); a failed method check caps it (``checks.Scorecard.share``)."""
+    from checks import SKIPPED_METHOD_SHARE
+
     checks = check_weights(source)
     for part in kept:
-        assert any(part in name for name, _ in checks), (
-            f"{where}: no check named with {part!r}; the cell's checks: {[name for name, _ in checks]}")
-    total = sum(weight for _, weight in checks)
-    named = sum(weight for name, weight in checks if any(part in name for part in kept))
-    share = (total - named if lost else named) / total
+        assert any(part in name for name, _, _ in checks), (
+            f"{where}: no check named with {part!r}; the cell's checks: {[name for name, _, _ in checks]}")
+    passed = [(weight, method) for name, weight, method in checks if any(part in name for part in kept) != lost]
+    if any(method for _, _, method in checks) and len([m for _, m in passed if m]) < len([1 for *_, m in checks if m]):
+        others = sum(weight for _, weight, method in checks if not method)
+        share = SKIPPED_METHOD_SHARE * (sum(w for w, m in passed if not m) / others if others else 1.0)
+    else:
+        share = sum(w for w, _ in passed) / sum(weight for _, weight, _ in checks)
     return math.floor(share * points * 100 + 1e-9) / 100
 
 
