@@ -1,20 +1,40 @@
 """check: the instructor's pre-release gate for a lab: ``lint`` passes, the reference solution (the release answered
-from the source) earns every autograded point, the blank release earns zero; prints the per-question table.
+from the source) earns every autograded point, the blank release earns zero, and the prepared answers of
+``labs/LAB/variants.py`` keep the order of grades (docs/AUTHORING.md): an answer that skips the method a question
+prescribes earns at most a quarter of it and less than any answer with one mistake. Prints the per-question table.
 """
 from __future__ import annotations
 
+import ast
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .grade import grade_lab
+from .harness import question_score, run_harness, variants_path
 from .lint import Problem, lint_lab
 from .nbgrader_run import SubmissionScores, make_course_dir
-from .notebooks import make_submission, question_label, question_sort_key, read_notebook, write_notebook
+from .notebooks import (
+    cell_points,
+    grade_id,
+    is_autograded_test,
+    make_submission,
+    question_key,
+    question_label,
+    question_sort_key,
+    read_notebook,
+    write_notebook,
+)
 from .outcome import Outcome
 from .paths import REPO_ROOT, release_notebook_path, source_notebook_path
 from .report import question_scores
 
 REFERENCE, BLANK = "reference", "blank"
+SKIP_CAP = 0.25
+"""The most an answer that skips the prescribed method may earn, as a share of the question's points: the rule of
+docs/AUTHORING.md, which ``checks.SKIPPED_METHOD_SHARE`` implements in every test cell (tests/test_checks.py keeps
+the two equal; checks.py is the lab's file, never imported by the course tooling)."""
 
 
 def grade_reference_and_blank(lab: str, root: Path, workdir: Path) -> tuple[dict[str, Outcome], dict[str, SubmissionScores]]:
@@ -45,33 +65,163 @@ def grading_problems(lab: str, outcomes: dict[str, Outcome], scores: dict[str, S
     return problems
 
 
-def question_table(scores: dict[str, SubmissionScores]) -> str:
-    """Per question: points, of which autograded, and the autograded points of the reference and the blank."""
+def check_blocks(source: str) -> list[tuple[str, float, bool]]:
+    """(name, weight, method) of each ``with check(name, weight=w, method=m):`` block of a test cell's source, in
+    order (a source that does not parse has none)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.With, ast.AsyncWith)):
+            continue
+        for item in node.items:
+            call = item.context_expr
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "check":
+                weight = next((k.value for k in call.keywords if k.arg == "weight"),
+                              call.args[1] if len(call.args) > 1 else ast.Constant(1))
+                method = next((k.value for k in call.keywords if k.arg == "method"),
+                              call.args[2] if len(call.args) > 2 else ast.Constant(False))
+                found.append((ast.literal_eval(call.args[0]), float(ast.literal_eval(weight)),
+                              bool(ast.literal_eval(method))))
+    return found
+
+
+@dataclass
+class QuestionOrder:
+    """What the prepared answers of one autograded question earn on it (harness scores, quick scale)."""
+
+    points: float  # the question's autograded points
+    method: bool = False  # one of its test cells has a check(..., method=True) block
+    skips: dict[str, float] = field(default_factory=dict)  # label of each answer in SKIPS -> its score
+    mistakes: dict[str, float] = field(default_factory=dict)  # label of each answer in WRONG -> its score
+
+
+def order_of_grades(source_nb, harness: dict) -> dict[str, QuestionOrder]:
+    """Per question key: its points, whether it prescribes a method, and what each skip and each one-mistake answer
+    of the harness result ``harness`` (course/harness.py) earns on that question's test cells."""
+    cells: dict[str, dict[str, float]] = {}  # question -> test cell -> points
+    orders: dict[str, QuestionOrder] = {}
+    for cell in filter(is_autograded_test, source_nb.cells):
+        key = question_key(grade_id(cell)) or grade_id(cell)
+        cells.setdefault(key, {})[grade_id(cell)] = cell_points(cell)
+        order = orders.setdefault(key, QuestionOrder(0.0))
+        order.points += cell_points(cell)
+        order.method = order.method or any(method for *_, method in check_blocks(cell.source))
+    for run in harness["variants"]:
+        key = question_key(run["cell"])
+        if run["kind"] not in ("skip", "wrong") or "tests" not in run or key not in orders:
+            continue
+        table = orders[key].skips if run["kind"] == "skip" else orders[key].mistakes
+        table[run["label"]] = question_score(run["tests"], cells[key])
+    return orders
+
+
+def order_problems(lab: str, orders: dict[str, QuestionOrder], harness: dict) -> list[Problem]:
+    """The broken rules of the order of grades: a question that prescribes a method has a skip and a one-mistake
+    answer; every skip earns at most ``SKIP_CAP`` of its question and less than every one-mistake answer of it. A
+    prepared answer for a cell the lab does not have is reported too (the harness could not try it)."""
+    problems = [Problem(lab, f"labs/{lab}/variants.py", f"the {run['kind']} answer {run['label']!r} replaces cell "
+                        f"{run['cell']!r}, which the lab does not have") for run in harness["variants"] if "error" in run]
+    for key in sorted(orders, key=question_sort_key):
+        order, where = orders[key], f"{question_label(key)}, order of grades"
+        if order.method:
+            for table, name, what in ((order.skips, "SKIPS", "that skips the method it prescribes"),
+                                      (order.mistakes, "WRONG", "with one mistake")):
+                if not table:
+                    problems.append(Problem(lab, where, f"it prescribes a method (check(..., method=True)) but "
+                                            f"labs/{lab}/variants.py has no answer in {name} {what}"))
+        cap = SKIP_CAP * order.points
+        for label, score in order.skips.items():
+            if score > cap + 1e-9:
+                problems.append(Problem(lab, where, f"the skip {label!r} earns {score:g} of {order.points:g}, more "
+                                        f"than a quarter ({cap:g}): a check(..., method=True) block must catch it"))
+            for mistake, lower in order.mistakes.items():
+                if score >= lower - 1e-9:
+                    problems.append(Problem(lab, where, f"the skip {label!r} earns {score:g}, not less than the "
+                                            f"one-mistake answer {mistake!r} ({lower:g})"))
+    return problems
+
+
+def _points(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def question_table(scores: dict[str, SubmissionScores], orders: dict[str, QuestionOrder] | None = None) -> str:
+    """Per question: points, of which autograded, and the autograded points of the reference and the blank; with
+    ``orders``, also the most a skip answer earns and the least a one-mistake answer earns (``-``: none)."""
     ref = question_scores(scores[REFERENCE]) if REFERENCE in scores else {}
     blank = question_scores(scores[BLANK]) if BLANK in scores else {}
-    lines = [f"{'question':<16}{'points':>7}{'autograded':>11}{'reference':>10}{'blank':>7}"]
-    for key in sorted(ref, key=question_sort_key):
-        q = ref[key]
-        auto = lambda v: f"{v:g}" if q.auto_max and v is not None else "-"  # noqa: E731
-        lines.append(f"{question_label(key):<16}{q.auto_max + q.manual_max:>7g}{auto(q.auto_max):>11}"
-                     f"{auto(q.auto_score):>10}{auto(blank[key].auto_score if key in blank else None):>7}")
+    header = f"{'question':<16}{'points':>7}{'autograded':>11}{'reference':>10}{'blank':>7}"
+    lines = [header + (f"{'skip':>7}{'mistake':>9}" if orders is not None else "")]
+    for key in sorted(set(ref) | set(orders or {}), key=question_sort_key):
+        q, order = ref.get(key), (orders or {}).get(key)
+        auto_max = q.auto_max if q else order.points
+        auto = (lambda v: _points(v) if auto_max else "-")  # noqa: E731 - a question without autograded points
+        points = _points(q.auto_max + q.manual_max if q else None)
+        line = (f"{question_label(key):<16}{points:>7}{auto(auto_max):>11}{auto(q.auto_score if q else None):>10}"
+                f"{auto(blank[key].auto_score if key in blank else None):>7}")
+        if orders is not None:
+            skip = max(order.skips.values(), default=None) if order else None
+            mistake = min(order.mistakes.values(), default=None) if order else None
+            line += f"{_points(skip):>7}{_points(mistake):>9}"
+        lines.append(line)
+    if orders is not None:
+        lines.append("skip: the most an answer in SKIPS earns; mistake: the least an answer in WRONG earns "
+                     "(course/harness.py, quick scale)")
     return "\n".join(lines)
 
 
-def check_lab(lab: str, root: Path = REPO_ROOT, execute: bool = True) -> list[Problem]:
-    """Run every check of one lab; print its table; return the problems found."""
-    problems = lint_lab(lab, root)
-    if not execute or any(p.where == "notebooks" for p in problems):
-        return problems  # nothing to execute
-    with tempfile.TemporaryDirectory(prefix=f"efficient-ai-check-{lab}-") as tmp:
+def check_order(lab: str, root: Path, harness: dict | None) -> tuple[list[Problem], dict[str, QuestionOrder] | None]:
+    """The order of grades of ``lab``'s prepared answers: ``harness`` is their result (course/harness.py); None runs
+    the harness now. A lab without ``labs/LAB/variants.py`` is not checked (and says so)."""
+    if not variants_path(lab, root).exists():
+        print(f"\n{lab}: no labs/{lab}/variants.py: the order of grades is not checked")
+        return [], None
+    if harness is None:
+        print(f"\n{lab}: trying the prepared answers of labs/{lab}/variants.py (a few minutes)")
+        started = time.monotonic()
         try:
-            outcomes, scores = grade_reference_and_blank(lab, root, Path(tmp))
+            harness = run_harness(lab, root)
         except RuntimeError as exc:
-            return problems + [Problem(lab, "gradebook", str(exc))]
-        problems += grading_problems(lab, outcomes, scores)
-        print(f"\n{lab}: autograde of the reference solution and of the blank release "
-              f"({outcomes[REFERENCE].seconds:.0f} s and {outcomes[BLANK].seconds:.0f} s)")
-        print(question_table(scores))
+            return [Problem(lab, "prepared answers", str(exc))], None
+        print(f"{lab}: prepared answers tried in {time.monotonic() - started:.0f} s")
+    orders = order_of_grades(read_notebook(source_notebook_path(root, lab)), harness)
+    return order_problems(lab, orders, harness), orders
+
+
+def check_lab(lab: str, root: Path = REPO_ROOT, execute: bool = True, harness: dict | None = None) -> list[Problem]:
+    """Run every check of one lab; print its table; return the problems found.
+
+    Args:
+        lab: the lab (``lab1``).
+        root: the repository.
+        execute: autograde the reference and the blank release, and (without ``harness``) run the harness of
+            prepared answers; False: lint only.
+        harness: the harness result of this lab's prepared answers, already computed (tests/test_labs.py runs it
+            once for all its tests): the order of grades is checked on it, even without ``execute``.
+    """
+    problems = lint_lab(lab, root)
+    if any(p.where == "notebooks" for p in problems):
+        return problems  # nothing to execute
+    scores: dict[str, SubmissionScores] = {}
+    if execute:
+        with tempfile.TemporaryDirectory(prefix=f"efficient-ai-check-{lab}-") as tmp:
+            try:
+                outcomes, scores = grade_reference_and_blank(lab, root, Path(tmp))
+            except RuntimeError as exc:
+                problems.append(Problem(lab, "gradebook", str(exc)))
+            else:
+                problems += grading_problems(lab, outcomes, scores)
+                print(f"\n{lab}: autograde of the reference solution and of the blank release "
+                      f"({outcomes[REFERENCE].seconds:.0f} s and {outcomes[BLANK].seconds:.0f} s)")
+    orders = None
+    if execute or harness is not None:
+        found, orders = check_order(lab, root, harness)
+        problems += found
+    if scores or orders:
+        print(question_table(scores, orders))
     return problems
 
 

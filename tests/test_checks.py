@@ -3,6 +3,13 @@
 - Answers are accepted in every form a question allows and lying types are refused, with messages that name them.
 - Weighted checks: a failed block is recorded and the next runs; a notebook's cell fails listing them; the grader's
   card gives the weighted share.
+- The method gates the value: a failed ``check(..., method=True)`` caps the cell at a quarter of the share of its
+  other checks, while an answer with one mistake and the method right keeps its weighted share.
+- The call recorder checks itself: a recording switched off while it ran (``TorchFunctionMode`` patched, the mode
+  popped) is tampering (``RecordingDisabled``: the cell scores zero); an honest call of the probe's function is not.
+- Carried answers are kept per graded submission (``keep_carried``/``kept_carried``).
+- ``course check``'s order of grades: every question that prescribes a method has a skip and a one-mistake answer,
+  and a skip earns at most a quarter and less than every one-mistake answer (on harness results made up here).
 - The meta-default device probe sees a result created without the input's device.
 - ``course lint`` fails on a test or helper cell that compares by itself, on a lab's own check helper, and on check
   blocks without ``finish_checks``.
@@ -35,6 +42,7 @@ from checks import (
     output_devices_with_meta_default,
     record_torch_calls,
 )
+from course import check as course_check
 from course.lint import check_test_contract
 
 
@@ -149,6 +157,162 @@ def test_the_grader_s_card_gives_the_weighted_share_and_lets_its_own_errors_thro
             raise GraderError("the kernel died")
     card = checks.end_cell()
     assert card.share == 0.75 and card.failures() == ["FAILED b (weight 1 of 4): no"]
+
+
+def _graded_share(results: list[tuple[str, float, bool, bool]]) -> checks.Scorecard:
+    """The grader's card of a cell whose checks are (name, weight, method, passed)."""
+    checks.begin_cell(graded=True)
+    for name, weight, method, passed in results:
+        with check(name, weight=weight, method=method):
+            assert passed, f"{name} failed"
+    return checks.end_cell()
+
+
+def test_a_failed_method_check_caps_the_cell_at_a_quarter():
+    method = ("three nested loops, no library product", 1, True)
+    skip = _graded_share([("the value", 3, False, True), ("the edge", 1, False, True), (*method, False)])
+    assert skip.share == checks.SKIPPED_METHOD_SHARE == 0.25, (
+        f"an answer that skips the method, right everywhere else, earns a quarter of the cell, got {skip.share}")
+    assert "the cell earns at most 25% of its points" in skip.failures()[0], skip.failures()
+    sloppy_skip = _graded_share([("the value", 3, False, True), ("the edge", 1, False, False), (*method, False)])
+    assert sloppy_skip.share == 0.25 * 3 / 4, "a skip is scaled by the share of the other checks that passed"
+    mistake = _graded_share([("the value", 3, False, True), ("the edge", 1, False, False), (*method, True)])
+    assert mistake.share == 4 / 5 > skip.share, (
+        "one mistake with the method right earns the weighted share of every check, the method's weight included")
+    assert course_check.SKIP_CAP == checks.SKIPPED_METHOD_SHARE, "course check holds skips to the cap the cells apply"
+
+
+def _gelu_by_hand(x):
+    return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x**3)))
+
+
+@pytest.mark.parametrize("switch_off", ["TorchFunctionMode.__enter__ patched", "the mode popped"])
+def test_a_switched_off_recording_zeroes_the_cell(monkeypatch, switch_off):
+    from torch.overrides import TorchFunctionMode
+
+    def student_gelu(x):  # the library routine the question forbids, with the recording switched off
+        if switch_off == "the mode popped":
+            getattr(torch._C, "_pop_torch_function_stack")()
+        return torch.nn.functional.gelu(x, approximate="tanh")
+
+    if switch_off == "TorchFunctionMode.__enter__ patched":
+        monkeypatch.setattr(TorchFunctionMode, "__enter__", lambda self: self)
+        monkeypatch.setattr(TorchFunctionMode, "__exit__", lambda self, *exc: None)
+    checks.begin_cell(graded=True)
+    with check("the value", weight=5):
+        assert_tensor_close(_gelu_by_hand(torch.ones(3)), _gelu_by_hand(torch.ones(3)), "gelu(1)")
+    with check("written from elementwise operations", weight=1, method=True):
+        with record_torch_calls() as called:
+            student_gelu(torch.ones(3))
+        assert_calls(called, "gelu_tanh_python(x)", forbidden={"gelu"})
+    card = checks.end_cell()
+    assert card.share == 0.0, f"{switch_off}: a recording switched off is tampering, the cell scores zero: {card.results}"
+    with pytest.raises(checks.RecordingDisabled):
+        assert_calls(called, "gelu_tanh_python(x)", forbidden={"gelu"})
+    assert torch._C._len_torch_function_stack() == 0, "the recorder leaves PyTorch's mode stack as it found it"
+
+
+def test_an_honest_call_of_the_recorder_s_probe_function_is_recorded_not_tampering():
+    with record_torch_calls() as called:
+        torch.rad2deg(torch.ones(2))
+        _gelu_by_hand(torch.ones(2))
+    assert "rad2deg" in called and checks.RECORDING_OFF not in called, called
+    assert_calls(called, "f", forbidden={"gelu"})
+
+
+def test_carried_answers_are_kept_per_graded_submission():
+    first, second = {}, {}
+
+    def earlier_answer(n):  # the student's function as it is when its own question is graded
+        return 2 * n
+
+    checks.begin_cell(graded=True, kept=first)
+    checks.keep_carried("macs", earlier_answer, 3)
+    checks.end_cell()
+    checks.begin_cell(graded=True, kept=second)
+    checks.keep_carried("macs", lambda n: 1 / 0, 3)  # another submission's answer raises: nothing to carry
+    checks.end_cell()
+
+    def earlier_answer(n):  # noqa: F811 - redefined after it was graded: the kept value does not change
+        return 100
+
+    checks.begin_cell(graded=True, kept=first)
+    assert checks.kept_carried("macs") == 6, "a later question reads the answer as it was graded, in its own submission"
+    checks.end_cell()
+    checks.begin_cell(graded=True, kept=second)
+    assert checks.kept_carried("macs") is None, "a submission never sees another's carried answer"
+    checks.end_cell()
+    checks.begin_cell(graded=True, kept={})
+    assert checks.kept_carried("macs") is None, "a fresh submission starts with nothing carried"
+    checks.end_cell()
+    assert first == {"macs": 6} and second == {"macs": None}
+
+
+def _source_nb(cells: dict[str, tuple[float, str]]):
+    """A source notebook holding only autograded test cells: grade id -> (points, source)."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source, metadata={"nbgrader": {
+        "grade": True, "grade_id": gid, "locked": True, "points": points, "schema_version": 3, "solution": False,
+        "task": False}}) for gid, (points, source) in cells.items()]
+    return nb
+
+
+METHOD_CELL = ('with check("the value", weight=3):\n    pass\n'
+               'with check("three nested loops", weight=1, method=True):\n    pass\n')
+
+
+def _run(kind: str, cell: str, label: str, shares: dict[str, float]) -> dict:
+    """One prepared answer's run as the harness reports it: test cell -> [passed, failure, share]."""
+    return {"kind": kind, "cell": cell, "label": label, "answer_error": "",
+            "tests": {gid: [share == 1.0, "" if share == 1.0 else "FAILED", share] for gid, share in shares.items()}}
+
+
+def test_course_check_reports_every_break_of_the_order_of_grades():
+    nb = _source_nb({"q1_1_gemm_tests": (4, METHOD_CELL), "q1_2_mac_tests": (2, METHOD_CELL),
+                     "q1_3_io_tests": (4, METHOD_CELL), "q1_4_ai_tests": (2, 'with check("v", weight=1):\n    pass\n')})
+    harness = {"variants": [
+        _run("skip", "q1_1_gemm", "A @ B", {"q1_1_gemm_tests": 0.75}),  # 3 of 4: more than a quarter
+        _run("wrong", "q1_1_gemm", "off by one", {"q1_1_gemm_tests": 0.5}),
+        _run("skip", "q1_2_mac", "torch.einsum", {"q1_2_mac_tests": 0.25}),  # 0.5: at the cap, but not below...
+        _run("wrong", "q1_2_mac", "a wrong count", {"q1_2_mac_tests": 0.2}),  # ...this mistake's 0.4
+        _run("wrong", "q1_3_io", "bytes of one operand", {"q1_3_io_tests": 0.5}),  # q1_3 has no skip
+        _run("wrong", "q1_4_ai", "flops for macs", {"q1_4_ai_tests": 0.0}),  # no method: nothing required
+        {"kind": "skip", "cell": "q9_9_gone", "label": "stale", "error": "no cell 'q9_9_gone'"},
+    ]}
+    orders = course_check.order_of_grades(nb, harness)
+    assert (orders["q1_1"].skips, orders["q1_1"].mistakes) == ({"A @ B": 3.0}, {"off by one": 2.0})
+    assert orders["q1_1"].method and not orders["q1_4"].method
+    problems = [str(p) for p in course_check.order_problems("lab9", orders, harness)]
+    expected = [
+        "lab9: labs/lab9/variants.py: the skip answer 'stale' replaces cell 'q9_9_gone', which the lab does not have",
+        "lab9: Question 1.1, order of grades: the skip 'A @ B' earns 3 of 4, more than a quarter (1)",
+        "lab9: Question 1.1, order of grades: the skip 'A @ B' earns 3, not less than the one-mistake answer "
+        "'off by one' (2)",
+        "lab9: Question 1.2, order of grades: the skip 'torch.einsum' earns 0.5, not less than the one-mistake "
+        "answer 'a wrong count' (0.4)",
+        "lab9: Question 1.3, order of grades: it prescribes a method (check(..., method=True)) but "
+        "labs/lab9/variants.py has no answer in SKIPS",
+    ]
+    for text in expected:
+        assert any(problem.startswith(text) for problem in problems), f"missing {text!r} in {problems}"
+    assert len(problems) == len(expected), problems
+    table = course_check.question_table({}, orders)
+    assert "skip  mistake" in table.splitlines()[0] and "Question 1.1" in table, table
+    assert table.splitlines()[1].split()[-2:] == ["3", "2"], f"the most a skip earns and the least a mistake earns:\n{table}"
+
+    fixed = {"variants": [_run("skip", "q1_1_gemm", "A @ B", {"q1_1_gemm_tests": 0.25}),
+                          _run("wrong", "q1_1_gemm", "off by one", {"q1_1_gemm_tests": 0.5}),
+                          _run("skip", "q1_2_mac", "torch.einsum", {"q1_2_mac_tests": 0.1}),
+                          _run("wrong", "q1_2_mac", "a wrong count", {"q1_2_mac_tests": 0.2}),
+                          _run("skip", "q1_3_io", "no tiling", {"q1_3_io_tests": 0.0}),
+                          _run("wrong", "q1_3_io", "bytes of one operand", {"q1_3_io_tests": 0.5})]}
+    assert course_check.order_problems("lab9", course_check.order_of_grades(nb, fixed), fixed) == [], (
+        "skips at or under a quarter and under every mistake keep the order")
+
+
+def test_course_check_says_when_a_lab_has_no_prepared_answers(tmp_path, capsys):
+    assert course_check.check_order("lab0", tmp_path, None) == ([], None)
+    assert "no labs/lab0/variants.py: the order of grades is not checked" in capsys.readouterr().out
 
 
 def test_the_device_probe_sees_a_result_made_without_the_input_s_device():

@@ -546,7 +546,7 @@ def record_torch_calls():
             self.canaries = 0
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func is canary:
+            if func is canary and args and args[0] is probe:  # the student's own rad2deg calls are recorded
                 self.canaries += 1
             else:
                 self.names.add(getattr(func, "__name__", repr(func)))
@@ -554,14 +554,19 @@ def record_torch_calls():
 
     names: set = set()
     recorder, probe = _Recorder(names), torch.zeros(())
-    with recorder:
+    recorder.__enter__()
+    try:
         canary(probe)
+        yield names
+    finally:
+        canary(probe)
+        if recorder.canaries != 2:  # the mode was not entered, or was popped while the block ran
+            names.add(RECORDING_OFF)
         try:
-            yield names
-        finally:
-            canary(probe)
-            if recorder.canaries != 2:  # the mode was not entered, or was popped while the block ran
-                names.add(RECORDING_OFF)
+            recorder.__exit__(None, None, None)
+        except RuntimeError:  # the mode stack was emptied under the recorder: reported above, not a crash of the test
+            if RECORDING_OFF not in names:
+                raise
 
 
 def assert_on_input_device(fn, args, device, what: str, outputs: int = 1) -> None:

@@ -19,7 +19,6 @@ what a case may keep:
 """
 from __future__ import annotations
 
-import ast
 import copy
 import math
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from typing import Callable
 
 import nbformat
 
+from course.check import check_blocks as check_weights  # (name, weight, method) of a test cell's checks
 from course.nbgrader_ext import RECORDS_CALLS
 from course.notebooks import cell_points, grade_id, is_autograded_test, replace_cell_source
 
@@ -42,24 +42,6 @@ class BoundaryCase:
     keeps: dict[str, tuple[str, ...]] = field(default_factory=dict)  # cell -> names of checks its wrong answer passes
     loses: dict[str, tuple[str, ...]] = field(default_factory=dict)  # cell -> names of the only checks it fails
     bypasses_recording: bool = False  # the static scan finds code that can switch off call recording
-
-
-def check_weights(source: str) -> list[tuple[str, float, bool]]:
-    """(name, weight, method) of each ``with check(name, weight=w, method=m):`` block of a test cell's source, in
-    order."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, (ast.With, ast.AsyncWith)):
-            continue
-        for item in node.items:
-            call = item.context_expr
-            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "check":
-                weight = next((k.value for k in call.keywords if k.arg == "weight"),
-                              call.args[1] if len(call.args) > 1 else ast.Constant(1))
-                method = next((k.value for k in call.keywords if k.arg == "method"), ast.Constant(False))
-                found.append((ast.literal_eval(call.args[0]), float(ast.literal_eval(weight)),
-                              bool(ast.literal_eval(method))))
-    return found
 
 
 def kept_points(source: str, points: float, kept: tuple[str, ...], where: str = "", lost: bool = False) -> float:
