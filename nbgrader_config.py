@@ -51,6 +51,7 @@ try:
     from course.sanitize import SanitizeNotebook, clean_html, markdown2html
     from course.sandbox import configure_sandbox
     from course.settings import apply_environment
+    from course.ta_view import KeepStudentRun, ShowMarkSchemes, StripMarkSchemes
 except Exception as exc:  # noqa: BLE001  (any failure to load the course's extensions stops nbgrader)
     _refuse(exc)
 
@@ -108,8 +109,14 @@ c.Autograde.sanitize_preprocessors = [
 # maximum is its core 100), reading the points from the course's source/ notebook, never from the submission.
 c.Autograde.autograde_preprocessors = [
     GuardedExecute, IgnorePattern, DropTestResults, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
-    AwardBonusPoints, AssignLatePenalties, CheckCellMetadata, SanitizeNotebook,
+    AwardBonusPoints, AssignLatePenalties, CheckCellMetadata, KeepStudentRun, ShowMarkSchemes, SanitizeNotebook,
 ]
+# The TA grades what the student saw (course/ta_view.py, docs/GRADING.md), after every step that scores: each code cell
+# that is not a test shows, below the grader's re-run, the outputs of the student's own notebook in submitted/
+# ("the student's run", sanitized, at most these many bytes per cell and per notebook), and each manually graded cell
+# is followed by its mark scheme from source/ (the formgrader shows it; feedback removes it: StripMarkSchemes).
+c.KeepStudentRun.max_cell_bytes = 1 << 20
+c.KeepStudentRun.max_notebook_bytes = 8 << 20
 
 # Late submissions: a submission whose timestamp.txt is after the lab's due date in the gradebook (nbgrader db
 # assignment add LAB --duedate="2025-03-01 23:59 Europe/Paris") loses points at autograde by this policy: "none",
@@ -123,8 +130,11 @@ c.LatePenalty.percent_per_day = 10.0
 # names; swap in ZIP_COLLECT_PATTERNS["moodle"] or ["blackboard"] for those LMSs.
 c.FileNameCollectorPlugin.named_regexp = ZIP_COLLECT_PATTERNS["canvas"]
 
-# Feedback never shows hidden test source, nor what test cells printed besides their failed checks and error message.
-c.GenerateFeedback.preprocessors = [GetGrades, ShowBonusPoints, CSSHTMLHeaderPreprocessor, StripHiddenTests, SanitizeNotebook]
+# Feedback never shows hidden test source, nor what test cells printed besides their failed checks and error message,
+# nor the mark schemes autograde put beside the answers.
+c.GenerateFeedback.preprocessors = [
+    GetGrades, ShowBonusPoints, CSSHTMLHeaderPreprocessor, StripMarkSchemes, StripHiddenTests, SanitizeNotebook,
+]
 
 # Nothing a student writes runs script in a browser (course/sanitize.py): SanitizeNotebook, last in autograde,
 # makes the autograded notebook safe; every HTML export (the formgrader's page of a submission, feedback) runs it
