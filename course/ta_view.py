@@ -131,7 +131,7 @@ def within_cap(outputs: list[dict], cap: int) -> tuple[list[dict], int]:
 
 def run_label(text: str, colour: str) -> dict:
     """A label output that heads one group of a cell's outputs (sanitized like any output: a styled ``div``)."""
-    html = f'<div style="border-top: 2px solid {colour}; padding-left: 4px; font-weight: bold">{escape(text)}</div>'
+    html = f'<div style="border-top: 2px solid {colour}; padding-left: 4px; font-weight: bold">{escape(text, quote=False)}</div>'
     return {"output_type": "display_data", "data": {"text/html": html, "text/plain": f"--- {text} ---"},
             "metadata": {}}
 
@@ -185,9 +185,10 @@ def mark_schemes(source_nb) -> dict[str, str]:
     scheme is written as comments: their ``#`` goes)."""
     schemes = {}
     for cell in source_nb.cells:
-        lines = region_lines(cell.source, MARK_SCHEME_BEGIN, MARK_SCHEME_END)
-        if cell.cell_type == "code":
-            lines = [re.sub(r"^\s*# ?", "", line) for line in lines]
+        text = cell.source
+        if cell.cell_type == "code":  # its delimiters are comments too: "# === BEGIN MARK SCHEME ==="
+            text = "\n".join(re.sub(r"^\s*# ?", "", line) for line in text.splitlines())
+        lines = region_lines(text, MARK_SCHEME_BEGIN, MARK_SCHEME_END)
         if (gid := grade_id(cell)) and "".join(lines).strip():
             schemes[gid] = "\n".join(lines).strip("\n")
     return schemes
