@@ -1,8 +1,11 @@
 """Every lab: the pre-release gate, prepared answers against the hidden tests, and grading through nbgrader.
 
-- ``check``: lint, reference solution full autograded marks, blank release zero.
-- Prepared answers (``labs/<lab>/variants.py``): each correct answer written differently from the
-  reference passes every test; each plausible wrong answer fails its own question's tests and nothing else.
+- ``check``: lint, reference solution full autograded marks, blank release zero, and the order of grades on the
+  prepared answers (a skip earns at most a quarter and less than any one-mistake answer), from the one harness run
+  the other tests use.
+- Prepared answers (``labs/<lab>/variants.py``, tried by course/harness.py): each correct answer written differently
+  from the reference passes every test; each plausible wrong answer, and each answer that skips the prescribed
+  method, fails its own question's tests and nothing else.
 - A mixed submission (alternatives on every other autograded question, wrong answers on the rest) earns exactly
   the expected autograded score through ``nbgrader autograde``.
 - The demo round earns its exact expected scores.
@@ -10,16 +13,14 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import re
-import subprocess
-import sys
 
 import pytest
 
 from course import check, demo
 from course.grade import grade_lab
+from course.harness import load_variants, run_harness, variants_path
 from course.nbgrader_ext import RECORDS_CALLS
 from course.nbgrader_run import make_course_dir
 from course.notebooks import (
@@ -40,15 +41,11 @@ from course.paths import REPO_ROOT, discover_labs
 from course.scan import recording_bypass_flags
 
 LABS = discover_labs(REPO_ROOT)
-VARIANT_LABS = [lab for lab in LABS if (REPO_ROOT / "labs" / lab / "variants.py").exists()]
+VARIANT_LABS = [lab for lab in LABS if variants_path(lab).exists()]
 
 
-def load_variants(lab: str):
-    path = REPO_ROOT / "labs" / lab / "variants.py"
-    spec = importlib.util.spec_from_file_location(f"{lab}_variants", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.ALTERNATIVES, module.WRONG
+def variants(lab: str):
+    return load_variants(variants_path(lab))
 
 
 def source_nb(lab: str):
@@ -58,27 +55,25 @@ def source_nb(lab: str):
 DEMO_LAB = "lab1"  # the lab `course demo` grades
 
 
-@pytest.mark.parametrize("lab", LABS)
-def test_check_reference_full_marks_blank_zero(lab):
-    # The demo (test_demo_round_exact_scores) autogrades this lab's reference and blank release through the same
-    # grade_lab, and requires exactly the full and the zero autograded total, which holds only when every test cell
-    # of the reference earns its points and none of the blank's does: grading them a second time here would add two
-    # full Lab 1 gradings and test nothing more. check's lint still runs here.
-    problems = check.check_lab(lab, REPO_ROOT, execute=lab != DEMO_LAB)
-    assert problems == [], "check must pass:\n" + "\n".join(map(str, problems))
+def test_every_lab_has_prepared_answers():
+    assert VARIANT_LABS == LABS, "every lab keeps its prepared answers in labs/<lab>/variants.py"
 
 
 @pytest.fixture(scope="module", params=VARIANT_LABS)
-def harness_result(request, tmp_path_factory):
-    lab = request.param
-    out = tmp_path_factory.mktemp(f"harness-{lab}") / "result.json"
-    proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tests" / "lab_harness.py"), lab,
-         str(REPO_ROOT / "labs" / lab / "variants.py"), str(out)],
-        capture_output=True, text=True, timeout=1800,
-    )
-    assert proc.returncode == 0, f"harness failed for {lab}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return lab, json.loads(out.read_text())
+def harness_result(request):
+    """One run of the harness per lab (a few minutes), shared by course check's order of grades and the tests below."""
+    return request.param, run_harness(request.param)
+
+
+def test_check_passes(harness_result):
+    # The demo (test_demo_round_exact_scores) autogrades this lab's reference and blank release through the same
+    # grade_lab, and requires exactly the full and the zero autograded total, which holds only when every test cell
+    # of the reference earns its points and none of the blank's does: grading them a second time here would add two
+    # full Lab 1 gradings and test nothing more. check's lint and its order of grades still run here, the latter on
+    # this module's harness result (check would otherwise run the harness a second time).
+    lab, result = harness_result
+    problems = check.check_lab(lab, REPO_ROOT, execute=lab != DEMO_LAB, harness=result)
+    assert problems == [], "check must pass:\n" + "\n".join(map(str, problems))
 
 
 def test_reference_runs_cleanly_in_one_process(harness_result):
@@ -90,10 +85,10 @@ def test_reference_runs_cleanly_in_one_process(harness_result):
 
 def test_every_autograded_question_has_prepared_answers(harness_result):
     lab, _ = harness_result
-    alternatives, wrong = load_variants(lab)
+    prepared = variants(lab)
     questions = set(autograded_points_by_question(source_nb(lab)))
-    covered_alt = {question_key(cell) for cell in alternatives}
-    covered_wrong = {question_key(cell) for cell in wrong}
+    covered_alt = {question_key(cell) for cell in prepared.alternatives}
+    covered_wrong = {question_key(cell) for cell in prepared.wrong}
     assert questions - covered_alt == set(), f"{lab}: questions without a correct alternative answer"
     assert questions - covered_wrong == set(), f"{lab}: questions without a plausible wrong answer"
 
@@ -119,8 +114,7 @@ def code_hints_by_question(nb) -> dict[str, list[str]]:
 def test_every_code_hint_is_followed_by_a_prepared_answer(lab):
     # A hint students follow literally must pass the hidden tests: each question whose text gives a code hint has an
     # answer in HINTS that follows it, which the harness runs like an alternative (it must pass everything).
-    path = REPO_ROOT / "labs" / lab / "variants.py"
-    spec = importlib.util.spec_from_file_location(f"{lab}_variants_hints", path)
+    spec = importlib.util.spec_from_file_location(f"{lab}_variants_hints", variants_path(lab))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     covered = {question_key(cell) for cell in getattr(module, "HINTS", {})}
@@ -143,20 +137,21 @@ def test_alternative_answers_pass_everything(harness_result):
     assert bad == [], f"{lab}: correct answers written differently are rejected:\n" + "\n".join(bad)
 
 
-def test_wrong_answers_fail_their_question_only(harness_result):
+def test_wrong_and_skipping_answers_fail_their_question_only(harness_result):
     lab, result = harness_result
     bad = []
     for run in result["variants"]:
-        if run["kind"] != "wrong":
+        if run["kind"] not in ("wrong", "skip"):
             continue
         assert "tests" in run, run
         question = question_key(run["cell"])
         own = {gid for gid in run["tests"] if question_key(gid) == question}
         failing = {gid for gid, (ok, _, _) in run["tests"].items() if not ok}
         if not own or not failing or not failing <= own:
-            bad.append(f"{run['cell']} [{run['label']}]: failed {sorted(failing)}, expected some of {sorted(own)} "
-                       "and nothing else")
-    assert bad == [], f"{lab}: wrong answers must lose points on their own question's tests only:\n" + "\n".join(bad)
+            bad.append(f"{run['kind']} {run['cell']} [{run['label']}]: failed {sorted(failing)}, expected some of "
+                       f"{sorted(own)} and nothing else")
+    assert bad == [], (f"{lab}: wrong and skipping answers must lose points on their own question's tests only:\n"
+                       + "\n".join(bad))
 
 
 def mixed_submission(lab: str, harness: dict):
@@ -167,7 +162,8 @@ def mixed_submission(lab: str, harness: dict):
     answer shows: when the static scan finds code that can switch off the recording of torch calls (a wrong answer
     that tampers, Lab 2's B4.4 say), every test cell that records calls scores zero (docs/SECURITY.md, static scan),
     the alternatives' included."""
-    alternatives, wrong = load_variants(lab)
+    prepared = variants(lab)
+    alternatives, wrong = prepared.alternatives, prepared.wrong
     src = source_nb(lab)
     release = read_notebook(REPO_ROOT / "release" / lab / f"{lab}.ipynb")
     nb = make_submission(release, src)
@@ -182,7 +178,7 @@ def mixed_submission(lab: str, harness: dict):
     for position, question in enumerate(sorted(points, key=question_sort_key)):
         if position % 2 == 0 or question in carries:
             per_cell.update({gid: p for gid, p in cell_points.items() if question_key(gid) == question})
-            chosen = {cell: sources[0] for cell, sources in alternatives.items() if question_key(cell) == question}
+            chosen = {cell: pairs[0][1] for cell, pairs in alternatives.items() if question_key(cell) == question}
         else:
             # One wrong answer per question, in its first solution cell that has one: the harness measured each wrong
             # answer alone, so two wrong cells of one question (Lab 3's cache and decode step) would not add up.
