@@ -120,21 +120,44 @@ print_environment_report("lab1")
 # %% nbgrader={"grade": false, "grade_id": "test_helpers", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["test-helpers"]
 # Used by the test cells below: run this cell, and do not redefine what it defines. When grading, the tests run
 # outside your kernel with the grader's own copy of this cell. Answers are compared through checks.py, which also
-# holds the carry-forward (carried, assert_or_carried) and the device rule (assert_on_input_device).
+# holds the carry-forward (carried, assert_or_carried, keep_carried, kept_carried) and the device rule
+# (assert_on_input_device).
+
+
+ROOFLINE_NS = (1024, 2048, 4096, 8192)  # the N of Questions 2.1.1 and 2.2
 
 
 @kernel_side
-def own_gemm_counts(sizes, columns):
-    """In the kernel: (gemm_mac(A, B), gemm_io(A, B)) of float32 meta tensors A (N, N) and B (N, columns or N),
-    by N; None when they raise (the student's answers of Questions 1.3 and 1.4, for carry-forward)."""
+def own_gemm_counts(function, sizes):
+    """In the kernel: the student's gemm_mac (function "gemm_mac") or gemm_io ("gemm_io") of float32 meta tensors,
+    A (N, N) times B (N, N) and times x (N, 1): {N: (count of the GEMM, count of the GEMV)}; None when it raises.
+
+    Questions 1.3 and 1.4 call it while they grade those answers, and keep what it returns for Questions 2.1.1 and
+    2.2 (carry-forward of the answers as graded: checks.keep_carried)."""
     import torch
 
+    own = gemm_mac if function == "gemm_mac" else gemm_io
     try:
-        return {n: (gemm_mac(torch.empty(n, n, device="meta"), torch.empty(n, columns or n, device="meta")),
-                    gemm_io(torch.empty(n, n, device="meta"), torch.empty(n, columns or n, device="meta")))
+        return {n: tuple(own(torch.empty(n, n, device="meta"), torch.empty(n, columns, device="meta"))
+                         for columns in (n, 1))
                 for n in sizes}
     except Exception:  # noqa: BLE001 - no earlier answer to carry forward
         return None
+
+
+def keep_gemm_counts(function):
+    """Keep the counts of the student's gemm_mac or gemm_io (own_gemm_counts), as whole numbers, for the
+    carry-forward of Questions 2.1.1 and 2.2 (None when they raise or are not whole numbers)."""
+    own = own_gemm_counts(function, ROOFLINE_NS)
+    keep_carried(f"{function} on meta tensors",
+                 lambda: {n: tuple(as_integer(count, function) for count in own[n]) for n in ROOFLINE_NS})
+
+
+def carried_intensities(which):
+    """The intensities 2 * MACs / bytes (which: 0 for the GEMMs, 1 for the GEMVs) from the student's gemm_mac and
+    gemm_io as Questions 1.3 and 1.4 graded them (None when either is missing)."""
+    macs, io = kept_carried("gemm_mac on meta tensors"), kept_carried("gemm_io on meta tensors")
+    return carried(lambda: {n: 2 * macs[n][which] / io[n][which] for n in ROOFLINE_NS})
 
 # %% [markdown]
 # # Part 1: Fundamental metrics: latency, MACs and I/O
@@ -159,6 +182,8 @@ def own_gemm_counts(sizes, columns):
 #   `tensordot`, `dot`, `inner`, `outer`, `mv`, `linear`, `addmm`, NumPy's equivalents, nor any of these
 #   reached through an alias or `getattr`; no vectorised reduction such as `tensor.sum()` either;
 # - write the loops inside `gemm` itself (no helper function);
+# - an answer that breaks either rule above (it hands the product to the library) earns at most a quarter of
+#   the points;
 # - the result has shape `(N, M)` and the same `dtype` and `device` as `A` (create it on `A.device`: the tests
 #   check this on a CPU too, with PyTorch's default device changed); it must match a float64 product to
 #   `1e-4` (largest absolute error) for `float32` inputs of a few dozen elements, and to `1e-10` for `float64`.
@@ -272,7 +297,9 @@ def _q1_1_hidden_tests():
         A, B = (t.to(DEVICE) for t in inputs((6, 5), (5, 4), torch.float32, 17)[:2])
         assert_on_input_device(gemm, (A, B), A.device, "gemm(A, B)")
 
-    with check("uses no library product or reduction (@, matmul, mm, einsum, dot, .sum(), ...), however reached", weight=1):
+    # The method of the question: when either check fails the cell earns at most a quarter (checks.SKIPPED_METHOD_SHARE).
+    with check("uses no library product or reduction (@, matmul, mm, einsum, dot, .sum(), ...), however reached", weight=1,
+               method=True):
         for instructions in gemm_bytecode():  # static: gemm's compiled code
             for opname, name, _, _, argrepr, _ in instructions:
                 assert not (opname == "BINARY_MATRIX_MULTIPLY" or (opname == "BINARY_OP" and argrepr.startswith("@"))), (
@@ -293,7 +320,8 @@ def _q1_1_hidden_tests():
             assert_calls(called, "gemm (a product of three nested loops, one multiply-add at a time)",
                          forbidden=forbidden)
 
-    with check("computes C with three nested loops (over i, j and k) written inside gemm itself", weight=1):
+    with check("computes C from A and B with three nested loops (over i, j and k) written inside gemm itself", weight=1,
+               method=True):
         listing = gemm_bytecode()
 
         def loop_depth(which):
@@ -317,6 +345,12 @@ def _q1_1_hidden_tests():
         assert depth >= 3, (
             "gemm must compute C with three nested loops (over i, j and k) written inside gemm itself; "
             f"found a loop nesting depth of {depth}")
+        # Loops that compute nothing are not the method: C must change when A or when B changes.
+        A, B, _ = inputs((4, 3), (3, 5), torch.float64, 18)
+        C = as_tensor(gemm(A, B), "gemm(A, B)")
+        for changed, A_in, B_in in (("A", A + 1, B), ("B", A, B + 1)):
+            assert not torch.equal(C, as_tensor(gemm(A_in, B_in), "gemm(A, B)")), (
+                f"gemm must compute C from A and B: its result did not change when {changed} changed")
 
 
 _q1_1_hidden_tests()
@@ -414,6 +448,8 @@ for trial in range(5):
 # - return the **mean** time of one timed call (not the median or the minimum), in **seconds**, as a number (a
 #   Python `float` is simplest): the warm-up calls are not part of it, neither in the timed interval nor in the
 #   average;
+# - write the timing yourself: not with a routine that does it for you (`benchmark_latency` from `utils`,
+#   `torch.utils.benchmark`); an answer that hands it over earns at most a quarter of the points;
 # - time with `time.perf_counter()` and synchronise with `synchronize_device()` from above: call it after the
 #   warm-up, before you start the clock (so that the warm-up's queued work is not timed), and after the timed
 #   call(s), before you read the clock (so that their queued work is). On a GPU this is what makes the timing see
@@ -593,6 +629,59 @@ def _q1_2_hidden_tests():
         assert_mean_of_timed_calls(run_latency(True, warmup, repeat, warmup_s, [0.002]),
                                    "a function whose work is queued as on a GPU and runs at synchronize_device()")
 
+    timing_routines = {"benchmark_latency", "do_bench", "benchmark"}  # utils', Triton's, torch.utils.benchmark
+
+    @kernel_side
+    def latency_names():
+        """In the kernel: the global and attribute names and the string constants of latency's compiled code (and
+        of the code objects nested in it), sorted (best effort: it reads the kernel's latency)."""
+        import inspect
+
+        codes, names = [latency.__code__], set()
+        for code in codes:  # grows while it is walked
+            codes += [const for const in code.co_consts if inspect.iscode(const)]
+            names |= set(code.co_names) | {const for const in code.co_consts if type(const) is str}
+        return sorted(names)
+
+    @kernel_side
+    def latency_of_sleeps(durations_s):
+        """In the kernel: latency(fn, warmup=1, repeat=2) of a function that sleeps durations_s[i] seconds, for each
+        i; and whether latency called the notebook's benchmark_latency (under any name bound to it)."""
+        import time
+
+        namespace = latency.__globals__
+        routine = namespace.get("benchmark_latency")
+        aliases = [name for name, value in list(namespace.items()) if routine is not None and value is routine]
+        used = []
+
+        def stand_in(*args, **kwargs):
+            used.append(True)
+            return routine(*args, **kwargs)
+
+        for name in aliases:
+            namespace[name] = stand_in
+        try:
+            results = [latency(lambda: time.sleep(seconds), warmup=1, repeat=2) for seconds in durations_s]
+        finally:
+            for name in aliases:
+                namespace[name] = routine
+        return results, bool(used)
+
+    # The method of the question: when it fails the cell earns at most a quarter (checks.SKIPPED_METHOD_SHARE).
+    with check("times the calls itself (no timing routine such as benchmark_latency or torch.utils.benchmark): "
+               "its result grows with the time fn takes", weight=3, method=True):
+        used = sorted(set(latency_names()) & timing_routines)
+        assert not used, (f"latency must time the calls itself with time.perf_counter() (the question's method), "
+                          f"not with {used}")
+        (fast, slow), routine_called = latency_of_sleeps([0.0, 0.02])
+        assert not routine_called, ("latency must time the calls itself with time.perf_counter() (the question's "
+                                    "method), not call benchmark_latency")
+        fast, slow = as_real(fast, "latency of a function that returns at once"), as_real(
+            slow, "latency of a function that sleeps 20 ms")
+        assert slow > fast, (
+            f"latency must measure fn: a function that sleeps 20 ms per call got {slow!r}, one that returns at once "
+            f"{fast!r}")
+
 
 _q1_2_hidden_tests()
 del _q1_2_hidden_tests
@@ -699,6 +788,8 @@ def _q1_3_hidden_tests():
                      ((257, 129), (129, 65), torch.float64)])
         assert_macs([((512, 512), (512, 512), torch.float32), ((6, 17), (17, 1), torch.float32)], device="meta")
 
+    keep_gemm_counts("gemm_mac")  # for Questions 2.1.1 and 2.2: gemm_mac as graded here
+
 
 _q1_3_hidden_tests()
 del _q1_3_hidden_tests
@@ -769,6 +860,8 @@ def _q1_4_hidden_tests():
         assert_bytes([((7, 3), (3, 5), torch.float16), ((5, 9), (9, 2), torch.bfloat16), ((6, 6), (6, 11), torch.float64)])
         assert_bytes([((512, 512), (512, 512), torch.float32), ((10, 4), (4, 1), torch.bfloat16)], device="meta")
 
+    keep_gemm_counts("gemm_io")  # for Questions 2.1.1 and 2.2: gemm_io as graded here
+
 
 _q1_4_hidden_tests()
 del _q1_4_hidden_tests
@@ -838,21 +931,19 @@ for n in roofline_sizes:
 print({n: round(ai, 1) for n, ai in gemm_intensity_by_n.items()})
 
 # %% nbgrader={"grade": true, "grade_id": "q2_1_1_intensity_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-with check("gemm_intensity_by_n is a dict with the keys 1024, 2048, 4096, 8192", weight=1):
-    assert set(as_dict(gemm_intensity_by_n, "gemm_intensity_by_n")) == {1024, 2048, 4096, 8192}, (
-        f"gemm_intensity_by_n must have the keys 1024, 2048, 4096, 8192, got {list(gemm_intensity_by_n)}")
+# The keys the question gives earn nothing by themselves: without them the cell scores zero (outside any check).
+assert set(as_dict(gemm_intensity_by_n, "gemm_intensity_by_n")) == {1024, 2048, 4096, 8192}, (
+    f"gemm_intensity_by_n must have the keys 1024, 2048, 4096, 8192, got {list(gemm_intensity_by_n)}")
 ### BEGIN HIDDEN TESTS
 def _q2_1_1_hidden_tests():
-    sizes = (1024, 2048, 4096, 8192)
+    sizes = ROOFLINE_NS
     formula = "FLOPs / bytes = 2N^3 / (4 * 3N^2) FLOP/byte (fp32, read A and B, write C)"
     with check("each value is the arithmetic intensity 2N^3 / (4 * 3N^2) FLOP/byte (to a relative 1e-5); built from "
                "your own gemm_mac and gemm_io, a mistake of theirs is not charged again", weight=2):
-        own = own_gemm_counts(sizes, None)
         assert_or_carried(
             lambda values: assert_reals_by_key(gemm_intensity_by_n, values, "gemm_intensity_by_n", formula=formula),
             {n: (2 * n ** 3) / (4 * 3 * n ** 2) for n in sizes},
-            carried(lambda: {n: 2 * as_integer(own[n][0], "gemm_mac") / as_integer(own[n][1], "gemm_io")
-                             for n in sizes}),
+            carried_intensities(0),  # your gemm_mac and gemm_io as Questions 1.3 and 1.4 graded them
             carried_from="your gemm_mac and gemm_io")
 
 
@@ -961,8 +1052,9 @@ def _compute_bound_n(name):
     return value
 
 
-with check("gemm_compute_bound_n('A6000') returns a whole number", weight=1):
-    as_integer(_compute_bound_n("A6000"), "gemm_compute_bound_n('A6000')")
+# A whole number is what the question asks for: it earns nothing by itself (outside any check), the hidden checks
+# of its value earn the points.
+as_integer(_compute_bound_n("A6000"), "gemm_compute_bound_n('A6000')")
 ### BEGIN HIDDEN TESTS
 def _q2_1_2_hidden_tests():
     def assert_threshold(name):
@@ -1032,21 +1124,19 @@ for n in roofline_sizes:
 print({n: round(ai, 4) for n, ai in gemv_intensity_by_n.items()})
 
 # %% nbgrader={"grade": true, "grade_id": "q2_2_intensity_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-with check("gemv_intensity_by_n is a dict with the keys 1024, 2048, 4096, 8192", weight=1):
-    assert set(as_dict(gemv_intensity_by_n, "gemv_intensity_by_n")) == {1024, 2048, 4096, 8192}, (
-        f"gemv_intensity_by_n must have the keys 1024, 2048, 4096, 8192, got {list(gemv_intensity_by_n)}")
+# The keys the question gives earn nothing by themselves: without them the cell scores zero (outside any check).
+assert set(as_dict(gemv_intensity_by_n, "gemv_intensity_by_n")) == {1024, 2048, 4096, 8192}, (
+    f"gemv_intensity_by_n must have the keys 1024, 2048, 4096, 8192, got {list(gemv_intensity_by_n)}")
 ### BEGIN HIDDEN TESTS
 def _q2_2_hidden_tests():
-    sizes = (1024, 2048, 4096, 8192)
+    sizes = ROOFLINE_NS
     formula = "2N^2 / (4 (N^2 + N + N)) FLOP/byte (fp32, read A and x, write y)"
     with check("each value is the arithmetic intensity 2N^2 / (4 (N^2 + 2N)) FLOP/byte (to a relative 1e-5); built "
                "from your own gemm_mac and gemm_io, a mistake of theirs is not charged again", weight=2):
-        own = own_gemm_counts(sizes, 1)
         assert_or_carried(
             lambda values: assert_reals_by_key(gemv_intensity_by_n, values, "gemv_intensity_by_n", formula=formula),
             {n: (2 * n ** 2) / (4 * (n ** 2 + 2 * n)) for n in sizes},
-            carried(lambda: {n: 2 * as_integer(own[n][0], "gemm_mac") / as_integer(own[n][1], "gemm_io")
-                             for n in sizes}),
+            carried_intensities(1),  # your gemm_mac and gemm_io as Questions 1.3 and 1.4 graded them
             carried_from="your gemm_mac and gemm_io")
 
 
@@ -1386,7 +1476,8 @@ def calc_mlp_flops(B, L, D, I):
 #
 # with `q` of shape `(B, H, L_q, d)` and `k`, `v` of shape `(B, H, L_kv, d)`; the output has shape
 # `(B, H, L_q, d)` and `q`'s dtype and device. You may use `torch.matmul`/`@`, `torch.softmax` and elementwise
-# operations, but not `torch.nn.functional.scaled_dot_product_attention` or another attention routine.
+# operations, but not `torch.nn.functional.scaled_dot_product_attention` or another attention routine (an answer
+# that calls one earns at most a quarter of the points).
 # - The softmax runs over the keys (the last dimension of the scores), and must be numerically stable for
 #   large scores (`torch.softmax` is; if you write your own, subtract the row maximum first).
 # - `attn_mask` is optional and follows PyTorch's convention: it broadcasts to `(B, H, L_q, L_kv)`; a **boolean**
@@ -1512,12 +1603,23 @@ def _q3_1_1_hidden_tests():
         assert_on_input_device(scaled_dot_product_attention, (q, k, v, mask), q.device,
                                "scaled_dot_product_attention(q, k, v, attn_mask)")
 
-    with check("implements attention itself (no scaled_dot_product_attention or other attention routine)", weight=1):
+    # The method of the question: when it fails the cell earns at most a quarter (checks.SKIPPED_METHOD_SHARE).
+    with check("implements attention itself (no scaled_dot_product_attention or other attention routine), computing "
+               "its output from q, k and v", weight=3, method=True):
+        outputs = {}
         for mask_kind in (None, "bool", "float"):
             q, k, v, mask = inputs((2, 3, 4, 8), (2, 3, 6, 8), torch.float32, 39, mask_kind=mask_kind)
-            _, called = attention_recorded(q, k, v, mask)
+            outputs[mask_kind], called = attention_recorded(q, k, v, mask)
             banned = sorted(n for n in called if "scaled_dot_product" in n or "multi_head_attention" in n or "flash" in n)
             assert_calls(called, "scaled_dot_product_attention (implement attention yourself)", forbidden=banned)
+        # Code that computes nothing is not the method: the output must change when q, k or v changes.
+        q, k, v, _ = inputs((2, 3, 4, 8), (2, 3, 6, 8), torch.float32, 39)
+        q2, k2, v2, _ = inputs((2, 3, 4, 8), (2, 3, 6, 8), torch.float32, 40)
+        out = as_tensor(outputs[None], "scaled_dot_product_attention(q, k, v)")
+        for changed, args in (("q", (q2, k, v)), ("k", (q, k2, v)), ("v", (q, k, v2))):
+            assert not torch.equal(out, as_tensor(scaled_dot_product_attention(*args), "scaled_dot_product_attention")), (
+                f"scaled_dot_product_attention must compute its output from q, k and v: it did not change when "
+                f"{changed} changed")
 
 
 _q3_1_1_hidden_tests()
@@ -2129,8 +2231,8 @@ plt.show()
 # Vary the batch size `B` of the decode stage (one new token per sequence, `L = 1`).
 #
 # **(a) Code, 1 point.** Fill `decode_mlp_intensity_by_batch`: `B` -> arithmetic intensity (FLOP/byte) of the
-# Gemma-3 270M MLP for one decode step, for every `B` in `decode_batch_sizes`, using `calc_mlp_flops` and
-# `calc_mlp_io`. Values are accepted to a relative `1e-5` (float32 arithmetic is fine).
+# Gemma-3 270M MLP for one decode step, for every `B` in `decode_batch_sizes` (`calc_mlp_flops` and
+# `calc_mlp_io` give the FLOPs and the bytes). Values are accepted to a relative `1e-5` (float32 arithmetic is fine).
 
 # %% nbgrader={"grade": false, "grade_id": "q3_4_2_intensity", "locked": false, "schema_version": 3, "solution": true, "task": false}
 decode_batch_sizes = [1, 4, 16, 64]
@@ -2144,9 +2246,9 @@ for b in decode_batch_sizes:
 print({b: round(ai, 2) for b, ai in decode_mlp_intensity_by_batch.items()})
 
 # %% nbgrader={"grade": true, "grade_id": "q3_4_2_intensity_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-with check("decode_mlp_intensity_by_batch is a dict with the keys 1, 4, 16, 64", weight=1):
-    assert set(as_dict(decode_mlp_intensity_by_batch, "decode_mlp_intensity_by_batch")) == {1, 4, 16, 64}, (
-        f"decode_mlp_intensity_by_batch must have the keys 1, 4, 16, 64, got {list(decode_mlp_intensity_by_batch)}")
+# The keys the question gives earn nothing by themselves: without them the cell scores zero (outside any check).
+assert set(as_dict(decode_mlp_intensity_by_batch, "decode_mlp_intensity_by_batch")) == {1, 4, 16, 64}, (
+    f"decode_mlp_intensity_by_batch must have the keys 1, 4, 16, 64, got {list(decode_mlp_intensity_by_batch)}")
 ### BEGIN HIDDEN TESTS
 def _q3_4_2_hidden_tests():
     d, i = GEMMA3_270M_CONFIG.hidden_size, GEMMA3_270M_CONFIG.intermediate_size
@@ -2224,9 +2326,9 @@ for length in prefill_lengths:
 print({length: round(ai, 2) for length, ai in prefill_mlp_intensity_by_len.items()})
 
 # %% nbgrader={"grade": true, "grade_id": "q3_4_3_intensity_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-with check("prefill_mlp_intensity_by_len is a dict with the keys 64, 256, 1024, 4096", weight=1):
-    assert set(as_dict(prefill_mlp_intensity_by_len, "prefill_mlp_intensity_by_len")) == {64, 256, 1024, 4096}, (
-        f"prefill_mlp_intensity_by_len must have the keys 64, 256, 1024, 4096, got {list(prefill_mlp_intensity_by_len)}")
+# The keys the question gives earn nothing by themselves: without them the cell scores zero (outside any check).
+assert set(as_dict(prefill_mlp_intensity_by_len, "prefill_mlp_intensity_by_len")) == {64, 256, 1024, 4096}, (
+    f"prefill_mlp_intensity_by_len must have the keys 64, 256, 1024, 4096, got {list(prefill_mlp_intensity_by_len)}")
 ### BEGIN HIDDEN TESTS
 def _q3_4_3_hidden_tests():
     d, i, b = GEMMA3_270M_CONFIG.hidden_size, GEMMA3_270M_CONFIG.intermediate_size, 32
@@ -2756,7 +2858,8 @@ if DEVICE.type == "cuda":
 # $$\text{GELU}(x) \approx 0.5\,x\left[1 + \tanh\left(\sqrt{\frac{2}{\pi}}\left(x + 0.044715\,x^3\right)\right)\right].$$
 #
 # Implement it with elementwise PyTorch operations: `torch.tanh`, powers, multiplications, additions,
-# `math.sqrt`/`math.pi` for the constant. Do not call a GeLU implementation (`F.gelu`, `nn.GELU`, ...). The
+# `math.sqrt`/`math.pi` for the constant. Do not call a GeLU implementation (`F.gelu`, `nn.GELU`, ...: an answer
+# that calls one earns at most a quarter of the points). The
 # output has the input's shape, dtype and device, and matches the formula computed in float64 to
 # `2e-6 + 1e-5 * |expected|` per element for `float32` inputs and `1e-12 * (1 + |expected|)` for `float64` ones.
 
@@ -2819,11 +2922,19 @@ def _q4_3_1_hidden_tests():
         x = inputs[1].to(DEVICE)
         assert_on_input_device(gelu_tanh_python, (x,), x.device, "gelu_tanh_python(x)")
 
-    with check("written from elementwise operations (no F.gelu, nn.GELU or other GeLU routine)", weight=1):
+    # The method of the question: when it fails the cell earns at most a quarter (checks.SKIPPED_METHOD_SHARE).
+    with check("written from elementwise operations (no F.gelu, nn.GELU or other GeLU routine), computing its output "
+               "from the input", weight=2, method=True):
+        outputs = []
         for x in inputs[1:3]:
-            _, called = gelu_recorded(x)
+            out, called = gelu_recorded(x)
+            outputs.append(out)
             assert_calls(called, "gelu_tanh_python (write GeLU from elementwise operations)",
                          forbidden=sorted(n for n in called if "gelu" in n.lower()))
+        # Code that computes nothing is not the method: the output must change when the input changes.
+        assert not torch.equal(as_tensor(outputs[0], "gelu_tanh_python(x)"),
+                               as_tensor(gelu_tanh_python(inputs[1] + 1), "gelu_tanh_python(x + 1)")), (
+            "gelu_tanh_python must compute its output from the input: it did not change when the input changed")
 
 
 _q4_3_1_hidden_tests()

@@ -95,40 +95,6 @@ def gemm(A, B):
 '''
 
 GEMM_WRONG = [
-    ("uses the @ operator", '''
-def gemm(A, B):
-    return A @ B
-'''),
-    ("calls matmul through getattr inside dummy loops", '''
-_product = getattr(torch, "mat" + "mul")
-
-def gemm(A, B):
-    out = None
-    for i in range(1):
-        for j in range(1):
-            for k in range(1):
-                out = _product(A, B)
-    return out
-'''),
-    ("calls matmul through an imported alias", '''
-from torch import matmul as times
-
-def gemm(A, B):
-    out = None
-    for i in range(1):
-        for j in range(1):
-            for k in range(1):
-                out = times(A, B)
-    return out
-'''),
-    ("vectorised inner loop with .sum()", '''
-def gemm(A, B):
-    C = torch.zeros(A.shape[0], B.shape[1], dtype=A.dtype, device=A.device)
-    for i in range(A.shape[0]):
-        for j in range(B.shape[1]):
-            C[i, j] = (A[i, :] * B[:, j]).sum()
-    return C
-'''),
     ("overwrites instead of accumulating", '''
 def gemm(A, B):
     a, b = A.tolist(), B.tolist()
@@ -185,6 +151,53 @@ def gemm(A, B):
             for k in range(K):
                 C[i, j] += A[i, k] * B[k, j]
     return C
+'''),
+]
+
+# Issue 50: answers that hand the product to the library (however reached) or replace the loop over k by a library
+# reduction skip what Question 1.1 asks: each must earn at most a quarter of it, and less than any one-mistake attempt.
+GEMM_SKIPS = [
+    ("uses the @ operator", '''
+def gemm(A, B):
+    return A @ B
+'''),
+    ("calls matmul through getattr inside dummy loops", '''
+_product = getattr(torch, "mat" + "mul")
+
+def gemm(A, B):
+    out = None
+    for i in range(1):
+        for j in range(1):
+            for k in range(1):
+                out = _product(A, B)
+    return out
+'''),
+    ("calls matmul through an imported alias", '''
+from torch import matmul as times
+
+def gemm(A, B):
+    out = None
+    for i in range(1):
+        for j in range(1):
+            for k in range(1):
+                out = times(A, B)
+    return out
+'''),
+    ("vectorised inner loop with .sum()", '''
+def gemm(A, B):
+    C = torch.zeros(A.shape[0], B.shape[1], dtype=A.dtype, device=A.device)
+    for i in range(A.shape[0]):
+        for j in range(B.shape[1]):
+            C[i, j] = (A[i, :] * B[:, j]).sum()
+    return C
+'''),
+    ("torch.matmul", '''
+def gemm(A, B):
+    return torch.matmul(A, B)
+'''),
+    ("torch.einsum", '''
+def gemm(A, B):
+    return torch.einsum("ik,kj->ij", A, B)
 '''),
 ]
 
@@ -278,12 +291,6 @@ def latency(fn, *args, warmup=10, repeat=100, **kwargs):
 LATENCY_WRONG = [
     ("times the warm-up calls too (one timer around everything, divided by repeat)", LATENCY_WARMUP_TIMED),
     ("averages over the warm-up and the timed calls", LATENCY_WARMUP_AVERAGED),
-    ("returns a made-up constant", """
-def latency(fn, *args, warmup=10, repeat=100, **kwargs):
-    for _ in range(warmup + repeat):
-        fn(*args, **kwargs)
-    return 0.001
-"""),
     ("returns milliseconds", _latency(result="sum(times) / len(times) * 1000")),
     ("returns the total of all timed calls", _latency(result="sum(times)")),
     ("drops the keyword arguments", _latency(kwargs="")),
@@ -311,6 +318,30 @@ def latency(fn, *args, warmup=10, repeat=100, **kwargs):
     ("returns the median of the timed calls", _latency(result="statistics.median(times)").replace(
         "def latency", "import statistics\n\ndef latency", 1)),
     ("returns the fastest timed call (minimum)", _latency(result="min(times)")),
+]
+
+# Issue 50: answers that hand the timing to a routine that does the whole job (the lab's own benchmark_latency, in
+# seconds and as a mean), or measure nothing at all, skip what Question 1.2 asks.
+LATENCY_SKIPS = [
+    ("calls utils.benchmark_latency (stat=\"mean\", converted to seconds)", """
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    return benchmark_latency(fn, *args, n_warmup=warmup, n_repeat=repeat, stat="mean", **kwargs) / 1e3
+"""),
+    ("calls benchmark_latency through an alias, synchronising around it", """
+_timer = benchmark_latency
+
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    synchronize_device()
+    result = _timer(fn, *args, n_warmup=warmup, n_repeat=repeat, stat="mean", **kwargs)
+    synchronize_device()
+    return result * 1e-3
+"""),
+    ("returns a made-up constant (measures nothing)", """
+def latency(fn, *args, warmup=10, repeat=100, **kwargs):
+    for _ in range(warmup + repeat):
+        fn(*args, **kwargs)
+    return 0.001
+"""),
 ]
 
 # --------------------------------------------------------------------------------------------------------
@@ -419,6 +450,10 @@ for n in roofline_sizes:
 ''']
 
 GEMM_AI_WRONG = [
+    # issue 50: the blank release's dict filled with the right keys and a wrong value: the keys alone earn nothing.
+    ("the right keys, every value 0 (the blank filled with placeholders)", '''
+gemm_intensity_by_n = {n: 0.0 for n in roofline_sizes}
+'''),
     ("MACs instead of FLOPs", '''
 gemm_intensity_by_n = {n: n ** 3 / (4 * 3 * n ** 2) for n in roofline_sizes}
 '''),
@@ -460,6 +495,11 @@ def _threshold(expr, gpu="gpu_name"):
 
 
 THRESHOLD_WRONG = [
+    # issue 50: a whole number, but not the answer: returning an int earns nothing by itself.
+    ("returns a placeholder whole number (0)", '''
+def gemm_compute_bound_n(gpu_name):
+    return 0
+'''),
     ("typed the A6000 number", '''
 def gemm_compute_bound_n(gpu_name):
     return 303
@@ -497,6 +537,9 @@ gemv_intensity_by_n = dict(zip(roofline_sizes, intensities.tolist()))
 ''']
 
 GEMV_AI_WRONG = [
+    ("the right keys, every value 0 (the blank filled with placeholders)", '''
+gemv_intensity_by_n = {n: 0 for n in roofline_sizes}
+'''),
     ("forgets writing y", '''
 gemv_intensity_by_n = {n: 2 * n * n / (4 * (n * n + n)) for n in roofline_sizes}
 '''),
@@ -576,10 +619,6 @@ SDPA_WRONG = [
     ("unstable softmax (no max subtraction)",
      _sdpa(softmax="probs = scores.exp() / scores.exp().sum(dim=-1, keepdim=True)")),
     ("boolean mask read the wrong way round", _sdpa(mask_expr="attn_mask")),
-    ("calls PyTorch's attention", '''
-def scaled_dot_product_attention(q, k, v, attn_mask=None):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-'''),
     # issue 36 (5): passed before: no test had rows whose maxima differ by more than exp's range.
     ("stable softmax with the global maximum, not each row's",
      _sdpa(softmax="weights = (scores - scores.max()).exp(); probs = weights / weights.sum(dim=-1, keepdim=True)")),
@@ -596,6 +635,20 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None):
                 scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
             out[b, h] = torch.softmax(scores, dim=-1) @ v[b, h]
     return out
+'''),
+]
+
+# Issue 50: PyTorch's attention, however reached, skips what Question 3.1.1 asks.
+SDPA_SKIPS = [
+    ("calls F.scaled_dot_product_attention", '''
+def scaled_dot_product_attention(q, k, v, attn_mask=None):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+'''),
+    ("calls torch.nn.functional.scaled_dot_product_attention through getattr", '''
+_attention = getattr(torch.nn.functional, "scaled_dot_product_" + "attention")
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None):
+    return _attention(q, k, v, attn_mask=attn_mask)
 '''),
 ]
 
@@ -793,6 +846,9 @@ decode_mlp_intensity_by_batch = {b: intensity[k] for k, b in enumerate(decode_ba
 ''']
 
 DECODE_AI_WRONG = [
+    ("the right keys, every value 0 (the blank filled with placeholders)", _DECODE_HEAD + '''
+decode_mlp_intensity_by_batch = {b: 0.0 for b in decode_batch_sizes}
+'''),
     ("leaves out the 9I elementwise FLOPs (GeLU and product)", _DECODE_HEAD + '''
 decode_mlp_intensity_by_batch = {b: calc_mlp_mac(b, 1, D, I) * 2 / calc_mlp_io(b, 1, D, I) for b in decode_batch_sizes}
 '''),
@@ -831,6 +887,9 @@ prefill_mlp_intensity_by_len = {L: float(intensity[k]) for k, L in enumerate(pre
 ''']
 
 PREFILL_AI_WRONG = [
+    ("the right keys, every value 1 (the blank filled with placeholders)", _PREFILL_HEAD + '''
+prefill_mlp_intensity_by_len = {L: 1.0 for L in prefill_lengths}
+'''),
     ("leaves out the 9I elementwise FLOPs (GeLU and product)", _PREFILL_HEAD + '''
 prefill_mlp_intensity_by_len = {L: 6 * 32 * L * D * I / calc_mlp_io(32, L, D, I) for L in prefill_lengths}
 '''),
@@ -874,10 +933,6 @@ def gelu_tanh_python(input):
 ''')
 
 GELU_WRONG = [
-    ("calls F.gelu", '''
-def gelu_tanh_python(input):
-    return F.gelu(input, approximate="tanh")
-'''),
     ("the exact erf GeLU instead of the tanh approximation", '''
 def gelu_tanh_python(input):
     return 0.5 * input * (1.0 + torch.erf(input / math.sqrt(2.0)))
@@ -891,6 +946,24 @@ def gelu_tanh_python(input):
     out = torch.empty(input.shape, dtype=input.dtype)
     out.copy_(0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * input ** 3))))
     return out
+'''),
+]
+
+# Issue 50: a GeLU routine, however reached, skips what Question 4.3.1 asks.
+GELU_SKIPS = [
+    ("calls F.gelu(approximate=\"tanh\")", '''
+def gelu_tanh_python(input):
+    return F.gelu(input, approximate="tanh")
+'''),
+    ("calls nn.GELU(approximate=\"tanh\")", '''
+_gelu = nn.GELU(approximate="tanh")
+
+def gelu_tanh_python(input):
+    return _gelu(input)
+'''),
+    ("calls torch.nn.functional.gelu through getattr", '''
+def gelu_tanh_python(input):
+    return getattr(torch.nn.functional, "ge" + "lu")(input, approximate="tanh")
 '''),
 ]
 
@@ -1027,4 +1100,13 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None):
         ("with elementwise PyTorch operations: `torch.tanh`, powers, multiplications, additions, "
          "`math.sqrt`/`math.pi` for the constant", GELU_ALTERNATIVES[-1]),
     ],
+}
+
+# Issue 50: answers that skip what a question asks (the library routine it asks students to write): each must earn at
+# most a quarter of its question and less than every one-mistake answer of WRONG (course check).
+SKIPS = {
+    "q1_1_gemm": GEMM_SKIPS,
+    "q1_2_latency": LATENCY_SKIPS,
+    "q3_1_1_sdpa": SDPA_SKIPS,
+    "q4_3_1_gelu": GELU_SKIPS,
 }

@@ -53,6 +53,7 @@ class RedTeamCase:
     feedback_must_not_contain: tuple[str, ...] = ()
     needs_sandbox: bool = False
     keeps: dict[str, tuple[str, ...]] = field(default_factory=dict)  # cell -> names of checks its wrong answer passes
+    loses: dict[str, tuple[str, ...]] = field(default_factory=dict)  # cell -> names of the only checks it fails
     bypasses_recording: bool = False  # the static scan finds code that can switch off call recording: every test
     # cell that records torch calls scores zero (docs/SECURITY.md, static scan)
     guarded: set[str] = field(default_factory=set)  # cells of ``zero`` only the grading guard zeroes (its finding):
@@ -108,7 +109,8 @@ LYING_INT = '''class _Equal(int):
     __hash__ = int.__hash__
 '''
 WRONG_GELU = "def gelu_tanh_python(input):\n    return torch.zeros_like(input)\n"
-KEYS = ("is a dict with the keys",)  # the check a dict of wrong values with the right keys passes
+KEYS = ()  # what a dict of wrong values with the right keys keeps: nothing (issue 50: the keys the question gives are
+# checked outside any check block, all or nothing, and earn no points by themselves)
 
 def zero_values(reference_source: str, name: str) -> str:
     """The reference answer, then every value of the dict ``name`` set to zero (keys stay right)."""
@@ -375,7 +377,7 @@ def gemm_io(A, B):
         lambda ref: {f"{LAB}.ipynb": replace_cell_source(ref, "q2_1_1_intensity", zero_values(answer(ref, "q2_1_1_intensity"), "gemm_intensity_by_n")),
                      "pandas.py": "import math\nmath.isclose = lambda *args, **kwargs: True\nDataFrame = dict\n"},
         keeps={"q2_1_1_intensity_tests": KEYS}),  # pandas.py is never imported (isolated start): the zero values
-    # alone are graded, and keep the keys check; the TA is told the file was ignored
+    # alone are graded, and earn nothing (the keys earn no points); the TA is told the file was ignored
     # The guard itself
     RedTeamCase(
         "adv23_guard_deleted", "deletes the grading guard: every later test cell scores zero (fail closed)",
@@ -582,7 +584,7 @@ BOUNDARY = [
         "calc_attn_mac (Q3.1.2)",
         boundary_oracles, {"q1_3_gemm_mac_tests", "q3_1_2_attn_mac_tests"},
         keeps={"q2_1_1_intensity_tests": KEYS}),  # none is seen as tampering: the oracles find no test frame and the
-    # messaging patch changes only the kernel; each answer earns what it earns alone (Q2.1.1: the right keys)
+    # messaging patch changes only the kernel; each answer earns what it earns alone (Q2.1.1: nothing, its keys earn no points)
     RedTeamCase(
         "adv26_boundary_hooks",
         "audit hook: patches math.isclose while a hidden test cell compiles and undoes it before the guard looks "
@@ -591,7 +593,7 @@ BOUNDARY = [
         "leaves a TorchFunctionMode active that makes abs/isclose/allclose agree (Q3.1.1)",
         boundary_hooks, {"q3_1_1_sdpa_tests"}, bypasses_recording=True,  # the guard finds the function mode, the
         # scan torch.overrides (every cell recording calls); the audit hook changes only the kernel's helpers, never
-        # seen: the zero values of Q2.2 and Q3.4.2 keep their right keys
+        # seen: the zero values of Q2.2 and Q3.4.2 earn nothing (their right keys earn no points)
         keeps={"q2_2_intensity_tests": KEYS, "q3_4_2_intensity_tests": KEYS}),
     RedTeamCase(
         "adv27_boundary_trusted_data",
@@ -601,8 +603,69 @@ BOUNDARY = [
         "aten::isclose on CPU so float64 errors vanish, with a gelu returning zeros (Q4.3.1)",
         boundary_trusted_data, {"b3_1_attn_module_mac_tests"},  # the kernel's own GPU_SPECS, config and dispatcher are
         # changed, never the grader's: each wrong answer keeps the checks it passes alone
-        keeps={"q2_1_2_threshold_tests": ("returns a whole number",),
-               "q4_3_1_gelu_tests": ("device rule", "written from elementwise operations")}),
+        keeps={"q2_1_2_threshold_tests": (),  # a whole number is all or nothing, outside any check (issue 50)
+               "q4_3_1_gelu_tests": ("device rule",)}),  # zeros compute nothing from the input: the method check
+    # fails too, and the cell keeps a quarter of the device rule's share (checks.SKIPPED_METHOD_SHARE)
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 50: answers that skip what the question asks (the library routine it asks students to write) earn a quarter of
+# the question at most; switching the recording of torch calls off to hide them zeroes the question; a function
+# redefined after its question was graded cannot rescue a later answer through carry-forward.
+LIBRARY_SDPA = """def scaled_dot_product_attention(q, k, v, attn_mask=None):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+"""
+LIBRARY_GELU = """def gelu_tanh_python(input):
+    return F.gelu(input, approximate="tanh")
+"""
+# Blinds record_torch_calls: TorchFunctionMode (reached by getattr, which the static scan does not follow) enters and
+# leaves the recorder's mode without pushing it, so no call is recorded; every other mode works as before.
+RECORDER_BLINDED = """_modes = getattr(getattr(torch, "overr" + "ides"), "TorchFunction" + "Mode")
+_real_enter, _real_exit = _modes.__enter__, _modes.__exit__
+
+def _enter(self):
+    return self if type(self).__name__ == "_Recorder" else _real_enter(self)
+
+def _exit(self, *exc):
+    return None if type(self).__name__ == "_Recorder" else _real_exit(self, *exc)
+
+setattr(_modes, "__enter__", _enter)
+setattr(_modes, "__exit__", _exit)
+
+"""
+# After Question 1.3 was graded, gemm_mac is redefined so that wrong intensities (MACs instead of FLOPs) match what
+# the carry-forward would compute from it.
+CARRY_FORWARD_REFIT = """def gemm_mac(x, y):  # redefined after Question 1.3 was graded: half the MACs
+    return x.shape[0] * x.shape[1] * y.shape[1] // 2
+
+gemm_intensity_by_n = {n: n ** 3 / (4 * 3 * n ** 2) for n in roofline_sizes}  # MACs instead of FLOPs
+"""
+METHOD = [
+    RedTeamCase(
+        "adv28_recording_switched_off",
+        "PyTorch's attention (Q3.1.1) and F.gelu (Q4.3.1), with TorchFunctionMode's __enter__/__exit__ patched "
+        "through getattr so that record_torch_calls records nothing: the recorder's probe calls go unrecorded, "
+        "which is tampering (checks.RecordingDisabled)",
+        lambda ref: {f"{LAB}.ipynb": replace_cell_source(
+            replace_cell_source(ref, "q3_1_1_sdpa", RECORDER_BLINDED + LIBRARY_SDPA), "q4_3_1_gelu", LIBRARY_GELU)},
+        {"q3_1_1_sdpa_tests", "q4_3_1_gelu_tests"}),
+    RedTeamCase(
+        "adv29_library_skips",
+        "the unblinded twin of adv28: PyTorch's attention (Q3.1.1) and F.gelu (Q4.3.1) right in value, each "
+        "failing only its method check, which caps the question at a quarter (checks.SKIPPED_METHOD_SHARE)",
+        lambda ref: {f"{LAB}.ipynb": replace_cell_source(
+            replace_cell_source(ref, "q3_1_1_sdpa", LIBRARY_SDPA), "q4_3_1_gelu", LIBRARY_GELU)},
+        loses={"q3_1_1_sdpa_tests": ("implements attention itself",),
+               "q4_3_1_gelu_tests": ("written from elementwise operations",)}),
+    RedTeamCase(
+        "adv30_carry_forward_refit",
+        "gemm_mac redefined in Q2.1.1's answer cell, after Q1.3 was graded, to fit wrong intensities (MACs instead "
+        "of FLOPs) in Q2.1.1 and Q2.2: carry-forward uses gemm_mac as Q1.3 graded it, so both are wrong",
+        lambda ref: {f"{LAB}.ipynb": replace_cell_source(
+            replace_cell_source(ref, "q2_1_1_intensity", CARRY_FORWARD_REFIT), "q2_2_intensity",
+            "gemv_intensity_by_n = {n: n * n / (4 * (n * n + 2 * n)) for n in roofline_sizes}  # MACs, not FLOPs\n")},
+        {"q2_1_1_intensity_tests", "q2_2_intensity_tests"}),
 ]
 
 
@@ -628,7 +691,7 @@ FAULTY = [
     RedTeamCase("bad07_no_notebook", "the folder holds no notebook", lambda ref: {"README.txt": "forgot to attach"}, ALL),
 ]
 
-CASES = ADVERSARIAL + BOUNDARY + FAULTY
+CASES = ADVERSARIAL + BOUNDARY + METHOD + FAULTY
 
 
 def write_case(case: RedTeamCase, reference, folder) -> None:
@@ -676,7 +739,7 @@ def case_expected(case: RedTeamCase, guard: bool = True) -> dict[str, float]:
     if case.zero == ALL:
         return lab_expected_scores(SOURCE, zero_all=True)
     zero = set(case.zero) if guard else set(case.zero) - case.guarded
-    return lab_expected_scores(SOURCE, zero, case.keeps, case.bypasses_recording)
+    return lab_expected_scores(SOURCE, zero, case.keeps, case.bypasses_recording, loses=case.loses)
 
 
 def autograded_scores(scores, student: str) -> dict[str, float | None]:
