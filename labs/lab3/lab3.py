@@ -302,10 +302,17 @@ def _polynomial(terms):
 #   sequence length `N` and the head width `d`.
 # - Return a tensor of the same shape, dtype and device, where output row `i` attends to rows `j <= i` only,
 #   with scores scaled by $1/\sqrt{d}$.
-# - Build the mask yourself; do not call `F.scaled_dot_product_attention` or `nn.MultiheadAttention`.
+# - Build the mask and the softmax yourself: that is the point of the question. An answer that calls
+#   `F.scaled_dot_product_attention` or `nn.MultiheadAttention` earns at most a quarter of the points.
 # - Your softmax must be numerically stable: large scores of either sign must not give `inf` or `NaN`, for
 #   any floating dtype (the tests use scores in the hundreds in float32 and in the thousands in float64;
 #   `torch.softmax` is stable).
+# - Precision: the tests compare with a float64 reference to float32's tolerance (relative $10^{-4}$, absolute
+#   $10^{-5}$) for float32 and float64 inputs alike, so computing inside in float32 (a softmax in float32, say) is
+#   fine.
+# - Device: create every tensor you need, the mask included, on the device of `q` (`device=q.device`): on a GPU,
+#   a mask made on the CPU cannot be combined with the scores. The tests also run your function on inputs on
+#   another device.
 
 # %% nbgrader={"grade": false, "grade_id": "q1_1_causal_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def causal_self_attention(q, k, v):
@@ -352,6 +359,17 @@ def _q1_1_hidden_tests():
             causal_self_attention(q, k, v)
         return sorted(called)
 
+    @kernel_side
+    def device_of_meta_result(shape, dtype):
+        """causal_self_attention on q, k, v made on the meta device (a device without data, like a GPU seen from
+        the CPU) next to the student's code: the device of its result, or the error it raised (best effort)."""
+        q, k, v = (torch.zeros(shape, dtype=dtype, device="meta") for _ in range(3))
+        try:
+            out = causal_self_attention(q, k, v)
+        except Exception as exc:  # noqa: BLE001 - reported to the grader as text
+            return f"{type(exc).__name__}: {exc}"
+        return str(out.device) if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
+
     def reference(q, k, v):
         q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
         n = q.shape[-2]
@@ -367,43 +385,71 @@ def _q1_1_hidden_tests():
         where = f"inputs of shape {tuple(shape)}, {dtype}" + (f", scores scaled x{scale ** 2:g}" if scale > 1 else "")
         return q, k, v, where
 
+    # The question states float32's tolerance for every input dtype: a softmax computed in float32 passes.
+    rtol, atol = 1e-4, 1e-5
+
     def case(shape, dtype, seed, scale=1.0):
-        """causal_self_attention on one CPU input: shape, dtype and values (default tolerance of its dtype)."""
+        """causal_self_attention on one CPU input: shape, dtype and values (float32's tolerance)."""
         q, k, v, where = inputs(shape, dtype, seed, scale)
         out = assert_tensor_close(causal_self_attention(q, k, v), reference(q, k, v),
                                   f"causal_self_attention(q, k, v) for {where} (row i = softmax(q_i k_j / sqrt(d), "
-                                  f"j <= i) v, same shape and dtype as q)", dtype=dtype)
+                                  f"j <= i) v, same shape and dtype as q)", rtol=rtol, atol=atol, dtype=dtype)
         return q, k, v, out
 
     with check("matches float64 causal attention on hidden inputs (2 to 4 dimensions, float32 and float64), with "
-               "q's shape and dtype", weight=4):
+               "q's shape and dtype", weight=3):
         case((5, 4), torch.float64, 11)
         case((2, 3, 7, 8), torch.float32, 12)
         case((3, 9, 16), torch.float64, 13)
         case((1, 1, 1, 4), torch.float32, 14)
+    with check("the last position, which attends to every position, is softmax(q_N k^T / sqrt(d)) v"):
+        for shape, dtype, seed in (((2, 3, 7, 8), torch.float32, 20), ((6, 5), torch.float64, 21)):
+            q, k, v, where = inputs(shape, dtype, seed)
+            out = as_tensor(causal_self_attention(q, k, v), "causal_self_attention(q, k, v)")
+            assert tuple(out.shape) == tuple(shape), f"causal_self_attention must keep q's shape {shape}, got {tuple(out.shape)}"
+            assert_tensor_close(out[..., -1, :], reference(q, k, v)[..., -1, :],
+                                f"the last output row for {where} (it attends to every key: scores scaled by "
+                                f"1/sqrt(d), a softmax over the row, the weighted sum of v)", rtol=rtol, atol=atol)
     with check("causal: keys and values after position t do not change the outputs at positions <= t"):
-        q, k, v, out = case((2, 2, 10, 4), torch.float64, 16)
+        q, k, v, _ = inputs((2, 2, 10, 4), torch.float64, 16)
         t = 4
         k2, v2 = k.clone(), v.clone()
         k2[..., t + 1:, :] += 3.0
         v2[..., t + 1:, :] -= 5.0
-        out2 = assert_tensor_close(causal_self_attention(q, k2, v2), reference(q, k2, v2),
-                                   "causal_self_attention after changing the keys and values at positions > 4")
+        out = as_tensor(causal_self_attention(q, k, v), "causal_self_attention(q, k, v)")
+        out2 = as_tensor(causal_self_attention(q, k2, v2), "causal_self_attention(q, k2, v2)")
+        assert tuple(out.shape) == tuple(out2.shape) == (2, 2, 10, 4), (
+            f"causal_self_attention must keep q's shape (2, 2, 10, 4), got {tuple(out.shape)}")
         assert_tensor_close(out2[..., : t + 1, :], out[..., : t + 1, :].double(),
                             "outputs at positions <= 4 after changing the keys and values at positions > 4 (the mask "
-                            "must hide the future)")
+                            "must hide the future)", rtol=rtol, atol=atol)
+    with check("each row's weights sum to one over the positions it sees: when every value row is the same vector, "
+               "every output row is that vector"):
+        q, k, _, where = inputs((3, 8, 5), torch.float64, 22)
+        same = torch.tensor([1.0, -2.0, 0.5, 3.0, 4.0], dtype=torch.float64)
+        assert_tensor_close(causal_self_attention(q, k, same.expand(3, 8, 5).clone()), same.expand(3, 8, 5),
+                            f"causal_self_attention(q, k, v) for {where} with every row of v equal to "
+                            f"{same.tolist()} (softmax weights over j <= i sum to 1)", rtol=rtol, atol=atol)
     # Stability: exp overflows float32 beyond 88.7 and float64 beyond 709.8. Here the largest scores reach 255 in
     # float32 (and one row's largest score is -208, where exp underflows to 0) and 1,759 in float64.
     with check("numerically stable: scores up to 255 in float32 and 1,759 in float64 give the right finite output"):
         case((2, 6, 8), torch.float32, 15, scale=12.0)
         case((3, 5, 16), torch.float64, 17, scale=30.0)
-    with check("returns its result on the device of q (inputs on DEVICE; also with PyTorch's default device set to "
-               "meta)"):
+    with check("returns its result on the device of q, every tensor it makes (the mask included) on q's device "
+               "(inputs on DEVICE; with PyTorch's default device set to meta; inputs on the meta device)"):
         q, k, v, where = inputs((2, 5, 8), torch.float32, 18)
         q, k, v = q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
         assert_on_input_device(causal_self_attention, (q, k, v), q.device, "causal_self_attention(q, k, v)")
+        # A tensor made without device= (a mask from torch.ones(n, n).tril()) lands on the CPU, where it cannot be
+        # combined with inputs on another device: the same mistake a GPU grader sees, on every grader. An answer
+        # that needs its inputs' values there (.item()) cannot be run without data: then the checks above decide.
+        got = device_of_meta_result((2, 5, 8), torch.float32)
+        mixed = "device" in got and ("expected" in got or "same" in got)
+        assert got == "meta" or not mixed and got.startswith(("RuntimeError", "NotImplementedError")), (
+            "causal_self_attention(q, k, v) with q, k, v on another device (meta, a device without data) must return "
+            f"its result there; it gave {got}: create every tensor on q's device (device=q.device), the mask included")
     with check("builds the mask and the softmax itself: no F.scaled_dot_product_attention or nn.MultiheadAttention "
-               "(call recorder)"):
+               "(call recorder)", weight=2, method=True):
         q, k, v, where = inputs((2, 3, 7, 8), torch.float32, 19)
         assert_calls(torch_calls(q, k, v), f"causal_self_attention(q, k, v) for {where} (build the mask yourself)",
                      forbidden=("scaled_dot_product_attention", "multi_head_attention_forward"))
@@ -1676,22 +1722,40 @@ finish_checks("Bonus 4.5")
 #    and sets the attribute `length` (an `int`: positions filled so far) to 0. Its memory is fixed by `max_len`:
 #    $2 L B \cdot \text{max\_len} \cdot D \cdot n$ bytes, linear in the length (Question 4.1). Writing into it must
 #    happen **in place** (slice assignment, `copy_`, `index_copy_`): never `torch.cat`, which copies the whole cache
-#    at every step. The methods `update` and `advance` are a suggested structure; the tests use only the constructor,
-#    `keys`, `values`, `length` and `gpt2_step`.
+#    at every step. The methods `update` and `advance` are a suggested structure.
 # 2. `gpt2_step(model, input_ids, cache)` runs the tokens `input_ids` (int64, `(B, q)`) at positions
 #    `cache.length .. cache.length + q - 1`: either a whole prompt on an empty cache (a **prefill**) or one new token
 #    per sequence (a **decode step**, $q = 1$). In every layer it writes the new tokens' keys and values into the
 #    cache and attends over positions `0 .. cache.length + q - 1` **read from the cache** (each new token sees only
 #    positions up to its own: a causal mask among the new tokens; a single new token sees every position). At the
 #    end it advances `cache.length` by `q` and returns the logits `(B, q, vocab_size)`. Write the attention yourself
-#    or with `F.scaled_dot_product_attention`; do not call `gpt2_decoder_forward` or utils' `KVCache`.
+#    or with `F.scaled_dot_product_attention`, from the modules named above; do not call `gpt2_decoder_forward` or
+#    utils' `KVCache`, nor the forward of the model, of `model.transformer`, of a block or of `block.attn` (they run
+#    the model's own attention and cache).
+#
+# The cache is the point of this question: a step that recomputes the earlier positions instead of reading them from
+# your `keys` and `values`, or that hands them to the model library's own cache (`past_key_values`, transformers'
+# `DynamicCache`), earns at most a quarter of the points.
+#
+# **Where it runs.** Part 5 times your `gpt2_step` on the GPU, in fp16, replayed as a CUDA graph, and sets
+# `cache.length` back before each timed step (so may the tests). That needs three rules, which the tests check on
+# the CPU too:
+# - **dtype and device**: the buffers have the `dtype` and `device` given to `__init__`;
+# - **one device**: every tensor the step makes lives on the device of `input_ids` (`torch.arange(...,
+#   device=input_ids.device)`): a tensor made on the CPU cannot be combined with the model's on the GPU (the tests
+#   run a step with the model, the tokens and the cache on another device, PyTorch's `meta`);
+# - **no host sync**: nothing in the step waits for the GPU's values: no `.item()`, `.tolist()`, `.cpu()`,
+#   `.numpy()`, and no Python `if` on a tensor's value (a CUDA graph cannot contain them).
 #
 # The tests build small GPT-2 models in float32 and compare with the same model **without a cache** (a forward pass
 # over all tokens so far, computed in float64): the logits of the prefill and of every greedy decode step must match
 # to the float32 tolerance (relative $10^{-4}$, absolute $10^{-5}$: `checks.TENSOR_TOL`) and the greedy tokens must
-# be the same. They also check that a decode step reads the earlier positions from `cache.keys` and `cache.values`
-# (a cache the test filled itself), and that `keys` and `values` keep the same storage (`data_ptr()`) from the first
-# call to the last.
+# be the same. They use only the constructor, `keys`, `values`, `length` and `gpt2_step`, and they fill your own
+# buffers in place. They check that a decode step reads the earlier positions from `cache.keys` and `cache.values`
+# (its logits change when the test changes the cached keys or values in place, and equal the model without a cache
+# when the test writes the keys and values of a prompt of its own there), that `keys` and `values` keep the same
+# storage (`data_ptr()`) from the first call to the last, that no decode step copies the cached positions
+# (`torch.cat` or `torch.stack` of them), and the three rules above.
 
 # %% nbgrader={"grade": false, "grade_id": "q4_6_static_kv_cache", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class StaticKVCache:
@@ -1777,6 +1841,9 @@ def gpt2_step(model, input_ids, cache):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q4_6_kv_cache_tests", "locked": true, "points": 12, "schema_version": 3, "solution": false, "task": false}
+# The tests use only the interface the question states (the constructor, keys, values, length, gpt2_step) and fill
+# your own buffers in place. Reading the cache is the method this question asks for: when that check fails, the cell
+# earns at most a quarter of its points.
 @kernel_side
 def _cached_generation(model, prompt, steps):
     """Greedy decoding with StaticKVCache and gpt2_step: a prefill of ``prompt`` (B, S), then ``steps`` decode steps
@@ -1806,17 +1873,6 @@ def _cached_generation(model, prompt, steps):
             record["lengths"].append(int(cache.length))
             note()
     return record
-
-
-@kernel_side
-def _step_on_given_cache(model, keys, values, length, token):
-    """One gpt2_step of ``token`` (B, 1) on a StaticKVCache whose keys and values are the test's own buffers
-    ``keys``, ``values`` (L, B, H, length + 1, d), positions 0 .. length - 1 filled, with cache.length = length."""
-    num_layers, batch, heads, max_len, head_dim = keys.shape
-    cache = StaticKVCache(num_layers, batch, heads, head_dim, max_len, keys.dtype, keys.device)
-    cache.keys, cache.values, cache.length = keys.clone(), values.clone(), length
-    with torch.no_grad():
-        return gpt2_step(model, token, cache).detach().clone()
 
 
 def _generation(records, model, prompt, steps, what):
@@ -1861,22 +1917,6 @@ def _cache_stays_in_place(records, model, prompt, steps, what):
         f"{what}: cache.length after the prefill and each step must be {expected_lengths}, got {record['lengths']}")
 
 
-def _decode_reads_cache(model, prompt, what):
-    """A decode step reads the earlier positions from the cache: the test fills a cache with the keys and values of
-    ``prompt`` (which gpt2_step never sees) and decodes one token; it must equal the model without a cache on
-    prompt + token."""
-    keys, values = _prompt_keys_values(model, prompt)
-    num_layers, batch, heads, prompt_len, head_dim = keys.shape
-    pad = torch.zeros(num_layers, batch, heads, 1, head_dim, dtype=keys.dtype)
-    token = torch.arange(batch).reshape(batch, 1) % model.config.vocab_size
-    got = _step_on_given_cache(model, torch.cat([keys, pad], dim=3), torch.cat([values, pad], dim=3), prompt_len,
-                               token)
-    reference = _uncached_logits(model, torch.cat([prompt, token], dim=1))[:, -1:]
-    assert_tensor_close(got, reference, f"{what}: logits of one decode step on a cache the test filled with the keys "
-                                        f"and values of a {prompt_len}-token prompt (gpt2_step must read them from "
-                                        f"cache.keys / cache.values, not recompute the sequence)")
-
-
 _model, _prompt = _gpt2_for_tests(n_layer=2, n_embd=32, n_head=4, vocab_size=50, seed=0), _test_tokens(1, 5, 50, 1)
 _records = {}
 with check("public: prefill of 5 tokens and 3 greedy decode steps (B = 1) equal the model without a cache"):
@@ -1885,22 +1925,213 @@ with check("public: keys and values allocated once and written in place"):
     _cache_stays_in_place(_records, _model, _prompt, 3, "public case")
 del _model, _prompt, _records
 ### BEGIN HIDDEN TESTS
+@kernel_side
+def _decode_after_cache_changes(model, prompt, token, seed):
+    """The method: three times, prefill ``prompt`` (B, S) with gpt2_step into a new StaticKVCache and decode ``token``
+    (B, 1): once as it is, once after adding noise to cache.keys in place, once after adding noise to cache.values in
+    place (between the prefill and the decode step). Returns the three decode steps' logits and which of the model's
+    own modules (the model, model.transformer, the blocks, their attention) ran their forward during the calls (best
+    effort: measured next to the student's code)."""
+    shape = model.config  # L, H and D of the model
+    watched = {id(model): "model", id(model.transformer): "model.transformer"}
+    for i, block in enumerate(model.transformer.h):
+        watched.update({id(block): f"model.transformer.h[{i}]", id(block.attn): f"model.transformer.h[{i}].attn"})
+    classes = {type(model), type(model.transformer), *(type(b) for b in model.transformer.h),
+               *(type(b.attn) for b in model.transformer.h)}
+    own = {cls: cls.__dict__.get("forward") for cls in classes}  # None: inherited
+    ran = []
+
+    def watching(forward):
+        def watched_forward(self, *args, **kwargs):
+            if id(self) in watched:
+                ran.append(watched[id(self)])
+            return forward(self, *args, **kwargs)
+        return watched_forward
+
+    try:
+        for cls in classes:
+            cls.forward = watching(cls.forward)
+        logits, gen = [], torch.Generator().manual_seed(seed)
+        for changed in (None, "keys", "values"):
+            cache = StaticKVCache(shape.n_layer, prompt.shape[0], shape.n_head, shape.n_embd // shape.n_head,
+                                  prompt.shape[1] + 1, model.lm_head.weight.dtype, prompt.device)
+            with torch.no_grad():
+                gpt2_step(model, prompt, cache)
+                if changed is not None:
+                    buffer = getattr(cache, changed)
+                    buffer.add_(10 * torch.randn(buffer.shape, generator=gen, dtype=torch.float64).to(buffer.dtype))
+                logits.append(gpt2_step(model, token, cache).detach().clone())
+    finally:
+        for cls, forward in own.items():
+            if forward is None:
+                del cls.forward
+            else:
+                cls.forward = forward
+    return {"logits": logits, "forwards": sorted(set(ran))}
+
+
+@kernel_side
+def _decode_on_filled_cache(model, decoy, keys, values, token):
+    """Prefill ``decoy`` (B, S) with gpt2_step into a StaticKVCache of S + 1 positions, write the test's ``keys`` and
+    ``values`` (L, B, H, S, d) in place over positions 0 .. S - 1 of cache.keys / cache.values, and decode ``token``
+    (B, 1): its logits."""
+    num_layers, batch, heads, prompt_len, head_dim = keys.shape
+    cache = StaticKVCache(num_layers, batch, heads, head_dim, prompt_len + 1, keys.dtype, keys.device)
+    with torch.no_grad():
+        gpt2_step(model, decoy, cache)
+        cache.keys[:, :, :, :prompt_len] = keys
+        cache.values[:, :, :, :prompt_len] = values
+        cache.length = prompt_len
+        return gpt2_step(model, token, cache).detach().clone()
+
+
+@kernel_side
+def _decode_step_copies(model, prompt, token):
+    """Prefill ``prompt`` (B, S), then one decode step of ``token`` (B, 1): the element count of every result of a
+    concatenation or an out-of-place scatter it made (torch.cat, torch.stack, index_copy, ...), and the torch functions
+    it called (record_torch_calls, which notices when the recording is switched off)."""
+    from torch.overrides import TorchFunctionMode
+
+    copying = {"cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack", "column_stack", "row_stack",
+               "index_copy", "index_put", "index_add", "scatter", "slice_scatter", "select_scatter", "masked_scatter"}
+    copies = []
+
+    class CopySizes(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if getattr(func, "__name__", "") in copying and isinstance(out, torch.Tensor):
+                copies.append((func.__name__, out.numel()))
+            return out
+
+    shape = model.config  # L, H and D of the model
+    cache = StaticKVCache(shape.n_layer, prompt.shape[0], shape.n_head, shape.n_embd // shape.n_head,
+                          prompt.shape[1] + 1, model.lm_head.weight.dtype, prompt.device)
+    with torch.no_grad():
+        gpt2_step(model, prompt, cache)
+        with record_torch_calls() as called:
+            with CopySizes():
+                gpt2_step(model, token, cache)
+    return {"copies": copies, "called": sorted(called)}
+
+
+@kernel_side
+def _buffers_made(num_layers, batch, heads, head_dim, max_len, dtype, device):
+    """StaticKVCache(num_layers, batch, heads, head_dim, max_len, dtype, device): dtype and device of keys and
+    values."""
+    cache = StaticKVCache(num_layers, batch, heads, head_dim, max_len, dtype, torch.device(device))
+    return [[str(t.dtype), str(t.device)] for t in (cache.keys, cache.values)]
+
+
+@kernel_side
+def _step_on_meta(model, prompt):
+    """Part 5's rules, next to the student's code: a StaticKVCache in float16 on the meta device (a device without
+    data: a tensor made on the CPU cannot be combined with its tensors, and .item() cannot run there), a float16 copy
+    of ``model`` and ``prompt`` (B, S) on it, a prefill and one decode step, and the torch functions the decode step
+    called. float32 instead when the cache ignores its dtype; nothing runs when it ignores its device (the buffers'
+    check charges both)."""
+    import copy
+
+    shape = model.config  # L, H and D of the model
+    sizes = (shape.n_layer, prompt.shape[0], shape.n_head, shape.n_embd // shape.n_head, prompt.shape[1] + 1)
+    dtype = torch.float16
+    cache = StaticKVCache(*sizes, dtype, torch.device("meta"))
+    if cache.keys.dtype != dtype or cache.values.dtype != dtype:
+        dtype = torch.float32
+        cache = StaticKVCache(*sizes, dtype, torch.device("meta"))
+    if cache.keys.device.type != "meta" or cache.values.device.type != "meta":
+        return {"ran": False}
+    report, called = {"ran": True, "error": None, "dtype": str(dtype)}, set()
+    meta_model, tokens = copy.deepcopy(model).to(device="meta", dtype=dtype), prompt.to("meta")
+    try:
+        with torch.no_grad():
+            gpt2_step(meta_model, tokens, cache)
+            with record_torch_calls() as called:
+                logits = gpt2_step(meta_model, tokens[:, -1:], cache)
+        report["logits"] = [str(logits.device), list(logits.shape)]
+    except Exception as exc:  # noqa: BLE001 - reported to the grader as text
+        report["error"] = f"{type(exc).__name__}: {exc}"
+    report["called"] = sorted(called)
+    return report
+
+
 def _q4_6_hidden_tests():
     model = _gpt2_for_tests(n_layer=3, n_embd=48, n_head=3, vocab_size=61, seed=4)
     prompt, records = _test_tokens(2, 7, 61, 5), {}
+    token = torch.tensor([[3], [17]])
+    what = "B = 2, 3 layers"
     with check("prefill and 6 greedy decode steps (B = 2, 3 layers, 3 heads) equal the model without a cache",
                weight=3):
-        _generation_matches(records, model, prompt, 6, "B = 2, 3 layers")
-    with check("a decode step reads the earlier positions from cache.keys / cache.values", weight=2):
-        _decode_reads_cache(model, _test_tokens(2, 9, 61, 6), "B = 2, 3 layers")
+        _generation_matches(records, model, prompt, 6, what)
+    with check("the method: a decode step reads the earlier positions from your cache.keys and cache.values (its "
+               "logits change when the test changes them in place) and runs the layers itself (no forward of the "
+               "model, its blocks or their attention, which run the library's own cache)", weight=2, method=True):
+        probe = as_dict(_decode_after_cache_changes(model, prompt, token, 7), f"{what}: the decode-step probe")
+        forwards = list(probe["forwards"])
+        assert not forwards, (
+            f"{what}: gpt2_step must run every layer itself from the modules the question names (wte, wpe, ln_1, "
+            f"attn.c_attn, attn.c_proj, mlp, ln_2, ln_f, lm_head); it ran the forward of {forwards}, which computes "
+            f"the attention with the library's own cache")
+        base, *changed = (as_tensor(logits, f"{what}: logits of a decode step").double() for logits in probe["logits"])
+        for logits, which in zip(changed, ("keys", "values")):
+            assert tuple(logits.shape) == tuple(base.shape) == (2, 1, 61), (
+                f"{what}: a decode step must return logits of shape (2, 1, 61), got {tuple(logits.shape)}")
+            moved = (logits - base).abs().max().item()
+            assert moved > 1e-4, (
+                f"{what}: a decode step must read the earlier positions from cache.{which}: after the test added noise "
+                f"to cache.{which} in place (between the prefill and the step), its logits changed by at most {moved!r}; "
+                f"the step does not use your cache (it recomputes the earlier positions, or keeps them elsewhere)")
+    with check("a decode step on your cache, where the test wrote the keys and values of its own 9-token prompt "
+               "in place, equals the model without a cache on that prompt and the new token", weight=2):
+        own_prompt, decoy = _test_tokens(2, 9, 61, 6), _test_tokens(2, 9, 61, 8)
+        keys, values = _prompt_keys_values(model, own_prompt)
+        got = _decode_on_filled_cache(model, decoy, keys, values, token)
+        reference = _uncached_logits(model, torch.cat([own_prompt, token], dim=1))[:, -1:]
+        assert_tensor_close(got, reference, f"{what}: logits of one decode step after the test wrote the keys and "
+                                            f"values of its own 9-token prompt over positions 0 .. 8 of cache.keys / "
+                                            f"cache.values (gpt2_step must attend over them)")
     with check("preallocated and written in place: the same storage every step, 2 L B max_len D n bytes", weight=2):
-        _cache_stays_in_place(records, model, prompt, 6, "B = 2, 3 layers")
+        _cache_stays_in_place(records, model, prompt, 6, what)
+    with check("a decode step copies none of the cached positions (no torch.cat / torch.stack of the cache, "
+               "written back or not: that copies the whole cache at every step)"):
+        long_prompt = _test_tokens(2, 16, 61, 9)
+        ops = as_dict(_decode_step_copies(model, long_prompt, token), f"{what}: the copies probe")
+        assert_calls(ops["called"], f"{what}: a decode step")
+        cached = 2 * 16 * 48  # B x (H x head_dim) x the 16 cached positions: one layer's keys
+        big = sorted({str(name) for name, size in ops["copies"] if as_integer(size, "a copy's size") >= cached})
+        assert not big, (
+            f"{what}: a decode step after a 16-token prefill made a copy of at least one layer's cached keys "
+            f"({cached} elements) with {big}: write the new position in place (slice assignment, copy_, index_copy_) "
+            f"and attend over views of the buffers, never torch.cat, which copies the whole cache at every step")
+    with check("the buffers have the dtype and device asked for (float16, float64, bfloat16; the meta device)"):
+        for dtype, device in ((torch.float16, "cpu"), (torch.float64, "meta"), (torch.bfloat16, "meta")):
+            made = _buffers_made(3, 2, 4, 5, 11, dtype, device)  # their shape and size: the in-place check's
+            for name, (got_dtype, got_device) in zip(("keys", "values"), made):
+                assert (str(got_dtype), torch.device(str(got_device)).type) == (str(dtype), device), (
+                    f"StaticKVCache(3, 2, 4, 5, 11, {dtype}, {device!r}).{name} must have dtype {dtype} and be on "
+                    f"{device}; got {got_dtype} on {got_device} (the measurement runs the model in fp16 on the GPU: "
+                    f"allocate with dtype=dtype, device=device)")
+    with check("runs as Part 5 runs it (on the GPU, fp16, in a CUDA graph): a prefill and a decode step with the "
+               "model, tokens and cache in float16 on another device (meta), every tensor on the input's device, no "
+               "host sync (.item(), .tolist(), .cpu(), an if on a tensor)"):
+        report = as_dict(_step_on_meta(model, prompt), f"{what}: the meta-device probe")
+        if report["ran"]:  # else the buffers ignore their device: charged by the buffers' check alone
+            syncs = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "__repr__",
+                     "__format__", "nonzero", "argwhere", "masked_select", "unique", "synchronize")
+            assert_calls(report["called"], f"{what}: a decode step (run in a CUDA graph: no host sync)",
+                         forbidden=syncs)
+            assert report["error"] is None, (
+                f"{what}: a prefill and a decode step in {report['dtype']} with the model, the tokens and the cache on "
+                f"another device (meta) raised {report['error']}: make every tensor on the device of input_ids "
+                f"(device=input_ids.device) in the model's dtype, and read no tensor's value in Python (a host sync)")
+            assert report["logits"][0] == "meta", (
+                f"{what}: the decode step's logits must be on the input's device (meta here), got {report['logits'][0]}")
 
 
 _q4_6_hidden_tests()
-del _q4_6_hidden_tests
+del _q4_6_hidden_tests, _decode_after_cache_changes, _decode_on_filled_cache, _decode_step_copies, _buffers_made
+del _step_on_meta
 ### END HIDDEN TESTS
-del _cached_generation, _step_on_given_cache, _generation, _generation_matches, _cache_stays_in_place, _decode_reads_cache
+del _cached_generation, _generation, _generation_matches, _cache_stays_in_place
 finish_checks("Question 4.6")
 
 

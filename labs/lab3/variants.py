@@ -871,8 +871,8 @@ ALTERNATIVES["q1_1_causal_attention"] += [
                "torch.ones(seq_len, seq_len, dtype=torch.bool).tril().to(q.device)"),
 ]
 
-# -- point 4: the prescribed method (no SDPA) is its own check: WRONG["q1_1_causal_attention"]'s
-# "calls F.scaled_dot_product_attention" loses only that check's weight.
+# -- point 4: the prescribed method (no SDPA) is its own check; since issue 50 it is a method check (a failed one caps
+# the cell at a quarter), and the SDPA answer is in SKIPS (below).
 
 # -- point 5: a mistake is charged once. The reference answers of Questions 3.1, 4.1 (total), 6.1, Bonus 4.5
 # (max_batch_in_memory) and Bonus 6.6 (best_gamma) are built from the earlier functions, so each wrong earlier
@@ -937,3 +937,162 @@ HINTS: dict[str, list[tuple[str, str]]] = {
               "other_bytes = gpt2_decode_bytes(B, N, D, H, L, n) - weight_bytes - cache_bytes")),
     ],
 }
+
+# ==============================================================================================================
+# Issue 50, "A grade orders the work": a skipped method earns at most a quarter and less than any one mistake,
+# a correct design earns full marks, and the rules the GPU measurement needs are stated and checked on a CPU.
+# SKIPS: solution cell grade id -> (label, source) pairs that skip what the question asks (course/harness.py).
+# ==============================================================================================================
+SKIPS: dict[str, list[tuple[str, str]]] = {}
+
+
+def _moved(table: dict, cell: str, label_start: str) -> str:
+    """Take the (label, source) pair whose label starts with ``label_start`` out of ``table[cell]``; its source."""
+    index = next(i for i, (label, _) in enumerate(table[cell]) if label.startswith(label_start))
+    return table[cell].pop(index)[1]
+
+
+# -- Question 1.1 ------------------------------------------------------------------------------------------------
+# The library kernel instead of the mask and the softmax: a skip (it was a WRONG answer that lost one check of six).
+SKIPS["q1_1_causal_attention"] = [
+    ("F.scaled_dot_product_attention(is_causal=True) instead of building the mask and the softmax",
+     _moved(WRONG, "q1_1_causal_attention", "calls F.scaled_dot_product_attention")),
+    ("F.scaled_dot_product_attention with an explicit boolean causal mask (built by the answer)",
+     "def causal_self_attention(q, k, v):\n"
+     "    n = q.shape[-2]\n"
+     "    allowed = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()\n"
+     "    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)\n"),
+]
+ALTERNATIVES["q1_1_causal_attention"] += [
+    # the common idiom: the softmax in float32 (HF's eager attention), cast back to q's dtype; on float64 inputs it
+    # earned 3/6 though the question stated no precision (now: float32's tolerance, stated in the text)
+    '''
+def causal_self_attention(q, k, v):
+    n, d = q.shape[-2], q.shape[-1]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(d)
+    future = torch.triu(torch.ones(n, n, dtype=torch.bool, device=q.device), diagonal=1)
+    weights = F.softmax(scores.masked_fill(future, float("-inf")), dim=-1, dtype=torch.float32).to(q.dtype)
+    return weights @ v
+''',
+]
+WRONG["q1_1_causal_attention"] += [
+    # earned 6/6 on a CPU grader: the meta default device made the mask meta, masked_fill then raised and the probe
+    # could not tell; now the function also runs on inputs on another device (meta), where a CPU mask cannot mix in
+    ("causal mask built on the CPU (torch.ones(...).tril() without device=)",
+     _attention("torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()",
+                "torch.ones(seq_len, seq_len, dtype=torch.bool).tril()")),
+    ("additive -inf mask from torch.triu(torch.full(...)) without device=",
+     '''
+def causal_self_attention(q, k, v):
+    n = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    scores = scores + torch.triu(torch.full((n, n), float("-inf"), dtype=q.dtype), diagonal=1)
+    return torch.softmax(scores, dim=-1) @ v
+'''),
+]
+
+# -- Question 4.6 ------------------------------------------------------------------------------------------------
+SKIPS["q4_6_gpt2_step"] = [
+    # earned 9.3/12: it lost only the check that a decode step reads the cache
+    ("no cache at all: keeps the tokens and runs the whole sequence again",
+     _moved(WRONG, "q4_6_gpt2_step", "recomputes everything")),
+    # earned 12/12: the student's buffers handed to transformers' DynamicCache, the step run by model(...)
+    ("the cache handed to transformers (DynamicCache, past_key_values) and the step run by model(...)",
+     '''
+@torch.no_grad()
+def gpt2_step(model, input_ids, cache):
+    from transformers import DynamicCache
+
+    start, new_tokens = cache.length, input_ids.shape[1]
+    past = DynamicCache()
+    for layer in range(model.config.n_layer):
+        past.update(cache.keys[layer, :, :, :start], cache.values[layer, :, :, :start], layer)
+    positions = torch.arange(start, start + new_tokens, device=input_ids.device).expand(input_ids.shape[0], -1)
+    out = model(input_ids, past_key_values=past, position_ids=positions, use_cache=True)
+    for layer in range(model.config.n_layer):
+        cached = out.past_key_values.layers[layer]
+        cache.keys[layer, :, :, start:start + new_tokens] = cached.keys[:, :, start:]
+        cache.values[layer, :, :, start:start + new_tokens] = cached.values[:, :, start:]
+    cache.length = start + new_tokens
+    return out.logits
+'''),
+    ("every block run by its own forward (block(x, past_key_values=...)) on a DynamicCache filled from the buffers",
+     '''
+@torch.no_grad()
+def gpt2_step(model, input_ids, cache):
+    from transformers import DynamicCache
+
+    body, start = model.transformer, cache.length
+    new_tokens = input_ids.shape[1]
+    positions = torch.arange(start, start + new_tokens, device=input_ids.device)
+    past = DynamicCache()
+    for layer in range(model.config.n_layer):
+        past.update(cache.keys[layer, :, :, :start], cache.values[layer, :, :, :start], layer)
+    x = body.wte(input_ids) + body.wpe(positions)
+    future = torch.arange(start + new_tokens, device=x.device)[None, :] > positions[:, None]
+    mask = torch.zeros(future.shape, dtype=x.dtype, device=x.device).masked_fill(future, float("-inf"))[None, None]
+    for layer, block in enumerate(body.h):
+        x = block(x, past_key_values=past, attention_mask=mask, use_cache=True)
+        x = x[0] if isinstance(x, tuple) else x
+        cached = past.layers[layer]
+        cache.keys[layer, :, :, start:start + new_tokens] = cached.keys[:, :, start:]
+        cache.values[layer, :, :, start:start + new_tokens] = cached.values[:, :, start:]
+    cache.length = start + new_tokens
+    return model.lm_head(body.ln_f(x))
+'''),
+]
+ALTERNATIVES["q4_6_static_kv_cache"] += [
+    # per-layer views of the two buffers made once in __init__ (correct by the contract; it scored like no cache
+    # when the test replaced cache.keys / cache.values with tensors of its own instead of filling the buffers)
+    '''
+class StaticKVCache:
+    def __init__(self, num_layers, batch_size, num_heads, head_dim, max_len, dtype, device):
+        shape = (num_layers, batch_size, num_heads, max_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.layer_keys, self.layer_values = self.keys.unbind(0), self.values.unbind(0)  # views, made once
+        self.length = 0
+
+    def update(self, layer, key, value):
+        end = self.length + key.shape[2]
+        self.layer_keys[layer][:, :, self.length:end] = key
+        self.layer_values[layer][:, :, self.length:end] = value
+        return self.layer_keys[layer][:, :, :end], self.layer_values[layer][:, :, :end]
+
+    def advance(self, num_tokens):
+        self.length += num_tokens
+''',
+]
+WRONG["q4_6_static_kv_cache"] += [
+    # earned 12/12: the storage stays the same, but each step copies the whole cache (the text forbids torch.cat)
+    ("each update builds the whole layer with torch.cat and copies it back into the same buffer",
+     _cache("        self.keys[layer, :, :, self.length:end] = key\n        self.values[layer, :, :, self.length:end] = value\n",
+            "        rest = self.keys[layer, :, :, end:]\n"
+            "        self.keys[layer].copy_(torch.cat([self.keys[layer, :, :, :self.length], key, rest], dim=2))\n"
+            "        self.values[layer].copy_(torch.cat([self.values[layer, :, :, :self.length], value,\n"
+            "                                            self.values[layer, :, :, end:]], dim=2))\n")),
+    # earned 12/12: the tests used float32 models only (the measurement runs fp16)
+    ("buffers ignore dtype (float32 whatever the model's dtype)",
+     _cache("        self.keys = torch.zeros(shape, dtype=dtype, device=device)\n        self.values = torch.zeros(shape, dtype=dtype, device=device)\n",
+            "        self.keys = torch.zeros(shape, device=device)\n        self.values = torch.zeros(shape, device=device)\n")),
+    ("buffers ignore device (on the default device whatever the model's device)",
+     _cache("        self.keys = torch.zeros(shape, dtype=dtype, device=device)\n        self.values = torch.zeros(shape, dtype=dtype, device=device)\n",
+            "        self.keys = torch.zeros(shape, dtype=dtype)\n        self.values = torch.zeros(shape, dtype=dtype)\n")),
+]
+WRONG["q4_6_gpt2_step"] += [
+    # run in a CUDA graph by Part 5: a host sync breaks the capture; on a CPU grader it passed every check
+    ("checks the token ids with a Python if on a tensor (a host sync in every step)",
+     _step("    batch, new_tokens = input_ids.shape\n",
+           "    batch, new_tokens = input_ids.shape\n"
+           "    if input_ids.max() >= model.config.vocab_size:\n"
+           "        raise ValueError('token id out of range')\n")),
+    ("position ids created on the CPU (torch.arange without device=)",
+     _step("positions = torch.arange(start, start + new_tokens, device=input_ids.device)",
+           "positions = torch.arange(start, start + new_tokens)")),
+    ("attention over the cache concatenated with the new key and value (torch.cat every step, nothing written "
+     "in place but the new position)",
+     _step("        keys, values = cache.update(layer, key, value)\n",
+           "        keys = torch.cat([cache.keys[layer, :, :, :start], key], dim=2)\n"
+           "        values = torch.cat([cache.values[layer, :, :, :start], value], dim=2)\n"
+           "        cache.update(layer, key, value)\n")),
+]
