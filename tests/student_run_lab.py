@@ -87,7 +87,11 @@ def student_outputs(hostile: bool = False) -> dict[str, list]:
 def run_submission(root: Path, hostile: bool = False) -> nbformat.NotebookNode:
     """The reference submission of the plot lab, with the outputs of the student's run (``student_outputs``)."""
     source = read_notebook(root / "source" / LAB / f"{LAB}.ipynb")
-    nb = make_submission(read_notebook(root / "release" / LAB / f"{LAB}.ipynb"), source)
+    return with_student_run(make_submission(read_notebook(root / "release" / LAB / f"{LAB}.ipynb"), source), hostile)
+
+
+def with_student_run(nb: nbformat.NotebookNode, hostile: bool = False) -> nbformat.NotebookNode:
+    """``nb``, a submission of the plot lab, given the outputs of the student's run (``student_outputs``)."""
     outputs = student_outputs(hostile)
     for cell in nb.cells:
         if grade_id(cell) == PLOT_GID:  # make_submission keeps a code cell's mark scheme (its delimiters are comments)

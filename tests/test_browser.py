@@ -1,13 +1,18 @@
 """The TA's and the student's paths in a real browser: headless Chromium on a JupyterLab server with the formgrader.
 
-A class of the fixture lab (tests/fixtures/lab0) is graded with the course's pipeline: ``ada`` submits the
-reference, ``mallory`` the reference with script payloads (tests/payloads.py) in her written answer and in her
-outputs. Then, in Chromium:
+A class of the fixture lab with a plot question (tests/student_run_lab.py: tests/fixtures/lab0, a setup cell printing
+the GPU, a measuring cell printing a table, Question 1.4 plotted and graded by hand) is graded with the course's
+pipeline: ``ada`` submits the reference with the outputs of her own run (an H100, her table, her plot), ``mallory``
+the reference with script payloads (tests/payloads.py) in her written answer, in her outputs and in the outputs her
+notebook was submitted with. Then, in Chromium:
 
 - the formgrader's page of mallory's submission, and her feedback HTML, run none of her script (no marker, title
   unchanged, no file written through the contents API, gradebook unchanged) and still show her answer, math and
   images; the same holds when her autograded notebook on disk is replaced by an unsanitized one (the exporter's
   own layer); as a control, stock nbconvert's rendering of the same notebook does run the payloads;
+- the formgrader's page of ada's submission shows, under the grader's re-run, her own run marked as such (her GPU,
+  her table, her plot), and the mark scheme right after each answer graded by hand; her feedback shows her run too,
+  and no mark scheme or hidden test;
 - a TA opens the formgrader, sees the gradebook, enters a manual score that reaches the gradebook database, and
   generates feedback with the formgrader's button; the feedback holds no hidden test line;
 - a student opens the lab in JupyterLab, runs the setup cell, her answer and its public test, and sees it pass.
@@ -24,7 +29,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from browser import JupyterServer, require_browser, start_chromium, wait_for  # noqa: E402
-from fixture_lab import LAB, built_root  # noqa: E402
+from fixture_lab import LAB  # noqa: E402
 from payloads import (  # noqa: E402
     ANSWER_GID,
     MATH_TEXT,
@@ -34,11 +39,22 @@ from payloads import (  # noqa: E402
     outputs_notebook,
     payload_submission,
 )
+from student_run_lab import (  # noqa: E402
+    ANSWER_SCHEME,
+    PLOT_GID,
+    PLOT_SCHEME,
+    STUDENT_GPU,
+    STUDENT_TABLE_ROW,
+    plot_lab_root,
+    run_submission,
+    with_student_run,
+)
 
 from course.feedback import generate_feedback
 from course.grade import grade_lab
 from course.nbgrader_run import db_url_for, make_course_dir, read_scores
 from course.notebooks import make_submission, read_notebook, write_notebook
+from course.ta_view import GRADER_RUN, STUDENT_RUN
 
 HIDDEN_TEST_LINES = ("add(-40, 17)", "scale(0.5, 7.25)", "square(-9)")
 # After a page has loaded, how long its scripts (a payload's requests included) are given before the checks.
@@ -48,15 +64,17 @@ MANUAL_SCORE = 1.5
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """The fixture lab built, a course folder with ada and mallory graded, and a student's working copy."""
+    """The fixture lab with a plot question built, a course folder with ada and mallory graded, and a student's
+    working copy."""
     require_browser()
     base = tmp_path_factory.mktemp("browser")
-    root = built_root(base / "repo")
+    root = plot_lab_root(base / "repo")
     course = make_course_dir(base / "course", [LAB], root)
     source = read_notebook(root / "source" / LAB / f"{LAB}.ipynb")
     release = read_notebook(root / "release" / LAB / f"{LAB}.ipynb")
-    write_notebook(make_submission(release, source), course / "submitted" / "ada" / LAB / f"{LAB}.ipynb")
-    write_notebook(payload_submission(root), course / "submitted" / "mallory" / LAB / f"{LAB}.ipynb")
+    write_notebook(run_submission(root), course / "submitted" / "ada" / LAB / f"{LAB}.ipynb")
+    mallory = with_student_run(payload_submission(root), hostile=True)
+    write_notebook(mallory, course / "submitted" / "mallory" / LAB / f"{LAB}.ipynb")
     outcomes, _ = grade_lab(course, LAB, progress=False, workers=2)
     assert all(o.status == "ok" for o in outcomes.values()), outcomes
     # A student who copied release/lab0 out and answered Question 1.1 (the served folder holds it, beside the course).
@@ -165,6 +183,72 @@ def test_feedback_html_of_a_hostile_submission_runs_no_script(graded, browser):
     assert_nothing_ran_and_content_shows(browser, course, before, "feedback")
 
 
+def in_order(text: str, *parts: str) -> bool:
+    """Whether each of ``parts`` shows in ``text``, after the one before it."""
+    at = 0
+    for part in parts:
+        at = text.find(part, at)
+        if at < 0:
+            return False
+        at += len(part)
+    return True
+
+
+# The labels of the grader's re-run (G) and of the student's run (S), and loaded PNG images (I), in page order
+# below ``arguments[0]``: a label is an output ``div`` holding only its text.
+RUN_SEQUENCE_JS = """
+const [root, grader, student] = arguments, seen = [];
+const walk = document.createTreeWalker(root, NodeFilter.SHOW_ELEMENT);
+while (walk.nextNode()) {
+  const el = walk.currentNode, text = el.children.length ? '' : el.textContent.trim();
+  if (el.tagName === 'DIV' && text.startsWith(grader)) seen.push('G');
+  else if (el.tagName === 'DIV' && text.startsWith(student)) seen.push('S');
+  else if (el.tagName === 'IMG' && el.src.startsWith('data:image/png') && el.complete && el.naturalWidth > 0) seen.push('I');
+}
+return seen.join('');
+"""
+
+
+def run_sequence(browser, root) -> str:
+    return browser.execute_script(RUN_SEQUENCE_JS, root, GRADER_RUN, STUDENT_RUN)
+
+
+def assert_the_student_run_shows(browser, where: str) -> None:
+    """The setup cell's and the measuring cell's outputs: the grader's re-run, then the student's, each labelled."""
+    text = browser.find_element("tag name", "body").text
+    assert in_order(text, GRADER_RUN, "GPU: none found", STUDENT_RUN, STUDENT_GPU), (
+        f"{where}: the student's GPU must show as the student's run, after the grader's re-run")
+    assert in_order(text, STUDENT_GPU, GRADER_RUN, "n | latency_ms", STUDENT_RUN, STUDENT_TABLE_ROW), (
+        f"{where}: the student's measured table must show as the student's run, after the grader's")
+
+
+def test_formgrader_shows_the_student_run_and_the_mark_scheme(graded, server, browser):
+    course = graded["course"]
+    open_and_settle(browser, server.url(f"/formgrader/submissions/{submission_id(course, 'ada')}/"), STUDENT_RUN)
+    assert_the_student_run_shows(browser, "formgrader")
+    plot_cell = browser.execute_script(f"return document.getElementById('{PLOT_GID}').closest('.cell')")
+    assert run_sequence(browser, plot_cell) == "GSI", (
+        "the plot question must show the student's plot under the student's run (the grader's re-run has none): "
+        f"{run_sequence(browser, plot_cell)!r}")
+    for gid, scheme in ((ANSWER_GID, ANSWER_SCHEME), (PLOT_GID, PLOT_SCHEME)):
+        after = browser.execute_script(
+            f"return document.getElementById('{gid}').closest('.cell').nextElementSibling.innerText")
+        assert "Mark scheme" in after and scheme in after, (
+            f"the mark scheme of {gid} must follow the answer where the TA scores it: {after[:300]!r}")
+    assert ran_scripts(browser) == [], ran_scripts(browser)
+
+
+def test_feedback_shows_the_student_run_and_no_mark_scheme(graded, browser):
+    [page] = generate_feedback(graded["course"], LAB, ["ada"])
+    open_and_settle(browser, page.as_uri(), STUDENT_RUN)
+    assert_the_student_run_shows(browser, "feedback")
+    body = browser.find_element("tag name", "body")
+    assert "GSI" in run_sequence(browser, body), "feedback must show the student's plot under the student's run"
+    html = browser.page_source
+    shown = [text for text in ("Mark scheme", ANSWER_SCHEME, PLOT_SCHEME, *HIDDEN_TEST_LINES) if text in html]
+    assert not shown, f"feedback must show no mark scheme and no hidden test: {shown}"
+
+
 def test_control_stock_nbconvert_page_runs_the_payloads(graded, browser, tmp_path):
     """Without the course's sanitizer the same content does run in this browser (so the checks above can fail)."""
     nb = outputs_notebook()
@@ -186,10 +270,10 @@ def test_ta_grades_by_hand_and_generates_feedback_in_the_formgrader(graded, serv
     rows = browser.find_elements("css selector", "table tbody tr")
     assert len(rows) == 2, f"the gradebook must list both submissions, shows {len(rows)} rows"
     # Scores read as the lab states them: out of the core points, bonus on top (ada: 3 + 2 + the 1 bonus point, her
-    # written answer not graded yet; the fixture lab is out of 7 + 1 bonus).
+    # written answer and plot not graded yet; the lab is out of 8 + 1 bonus).
     texts = [row.text for row in rows]
-    assert any("6 / 7" in text for text in texts) and all(" / 7" in text for text in texts), (
-        f"the formgrader must show each submission out of the core 7 points, bonus included in the score: {texts}")
+    assert any("6 / 8" in text for text in texts) and all(" / 8" in text for text in texts), (
+        f"the formgrader must show each submission out of the core 8 points, bonus included in the score: {texts}")
 
     open_and_settle(browser, server.url(f"/formgrader/submissions/{submission_id(course, 'ada')}/"), "Question 1.3")
     from selenium.webdriver.common.keys import Keys
