@@ -168,8 +168,8 @@ else:
 # %% nbgrader={"grade": false, "grade_id": "lab2_test_helpers", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["test-helpers"]
 # Helpers of this lab's tests. Every comparison goes through checks.py (with its as_tuple, as_truth, carried,
 # assert_or_carried and assert_on_input_device); these only accept NaN where a question asks for it, recompute a
-# dependent answer from the student's own earlier answers (docs/AUTHORING.md, "a mistake is charged once") and
-# take a benchmark's dict apart.
+# dependent answer from the student's own earlier answers as they were graded (docs/AUTHORING.md, "a mistake is
+# charged once": the earlier question's test keeps them with keep_carried) and take a benchmark's dict apart.
 
 
 def assert_nan(got, what):
@@ -183,28 +183,57 @@ def assert_nan(got, what):
     raise AssertionError(f"{what} must be NaN (float('nan')), got {value!r}")
 
 
+def keep_your_answers(name, compute, cases):
+    """In an earlier question's test: keep compute(*case) for each case (the student's answer as graded now) under
+    (name, case), with checks.keep_carried (None where it raises), for a later question's carry-forward."""
+    for case in cases:
+        keep_carried(f"{name}{tuple(case)!r}", compute, *case)
+
+
+def your_kept_answer(name, *case):
+    """What keep_your_answers kept under (name, case); raises LookupError when nothing was kept (so that
+    checks.carried gives None and only the test's own value is accepted)."""
+    value = kept_carried(f"{name}{tuple(case)!r}")
+    if value is None:
+        raise LookupError(f"no kept answer {name}{case!r}")
+    return value
+
+
+def your_hbm_bytes(n, k, bytes_per_element):
+    """(fused, unfused) from your relu_matmul_hbm_bytes (Question 1.1), as whole numbers."""
+    return tuple(as_integer(relu_matmul_hbm_bytes(n, k=k, bytes_per_element=bytes_per_element, fused=fused),
+                            "relu_matmul_hbm_bytes") for fused in (True, False))
+
+
 def speedup_from_your_bytes(n, peak_tflops, bandwidth_tb_s, k=None, bytes_per_element=2):
-    """Question 1.2's model on the bytes of your relu_matmul_hbm_bytes (Question 1.1)."""
+    """Question 1.2's model on the bytes your relu_matmul_hbm_bytes (Question 1.1) gave when Question 1.1 was graded."""
     kk = n if k is None else k
-    fused = as_integer(relu_matmul_hbm_bytes(n, k=k, bytes_per_element=bytes_per_element, fused=True),
-                       "relu_matmul_hbm_bytes")
-    unfused = as_integer(relu_matmul_hbm_bytes(n, k=k, bytes_per_element=bytes_per_element, fused=False),
-                         "relu_matmul_hbm_bytes")
+    fused, unfused = your_kept_answer("relu_matmul_hbm_bytes", n, k, bytes_per_element)
     matmul_s = max(2.0 * n * n * kk / (peak_tflops * 1e12), fused / (bandwidth_tb_s * 1e12))
     return (matmul_s + (unfused - fused) / (bandwidth_tb_s * 1e12)) / matmul_s
 
 
+def your_chain_flops(seq_len, kv_head):
+    """Your chain_flops (Question 2.2), as a real number."""
+    return as_real(chain_flops(seq_len, kv_head), "chain_flops")
+
+
+def your_chain_io_bytes(seq_len, kv_head, bytes_per_element):
+    """Your chain_io_bytes (Question 2.1), inputs and output together, as a real number."""
+    return sum(as_real(x, "chain_io_bytes")
+               for x in as_tuple(chain_io_bytes(seq_len, kv_head, bytes_per_element), 2, "chain_io_bytes"))
+
+
 def intensity_from_your_counts(seq_len, kv_head, bytes_per_element=2, intermediate_round_trips=0):
-    """Question 2.3's formula on your chain_flops and chain_io_bytes (Questions 2.1 and 2.2)."""
-    flops = as_real(chain_flops(seq_len, kv_head), "chain_flops")
-    io_bytes = sum(as_real(x, "chain_io_bytes")
-                   for x in as_tuple(chain_io_bytes(seq_len, kv_head, bytes_per_element), 2, "chain_io_bytes"))
+    """Question 2.3's formula on your chain_flops and chain_io_bytes (Questions 2.1 and 2.2) as they were graded."""
+    flops = your_kept_answer("chain_flops", seq_len, kv_head)
+    io_bytes = your_kept_answer("chain_io_bytes", seq_len, kv_head, bytes_per_element)
     return flops / (io_bytes + intermediate_round_trips * 2.0 * seq_len * seq_len * bytes_per_element)
 
 
 def lse_with_your_update(x, block_size):
     """The log-sum-exp of x (on the CPU) computed block by block with your online_softmax_update (Question 4.1.1),
-    as float64 on the CPU."""
+    as float64 on the CPU. Question 4.1.1's test keeps it for Question 4.1.2's inputs (blockwise_lse_inputs)."""
     m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=DEVICE)
     l = torch.zeros(x.shape[:-1], dtype=x.dtype, device=DEVICE)
     for start in range(0, x.shape[-1], block_size):
@@ -212,6 +241,35 @@ def lse_with_your_update(x, block_size):
                 as_tuple(online_softmax_update(m, l, x[..., start:start + block_size].to(DEVICE)), 2,
                          "online_softmax_update"))
     return (m + torch.log(l)).cpu().double()
+
+
+def blockwise_lse_public_input():
+    """The scores of Question 4.1.2's public check (blocks of 2)."""
+    return torch.tensor([[0.5, -1.0, 2.0, 0.0, 3.0], [1.0, 1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+
+
+def keep_lse_with_your_update(cases):
+    """In Question 4.1.1's test: keep lse_with_your_update(x, block) for each (name, x, block) of Question 4.1.2, under
+    ("lse_with_your_update", name, block)."""
+    for name, x, block in cases:
+        keep_carried(f"lse_with_your_update{(name, block)!r}", lse_with_your_update, x, block)
+
+
+def blockwise_lse_inputs(gen):
+    """Question 4.1.2's scores and block sizes, drawn from ``gen``: [(name, x, block_size)]. Question 4.1.1's test
+    keeps what your online_softmax_update makes of them (lse_with_your_update) with the same generator's seed."""
+    x = torch.randn(2, 3, 37, generator=gen, dtype=torch.float64) * 3
+    big = torch.randn(2, 3, 37, generator=gen, dtype=torch.float64) * 1000  # exp overflows beyond ~709
+    big[0, 1] = -3000 + torch.randn(37, generator=gen, dtype=torch.float64)  # exp underflows: every term is 0
+    x32 = torch.randn(4, 10, generator=gen) * 60  # float32's exp overflows beyond ~88.7
+    x32[3] -= 400  # ...and underflows
+    masked = torch.randn(2, 3, 37, generator=gen, dtype=torch.float64) * 1000
+    masked[0, 0] = float("-inf")
+    masked[1, 2, ::2] = float("-inf")
+    masked[1, 0, :9] = float("-inf")  # the first blocks of this row are fully masked
+    return ([("moderate", x, block) for block in (1, 5, 8, 36, 37, 100)]
+            + [("large", big, block) for block in (5, 8)] + [("float32", x32, 3)]
+            + [("masked", masked, block) for block in (4, 8)])
 
 
 def benchmark_attention_result(result, what):
@@ -289,6 +347,7 @@ def _q1_1_public_tests():
 
 _q1_1_public_tests()
 del _q1_1_public_tests
+keep_your_answers("relu_matmul_hbm_bytes", your_hbm_bytes, [(64, None, 2)])  # Question 1.2 builds on these bytes
 ### BEGIN HIDDEN TESTS
 def _q1_1_hidden_tests():
     def grade_cases(cases):
@@ -309,12 +368,17 @@ def _q1_1_hidden_tests():
     with check("rectangular matrices: k != n", weight=1):
         grade_cases([(4096, 64, 2), (300, 7, 4), (16384, 128, 2), (5, 3, 1)])
     with check("k is the second positional argument", weight=1):
-        assert_integer(relu_matmul_hbm_bytes(64, 16), as_integer(relu_matmul_hbm_bytes(64, k=16), "relu_matmul_hbm_bytes(64, k=16)"),
-                       "relu_matmul_hbm_bytes(64, 16)", formula="relu_matmul_hbm_bytes(64, k=16)")
+        for fused in (True, False):
+            assert_integer(relu_matmul_hbm_bytes(64, 16, 2, fused), (2 * 64 * 16 + 64 * 64 + (0 if fused else 2 * 64 * 64)) * 2,
+                           f"relu_matmul_hbm_bytes(64, 16, 2, {fused}) (positional: n, k, bytes_per_element, fused)",
+                           formula="the bytes for n=64, k=16, bf16")
 
 
 _q1_1_hidden_tests()
 del _q1_1_hidden_tests
+keep_your_answers("relu_matmul_hbm_bytes", your_hbm_bytes,  # the cases of Question 1.2's hidden tests
+                  [(n, None, 2) for n in (128, 700, 2048, 8192)] + [(1000, None, 4), (20000, 128, 2), (8192, 64, 2),
+                                                                    (4096, 200, 4)])
 ### END HIDDEN TESTS
 finish_checks("Question 1.1")
 
@@ -689,6 +753,7 @@ def _q2_1_public_tests():
 
 _q2_1_public_tests()
 del _q2_1_public_tests
+keep_your_answers("chain_io_bytes", your_chain_io_bytes, [(10_000, 128, 2)])  # Question 2.3 builds on these bytes
 ### BEGIN HIDDEN TESTS
 def _q2_1_hidden_tests():
     def grade_cases(cases):
@@ -708,6 +773,8 @@ def _q2_1_hidden_tests():
 
 _q2_1_hidden_tests()
 del _q2_1_hidden_tests
+keep_your_answers("chain_io_bytes", your_chain_io_bytes,  # the cases of Question 2.3's hidden tests
+                  [(1000, 32, 4), (65536, 128, 2), (4096, 64, 4), (2048, 256, 2), (500, 500, 1)])
 ### END HIDDEN TESTS
 finish_checks("Question 2.1")
 
@@ -748,6 +815,7 @@ def _q2_2_public_tests():
 
 _q2_2_public_tests()
 del _q2_2_public_tests
+keep_your_answers("chain_flops", your_chain_flops, [(10_000, 128)])  # Question 2.3 builds on these FLOPs
 ### BEGIN HIDDEN TESTS
 def _q2_2_hidden_tests():
     with check("the FLOPs of A @ B and of C @ relu(A @ B) for several sizes (1% tolerance)", weight=2):
@@ -758,6 +826,8 @@ def _q2_2_hidden_tests():
 
 _q2_2_hidden_tests()
 del _q2_2_hidden_tests
+keep_your_answers("chain_flops", your_chain_flops,  # the cases of Question 2.3's hidden tests
+                  [(1000, 32), (65536, 128), (4096, 64), (2048, 256), (500, 500)])
 ### END HIDDEN TESTS
 finish_checks("Question 2.2")
 
@@ -996,10 +1066,21 @@ def reassociated_chain_cost(seq_len, kv_head, bytes_per_element=2):
 
 # %% nbgrader={"grade": true, "grade_id": "b2_5_reassociated_cost_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 def _b2_5_public_tests():
-    with check("public: a pair (flops, hbm_bytes) of whole numbers", weight=1):
-        flops, hbm_bytes = as_tuple(reassociated_chain_cost(10_000, 128), 2, "reassociated_chain_cost(10_000, 128)")
-        as_integer(flops, "reassociated_chain_cost(10_000, 128)[0] (flops)")
-        as_integer(hbm_bytes, "reassociated_chain_cost(10_000, 128)[1] (hbm_bytes)")
+    with check("public: (flops, hbm_bytes): the FLOPs grow linearly with SEQ (C @ A is only KV_HEAD x KV_HEAD) and do "
+               "not depend on bytes_per_element; fp32 doubles the bytes", weight=1):
+        def cost(seq, bytes_per_element=2):
+            where = f"reassociated_chain_cost({seq}, 128, {bytes_per_element})"
+            return [as_integer(x, f"{where}[{i}]") for i, x in
+                    enumerate(as_tuple(reassociated_chain_cost(seq, 128, bytes_per_element), 2, where))]
+
+        flops, hbm_bytes = cost(10_000)
+        assert_integer(cost(20_000)[0], 2 * flops, "reassociated_chain_cost(20_000, 128)[0] (flops)",
+                       formula="2 x the FLOPs at SEQ = 10_000 (no SEQ x SEQ product any more)")
+        assert_integer(cost(10_000, 4)[0], flops, "reassociated_chain_cost(10_000, 128, 4)[0] (flops)",
+                       formula="the FLOPs in bf16 (FLOPs do not depend on the dtype's size)")
+        assert_integer(cost(10_000, 4)[1], 2 * hbm_bytes, "reassociated_chain_cost(10_000, 128, 4)[1] (hbm_bytes)",
+                       formula="2 x the bf16 bytes")
+        assert flops > 0 and hbm_bytes > 0, f"FLOPs and bytes must be positive, got {(flops, hbm_bytes)}"
 
 
 _b2_5_public_tests()
@@ -1106,9 +1187,11 @@ if not run_compiled:
 # - `mask`: `None`, or a boolean tensor that broadcasts to `(B, H, S_q, S_kv)` (for example `(S_q, S_kv)` or
 #   `(B, 1, S_q, S_kv)`), `True` where the query may attend to the key;
 # - return `(B, S_q, H, D)` in the dtype of `q`; do not modify the inputs;
-# - compute with `torch.einsum` (the scores and the output), not with a fused attention
-#   (`F.scaled_dot_product_attention`, `flash_attn_func`, `nn.MultiheadAttention`): the tests check which torch
-#   functions your code calls, and Part 5 times this function as the *eager* baseline;
+# - compute the scores ($QK^\top$) and the output ($PV$) each with `torch.einsum` (not `@`, `torch.matmul` or a
+#   sum of broadcast products), not with a fused attention (`F.scaled_dot_product_attention`, `flash_attn_func`,
+#   `nn.MultiheadAttention`): the tests record which torch functions your code calls and what each einsum reads and
+#   returns (an answer that skips einsum earns at most a quarter of the points), and Part 5 times this function as
+#   the *eager* baseline;
 # - precision: the tests compare with a float64 reference to a maximum absolute difference of 1e-5 for float64
 #   inputs and 1e-4 for float32 inputs, so computing in float32 is fine (for example
 #   `weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)`: the softmax in float32, the weights
@@ -1184,11 +1267,29 @@ def _q3_1_hidden_tests():
         return result, all(torch.equal(t, c) for t, c in zip(tensors, copies))
 
     @kernel_side
-    def torch_calls_of(fn, *args, **kwargs):
-        """The names of the torch functions fn(*args, **kwargs) called (record_torch_calls), run in the kernel."""
+    def einsum_calls_of(fn, *args, **kwargs):
+        """fn(*args, **kwargs) run in the kernel: (the names of the torch functions it called, from record_torch_calls;
+        the shapes each torch.einsum call read and returned, [(operand shapes, result shape)])."""
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._pytree import tree_leaves
+
+        class EinsumShapes(TorchFunctionMode):
+            def __init__(self):
+                super().__init__()
+                self.calls = []
+
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if getattr(func, "__name__", "") == "einsum":
+                    operands = [t for t in tree_leaves((args, kwargs or {})) if isinstance(t, torch.Tensor)]
+                    self.calls.append(([list(t.shape) for t in operands],
+                                       list(out.shape) if isinstance(out, torch.Tensor) else []))
+                return out
+
         with record_torch_calls() as called:
-            fn(*args, **kwargs)
-        return sorted(called)
+            with EinsumShapes() as shapes:
+                fn(*args, **kwargs)
+        return sorted(called), shapes.calls
 
     def inputs(b, s_q, s_kv, h, d, scale=1.0, mask_shape=None):
         q = torch.randn(b, s_q, h, d, generator=gen, dtype=torch.float64) * scale
@@ -1200,7 +1301,7 @@ def _q3_1_hidden_tests():
             mask[..., 0] = True  # every query keeps at least one key
         return q, k, v, mask
 
-    unchanged_flags = []
+    unchanged_flags = []  # (whether the call kept its inputs, whether its output was right) per call
 
     def grade_case(b, s_q, s_kv, h, d, dtype, mask_shape=None, scale=1.0, noncontiguous=False):
         q, k, v, mask = inputs(b, s_q, s_kv, h, d, scale, mask_shape)
@@ -1212,13 +1313,14 @@ def _q3_1_hidden_tests():
             qd, kd, vd = (t.clone().to(DEVICE, dtype) for t in (q, k, v))
         out, unchanged = call_keeping_inputs(einsum_attention, qd, kd, vd,
                                              mask=None if mask is None else mask.clone().to(DEVICE))
-        unchanged_flags.append(unchanged)
+        unchanged_flags.append([unchanged, False])
         where = (f"einsum_attention for q {tuple(q.shape)}, k/v {tuple(k.shape)}, {dtype}, mask "
                  f"{'None' if mask is None else tuple(mask.shape)} (softmax(q k^T / sqrt(D)) over the keys, times v)")
         tol = 1e-5 if dtype == torch.float64 else 1e-4
         assert_tensor_close(out, want, where, rtol=0, atol=tol, dtype=dtype)
+        unchanged_flags[-1][1] = True
 
-    with check("float64 inputs: self- and cross-attention (S_q != S_kv), head_dim 1, large scores", weight=4):
+    with check("float64 inputs: self- and cross-attention (S_q != S_kv), head_dim 1, large scores", weight=3):
         grade_case(1, 7, 7, 1, 8, torch.float64)
         grade_case(3, 6, 11, 2, 5, torch.float64)  # cross-attention: S_q != S_kv
         grade_case(2, 9, 4, 3, 1, torch.float64)  # head_dim 1
@@ -1230,21 +1332,46 @@ def _q3_1_hidden_tests():
         grade_case(2, 6, 9, 3, 4, torch.float64, mask_shape=(2, 1, 6, 9))
         grade_case(2, 7, 7, 3, 4, torch.float64, mask_shape=(2, 3, 7, 7))
         grade_case(1, 5, 12, 2, 7, torch.float64, mask_shape=(5, 12))
-    with check("q, k, v and the mask are not modified", weight=1):
-        grade_case(2, 6, 6, 2, 4, torch.float64, mask_shape=(6, 6))
-        assert unchanged_flags and all(flag is True for flag in unchanged_flags), (
-            f"einsum_attention must not modify q, k, v or the mask in place: {unchanged_flags.count(False)} of "
-            f"{len(unchanged_flags)} calls changed an argument")
-    with check("computed with torch.einsum, not a fused attention (scaled_dot_product_attention, flash_attn_func, "
-               "nn.MultiheadAttention)", weight=1):
-        q, k, v, mask = inputs(2, 6, 6, 2, 4, mask_shape=(6, 6))
+    with check("q, k, v and the mask are not modified by the calls that compute attention", weight=1):
+        try:
+            grade_case(2, 6, 6, 2, 4, torch.float64, mask_shape=(6, 6))
+        except AssertionError:
+            pass  # a wrong value is charged above; this check reads the calls whose value was right
+        right = [kept for kept, correct in unchanged_flags if correct]
+        assert right, "no call of einsum_attention returned attention, so whether it keeps its inputs was not checked"
+        assert all(kept is True for kept in right), (
+            f"einsum_attention must not modify q, k, v or the mask in place: {right.count(False)} of {len(right)} "
+            f"calls changed an argument")
+    # The method, which gates this question: the scores and the output each come from a torch.einsum. Sizes that differ
+    # (B=2, S=7, H=5, D=3) tell the tensors apart by shape: scores hold S twice, the output S once and D.
+    with check("computed with torch.einsum: the scores (from q and k) and the output (from the weights and v), not with "
+               "@, matmul or a fused attention (scaled_dot_product_attention, flash_attn_func, nn.MultiheadAttention)",
+               weight=3, method=True):
+        b, s, h, d = 2, 7, 5, 3
+        q, k, v, mask = inputs(b, s, s, h, d, mask_shape=(s, s))
         for args in ((q, k, v), (q, k, v, mask)):
-            called = torch_calls_of(einsum_attention, *(t.clone().to(DEVICE) for t in args))
-            assert_calls(called, "einsum_attention (the question prescribes torch.einsum)", required=("einsum",),
+            what = f"einsum_attention for q, k, v of shape {(b, s, h, d)}" + (" and a mask" if len(args) == 4 else "")
+            called, einsums = einsum_calls_of(einsum_attention, *(t.clone().to(DEVICE) for t in args))
+            assert_calls(called, f"{what} (the question prescribes torch.einsum)", required=("einsum",),
                          forbidden=("scaled_dot_product_attention", "_scaled_dot_product_attention_math",
                                     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                                     "_scaled_dot_product_flash_attention_for_cpu", "multi_head_attention_forward",
                                     "flash_attn_func"))
+            shapes = [([list(map(int, shape)) for shape in operands], list(map(int, result)))
+                      for operands, result in einsums]
+
+            def holds(shape, size, times=1):
+                return shape.count(size) >= times
+
+            scores = [result for operands, result in shapes if holds(result, s, 2) and len(operands) >= 2
+                      and sum(holds(o, s) and holds(o, d) and not holds(o, s, 2) for o in operands) >= 2]
+            outputs = [result for operands, result in shapes if holds(result, s) and holds(result, d)
+                       and not holds(result, s, 2) and any(holds(o, s, 2) for o in operands)
+                       and any(holds(o, s) and holds(o, d) and not holds(o, s, 2) for o in operands)]
+            assert scores, (f"{what} must compute the scores q k^T with torch.einsum (an einsum that reads q and k and "
+                            f"returns the S x S scores); its einsum calls read and returned {shapes or 'nothing'}")
+            assert outputs, (f"{what} must compute the output P v with torch.einsum (an einsum that reads the S x S "
+                             f"weights and v); its einsum calls read and returned {shapes or 'nothing'}")
 
 
 _q3_1_hidden_tests()
@@ -1357,10 +1484,21 @@ def _q3_2_hidden_tests():
         for where, got, _, hbm in results:
             assert_integer(got.get("hbm_bytes"), hbm, f"{where}['hbm_bytes']",
                            formula="4 B S H D numbers + trips x (write + read) of B H S^2 numbers, x bytes_per_element")
-    with check("intensity: flops / hbm_bytes (of your own flops and hbm_bytes)", weight=1):
-        for where, got, _, _ in results:  # each mistake is charged once: the ratio of the dict's own numbers
-            own = as_real(got.get("flops"), f"{where}['flops']") / as_real(got.get("hbm_bytes"), f"{where}['hbm_bytes']")
-            assert_close(got.get("intensity"), own, f"{where}['intensity']", rel_tol=1e-6,
+    with check("intensity: flops / hbm_bytes (of your own flops and hbm_bytes, at least one of them right)", weight=1):
+        def right(value, want, what):
+            try:
+                assert_integer(value, want, what)
+            except AssertionError:
+                return False
+            return True
+
+        for where, got, flops, hbm in results:  # each mistake is charged once: the ratio of the dict's own numbers
+            own_flops = as_real(got.get("flops"), f"{where}['flops']")
+            own_bytes = as_real(got.get("hbm_bytes"), f"{where}['hbm_bytes']")
+            assert right(own_flops, flops, "flops") or right(own_bytes, hbm, "hbm_bytes"), (  # made-up numbers earn nothing
+                f"{where}: the intensity is checked as flops / hbm_bytes of the same dict when at least one of them is "
+                f"right; flops must be {flops:,} or hbm_bytes {hbm:,}, got {got.get('flops')!r} and {got.get('hbm_bytes')!r}")
+            assert_close(got.get("intensity"), own_flops / own_bytes, f"{where}['intensity']", rel_tol=1e-6,
                          formula="flops / hbm_bytes of the same dict")
     with check("einsum_round_trips: the round trips of the masked einsum attention", weight=1):
         assert_integer(einsum_round_trips, 3, "einsum_round_trips",
@@ -1423,6 +1561,11 @@ def _q3_3_hidden_tests():
                                 f"causal_mask({s}, device='cpu') (True exactly when key j <= query i)", dtype=torch.bool)
     with check("the mask is created on the device asked for (device=None: PyTorch's default device)", weight=1):
         assert_on_input_device(causal_mask, (6, DEVICE), DEVICE, f"causal_mask(6, device={DEVICE})")
+        on_device = as_tensor(causal_mask(6, DEVICE), f"causal_mask(6, device={DEVICE})")
+        assert tuple(on_device.shape) == (6, 6) and on_device.dtype == torch.bool and 0 < int(on_device.sum()) < 36, (
+            f"causal_mask(6, device={DEVICE}) must be a (6, 6) boolean mask with some keys visible and some not (this "
+            f"check is about where a real mask is made), got {tuple(on_device.shape)} {on_device.dtype} with "
+            f"{int(on_device.sum()) if on_device.dtype == torch.bool else 'no'} True entries")
         probe = kernel_side(output_devices_with_meta_default)  # PyTorch's default device is `meta` during the call
         for args, want in (((6,), "meta"),):
             devices = probe(causal_mask, *args)
@@ -1656,6 +1799,7 @@ def _q4_1_1_public_tests():
 
 _q4_1_1_public_tests()
 del _q4_1_1_public_tests
+keep_lse_with_your_update([("public", blockwise_lse_public_input(), 2)])  # Question 4.1.2 may build on your update
 ### BEGIN HIDDEN TESTS
 def _q4_1_1_hidden_tests():
     gen = torch.Generator().manual_seed(4_1)
@@ -1697,6 +1841,7 @@ def _q4_1_1_hidden_tests():
 
 _q4_1_1_hidden_tests()
 del _q4_1_1_hidden_tests
+keep_lse_with_your_update(blockwise_lse_inputs(torch.Generator().manual_seed(4_11)))  # Question 4.1.2's hidden inputs
 ### END HIDDEN TESTS
 finish_checks("Question 4.1.1")
 
@@ -1712,7 +1857,7 @@ finish_checks("Question 4.1.1")
 # and how many operations ran. `run_with_probe(fn, *args, **kwargs)` calls `fn` inside a new probe and returns
 # `(fn's result, probe)`; the tests of Questions 4.1.2, 4.2 and Bonus 4.4 use it.
 # `run_with_probe_watching(x, fn, *args)` also records which elements of the tensor `x` each operation reads, and
-# so whether `fn` made one pass over `x` (Question 4.1.2). Use it yourself to see what your
+# so whether `fn` made one pass over `x` (Question 4.1.2) and whether it read all of `x` (Questions 4.2 and 4.4). Use it yourself to see what your
 # code allocates. (It refuses to measure when the probe was changed or switched off during the call: such a
 # measurement could not be trusted.)
 
@@ -1737,6 +1882,7 @@ class LargestTensorProbe(TorchDispatchMode):
             been read before and were read again later (a single pass over `watched`, block by block, keeps this to
             the block being worked on; a second pass over it makes it every element).
         most_open_op (str | None): The operation where that happened.
+        watched_elements_read (int): With `watched`: how many of its elements some operation read.
     """
 
     VALUE_FREE_OPS = frozenset({"aten::new_empty", "aten::new_empty_strided", "aten::new_zeros", "aten::new_ones",
@@ -1776,6 +1922,8 @@ class LargestTensorProbe(TorchDispatchMode):
         seen = {name: getattr(self, name) for name in ("largest_numel", "largest_op", "largest_input_numel",
                                                        "largest_input_op", "num_ops", "op_names", "watched_reads")}
         seen["most_open_elements"], seen["most_open_op"] = self._open_elements()
+        seen["watched_elements_read"] = (int(torch.cat([indices for _, _, indices in self._reads]).unique().numel())
+                                         if self._reads else 0)
         return seen
 
     def _record_reads(self, name, args, kwargs):
@@ -1868,7 +2016,8 @@ run_with_probe, run_with_probe_watching = _make_run_with_probe(LargestTensorProb
 # - **block by block**: no operation may read or create more than two blocks' worth of every row, i.e. more
 #   than `2 * x[..., :block_size].numel()` elements (views such as slices do not count). The tests run your
 #   function with `run_with_probe` (above) at small block sizes, so `torch.logsumexp(x, -1)` or `x.amax(-1)` on
-#   whole rows, or a padded copy of `x`, fail;
+#   whole rows, or a padded copy of `x`, fail. This is the method the question asks for: an answer that is not
+#   block by block earns at most a quarter of the points, however right its values;
 # - **one pass**: each block is read when its turn comes and never again once the function has moved on to the next
 #   block (that is what makes the update *online*). The tests run your function with `run_with_probe_watching`,
 #   which records which elements of `x` each operation reads: a first pass over the blocks for the max and a second
@@ -1902,13 +2051,13 @@ def blockwise_logsumexp(x, block_size):
 
 # %% nbgrader={"grade": true, "grade_id": "q4_1_2_blockwise_lse_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 def _q4_1_2_public_tests():
-    x = torch.tensor([[0.5, -1.0, 2.0, 0.0, 3.0], [1.0, 1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    x = blockwise_lse_public_input()
     with check("public: blockwise_logsumexp(x, 2) equals torch.logsumexp(x, -1) for x (2, 5) in float64", weight=2):
         got = blockwise_logsumexp(x.to(DEVICE), 2)
         assert_or_carried(lambda want: assert_tensor_close(got, want, "blockwise_logsumexp(x (2, 5), 2)", rtol=1e-9,
                                                            atol=0, dtype=torch.float64),
-                          torch.logsumexp(x, dim=-1), carried(lse_with_your_update, x, 2),
-                          carried_from="online_softmax_update (Question 4.1.1)")
+                          torch.logsumexp(x, dim=-1), carried(your_kept_answer, "lse_with_your_update", "public", 2),
+                          carried_from="online_softmax_update (Question 4.1.1) as it was graded")
 
 
 _q4_1_2_public_tests()
@@ -1924,7 +2073,7 @@ def _q4_1_2_hidden_tests():
         result, probe = run_with_probe_watching(x, fn, x, *args)
         return result, probe.summary()
 
-    def grade_value(x, block, tol):
+    def grade_value(name, x, block, tol):
         largest = x[torch.isfinite(x)].abs().max().item()
         where = (f"blockwise_logsumexp(x {tuple(x.shape)} {x.dtype} with |scores| up to {largest:.0f}, block_size={block}) "
                  f"(torch.logsumexp(x, -1) over all {x.shape[-1]} scores, the last block may be shorter; relative to "
@@ -1935,12 +2084,12 @@ def _q4_1_2_hidden_tests():
         want = torch.logsumexp(x.double(), dim=-1)  # float64, and stable
         scale = want.abs().clamp_min(1.0)  # errors relative to max(1, |lse|)
         scale[torch.isinf(want)] = 1.0
-        other = carried(lse_with_your_update, x, block)  # a blockwise_logsumexp that calls your update
+        other = carried(your_kept_answer, "lse_with_your_update", name, block)  # calling your update, as graded
         def compare(expected):
             return assert_tensor_close(got.cpu().double() / scale, expected, where, rtol=0, atol=tol)
 
         assert_or_carried(compare, want / scale, None if other is None else other / scale,
-                          carried_from="your online_softmax_update of Question 4.1.1")
+                          carried_from="your online_softmax_update of Question 4.1.1, as it was graded")
 
     def run_probe(x, block):
         rows = x[..., 0].numel()
@@ -1976,27 +2125,24 @@ def _q4_1_2_hidden_tests():
                 f"{seen['most_open_elements']} elements of x had been read and were still to be read again (at most "
                 f"{limit}, two blocks of every row); {seen['most_open_op']}")
 
-    x = torch.randn(2, 3, 37, generator=gen, dtype=torch.float64) * 3
+    cases = blockwise_lse_inputs(gen)  # Question 4.1.1's test kept what your update makes of the same inputs
+
+    def grade_values(kind):
+        for name, x, block in cases:
+            if name in kind:
+                grade_value(name, x, block, 1e-5 if x.dtype == torch.float32 else 1e-9)
+
     with check("float64 scores of moderate size, block sizes that do and do not divide the row (1 to 100)", weight=4):
-        for block in (1, 5, 8, 36, 37, 100):
-            grade_value(x, block, 1e-9)
+        grade_values(("moderate",))
     with check("stability: scores in the thousands of either sign (float64), and beyond float32's exp range", weight=1):
-        big = torch.randn(2, 3, 37, generator=gen, dtype=torch.float64) * 1000  # exp overflows beyond ~709
-        big[0, 1] = -3000 + torch.randn(37, generator=gen, dtype=torch.float64)  # exp underflows: every term is 0
-        for block in (5, 8):
-            grade_value(big, block, 1e-9)
-        x32 = torch.randn(4, 10, generator=gen) * 60  # float32's exp overflows beyond ~88.7
-        x32[3] -= 400  # ...and underflows
-        grade_value(x32, 3, 1e-5)
+        grade_values(("large", "float32"))
     with check("-inf scores: a row of -inf gives -inf, masked scores count as 0", weight=1):
-        masked = torch.randn(2, 3, 37, generator=gen, dtype=torch.float64) * 1000
-        masked[0, 0] = float("-inf")
-        masked[1, 2, ::2] = float("-inf")
-        masked[1, 0, :9] = float("-inf")  # the first blocks of this row are fully masked
-        for block in (4, 8):
-            grade_value(masked, block, 1e-9)
+        grade_values(("masked",))
+    x = cases[0][1]
     probe_runs = [run_probe(x, 3), run_probe(x, 8), run_probe(torch.randn(4, 10, generator=gen) * 60, 4)]
-    with check("block by block: no operation reads or creates more than two blocks' worth of every row", weight=1):
+    # The method, which gates this question: block by block (no whole row read or created at once).
+    with check("block by block: no operation reads or creates more than two blocks' worth of every row", weight=2,
+               method=True):
         for probe_run in probe_runs:
             grade_probe(probe_run, "memory")
     with check("one pass: each block is read once and not again after the next one (online, not two passes)", weight=1):
@@ -2053,7 +2199,9 @@ print(f"einsum_attention, S={probe_q.shape[1]}: largest tensor {probe.largest_nu
 #   `run_with_probe` and fail it if it creates any tensor with more than twice the elements of `q` or of
 #   `B x H x block_q x block_k`, whichever is larger (exactly twice passes; so no `S x S` matrix, no full row of
 #   scores, no `S x S` mask), if the probe sees fewer PyTorch operations than there are (query tile, key tile)
-#   pairs with a visible key, or if it calls `scaled_dot_product_attention`.
+#   pairs with a visible key or no operation reading every key, or if it calls `scaled_dot_product_attention`.
+#   Tiling is the method this question asks for: an answer that breaks this rule earns at most a quarter of the
+#   points, however right its values.
 #
 # `einsum` on tiles is fine. Python loops over tiles are slow but clear: Question 4.3 makes them fast.
 
@@ -2114,6 +2262,14 @@ def _run_with_probe(fn, *args, **kwargs):
     return result, probe.summary()
 
 
+@kernel_side
+def _run_with_probe_watching_keys(fn, q, k, v, **kwargs):
+    """fn(q, k, v, **kwargs) in the kernel inside run_with_probe_watching(k, ...): (fn's result, what the probe saw,
+    as a dict, with which elements of k were read)."""
+    result, probe = run_with_probe_watching(k, fn, q, k, v, **kwargs)
+    return result, probe.summary()
+
+
 def _q4_2_public_tests():
     gen = torch.Generator().manual_seed(42)
     q, k, v = (torch.randn(2, 70, 3, 16, generator=gen) for _ in range(3))
@@ -2132,7 +2288,8 @@ def _q4_2_public_tests():
                 scores = scores.masked_fill(~torch.ones(70, 70, dtype=torch.bool).tril(), float("-inf"))
             assert_tensor_close(lse, torch.logsumexp(scores, dim=-1), f"tiled_attention_forward(causal={causal})'s lse "
                                 "(the log-sum-exp of the scaled scores over the visible keys)", rtol=0, atol=2e-4)
-    with check("public: memory: q (1, 128, 2, 4) with 32 x 32 tiles holds at most one tile of scores", weight=1):
+    with check("public: memory: q (1, 128, 2, 4) with 32 x 32 tiles holds at most one tile of scores", weight=1,
+               method=True):
         q = torch.randn(1, 128, 2, 4, generator=gen).to(device=DEVICE)
         _, probe = _run_with_probe(tiled_attention_forward, q, q, q, causal=False, block_q=32, block_k=32)
         limit = 2 * max(q.numel(), 1 * 2 * 32 * 32)
@@ -2193,8 +2350,9 @@ def _q4_2_hidden_tests():
 
     probes = []
     for causal, block_q, block_k in [(True, 32, 32), (False, 16, 64)]:
-        q = torch.randn(1, 128, 2, 4, generator=gen).to(DEVICE)
-        _, probe = _run_with_probe(tiled_attention_forward, q, q, q, causal=causal, block_q=block_q, block_k=block_k)
+        q, k, v = (torch.randn(1, 128, 2, 4, generator=gen).to(DEVICE) for _ in range(3))
+        _, probe = _run_with_probe_watching_keys(tiled_attention_forward, q, k, v, causal=causal, block_q=block_q,
+                                                 block_k=block_k)
         probes.append((causal, block_q, block_k, probe))
         pairs = sum(1 for i in range(0, 128, block_q) for j in range(0, 128, block_k) if not causal or j < i + block_q)
         # Honest code either runs an operation per tile pair or creates a tensor over the limit (then the checks below
@@ -2204,14 +2362,17 @@ def _q4_2_hidden_tests():
             f"the probe saw {probe['num_ops']} PyTorch operations for {pairs} (query tile, key tile) pairs and no tensor "
             f"over the limit: the work ran where the probe cannot see it (its dispatch mode switched off, or outside "
             f"PyTorch), so how it was computed cannot be checked and this question cannot be graded")
-    with check("memory: at most one tile of scores per (batch, head) at a time (no S x S matrix, row or mask)", weight=1):
+    # The method, which gates this question: tiles (no S x S matrix, row or mask), each computed with PyTorch.
+    with check("memory: at most one tile of scores per (batch, head) at a time (no S x S matrix, row or mask)", weight=2,
+               method=True):
         for causal, block_q, block_k, probe in probes:
             limit = 2 * max(128 * 2 * 4, 2 * block_q * block_k)
             assert probe["largest_numel"] <= limit, (
                 f"tiled_attention_forward(causal={causal}, block_q={block_q}, block_k={block_k}) on q (1, 128, 2, 4) "
                 f"must hold at most one tile of scores per (batch, head): it created a tensor of "
                 f"{probe['largest_numel']:,} elements ({probe['largest_op']}); the limit is {limit:,}")
-    with check("tile by tile: the tiles are computed with PyTorch operations, not scaled_dot_product_attention", weight=1):
+    with check("tile by tile: the tiles are computed with PyTorch operations that read every key, not "
+               "scaled_dot_product_attention", weight=1, method=True):
         for causal, block_q, block_k, probe in probes:
             pairs = sum(1 for i in range(0, 128, block_q) for j in range(0, 128, block_k) if not causal or j < i + block_q)
             assert not any("scaled_dot_product" in name for name in probe["op_names"]), (
@@ -2220,6 +2381,10 @@ def _q4_2_hidden_tests():
                 f"tiled_attention_forward(causal={causal}, block_q={block_q}, block_k={block_k}) on q (1, 128, 2, 4): "
                 f"the probe saw {probe['num_ops']} PyTorch operations for {pairs} (query tile, key tile) pairs; "
                 f"compute every tile with PyTorch operations")
+            assert probe["watched_elements_read"] == 128 * 2 * 4, (
+                f"tiled_attention_forward(causal={causal}, block_q={block_q}, block_k={block_k}) on q, k, v (1, 128, 2, 4): "
+                f"PyTorch operations read {probe['watched_elements_read']} of the {128 * 2 * 4} elements of k; every key "
+                f"takes part in attention")
 
 
 _q4_2_hidden_tests()
@@ -2275,6 +2440,11 @@ print("max |tiled - einsum|:", (tiled_out - einsum_attention(probe_q, probe_q, p
 # and inputs and outputs in other layouts than contiguous `(B, S, H, D)` (transposed views, padded rows): use
 # every stride the kernel receives. They compare with a float64 reference with a tolerance of 2e-2 (on a GPU,
 # `tl.dot` on float32 tiles uses TF32, which rounds inputs to 10 bits of mantissa).
+#
+# **The method.** Loop over the key/value tiles (`BLOCK_N` keys at a time) with the online softmax, and multiply
+# tiles with `tl.dot` inside that loop: that is FlashAttention, and what this question asks for. The tests read your
+# kernel's source for a loop that calls `tl.dot`; a kernel without one (all keys of a row loaded at once, a plain
+# softmax) earns at most a quarter of the points, however right its values.
 #
 # **What the grader's Triton supports.** The autograder runs your kernel on a CPU in Triton's interpreter
 # (`TRITON_INTERPRET=1`, Triton 3.9), which does not implement everything a GPU compiles. Use these, which it runs
@@ -2446,6 +2616,47 @@ def _assert_supported_triton():
         f"alike: address tiles with pointers and strides (tl.load(ptrs, mask=..., other=...))")
 
 
+def _assert_tiled_kernel():
+    """The method of Question 4.3, read from the kernel's source (best effort: the same on a CPU and on a GPU grader):
+    _flash_attention_forward_kernel has a loop (over key tiles) that multiplies tiles with tl.dot."""
+    import ast
+    import textwrap
+
+    sources = [source for name, source in _notebook_triton_sources() if name == "_flash_attention_forward_kernel"]
+    assert sources and sources[0], "the source of your @triton.jit kernel _flash_attention_forward_kernel was not found"
+    try:
+        tree = ast.parse(textwrap.dedent(sources[0]))
+    except SyntaxError as exc:
+        raise AssertionError(f"the source of _flash_attention_forward_kernel does not parse: {exc}") from None
+    class LoopsWithDot(ast.NodeVisitor):
+        """Finds a call of `<module>.dot(...)` (tl.dot) inside a for or while loop."""
+
+        def __init__(self):
+            self.depth, self.found = 0, False
+
+        def inside_loop(self, node):
+            self.depth += 1
+            self.generic_visit(node)
+            self.depth -= 1
+
+        def visit_For(self, node):
+            self.inside_loop(node)
+
+        def visit_While(self, node):
+            self.inside_loop(node)
+
+        def visit_Call(self, node):
+            self.found = self.found or (self.depth > 0 and getattr(node.func, "attr", None) == "dot")
+            self.generic_visit(node)
+
+    finder = LoopsWithDot()
+    finder.visit(tree)
+    assert finder.found, (
+        "_flash_attention_forward_kernel must loop over the key/value tiles (BLOCK_N keys at a time) and multiply "
+        "tiles with tl.dot inside that loop (the online softmax of FlashAttention): its source has no loop that calls "
+        "tl.dot")
+
+
 def _q4_3_public_tests():
     gen = torch.Generator().manual_seed(43)
     q, k, v = (torch.randn(1, 37, 2, 16, generator=gen) for _ in range(3))
@@ -2547,6 +2758,10 @@ def _q4_3_hidden_tests():
                weight=1):
         grade_case(2, 40, 40, 3, 16, False, 16, 16, layouts=("bhsd", "bhsd", "bhsd", "bhsd"))
         grade_case(2, 37, 37, 2, 16, True, 16, 16, layouts=("padded", "bsdh", "sbhd", "bhsd"))
+    # The method, which gates this question: the kernel loops over key tiles and multiplies them with tl.dot.
+    with check("the kernel loops over key tiles and multiplies tiles with tl.dot (FlashAttention's online softmax, not "
+               "a whole row of keys at once)", weight=4, method=True):
+        _assert_tiled_kernel()
 
 
 _q4_3_hidden_tests()
@@ -2594,7 +2809,10 @@ else:
 # returning `(dq, dk, dv)` (shapes and dtypes of `q`, `k`, `v`), tile by tile: the same memory rule as
 # Question 4.2 applies, checked the same way (no tensor with more than twice the elements of `q` or of
 # `B x H x block_q x block_k`, and at least one PyTorch operation per (query tile, key tile) pair with a visible
-# key). The tests give you `out` and `lse` computed by a reference and compare your gradients with autograd's on
+# key). Write the backward pass yourself from the formulas above: no autograd (`torch.autograd.grad`, `.backward()`,
+# tensors that require gradients), which the tests check by recording the torch functions your code calls. The
+# backward pass by recomputation, tile by tile, is what this question asks for: an answer that breaks either rule
+# earns at most a quarter of its points, however right its gradients. The tests give you `out` and `lse` computed by a reference and compare your gradients with autograd's on
 # a float64 reference: to 1e-8 for float64 inputs (compute in float64 then) and 1e-3 for float32 inputs.
 # The cell after the tests wraps your forward (Question 4.2) and backward in a `torch.autograd.Function`.
 
@@ -2680,10 +2898,34 @@ def _b4_4_hidden_tests():
     gen = torch.Generator().manual_seed(4_4)
 
     @kernel_side
-    def probed(fn, *args, **kwargs):
-        """run_with_probe in the kernel, next to the student's code: (fn's result, what the probe saw, as a dict)."""
-        result, probe = run_with_probe(fn, *args, **kwargs)
+    def probed(fn, q, k, v, *args, **kwargs):
+        """fn(q, k, v, *args, **kwargs) in the kernel inside run_with_probe_watching(k, ...): (fn's result, what the
+        probe saw, as a dict, with which elements of k were read)."""
+        result, probe = run_with_probe_watching(k, fn, q, k, v, *args, **kwargs)
         return result, probe.summary()
+
+    @kernel_side
+    def autograd_use_of(fn, *args, **kwargs):
+        """fn(*args, **kwargs) in the kernel: (the names of the torch functions it called, from record_torch_calls; the
+        first function whose result required gradients, or None)."""
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._pytree import tree_leaves
+
+        class GradientWatch(TorchFunctionMode):
+            def __init__(self):
+                super().__init__()
+                self.tracked = None
+
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if self.tracked is None and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves(out)):
+                    self.tracked = getattr(func, "__name__", repr(func))
+                return out
+
+        with record_torch_calls() as called:
+            with GradientWatch() as watch:
+                fn(*args, **kwargs)
+        return sorted(called), watch.tracked
 
     def grade_case(b, s_q, s_kv, h, d, causal, block_q, block_k, dtype):
         q = torch.randn(b, s_q, h, d, generator=gen, dtype=torch.float64)
@@ -2711,14 +2953,10 @@ def _b4_4_hidden_tests():
         grade_case(1, 50, 50, 1, 16, True, 64, 64, torch.float64)
     with check("float32 inputs: gradients in float32 to 1e-3", weight=1):
         grade_case(2, 24, 24, 2, 16, False, 8, 16, torch.float32)
-    q = torch.randn(1, 128, 2, 4, generator=gen).to(DEVICE)
-    with torch.no_grad():
-        scores = torch.einsum("bshd,bthd->bhst", q, q) / math.sqrt(4)
-        lse = torch.logsumexp(scores, dim=-1)
-        out = torch.einsum("bhst,bthd->bshd", torch.softmax(scores, dim=-1), q)
-        del scores
-    _, probe = probed(flash_attention_backward, q, q, q, out, lse, torch.ones_like(q), causal=True,
-                      block_q=32, block_k=32)
+    q, k, v = (torch.randn(1, 128, 2, 4, generator=gen) for _ in range(3))
+    out, lse, _ = _b4_4_reference_grads(q, k, v, torch.ones_like(q), True)
+    _, probe = probed(flash_attention_backward, *(t.to(DEVICE, torch.float32) for t in (q, k, v, out)),
+                      lse.to(DEVICE, torch.float32), torch.ones_like(q).to(DEVICE), causal=True, block_q=32, block_k=32)
     limit = 2 * max(q.numel(), 2 * 32 * 32)
     pairs = 4 * 5 // 2  # causal 128 x 128 in 32 x 32 tiles: the tiles on and below the diagonal
     # Honest code either runs an operation per tile pair or creates a tensor over the limit (then the check below fails
@@ -2728,13 +2966,27 @@ def _b4_4_hidden_tests():
         f"{probe['num_ops']} PyTorch operations for {pairs} tile pairs and no tensor over the limit: the work ran where "
         f"the probe cannot see it (its dispatch mode switched off, or outside PyTorch), so how it was computed cannot "
         f"be checked and this question cannot be graded")
-    with check("tile by tile: one tile of P at a time, every tile computed with PyTorch operations", weight=1):
+    # The method, which gates this question: the backward pass by recomputation, tile by tile, written out.
+    with check("tile by tile: one tile of P at a time, every tile computed with PyTorch operations that read every key",
+               weight=2, method=True):
         assert probe["num_ops"] >= pairs, (
             f"flash_attention_backward(causal=True) on q (1, 128, 2, 4) with 32 x 32 tiles: the probe saw "
             f"{probe['num_ops']} PyTorch operations for {pairs} tile pairs; compute every tile with PyTorch operations")
         assert probe["largest_numel"] <= limit, (
             f"flash_attention_backward must recompute one tile of P at a time: for q (1, 128, 2, 4) with 32 x 32 tiles "
             f"it created a tensor of {probe['largest_numel']:,} elements ({probe['largest_op']}); the limit is {limit:,}")
+        assert probe["watched_elements_read"] == k.numel(), (
+            f"flash_attention_backward on q, k, v (1, 128, 2, 4): PyTorch operations read {probe['watched_elements_read']} "
+            f"of the {k.numel()} elements of k; every key takes part in the gradients")
+    with check("the backward pass written out: no autograd (torch.autograd.grad, .backward(), tensors requiring "
+               "gradients)", weight=1, method=True):
+        q, k, v, do = (torch.randn(1, 24, 2, 8, generator=gen, dtype=torch.float64) for _ in range(4))
+        out, lse, _ = _b4_4_reference_grads(q, k, v, do, False)
+        called, tracked = autograd_use_of(flash_attention_backward, *(t.to(DEVICE) for t in (q, k, v, out, lse, do)),
+                                          block_q=8, block_k=16)
+        what = "flash_attention_backward (the question asks for the backward pass by recomputation, not autograd)"
+        assert_calls(called, what, forbidden=("grad", "backward", "requires_grad_"))
+        assert tracked is None, f"{what}: {tracked} returned a tensor that requires gradients (autograd records a graph)"
 
 
 _b4_4_hidden_tests()
@@ -2808,8 +3060,10 @@ for name, mine, theirs in zip(("dq", "dk", "dv"), flash_grads, eager_grads):
 # - with status `"oom"`, the three numbers are `float("nan")`.
 #
 # Return the status as a string and the three numbers as floats. The hidden tests benchmark a function whose forward and backward
-# passes take known times and allocate known amounts of memory (its backward allocates more than its forward),
-# and check each number you report against those, from below and from above.
+# passes take known times and allocate known amounts of memory (its backward allocates more than its forward; its
+# first calls, the warm-up, are much slower than the later ones), and check each number you report against those,
+# from below and from above: a latency per call of the timed calls only, the warm-up left out, a backward timed
+# without its forward.
 
 # %% nbgrader={"grade": false, "grade_id": "q5_1_benchmark_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def benchmark_attention(attn_fn, batch_size, seq_len, d_model, *, dtype=torch.float32, device=DEVICE,
@@ -2912,20 +3166,25 @@ del _oom_attention, _q5_1_public_tests
 ### BEGIN HIDDEN TESTS
 def _q5_1_hidden_tests():
     # A function whose costs are known: the forward sleeps forward_s and allocates forward_bytes for a moment; the
-    # backward sleeps backward_s and allocates backward_bytes. The kernel measures how long each call really took
-    # (on a loaded machine a sleep lasts longer than asked, never shorter), and the bounds come from those times: a
-    # timed backward contains a backward call and no forward call, so it lies between the shortest backward and
-    # the shortest forward plus backward (a backward timed with its forward lands above); a loaded machine then
-    # misgrades a correct answer only where it delays one timed backward by more than a whole forward (0.3 s).
+    # backward sleeps backward_s and allocates backward_bytes; the first `warmup_calls` forward calls and the first
+    # `warmup_calls` backward calls (the warm-up of any correct benchmark, whatever it runs first) sleep warmup_s
+    # instead. The kernel measures how long each call really took (on a loaded machine a sleep lasts longer than asked,
+    # never shorter), and the bounds come from those durations, never from the clock's expectations: a latency per
+    # timed call lies between the shortest and the longest later (not warm-up) call, plus a margin of half a call for
+    # what runs around the calls; a mean that includes the warm-up (a third of a 0.6 s longer call more), a total of
+    # two calls (one call more) or a backward timed with its forward (a forward more) lands above. A loaded machine
+    # lengthens the calls themselves, which moves the bounds with them; it misgrades a correct answer only where it
+    # stalls the code around a timed call by more than half a call (50 ms).
     # On a GPU each call's duration is read from CUDA events recorded at its start and end on the stream it runs
     # on, like benchmark_latency's: events around a timed call then enclose the call's own in stream order, and so
     # does a synchronised clock. (A CPU clock read inside the call is not enclosed: a GPU shared with other
     # processes may reach the timing's start event after the call began, and a correct forward_ms then fell a
     # fraction of a millisecond short.)
-    forward_s, backward_s, forward_bytes, backward_bytes = 0.3, 0.005, 4_000_000, 16_000_000
+    forward_s, backward_s, warmup_s, forward_bytes, backward_bytes = 0.1, 0.1, 0.7, 4_000_000, 16_000_000
 
     @kernel_side
-    def attention_functions(toy_attention, forward_s, backward_s, forward_bytes, backward_bytes):
+    def attention_functions(toy_attention, forward_s, backward_s, forward_bytes, backward_bytes, warmup_s=0.7,
+                            warmup_calls=1):
         """The attn_fn to benchmark, made in the kernel (where benchmark_attention calls them); "recorded" returns
         what "recording" saw so far."""
         seen = {"forward": 0, "backward": 0, "shapes": set(), "requires_grad": set(), "dtypes": set()}
@@ -2940,7 +3199,7 @@ def _q5_1_hidden_tests():
                 out.register_hook(lambda grad: seen.__setitem__("backward", seen["backward"] + 1))
             return out
 
-        spent = {"forward": [], "backward": []}  # (start, end) of every call of KnownCost: see stamp
+        spent = {"forward": [], "backward": []}  # (start, end) of every call of KnownCost, in order: see stamp
 
         def stamp(device):
             """Now, on the clock a timing of work on `device` reads: a CUDA event recorded on the current stream (in
@@ -2954,12 +3213,16 @@ def _q5_1_hidden_tests():
         def seconds(began, ended):
             return ended - began if isinstance(began, float) else began.elapsed_time(ended) / 1e3
 
+        def sleep_for(kind, usual_s):
+            """Sleep as a call of `kind` does: warmup_s for the first warmup_calls calls of that kind, else usual_s."""
+            time.sleep(warmup_s if len(spent[kind]) < warmup_calls else usual_s)
+
         class KnownCost(torch.autograd.Function):
             @staticmethod
             def forward(ctx, q, k, v):
                 began = stamp(q.device)
                 scratch = torch.ones(forward_bytes // 8, dtype=torch.float64, device=q.device)
-                time.sleep(forward_s)
+                sleep_for("forward", forward_s)
                 out = q + k + v * scratch[0].to(v.dtype)
                 spent["forward"].append((began, stamp(q.device)))
                 return out
@@ -2968,7 +3231,7 @@ def _q5_1_hidden_tests():
             def backward(ctx, grad_out):
                 began = stamp(grad_out.device)
                 scratch = torch.ones(backward_bytes // 8, dtype=torch.float64, device=grad_out.device)
-                time.sleep(backward_s)
+                sleep_for("backward", backward_s)
                 grad = grad_out * scratch[0].to(grad_out.dtype)
                 spent["backward"].append((began, stamp(grad_out.device)))
                 return grad, grad, grad
@@ -2977,15 +3240,15 @@ def _q5_1_hidden_tests():
             return KnownCost.apply(q, k, v)
 
         def benchmark_known_cost():
-            """benchmark_attention(known_cost, 2, 16, 8, n_warmup=1, n_repeat=2), with the duration of each forward
-            and backward call it made (seconds)."""
+            """benchmark_attention(known_cost, 2, 16, 8, n_warmup=warmup_calls, n_repeat=2), with the duration of
+            each forward and backward call it made, in order (seconds)."""
             spent["forward"].clear()
             spent["backward"].clear()
-            result = benchmark_attention(known_cost, 2, 16, 8, n_warmup=1, n_repeat=2)
+            result = benchmark_attention(known_cost, 2, 16, 8, n_warmup=warmup_calls, n_repeat=2)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()  # every event recorded
             return {"result": result, "forward_s": [seconds(*call) for call in spent["forward"]],
-                    "backward_s": [seconds(*call) for call in spent["backward"]]}
+                    "backward_s": [seconds(*call) for call in spent["backward"]], "warmup_calls": warmup_calls}
 
         def oom_in_backward(q, k, v):
             out = toy_attention(q, k, v)
@@ -3009,7 +3272,7 @@ def _q5_1_hidden_tests():
                 "oom_in_backward": oom_in_backward, "host_out_of_memory": host_out_of_memory, "broken": broken,
                 "shape_error": shape_error}
 
-    fns = attention_functions(_toy_attention, forward_s, backward_s, forward_bytes, backward_bytes)
+    fns = attention_functions(_toy_attention, forward_s, backward_s, forward_bytes, backward_bytes, warmup_s)
     with check("q, k, v of shape (batch_size, seq_len, 1, d_model), the requested dtype, requiring gradients; real "
                "backward passes; positive latencies; peak memory in GB of the forward and backward pass", weight=2):
         batch, seq, d = 3, 40, 8
@@ -3033,7 +3296,7 @@ def _q5_1_hidden_tests():
             f"at least one {batch} x {seq} x {seq} float64 matrix ({scores_gb!r} GB), got {peak!r}")
 
     with check("backward=False: no backward pass, inputs without gradients, backward_ms NaN, the rest measured", weight=1):
-        fns = attention_functions(_toy_attention, forward_s, backward_s, forward_bytes, backward_bytes)  # a new record
+        fns = attention_functions(_toy_attention, forward_s, backward_s, forward_bytes, backward_bytes, warmup_s)  # a new record
         what = "benchmark_attention(attn_fn, 2, 24, 4, backward=False)"
         result = benchmark_attention_result(
             benchmark_attention(fns["recording"], 2, 24, 4, backward=False, n_warmup=1, n_repeat=2), what)
@@ -3045,32 +3308,42 @@ def _q5_1_hidden_tests():
         for key in ("forward_ms", "peak_memory_gb"):
             assert math.isfinite(as_real(result[key], f"{what}['{key}']")), f"{what}['{key}'] must be measured"
 
-    what = (f"benchmark_attention(f, 2, 16, 8) of a function f whose forward takes {forward_s * 1e3:g} ms and allocates "
-            f"{forward_bytes:,} bytes, and whose backward takes {backward_s * 1e3:g} ms and allocates {backward_bytes:,} bytes")
+    what = (f"benchmark_attention(f, 2, 16, 8, n_warmup=1, n_repeat=2) of a function f whose forward takes "
+            f"{forward_s * 1e3:g} ms and allocates {forward_bytes:,} bytes, and whose backward takes {backward_s * 1e3:g} "
+            f"ms and allocates {backward_bytes:,} bytes, after a first (warm-up) call of each that takes {warmup_s * 1e3:g} ms")
     known = {}
-    with check("forward_ms: the measured latency of the forward call (known-cost function)", weight=1):
+
+    def timed_bounds(kind):
+        """(low, high) in ms for a latency per timed call of `kind`: between the shortest later call and the longest
+        one plus half the shortest (what runs around a call); the warm-up calls left out."""
+        later = known[kind][known["warmup_calls"]:]
+        assert later, f"{what}: benchmark_attention made no {kind} call after the warm-up"
+        return min(later) * 1e3 * (1 - 1e-3), (max(later) + 0.5 * min(later)) * 1e3
+
+    with check("forward_ms: the measured latency per forward call, the warm-up left out (known-cost function)", weight=1):
         run = as_dict(fns["benchmark_known_cost"](), what)
         known["result"] = result = benchmark_attention_result(run["result"], what)
         assert_label(result["status"], "ok", f"{what}['status']", choices=("ok", "oom"))
-        known["forward_s"], known["backward_s"] = ([as_real(t, "a call's duration") for t in run[key]]
-                                                   for key in ("forward_s", "backward_s"))
-        assert known["forward_s"] and known["backward_s"], (
-            f"{what}: benchmark_attention must call f and run its backward pass; it made {len(known['forward_s'])} "
-            f"forward and {len(known['backward_s'])} backward calls")
-        low, high = min(known["forward_s"]) * 1e3 * (1 - 1e-3), 5 * max(known["forward_s"]) * 1e3
+        known["forward"], known["backward"] = ([as_real(t, "a call's duration") for t in run[f"{key}_s"]]
+                                               for key in ("forward", "backward"))
+        known["warmup_calls"] = as_integer(run["warmup_calls"], "the known-cost function's warm-up calls")
+        assert known["forward"] and known["backward"], (
+            f"{what}: benchmark_attention must call f and run its backward pass; it made {len(known['forward'])} "
+            f"forward and {len(known['backward'])} backward calls")
+        low, high = timed_bounds("forward")
         forward_ms = as_real(result["forward_ms"], f"{what}['forward_ms']")
         assert low <= forward_ms < high, (
-            f"{what}: forward_ms must be the measured latency of the forward call in ms: at least {low!r} (its "
-            f"shortest call) and below {high!r}; got {forward_ms!r}")
-    with check("backward_ms: the backward pass alone, its forward call outside the timed region", weight=1):
+            f"{what}: forward_ms must be the measured latency per timed forward call in ms (the warm-up left out, not "
+            f"a total): at least {low!r} (the shortest later call) and below {high!r}; got {forward_ms!r}")
+    with check("backward_ms: the backward pass alone, per call, its forward call outside the timed region, the warm-up "
+               "left out", weight=1):
         assert known, "the known-cost benchmark did not run (see the check above)"
-        low = min(known["backward_s"]) * 1e3 * (1 - 1e-3)
-        high = (min(known["forward_s"]) + min(known["backward_s"])) * 1e3
+        low, high = timed_bounds("backward")
         backward_ms = as_real(known["result"]["backward_ms"], f"{what}['backward_ms']")
         assert low <= backward_ms < high, (
-            f"{what}: backward_ms must time the backward pass alone (its forward call outside the timed region), in "
-            f"ms: at least {low!r} (its shortest call) and below {high!r} (a forward call and a backward pass); got "
-            f"{backward_ms!r}")
+            f"{what}: backward_ms must time the backward pass alone per timed call (its forward call outside the timed "
+            f"region, the warm-up left out, not a total), in ms: at least {low!r} (the shortest later call) and below "
+            f"{high!r}; got {backward_ms!r}")
     with check("peak_memory_gb: the peak of one forward and backward pass, in GB (1e9 bytes)", weight=1):
         assert known, "the known-cost benchmark did not run (see the checks above)"
         low, high = backward_bytes / 1e9, 2 * backward_bytes / 1e9

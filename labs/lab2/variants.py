@@ -379,12 +379,13 @@ WRONG["q4_2_tiled_forward"] = [
     ("materializes the whole S x S matrix (correct values)",
      '''
 def tiled_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
-    scores = torch.einsum("bshd,bthd->bhst", q.float(), k.float()) / math.sqrt(q.shape[-1])
+    cdt = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.einsum("bshd,bthd->bhst", q.to(cdt), k.to(cdt)) / math.sqrt(q.shape[-1])
     if causal:
         visible = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
-    out = torch.einsum("bhst,bthd->bshd", torch.exp(scores - lse[..., None]), v.float())
+    out = torch.einsum("bhst,bthd->bshd", torch.exp(scores - lse[..., None]), v.to(cdt))
     return out.to(q.dtype), lse
 '''),
     ("scores not scaled by 1/sqrt(D)",
@@ -1018,3 +1019,155 @@ def blockwise_logsumexp(x, block_size):
     with _disable_current_modes():
         return torch.logsumexp(x, dim=-1)
 '''))
+
+# =============================================================================================================
+# Issue 50 ("A grade orders the work"). SKIPS: answers that skip what the question asks (the library routine it asks
+# students to write, no tiling where tiling is asked, autograd where a backward is asked), with right values. Each
+# must fail its own question only, earn at most a quarter of it (a check(..., method=True) block gates the cell) and
+# less than every answer in WRONG of that question (one mistake each). Answers that were in WRONG before the method
+# gated its question move here first.
+# =============================================================================================================
+SKIPS: dict[str, list[tuple[str, str]]] = {}
+
+
+def _move_to_skips(cell_id: str, label: str) -> None:
+    """Move the WRONG answer ``label`` of ``cell_id`` to SKIPS (it skips the method rather than making a mistake)."""
+    pair = next(pair for pair in WRONG[cell_id] if pair[0] == label)
+    WRONG[cell_id].remove(pair)
+    SKIPS.setdefault(cell_id, []).append(pair)
+
+
+_move_to_skips("q3_1_einsum_attention", "a wrapper around F.scaled_dot_product_attention (right values, not the prescribed einsum)")
+_move_to_skips("q3_1_einsum_attention", "right values with @ (matmul) instead of the prescribed torch.einsum")
+_move_to_skips("q4_1_2_blockwise_lse", "torch.logsumexp on whole rows (not block by block)")
+_move_to_skips("q4_1_2_blockwise_lse", "the max of the whole row first, then blocks (not block by block)")
+_move_to_skips("q4_2_tiled_forward", "materializes the whole S x S matrix (correct values)")
+_move_to_skips("q4_3_triton_forward", "an empty kernel, and attention in PyTorch in a wrapper of one's own")
+_move_to_skips("b4_4_flash_backward", "materializes the whole S x S probability matrix (correct values)")
+# Tampering that skips the method too (untiled work hidden from the probe): the grader finds it (the probe's liveness
+# check, the guard) and the question scores zero; as prepared answers they are skips, not one-mistake attempts.
+_move_to_skips("q4_1_2_blockwise_lse", "tampering: two passes, with the dispatch modes (the probe) switched off")
+_move_to_skips("q4_2_tiled_forward", "tampering: the S x S matrix computed with the dispatch modes (the probe) switched off")
+_move_to_skips("q4_2_tiled_forward", "tampering: the probe's method patched while the function runs, restored afterwards")
+_move_to_skips("q4_2_tiled_forward", "tampering: the probe class replaced by one that records nothing")
+_move_to_skips("b4_4_flash_backward", "tampering: the S x S probabilities computed with the dispatch modes (the probe) switched off")
+
+# Question 3.1: the text prescribes torch.einsum for the scores and for the output.
+SKIPS["q3_1_einsum_attention"] += [
+    ("scores and output with @; the one einsum is a transpose at the end", '''
+def einsum_attention(q, k, v, mask=None):
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+    scores = qh @ kh.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ vh
+    return torch.einsum("bhsd->bshd", out)
+'''),
+    ("scores with @, only the output with einsum", '''
+def einsum_attention(q, k, v, mask=None):
+    scores = q.transpose(1, 2) @ k.permute(0, 2, 3, 1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("bhst,bthd->bshd", torch.softmax(scores, dim=-1), v)
+'''),
+    ("scores by broadcasting and summing, only the output with einsum", '''
+def einsum_attention(q, k, v, mask=None):
+    scores = (q.transpose(1, 2)[:, :, :, None, :] * k.transpose(1, 2)[:, :, None, :, :]).sum(-1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("bhst,bthd->bshd", torch.softmax(scores, dim=-1), v)
+'''),
+]
+# Question 4.2: no key tiles (a whole row of scores per query tile) is no tiling of the keys.
+SKIPS["q4_2_tiled_forward"].append(
+    ("query tiles only: a whole row of scores per query tile, with a plain softmax", '''
+def tiled_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
+    cdt = torch.promote_types(q.dtype, torch.float32)
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=cdt, device=q.device)
+    for start in range(0, q.shape[1], block_q):
+        stop = min(start + block_q, q.shape[1])
+        scores = torch.einsum("bshd,bthd->bhst", q[:, start:stop].to(cdt), k.to(cdt)) / math.sqrt(q.shape[-1])
+        if causal:
+            rows = torch.arange(start, stop, device=q.device)[:, None]
+            cols = torch.arange(k.shape[1], device=q.device)[None, :]
+            scores = scores.masked_fill(cols > rows, float("-inf"))
+        tile_lse = torch.logsumexp(scores, dim=-1)
+        out[:, start:stop] = torch.einsum("bhst,bthd->bshd", torch.exp(scores - tile_lse[..., None]), v.to(cdt)).to(q.dtype)
+        lse[:, :, start:stop] = tile_lse
+    return out, lse
+'''))
+# Question 4.3: the kernel loads a whole row of keys at once (128 covers every test) and takes a plain softmax: no loop
+# over key tiles, no online softmax.
+SKIPS["q4_3_triton_forward"].append(
+    ("no loop over key tiles: a whole row of 128 keys per program and a plain softmax", _TRITON_SIGNATURE + '''
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    cols = tl.arange(0, 128)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qs + dims[None, :] * stride_qd,
+                mask=(rows[:, None] < seq_len_q) & (dims[None, :] < head_dim), other=0.0)
+    kt = tl.load(K + b * stride_kb + h * stride_kh + cols[None, :] * stride_ks + dims[:, None] * stride_kd,
+                 mask=(cols[None, :] < seq_len_kv) & (dims[:, None] < head_dim), other=0.0)
+    v = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vs + dims[None, :] * stride_vd,
+                mask=(cols[:, None] < seq_len_kv) & (dims[None, :] < head_dim), other=0.0)
+    s = tl.dot(q, kt) * scale
+    keep = cols[None, :] < seq_len_kv
+    if CAUSAL:
+        keep = keep & (cols[None, :] <= rows[:, None])
+    s = tl.where(keep, s, float("-inf"))
+    m = tl.max(s, 1)
+    p = tl.exp(s - m[:, None])
+    l = tl.sum(p, 1)
+    o = tl.dot(p.to(v.dtype), v) / l[:, None]
+    tl.store(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + dims[None, :] * stride_od,
+             o.to(O.dtype.element_ty), mask=(rows[:, None] < seq_len_q) & (dims[None, :] < head_dim))
+    tl.store(LSE + b * stride_lb + h * stride_lh + rows * stride_ls, m + tl.log(l), mask=rows < seq_len_q)
+'''))
+# Bonus 4.4: autograd instead of the backward pass it asks for.
+SKIPS["b4_4_flash_backward"] += [
+    ("autograd through your tiled forward (Question 4.2) instead of the backward pass", '''
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=64, block_k=64):
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        recomputed, _ = tiled_attention_forward(*leaves, causal=causal, block_q=block_q, block_k=block_k)
+        return torch.autograd.grad(recomputed, leaves, grad_out)
+'''),
+    ("autograd through einsum_attention (Question 3.1), .backward() on a loss", '''
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=64, block_k=64):
+    q2, k2, v2 = (t.detach().clone() for t in (q, k, v))
+    for t in (q2, k2, v2):
+        t.requires_grad = True
+    mask = causal_mask(q.shape[1], device=q.device) if causal else None
+    with torch.enable_grad():
+        (einsum_attention(q2, k2, v2, mask=mask) * grad_out).sum().backward()
+    return q2.grad, k2.grad, v2.grad
+'''),
+]
+
+# Question 4.2: the one-mistake tiled attempt of the issue (the running output never rescaled) must earn more than an
+# untiled attention; and so must every answer in WRONG of the questions above (course check compares them).
+
+# Question 5.1: what a benchmark gets wrong, each caught by the known-cost function (slow warm-up calls, known
+# durations per call) without asserting on wall-clock speed.
+WRONG["q5_1_benchmark_attention"] += [
+    ("backward_ms: the mean of every backward call, the warm-up included",
+     _mutate("q5_1_benchmark_attention", ("            if call >= n_warmup:\n                times_ms.append(",
+                                          "            if True:\n                times_ms.append("),
+             ("return forward_ms, statistics.median(times_ms), peak_gb",
+              "return forward_ms, statistics.mean(times_ms), peak_gb"))),
+    ("backward_ms: the total of the timed backward calls, not divided per call",
+     _mutate("q5_1_benchmark_attention", ("return forward_ms, statistics.median(times_ms), peak_gb",
+                                          "return forward_ms, sum(times_ms), peak_gb"))),
+    ("forward_ms: the mean of every forward call, the warm-up included",
+     _mutate("q5_1_benchmark_attention", ("forward_ms = benchmark_latency(attn_fn, q, k, v, n_warmup=n_warmup, n_repeat=n_repeat)",
+                                          "forward_ms = benchmark_latency(attn_fn, q, k, v, n_warmup=0, n_repeat=n_warmup + n_repeat, "
+                                          "stat=\"mean\")"))),
+    ("forward_ms: the total of the timed forward calls, not divided per call",
+     _mutate("q5_1_benchmark_attention", ("forward_ms = benchmark_latency(attn_fn, q, k, v, n_warmup=n_warmup, n_repeat=n_repeat)",
+                                          "forward_ms = n_repeat * benchmark_latency(attn_fn, q, k, v, n_warmup=n_warmup, "
+                                          "n_repeat=n_repeat)"))),
+]
