@@ -195,9 +195,10 @@ def mark_schemes(source_nb) -> dict[str, str]:
 
 
 def mark_scheme_cell(nb, gid: str, scheme: str):
-    """The Markdown cell that shows the TA ``scheme`` after the cell ``gid``."""
-    source = (f"**Mark scheme of `{gid}`** (the instructor's, from `source/`; shown where the TA grades, never in "
-              f"feedback)\n\n{scheme}")
+    """The Markdown cell that shows the TA ``scheme`` after the cell ``gid``: a quote, set off from the answers."""
+    heading = (f"**Mark scheme of `{gid}`** (the instructor's, from `source/`; shown where the TA grades, never in "
+               "feedback)")
+    source = "\n".join(f"> {line}".rstrip() for line in [heading, "", *scheme.splitlines()])
     return _new_cell(nb, "markdown", source, {COURSE_METADATA: {MARK_SCHEME_KEY: gid}})
 
 
