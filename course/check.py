@@ -118,6 +118,20 @@ def order_of_grades(source_nb, harness: dict) -> dict[str, QuestionOrder]:
     return orders
 
 
+def skip_problem(label: str, score: float, order: QuestionOrder) -> str | None:
+    """Why one skip answer breaks the order of grades of its question, in one line; None when it keeps it."""
+    cap = SKIP_CAP * order.points
+    reasons = []
+    if score > cap + 1e-9:
+        reasons.append(f"more than a quarter ({cap:g}; a check(..., method=True) block must catch it)")
+    above = sorted((lower, mistake) for mistake, lower in order.mistakes.items() if score >= lower - 1e-9)
+    if above:
+        shown = ", ".join(f"{mistake!r} ({lower:g})" for lower, mistake in above)
+        reasons.append(f"not less than the one-mistake answer{'s' if len(above) > 1 else ''} {shown}"
+                       + (" (a one-mistake answer that earns nothing leaves no room below it)" if above[0][0] == 0 else ""))
+    return f"the skip {label!r} earns {score:g} of {order.points:g}: " + "; ".join(reasons) if reasons else None
+
+
 def order_problems(lab: str, orders: dict[str, QuestionOrder], harness: dict) -> list[Problem]:
     """The broken rules of the order of grades: a question that prescribes a method has a skip and a one-mistake
     answer; every skip earns at most ``SKIP_CAP`` of its question and less than every one-mistake answer of it. A
@@ -132,15 +146,10 @@ def order_problems(lab: str, orders: dict[str, QuestionOrder], harness: dict) ->
                 if not table:
                     problems.append(Problem(lab, where, f"it prescribes a method (check(..., method=True)) but "
                                             f"labs/{lab}/variants.py has no answer in {name} {what}"))
-        cap = SKIP_CAP * order.points
         for label, score in order.skips.items():
-            if score > cap + 1e-9:
-                problems.append(Problem(lab, where, f"the skip {label!r} earns {score:g} of {order.points:g}, more "
-                                        f"than a quarter ({cap:g}): a check(..., method=True) block must catch it"))
-            for mistake, lower in order.mistakes.items():
-                if score >= lower - 1e-9:
-                    problems.append(Problem(lab, where, f"the skip {label!r} earns {score:g}, not less than the "
-                                            f"one-mistake answer {mistake!r} ({lower:g})"))
+            found = skip_problem(label, score, order)
+            if found:
+                problems.append(Problem(lab, where, found))
     return problems
 
 

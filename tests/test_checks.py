@@ -285,10 +285,9 @@ def test_course_check_reports_every_break_of_the_order_of_grades():
     problems = [str(p) for p in course_check.order_problems("lab9", orders, harness)]
     expected = [
         "lab9: labs/lab9/variants.py: the skip answer 'stale' replaces cell 'q9_9_gone', which the lab does not have",
-        "lab9: Question 1.1, order of grades: the skip 'A @ B' earns 3 of 4, more than a quarter (1)",
-        "lab9: Question 1.1, order of grades: the skip 'A @ B' earns 3, not less than the one-mistake answer "
-        "'off by one' (2)",
-        "lab9: Question 1.2, order of grades: the skip 'torch.einsum' earns 0.5, not less than the one-mistake "
+        "lab9: Question 1.1, order of grades: the skip 'A @ B' earns 3 of 4: more than a quarter (1; a "
+        "check(..., method=True) block must catch it); not less than the one-mistake answer 'off by one' (2)",
+        "lab9: Question 1.2, order of grades: the skip 'torch.einsum' earns 0.5 of 2: not less than the one-mistake "
         "answer 'a wrong count' (0.4)",
         "lab9: Question 1.3, order of grades: it prescribes a method (check(..., method=True)) but "
         "labs/lab9/variants.py has no answer in SKIPS",

@@ -312,5 +312,5 @@ def test_course_check_orders_the_prepared_answers(graded):
     assert (orders["q1_4"].skips, orders["q1_4"].mistakes) == ({"torch.sum": 1.0}, {"the first element twice": 3.0}), (
         "the skip earns a quarter of Question 1.4, the answer with one mistake the weight of its passed checks")
     assert [str(p) for p in problems] == [
-        "lab0: Question 1.1, order of grades: the skip 'no edge case' earns 3 of 4, more than a quarter (1): "
-        "a check(..., method=True) block must catch it"], problems
+        "lab0: Question 1.1, order of grades: the skip 'no edge case' earns 3 of 4: more than a quarter (1; "
+        "a check(..., method=True) block must catch it)"], problems
