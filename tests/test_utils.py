@@ -20,6 +20,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
+import _utils_private  # noqa: E402  (utils.py's plumbing)
 import utils  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -53,9 +54,9 @@ def handout():
 @pytest.fixture(scope="module")
 def tiny_config(handout):
     """A tiny Gemma-3 config (3 layers, GQA 4 query / 2 KV heads) built like utils' configs."""
-    return utils._make_gemma3_config(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                                     num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                     query_pre_attn_scalar=8)
+    return _utils_private.make_gemma3_config(**{
+        **utils._GEMMA3_COMMON, **dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8)})
 
 
 @pytest.fixture
@@ -88,6 +89,35 @@ def test_all_names_exist_and_functions_have_docstrings_with_units_or_shapes():
             assert "Returns:" in doc, f"utils.{name} needs a Google-style docstring with Returns:"
 
 
+MAX_FUNCTION_LINES = 80  # issue 53: no function over 80 lines (its docstring included)
+
+
+def _functions(path):
+    import ast
+
+    tree = ast.parse(Path(path).read_text())
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+@pytest.mark.parametrize("module", [utils, _utils_private], ids=["utils.py", "_utils_private.py"])
+def test_no_function_is_over_80_lines(module):
+    long = {f"{node.name} (line {node.lineno})": node.end_lineno - node.lineno + 1 for node in _functions(module.__file__)
+            if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES}
+    assert not long, f"{Path(module.__file__).name}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_utils_defines_only_what_students_call():
+    """utils.py is read for help: every function and class it defines is public (in ``__all__``); the plumbing lives
+    in _utils_private.py beside it (PEP 562's module ``__getattr__``/``__dir__`` build the configs on first use)."""
+    import ast
+
+    tree = ast.parse(Path(utils.__file__).read_text())
+    defined = [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+    private = [name for name in defined if name not in utils.__all__ and name not in ("__getattr__", "__dir__")]
+    assert not private, f"utils.py defines {private}, which students do not call: move them to _utils_private.py"
+    assert Path(_utils_private.__file__).parent == Path(utils.__file__).parent, "the private module ships beside it"
+
+
 def test_star_import_gives_every_public_name():
     namespace = {}
     exec("from utils import *", namespace)
@@ -106,16 +136,16 @@ def test_device_matches_cuda_availability():
 
 def test_scale_env_override_and_default(monkeypatch):
     monkeypatch.setenv("EFFICIENT_AI_SCALE", "teaching")
-    assert utils._read_scale() == "teaching"
+    assert _utils_private.read_scale() == "teaching"
     monkeypatch.setenv("EFFICIENT_AI_SCALE", " Quick ")
-    assert utils._read_scale() == "quick"
+    assert _utils_private.read_scale() == "quick"
     monkeypatch.setenv("EFFICIENT_AI_SCALE", "cpu")
-    assert utils._read_scale() == "cpu"
+    assert _utils_private.read_scale() == "cpu"
     monkeypatch.setenv("EFFICIENT_AI_SCALE", "huge")
     with pytest.raises(ValueError, match="teaching, cpu, quick"):
-        utils._read_scale()
+        _utils_private.read_scale()
     monkeypatch.delenv("EFFICIENT_AI_SCALE")
-    assert utils._read_scale() == ("teaching" if torch.cuda.is_available() else "cpu"), (
+    assert _utils_private.read_scale() == ("teaching" if torch.cuda.is_available() else "cpu"), (
         "without a GPU a student gets the cpu scale; only grading and CI ask for quick")
 
 
@@ -130,22 +160,24 @@ def test_at_scale_follows_scale(monkeypatch):
     assert utils.at_scale(teaching, quick) is quick, "a cell without a cpu size runs its quick size on a CPU"
 
 
-def test_environment_report_says_how_long_the_lab_took_at_this_scale(monkeypatch, tmp_path):
+def test_environment_report_says_how_long_the_lab_took_at_this_scale(capsys, monkeypatch, tmp_path):
     table = tmp_path / "run_times.json"
     table.write_text('{"lab1": {"cpu": {"machine": "2-core CPU", "total_s": 140, "source": "reports/x.json"}}}')
-    monkeypatch.setattr(utils, "_RUN_TIMES", table)
+    monkeypatch.setattr(_utils_private, "RUN_TIMES", table)
+    assert _utils_private.run_time_line("lab1", "cpu") == (
+        "Run time: every cell at cpu scale took about 2 min when measured on 2-core CPU; other machines take longer "
+        "or less"), "the line names the machine, never the instructor's report (the student bundle lacks reports/)"
+    assert _utils_private.run_time_line("lab1", "teaching") == "", "nothing measured at this scale: nothing said"
+    assert _utils_private.run_time_line("lab9", "cpu") == ""
     monkeypatch.setattr(utils, "SCALE", "cpu")
-    assert utils._run_time_line("lab1") == ("Run time: every cell at cpu scale took about 2 min when measured on "
-                                            "2-core CPU (reports/x.json); other machines take longer or less")
-    monkeypatch.setattr(utils, "SCALE", "teaching")
-    assert utils._run_time_line("lab1") == "", "nothing measured at this scale: nothing said"
-    assert utils._run_time_line("lab9") == ""
+    utils.print_environment_report("lab1")
+    assert "took about 2 min" in capsys.readouterr().out, "the report says the time of the scale in effect"
 
 
 def test_environment_report_lines(capsys, monkeypatch, tmp_path):
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("# comment\ntorch<1.0\nnumpy>=1.0\nsurely-not-installed-pkg>=1\n-e .\n")
-    monkeypatch.setattr(utils, "_find_requirements", lambda: str(requirements))
+    monkeypatch.setattr(_utils_private, "find_requirements", lambda: str(requirements))
     utils.print_environment_report("lab1")
     out = capsys.readouterr()
     assert "lab1" in out.out and f"torch {torch.__version__}" in out.out
@@ -163,8 +195,8 @@ def test_environment_report_never_raises(capsys, monkeypatch):
     def broken(_path):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(utils, "_requirement_problems", broken)
-    monkeypatch.setattr(utils, "_find_requirements", lambda: "whatever.txt")
+    monkeypatch.setattr(_utils_private, "requirement_problems", broken)
+    monkeypatch.setattr(_utils_private, "find_requirements", lambda: "whatever.txt")
     utils.print_environment_report()
     assert "could not check requirements.txt (boom)" in capsys.readouterr().out
 
@@ -250,7 +282,7 @@ def test_detect_gpu_unknown_names_nearest(capsys):
     out = capsys.readouterr()
     assert "NVIDIA A10G" in out.out and "nearest entries" in out.out and "A10" in out.out
     assert out.err == "", "the warning goes to stdout (stderr fails an nbgrader test cell)"
-    assert utils._nearest_gpu_keys("NVIDIA H200 NVL", num_sms=132, memory_gb=141)[0] == "H200"
+    assert _utils_private.nearest_gpu_keys(utils.GPU_SPECS, "NVIDIA H200 NVL", num_sms=132, memory_gb=141)[0] == "H200"
     if not torch.cuda.is_available():
         assert utils.detect_gpu() is None and utils.detect_gpu(default="T4") == "T4"
 
@@ -573,11 +605,11 @@ def test_benchmark_latency_real_clock_is_in_ms():
 
 def test_timing_device_inference():
     cpu_tensor = torch.zeros(1)
-    assert utils._timing_device(print, (cpu_tensor,), {}, None).type == "cpu"
-    assert utils._timing_device(print, (), {"x": [cpu_tensor]}, None).type == "cpu"
-    assert utils._timing_device(nn.Linear(2, 2), (), {}, None).type == "cpu"
-    assert utils._timing_device(print, (), {}, None) == utils.DEVICE
-    assert utils._timing_device(print, (cpu_tensor,), {}, "cuda").type == "cuda"
+    assert _utils_private.timing_device(print, (cpu_tensor,), {}, None, utils.DEVICE).type == "cpu"
+    assert _utils_private.timing_device(print, (), {"x": [cpu_tensor]}, None, utils.DEVICE).type == "cpu"
+    assert _utils_private.timing_device(nn.Linear(2, 2), (), {}, None, utils.DEVICE).type == "cpu"
+    assert _utils_private.timing_device(print, (), {}, None, utils.DEVICE) == utils.DEVICE
+    assert _utils_private.timing_device(print, (cpu_tensor,), {}, "cuda", utils.DEVICE).type == "cuda"
 
 
 def test_benchmark_memory_cpu_peak_and_allocated():
@@ -631,7 +663,7 @@ def test_count_cuda_kernels_cpu_fallback(cpu_profile):
     assert counts["device"] == "cpu" and counts["steps"] == 5
     # Per step: 2 linear layers (addmm each), gelu, sum.
     assert counts["gemm"] == 2 * 5 and counts["elementwise"] == 1 * 5 and counts["reduction"] == 1 * 5
-    assert counts["total"] == sum(counts[c] for c in utils._KERNEL_CATEGORIES) == 4 * 5
+    assert counts["total"] == sum(counts[c] for c in _utils_private.KERNEL_CATEGORIES) == 4 * 5
     per_step = utils.count_cuda_kernels(cpu_profile, per_step=True)
     assert per_step["total"] == 4 and per_step["gemm"] == 2
 
@@ -753,7 +785,7 @@ def test_flash_attn_func_matches_float64_reference(q_len, kv_len, heads, kv_head
 
 
 def test_flash_attn_func_announces_backend_once(capsys, monkeypatch):
-    monkeypatch.setattr(utils, "_NOTED", set())
+    monkeypatch.setattr(_utils_private, "NOTED", set())
     q = torch.randn(1, 4, 2, 8)
     utils.flash_attn_func(q, q, q)
     utils.flash_attn_func(q, q, q)
@@ -785,8 +817,8 @@ def test_flash_attn_func_cuda_fallback_chain(monkeypatch):
             raise RuntimeError("No available kernel. Aborting execution.")
         return "output"
 
-    monkeypatch.setattr(utils, "_sdpa_bshd", fake_sdpa)
-    monkeypatch.setattr(utils, "_FLASH_ATTN_INSTALLED", False)
+    monkeypatch.setattr(_utils_private, "sdpa_bshd", fake_sdpa)
+    monkeypatch.setattr(_utils_private, "FLASH_ATTN_INSTALLED", False)
     q = FakeCudaTensor((1, 8, 2, 64))
     assert utils.flash_attn_func(q, q, q) == "output"
     assert tried == [(SDPBackend.FLASH_ATTENTION,), (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)]
@@ -942,12 +974,12 @@ def test_merge_short_events_merges_runs_of_short_events_only():
 
     # threshold 10 µs: three short kernels close together, a long one, two short ones after a wide gap.
     events = [event(0, 2), event(5, 3), event(12, 1), event(20, 50, "flash_fwd"), event(200, 2), event(205, 2)]
-    bars = utils._merge_short_events(list(reversed(events)), threshold_us=10)  # order of input does not matter
+    bars = _utils_private.merge_short_events(list(reversed(events)), threshold_us=10)  # order of input does not matter
     assert [(bar[0], bar[1], bar[4]) for bar in bars] == [(0, 13, 3), (20, 70, 1), (200, 207, 2)], (
         "short events within the threshold of each other form one bar; a long event gets its own bar")
     assert bars[0][2] == {"gemm": 6.0}, "a merged bar adds up the busy time of its events per category"
     assert bars[1][3] == "flash_fwd" and not bars[1][5], "a long event keeps its name and never absorbs others"
-    long_then_short = utils._merge_short_events([event(0, 50), event(51, 1)], threshold_us=10)
+    long_then_short = _utils_private.merge_short_events([event(0, 50), event(51, 1)], threshold_us=10)
     assert len(long_then_short) == 2, "a short event never joins a bar that began with a long event"
 
 
