@@ -40,7 +40,7 @@ try:
     import nbgrader
 
     from course.late import LatePenalty
-    from course.lms import ZIP_COLLECT_PATTERNS
+    from course.lms import ZIP_COLLECT_PATTERNS, UploadCollector
     from course.feedback import TEMPLATES_DIR, question_rows
     from course.paths import COURSE_ID
     from course.guarded_execute import GuardedExecute
@@ -119,16 +119,20 @@ c.KeepStudentRun.max_cell_bytes = 1 << 20
 c.KeepStudentRun.max_notebook_bytes = 8 << 20
 
 # Late submissions: a submission whose timestamp.txt is after the lab's due date in the gradebook (nbgrader db
-# assignment add LAB --duedate="2025-03-01 23:59 Europe/Paris") loses points at autograde by this policy: "none",
-# "zero", or "percent_per_day" (LatePenalty.percent_per_day percent of the score per day or part of one;
-# course/late.py). grades.csv, canvas.csv and feedback show the penalty.
+# assignment add LAB --duedate="2025-03-01 23:59 Europe/Paris") loses points by this policy: "none", "zero", or
+# "percent_per_day" (LatePenalty.percent_per_day percent of the score per day or part of one; course/late.py), of
+# its final score (autograded and manual points: course grade asks the policy again before each report).
+# grades.csv, canvas.csv and feedback show the penalty.
 c.AssignLatePenalties.plugin_class = LatePenalty
 c.LateSubmissionPlugin.penalty_method = "none"
 c.LatePenalty.percent_per_day = 10.0
 
 # nbgrader zip_collect LAB: which student and notebook each file of an LMS's download is (course/lms.py). Canvas's
-# names; swap in ZIP_COLLECT_PATTERNS["moodle"] or ["blackboard"] for those LMSs.
+# names; swap in ZIP_COLLECT_PATTERNS["moodle"] or ["blackboard"] for those LMSs. UploadCollector files one upload per
+# student and notebook (the newest re-upload), a file inside a student's zip for that student only, and gives an
+# upload the LMS marks late a timestamp.txt of the due date + 1 s; downloaded/LAB/collect_report.csv says what it left.
 c.FileNameCollectorPlugin.named_regexp = ZIP_COLLECT_PATTERNS["canvas"]
+c.ZipCollectApp.collector_plugin = UploadCollector
 
 # Feedback never shows hidden test source, nor what test cells printed besides their failed checks and error message,
 # nor the mark schemes autograde put beside the answers.

@@ -1,4 +1,4 @@
-"""Command line: ``python -m course {build,lint,check,bundle,grade,feedback,solutions,demo} ...``."""
+"""Command line: ``python -m course {build,lint,check,bundle,grade,feedback,measure,solutions,demo} ...``."""
 from __future__ import annotations
 
 import argparse
@@ -36,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --report: CSV mapping student_id to Canvas's Student, ID, SIS User ID, SIS Login ID, Section")
     p.add_argument("--canvas-assignment-id",
                    help="with --report: the Canvas assignment's id, so canvas.csv's column reads 'Lab 1 (ID)'")
+    p.add_argument("--force", action="store_true",
+                   help="with --report: write the reports even while answers wait for a TA (their rows have no final "
+                        "score, and canvas.csv leaves it empty)")
     p.add_argument("--course-dir", type=Path, default=REPO_ROOT,
                    help="nbgrader course folder holding nbgrader_config.py, source/ and submitted/ (default: this repository)")
 
@@ -44,6 +47,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--student", action="append", help="only this student (repeatable)")
     p.add_argument("--exchange", help="nbgrader exchange folder to release feedback into (optional)")
     p.add_argument("--force", action="store_true", help="generate feedback even where written answers are ungraded")
+    p.add_argument("--course-dir", type=Path, default=REPO_ROOT, help="nbgrader course folder (default: this repository)")
+
+    p = sub.add_parser("measure", help="after grade, on the grading GPU: time the lab's declared pieces of every "
+                                       "submission that passed their tests; results, leaderboard and feedback pages")
+    p.add_argument("lab")
+    p.add_argument("--student", action="append", help="only this student (repeatable); the reference is always measured")
+    p.add_argument("--workers", type=int, default=1, help="submissions measured at once, one GPU each")
+    p.add_argument("--timeout-s", type=float, help="time limit of one check or timing request (default: the piece's)")
+    p.add_argument("--report", action="store_true",
+                   help="measure nothing: rewrite the leaderboard and feedback pages from grading/LAB/measure.json")
     p.add_argument("--course-dir", type=Path, default=REPO_ROOT, help="nbgrader course folder (default: this repository)")
 
     p = sub.add_parser("solutions", help="after the deadline: OUT/labN_solution.ipynb, model solutions without hidden tests or mark schemes")
@@ -73,10 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         from . import grade
         return grade.main(args.lab, args.course_dir.resolve(), args.student, args.timeout_s,
                           workers=args.workers, shard=args.shard, resume=args.resume, report_only=args.report,
-                          roster=args.roster, canvas_assignment_id=args.canvas_assignment_id)
+                          roster=args.roster, canvas_assignment_id=args.canvas_assignment_id, force=args.force)
     if args.command == "feedback":
         from . import feedback
         return feedback.main(args.lab, args.course_dir.resolve(), args.student, args.exchange, args.force)
+    if args.command == "measure":
+        from . import measure
+        return measure.main(args.lab, args.course_dir.resolve(), args.student, args.workers, args.timeout_s,
+                            report_only=args.report)
     if args.command == "demo":
         from . import demo
         return demo.main(resolve_labs([args.lab])[0])

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Callable
 
 from .boundary import locked_cell_imports
+from .feedback import ungraded_answers
 from .grading_record import GRADING_REPORT
+from .lms import read_roster
 from .nbgrader_run import (
     NbgraderProcess,
     SubmissionScores,
@@ -31,7 +33,14 @@ from .outcome import NEEDS_TA, Outcome
 from .paths import REPO_ROOT
 from .quoting import escape_controls
 from .recorded import is_recorded, mark_recorded, read_report
-from .report import flagged_for_review, previous_outcomes, print_table, write_canvas_export, write_reports
+from .report import (
+    NO_SUBMISSION,
+    flagged_for_review,
+    previous_outcomes,
+    print_table,
+    write_canvas_export,
+    write_reports,
+)
 from .sandbox import unavailable_reason
 from .settings import sandbox_mode
 from .submission import ClassStaging, clear_autograded_scores, record_zero
@@ -343,17 +352,17 @@ def grade_lab(course_root: Path, lab: str, students: list[str] | None = None, ou
             outcomes = grade_staged(course_root, lab, staged, Path(staging), timeout_s, progress, workers, resume)
         finally:
             staged.close()  # before the staging folder goes
-    scores = write_reports(course_root, lab, out_dir, outcomes)
+    scores = write_reports(course_root, lab, out_dir, outcomes).scores
     return outcomes, {student: scores[student] for student in students if student in scores}
 
 
 def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None,
          timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S, workers: int = 1, shard: str | None = None,
          resume: bool = False, report_only: bool = False, roster: Path | None = None,
-         canvas_assignment_id: str | None = None) -> int:
+         canvas_assignment_id: str | None = None, force: bool = False) -> int:
     """``course grade LAB``: grade, print the table and what needs a TA; 2 when there is nothing to grade."""
     if report_only:
-        return report_main(lab, root, roster, canvas_assignment_id)
+        return report_main(lab, root, roster, canvas_assignment_id, force)
     if sandbox_mode() == "on" and (reason := unavailable_reason()):
         print(f"grade {lab}: EFFICIENT_AI_SANDBOX=on, but grading kernels cannot be sandboxed here: {reason}")
         return 2
@@ -389,24 +398,63 @@ def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None,
     return 0
 
 
-def report_main(lab: str, root: Path = REPO_ROOT, roster: Path | None = None, canvas_assignment_id: str | None = None) -> int:
+def report_main(lab: str, root: Path = REPO_ROOT, roster: Path | None = None, canvas_assignment_id: str | None = None,
+                force: bool = False) -> int:
     """``course grade LAB --report``: grading nothing, rewrite ``grades.csv`` and ``scores.png`` from the gradebook
-    (a TA's manual points included) and write ``canvas.csv`` (``roster`` maps student ids to Canvas's fields)."""
+    (a TA's manual points included) and write ``canvas.csv`` (``roster`` maps student ids to Canvas's fields).
+
+    Refuses (1) while a cell of a submission waits for a TA, as ``course feedback`` does; with ``force`` it writes them,
+    such a submission without a final score (``course.report``). With a roster, its students without a submission
+    get a row and both kinds of mismatch are listed."""
     out_dir = root / "grading" / lab
     outcomes = previous_outcomes(out_dir / "grades.csv", lab)
     if not outcomes:
         print(f"grade {lab} --report: {out_dir / 'grades.csv'} lists nobody yet: grade the lab first")
         return 2
-    if roster and not roster.is_file():
-        print(f"grade {lab} --report: no roster file {roster}")
-        return 2
-    scores = write_reports(root, lab, out_dir, {})
     try:
-        canvas = write_canvas_export(root, lab, out_dir, sorted(outcomes), scores, roster, canvas_assignment_id)
-    except ValueError as exc:  # a roster without its student_id column
+        fields = read_roster(roster) if roster else None
+    except (OSError, ValueError) as exc:  # no such file, or a roster without its student_id column
         print(f"grade {lab} --report: {exc}")
         return 2
-    print_table(lab, outcomes, scores)
+    waiting = ungraded_answers(root, lab, sorted(outcomes))
+    if waiting:
+        print(_waiting_message(lab, waiting, force))
+        if not force:
+            return 1
+    if fields is not None:
+        print(_roster_mismatches(fields, outcomes))
+    absent = {s: Outcome(s, NO_SUBMISSION, "on the roster, no submission") for s in fields or {} if s not in outcomes}
+    try:
+        report = write_reports(root, lab, out_dir, absent)
+    except RuntimeError as exc:  # the late penalties could not be recorded on the final scores
+        print(f"grade {lab} --report: {exc}")
+        return 1
+    canvas = write_canvas_export(out_dir, lab, report, fields, canvas_assignment_id)
+    print_table(lab, report.outcomes, report.scores)
     print(f"wrote {out_dir / 'grades.csv'}, {out_dir / 'scores.png'} and {canvas} (Canvas's gradebook import) from the "
-          "gradebook (manual points included, late penalties taken off)")
+          "gradebook (manual points included, late penalties of the final scores taken off"
+          + (f"; {len(waiting)} submission(s) without a final score, left empty)" if waiting else ")"))
     return 0
+
+
+def _waiting_message(lab: str, waiting: dict[str, list[str]], force: bool) -> str:
+    """Who has cells waiting for a TA, one student a line, and what ``--report`` does about it."""
+    lines = [f"grade {lab} --report: {len(waiting)} submission(s) have cells waiting for a TA's score (written answers, "
+             "plots, or a submission whose grading failed); an export would show them as 0 points:"]
+    lines += [escape_controls(f"  {student}: {', '.join(cells)}") for student, cells in sorted(waiting.items())]
+    lines.append("Grade them in JupyterLab (Nbgrader > Formgrader) first, or pass --force: their rows in grades.csv then "
+                 "list them under 'ungraded' with no final_score, and canvas.csv leaves their score empty (Canvas's "
+                 "import keeps the grade Canvas has)." + (" Writing them anyway (--force)." if force else ""))
+    return "\n".join(lines)
+
+
+def _roster_mismatches(fields: dict[str, dict[str, str]], outcomes: dict[str, Outcome]) -> str:
+    """The roster's students without a submission and the graded students not on the roster, as lines for the TA."""
+    absent = sorted(s for s in fields if s not in outcomes)
+    unknown = sorted(s for s in outcomes if s not in fields)
+    return "\n".join([
+        escape_controls(f"roster: {len(absent)} student(s) without a submission (status '{NO_SUBMISSION}' in "
+                        f"grades.csv, an empty score in canvas.csv): {', '.join(absent) or '-'}"),
+        escape_controls(f"roster: {len(unknown)} graded student(s) not on the roster (canvas.csv names them by "
+                        f"student id only, which Canvas cannot match: add them to the roster): {', '.join(unknown) or '-'}"),
+    ])

@@ -1,14 +1,18 @@
 """Late submissions: the course's late-penalty policy (an nbgrader plugin) and the penalties the gradebook holds.
 
-nbgrader's ``AssignLatePenalties`` asks the plugin for a penalty when a submission's ``timestamp.txt`` is after the
-due date, from the points known at autograde time: points a TA gives written answers later are not penalised.
+nbgrader's ``AssignLatePenalties`` asks the plugin for a penalty at autograde, when a submission's ``timestamp.txt`` is
+after the due date, from the notebook's score at that time: points a TA gives written answers later are not in it.
+The course's penalty applies to the final score, autograded and manual points together: ``course grade`` asks the
+same plugin again with the score as it is now before it writes any report (``settle_late_penalties``), and records
+the answer where nbgrader records its own, so ``grades.csv``, ``canvas.csv``, feedback and ``nbgrader export`` agree.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from nbgrader.plugins import LateSubmissionPlugin
+from nbgrader.plugins import ExportPlugin, LateSubmissionPlugin
+from nbgrader.preprocessors import AssignLatePenalties
 from traitlets import Enum, Float
 
 from .paths import COURSE_ID
@@ -35,6 +39,57 @@ class LatePenalty(LateSubmissionPlugin):
             return super().late_submission_penalty(student_id, score, total_seconds_late)
         days_late = math.ceil(total_seconds_late / (24 * 3600))
         return score * min(1.0, days_late * self.percent_per_day / 100.0)
+
+
+class FinalScorePenalties(ExportPlugin):
+    """``nbgrader export --exporter=course.late.FinalScorePenalties --assignment=LAB``: exports nothing; records for
+    every submission of LAB the late penalty of its score as it is now, manual points included.
+
+    nbgrader's export runs its plugin with the course's settings and the gradebook; the penalty comes from the
+    late-submission plugin nbgrader_config.py sets (``c.AssignLatePenalties.plugin_class``) and is bounded by
+    ``AssignLatePenalties``' own rule, exactly as at autograde.
+    """
+
+    def export(self, gradebook) -> None:
+        assigner = AssignLatePenalties(parent=self)
+        assigner.init_plugin()
+        for lab in self.assignment:
+            for submission in gradebook.find_assignment(lab).submissions:
+                seconds_late = submission.total_seconds_late
+                for notebook in submission.notebooks:
+                    penalty = (assigner.plugin_inst.late_submission_penalty(submission.student.id, notebook.score,
+                                                                            seconds_late) if seconds_late > 0 else None)
+                    notebook.late_submission_penalty = (None if penalty is None
+                                                        else assigner._check_late_penalty(notebook, penalty))
+        gradebook.db.commit()
+
+
+def settle_late_penalties(course_root: Path, lab: str) -> None:
+    """Record every late submission's penalty of its score as it is now (``FinalScorePenalties``, in an nbgrader
+    process); nothing to do, and no process, when no submission of ``lab`` is after the due date. RuntimeError with
+    nbgrader's output when it fails (the gradebook then keeps the penalties of autograde)."""
+    from .nbgrader_run import run_nbgrader  # not at the top: nbgrader_config.py imports this module
+
+    if not _any_after_due_date(course_root, lab):
+        return
+    result = run_nbgrader(course_root, ["export", f"--exporter={__name__}.{FinalScorePenalties.__name__}",
+                                        f"--assignment={lab}"])
+    if not result.ok:
+        raise RuntimeError(f"recording the late penalties of {lab} on the final scores failed (the gradebook keeps "
+                           f"those of autograde):\n{result.tail(20)}")
+
+
+def _any_after_due_date(course_root: Path, lab: str) -> bool:
+    """Whether a submission of ``lab`` has a time after the lab's due date (extensions aside: a superset of the late
+    ones, in one query)."""
+    from nbgrader.api import Assignment, Gradebook, SubmittedAssignment
+
+    from .nbgrader_run import db_url_for
+
+    with Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
+        return gb.db.query(SubmittedAssignment.id).join(Assignment).filter(
+            Assignment.name == lab, Assignment.duedate.isnot(None),
+            SubmittedAssignment.timestamp > Assignment.duedate).first() is not None
 
 
 def late_penalties(course_root: Path, lab: str) -> dict[str, float]:

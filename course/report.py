@@ -1,5 +1,10 @@
 """Reporting a lab's grades from what grading recorded: the score table printed to the TA, ``grades.csv``,
 ``canvas.csv`` and the histogram. Nothing here grades.
+
+A submission's final score exists only once no cell of it waits for a TA (``course.feedback.ungraded_answers``, the
+rule ``course feedback`` refuses by): until then ``grades.csv`` lists the waiting cells in its ``ungraded`` column and
+leaves ``late_penalty`` and ``final_score`` empty, and ``canvas.csv`` leaves the score empty (Canvas's import then
+keeps the student's grade as it is). A cell without any score is empty too, never 0.
 """
 from __future__ import annotations
 
@@ -8,11 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .lms import read_roster, write_canvas_csv
+from .feedback import ungraded_answers
+from .lms import write_canvas_csv
 from .nbgrader_run import SubmissionScores, read_scores
 from .notebooks import question_key
 from .outcome import Outcome
 from .quoting import escape_controls
+from .spreadsheet import read_cell, write_csv
+
+NO_SUBMISSION = "no submission"  # the status of a roster student without a submission (course grade --report --roster)
 
 
 @dataclass
@@ -132,33 +141,45 @@ def flagged_for_review(outcomes: dict[str, Outcome]) -> str:
 
 
 def write_grades_csv(path: Path, lab: str, outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores],
-                     penalties: dict[str, float] | None = None) -> None:
+                     penalties: dict[str, float] | None = None, ungraded: dict[str, list[str]] | None = None) -> None:
     """One row per student: status, reason, notes, flags, every graded cell's score, the autograded and total scores,
-    the late penalty (``penalties``, points) and the final score. Scores include bonus points (nbgrader's extra
-    credit); maxima do not, as in the formgrader and ``nbgrader export``."""
-    penalties = penalties or {}
+    the late penalty (``penalties``, points), the final score, the cells still waiting for a TA (``ungraded``: by
+    student, as ``course.feedback.ungraded_answers`` lists them) and the grading time. Scores include bonus points
+    (nbgrader's extra credit); maxima do not, as in the formgrader and ``nbgrader export``. A cell without a score is
+    empty; the late penalty and final score are empty while a cell waits (``final_scores``)."""
+    penalties, ungraded = penalties or {}, ungraded or {}
+    finals = final_scores(outcomes, scores, penalties, ungraded)
     cell_ids = list(dict.fromkeys(gid for s in scores.values() for gid in s.cells))  # in order, each once
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["student", "lab", "status", "reason", "notes", "flags", *cell_ids, "autograded_score", "autograded_max",
-                         "total_score", "total_max", "late_penalty", "final_score", "seconds"])
-        for student in sorted(outcomes):
-            sub, outcome = scores.get(student) or SubmissionScores(student), outcomes[student]
-            quoted = [escape_controls(text) for text in
-                      (student, outcome.status, outcome.reason, "; ".join(outcome.notes), "; ".join(outcome.flags))]
-            total, penalty = sub.total_score(), penalties.get(student, 0.0)
-            points = [sub.autograded_score(), sub.autograded_max(), total, sub.total_max(), penalty,
-                      final_score(total, penalty)]
-            writer.writerow([quoted[0], lab, *quoted[1:], *(_csv_score(sub.cells.get(g)) for g in cell_ids),
-                             *(f"{value:g}" for value in points), f"{outcome.seconds:.1f}"])
+    rows: list[list] = [["student", "lab", "status", "reason", "notes", "flags", *cell_ids, "autograded_score",
+                         "autograded_max", "total_score", "total_max", "late_penalty", "final_score", "ungraded",
+                         "seconds"]]
+    for student in sorted(outcomes):
+        sub, outcome = scores.get(student) or SubmissionScores(student), outcomes[student]
+        quoted = [escape_controls(text) for text in
+                  (student, outcome.status, outcome.reason, "; ".join(outcome.notes), "; ".join(outcome.flags))]
+        final = finals[student]
+        rows.append([quoted[0], lab, *quoted[1:], *(_csv_score(sub.cells.get(g)) for g in cell_ids),
+                     sub.autograded_score(), sub.autograded_max(), sub.total_score(), sub.total_max(),
+                     None if final is None else penalties.get(student, 0.0), final,
+                     "; ".join(ungraded.get(student, [])), f"{outcome.seconds:.1f}"])
+    write_csv(path, rows)
 
 
-def _csv_score(cell) -> str:
-    """A cell's score for grades.csv; empty when the submission lacks the cell, or an autograded one has no score."""
-    if cell is None or cell.autograded and cell.auto_score is None and cell.manual_score is None:
-        return ""
-    return f"{cell.score:g}"
+def _csv_score(cell) -> float | None:
+    """A cell's score for grades.csv; None (empty) when the submission lacks the cell or no score was given to it
+    (an answer waiting for a TA, an autograded cell cleared after a failed run): never 0 for "not graded"."""
+    if cell is None or cell.auto_score is None and cell.manual_score is None:
+        return None
+    return cell.score
+
+
+def final_scores(outcomes: dict[str, Outcome], scores: dict[str, SubmissionScores], penalties: dict[str, float],
+                 ungraded: dict[str, list[str]]) -> dict[str, float | None]:
+    """Student -> what the student gets (``final_score``), or None while it is not known: a cell waits for a TA, or
+    there is no submission."""
+    return {student: None if ungraded.get(student) or outcome.status == NO_SUBMISSION else
+            final_score(scores[student].total_score() if student in scores else 0.0, penalties.get(student, 0.0))
+            for student, outcome in outcomes.items()}
 
 
 def final_score(total: float, penalty: float) -> float:
@@ -168,7 +189,7 @@ def final_score(total: float, penalty: float) -> float:
 
 def previous_outcomes(path: Path, lab: str) -> dict[str, Outcome]:
     """The students of an existing ``grades.csv`` of ``lab``, with the status, reason, notes and flags it recorded
-    (grading some students keeps everyone else's rows from here)."""
+    (grading some students keeps everyone else's rows from here); a roster's non-submitters are left out."""
     if not path.exists():
         return {}
 
@@ -177,9 +198,10 @@ def previous_outcomes(path: Path, lab: str) -> dict[str, Outcome]:
 
     kept: dict[str, Outcome] = {}
     with path.open(newline="") as handle:
-        for row in csv.DictReader(handle):
-            if row.get("lab") != lab or not row.get("student"):
-                continue
+        for written in csv.DictReader(handle):
+            row = {key: read_cell(value or "") for key, value in written.items() if key}
+            if row.get("lab") != lab or not row.get("student") or row.get("status") == NO_SUBMISSION:
+                continue  # a roster's non-submitters are listed again by each --report --roster
             try:
                 seconds = float(row.get("seconds") or 0.0)
             except ValueError:
@@ -189,30 +211,43 @@ def previous_outcomes(path: Path, lab: str) -> dict[str, Outcome]:
     return kept
 
 
-def write_reports(course_root: Path, lab: str, out_dir: Path, outcomes: dict[str, Outcome]) -> dict[str, SubmissionScores]:
+@dataclass
+class ClassReport:
+    """What the reports of a lab are written from: every listed student's outcome and scores, the late penalties
+    and the cells still waiting for a TA (by student)."""
+
+    outcomes: dict[str, Outcome]
+    scores: dict[str, SubmissionScores]
+    penalties: dict[str, float]
+    ungraded: dict[str, list[str]]
+
+    def finals(self) -> dict[str, float | None]:
+        return final_scores(self.outcomes, self.scores, self.penalties, self.ungraded)
+
+
+def write_reports(course_root: Path, lab: str, out_dir: Path, outcomes: dict[str, Outcome]) -> ClassReport:
     """Write ``grades.csv`` and ``scores.png`` from the gradebook (manual points a TA entered included):
-    ``outcomes``' students updated, the others kept. Returns every listed student's scores."""
-    from .late import late_penalties  # imports nbgrader
+    ``outcomes``' students updated, the others kept. Late penalties are first settled on the scores as they are now
+    (``course.late.settle_late_penalties``). Returns what the reports were written from."""
+    from .late import late_penalties, settle_late_penalties  # imports nbgrader
 
     csv_path = out_dir / "grades.csv"
     everyone = {**previous_outcomes(csv_path, lab), **outcomes}
-    scores = read_scores(course_root, lab, sorted(everyone))
-    write_grades_csv(csv_path, lab, everyone, scores, late_penalties(course_root, lab))
-    plot_histogram(out_dir / "scores.png", lab, scores, sorted(everyone))
-    return scores
+    settle_late_penalties(course_root, lab)
+    report = ClassReport(everyone, read_scores(course_root, lab, sorted(everyone)), late_penalties(course_root, lab),
+                         ungraded_answers(course_root, lab, sorted(everyone)))
+    write_grades_csv(csv_path, lab, everyone, report.scores, report.penalties, report.ungraded)
+    plot_histogram(out_dir / "scores.png", lab, report.scores, sorted(everyone))
+    return report
 
 
-def write_canvas_export(course_root: Path, lab: str, out_dir: Path, students: list[str],
-                        scores: dict[str, SubmissionScores], roster: Path | None, assignment_id: str | None) -> Path:
-    """Write ``canvas.csv`` beside ``grades.csv``: the final scores in Canvas's gradebook import format
-    (``course.lms``). Returns its path."""
-    from .late import late_penalties  # imports nbgrader
-
-    penalties = late_penalties(course_root, lab)
-    finals = {s: final_score(scores[s].total_score() if s in scores else 0.0, penalties.get(s, 0.0)) for s in students}
-    possible = max((s.total_max() for s in scores.values()), default=0.0)
+def write_canvas_export(out_dir: Path, lab: str, report: ClassReport, roster: dict[str, dict[str, str]] | None,
+                        assignment_id: str | None) -> Path:
+    """Write ``canvas.csv`` beside ``grades.csv``: every student's final score (empty while not known) in Canvas's
+    gradebook import format (``course.lms``). Returns its path."""
+    possible = max((s.total_max() for s in report.scores.values()), default=0.0)
     path = out_dir / "canvas.csv"
-    write_canvas_csv(path, lab, finals, possible, read_roster(roster) if roster else None, assignment_id)
+    write_canvas_csv(path, lab, report.finals(), possible, roster, assignment_id)
     return path
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -52,6 +53,22 @@ INTERNAL_PREFIX = "_efficient_ai"
 def is_locked(cell) -> bool:
     """A cell whose source nbgrader restores from the instructor's copy: a test or locked cell, never an answer."""
     return isinstance(cell.get("metadata", {}).get("nbgrader"), dict) and bool(nbgrader_is_locked(cell))
+
+
+@functools.cache
+def _course_fetch_cell() -> re.Pattern:
+    """The source of the cell ``course build`` puts first in a release notebook (with ``labs/bundle_url.txt``) to
+    fetch the lab's files on Colab, for any bundle address and lab: the course's own code, not the student's."""
+    from .build import FETCH_CELL_TEMPLATE  # not at the top: build imports jupytext, which a scan needs only here
+
+    text = re.escape(FETCH_CELL_TEMPLATE.read_text().format(url="\0url\0", lab="\0lab\0").strip())
+    # The address stays inside its string literal (no quote, backslash or line break), so it changes no code.
+    return re.compile(text.replace("\0url\0", r'[^"\\\n]*').replace("\0lab\0", r"\w+"))
+
+
+def is_course_fetch_cell(source: str) -> bool:
+    """Whether a code cell is the course's fetch cell exactly as built (any edit makes it the student's code)."""
+    return _course_fetch_cell().fullmatch(source.replace("\r\n", "\n").strip()) is not None
 
 
 def parse_cell(source: str) -> ast.Module:
@@ -317,7 +334,8 @@ def scan_notebook(nb) -> list[str]:
     """Flags for every student code cell of a notebook, in cell order: ``"<grade id or cell N>: <what>"``, with
     control characters in quoted student text escaped (``course.quoting``).
 
-    Locked cells are read only to follow names (their imports) and to know which names they protect.
+    Locked cells are read only to follow names (their imports) and to know which names they protect; the course's
+    own fetch cell (``is_course_fetch_cell``) is not scanned either.
     """
     context, student_cells = Context(), []
     for index, cell in enumerate(nb.cells):
@@ -330,7 +348,7 @@ def scan_notebook(nb) -> list[str]:
             tree = f"does not parse ({_where(exc)}), not scanned"
         else:
             context.learn(tree, locked)
-        if not locked:
+        if not locked and not is_course_fetch_cell(cell.source):
             student_cells.append((grade_id(cell) or f"cell {index}", tree))
     flags = []  # scanned once every cell is learned: a later cell's import names what an earlier cell uses
     for label, tree in student_cells:

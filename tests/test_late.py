@@ -1,6 +1,7 @@
-"""After the deadline: nbgrader's late-submission plugin with the course's policy option, shown in grades.csv, in
-Canvas's import CSV (``course grade LAB --report``) and in feedback; a submission with a timestamp.txt after the
-lab's due date in the gradebook."""
+"""After the deadline: nbgrader's late-submission plugin with the course's policy option, applied to the final score
+(autograded and manual points) and shown in grades.csv, in Canvas's import CSV (``course grade LAB --report``, which
+exports nothing while an answer waits for a TA unless forced) and in feedback; a submission with a timestamp.txt after
+the lab's due date in the gradebook."""
 from __future__ import annotations
 
 import csv
@@ -18,7 +19,8 @@ from course.notebooks import make_submission, read_notebook, write_notebook
 
 DUE = "2025-03-01 23:59:00 UTC"
 LATE = "2025-03-04 11:59:00 UTC"  # 2.5 days late: 3 days at 10 % a day
-FULL_MARKS = 6.0  # every autograded point of the fixture lab, its bonus point included (the written answer waits)
+AUTOGRADED = 6.0  # every autograded point of the fixture lab, its bonus point included
+WRITTEN = 1.5  # what the TA gives the written answer (out of 2)
 
 
 def test_percent_per_day_counts_started_days():
@@ -50,22 +52,47 @@ def test_late_submission_loses_its_percentage_in_grades_canvas_and_feedback(tmp_
     grade.grade_lab(course, LAB, progress=False)
     roster = tmp_path / "roster.csv"
     roster.write_text('student_id,Student,ID,SIS User ID,SIS Login ID,Section\nada,"Lovelace, Ada",101,S1,alove,A\n')
-    assert grade.report_main(LAB, course, roster, "4242") == 0
-
     out = course / "grading" / LAB
+    assert grade.report_main(LAB, course, roster, "4242") == 1, "no export while the written answers wait for a TA"
+    assert not (out / "canvas.csv").exists()
+
+    assert grade.report_main(LAB, course, roster, "4242", force=True) == 0
     rows = {row["student"]: row for row in csv.DictReader((out / "grades.csv").read_text().splitlines())}
-    penalty = 0.3 * FULL_MARKS
-    assert [rows[s]["total_score"] for s in ("ada", "bob")] == ["6", "6"], rows
-    assert (rows["ada"]["late_penalty"], rows["ada"]["final_score"]) == ("0", "6"), rows["ada"]
+    assert all((rows[s]["q1_3_answer"], rows[s]["ungraded"], rows[s]["final_score"]) == ("", "q1_3_answer", "")
+               for s in ("ada", "bob")), f"forced: the waiting answer is empty and marked, with no final score: {rows}"
+    assert [row[-1] for row in csv.reader((out / "canvas.csv").read_text().splitlines())][2:] == ["", ""], \
+        "forced: canvas.csv leaves a score that is not final empty"
+
+    grade_written_answers(course, WRITTEN)
+    assert grade.report_main(LAB, course, roster, "4242") == 0
+    rows = {row["student"]: row for row in csv.DictReader((out / "grades.csv").read_text().splitlines())}
+    final = AUTOGRADED + WRITTEN
+    penalty = 0.3 * final  # of the final score: autograded and manual points
+    assert [rows[s]["total_score"] for s in ("ada", "bob")] == [f"{final:g}"] * 2, rows
+    assert (rows["ada"]["late_penalty"], rows["ada"]["final_score"]) == ("0", f"{final:g}"), rows["ada"]
     assert (float(rows["bob"]["late_penalty"]), float(rows["bob"]["final_score"])) == pytest.approx(
-        (penalty, FULL_MARKS - penalty)), rows["bob"]
+        (penalty, final - penalty)), f"the late penalty applies to the final score: {rows['bob']}"
     assert list(csv.reader((out / "canvas.csv").read_text().splitlines())) == [
         ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Lab 0 (4242)"],
         [POINTS_POSSIBLE, "", "", "", "", "7"],
-        ["Lovelace, Ada", "101", "S1", "alove", "A", "6"],
-        ["bob", "", "", "bob", "", f"{FULL_MARKS - penalty:g}"],
+        ["Lovelace, Ada", "101", "S1", "alove", "A", f"{final:g}"],
+        ["bob", "", "", "bob", "", f"{final - penalty:g}"],
     ]
 
     pages = {path.parts[-3]: path.read_text() for path in feedback.generate_feedback(course, LAB, ["ada", "bob"])}
-    assert "Late submission penalty" in pages["bob"] and f"-{penalty:g}" in pages["bob"], "feedback shows the penalty"
+    assert "Late submission penalty" in pages["bob"] and f"-{penalty:g}" in pages["bob"], \
+        "feedback after --report shows the penalty of the final score"
     assert "Late submission penalty" not in pages["ada"]
+
+
+def grade_written_answers(course, points: float) -> None:
+    """What a TA does in the formgrader: every submission's written answer gets ``points``."""
+    from nbgrader.api import Gradebook
+
+    from course.nbgrader_run import db_url_for
+
+    with Gradebook(db_url_for(course), course_id="efficient-ai") as gb:
+        for student in ("ada", "bob"):
+            cell = gb.find_grade("q1_3_answer", LAB, LAB, student)
+            cell.manual_score, cell.needs_manual_grade = points, False
+        gb.db.commit()
