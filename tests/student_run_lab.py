@@ -101,3 +101,14 @@ def with_student_run(nb: nbformat.NotebookNode, hostile: bool = False) -> nbform
             cell.outputs = outputs[key]
             cell.execution_count = 1
     return nb
+
+
+def in_order(text: str, *parts: str) -> bool:
+    """Whether each of ``parts`` shows in ``text``, after the one before it."""
+    at = 0
+    for part in parts:
+        at = text.find(part, at)
+        if at < 0:
+            return False
+        at += len(part)
+    return True

@@ -45,6 +45,7 @@ from student_run_lab import (  # noqa: E402
     PLOT_SCHEME,
     STUDENT_GPU,
     STUDENT_TABLE_ROW,
+    in_order,
     plot_lab_root,
     run_submission,
     with_student_run,
@@ -181,17 +182,6 @@ def test_feedback_html_of_a_hostile_submission_runs_no_script(graded, browser):
     [page] = generate_feedback(course, LAB, ["mallory"])
     open_and_settle(browser, page.as_uri(), "Because it is the simplest")
     assert_nothing_ran_and_content_shows(browser, course, before, "feedback")
-
-
-def in_order(text: str, *parts: str) -> bool:
-    """Whether each of ``parts`` shows in ``text``, after the one before it."""
-    at = 0
-    for part in parts:
-        at = text.find(part, at)
-        if at < 0:
-            return False
-        at += len(part)
-    return True
 
 
 # The labels of the grader's re-run (G) and of the student's run (S), and loaded PNG images (I), in page order

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import nbformat
 import pytest
 from fixture_lab import LAB
 from student_run_lab import (
@@ -22,6 +23,7 @@ from student_run_lab import (
     SETUP_GID,
     STUDENT_GPU,
     STUDENT_TABLE_ROW,
+    in_order,
     plot_lab_root,
     run_submission,
 )
@@ -36,6 +38,7 @@ from course.ta_view import (
     GRADER_RUN,
     MARK_SCHEME_KEY,
     STUDENT_RUN,
+    KeepStudentRun,
     ShowMarkSchemes,
     is_mark_scheme_cell,
     mark_schemes,
@@ -180,3 +183,30 @@ def test_the_kept_outputs_are_capped():
     kept, used = within_cap(outputs, 2500)
     assert len(kept) == 3 and kept[:2] == outputs[:2] and used <= 2500, kept[2:]
     assert "KiB of the student's outputs not shown" in kept[2]["text"], kept[2]
+
+
+def keep_student_run(course, student: str, nb):
+    """``KeepStudentRun`` run on ``nb`` as autograde runs it for ``student`` in the course folder ``course``."""
+    config = Config()
+    config.CourseDirectory.root = str(course)
+    resources = {"nbgrader": {"assignment": LAB, "notebook": LAB, "student": student}}
+    return KeepStudentRun(config=config).preprocess(nb, resources)[0]
+
+
+def one_cell_notebook(text: str):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('x')", outputs=[nbformat.v4.new_output("stream", text=text)])]
+    return nb
+
+
+def test_a_renamed_notebook_shows_its_run_and_an_unreadable_one_grades_without_it(tmp_path):
+    """The submitted notebook course grade grades is the one read (a renamed one included); one that cannot be read
+    leaves the graded notebook as it is, and grading goes on."""
+    write_notebook(one_cell_notebook("student\n"), tmp_path / "submitted" / "renamed" / LAB / f"{LAB} (1).ipynb")
+    shown_run = json.dumps(keep_student_run(tmp_path, "renamed", one_cell_notebook("grader\n")).cells[0].outputs)
+    assert in_order(shown_run, GRADER_RUN, "grader", STUDENT_RUN, "student"), shown_run
+    (tmp_path / "submitted" / "broken" / LAB).mkdir(parents=True)
+    (tmp_path / "submitted" / "broken" / LAB / f"{LAB}.ipynb").write_bytes(b'{"cells": [\xff')
+    for student in ("broken", "absent"):
+        graded = keep_student_run(tmp_path, student, one_cell_notebook("grader\n"))
+        assert [out.text for out in graded.cells[0].outputs] == ["grader\n"], (student, graded.cells[0].outputs)
