@@ -10,6 +10,7 @@ import builtins
 import functools
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 from nbgrader.utils import is_locked as nbgrader_is_locked
@@ -55,15 +56,27 @@ def is_locked(cell) -> bool:
     return isinstance(cell.get("metadata", {}).get("nbgrader"), dict) and bool(nbgrader_is_locked(cell))
 
 
+URL_MARK, LAB_MARK = "urlmark7f3a9c", "labmark7f3a9c"  # stand-ins for the bundle address and the lab
+
+
 @functools.cache
 def _course_fetch_cell() -> re.Pattern:
     """The source of the cell ``course build`` puts first in a release notebook (with ``labs/bundle_url.txt``) to
-    fetch the lab's files on Colab, for any bundle address and lab: the course's own code, not the student's."""
-    from .build import FETCH_CELL_TEMPLATE  # not at the top: build imports jupytext, which a scan needs only here
+    fetch the lab's files on Colab, for any bundle address and lab: the course's own code, not the student's. Made by
+    ``course.build.add_fetch_cell`` itself, so that it is the cell as built, whatever the template asks for."""
+    import tempfile
 
-    text = re.escape(FETCH_CELL_TEMPLATE.read_text().format(url="\0url\0", lab="\0lab\0").strip())
+    import nbformat
+
+    from .build import add_fetch_cell  # not at the top: build imports jupytext, which a scan needs only here
+
+    with tempfile.TemporaryDirectory(prefix="efficient-ai-fetch-cell-") as folder:
+        notebook = Path(folder, f"{LAB_MARK}.ipynb")
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("")]), notebook)
+        add_fetch_cell(notebook, URL_MARK)
+        built = nbformat.read(notebook, as_version=4).cells[0].source
     # The address stays inside its string literal (no quote, backslash or line break), so it changes no code.
-    return re.compile(text.replace("\0url\0", r'[^"\\\n]*').replace("\0lab\0", r"\w+"))
+    return re.compile(re.escape(built.strip()).replace(URL_MARK, r'[^"\\\n]*').replace(LAB_MARK, r"\w+"))
 
 
 def is_course_fetch_cell(source: str) -> bool:
