@@ -100,17 +100,21 @@ def submitted_runs(path: Path) -> dict[str, deque]:
     return runs
 
 
+def _note(text: str) -> dict:
+    return {"output_type": "stream", "name": "stdout", "text": text + "\n"}
+
+
 def _as_shown(out) -> dict:
     """One submitted output, sanitized; a result becomes a display (nbgrader reads a test cell's result as its score,
-    and a copy must never look like one)."""
-    clean = sanitize_output(out)
+    and a copy must never look like one). The file was never validated: an output that is no valid output (a stream
+    whose text is a list of numbers, say) becomes a note instead of stopping grading."""
+    try:
+        clean = sanitize_output(out)
+    except Exception:  # noqa: BLE001 - any malformed output; sanitize_output expects nbformat's schema
+        return _note("[an output of the submitted notebook that is not a valid output was left out]")
     if clean["output_type"] == "execute_result":
         clean = {"output_type": "display_data", "data": clean["data"], "metadata": clean["metadata"]}
     return clean
-
-
-def _note(text: str) -> dict:
-    return {"output_type": "stream", "name": "stdout", "text": text + "\n"}
 
 
 def within_cap(outputs: list[dict], cap: int) -> tuple[list[dict], int]:
@@ -160,7 +164,7 @@ class KeepStudentRun(NbGraderPreprocessor):
                                  f"{path} is over {MAX_SUBMITTED_FILE_BYTES >> 20} MiB")
                 return nb, resources
             runs = submitted_runs(path)
-        except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON: graded all the same
+        except (OSError, ValueError, RecursionError) as exc:  # unreadable, not UTF-8, not JSON, nested too deep
             self.log.warning("The student's run is not shown: %s", exc)
             return nb, resources
         budget = self.max_notebook_bytes

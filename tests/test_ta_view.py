@@ -210,3 +210,20 @@ def test_a_renamed_notebook_shows_its_run_and_an_unreadable_one_grades_without_i
     for student in ("broken", "absent"):
         graded = keep_student_run(tmp_path, student, one_cell_notebook("grader\n"))
         assert [out.text for out in graded.cells[0].outputs] == ["grader\n"], (student, graded.cells[0].outputs)
+
+
+def test_malformed_submitted_outputs_become_notes(tmp_path):
+    """The submitted file is read as plain JSON, never validated: what is no valid output is left out with a note,
+    and a file nested too deep to parse is graded without its run; grading goes on either way."""
+    folder = tmp_path / "submitted" / "odd" / LAB
+    folder.mkdir(parents=True)
+    odd = [{"output_type": "stream", "name": "stdout", "text": [1, 2]},
+           {"output_type": "display_data", "data": {"text/plain": "x"}, "metadata": ["not", "a", "dict"]},
+           {"output_type": "display_data", "data": "not a dict"}, "not an output"]
+    cell = {"cell_type": "code", "source": "print('x')", "metadata": {}, "outputs": odd, "execution_count": 1}
+    (folder / f"{LAB}.ipynb").write_text(json.dumps({"cells": [cell], "metadata": {}}))
+    outputs = keep_student_run(tmp_path, "odd", one_cell_notebook("grader\n")).cells[0].outputs
+    assert json.dumps(outputs).count("not a valid output") == 2 and "empty output removed" in json.dumps(outputs), outputs
+    (folder / f"{LAB}.ipynb").write_text("[" * 100_000 + "]" * 100_000)
+    graded = keep_student_run(tmp_path, "odd", one_cell_notebook("grader\n"))
+    assert [out.text for out in graded.cells[0].outputs] == ["grader\n"]
