@@ -153,6 +153,43 @@ def keep_gemm_counts(function):
                  lambda: {n: tuple(as_integer(count, function) for count in own[n]) for n in ROOFLINE_NS})
 
 
+def gemma_config(hidden, n_h, n_kv, d):
+    """A copy of the Gemma-3 270M configuration with other attention sizes (hidden size, query heads, key/value
+    heads, head dimension)."""
+    import copy
+
+    cfg = copy.deepcopy(GEMMA3_270M_CONFIG)
+    cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = hidden, n_h, n_kv, d
+    return cfg
+
+
+def bonus_3_1_modules():
+    """The modules Bonus 3.1 tests, one list per check: (config, batch_size, query_len, kv_len)."""
+    return [[(GEMMA3_270M_CONFIG, 2, 128, 128)],  # a prefill of the 270M model
+            [(gemma_config(96, 6, 2, 24), 3, 17, 17), (gemma_config(48, 8, 8, 12), 2, 5, 5)],  # other configurations
+            [(GEMMA3_270M_CONFIG, 4, 1, 301), (gemma_config(80, 4, 1, 40), 5, 1, 64),  # decode steps, a chunk
+             (gemma_config(48, 8, 8, 12), 1, 7, 19)]]
+
+
+def bonus_3_2_modules():
+    """The prefills Bonus 3.2 tests, one list per check: (config, batch_size, query_len == kv_len)."""
+    return [[(GEMMA3_270M_CONFIG, 2, 128), (GEMMA3_270M_CONFIG, 1, 37)],
+            [(gemma_config(96, 6, 2, 24), 3, 17), (gemma_config(80, 4, 1, 40), 2, 64)],
+            [(gemma_config(48, 8, 8, 12), 1, 5)]]  # multi-head attention
+
+
+def attention_of(cfg, batch_size, query_len, kv_len):
+    """(B, H, L_q, L_kv, D_h) of the attention inside one Gemma3Attention call: the arguments of calc_attn_mac and
+    calc_attn_io that Bonus 3.1 and 3.2 carry forward."""
+    return (batch_size, cfg.num_attention_heads, query_len, kv_len, cfg.head_dim)
+
+
+def keep_attention_counts(function, own, shapes):
+    """Keep own(*shape) (the student's calc_attn_mac or calc_attn_io, as its question grades it) for each shape, as
+    whole numbers, for the carry-forward of Bonus 3.1 or 3.2 (None when it raises or is not a whole number)."""
+    keep_carried(function, lambda: {shape: as_integer(own(*shape), f"{function}{shape}") for shape in shapes})
+
+
 def carried_intensities(which):
     """The intensities 2 * MACs / bytes (which: 0 for the GEMMs, 1 for the GEMVs) from the student's gemm_mac and
     gemm_io as Questions 1.3 and 1.4 graded them (None when either is missing)."""
@@ -1676,6 +1713,10 @@ def _q3_1_2_hidden_tests():
     with check("a decode step (L_q = 1, many keys): both products use L_q queries and L_kv keys", weight=1):
         assert_macs([(3, 2, 1, 37, 11), (1, 4, 1, 301, 256)])
 
+    # For Bonus 3.1: calc_attn_mac as graded here, for the attention of each module that bonus tests.
+    keep_attention_counts("calc_attn_mac", lambda *shape: calc_attn_mac(*shape),  # None if calc_attn_mac is missing
+                          {attention_of(*module) for modules in bonus_3_1_modules() for module in modules})
+
 
 _q3_1_2_hidden_tests()
 del _q3_1_2_hidden_tests
@@ -1732,27 +1773,14 @@ def calc_attn_module_mac(batch_size, query_len, kv_len, gemma_config):
 # The tests of this bonus are hidden: check your function on inputs of your own.
 ### BEGIN HIDDEN TESTS
 def _b3_1_hidden_tests():
-    import copy
-
-    def config(hidden, n_h, n_kv, d):
-        cfg = copy.deepcopy(GEMMA3_270M_CONFIG)
-        cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = hidden, n_h, n_kv, d
-        return cfg
-
-    @kernel_side
-    def own_attn_mac(B, H, L_q, L_kv, D_h):
-        """In the kernel: the student's calc_attn_mac (Question 3.1.2), for carry-forward; None when it raises."""
-        try:
-            return calc_attn_mac(B, H, L_q, L_kv, D_h)
-        except Exception:  # noqa: BLE001 - nothing to carry forward
-            return None
+    own_macs = kept_carried("calc_attn_mac")  # your calc_attn_mac as Question 3.1.2 graded it (carry-forward)
+    checks_modules = bonus_3_1_modules()
 
     def assert_module_macs(cases):
         for cfg, B, S_q, S_kv in cases:
             H, n_h, n_kv, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
             projections = B * S_q * H * (n_h + 2 * n_kv) * d + B * S_q * n_h * d * H  # q, k, v of the new tokens; o
             attention = 2 * B * n_h * S_q * S_kv * d  # q k^T and probs v
-            own = own_attn_mac(B, n_h, S_q, S_kv, d)
             assert_or_carried(
                 lambda value: assert_integer(
                     calc_attn_module_mac(B, S_q, S_kv, cfg), value,
@@ -1761,19 +1789,19 @@ def _b3_1_hidden_tests():
                     formula="projections of the query_len new tokens (GQA key/value heads) + attention over kv_len "
                             "keys + o_proj"),
                 projections + attention,
-                carried(lambda: projections + as_integer(own, "calc_attn_mac")),  # attention from your calc_attn_mac
+                # the attention from your calc_attn_mac
+                carried(lambda: projections + own_macs[attention_of(cfg, B, S_q, S_kv)]),
                 carried_from="your calc_attn_mac")
 
     with check("a prefill of the Gemma-3 270M configuration (query_len == kv_len)", weight=2):
-        assert_module_macs([(GEMMA3_270M_CONFIG, 2, 128, 128)])
+        assert_module_macs(checks_modules[0])
 
     with check("prefills of other configurations (grouped-query heads, head_dim != hidden_size / heads)", weight=2):
-        assert_module_macs([(config(96, 6, 2, 24), 3, 17, 17), (config(48, 8, 8, 12), 2, 5, 5)])
+        assert_module_macs(checks_modules[1])
 
     with check("a decode step and a chunk with a cache (query_len < kv_len): K/V projected for the new tokens only",
                weight=2):
-        assert_module_macs([(GEMMA3_270M_CONFIG, 4, 1, 301), (config(80, 4, 1, 40), 5, 1, 64),
-                            (config(48, 8, 8, 12), 1, 7, 19)])
+        assert_module_macs(checks_modules[2])
 
 
 _b3_1_hidden_tests()
@@ -1874,6 +1902,10 @@ def _q3_2_hidden_tests():
     with check("a decode step (L_q = 1, many keys): q and the output have L_q rows, k and v L_kv", weight=1):
         assert_bytes([(3, 4, 1, 257, 32), (2, 2, 1, 9, 16)])
 
+    # For Bonus 3.2: calc_attn_io as graded here, for the attention of each prefill that bonus tests.
+    keep_attention_counts("calc_attn_io", lambda *shape: calc_attn_io(*shape),  # None if calc_attn_io is missing
+                          {attention_of(cfg, B, S, S) for modules in bonus_3_2_modules() for cfg, B, S in modules})
+
 
 _q3_2_hidden_tests()
 del _q3_2_hidden_tests
@@ -1937,21 +1969,8 @@ def calc_attn_module_io(batch_size, query_len, kv_len, gemma_config):
 # The tests of this bonus are hidden: check your function on inputs of your own.
 ### BEGIN HIDDEN TESTS
 def _b3_2_hidden_tests():
-    import copy
-
-    def config(hidden, n_h, n_kv, d):
-        cfg = copy.deepcopy(GEMMA3_270M_CONFIG)
-        cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = hidden, n_h, n_kv, d
-        return cfg
-
-    @kernel_side
-    def own_attn_io(B, H, L_q, L_kv, D_h):
-        """In the kernel: the student's calc_attn_io (Question 3.2, float32 bytes), for carry-forward; None when it
-        raises."""
-        try:
-            return calc_attn_io(B, H, L_q, L_kv, D_h)
-        except Exception:  # noqa: BLE001 - nothing to carry forward
-            return None
+    own_bytes = kept_carried("calc_attn_io")  # your calc_attn_io as Question 3.2 graded it (carry-forward)
+    checks_modules = bonus_3_2_modules()
 
     def assert_module_bytes(cases):
         for cfg, B, S in cases:
@@ -1963,7 +1982,6 @@ def _b3_2_hidden_tests():
                       + (2 * q + 2 * kv) + (2 * q + 2 * kv)  # q/k norms, RoPE
                       + (q + H * n_h * d + x))  # o_proj
             attention = (q + kv_per_head + s) + 5 * s + (s + kv_per_head + q)
-            own = own_attn_io(B, n_h, S, S, d)
             what = (f"calc_attn_module_io(B={B}, query_len=kv_len={S}) with hidden={H}, heads={n_h}, kv_heads={n_kv}, "
                     f"head_dim={d} (bytes)")
             formula = "2 bytes x (projections, norms, RoPE, attention with the 5-pass softmax, o_proj)"
@@ -1973,19 +1991,19 @@ def _b3_2_hidden_tests():
                 assert got in accepted, f"{what} must be {formula} = {min(accepted):,}, got {got:,}"
 
             # Carry-forward: the attention step from your calc_attn_io (float32 bytes), halved for bf16.
+            own = carried(lambda: own_bytes[attention_of(cfg, B, S, S)])
             assert_or_carried(compare, {2 * (others + attention)},
-                              carried(lambda: {2 * others + as_integer(own, "calc_attn_io") // 4 * 2,
-                                               2 * others + as_integer(own, "calc_attn_io") // 2}),
+                              carried(lambda: {2 * others + own // 4 * 2, 2 * others + own // 2}),
                               carried_from="your calc_attn_io")
 
     with check("a prefill of the Gemma-3 270M configuration", weight=2):
-        assert_module_bytes([(GEMMA3_270M_CONFIG, 2, 128), (GEMMA3_270M_CONFIG, 1, 37)])
+        assert_module_bytes(checks_modules[0])
 
     with check("prefills of other configurations (grouped-query heads, head_dim != hidden_size / heads)", weight=2):
-        assert_module_bytes([(config(96, 6, 2, 24), 3, 17), (config(80, 4, 1, 40), 2, 64)])
+        assert_module_bytes(checks_modules[1])
 
     with check("multi-head attention (num_key_value_heads == num_attention_heads)", weight=1):
-        assert_module_bytes([(config(48, 8, 8, 12), 1, 5)])
+        assert_module_bytes(checks_modules[2])
 
 
 _b3_2_hidden_tests()

@@ -641,6 +641,16 @@ CARRY_FORWARD_REFIT = """def gemm_mac(x, y):  # redefined after Question 1.3 was
 
 gemm_intensity_by_n = {n: n ** 3 / (4 * 3 * n ** 2) for n in roofline_sizes}  # MACs instead of FLOPs
 """
+# After Question 3.1.2 was graded, calc_attn_mac is redefined to 0 so that a module count without the attention's
+# two products matches what the carry-forward would compute from it (Bonus 3.1).
+ATTN_MAC_REFIT = """def calc_attn_mac(B, H, L_q, L_kv, D_h):  # redefined after Question 3.1.2 was graded
+    return 0
+
+def calc_attn_module_mac(batch_size, query_len, kv_len, gemma_config):  # the projections only
+    H, n_h = gemma_config.hidden_size, gemma_config.num_attention_heads
+    n_kv, d = gemma_config.num_key_value_heads, gemma_config.head_dim
+    return batch_size * query_len * H * d * (2 * n_h + 2 * n_kv) + calc_attn_mac(batch_size, n_h, query_len, kv_len, d)
+"""
 METHOD = [
     RedTeamCase(
         "adv28_recording_switched_off",
@@ -661,11 +671,14 @@ METHOD = [
     RedTeamCase(
         "adv30_carry_forward_refit",
         "gemm_mac redefined in Q2.1.1's answer cell, after Q1.3 was graded, to fit wrong intensities (MACs instead "
-        "of FLOPs) in Q2.1.1 and Q2.2: carry-forward uses gemm_mac as Q1.3 graded it, so both are wrong",
-        lambda ref: {f"{LAB}.ipynb": replace_cell_source(
+        "of FLOPs) in Q2.1.1 and Q2.2; calc_attn_mac redefined to 0 in Bonus 3.1's answer cell, after Q3.1.2 was "
+        "graded, to fit a module count without the attention products: carry-forward uses each function as its "
+        "question graded it, so all three are wrong",
+        lambda ref: {f"{LAB}.ipynb": replace_cell_source(replace_cell_source(
             replace_cell_source(ref, "q2_1_1_intensity", CARRY_FORWARD_REFIT), "q2_2_intensity",
-            "gemv_intensity_by_n = {n: n * n / (4 * (n * n + 2 * n)) for n in roofline_sizes}  # MACs, not FLOPs\n")},
-        {"q2_1_1_intensity_tests", "q2_2_intensity_tests"}),
+            "gemv_intensity_by_n = {n: n * n / (4 * (n * n + 2 * n)) for n in roofline_sizes}  # MACs, not FLOPs\n"),
+            "b3_1_attn_module_mac", ATTN_MAC_REFIT)},
+        {"q2_1_1_intensity_tests", "q2_2_intensity_tests", "b3_1_attn_module_mac_tests"}),
 ]
 
 
