@@ -125,8 +125,8 @@ def within_cap(outputs: list[dict], cap: int) -> tuple[list[dict], int]:
         size = len(json.dumps(out))
         if used + size > cap:
             left = sum(len(json.dumps(rest)) for rest in outputs[index:])
-            kept.append(_note(f"[{left / 1024:.0f} KiB of the student's outputs not shown: over the {cap / 1024:.0f} "
-                              "KiB kept per cell and notebook]"))
+            kept.append(_note(f"[{left / 1024:.0f} KiB of the student's outputs not shown: over the size kept per cell "
+                              "and per notebook (c.KeepStudentRun.max_cell_bytes, max_notebook_bytes)]"))
             break
         kept.append(out)
         used += size
@@ -135,7 +135,8 @@ def within_cap(outputs: list[dict], cap: int) -> tuple[list[dict], int]:
 
 def run_label(text: str, colour: str) -> dict:
     """A label output that heads one group of a cell's outputs (sanitized like any output: a styled ``div``)."""
-    html = f'<div style="border-top: 2px solid {colour}; padding-left: 4px; font-weight: bold">{escape(text, quote=False)}</div>'
+    style = f"border-top: 2px solid {colour}; padding-left: 4px; font-weight: bold"
+    html = f'<div style="{style}">{escape(text, quote=False)}</div>'
     return {"output_type": "display_data", "data": {"text/html": html, "text/plain": f"--- {text} ---"},
             "metadata": {}}
 
@@ -154,18 +155,23 @@ class KeepStudentRun(NbGraderPreprocessor):
     max_cell_bytes = Int(1 << 20, help="Most bytes of one cell's submitted outputs kept (JSON).").tag(config=True)
     max_notebook_bytes = Int(8 << 20, help="Most bytes of submitted outputs kept per notebook (JSON).").tag(config=True)
 
-    def preprocess(self, nb, resources):
-        info = resources["nbgrader"]
+    def _runs(self, info) -> dict[str, deque]:
+        """The student's run of the submission nbgrader is grading (``info``: ``resources["nbgrader"]``); empty, with
+        the reason logged, when there is none to read."""
         root = Path(self.config.get("CourseDirectory", {}).get("root") or Path.cwd())
         try:
             path = submitted_notebook(root, info["student"], info["assignment"], info["notebook"])
-            if path is None or path.stat().st_size > MAX_SUBMITTED_FILE_BYTES:
-                self.log.warning("The student's run is not shown: %s", "no submitted notebook" if path is None else
-                                 f"{path} is over {MAX_SUBMITTED_FILE_BYTES >> 20} MiB")
-                return nb, resources
-            runs = submitted_runs(path)
+            if path is not None and path.stat().st_size <= MAX_SUBMITTED_FILE_BYTES:
+                return submitted_runs(path)
+            reason = "no submitted notebook" if path is None else f"{path} is over {MAX_SUBMITTED_FILE_BYTES >> 20} MiB"
         except (OSError, ValueError, RecursionError) as exc:  # unreadable, not UTF-8, not JSON, nested too deep
-            self.log.warning("The student's run is not shown: %s", exc)
+            reason = str(exc)
+        self.log.warning("The student's run is not shown: %s", reason)
+        return {}
+
+    def preprocess(self, nb, resources):
+        runs = self._runs(resources["nbgrader"])
+        if not runs:
             return nb, resources
         budget = self.max_notebook_bytes
         for cell in nb.cells:
