@@ -40,7 +40,7 @@ try:
     import nbgrader
 
     from course.late import LatePenalty
-    from course.lms import ZIP_COLLECT_PATTERNS, UploadCollector
+    from course.lms import ZIP_COLLECT_PATTERNS, GradebookCsvExport, UploadCollector
     from course.feedback import TEMPLATES_DIR, question_rows
     from course.paths import COURSE_ID
     from course.guarded_execute import GuardedExecute
@@ -133,6 +133,10 @@ c.LatePenalty.percent_per_day = 10.0
 # upload the LMS marks late a timestamp.txt of the due date + 1 s; downloaded/LAB/collect_report.csv says what it left.
 c.FileNameCollectorPlugin.named_regexp = ZIP_COLLECT_PATTERNS["canvas"]
 c.ZipCollectApp.collector_plugin = UploadCollector
+
+# nbgrader export: nbgrader's grades.csv of the whole gradebook, no score while an answer waits for a TA and no cell
+# that a spreadsheet runs as a formula (course/lms.py).
+c.ExportApp.plugin_class = GradebookCsvExport
 
 # Feedback never shows hidden test source, nor what test cells printed besides their failed checks and error message,
 # nor the mark schemes autograde put beside the answers.

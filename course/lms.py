@@ -1,6 +1,7 @@
 """The LMS in and out: sorting an LMS's download into ``submitted/`` (plain ``nbgrader zip_collect``, with the file-name
-pattern and the collector ``nbgrader_config.py`` sets), and final grades in Canvas's gradebook import format
-(``grading/LAB/canvas.csv``, written by ``course grade LAB --report``).
+pattern and the collector ``nbgrader_config.py`` sets), final grades in Canvas's gradebook import format
+(``grading/LAB/canvas.csv``, written by ``course grade LAB --report``), and ``nbgrader export``'s CSV of the whole
+gradebook (``GradebookCsvExport``).
 
 ``UploadCollector`` is nbgrader's ``FileNameCollectorPlugin`` with a view of the whole download (``plan_collection``):
 one student's several uploads of a notebook keep the newest, a file inside a student's upload is filed for that
@@ -20,7 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nbgrader.plugins import FileNameCollectorPlugin
+from nbgrader.plugins import ExportPlugin, FileNameCollectorPlugin
 
 from .quoting import escape_controls
 from .spreadsheet import write_csv
@@ -239,3 +240,44 @@ def write_canvas_csv(path: Path, lab: str, final_scores: dict[str, float | None]
         fields = (roster or {}).get(student) or {"Student": student, "SIS Login ID": student}
         rows.append([*(fields.get(name, "") for name in CANVAS_FIELDS), final_scores[student]])
     write_csv(path, rows)
+
+
+def final_score(total: float, penalty: float) -> float:
+    """What a student gets: the total score less the late penalty, never below 0."""
+    return max(0.0, total - penalty)
+
+
+NBGRADER_EXPORT_COLUMNS = ("assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email",
+                           "raw_score", "late_submission_penalty", "score", "max_score", "ungraded")
+
+
+class GradebookCsvExport(ExportPlugin):
+    """``nbgrader export`` (``c.ExportApp.plugin_class``): nbgrader's CSV of the whole gradebook (one row per assignment
+    and student, the columns of its own exporter), with the course's two rules: every cell through ``write_csv``, and
+    no ``score`` while a cell of the submission waits for a TA (``ungraded`` says yes). A student without a submission
+    scores 0, as in nbgrader."""
+
+    def export(self, gradebook) -> None:
+        rows = [NBGRADER_EXPORT_COLUMNS]
+        for assignment in gradebook.assignments:
+            for student in gradebook.students:
+                if (not self.assignment or assignment.name in self.assignment) and \
+                        (not self.student or student.id in self.student):
+                    rows.append(self.row(gradebook, assignment, student))
+        write_csv(Path(self.to or "grades.csv"), rows)
+
+    @staticmethod
+    def row(gradebook, assignment, student) -> list:
+        """One assignment of one student, in ``NBGRADER_EXPORT_COLUMNS``' order."""
+        from nbgrader.api import MissingEntry
+
+        who = [assignment.name, assignment.duedate]
+        person = [student.id, student.last_name, student.first_name, student.email]
+        try:
+            submitted = gradebook.find_submission(assignment.name, student.id)
+        except MissingEntry:
+            return [*who, None, *person, 0.0, 0.0, 0.0, assignment.max_score, ""]
+        penalty, waiting = submitted.late_submission_penalty, submitted.needs_manual_grade
+        return [*who, submitted.timestamp, *person, submitted.score, penalty,
+                None if waiting else final_score(submitted.score, penalty), assignment.max_score,
+                "yes" if waiting else ""]

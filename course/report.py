@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from .feedback import ungraded_answers
-from .lms import write_canvas_csv
+from .lms import final_score, write_canvas_csv
 from .nbgrader_run import SubmissionScores, read_scores
 from .notebooks import question_key
 from .outcome import Outcome
@@ -180,11 +180,6 @@ def final_scores(outcomes: dict[str, Outcome], scores: dict[str, SubmissionScore
     return {student: None if ungraded.get(student) or outcome.status == NO_SUBMISSION else
             final_score(scores[student].total_score() if student in scores else 0.0, penalties.get(student, 0.0))
             for student, outcome in outcomes.items()}
-
-
-def final_score(total: float, penalty: float) -> float:
-    """What a student gets: the total score less the late penalty, never below 0."""
-    return max(0.0, total - penalty)
 
 
 def previous_outcomes(path: Path, lab: str) -> dict[str, Outcome]:

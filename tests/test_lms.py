@@ -202,6 +202,12 @@ def test_a_canvas_download_goes_to_canvas_csv_with_every_anomaly_reported(tmp_pa
     refused = capsys.readouterr().out
     assert all(f"  {s}: q1_3_answer" in refused for s in outcomes) and "--force" in refused, refused
     assert not (course / "grading" / LAB / "canvas.csv").exists()
+    exported = subprocess.run([nbgrader, "export"], cwd=course, capture_output=True, text=True, timeout=300)
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    everyone = {row["student_id"]: row for row in csv.DictReader((course / "grades.csv").read_text().splitlines())}
+    assert sorted(everyone) == ["'=1+2", "doejane", "evemallory", "roebob"], "nbgrader export neutralises names too"
+    assert all((row["score"], row["ungraded"]) == ("", "yes") for row in everyone.values()), \
+        f"nbgrader export shows no score while an answer waits for a TA: {everyone}"
 
     from nbgrader.api import Gradebook  # the TA grades the written answer in the formgrader
     with Gradebook(db_url_for(course), course_id="efficient-ai") as gb:
