@@ -24,7 +24,7 @@ import textwrap
 from pathlib import Path
 
 KERNEL_SOURCE = Path(__file__).with_name("boundary_kernel.py")
-INSTRUCTOR_MODULES = ("utils", "checks")  # the lab's own modules (source/<lab>/): the grader imports its copies
+INSTRUCTOR_MODULES = ("utils", "_utils_private", "checks")  # the lab's own modules (source/<lab>/): the grader imports its copies
 HELPERS_TAG = "test-helpers"  # a locked cell with this tag also runs in the grader (helpers hidden tests call)
 REF_TAG = "__efficient_ai_ref__"
 COMM_TARGET = "efficient_ai_boundary"  # the Jupyter comm target of the kernel's server (boundary_kernel.py)

@@ -1,7 +1,8 @@
 """build: labs/labN/labN.py -> source/labN/ (instructor notebook) -> release/labN/ (student bundle).
 
-``source/labN/`` gets the notebook and copies of ``utils.py``, ``checks.py`` and ``assets/``; nbgrader copies them
-into ``release/labN/`` (a self-contained release), and ``nbgrader autograde`` overwrites a student's copies with them.
+``source/labN/`` gets the notebook, copies of the lab files (``paths.LAB_FILES``: ``utils.py`` and its private
+``_utils_private.py``, ``checks.py``, ``requirements.txt``) and ``assets/``; nbgrader copies them into ``release/labN/``
+(a self-contained release), and ``nbgrader autograde`` overwrites a student's copies with them.
 Files are written only when their content changes, so a second build changes nothing.
 """
 from __future__ import annotations
@@ -14,18 +15,16 @@ from pathlib import Path
 import jupytext
 import nbformat
 
+from .fetch_cell import add_fetch_cell, bundle_url
 from .nbgrader_run import run_nbgrader
 from .notebooks import NB_VERSION, grade_id, mark_bonus, read_notebook
-from .paths import REPO_ROOT, is_cache, lab_text_path
+from .paths import LAB_FILES, REPO_ROOT, REQUIRED_LAB_FILES, is_cache, lab_text_path
 
-SUPPORT_FILES = ("utils.py", "checks.py")  # the student helper module and the test contract
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 # What ipykernel reports, so JupyterLab does not mark a freshly opened notebook modified; fixed: a reproducible build.
 LANGUAGE_INFO = {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
                  "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
                  "pygments_lexer": "ipython3", "version": "3.11.7"}
-FETCH_CELL_TEMPLATE = Path(__file__).parent / "templates" / "fetch_cell" / "cell.txt"
-FETCH_CELL_ID = "fetch-lab-files"
 SET_ASIDE_DIR = "build-set-aside"  # files found in release/labN/ that the build did not write (ignored by git)
 LOCK_HEADER = "# Grade ids of this lab: the gradebook keys on them. Never rename or remove one; add new ones freely."
 
@@ -106,28 +105,6 @@ def generate_release(lab: str, source_dir: Path, release_dir: Path, fetch_url: s
     return changed
 
 
-def bundle_url(lab: str, root: Path = REPO_ROOT) -> str:
-    """Where the course publishes ``lab``'s student bundle (``course bundle``'s zip): the one line of
-    ``labs/bundle_url.txt`` with ``{lab}`` replaced; "" when the file is absent or empty."""
-    path = root / "labs" / "bundle_url.txt"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    url = next((line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")), "")
-    return url.replace("{lab}", lab)
-
-
-def add_fetch_cell(notebook: Path, url: str) -> None:
-    """Put the cell that fetches the lab's files where they are missing (Colab) first among the release notebook's
-    code cells, unless it has one."""
-    nb = nbformat.read(notebook, as_version=NB_VERSION)
-    if any(cell.get("id") == FETCH_CELL_ID for cell in nb.cells):
-        return
-    cell = nbformat.v4.new_code_cell(FETCH_CELL_TEMPLATE.read_text().format(url=url, lab=notebook.stem).rstrip("\n"))
-    cell["id"] = FETCH_CELL_ID
-    first_code = next(i for i, other in enumerate(nb.cells) if other.cell_type == "code")
-    nb.cells.insert(first_code, cell)
-    nbformat.write(nb, notebook)
-
-
 def build_lab(lab: str, root: Path = REPO_ROOT, out_root: Path | None = None) -> list[Path]:
     """Build one lab's ``source/`` and ``release/`` under ``out_root`` (default ``root``). Returns the files it
     changed. With a ``labs/bundle_url.txt``, the release notebook fetches missing files (Colab) from the bundle."""
@@ -139,8 +116,14 @@ def build_lab(lab: str, root: Path = REPO_ROOT, out_root: Path | None = None) ->
         notebook.parent.mkdir(parents=True, exist_ok=True)
         notebook.write_text(text)
         changed.append(notebook)
-    for name in SUPPORT_FILES:
-        _copy_if_changed(root / name, source_dir / name, changed)
+    for name in LAB_FILES:
+        if (root / name).is_file():
+            _copy_if_changed(root / name, source_dir / name, changed)
+        elif name in REQUIRED_LAB_FILES:
+            raise BuildError(f"{root / name} is missing: every lab ships it")
+        elif (source_dir / name).exists():  # the repository no longer has it: neither does the lab
+            (source_dir / name).unlink()
+            changed.append(source_dir / name)
     if (root / "assets").is_dir():
         sync_tree(root / "assets", source_dir / "assets", changed)
     return changed + generate_release(lab, source_dir, out_root / "release" / lab, bundle_url(lab, root))

@@ -45,8 +45,9 @@ def pip_requirements(requirements: Path, leave_out: tuple[str, ...] = ()) -> str
 
 
 def bundle_contents(lab: str, root: Path = REPO_ROOT) -> dict[str, bytes]:
-    """What a lab's bundle holds: ``release/<lab>/``'s files and the students' README (opening the lab locally and
-    on Colab, what to submit)."""
+    """What a lab's bundle holds: ``release/<lab>/``'s files (the notebook and ``paths.LAB_FILES``: the helpers, the
+    students' ``requirements.txt``, which the first cell's version check reads) and the students' README (opening
+    the lab locally and on Colab, the scales, what to submit)."""
     files = release_files(root / "release" / lab)
     notebook = f"{lab}.ipynb"
     if notebook not in files:
@@ -56,7 +57,7 @@ def bundle_contents(lab: str, root: Path = REPO_ROOT) -> dict[str, bytes]:
     title = next((line[2:].strip() for line in first.splitlines() if line.startswith("# ")), lab)
     requirements = root / "requirements.txt"
     files[README] = README_TEMPLATE.read_text().format(
-        title=title, lab_title=title.split(":")[0], lab=lab, requirements=pip_requirements(requirements),
+        title=title, lab_title=title.split(":")[0], lab=lab,
         colab_requirements=pip_requirements(requirements, COLAB_PROVIDES)).encode()
     return files
 

@@ -14,7 +14,7 @@ import sys
 WATCHED_MODULES = ["builtins", "math", "numbers", "operator", "functools", "time", "dis", "inspect", "random"]
 # Watched only in a lab whose instructor cells import one of them: importing them costs seconds per submission.
 LIBRARY_MODULES = ["numpy", "numpy.testing", "torch", "torch.testing", "torch.testing._comparison",
-                   "torch.nn.functional", "torch.overrides", "utils"]
+                   "torch.nn.functional", "torch.overrides", "utils", "_utils_private"]
 IPYTHON_MANAGED_BUILTINS = {"exit", "quit", "get_ipython", "display", "help", "copyright", "credits", "license",
                             "_", "__", "___"}
 

@@ -8,6 +8,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent  # labs/, source/, release/, 
 COURSE_ID = "efficient-ai"  # nbgrader's course id: nbgrader_config.py sets it, the gradebook is opened with it
 LAB_NAME_RE = re.compile(r"^lab\d+$")
 CACHE_NAMES = ("__pycache__", ".ipynb_checkpoints")  # what Python and Jupyter write into a folder they open
+LAB_FILES = ("utils.py", "_utils_private.py", "checks.py", "requirements.txt")
+"""Files of the repository root that sit beside every lab's notebook: the helpers students call, their private
+plumbing, the test contract and the students' requirements (the first cell's version check reads them). ``build``
+copies them into ``source/labN/``, nbgrader into ``release/labN/`` (the student bundle) and, at autograde, over a
+student's copies; the Colab cell fetches them. ``REQUIRED_LAB_FILES`` must exist; the others are copied when present."""
+REQUIRED_LAB_FILES = ("utils.py", "checks.py")
 
 
 def is_cache(relative: Path) -> bool:

@@ -1,10 +1,16 @@
 """What students get (``course bundle``) and the solutions they get after the deadline (``course solutions``), on the
-tiny fixture lab: exactly the release and a README, no solution or hidden-test text; every model solution and no
+tiny fixture lab with the course's own lab files (``utils.py``, ``_utils_private.py``, ``checks.py``,
+``requirements.txt``): exactly the release and a README, no solution or hidden-test text, and an unzipped bundle whose
+environment report checks the installed versions against its own ``requirements.txt``; every model solution and no
 hidden test or mark scheme."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +18,7 @@ from fixture_lab import LAB, REPO, make_root
 
 from course import build, bundle, solutions
 from course.notebooks import HIDDEN_BEGIN, MARK_SCHEME_BEGIN, SOLUTION_BEGIN, read_notebook
+from course.paths import LAB_FILES
 
 SECRETS = ("add(-40, 17)", "scale(0.5, 7.25)", "square(-9)", "Any reasonable answer", "=== BEGIN MARK SCHEME ===",
            HIDDEN_BEGIN, SOLUTION_BEGIN)  # hidden tests, the mark scheme and delimiters of tests/fixtures/lab0
@@ -21,7 +28,8 @@ MODEL_SOLUTIONS = ("return a + b", "return x * factor_per_unit", "return x * x",
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     root = make_root(tmp_path_factory.mktemp("bundle"))
-    shutil.copy2(REPO / "requirements.txt", root / "requirements.txt")
+    for name in LAB_FILES:  # the course's own, in place of the fixture's stand-in utils.py
+        shutil.copy2(REPO / name, root / name)
     assert build.main([LAB], root) == 0
     return root
 
@@ -31,17 +39,48 @@ def test_bundle_holds_the_release_and_a_readme_only(root, tmp_path):
     assert bundle.main([LAB], out, root) == 0
     release = bundle.release_files(root / "release" / LAB)
     folder, zipped = bundle.release_files(out / LAB), bundle.zip_files(out / f"{LAB}.zip", LAB)
-    assert set(folder) == set(release) | {"README.md"} == {"lab0.ipynb", "utils.py", "checks.py", "assets/figure.png",
+    assert set(folder) == set(release) | {"README.md"} == {"lab0.ipynb", *LAB_FILES, "assets/figure.png",
                                                          "README.md"}, sorted(folder)
+    assert folder["requirements.txt"] == (REPO / "requirements.txt").read_bytes(), "the students' requirements"
     assert zipped == folder, "the zip holds the folder's files, below one top folder lab0/"
     assert all(folder[name] == release[name] for name in release), "the release's files, byte for byte"
     readme = folder["README.md"].decode()
-    for needed in ("jupyter lab lab0.ipynb", "pip install 'torch>=", "Colab", "lab0.zip", "What to submit"):
+    for needed in ("jupyter lab lab0.ipynb", "pip install -r requirements.txt", "pip install -q 'torch>=", "Colab",
+                   "lab0.zip", "What to submit", "_utils_private.py"):
         assert needed in readme, f"the students' README says {needed!r}"
     for name, content in folder.items():
         for secret in SECRETS:
             assert secret.encode() not in content, f"{name} shows {secret!r}"
     assert sorted(p.name for p in out.iterdir()) == [LAB, f"{LAB}.zip"], "nothing else is written"
+
+
+def test_the_readme_states_the_scales_as_utils_reads_them(root):
+    """On a CPU the default is the cpu scale (not quick), and EFFICIENT_AI_SCALE overrides it (utils.SCALE)."""
+    readme = bundle.bundle_contents(LAB, root)["README.md"].decode()
+    flat = " ".join(readme.split())
+    assert "On a CUDA GPU the default is *teaching*" in flat and "on a CPU it is *cpu*" in flat, readme
+    assert "`EFFICIENT_AI_SCALE=teaching`, `cpu` or `quick`" in flat, readme
+    assert "quick scale" not in flat, "a CPU does not run at quick scale unless asked"
+
+
+def test_an_unzipped_bundle_checks_versions_against_its_own_requirements(root, tmp_path):
+    """The first cell's version check (utils.print_environment_report) finds the bundle's requirements.txt: unzipped
+    alone, without this repository on the path, it names an installed version outside it."""
+    out = tmp_path / "out"
+    assert bundle.main([LAB], out, root) == 0
+    with zipfile.ZipFile(out / f"{LAB}.zip") as archive:
+        archive.extractall(tmp_path / "student")
+    folder = tmp_path / "student" / LAB
+    (folder / "requirements.txt").write_text((folder / "requirements.txt").read_text() + "numpy<1.0\n")
+    probe = ("import _utils_private, utils; print('found', _utils_private.find_requirements()); "
+             "utils.print_environment_report('lab0')")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"} | {"MPLBACKEND": "Agg"}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"found {folder / 'requirements.txt'}" in done.stdout, done.stdout
+    assert "Package numpy" in done.stdout and "pip install 'numpy<1.0'" in done.stdout, done.stdout
+    assert "reports/" not in done.stdout, "the report cites nothing the bundle lacks"
 
 
 def test_bundle_refuses_solution_text_and_extra_files(root):

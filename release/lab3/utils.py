@@ -1,12 +1,12 @@
-"""Shared helpers for the Efficient AI labs.
+"""Helpers for the Efficient AI labs: everything in this file is for you to call (and to read when in doubt).
 
-Every lab starts with ``from utils import *``. The module has five sections, in this order:
+Every lab starts with ``from utils import *``, which gives the names of ``__all__``. Five sections, in this order:
 
-1. Run settings and hardware: ``DEVICE``, ``SCALE``/``at_scale``, ``print_environment_report``, ``GPU_SPECS``,
-   ``detect_gpu``, ``get_ridge_point``, ``measure_roofline``.
-2. Model configs and helpers: ``GEMMA3_270M_CONFIG``, ``GEMMA3_PESUDO_CONFIG`` (also ``GEMMA3_PSEUDO_CONFIG``) and the input, KV-cache
-   (preallocated, written in place) and multi-layer forward helpers used with the lab's own
-   ``Gemma3DecoderLayer``; ``gpt2_decoder_forward`` for Lab 3's GPT-2 with the same cache.
+1. Run settings and hardware: ``DEVICE``, ``SCALE``/``at_scale``, ``progress``, ``print_environment_report``,
+   ``quiet_library_messages``, ``GPU_SPECS``, ``detect_gpu``, ``get_ridge_point``, ``measure_roofline``.
+2. Model configs and helpers: ``GEMMA3_270M_CONFIG``, ``GEMMA3_PESUDO_CONFIG`` (the handout's spelling; also
+   ``GEMMA3_PSEUDO_CONFIG``) and the input, KV-cache (preallocated, written in place) and multi-layer forward helpers
+   used with the lab's own ``Gemma3DecoderLayer``; ``gpt2_decoder_forward`` for Lab 3's GPT-2.
 3. Measurement: ``benchmark_latency`` (ms), ``capture_cuda_graph``, ``benchmark_eager_and_graphed`` (ms),
    ``benchmark_compiled_and_graphed`` (ms), ``benchmark_memory`` (GB), ``default_schedule``,
    ``count_cuda_kernels``, ``count_kernels_per_call``, ``run_oom_safe``, ``mark_oom``.
@@ -17,35 +17,25 @@ Every lab starts with ``from utils import *``. The module has five sections, in 
 Units: time in milliseconds (ms) unless a name says otherwise (``*_s``, ``*_us``), memory in GB (1e9 bytes),
 bandwidth in TB/s (1e12 bytes/s), compute in TFLOP/s (1e12 FLOP/s), arithmetic intensity in FLOP/byte.
 
-Everything runs on CPU and on CUDA. transformers is imported only when a model helper needs it, so
-``import utils`` costs little more than ``import torch`` and matplotlib. Importing it changes no global state
-(PyTorch's backends, the profiler, logging, warnings, the environment); ``quiet_library_messages()``, which each lab's
-setup cell calls, silences the library messages a student cannot act on.
+Everything runs on CPU and on CUDA. The plumbing behind these functions (choosing the scale, matching GPU names, the
+environment report's checks, silencing library messages, classifying profiler events, drawing the plots) lives in
+``_utils_private.py`` beside this file; you never need to call or read it. transformers is imported only when a model
+config is first used, so ``import utils`` costs little more than ``import torch`` and matplotlib. Importing it
+changes no global state (PyTorch's backends, the profiler, logging, warnings, the environment);
+``quiet_library_messages()``, which each lab's setup cell calls, silences the library messages you cannot act on.
 """
 
-import contextlib
-import difflib
-import functools
 import gc
-import importlib.metadata
 import importlib.util
-import json
-import logging
 import math
-import os
-import pathlib
 import platform
-import re
-import statistics
-import sys
-import tempfile
 import time
-from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-import torch.nn.functional as F
+
+import _utils_private as _private
 
 __all__ = [
     # 1. run settings and hardware
@@ -103,20 +93,7 @@ __all__ = [
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 """torch.device: ``cuda`` when a CUDA GPU is visible, else ``cpu``. Notebooks and tests put tensors here."""
 
-_SCALES = ("teaching", "cpu", "quick")
-_SCALE_ENV = "EFFICIENT_AI_SCALE"
-
-
-def _read_scale():
-    raw = os.environ.get(_SCALE_ENV, "").strip().lower()
-    if not raw:
-        return "teaching" if torch.cuda.is_available() else "cpu"
-    if raw not in _SCALES:
-        raise ValueError(f"{_SCALE_ENV}={raw!r} is not a scale; use one of {', '.join(_SCALES)}")
-    return raw
-
-
-SCALE = _read_scale()
+SCALE = _private.read_scale()
 """str: the sizes the measuring cells use.
 
 - ``"teaching"``: full sizes, meant for a GPU (the default where CUDA is available);
@@ -226,51 +203,6 @@ GPU_SPECS = {
                     memory_bandwidth_tb_s=1.008, memory_gb=24, sram_kb=128, num_sms=128),
 }
 
-# torch.cuda.get_device_name() -> GPU_SPECS key. Checked in order; the first match wins.
-_GPU_NAME_PATTERNS = [
-    (r"h200(?!.*nvl)", "H200"),
-    (r"h100.*nvl", "H100-NVL"),
-    (r"h100.*pcie", "H100-PCIe"),
-    (r"h100", "H100-SXM"),
-    (r"a100.*80\s*gb.*pcie|a100.*pcie.*80\s*gb", "A100-80GB-PCIe"),
-    (r"a100.*80\s*gb", "A100-80GB"),
-    (r"a100", "A100-40GB"),
-    (r"\ba6000\b", "A6000"),
-    (r"\ba10\b", "A10"),
-    (r"\bl40s\b", "L40S"),
-    (r"\bl4\b", "L4"),
-    (r"\bt4\b", "T4"),
-    (r"rtx\s*4090(?!\s*d\b)", "RTX4090"),
-]
-
-_DTYPE_TO_SPEC = {
-    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
-    "float32": "fp32", "fp32": "fp32", "float": "fp32",
-    "float16": "fp16", "fp16": "fp16", "half": "fp16",
-    "bfloat16": "bf16", "bf16": "bf16",
-}
-
-
-def _spec_prefix(dtype):
-    key = dtype.lower() if isinstance(dtype, str) else dtype
-    if key not in _DTYPE_TO_SPEC:
-        raise ValueError(f"no GPU_SPECS peak for dtype {dtype!r}; use torch.float32, torch.float16 or torch.bfloat16")
-    return _DTYPE_TO_SPEC[key]
-
-
-def _nearest_gpu_keys(name, num_sms=None, memory_gb=None, k=2):
-    """GPU_SPECS keys closest to a device: by SM count and memory size when known, else by name."""
-    if num_sms is not None and memory_gb is not None:
-        def distance(key):
-            spec = GPU_SPECS[key]
-            return (abs(spec["num_sms"] - num_sms) / spec["num_sms"]
-                    + abs(spec["memory_gb"] - memory_gb) / spec["memory_gb"])
-        return sorted(GPU_SPECS, key=distance)[:k]
-    norm = re.sub(r"nvidia|geforce|tesla|[^a-z0-9]", "", name.lower())
-    scored = sorted(GPU_SPECS, key=lambda key: -difflib.SequenceMatcher(
-        None, norm, re.sub(r"[^a-z0-9]", "", key.lower())).ratio())
-    return scored[:k]
-
 
 def detect_gpu(default=None, name=None):
     """Map this machine's GPU to its ``GPU_SPECS`` key.
@@ -291,11 +223,10 @@ def detect_gpu(default=None, name=None):
         name = torch.cuda.get_device_name()
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         num_sms, memory_gb = props.multi_processor_count, props.total_memory / 1e9
-    lowered = name.lower()
-    for pattern, key in _GPU_NAME_PATTERNS:
-        if re.search(pattern, lowered):
-            return key
-    nearest = _nearest_gpu_keys(name, num_sms, memory_gb)
+    key = _private.gpu_key_for_name(name)
+    if key is not None:
+        return key
+    nearest = _private.nearest_gpu_keys(GPU_SPECS, name, num_sms, memory_gb)
     details = f" ({num_sms} SMs, {memory_gb:.0f} GB)" if num_sms is not None else ""
     print(f"detect_gpu: {name!r}{details} is not in GPU_SPECS; nearest entries: {', '.join(nearest)}. "
           f"Pick one explicitly (e.g. GPU_SPECS[{nearest[0]!r}]) or add an entry from your GPU's datasheet; "
@@ -318,11 +249,7 @@ def get_ridge_point(gpu_name, dtype=torch.float32):
     if gpu_name not in GPU_SPECS:
         raise KeyError(f"{gpu_name!r} is not a GPU_SPECS key; known: {', '.join(GPU_SPECS)}")
     spec = GPU_SPECS[gpu_name]
-    return spec[f"{_spec_prefix(dtype)}_tflops"] / spec["memory_bandwidth_tb_s"]
-
-
-def _dtype_name(dtype):
-    return str(dtype).replace("torch.", "")
+    return spec[f"{_private.spec_prefix(dtype)}_tflops"] / spec["memory_bandwidth_tb_s"]
 
 
 def measure_roofline(dtypes=(torch.float32, torch.bfloat16), device=None, size=None, copy_mb=None,
@@ -370,8 +297,8 @@ def measure_roofline(dtypes=(torch.float32, torch.bfloat16), device=None, size=N
         b = torch.randn(size, size, device=device).to(dtype)
         mm_ms = benchmark_latency(torch.matmul, a, b, n_warmup=n_warmup, n_repeat=n_repeat, measure_on=device)
         tflops = 2 * size**3 / (mm_ms * 1e-3) / 1e12
-        matmul_tflops[_dtype_name(dtype)] = tflops
-        ridge_point[_dtype_name(dtype)] = tflops / bandwidth_tb_s
+        matmul_tflops[_private.dtype_name(dtype)] = tflops
+        ridge_point[_private.dtype_name(dtype)] = tflops / bandwidth_tb_s
         del a, b
     if on_cuda:
         torch.cuda.empty_cache()
@@ -382,7 +309,7 @@ def measure_roofline(dtypes=(torch.float32, torch.bfloat16), device=None, size=N
         "device_name": torch.cuda.get_device_name(device) if on_cuda else (platform.processor() or "CPU"),
         "gpu": gpu,
         "datasheet_tflops": None if spec is None else {
-            _dtype_name(dtype): spec[f"{_spec_prefix(dtype)}_tflops"] for dtype in dtypes},
+            _private.dtype_name(dtype): spec[f"{_private.spec_prefix(dtype)}_tflops"] for dtype in dtypes},
         "datasheet_bandwidth_tb_s": None if spec is None else spec["memory_bandwidth_tb_s"],
         "bandwidth_tb_s": bandwidth_tb_s,
         "matmul_tflops": matmul_tflops,
@@ -391,57 +318,6 @@ def measure_roofline(dtypes=(torch.float32, torch.bfloat16), device=None, size=N
         "copy_mb": copy_mb,
         "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
     }
-
-
-def _find_requirements():
-    here = os.path.dirname(os.path.abspath(__file__))
-    for folder in (here, os.path.dirname(here)):
-        path = os.path.join(folder, "requirements.txt")
-        if os.path.isfile(path):
-            return path
-    return None
-
-
-def _requirement_problems(path):
-    """(name, installed version, requirement string) for installed packages outside requirements.txt."""
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    problems = []
-    with open(path) as f:
-        for line in f:
-            line = line.split("#", 1)[0].strip()
-            if not line or line.startswith("-"):
-                continue
-            try:
-                req = Requirement(line)
-            except InvalidRequirement:
-                continue
-            if req.url or (req.marker is not None and not req.marker.evaluate()):
-                continue
-            try:
-                installed = importlib.metadata.version(req.name)
-            except importlib.metadata.PackageNotFoundError:
-                continue
-            if req.specifier and not req.specifier.contains(installed, prereleases=True):
-                problems.append((req.name, installed, str(req)))
-    return problems
-
-
-_RUN_TIMES = pathlib.Path(__file__).resolve().parent / "assets" / "run_times.json"  # scripts/run_times.py writes it
-
-
-def _run_time_line(lab):
-    """How long running every cell of the lab took at the scale in effect, as measured (``assets/run_times.json``);
-    "" when nothing was measured at this scale."""
-    if not lab or not _RUN_TIMES.is_file():
-        return ""
-    measured = json.loads(_RUN_TIMES.read_text()).get(lab, {}).get(SCALE)
-    if not measured:
-        return ""
-    seconds = measured["total_s"]
-    took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
-    return (f"Run time: every cell at {SCALE} scale took about {took} when measured on {measured['machine']} "
-            f"({measured['source']}); other machines take longer or less")
 
 
 def print_environment_report(lab=None):
@@ -458,52 +334,22 @@ def print_environment_report(lab=None):
     Returns:
         None
     """
-    lines = [f"== Environment report{' for ' + lab if lab else ''} =="]
-    try:
-        try:
-            tf_version = importlib.metadata.version("transformers")
-        except importlib.metadata.PackageNotFoundError:
-            tf_version = "not installed"
-        lines.append(f"Python {platform.python_version()} | torch {torch.__version__} | transformers {tf_version}")
-    except Exception as exc:  # the report must never stop a notebook
-        lines.append(f"versions: could not be read ({exc})")
-    try:
-        if torch.cuda.is_available():
-            name = torch.cuda.get_device_name()
-            key = detect_gpu()
-            if key is None:
-                lines.append(f"GPU: {name} (not in GPU_SPECS: pass a GPU_SPECS key by hand where a lab asks)")
-            else:
-                spec = GPU_SPECS[key]
-                lines.append(f"GPU: {name} -> GPU_SPECS[{key!r}] (bf16 {spec['bf16_tflops']:g} TFLOP/s, "
-                             f"fp32 {spec['fp32_tflops']:g} TFLOP/s, {spec['memory_bandwidth_tb_s']:g} TB/s)")
-        else:
-            lines.append("GPU: none found, running on CPU (timings are CPU timings; GPU-only cells say so and "
-                         "move on)")
-    except Exception as exc:
-        lines.append(f"GPU: could not be queried ({exc})")
-    source = f"from {_SCALE_ENV}" if os.environ.get(_SCALE_ENV) else "default for this machine"
-    lines.append(f"Scale: {SCALE} ({source}); to change it, set {_SCALE_ENV}=teaching, cpu or quick before "
-                 f"starting Jupyter and restart the kernel")
-    lines.append(f"Attention backend: {ATTENTION_BACKEND}")
-    try:
-        timing = _run_time_line(lab)
-        if timing:
-            lines.append(timing)
-    except Exception as exc:
-        lines.append(f"Run time: could not be read ({exc})")
-    try:
-        path = _find_requirements()
-        if path is not None:
-            problems = _requirement_problems(path)
-            if not problems:
-                lines.append("Packages: all installed versions match requirements.txt")
-            for name, installed, requirement in problems:
-                lines.append(f"Package {name} {installed} is outside {requirement!r}: "
-                             f"pip install '{requirement}'")
-    except Exception as exc:
-        lines.append(f"Packages: could not check requirements.txt ({exc})")
-    print("\n".join(lines))
+    print("\n".join(_private.environment_report(lab, SCALE, ATTENTION_BACKEND, GPU_SPECS, detect_gpu)))
+
+
+def quiet_library_messages() -> None:
+    """Silence what a correct run prints that is not about your code and that you cannot act on.
+
+    Kineto's ``USDT:... profiler_start`` lines on stderr at every profiler start and stop, Inductor's benign
+    autotuning errors (a candidate kernel too big for the GPU's shared memory, which it skips), its "Autotune Choices
+    Stats" JSON after every ``max-autotune`` search, and a few warnings raised inside PyTorch's own code. Every other
+    message, warning and error still shows. Each lab's setup cell calls it; importing utils changes nothing by
+    itself.
+
+    Returns:
+        None
+    """
+    _private.quiet_library_messages()
 
 
 # =====================================================================================================
@@ -526,7 +372,8 @@ _GEMMA3_COMMON = dict(
     attention_dropout=0.0,
     attn_implementation="sdpa",
 )
-_GEMMA3_CONFIG_ARGS = {
+# Each config's own sizes, by its public name.
+_GEMMA3_CONFIGS = {
     # google/gemma-3-270m-it text config.
     "GEMMA3_270M_CONFIG": dict(hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
                                num_attention_heads=4, num_key_value_heads=1),
@@ -534,45 +381,30 @@ _GEMMA3_CONFIG_ARGS = {
     "GEMMA3_PESUDO_CONFIG": dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
                                  num_attention_heads=8, num_key_value_heads=8),
 }
-
-
-# The handout spells the larger config "PESUDO"; students who follow it keep that name, new code uses the correct
-# spelling. Both names are the same object.
-_GEMMA3_CONFIG_ALIASES = {"GEMMA3_PSEUDO_CONFIG": "GEMMA3_PESUDO_CONFIG"}
-
-
-def _make_gemma3_config(**overrides):
-    from transformers.models.gemma3.configuration_gemma3 import Gemma3TextConfig
-
-    args = {**_GEMMA3_COMMON, **overrides}
-    args["layer_types"] = ["full_attention"] * args["num_hidden_layers"]
-    args["rope_parameters"] = {
-        "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-    }
-    return Gemma3TextConfig(**args)
+# The handout spells the larger config "PESUDO", and code that follows it keeps that name; the correct spelling
+# names the same object.
+_SAME_CONFIG = {"GEMMA3_PSEUDO_CONFIG": "GEMMA3_PESUDO_CONFIG"}
 
 
 def __getattr__(name):
-    # Module-level lazy attributes (PEP 562): the configs import transformers (seconds), so they are built on
-    # first access (``from utils import *`` accesses them) and cached as ordinary globals.
-    if name in _GEMMA3_CONFIG_ALIASES:
-        config = globals()[name] = __getattr__(_GEMMA3_CONFIG_ALIASES[name])
-        return config
-    if name in _GEMMA3_CONFIG_ARGS:
-        config = _make_gemma3_config(**_GEMMA3_CONFIG_ARGS[name])
-        globals()[name] = config
-        return config
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """The ``GEMMA3_*_CONFIG`` names, built when first used (PEP 562 module attributes): building a config imports
+    transformers, which takes seconds, so ``import utils`` alone does not. Each is built once and kept."""
+    key = _SAME_CONFIG.get(name, name)
+    if key not in _GEMMA3_CONFIGS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if key not in globals():
+        globals()[key] = _private.make_gemma3_config(**_GEMMA3_COMMON, **_GEMMA3_CONFIGS[key])
+    globals()[name] = globals()[key]
+    return globals()[name]
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_GEMMA3_CONFIG_ARGS) | set(_GEMMA3_CONFIG_ALIASES))
+    return sorted(set(globals()) | set(_GEMMA3_CONFIGS) | set(_SAME_CONFIG))
 
 
 if importlib.util.find_spec("transformers") is None:
     # Without transformers, ``from utils import *`` still works; the configs and the KV cache are unavailable.
-    __all__ = [name for name in __all__ if name not in _GEMMA3_CONFIG_ARGS and name not in _GEMMA3_CONFIG_ALIASES]
+    __all__ = [name for name in __all__ if name not in _GEMMA3_CONFIGS and name not in _SAME_CONFIG]
 
 
 def create_prefill_inputs(batch_size, seq_len, hidden_size, dtype=torch.float32, device=None):
@@ -795,41 +627,11 @@ def initialize_kv_cache(config, max_cache_len):
     return KVCache(config.num_hidden_layers, int(max_cache_len))
 
 
-class _CacheSlot:
-    """A view of one cache slot that the lab's attention reads at any ``layer_idx``.
-
-    The lab applies one layer object (fixed ``layer_idx``) num_layers times. Handing it this view on pass i
-    makes ``past_key_values.layers[self.layer_idx]`` resolve to slot i, so each pass reads and writes its own
-    layer's keys and values, as num_layers distinct layers would.
-    """
-
-    class _AnySlot:
-        def __init__(self, slot, n):
-            self._slot, self._n = slot, n
-
-        def __getitem__(self, index):
-            return self._slot
-
-        def __len__(self):
-            return self._n
-
-    def __init__(self, cache, index):
-        self.layers = self._AnySlot(cache.layers[index], len(cache.layers))
-
-
-def _check_cache(past_key_values, num_layers):
-    if past_key_values is None or not hasattr(past_key_values, "layers"):
-        raise ValueError("past_key_values must be the cache from initialize_kv_cache(config, max_cache_len)")
-    if len(past_key_values.layers) < num_layers:
-        raise ValueError(f"the cache has {len(past_key_values.layers)} layer slots but num_layers={num_layers}; "
-                         f"make it with initialize_kv_cache from a config with at least {num_layers} layers")
-
-
 def multi_layer_prefill_forward(num_layers, layer, hidden_states, position_ids, position_embeddings,
                                 past_key_values):
     """Prefill: run the prompt through ``layer`` applied ``num_layers`` times, storing each pass's keys/values.
 
-    Pass i reads and writes cache slot i (see ``_CacheSlot``), so after the call slot i holds the keys and
+    Pass i reads and writes cache slot i (the layer is handed a view of slot i), so after the call slot i holds the keys and
     values of the prompt at layer i, each (B, num_key_value_heads, S, head_dim). A prefill starts a new
     sequence: slots 0..num_layers-1 are emptied first, so calling it repeatedly (as a benchmark does) costs
     the same every time. Runs under ``torch.no_grad()``.
@@ -845,7 +647,7 @@ def multi_layer_prefill_forward(num_layers, layer, hidden_states, position_ids, 
     Returns:
         torch.Tensor: (B, S, D) hidden states after the last pass.
     """
-    _check_cache(past_key_values, num_layers)
+    _private.check_cache(past_key_values, num_layers)
     for slot in past_key_values.layers[:num_layers]:
         slot.reset()
     with torch.no_grad():
@@ -854,7 +656,7 @@ def multi_layer_prefill_forward(num_layers, layer, hidden_states, position_ids, 
                 hidden_states,
                 position_embeddings=position_embeddings,
                 position_ids=position_ids,
-                past_key_values=_CacheSlot(past_key_values, i),
+                past_key_values=_private.CacheSlot(past_key_values, i),
                 use_kv_cache=True,
             )
     return hidden_states
@@ -887,7 +689,7 @@ def multi_layer_decode_forward(num_layers, layer, hidden_states, position_ids, p
         torch.Tensor: (B, 1, D) hidden states after the last pass.
     """
     if use_kv_cache:
-        _check_cache(past_key_values, num_layers)
+        _private.check_cache(past_key_values, num_layers)
         empty = [i for i in range(num_layers) if past_key_values.layers[i].keys is None]
         if empty:
             raise ValueError(f"cache slots {empty} are empty: run multi_layer_prefill_forward with this cache "
@@ -900,31 +702,12 @@ def multi_layer_decode_forward(num_layers, layer, hidden_states, position_ids, p
                 hidden_states,
                 position_embeddings=position_embeddings,
                 position_ids=position_ids,
-                past_key_values=_CacheSlot(past_key_values, i) if use_kv_cache else None,
+                past_key_values=_private.CacheSlot(past_key_values, i) if use_kv_cache else None,
                 cache_position=cache_positions if use_kv_cache else None,
                 use_kv_cache=use_kv_cache,
                 prefill_hidden_states=None if use_kv_cache else prefill_hidden_states,
             )
     return hidden_states
-
-
-def _gpt2_attention(block, hidden_states, layer_idx):
-    """Eager causal multi-head attention of one GPT-2 block (its own weights) over every token."""
-    attn, config = block.attn, block.attn.config
-    batch, tokens, width = hidden_states.shape
-    heads = config.n_head
-    head_dim = width // heads
-    shape = (batch, tokens, heads, head_dim)
-    query, key, value = (t.view(shape).transpose(1, 2) for t in attn.c_attn(hidden_states).split(width, dim=2))
-    scale = head_dim ** -0.5 if getattr(config, "scale_attn_weights", True) else 1.0
-    if getattr(config, "scale_attn_by_inverse_layer_idx", False):
-        scale /= layer_idx + 1
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
-    positions = torch.arange(tokens, device=scores.device)
-    scores = scores.masked_fill(positions[None, :] > positions[:, None], torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, value).transpose(1, 2).reshape(batch, tokens, width)
-    return attn.c_proj(out)
 
 
 def gpt2_decoder_forward(model, input_ids):
@@ -954,7 +737,7 @@ def gpt2_decoder_forward(model, input_ids):
         positions = torch.arange(tokens, device=input_ids.device)
         hidden_states = body.wte(input_ids) + body.wpe(positions)
         for i, block in enumerate(body.h):
-            hidden_states = hidden_states + _gpt2_attention(block, block.ln_1(hidden_states), i)
+            hidden_states = hidden_states + _private.gpt2_attention(block, block.ln_1(hidden_states), i)
             hidden_states = hidden_states + block.mlp(block.ln_2(hidden_states))
         return body.ln_f(hidden_states)
 
@@ -962,41 +745,6 @@ def gpt2_decoder_forward(model, input_ids):
 # =====================================================================================================
 # 3. Measurement
 # =====================================================================================================
-
-def _tensor_device(obj, depth=0):
-    """The first device found on a tensor (or module parameter) inside obj, or None."""
-    if isinstance(obj, torch.Tensor):
-        return obj.device
-    if isinstance(obj, torch.nn.Module):
-        for p in obj.parameters():
-            return p.device
-        return None
-    if depth < 2 and isinstance(obj, (list, tuple)):
-        for item in obj:
-            found = _tensor_device(item, depth + 1)
-            if found is not None:
-                return found
-    if depth < 2 and isinstance(obj, Mapping):
-        for item in obj.values():
-            found = _tensor_device(item, depth + 1)
-            if found is not None:
-                return found
-    return None
-
-
-def _timing_device(fn, args, kwargs, measure_on):
-    if measure_on is not None:
-        return torch.device(measure_on)
-    found = [d for d in (_tensor_device(a) for a in (fn, *args, *kwargs.values())) if d is not None]
-    if any(d.type == "cuda" for d in found):
-        return torch.device("cuda")
-    if found:
-        return torch.device("cpu")
-    return DEVICE
-
-
-_STATS = {"median": statistics.median, "mean": statistics.fmean, "min": min}
-
 
 def benchmark_latency(fn, *args, n_warmup=10, n_repeat=100, stat="median", measure_on=None, **kwargs):
     """Latency of ``fn(*args, **kwargs)`` in milliseconds, warmup excluded.
@@ -1020,11 +768,11 @@ def benchmark_latency(fn, *args, n_warmup=10, n_repeat=100, stat="median", measu
     Returns:
         float: Latency per call in ms.
     """
-    if stat not in _STATS:
-        raise ValueError(f"stat must be one of {', '.join(_STATS)}, got {stat!r}")
+    if stat not in _private.STATISTICS:
+        raise ValueError(f"stat must be one of {', '.join(_private.STATISTICS)}, got {stat!r}")
     if n_repeat < 1:
         raise ValueError(f"n_repeat must be at least 1, got {n_repeat}")
-    device = _timing_device(fn, args, kwargs, measure_on)
+    device = _private.timing_device(fn, args, kwargs, measure_on, DEVICE)
     if device.type == "cuda":
         for _ in range(n_warmup):
             fn(*args, **kwargs)
@@ -1045,7 +793,7 @@ def benchmark_latency(fn, *args, n_warmup=10, n_repeat=100, stat="median", measu
             t0 = time.perf_counter()
             fn(*args, **kwargs)
             times_ms.append((time.perf_counter() - t0) * 1e3)
-    return float(_STATS[stat](times_ms))
+    return float(_private.STATISTICS[stat](times_ms))
 
 
 def capture_cuda_graph(fn, *args, n_warmup=3, **kwargs):
@@ -1109,7 +857,7 @@ def benchmark_eager_and_graphed(fn, *args, n_warmup=3, n_repeat=10, **kwargs):
         dict: ``eager_ms``; ``graph_ms`` (None off CUDA, where graphs do not exist); ``measured_ms``, the
         graph time where there is one, else the eager time.
     """
-    device = _timing_device(fn, args, kwargs, None)
+    device = _private.timing_device(fn, args, kwargs, None, DEVICE)
     eager_ms = benchmark_latency(fn, *args, n_warmup=n_warmup, n_repeat=n_repeat, measure_on=device, **kwargs)
     graph_ms = None
     if device.type == "cuda":
@@ -1153,7 +901,7 @@ def benchmark_compiled_and_graphed(fn, *args, mode=None, n_warmup=3, n_repeat=10
     if mode in _GRAPHING_COMPILE_MODES:
         raise ValueError(f"mode={mode!r} records CUDA graphs inside torch.compile; use mode=None or "
                          f"'max-autotune-no-cudagraphs': benchmark_compiled_and_graphed records the graph itself")
-    device = _timing_device(fn, args, kwargs, None)
+    device = _private.timing_device(fn, args, kwargs, None, DEVICE)
     compiled = torch.compile(fn, mode=mode)
     start = time.perf_counter()
     compiled(*args, **kwargs)
@@ -1163,36 +911,6 @@ def benchmark_compiled_and_graphed(fn, *args, mode=None, n_warmup=3, n_repeat=10
     times = benchmark_eager_and_graphed(compiled, *args, n_warmup=n_warmup, n_repeat=n_repeat, **kwargs)
     return {"compile_s": compile_s, "compiled_ms": times["eager_ms"], "graph_ms": times["graph_ms"],
             "measured_ms": times["measured_ms"], "kernels": count_kernels_per_call(compiled, *args, **kwargs)}
-
-
-def _cpu_memory_trace(fn, args, kwargs, n_repeat):
-    """Peak and final bytes above baseline of fn's CPU allocations, from the profiler's allocation records."""
-    from torch.autograd.profiler import profile as autograd_profile
-
-    with autograd_profile(use_cpu=True, profile_memory=True) as prof:
-        for _ in range(n_repeat - 1):
-            out = fn(*args, **kwargs)
-            del out
-        out = fn(*args, **kwargs)
-    records = sorted(
-        (evt.start_ns(), evt.nbytes()) for evt in prof.kineto_results.events()
-        if evt.name() == "[memory]" and evt.device_type() == torch.autograd.DeviceType.CPU
-    )
-    running = peak = 0
-    for _, nbytes in records:
-        running += nbytes
-        peak = max(peak, running)
-    del out
-    return peak, running
-
-
-_NOTED = set()
-
-
-def _note_once(key, message):
-    if key not in _NOTED:
-        _NOTED.add(key)
-        print(message)
 
 
 def benchmark_memory(fn, *args, n_warmup=3, n_repeat=10, measure_on=None, **kwargs):
@@ -1220,7 +938,7 @@ def benchmark_memory(fn, *args, n_warmup=3, n_repeat=10, measure_on=None, **kwar
     """
     if n_repeat < 1:
         raise ValueError(f"n_repeat must be at least 1, got {n_repeat}")
-    device = _timing_device(fn, args, kwargs, measure_on)
+    device = _private.timing_device(fn, args, kwargs, measure_on, DEVICE)
     for _ in range(n_warmup):
         out = fn(*args, **kwargs)
         del out
@@ -1238,201 +956,16 @@ def benchmark_memory(fn, *args, n_warmup=3, n_repeat=10, measure_on=None, **kwar
         allocated = torch.cuda.memory_allocated(device) - baseline
         del out
         return peak / 1e9, allocated / 1e9
-    _note_once("cpu-memory", "benchmark_memory: on CPU, memory comes from the profiler's record of tensor "
+    _private.note_once("cpu-memory", "benchmark_memory: on CPU, memory comes from the profiler's record of tensor "
                              "allocations (no CUDA allocator here).")
-    peak, allocated = _cpu_memory_trace(fn, args, kwargs, n_repeat)
+    peak, allocated = _private.cpu_memory_trace(fn, args, kwargs, n_repeat)
     return peak / 1e9, allocated / 1e9
 
-
-@contextlib.contextmanager
-def _without_kineto_usdt_lines():
-    """Drop the ``USDT:... profiler_start`` / ``profiler_stop`` lines that Kineto (the profiler's C++ side) writes
-    to file descriptor 2 at every profiler start and stop, whatever ``KINETO_LOG_LEVEL`` says.
-
-    In a notebook they show as red stderr that looks like a failure, and in grading they reach the TA's terminal.
-    Everything else written to descriptor 2 meanwhile is written out again unchanged when the block ends."""
-    try:
-        sys.stderr.flush()
-        saved_fd = os.dup(2)
-    except (OSError, ValueError):  # no descriptor 2 (a detached process): nothing to filter
-        yield
-        return
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
-            captured.seek(0)
-            kept = [line for line in captured.read().splitlines(keepends=True) if not line.startswith(b"USDT:")]
-            if kept:
-                os.write(2, b"".join(kept))
-
-
-def _quiet_profiler_calls() -> None:
-    """Run the profiler's start and stop calls (all ``torch.profiler.profile`` and ``torch.autograd.profiler``
-    use) through ``_without_kineto_usdt_lines`` (once per process; ``quiet_library_messages`` calls it)."""
-    import torch.autograd.profiler as autograd_profiler
-
-    for name in ("_prepare_profiler", "_enable_profiler", "_disable_profiler"):
-        call = getattr(autograd_profiler, name, None)
-        if call is None or getattr(call, "_drops_usdt_lines", False):
-            continue
-
-        @functools.wraps(call)
-        def quiet(*args, _call=call, **kwargs):
-            with _without_kineto_usdt_lines():
-                return _call(*args, **kwargs)
-
-        quiet._drops_usdt_lines = True
-        setattr(autograd_profiler, name, quiet)
-
-
-class _DropBenignAutotuneErrors(logging.Filter):
-    """Drops Inductor's error records about a candidate kernel that needs more shared memory than the GPU has
-    ("No valid triton configs. OutOfMemoryError: out of resource: triton_mm ..."): with ``mode="max-autotune"``
-    Inductor skips such candidates and picks among the rest. Any other autotuning error is kept."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            text = record.getMessage()
-        except Exception:  # noqa: BLE001 - a record that cannot be formatted is not ours to judge
-            return True
-        return not ("No valid triton configs" in text and "out of resource" in text)
-
-
-# Messages of a correct run that read as failures in a notebook (red stderr), each known to be harmless here.
-_BENIGN_WARNINGS = (
-    # Lab 2 reads one profiler cycle on purpose (default_schedule has repeat=1).
-    r"Warning: Profiler clears events at the end of each cycle",
-    # Raised inside Inductor's own code, not by anything a student writes.
-    r"TypedStorage is deprecated",
-    r"\s*Online softmax is disabled on the fly",
-)
-
-
-def quiet_library_messages() -> None:
-    """Silence what a correct run prints that is not about your code and that you cannot act on.
-
-    Kineto's ``USDT:... profiler_start`` lines on stderr at every profiler start and stop, Inductor's benign
-    autotuning errors (a candidate kernel too big for the GPU's shared memory, which it skips), its "Autotune Choices
-    Stats" JSON after every ``max-autotune`` search, and the warnings in ``_BENIGN_WARNINGS``. Every other message,
-    warning and error still shows. Each lab's setup cell calls it; importing utils changes nothing by itself.
-
-    Returns:
-        None
-    """
-    import warnings
-
-    _quiet_profiler_calls()
-
-    autotune_log = logging.getLogger("torch._inductor.select_algorithm")
-    if not any(isinstance(known, _DropBenignAutotuneErrors) for known in autotune_log.filters):
-        autotune_log.addFilter(_DropBenignAutotuneErrors())
-    # Read by torch._inductor.config when it is first imported (importing it here would cost seconds).
-    os.environ.setdefault("TORCHINDUCTOR_MAX_AUTOTUNE_REPORT_CHOICES_STATS", "0")
-    if "torch._inductor.config" in sys.modules:
-        sys.modules["torch._inductor.config"].max_autotune_report_choices_stats = False
-    for message in _BENIGN_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=UserWarning)
 
 default_schedule = torch.profiler.schedule(wait=1, warmup=3, active=5, repeat=1)
 """torch.profiler schedule for a loop of 10 ``prof.step()`` calls: step 0 is skipped, steps 1-3 warm up
 (not recorded), steps 4-8 are recorded (5 active steps), step 9 runs unprofiled. Use it as
 ``profile(schedule=default_schedule)``; counts and tables then cover 5 iterations."""
-
-
-_GEMM_OPS = {
-    "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "_int_mm", "_addmm_activation",
-    "addr", "_scaled_mm", "mkldnn_convolution", "_convolution", "convolution", "cudnn_convolution",
-    "_mkldnn_linear", "mkldnn_linear", "linear", "matmul", "einsum",  # the last three: wrappers (for colours)
-}
-_REDUCTION_OPS = {
-    "sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "_softmax", "_log_softmax", "_safe_softmax",
-    "softmax", "log_softmax", "var", "std", "var_mean", "std_mean", "prod", "cumsum", "cumprod", "logsumexp",
-    "topk", "sort", "all", "any", "norm", "linalg_vector_norm", "native_layer_norm", "_fused_rms_norm",
-    "native_group_norm", "native_batch_norm", "_batch_norm_with_update", "count_nonzero", "nansum", "median",
-    "layer_norm", "rms_norm", "group_norm", "batch_norm",
-}
-# CPU operator calls that launch no kernel of their own: views, shape queries and uninitialised buffers...
-_VIEW_OR_ALLOC_OPS = {
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "view", "_unsafe_view", "view_as",
-    "as_strided", "transpose", "t", "permute", "expand", "expand_as", "unsqueeze", "squeeze", "slice", "select",
-    "alias", "detach", "detach_", "resolve_conj", "resolve_neg", "_reshape_alias", "reshape", "unfold", "split",
-    "split_with_sizes", "chunk", "narrow", "unbind", "diagonal", "set_", "lift_fresh", "result_type",
-    "is_nonzero", "item", "_local_scalar_dense", "size", "stride", "numel", "dim", "flatten", "unflatten",
-    "movedim", "swapaxes", "_has_compatible_shallow_copy_type", "is_same_size", "broadcast_tensors", "numpy_T",
-    "mT", "mH", "adjoint", "matrix_H", "view_as_real", "view_as_complex", "_conj", "conj",
-}
-# ...and composite wrappers, whose arithmetic or copy happens in a child op (copy_, fill_, mm, _softmax,
-# native_layer_norm, ...) that is counted instead.
-_WRAPPER_OPS = {
-    "contiguous", "to", "type_as", "_to_copy", "clone", "zeros", "zeros_like", "ones", "ones_like", "full",
-    "full_like", "new_zeros", "new_ones", "new_full", "repeat", "lift_fresh_copy", "dropout", "matmul",
-    "linear", "einsum", "layer_norm", "group_norm", "batch_norm", "rms_norm", "softmax", "log_softmax",
-    "scaled_dot_product_attention", "_scaled_dot_product_attention_math",
-}
-_NO_KERNEL_OPS = _VIEW_OR_ALLOC_OPS | _WRAPPER_OPS
-
-
-def _kernel_category(name):
-    """Category of a CUDA kernel name or an ``aten::`` operator name: gemm, attention, reduction, ..."""
-    lowered = name.lower()
-    if lowered.startswith("aten::"):
-        op = lowered[len("aten::"):]
-        if "attention" in op or "flash" in op:
-            return "attention"
-        if op in _GEMM_OPS:
-            return "gemm"
-        if op in _REDUCTION_OPS:
-            return "reduction"
-        return "elementwise"
-    if lowered.startswith(("memcpy", "memset")):
-        return "memcpy/memset"
-    if "triton_poi" in lowered:
-        return "elementwise"
-    if "triton_red" in lowered or "triton_per" in lowered:
-        return "reduction"
-    if "triton_tem" in lowered:
-        return "gemm"
-    if re.search(r"flash|fmha|attention|attn|sdpa|\bmha", lowered):
-        return "attention"
-    if re.search(r"gemm|gemv|nvjet|cublas|cutlass|xmma|matmul|splitkreduce|_mm_|\bmm_", lowered):
-        return "gemm"
-    if re.search(r"reduce|softmax|norm(?!al)|argmax|argmin|cumsum|scan|topk|sort", lowered):
-        return "reduction"
-    if re.search(r"elementwise|vectorized|unrolled|pointwise|copy|fill|cat|index|gather|scatter|where", lowered):
-        return "elementwise"
-    return "other"
-
-
-_KERNEL_CATEGORIES = ("gemm", "attention", "elementwise", "reduction", "memcpy/memset", "other")
-
-
-def _profile_events(prof):
-    if hasattr(prof, "events"):
-        events = prof.events()
-        if events is None:
-            raise ValueError("the profiler recorded nothing: with a schedule, make sure the loop calls "
-                             "prof.step() enough times to reach the active steps (10 for default_schedule)")
-        return events
-    return list(prof)
-
-
-def _is_annotation(evt):
-    activity = str(getattr(evt, "activity_type", "") or "")
-    return bool(getattr(evt, "is_user_annotation", False)) or "annotation" in activity or \
-        evt.name.startswith("ProfilerStep")
-
-
-def _has_ancestor_in(evt, ids):
-    parent = evt.cpu_parent
-    while parent is not None:
-        if id(parent) in ids:
-            return True
-        parent = parent.cpu_parent
-    return False
 
 
 def count_cuda_kernels(prof, per_step=False):
@@ -1456,29 +989,20 @@ def count_cuda_kernels(prof, per_step=False):
         ``"memcpy/memset"``, ``"other"``), ``"total"`` (their sum), ``"steps"`` (recorded profiler steps,
         0 without a schedule) and ``"device"`` (``"cuda"`` or ``"cpu"``, a str).
     """
-    events = _profile_events(prof)
+    events = _private.profile_events(prof)
     cuda_type = torch.autograd.DeviceType.CUDA
-    cuda_events = [e for e in events if e.device_type == cuda_type and not _is_annotation(e)]
+    cuda_events = [e for e in events if e.device_type == cuda_type and not _private.is_annotation(e)]
     activities = getattr(prof, "activities", None) or ()
     cuda_mode = bool(cuda_events) or (torch.profiler.ProfilerActivity.CUDA in activities
                                       and torch.cuda.is_available())
-    if cuda_mode:
-        counted = cuda_events
-    else:
-        working = [
-            e for e in events
-            if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("aten::")
-            and not _is_annotation(e) and e.name[len("aten::"):] not in _NO_KERNEL_OPS
-        ]
-        working_ids = {id(w) for w in working}
-        counted = [e for e in working if not _has_ancestor_in(e, working_ids)]
-    counts = {category: 0 for category in _KERNEL_CATEGORIES}
+    counted = cuda_events if cuda_mode else _private.outermost_working_ops(events)
+    counts = {category: 0 for category in _private.KERNEL_CATEGORIES}
     for evt in counted:
-        counts[_kernel_category(evt.name)] += 1
+        counts[_private.kernel_category(evt.name)] += 1
     steps = sum(1 for e in events if e.name.startswith("ProfilerStep") and e.device_type != cuda_type)
     if per_step and steps:
         counts = {k: int(round(v / steps)) for k, v in counts.items()}
-    counts["total"] = sum(counts[c] for c in _KERNEL_CATEGORIES)
+    counts["total"] = sum(counts[c] for c in _private.KERNEL_CATEGORIES)
     counts["steps"] = steps
     counts["device"] = "cuda" if cuda_mode else "cpu"
     return counts
@@ -1503,7 +1027,7 @@ def count_kernels_per_call(fn, *args, **kwargs):
     """
     from torch.profiler import ProfilerActivity, profile
 
-    on_cuda = _timing_device(fn, args, kwargs, None).type == "cuda"
+    on_cuda = _private.timing_device(fn, args, kwargs, None, DEVICE).type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     with profile(activities=activities, schedule=default_schedule) as prof:
         for _ in range(10):
@@ -1512,18 +1036,6 @@ def count_kernels_per_call(fn, *args, **kwargs):
         if on_cuda:
             torch.cuda.synchronize()
     return count_cuda_kernels(prof, per_step=True)
-
-
-_OOM_ERRORS = (torch.OutOfMemoryError, MemoryError) if hasattr(torch, "OutOfMemoryError") else \
-    (torch.cuda.OutOfMemoryError, MemoryError)
-
-
-def _is_oom(exc):
-    if isinstance(exc, _OOM_ERRORS):
-        return True
-    # Some allocation failures surface as plain RuntimeErrors (cuBLAS workspace, older PyTorch).
-    return isinstance(exc, RuntimeError) and ("out of memory" in str(exc).lower()
-                                              or "CUBLAS_STATUS_ALLOC_FAILED" in str(exc))
 
 
 def run_oom_safe(fn, *args, **kwargs):
@@ -1545,7 +1057,7 @@ def run_oom_safe(fn, *args, **kwargs):
     try:
         return "ok", fn(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 (re-raised below unless it is an OOM)
-        if not _is_oom(exc):
+        if not _private.is_oom(exc):
             raise
         oom = True
     # Outside the except block the traceback (and the frames holding the failed call's tensors) is released.
@@ -1598,55 +1110,9 @@ def mark_oom(table, status_col="status", float_format=lambda value: f"{value:.4g
 # 4. Attention backends
 # =====================================================================================================
 
-_FLASH_ATTN_INSTALLED = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
-
-
-def _describe_backend():
-    if _FLASH_ATTN_INSTALLED:
-        try:
-            version = importlib.metadata.version("flash-attn")
-        except importlib.metadata.PackageNotFoundError:
-            version = "?"
-        return f"flash-attn {version}"
-    if torch.cuda.is_available():
-        return "PyTorch SDPA flash kernel (flash-attn not installed)"
-    return "PyTorch SDPA math path on CPU (no CUDA)"
-
-
-ATTENTION_BACKEND = _describe_backend()
+ATTENTION_BACKEND = _private.describe_backend()
 """str: What ``flash_attn_func`` runs on this machine: the flash-attn package, PyTorch's SDPA flash kernel,
 or the SDPA math path on CPU."""
-
-_TORCH_VERSION = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
-
-
-def _sdpa_bshd(q, k, v, causal, softmax_scale, backends):
-    """SDPA on (B, S, H, D) inputs with the given SDPA backends; causal masks aligned bottom-right."""
-    from torch.nn.attention import sdpa_kernel
-
-    q_len, kv_len = q.shape[1], k.shape[1]
-    n_heads, n_kv_heads = q.shape[2], k.shape[2]
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    extra = {}
-    if n_kv_heads != n_heads:
-        if _TORCH_VERSION >= (2, 5):
-            extra["enable_gqa"] = True
-        else:
-            kt = kt.repeat_interleave(n_heads // n_kv_heads, dim=1)
-            vt = vt.repeat_interleave(n_heads // n_kv_heads, dim=1)
-    mask, is_causal = None, False
-    if causal and q_len == kv_len:
-        is_causal = True
-    elif causal:
-        # flash-attn's convention: query i sees keys j <= i + (kv_len - q_len).
-        rows = torch.arange(q_len, device=q.device)[:, None]
-        cols = torch.arange(kv_len, device=q.device)[None, :]
-        mask = cols <= rows + (kv_len - q_len)
-    with sdpa_kernel(backends):
-        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=is_causal,
-                                             scale=softmax_scale, **extra)
-    return out.transpose(1, 2).contiguous()
-
 
 def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
     """Attention in flash-attn's layout: ``softmax(q k^T * scale) v`` per head.
@@ -1676,7 +1142,7 @@ def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
                          f"need equal B and D, k and v alike, and H a multiple of H_kv")
     half = q.dtype in (torch.float16, torch.bfloat16)
     out = None
-    if q.is_cuda and half and _FLASH_ATTN_INSTALLED:
+    if q.is_cuda and half and _private.FLASH_ATTN_INSTALLED:
         try:
             from flash_attn import flash_attn_func as _flash_attn
 
@@ -1686,17 +1152,17 @@ def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
     if out is None and q.is_cuda and half and not (causal and q.shape[1] != k.shape[1]) and q.shape[3] <= 256:
         try:
             backend = "PyTorch SDPA flash kernel"
-            out = _sdpa_bshd(q, k, v, causal, softmax_scale, [SDPBackend.FLASH_ATTENTION])
+            out = _private.sdpa_bshd(q, k, v, causal, softmax_scale, [SDPBackend.FLASH_ATTENTION])
         except RuntimeError:  # no flash kernel for this GPU (before sm80, e.g. T4)
             out = None
     if out is None and q.is_cuda:
         backend = "PyTorch SDPA memory-efficient/math kernel"
-        out = _sdpa_bshd(q, k, v, causal, softmax_scale, [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+        out = _private.sdpa_bshd(q, k, v, causal, softmax_scale, [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
     elif out is None:
         backend = "PyTorch SDPA math path (CPU)"
-        out = _sdpa_bshd(q, k, v, causal, softmax_scale, [SDPBackend.MATH])
+        out = _private.sdpa_bshd(q, k, v, causal, softmax_scale, [SDPBackend.MATH])
     flash_attn_func.last_backend = backend
-    _note_once(("attention", backend), f"flash_attn_func: using {backend}")
+    _private.note_once(("attention", backend), f"flash_attn_func: using {backend}")
     return out
 
 
@@ -1706,29 +1172,6 @@ flash_attn_func.last_backend = None
 # =====================================================================================================
 # 5. Plotting (matplotlib; every function returns the figure and its axes)
 # =====================================================================================================
-
-_CATEGORY_COLORS = {
-    "gemm": "tab:blue", "attention": "tab:red", "elementwise": "tab:orange", "reduction": "tab:green",
-    "memcpy/memset": "tab:purple", "other": "tab:gray", "annotation": "lightgray",
-}
-
-
-def _new_axes(ax, figsize):
-    if ax is None:
-        fig, ax = plt.subplots(figsize=figsize)
-    else:
-        fig = ax.figure
-    return fig, ax
-
-
-def _as_float(x):
-    """float(x) for numbers, 0-d tensors/arrays; NaN for None."""
-    if x is None:
-        return float("nan")
-    if isinstance(x, torch.Tensor):
-        return float(x.item())
-    return float(x)
-
 
 def plot_roofline(gpu_name, peak_tflops, peak_bandwidth_tb_s, operations, title=None, ax=None,
                   measured_tflops=None, measured_bandwidth_tb_s=None, measured_label="measured",
@@ -1760,79 +1203,16 @@ def plot_roofline(gpu_name, peak_tflops, peak_bandwidth_tb_s, operations, title=
     Returns:
         tuple: ``(fig, ax)``.
     """
-    # Over 60 lines with its docstring: one figure drawn top to bottom, kept in one piece.
-    if not isinstance(operations, Mapping):
-        raise TypeError("operations must be a dict: name -> intensity (FLOP/byte) or (intensity, TFLOP/s)")
-    if (measured_tflops is None) != (measured_bandwidth_tb_s is None):
-        raise ValueError("give both measured_tflops and measured_bandwidth_tb_s, or neither")
+    parsed = _private.roofline_operations(operations)
+    measured_roof = _private.measured_ceilings(measured_tflops, measured_bandwidth_tb_s)
     peak, bandwidth = float(peak_tflops), float(peak_bandwidth_tb_s)
     ridge = peak / bandwidth
-    measured_roof = None
-    if measured_tflops is not None:
-        measured_roof = (_as_float(measured_tflops), _as_float(measured_bandwidth_tb_s))
-        if not (measured_roof[0] > 0 and measured_roof[1] > 0):
-            raise ValueError(f"measured ceilings must be positive, got {measured_roof}")
-    parsed = []
-    for name, value in operations.items():
-        if isinstance(value, (tuple, list)):
-            intensity, measured = _as_float(value[0]), _as_float(value[1])
-        else:
-            intensity, measured = _as_float(value), None
-        if not intensity > 0:
-            raise ValueError(f"arithmetic intensity of {name!r} must be positive, got {intensity}")
-        parsed.append((str(name), intensity, measured))
-
     shade_ridge = measured_roof[0] / measured_roof[1] if measured_roof else ridge
     intensities = [ridge, shade_ridge] + [i for _, i, _ in parsed]
     lo, hi = min(intensities) / 8, max(intensities) * 8
-    fig, ax = _new_axes(ax, (8, 5.5))
-    x = np.logspace(math.log10(lo), math.log10(hi), 400)
-    datasheet_style = dict(color="black", lw=2) if measured_roof is None else dict(color="gray", lw=1.5, ls="--")
-    roof_name = f"{gpu_name} roofline" + ("" if measured_roof is None else " (datasheet)")
-    ax.loglog(x, np.minimum(peak, bandwidth * x), label=roof_name, **datasheet_style)
-    ax.axvspan(lo, shade_ridge, color="tab:blue", alpha=0.08, label="memory-bound region")
-    ax.axvspan(shade_ridge, hi, color="tab:orange", alpha=0.08, label="compute-bound region")
-    ax.axvline(ridge, color="gray", ls="--", lw=1)
-    ax.plot([ridge], [peak], marker="*", ms=14, color="gold", markeredgecolor="black", zorder=5,
-            label=f"ridge point: {ridge:.1f} FLOP/byte")
-    y_values = [bandwidth * lo, peak]
-    if measured_roof is not None:
-        m_peak, m_bandwidth = measured_roof
-        ax.loglog(x, np.minimum(m_peak, m_bandwidth * x), color="black", lw=2,
-                  label=f"{measured_label}: {m_peak:.3g} TFLOP/s, {m_bandwidth:.3g} TB/s")
-        ax.axvline(shade_ridge, color="black", ls=":", lw=1)
-        ax.plot([shade_ridge], [m_peak], marker="*", ms=14, color="white", markeredgecolor="black", zorder=5,
-                label=f"{measured_label} ridge: {shade_ridge:.1f} FLOP/byte")
-        y_values += [m_bandwidth * lo, m_peak]
-
-    markers = "osD^vP"
-    # Neighbouring labels get different offsets (below/above the roof, near/far) so clusters stay legible.
-    offsets = [(0, -22), (0, 16), (0, -38), (0, 30)]
-    by_intensity = sorted(range(len(parsed)), key=lambda i: parsed[i][1])
-    for rank, index in enumerate(by_intensity):
-        name, intensity, measured = parsed[index]
-        attainable = min(peak, bandwidth * intensity)
-        color = plt.cm.tab10(index % 10)
-        marker = markers[index % len(markers)]
-        has_measured = measured is not None and measured > 0
-        if measured_only and has_measured:
-            ax.plot([intensity], [measured], marker=marker, ms=8, color=color, markeredgecolor="black", zorder=6,
-                    ls="none", label=f"{name}: {intensity:.3g} FLOP/byte, {measured:.3g} TFLOP/s")
-            ax.annotate(name, (intensity, measured), textcoords="offset points", xytext=offsets[rank % 4],
-                        ha="center", fontsize=8, color=color,
-                        arrowprops=dict(arrowstyle="-", color=color, lw=0.5))
-            y_values.append(measured)
-            continue
-        ax.plot([intensity], [attainable], marker=marker, ms=8, color=color, markeredgecolor="black",
-                zorder=6, ls="none", label=f"{name}: {intensity:.3g} FLOP/byte")
-        ax.annotate(name, (intensity, attainable), textcoords="offset points", xytext=offsets[rank % 4],
-                    ha="center", fontsize=8, color=color, arrowprops=dict(arrowstyle="-", color=color, lw=0.5))
-        if has_measured:
-            ax.plot([intensity], [measured], marker=marker, ms=8, mfc="none", color=color, zorder=6, ls="none")
-            ax.plot([intensity, intensity], [measured, attainable], color=color, ls=":", lw=1)
-            ax.annotate(f"{name} (measured)", (intensity, measured), textcoords="offset points",
-                        xytext=(0, -14), ha="center", fontsize=8, color=color)
-            y_values.append(measured)
+    fig, ax = _private.new_axes(ax, (8, 5.5))
+    y_values = _private.draw_roofs(ax, (lo, hi), gpu_name, peak, bandwidth, measured_roof, measured_label)
+    y_values += _private.draw_roofline_operations(ax, parsed, peak, bandwidth, measured_only)
     ax.set_xlim(lo, hi)
     ax.set_ylim(min(y_values) / 5, max(y_values) * 5)
     ax.set_xlabel("Arithmetic intensity (FLOP/byte)")
@@ -1859,11 +1239,11 @@ def plot_gemm_torch_matmul_latency(sizes, gemm_latencies_s, matmul_latencies_s, 
         tuple: ``(fig, ax)``; latencies are drawn in ms on a log axis, each size labelled with the speedup.
     """
     sizes = [int(s) for s in sizes]
-    gemm_ms = [_as_float(t) * 1e3 for t in gemm_latencies_s]
-    matmul_ms = [_as_float(t) * 1e3 for t in matmul_latencies_s]
+    gemm_ms = [_private.as_float(t) * 1e3 for t in gemm_latencies_s]
+    matmul_ms = [_private.as_float(t) * 1e3 for t in matmul_latencies_s]
     if not len(sizes) == len(gemm_ms) == len(matmul_ms):
         raise ValueError("sizes, gemm_latencies_s and matmul_latencies_s must have the same length")
-    fig, ax = _new_axes(ax, (7, 4.5))
+    fig, ax = _private.new_axes(ax, (7, 4.5))
     ax.plot(sizes, gemm_ms, marker="o", label="tri-loop gemm")
     ax.plot(sizes, matmul_ms, marker="s", label="torch.matmul")
     for n, slow, fast in zip(sizes, gemm_ms, matmul_ms):
@@ -1897,10 +1277,10 @@ def plot_latency_vs_size(sizes, series, xlabel="Size", ylabel="Latency (ms)", ti
     Returns:
         tuple: ``(fig, ax)``.
     """
-    xs = [_as_float(s) for s in sizes]
-    fig, ax = _new_axes(ax, (7, 4.5))
+    xs = [_private.as_float(s) for s in sizes]
+    fig, ax = _private.new_axes(ax, (7, 4.5))
     for label, values in series.items():
-        values = [_as_float(v) for v in values]
+        values = [_private.as_float(v) for v in values]
         if len(values) != len(xs):
             raise ValueError(f"series {label!r} has {len(values)} values for {len(xs)} sizes")
         points = [(x, y) for x, y in zip(xs, values) if math.isfinite(y)]
@@ -1948,8 +1328,8 @@ def plot_flash_attn_improvement(df, title="FlashAttention vs SDPA", latency_cols
     axes = axes[0]
     seq = [int(s) for s in df[seq_len_col]]
     for ax, (ylabel, (base_col, flash_col), annotate, template) in zip(axes, panels):
-        base = [_as_float(v) if v is not None and not pd.isna(v) else float("nan") for v in df[base_col]]
-        flash = [_as_float(v) if v is not None and not pd.isna(v) else float("nan") for v in df[flash_col]]
+        base = [_private.as_float(v) if v is not None and not pd.isna(v) else float("nan") for v in df[base_col]]
+        flash = [_private.as_float(v) if v is not None and not pd.isna(v) else float("nan") for v in df[flash_col]]
         for values, label, marker in ((base, labels[0], "o"), (flash, labels[1], "s")):
             points = [(s, y) for s, y in zip(seq, values) if math.isfinite(y)]
             if points:
@@ -1979,168 +1359,6 @@ def plot_flash_attn_improvement(df, title="FlashAttention vs SDPA", latency_cols
     return fig, axes
 
 
-_GPU_TRACE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
-_CPU_TRACE_CATS = {"cpu_op", "user_annotation"}
-
-
-def _trace_from_profile(prof):
-    """Chrome-trace-like events built from a profile's FunctionEvents (repeatable, unlike export_chrome_trace,
-    which a profile allows once)."""
-    cuda_type = torch.autograd.DeviceType.CUDA
-    events = []
-    for evt in _profile_events(prof):
-        if evt.name == "[memory]":
-            continue
-        name = getattr(evt, "trace_name", None) or evt.name
-        start, end = evt.time_range.start, evt.time_range.end
-        if evt.device_type == cuda_type:
-            if _is_annotation(evt):
-                continue
-            category = "gpu_memcpy" if name.startswith(("Memcpy", "Memset")) else "kernel"
-            events.append({"ph": "X", "cat": category, "name": name, "ts": start, "dur": end - start,
-                           "pid": evt.device_index, "tid": getattr(evt, "device_resource_id", 0),
-                           "args": {"device": evt.device_index,
-                                    "stream": getattr(evt, "device_resource_id", 0)}})
-        else:
-            category = "user_annotation" if _is_annotation(evt) else "cpu_op"
-            events.append({"ph": "X", "cat": category, "name": name, "ts": start, "dur": end - start,
-                           "pid": "host", "tid": evt.thread})
-    return {"traceEvents": events}
-
-
-def _load_trace(source):
-    if isinstance(source, Mapping):
-        return source
-    if hasattr(source, "events"):
-        return _trace_from_profile(source)
-    path = os.fspath(source)
-    if path.endswith(".gz"):
-        import gzip
-
-        with gzip.open(path, "rt") as f:
-            return json.load(f)
-    with open(path) as f:
-        return json.load(f)
-
-
-def _short_name(name, limit=40):
-    name = re.sub(r"^void ", "", name)
-    while True:
-        shorter = re.sub(r"<[^<>]*>", "", name)
-        if shorter == name:
-            break
-        name = shorter
-    name = re.sub(r"\(.*\)$", "", name)
-    name = re.sub(r"(^aten::|at::native::|\(anonymous namespace\)::|at::cuda::|cutlass::)", "", name)
-    return name if len(name) <= limit else name[: limit - 1] + "…"
-
-
-def _trace_rows(events):
-    """Group drawable events into rows: one per GPU stream, one per (CPU thread, nesting depth)."""
-    rows = {}
-    by_thread = {}
-    for e in events:
-        if e.get("cat") in _GPU_TRACE_CATS:
-            args = e.get("args", {})
-            key = (0, str(args.get("device", e.get("pid"))), str(args.get("stream", e.get("tid"))), 0)
-            rows.setdefault(key, []).append(e)
-        else:
-            by_thread.setdefault((str(e.get("pid")), str(e.get("tid"))), []).append(e)
-    for (pid, tid), thread_events in by_thread.items():
-        thread_events.sort(key=lambda e: (e["ts"], -e["dur"]))
-        open_ends = []
-        for e in thread_events:
-            while open_ends and open_ends[-1] <= e["ts"]:
-                open_ends.pop()
-            rows.setdefault((1, pid, tid, len(open_ends)), []).append(e)
-            open_ends.append(e["ts"] + e["dur"])
-    return rows
-
-
-def _drawable_trace_events(trace):
-    """The complete events (``ph == "X"``) of a Chrome trace that a timeline draws, and its ``ProfilerStep`` ranges.
-
-    Args:
-        trace: A loaded Chrome trace: a dict with ``traceEvents``, or the list of events itself.
-
-    Returns:
-        tuple: ``(drawable, steps)``, lists of event dicts with ``ts`` and ``dur`` as floats (µs): GPU kernels,
-        memcpy and memset and CPU operators and ranges; and the profiler's step ranges.
-    """
-    raw = trace.get("traceEvents", []) if isinstance(trace, Mapping) else trace
-    complete = [e for e in raw if e.get("ph") == "X" and "ts" in e and "dur" in e]
-    for e in complete:
-        e["ts"], e["dur"] = float(e["ts"]), float(e["dur"])
-    steps = [e for e in complete if str(e.get("name", "")).startswith("ProfilerStep")]
-    drawable = [e for e in complete if (e.get("cat") in _GPU_TRACE_CATS or e.get("cat") in _CPU_TRACE_CATS)
-                and not str(e.get("name", "")).startswith("ProfilerStep")]
-    return drawable, steps
-
-
-def _merge_short_events(events, threshold_us):
-    """One timeline row's events as bars, with runs of short events merged into one bar.
-
-    An event shorter than ``threshold_us`` joins the bar before it when that bar also started with a short event
-    and the gap between them is at most ``threshold_us``; longer events always get a bar of their own.
-
-    Args:
-        events: Event dicts with ``ts``, ``dur`` (µs), ``name`` and optionally ``cat``, in any order.
-        threshold_us: Duration and gap (µs) below which events are merged.
-
-    Returns:
-        list: Bars in time order, each ``[start_us, end_us, {category: busy_us}, first event's name, event count,
-        mergeable]``; categories are those of ``count_cuda_kernels`` (``"annotation"`` for ``record_function``).
-    """
-    bars = []
-    for e in sorted(events, key=lambda e: e["ts"]):
-        start, stop = e["ts"], e["ts"] + e["dur"]
-        category = "annotation" if e.get("cat") == "user_annotation" else _kernel_category(str(e["name"]))
-        tiny = e["dur"] < threshold_us
-        last = bars[-1] if bars else None
-        if tiny and last is not None and last[5] and start - last[1] <= threshold_us:
-            last[1] = max(last[1], stop)
-            last[2][category] = last[2].get(category, 0.0) + e["dur"]
-            last[4] += 1
-        else:
-            bars.append([start, stop, {category: e["dur"]}, str(e["name"]), 1, tiny])
-    return bars
-
-
-def _trace_row_label(key):
-    """``"GPU 0 stream 7"`` or ``"CPU thread 12 depth 1"`` for a row key of ``_trace_rows``."""
-    kind, first, second, depth = key
-    if kind == 0:
-        return f"GPU {first} stream {second}"
-    return f"CPU thread {second}" + (f" depth {depth}" if depth else "")
-
-
-def _draw_row_bars(ax, row, bars, t0, scale, span_us, char_fraction):
-    """Draw one timeline row's bars (``_merge_short_events``) and the labels that fit inside them.
-
-    Args:
-        ax: Axes of the timeline; ``row`` is the y position.
-        bars: Bars of the row, times in µs; ``t0`` the time origin (µs), ``scale`` the axis unit per µs.
-        span_us: Drawn time span (µs); ``char_fraction`` the width of one label character as a fraction of it.
-
-    Returns:
-        dict: ``categories`` drawn (set), ``events`` drawn (count) and whether any bar ``merged`` several events.
-    """
-    drawn = {"categories": set(), "events": 0, "merged": False}
-    for start, stop, categories, name, count, _ in bars:
-        category = max(categories, key=categories.get)
-        drawn["categories"].add(category)
-        x, width = (start - t0) * scale, max((stop - start) * scale, span_us * scale * 2e-4)
-        ax.broken_barh([(x, width)], (row - 0.4, 0.8), facecolors=_CATEGORY_COLORS[category],
-                       edgecolor="black", linewidth=0.2, hatch="///" if count > 1 else None)
-        drawn["events"] += count
-        drawn["merged"] |= count > 1
-        fits = int((stop - start) / span_us / char_fraction) - 1
-        label = f"{count} events" if count > 1 else _short_name(name, limit=max(fits, 1))
-        if fits >= 6 and len(label) <= fits:
-            ax.text(x + width / 2, row, label, ha="center", va="center", fontsize=7, clip_on=True)
-    return drawn
-
-
 def plot_trace_timeline(prof_or_trace_path, max_rows=12, title=None, max_depth=2, time_range_us=None,
                         merge_below=0.002, ax=None):
     """Draw the timeline of a profiler trace in the notebook (what chrome://tracing would show).
@@ -2167,60 +1385,24 @@ def plot_trace_timeline(prof_or_trace_path, max_rows=12, title=None, max_depth=2
         tuple: ``(fig, ax)``; x axis is time since the first drawn event in µs (ms when the span exceeds
         10 ms).
     """
-    # Over 60 lines with its docstring: one figure drawn top to bottom; reading the trace and merging short events
-    # are the helpers above (_drawable_trace_events, _merge_short_events), tested on their own.
-    from matplotlib.patches import Patch
-
-    drawable, steps = _drawable_trace_events(_load_trace(prof_or_trace_path))
-    if not drawable:
-        raise ValueError("the trace has no kernel or operator events to draw (was anything profiled?)")
-    t0 = min(e["ts"] for e in drawable + steps)
-    window = None
-    if time_range_us is not None:
-        window = (t0 + time_range_us[0], t0 + time_range_us[1])
-        drawable = [e for e in drawable if e["ts"] + e["dur"] >= window[0] and e["ts"] <= window[1]]
-        if not drawable:
-            raise ValueError(f"no events in time_range_us={time_range_us}")
-    rows = _trace_rows(drawable)
-    keys = sorted((k for k in rows if k[0] == 0 or k[3] < max_depth),
-                  key=lambda k: (k[0], k[3], -len(rows[k]), k[1], k[2]))
-    hidden_rows = max(0, len(keys) - max_rows)
-    keys = keys[:max_rows]
-
+    drawable, steps, t0, window = _private.timeline_events(prof_or_trace_path, time_range_us)
+    rows, keys, hidden_rows = _private.timeline_rows(drawable, max_rows, max_depth)
     begin = window[0] if window else t0
     end = window[1] if window else max(e["ts"] + e["dur"] for k in keys for e in rows[k])
     span_us = max(end - begin, 1e-3)
     scale, unit = (1e-3, "ms") if span_us > 10_000 else (1.0, "µs")
-    threshold = merge_below * span_us
-    fig, ax = _new_axes(ax, (12, 1.4 + 0.45 * len(keys)))
-    # Width of one 7-pt character as a fraction of the time axis, to decide which bars can hold a label.
-    axes_width_in = fig.get_figwidth() * ax.get_position().width
-    char_fraction = 7 * 0.6 / 72 / axes_width_in
-    used, n_drawn, merged_any = set(), 0, False
-    for row, key in enumerate(keys):
-        drawn = _draw_row_bars(ax, row, _merge_short_events(rows[key], threshold), t0, scale, span_us, char_fraction)
-        used |= drawn["categories"]
-        n_drawn += drawn["events"]
-        merged_any |= drawn["merged"]
-    for step in sorted(steps, key=lambda e: e["ts"]):
-        if begin <= step["ts"] <= end:
-            x = (step["ts"] - t0) * scale
-            ax.axvline(x, color="black", ls=":", lw=0.8)
-            ax.text(x, 1.0, str(step["name"]).replace("ProfilerStep", "step"), fontsize=7, va="bottom",
-                    transform=ax.get_xaxis_transform())
+    fig, ax = _private.new_axes(ax, (12, 1.4 + 0.45 * len(keys)))
+    drawn = _private.draw_timeline_rows(ax, rows, keys, t0, scale, span_us, threshold_us=merge_below * span_us)
+    _private.draw_step_lines(ax, steps, begin, end, t0, scale)
     ax.set_yticks(range(len(keys)))
-    ax.set_yticklabels([_trace_row_label(key) for key in keys], fontsize=8)
+    ax.set_yticklabels([_private.trace_row_label(key) for key in keys], fontsize=8)
     ax.set_ylim(len(keys) - 0.5, -0.5)
     ax.set_xlim((begin - t0) * scale, (end - t0) * scale)
     ax.set_xlabel(f"Time since first drawn event ({unit})")
     ax.set_ylabel("GPU stream / CPU thread")
     note = f", {hidden_rows} more rows not shown" if hidden_rows else ""
-    ax.set_title(title or f"Profiler timeline: {n_drawn} events{note}", pad=14)
-    handles = [Patch(facecolor=_CATEGORY_COLORS[c], label=c) for c in _CATEGORY_COLORS if c in used]
-    if merged_any:
-        handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="merged short events"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, title="category",
-              title_fontsize=7)
+    ax.set_title(title or f"Profiler timeline: {drawn['events']} events{note}", pad=14)
+    _private.timeline_legend(ax, drawn["categories"], drawn["merged"])
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     return fig, ax
