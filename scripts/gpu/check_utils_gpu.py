@@ -39,6 +39,7 @@ matplotlib.use("Agg")
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
+import _utils_private  # noqa: E402  (utils.py's plumbing: the config builder)
 import utils  # noqa: E402
 
 LATENCY_TOLERANCE = 0.05
@@ -237,9 +238,9 @@ def check_helpers(report, device, smoke):
     out["attention_backend"] = utils.flash_attn_func.last_backend
 
     handout = load_handout_layer_classes()
-    config = utils._make_gemma3_config(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                                       num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                                       query_pre_attn_scalar=64)
+    config = _utils_private.make_gemma3_config(**{
+        **utils._GEMMA3_COMMON, **dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=64, query_pre_attn_scalar=64)})
     torch.manual_seed(0)
     layer = handout.Gemma3DecoderLayer(config, 1).to(device).eval()
     rotary = handout.Gemma3RotaryEmbedding(config, layer_type="full_attention")
