@@ -6,6 +6,9 @@ from the reference (other loop orders, float64 inside, other exact formulas); ea
 fail the test cells of its own question and no other (partial credit is fine).
 ``HINTS``: solution cell grade id -> (the hint's words, full replacement source) pairs: an answer that follows a code
 hint of the lab's text literally; the harness runs them like alternatives (each must pass every test).
+``SKIPS``: solution cell grade id -> (label, full replacement source) pairs, each an answer that skips what its question
+asks (the library routine the question asks students to write, however reached): each must earn at most a quarter of
+its question and less than every answer of WRONG for that cell (course check, "the order of grades").
 
 Comments "issue 36 (n)" name the point of issue 36 ("One test contract for all labs") a variant was added for.
 """
