@@ -631,9 +631,9 @@ def multi_layer_prefill_forward(num_layers, layer, hidden_states, position_ids, 
                                 past_key_values):
     """Prefill: run the prompt through ``layer`` applied ``num_layers`` times, storing each pass's keys/values.
 
-    Pass i reads and writes cache slot i (the layer is handed a view of slot i), so after the call slot i holds the keys and
-    values of the prompt at layer i, each (B, num_key_value_heads, S, head_dim). A prefill starts a new
-    sequence: slots 0..num_layers-1 are emptied first, so calling it repeatedly (as a benchmark does) costs
+    Pass i reads and writes cache slot i (the one layer object is handed a view of slot i), so after the call slot i
+    holds the keys and values of the prompt at layer i, each (B, num_key_value_heads, S, head_dim). A prefill starts
+    a new sequence: slots 0..num_layers-1 are emptied first, so calling it repeatedly (as a benchmark does) costs
     the same every time. Runs under ``torch.no_grad()``.
 
     Args:
@@ -1119,8 +1119,8 @@ def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
 
     Runs the flash-attn package when installed (CUDA, fp16/bf16); otherwise PyTorch's SDPA FlashAttention-2
     kernel on CUDA (fp16/bf16 on sm80+; other dtypes, older GPUs or masked shapes use SDPA's memory-efficient
-    or math kernel), and the SDPA math path on CPU. Prints once which backend ran; ``flash_attn_func.last_backend`` names the
-    backend of the latest call.
+    or math kernel), and the SDPA math path on CPU. Prints once which backend ran; ``flash_attn_func.last_backend``
+    names the backend of the latest call.
 
     Args:
         q: (B, S_q, H, D) queries.
