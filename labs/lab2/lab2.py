@@ -183,11 +183,12 @@ def assert_nan(got, what):
     raise AssertionError(f"{what} must be NaN (float('nan')), got {value!r}")
 
 
-def keep_your_answers(name, compute, cases):
-    """In an earlier question's test: keep compute(*case) for each case (the student's answer as graded now) under
-    (name, case), with checks.keep_carried (None where it raises), for a later question's carry-forward."""
+def keep_your_answers(name, compute, answer, cases):
+    """In an earlier question's test: keep compute(answer, *case) for each case (the student's function ``answer`` as
+    graded now) under (name, case), with checks.keep_carried (None where it raises), for a later question's
+    carry-forward. The test passes the student's function itself: a helper reads only the grader's names."""
     for case in cases:
-        keep_carried(f"{name}{tuple(case)!r}", compute, *case)
+        keep_carried(f"{name}{tuple(case)!r}", compute, answer, *case)
 
 
 def your_kept_answer(name, *case):
@@ -199,7 +200,7 @@ def your_kept_answer(name, *case):
     return value
 
 
-def your_hbm_bytes(n, k, bytes_per_element):
+def your_hbm_bytes(relu_matmul_hbm_bytes, n, k, bytes_per_element):
     """(fused, unfused) from your relu_matmul_hbm_bytes (Question 1.1), as whole numbers."""
     return tuple(as_integer(relu_matmul_hbm_bytes(n, k=k, bytes_per_element=bytes_per_element, fused=fused),
                             "relu_matmul_hbm_bytes") for fused in (True, False))
@@ -213,12 +214,12 @@ def speedup_from_your_bytes(n, peak_tflops, bandwidth_tb_s, k=None, bytes_per_el
     return (matmul_s + (unfused - fused) / (bandwidth_tb_s * 1e12)) / matmul_s
 
 
-def your_chain_flops(seq_len, kv_head):
+def your_chain_flops(chain_flops, seq_len, kv_head):
     """Your chain_flops (Question 2.2), as a real number."""
     return as_real(chain_flops(seq_len, kv_head), "chain_flops")
 
 
-def your_chain_io_bytes(seq_len, kv_head, bytes_per_element):
+def your_chain_io_bytes(chain_io_bytes, seq_len, kv_head, bytes_per_element):
     """Your chain_io_bytes (Question 2.1), inputs and output together, as a real number."""
     return sum(as_real(x, "chain_io_bytes")
                for x in as_tuple(chain_io_bytes(seq_len, kv_head, bytes_per_element), 2, "chain_io_bytes"))
@@ -231,7 +232,7 @@ def intensity_from_your_counts(seq_len, kv_head, bytes_per_element=2, intermedia
     return flops / (io_bytes + intermediate_round_trips * 2.0 * seq_len * seq_len * bytes_per_element)
 
 
-def lse_with_your_update(x, block_size):
+def lse_with_your_update(online_softmax_update, x, block_size):
     """The log-sum-exp of x (on the CPU) computed block by block with your online_softmax_update (Question 4.1.1),
     as float64 on the CPU. Question 4.1.1's test keeps it for Question 4.1.2's inputs (blockwise_lse_inputs)."""
     m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=DEVICE)
@@ -248,11 +249,11 @@ def blockwise_lse_public_input():
     return torch.tensor([[0.5, -1.0, 2.0, 0.0, 3.0], [1.0, 1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
 
 
-def keep_lse_with_your_update(cases):
-    """In Question 4.1.1's test: keep lse_with_your_update(x, block) for each (name, x, block) of Question 4.1.2, under
-    ("lse_with_your_update", name, block)."""
+def keep_lse_with_your_update(online_softmax_update, cases):
+    """In Question 4.1.1's test: keep lse_with_your_update(online_softmax_update, x, block) for each (name, x, block)
+    of Question 4.1.2, under ("lse_with_your_update", name, block)."""
     for name, x, block in cases:
-        keep_carried(f"lse_with_your_update{(name, block)!r}", lse_with_your_update, x, block)
+        keep_carried(f"lse_with_your_update{(name, block)!r}", lse_with_your_update, online_softmax_update, x, block)
 
 
 def blockwise_lse_inputs(gen):
@@ -347,7 +348,8 @@ def _q1_1_public_tests():
 
 _q1_1_public_tests()
 del _q1_1_public_tests
-keep_your_answers("relu_matmul_hbm_bytes", your_hbm_bytes, [(64, None, 2)])  # Question 1.2 builds on these bytes
+# Question 1.2 builds on these bytes: kept as graded here (a mistake is charged once)
+keep_your_answers("relu_matmul_hbm_bytes", your_hbm_bytes, relu_matmul_hbm_bytes, [(64, None, 2)])
 ### BEGIN HIDDEN TESTS
 def _q1_1_hidden_tests():
     def grade_cases(cases):
@@ -376,7 +378,7 @@ def _q1_1_hidden_tests():
 
 _q1_1_hidden_tests()
 del _q1_1_hidden_tests
-keep_your_answers("relu_matmul_hbm_bytes", your_hbm_bytes,  # the cases of Question 1.2's hidden tests
+keep_your_answers("relu_matmul_hbm_bytes", your_hbm_bytes, relu_matmul_hbm_bytes,  # Question 1.2's hidden cases
                   [(n, None, 2) for n in (128, 700, 2048, 8192)] + [(1000, None, 4), (20000, 128, 2), (8192, 64, 2),
                                                                     (4096, 200, 4)])
 ### END HIDDEN TESTS
@@ -753,7 +755,8 @@ def _q2_1_public_tests():
 
 _q2_1_public_tests()
 del _q2_1_public_tests
-keep_your_answers("chain_io_bytes", your_chain_io_bytes, [(10_000, 128, 2)])  # Question 2.3 builds on these bytes
+# Question 2.3 builds on these bytes: kept as graded here (a mistake is charged once)
+keep_your_answers("chain_io_bytes", your_chain_io_bytes, chain_io_bytes, [(10_000, 128, 2)])
 ### BEGIN HIDDEN TESTS
 def _q2_1_hidden_tests():
     def grade_cases(cases):
@@ -773,7 +776,7 @@ def _q2_1_hidden_tests():
 
 _q2_1_hidden_tests()
 del _q2_1_hidden_tests
-keep_your_answers("chain_io_bytes", your_chain_io_bytes,  # the cases of Question 2.3's hidden tests
+keep_your_answers("chain_io_bytes", your_chain_io_bytes, chain_io_bytes,  # the cases of Question 2.3's hidden tests
                   [(1000, 32, 4), (65536, 128, 2), (4096, 64, 4), (2048, 256, 2), (500, 500, 1)])
 ### END HIDDEN TESTS
 finish_checks("Question 2.1")
@@ -815,7 +818,8 @@ def _q2_2_public_tests():
 
 _q2_2_public_tests()
 del _q2_2_public_tests
-keep_your_answers("chain_flops", your_chain_flops, [(10_000, 128)])  # Question 2.3 builds on these FLOPs
+# Question 2.3 builds on these FLOPs: kept as graded here (a mistake is charged once)
+keep_your_answers("chain_flops", your_chain_flops, chain_flops, [(10_000, 128)])
 ### BEGIN HIDDEN TESTS
 def _q2_2_hidden_tests():
     with check("the FLOPs of A @ B and of C @ relu(A @ B) for several sizes (1% tolerance)", weight=2):
@@ -826,7 +830,7 @@ def _q2_2_hidden_tests():
 
 _q2_2_hidden_tests()
 del _q2_2_hidden_tests
-keep_your_answers("chain_flops", your_chain_flops,  # the cases of Question 2.3's hidden tests
+keep_your_answers("chain_flops", your_chain_flops, chain_flops,  # the cases of Question 2.3's hidden tests
                   [(1000, 32), (65536, 128), (4096, 64), (2048, 256), (500, 500)])
 ### END HIDDEN TESTS
 finish_checks("Question 2.2")
@@ -1799,7 +1803,8 @@ def _q4_1_1_public_tests():
 
 _q4_1_1_public_tests()
 del _q4_1_1_public_tests
-keep_lse_with_your_update([("public", blockwise_lse_public_input(), 2)])  # Question 4.1.2 may build on your update
+# Question 4.1.2 may build on your update: what it makes of Question 4.1.2's scores, kept as graded here
+keep_lse_with_your_update(online_softmax_update, [("public", blockwise_lse_public_input(), 2)])
 ### BEGIN HIDDEN TESTS
 def _q4_1_1_hidden_tests():
     gen = torch.Generator().manual_seed(4_1)
@@ -1841,7 +1846,7 @@ def _q4_1_1_hidden_tests():
 
 _q4_1_1_hidden_tests()
 del _q4_1_1_hidden_tests
-keep_lse_with_your_update(blockwise_lse_inputs(torch.Generator().manual_seed(4_11)))  # Question 4.1.2's hidden inputs
+keep_lse_with_your_update(online_softmax_update, blockwise_lse_inputs(torch.Generator().manual_seed(4_11)))
 ### END HIDDEN TESTS
 finish_checks("Question 4.1.1")
 

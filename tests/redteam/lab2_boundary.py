@@ -1,4 +1,6 @@
-"""Red-team cases of Lab 2 against the grading boundary (issue 14): one case per attack class, in two submissions.
+"""Red-team cases of Lab 2 against the grading boundary (issue 14): one case per attack class, in two submissions;
+a third submission (issue 50) redefines earlier answers after they were graded and gives answers of the right form
+that compute nothing.
 
 Every attack comes with a wrong answer to the question it aims at, so that only the attack could make that question
 pass; the rest of the submission is the reference solution, which must keep full marks. Before the boundary these
@@ -215,6 +217,62 @@ def hooks_data_modes_dispatcher(reference):
     return insert_after(nb, "q4_2_tiled_forward", FUNCTION_MODE)
 
 
+# -- issue 50: carried answers are the answers as graded; a check earns nothing for what the prompt gives away --------
+# An answer cell of a later question redefines the earlier function it builds on (after that function was graded),
+# so that a carry-forward computed by calling the student's function again would accept the later wrong answer.
+REDEFINED_FLOPS_INTENSITY = '''def chain_flops(seq_len, kv_head):  # redefined after Question 2.2 was graded: one product only
+    return 2 * seq_len * seq_len * kv_head
+
+
+def chain_intensity(seq_len, kv_head, bytes_per_element=2, intermediate_round_trips=0):
+    io_bytes = sum(chain_io_bytes(seq_len, kv_head, bytes_per_element))
+    return chain_flops(seq_len, kv_head) / (io_bytes + intermediate_round_trips * 2 * seq_len * seq_len * bytes_per_element)
+'''
+REDEFINED_UPDATE_LSE = '''def online_softmax_update(running_max, running_sum, scores_block):  # redefined after 4.1.1: no rescale
+    new_max = torch.maximum(running_max, scores_block.amax(dim=-1))
+    shift = torch.where(torch.isneginf(new_max), torch.zeros_like(new_max), new_max)
+    return new_max, running_sum + torch.exp(scores_block - shift[..., None]).sum(dim=-1)
+
+
+def blockwise_logsumexp(x, block_size):
+    running_max = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
+    running_sum = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    for start in range(0, x.shape[-1], block_size):
+        running_max, running_sum = online_softmax_update(running_max, running_sum, x[..., start:start + block_size])
+    return running_max + torch.log(running_sum)
+'''
+# An honest carry-forward: Question 1.1's bytes count the relu's round trip once (one mistake), and Question 1.2's
+# answer builds on them: the mistake is charged in 1.1 only, 1.2 earns full marks.
+ROUND_TRIP_ONCE_BYTES = '''def relu_matmul_hbm_bytes(n, k=None, bytes_per_element=2, fused=True):
+    k = n if k is None else k
+    return int((n * k + k * n + n * n + (0 if fused else n * n)) * bytes_per_element)  # the relu's round trip once
+'''
+SPEEDUP_ON_YOUR_BYTES = '''def predicted_compile_speedup(n, peak_tflops, bandwidth_tb_s, k=None, bytes_per_element=2):
+    k = n if k is None else k
+    fused_bytes = relu_matmul_hbm_bytes(n, k, bytes_per_element, fused=True)
+    relu_bytes = relu_matmul_hbm_bytes(n, k, bytes_per_element, fused=False) - fused_bytes
+    matmul_s = max(2 * n * k * n / (peak_tflops * 1e12), fused_bytes / (bandwidth_tb_s * 1e12))
+    return (matmul_s + relu_bytes / (bandwidth_tb_s * 1e12)) / matmul_s
+'''
+# Answers of the form the prompt gives away, built on the blank release: the right types and shapes, nothing computed.
+RIGHT_FORM_GARBAGE = {
+    "b2_5_reassociated_cost": "def reassociated_chain_cost(seq_len, kv_head, bytes_per_element=2):\n    return 0, 0\n",
+    "q3_1_einsum_attention": "def einsum_attention(q, k, v, mask=None):\n    return q.clone()\n",
+    "q3_2_attention_cost": ("def attention_cost(batch, seq_len, heads, head_dim, bytes_per_element=2, score_round_trips=0):\n"
+                            "    return {\"flops\": 1, \"hbm_bytes\": 1, \"intensity\": 1.0}\n\n\neinsum_round_trips = 0\n"),
+    "q3_3_causal_mask": ("def causal_mask(seq_len, device=None):\n"
+                         "    return torch.zeros(seq_len, seq_len, dtype=torch.bool, device=device)\n"),
+}
+
+
+def carried_and_garbage(reference):
+    """An honest carry-forward (1.2 on a wrong 1.1); later answers that redefine the earlier function they build on
+    (2.3 on 2.2, 4.1.2 on 4.1.1); answers of the right form that compute nothing (2.5, 3.1, 3.2, 3.3)."""
+    return with_answers(reference, {"q1_1_hbm_bytes": ROUND_TRIP_ONCE_BYTES, "q1_2_predicted_speedup": SPEEDUP_ON_YOUR_BYTES,
+                                    "q2_3_chain_intensity": REDEFINED_FLOPS_INTENSITY,
+                                    "q4_1_2_blockwise_lse": REDEFINED_UPDATE_LSE, **RIGHT_FORM_GARBAGE})
+
+
 CASES = [
     BoundaryCase(
         "b2_messaging_frames_attributes",
@@ -222,11 +280,11 @@ CASES = [
         "(sys._getframe and a traceback's tb_frame) on Question 2.3; instance-attribute oracle (a plain tensor whose "
         "cpu() reads the test's frame) on Question 4.1.2",
         messaging_frames_attributes,
-        {"q2_3_chain_intensity_tests"},
+        {"q2_3_chain_intensity_tests", "q1_1_hbm_bytes_tests"},
         # Nothing here is seen as tampering: the messaging patch changes only the kernel, the oracles find no test
-        # frame there. Q1.1's wrong byte count keeps the check of k's position; Q4.1.2's logsumexp without the max
-        # shift is right on ordinary scores and loses only the stability and -inf checks.
-        keeps={"q1_1_hbm_bytes_tests": ("k is the second positional argument",)},
+        # frame there. Q1.1's wrong byte count earns nothing (the check of k's position compares values too);
+        # Q4.1.2's logsumexp without the max shift is right on ordinary scores and loses only the stability and -inf
+        # checks.
         loses={"q4_1_2_blockwise_lse_tests": ("stability:", "-inf scores")},
     ),
     BoundaryCase(
@@ -242,5 +300,22 @@ CASES = [
         bypasses_recording=True,
         keeps={"q1_2_predicted_speedup_tests": ("public:",), "q2_2_chain_flops_tests": ("public:",),
                "q3_3_causal_mask_tests": ("created on the device asked for",)},
+    ),
+    BoundaryCase(
+        "b2_carried_and_garbage",
+        "an honest carry-forward (Question 1.2 built on a wrong 1.1); carry-forward gaming: Question 2.3's and 4.1.2's "
+        "answers redefine chain_flops and online_softmax_update (wrong) after Questions 2.2 and 4.1.1 were graded; "
+        "right-form garbage on Questions 2.5, 3.1, 3.2, 3.3 ((0, 0), q itself, a dict of ones, a mask of False)",
+        carried_and_garbage,
+        # The carried values are the earlier answers as graded, kept by the earlier question's test, and they reach
+        # the later test in the grader: 1.2 built on 1.1's wrong bytes earns full marks (1.1 alone is charged: it
+        # keeps its public check); the redefinitions rescue nothing: 2.3's intensity is wrong everywhere; 4.1.2's update
+        # without the rescale loses every value check and keeps the block-by-block method and the one pass. The
+        # garbage earns nothing: no check pays for the form the prompt gives away (nor for a device, a consistency
+        # or an unchanged input without a value).
+        {"q2_3_chain_intensity_tests", "b2_5_reassociated_cost_tests", "q3_1_einsum_attention_tests",
+         "q3_2_attention_cost_tests", "q3_3_causal_mask_tests"},
+        keeps={"q1_1_hbm_bytes_tests": ("public:",)},
+        loses={"q4_1_2_blockwise_lse_tests": ("public:", "float64 scores", "stability:", "-inf scores")},
     ),
 ]
