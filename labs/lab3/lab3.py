@@ -131,14 +131,42 @@ def _assert_count(fn, args, expected, hint=""):
 
 
 def _own_count(fn, *args):
-    """Test helper: the whole number the student's earlier function ``fn`` gives for ``args`` (checks.as_integer), to
-    carry an earlier answer forward."""
+    """Test helper: the whole number the student's function ``fn`` gives for ``args`` (checks.as_integer), for a check
+    of the same test cell."""
     return as_integer(fn(*args), f"{fn.__name__}{args}")
 
 
-def _own_real(fn, *args):
-    """Test helper: the number the student's earlier function ``fn`` gives for ``args`` (checks.as_real)."""
-    return as_real(fn(*args), f"{fn.__name__}{args}")
+def _keep_answers(name, fn, calls):
+    """Test helper: carry an answer forward as it was graded (a mistake is charged once, in its own question). The
+    test of the question that asks for ``fn`` keeps ``fn(*args)`` for every ``args`` of ``calls`` (None where it
+    raises) under ``name``, with what was kept there before (checks.keep_carried); the later questions' tests read
+    these values (``_kept_answer``) and never call the student's earlier function again."""
+    def table():
+        kept = dict(kept_carried(name) or {})
+        kept.update({tuple(args): carried(fn, *args) for args in dict.fromkeys(tuple(args) for args in calls)})
+        return kept
+
+    keep_carried(name, table)
+
+
+def _kept_answer(name, *args):
+    """Test helper: what the student's function ``name`` gave for ``args`` when its own question was graded (kept by
+    ``_keep_answers``). Raises LookupError when nothing was kept for them (``carried`` then gives None, and only the
+    test's own expected value is accepted)."""
+    value = (kept_carried(name) or {}).get(tuple(args))
+    if value is None:
+        raise LookupError(f"no kept value of {name}{tuple(args)}")
+    return value
+
+
+def _kept_count(name, *args):
+    """Test helper: ``_kept_answer(name, *args)`` as a whole number (checks.as_integer)."""
+    return as_integer(_kept_answer(name, *args), f"{name}{args}")
+
+
+def _kept_real(name, *args):
+    """Test helper: ``_kept_answer(name, *args)`` as a number (checks.as_real)."""
+    return as_real(_kept_answer(name, *args), f"{name}{args}")
 
 
 _LAYER_OPS = ("qkv_projection", "scores", "mask", "softmax", "attention_value", "output_projection", "mlp")
@@ -158,12 +186,12 @@ def _reference_layer_costs(B, N, D, H, n):
     }
 
 
-def _own_layer_costs(layer_costs_fn, B, N, D, H, n):
-    """Test helper: the student's ``layer_costs_fn(B, N, D, H, n)`` (layer_costs, Question 2.2) as operation ->
-    (flops, bytes) of Python ints (raises AssertionError when it is outside the contract: other keys, not pairs, not
-    whole numbers)."""
+def _layer_rows(value, B, N, D, H, n):
+    """Test helper: ``value``, what layer_costs(B, N, D, H, n) (Question 2.2) returned, as operation -> (flops, bytes)
+    of Python ints (raises AssertionError when it is outside the contract: other keys, not pairs, not whole
+    numbers)."""
     what = f"layer_costs{(B, N, D, H, n)}"
-    table = as_dict(layer_costs_fn(B, N, D, H, n), what)
+    table = as_dict(value, what)
     assert set(table) == set(_LAYER_OPS), (
         f"{what} must have exactly the keys {list(_LAYER_OPS)}, got {sorted(table, key=str)}")
     rows = {}
@@ -173,16 +201,37 @@ def _own_layer_costs(layer_costs_fn, B, N, D, H, n):
     return rows
 
 
-def _layer_costs_from_matmul(flops_fn, bytes_fn, B, N, D, H, n):
-    """Test helper: the rows of layer_costs that contain matmuls, built from the student's own ``flops_fn`` and
-    ``bytes_fn`` (matmul_flops and matmul_bytes, Question 2.1), to carry that answer forward."""
+def _kept_layer_costs(B, N, D, H, n):
+    """Test helper: the student's layer_costs(B, N, D, H, n) as Question 2.2's test kept it, as _layer_rows."""
+    return _layer_rows(_kept_answer("layer_costs", B, N, D, H, n), B, N, D, H, n)
+
+
+def _layer_matmuls(B, N, D, H):
+    """Test helper: the (M, K, N) of every matmul of a layer (Question 2.2's rows): the projections, one head's
+    scores and A V, the two MLP matmuls."""
+    d, tokens = D // H, B * N
+    return [(tokens, D, D), (N, d, N), (N, N, d), (tokens, D, 4 * D), (tokens, 4 * D, D)]
+
+
+def _keep_matmul_answers(flops_fn, bytes_fn, layer_sizes):
+    """Test helper: Question 2.1's test keeps the student's matmul_flops (``flops_fn``) and matmul_bytes
+    (``bytes_fn``) of every matmul of layer_costs(B, N, D, H, n) for the ``layer_sizes`` (B, N, D, H, n) that Question
+    2.2's tests use, so that they accept rows built from them."""
+    _keep_answers("matmul_flops", flops_fn, [mnk for B, N, D, H, n in layer_sizes for mnk in _layer_matmuls(B, N, D, H)])
+    _keep_answers("matmul_bytes", bytes_fn,
+                  [(*mnk, n) for B, N, D, H, n in layer_sizes for mnk in _layer_matmuls(B, N, D, H)])
+
+
+def _layer_costs_from_matmul(B, N, D, H, n):
+    """Test helper: the rows of layer_costs that contain matmuls, built from the student's own matmul_flops and
+    matmul_bytes as Question 2.1's test kept them, to carry that answer forward."""
     d, tokens = D // H, B * N
 
     def mf(M, K, N_):
-        return _own_count(flops_fn, M, K, N_)
+        return _kept_count("matmul_flops", M, K, N_)
 
     def mb(M, K, N_):
-        return _own_count(bytes_fn, M, K, N_, n)
+        return _kept_count("matmul_bytes", M, K, N_, n)
 
     return {
         "qkv_projection": (3 * mf(tokens, D, D), 3 * mb(tokens, D, D)),
@@ -254,10 +303,20 @@ def _prompt_keys_values(model, prompt):
     return torch.stack(keys), torch.stack(values)
 
 
-def _roofline_times_s(counts, peak_flops_per_s, bandwidth_bytes_per_s, estimate):
+def _kept_estimate(flops, nbytes, peak_flops_per_s, bandwidth_bytes_per_s, key):
+    """Test helper: ``key`` of the student's roofline_estimate(flops, nbytes, peak, bandwidth) as Question 2.7's test
+    kept it (a number; the bound as a label); raises when it was not kept or is outside the contract."""
+    args = (flops, nbytes, peak_flops_per_s, bandwidth_bytes_per_s)
+    what = f"roofline_estimate({flops}, {nbytes}, {peak_flops_per_s:g}, {bandwidth_bytes_per_s:g})"
+    value = as_dict(_kept_answer("roofline_estimate", *args), what)[key]
+    return as_label(value, f"{what}[{key!r}]") if key == "bound" else as_real(value, f"{what}[{key!r}]")
+
+
+def _roofline_times_s(counts, peak_flops_per_s, bandwidth_bytes_per_s):
     """Test helper: the roofline times, in seconds, that a later answer may have: max(FLOPs / peak, bytes / bandwidth)
     of each ``(flops, bytes)`` pair in ``counts`` (None entries skipped; the first pair is the grader's reference),
-    then the same pairs' ``t_roofline_s`` from the student's own ``estimate`` (roofline_estimate, Question 2.7).
+    then the same pairs' ``t_roofline_s`` from the student's own roofline_estimate (Question 2.7), as its test kept
+    them (for the pairs it knew: the correct counts).
 
     Returns:
         list[float]: the reference time first.
@@ -265,9 +324,7 @@ def _roofline_times_s(counts, peak_flops_per_s, bandwidth_bytes_per_s, estimate)
     pairs = [pair for pair in counts if pair is not None]
     times = [max(flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s) for flops, nbytes in pairs]
     for flops, nbytes in pairs:
-        what = f"roofline_estimate({flops}, {nbytes}, {peak_flops_per_s:g}, {bandwidth_bytes_per_s:g})"
-        times.append(carried(lambda: as_real(as_dict(estimate(flops, nbytes, peak_flops_per_s, bandwidth_bytes_per_s),
-                                                      what)["t_roofline_s"], f"{what}['t_roofline_s']")))
+        times.append(carried(_kept_estimate, flops, nbytes, peak_flops_per_s, bandwidth_bytes_per_s, "t_roofline_s"))
     return [time for time in times if time is not None]
 
 
@@ -799,6 +856,8 @@ with check("public: matmul_flops(2, 3, 4)"):
     _assert_count(matmul_flops, (2, 3, 4), 48, "A multiply-add is 2 FLOPs (rule 2).")
 with check("public: matmul_bytes(2, 3, 4, 4)"):
     _assert_count(matmul_bytes, (2, 3, 4, 4), 104, "Read A and B once, write C once (rule 7).")
+# Question 2.2's tests accept rows built from these answers, as graded here (a mistake is charged once).
+_keep_matmul_answers(matmul_flops, matmul_bytes, [(1, 2, 4, 2, 2)])
 ### BEGIN HIDDEN TESTS
 def _q2_1_hidden_tests():
     sizes = [(7, 11, 13), (1, 1600, 6400), (4096, 3, 1), (65536, 4096, 4096)]
@@ -810,6 +869,9 @@ def _q2_1_hidden_tests():
             for n in (2, 4):
                 _assert_count(matmul_bytes, (M, K, N, n), n * (M * K + K * N + M * N),
                               "Read A (M x K) and B (K x N) once, write C (M x N) once (rule 7).")
+    # Question 2.2's hidden sizes
+    _keep_matmul_answers(matmul_flops, matmul_bytes, [(3, 7, 20, 4, 2), (16, 16384, 4096, 16, 2), (2, 5, 1600, 25, 4),
+                                                      (1, 1, 64, 1, 4), (4, 9, 12, 12, 2)])
 
 
 _q2_1_hidden_tests()
@@ -886,11 +948,11 @@ _LAYER_HINTS = {
 
 def _layer_rows_match(sizes, ops):
     """layer_costs(B, N, D, H, n)[op] for every size and op: (flops, bytes) equal to the reference or to the same
-    row built from the student's own matmul_flops / matmul_bytes (Question 2.1)."""
+    row built from the student's own matmul_flops / matmul_bytes (Question 2.1, as its test kept them)."""
     for B, N, D, H, n in sizes:
-        got = _own_layer_costs(layer_costs, B, N, D, H, n)
+        got = _layer_rows(layer_costs(B, N, D, H, n), B, N, D, H, n)
         reference = _reference_layer_costs(B, N, D, H, n)
-        own = carried(_layer_costs_from_matmul, matmul_flops, matmul_bytes, B, N, D, H, n)
+        own = carried(_layer_costs_from_matmul, B, N, D, H, n)
         for op in ops:
             for index, unit in enumerate(("flops", "bytes")):
                 what = f"layer_costs{(B, N, D, H, n)}[{op!r}] {unit}"
@@ -901,6 +963,8 @@ def _layer_rows_match(sizes, ops):
 
 with check("public: layer_costs(1, 2, 4, 2, 2), all seven rows"):
     _layer_rows_match([(1, 2, 4, 2, 2)], _LAYER_OPS)
+# Questions 3.1 and 4.2 accept counts built from your layer_costs, as graded here.
+_keep_answers("layer_costs", layer_costs, [(1, 2, 4, 2, 2), (1, 1, 4, 2, 2)])
 ### BEGIN HIDDEN TESTS
 def _q2_2_hidden_tests():
     sizes = [(3, 7, 20, 4, 2), (16, 16384, 4096, 16, 2), (2, 5, 1600, 25, 4), (1, 1, 64, 1, 4), (4, 9, 12, 12, 2)]
@@ -912,6 +976,11 @@ def _q2_2_hidden_tests():
         _layer_rows_match(sizes, ("mask", "softmax"))
     with check("mlp: two matmuls, both biases, Z written and read back", weight=2):
         _layer_rows_match(sizes, ("mlp",))
+    # Questions 3.1 and 4.2's hidden sizes (B, N, D, H, L, n): their forward pass (fp16 FLOPs, n bytes) and decode step
+    later = [(B, N, 1600, 25, 48, 2) for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024), (3, 7)]] + [
+        (3, 7, 20, 4, 5, 4), (2, 11, 768, 12, 12, 2), (5, 1, 36, 3, 2, 2), (1, 9, 64, 64, 3, 4)]
+    _keep_answers("layer_costs", layer_costs,
+                  [(B, tokens, D, H, m) for B, N, D, H, L, n in later for tokens in (N, 1) for m in (2, n)])
 
 
 _q2_2_hidden_tests()
@@ -972,6 +1041,9 @@ with check("public: roofline_estimate(4e12, 1e10, 100e12, 2e12): the two times a
     assert_close(_est.get("t_memory_s"), 0.005, "t_memory_s for 1e10 bytes at 2e12 bytes/s")
     assert_label(_est.get("bound"), "compute", "bound when T_compute > T_memory", choices=["compute", "memory"])
     del _est
+# Questions 3.2 and 5.1 accept times and bounds from your roofline_estimate, as graded here (their public cases).
+_keep_answers("roofline_estimate", roofline_estimate,
+              [(60, 5, 100.0, 10.0), (912, 872, 1000.0, 100.0), (452, 648, 1000.0, 100.0)])
 ### BEGIN HIDDEN TESTS
 def _q2_7_hidden_tests():
     keys = {"intensity_flop_per_byte", "ridge_flop_per_byte", "t_compute_s", "t_memory_s", "t_roofline_s", "bound"}
@@ -1006,6 +1078,27 @@ def _q2_7_hidden_tests():
         est, what = estimate(8.0, 4.0, 2.0, 1.0)
         assert_label(est["bound"], "memory", f"{what}['bound'] (T_compute = T_memory = 4.0 s)",
                      choices=("compute", "memory"))
+
+    # What Questions 3.2 and 5.1's hidden tests evaluate: Question 3.2's rows (functions as terms (c, i, j) of
+    # c B^i N^j, cases, peak, bandwidth) ...
+    D, H, L, n = 1600, 25, 48, 2
+    tables = [([(1, 5), (7, 2), (3, 3), (40, 1)], [(3, 1, 2), (11, 1, 0)], [(2, 1, 0), (5, 0, 2)], 50.0, 20.0),
+              ([(2, 9), (9, 2)], [(1, 3, 1)], [(1, 1, 3)], 1e3, 1e3),
+              ([(1, 32), (1, 1024), (64, 32), (64, 1024)], [(L * (24 * D * D + 5 * D), 1, 1), (L * (4 * D + 5 * H), 1, 2)],
+               [(L * n * 22 * D, 1, 1), (L * n * (12 * D * D + 5 * D), 0, 0), (L * n * 6 * H, 1, 2)], 65e12, 300e9),
+              ([(1, 4), (2, 2)], [(8, 1, 1)], [(2, 1, 1)], 4.0, 1.0)]
+    calls = [(_polynomial(flops_terms)(B, N), _polynomial(bytes_terms)(B, N), peak, bw)
+             for cases, flops_terms, bytes_terms, peak, bw in tables for B, N in cases]
+    # ... and Question 5.1's correct counts of a forward pass and of a decode step (B, N, D, H, L, n, peak, bandwidth)
+    predictions = ([(B, N, 1600, 25, 48, 2, 65e12, 300e9) for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024)]]
+                   + [(B, N, 1600, 25, 48, 2, 989e12, 3.35e12) for B, N in [(1, 32), (64, 1024)]]
+                   + [(4, 64, 128, 4, 2, 4, 1.2e12, 4e10), (3, 7, 20, 4, 5, 4, 1e6, 1e5), (2, 100, 64, 8, 2, 2, 1e3, 1e4)])
+    for B, N, D, H, L, n, peak, bw in predictions:
+        calls.append((L * (24 * B * N * D * D + 4 * B * N * N * D + 5 * H * B * N * N + 5 * B * N * D),
+                      L * n * (22 * B * N * D + 12 * D * D + 6 * H * B * N * N + 5 * D), peak, bw))
+        calls.append((L * (24 * B * D * D + 4 * B * N * D + 4 * B * H * N + 5 * B * D),
+                      L * n * (20 * B * D + 12 * D * D + 2 * B * N * D + 4 * B * H * N + 5 * D), peak, bw))
+    _keep_answers("roofline_estimate", roofline_estimate, calls)
 
 
 _q2_7_hidden_tests()
@@ -1121,14 +1214,14 @@ def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):
 
 
 # %% nbgrader={"grade": true, "grade_id": "q3_1_gpt2_forward_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
-# A mistake in Part 2 is charged once: num_layers times the sum of the rows of your own layer_costs (Question 2.2)
-# is accepted too.
+# A mistake in Part 2 is charged once: num_layers times the sum of the rows of your own layer_costs (Question 2.2,
+# as its test kept them) is accepted too.
 def _forward_flops_carried(B, N, D, H, L):
-    return carried(lambda: L * sum(flops for flops, _ in _own_layer_costs(layer_costs, B, N, D, H, 2).values()))
+    return carried(lambda: L * sum(flops for flops, _ in _kept_layer_costs(B, N, D, H, 2).values()))
 
 
 def _forward_bytes_carried(B, N, D, H, L, n):
-    return carried(lambda: L * sum(nbytes for _, nbytes in _own_layer_costs(layer_costs, B, N, D, H, n).values()))
+    return carried(lambda: L * sum(nbytes for _, nbytes in _kept_layer_costs(B, N, D, H, n).values()))
 
 
 with check("public: gpt2_forward_flops(1, 2, 4, 2, 1)"):
@@ -1143,6 +1236,9 @@ with check("public: gpt2_forward_bytes(1, 2, 4, 2, 1, 2)"):
             got, want, "gpt2_forward_bytes(1, 2, 4, 2, 1, 2)",
             formula="One layer: projections, MHA, output projection, MLP."),
         872, _forward_bytes_carried(1, 2, 4, 2, 1, 2))
+# Question 5.1 accepts predictions built from your counts, as graded here.
+_keep_answers("gpt2_forward_flops", gpt2_forward_flops, [(1, 2, 4, 2, 1)])
+_keep_answers("gpt2_forward_bytes", gpt2_forward_bytes, [(1, 2, 4, 2, 1, 2)])
 ### BEGIN HIDDEN TESTS
 def _q3_1_hidden_tests():
     def flops(B, N, D, H, L):
@@ -1171,6 +1267,11 @@ def _q3_1_hidden_tests():
                     got, want, f"gpt2_forward_bytes{(B, N, D, H, L, n)}",
                     formula=hint),
                 nbytes(B, N, D, H, L, n), _forward_bytes_carried(B, N, D, H, L, n))
+    # Question 5.1's hidden cases (B, N, D, H, L, n)
+    later = [(B, N, 1600, 25, 48, 2) for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024)]] + [
+        (4, 64, 128, 4, 2, 4), (3, 7, 20, 4, 5, 4), (2, 100, 64, 8, 2, 2)]
+    _keep_answers("gpt2_forward_flops", gpt2_forward_flops, [case[:5] for case in later])
+    _keep_answers("gpt2_forward_bytes", gpt2_forward_bytes, later)
 
 
 _q3_1_hidden_tests()
@@ -1231,12 +1332,12 @@ def _roofline_row(table, B, N, where):
     return row
 
 
-# A mistake in Question 2.7 is charged once: a row built with your own roofline_estimate is accepted too.
+# A mistake in Question 2.7 is charged once: a row built with your own roofline_estimate (as its test kept it) is
+# accepted too.
 def _estimated(flops, nbytes, peak, bw, key):
-    """What your own roofline_estimate gives for ``key`` (a number; the bound as a label), or None."""
-    what = f"roofline_estimate({flops}, {nbytes}, {peak:g}, {bw:g})"
-    value_of = as_label if key == "bound" else as_real
-    return carried(lambda: value_of(as_dict(roofline_estimate(flops, nbytes, peak, bw), what)[key], f"{what}[{key!r}]"))
+    """What your own roofline_estimate gave for ``key`` (a number; the bound as a label) when Question 2.7 was graded,
+    or None."""
+    return carried(_kept_estimate, flops, nbytes, peak, bw, key)
 
 
 # flops_fn(B, N) = 10 B N, bytes_fn(B, N) = B + N
@@ -1503,10 +1604,11 @@ def gpt2_decode_bytes(B, N, D, H, num_layers, bytes_per_element):
 
 # %% nbgrader={"grade": true, "grade_id": "q4_2_gpt2_decode_tests", "locked": true, "points": 8, "schema_version": 3, "solution": false, "task": false}
 # A mistake in Part 2 is charged once: the projections, output projection and MLP of your own layer_costs
-# (Question 2.2) for one token (N = 1), plus the attention over the N cached positions, are accepted.
+# (Question 2.2, as its test kept them) for one token (N = 1), plus the attention over the N cached positions, are
+# accepted.
 def _one_token_rows(B, D, H, n, index):
     """The projections, output projection and MLP of your own layer_costs for one token per sequence (N = 1)."""
-    rows = _own_layer_costs(layer_costs, B, 1, D, H, n)
+    rows = _kept_layer_costs(B, 1, D, H, n)
     return sum(rows[op][index] for op in ("qkv_projection", "output_projection", "mlp"))
 
 
@@ -1530,6 +1632,9 @@ with check("public: gpt2_decode_bytes(1, 2, 4, 2, 1, 2)"):
             got, want, "gpt2_decode_bytes(1, 2, 4, 2, 1, 2)",
             formula="One layer, one new token attending to N = 2 positions."),
         648, _decode_bytes_carried(1, 2, 4, 2, 1, 2))
+# Questions 5.1 and 6.1 accept values built from your counts, as graded here.
+_keep_answers("gpt2_decode_flops", gpt2_decode_flops, [(1, 2, 4, 2, 1)])
+_keep_answers("gpt2_decode_bytes", gpt2_decode_bytes, [(1, 2, 4, 2, 1, 2)])
 ### BEGIN HIDDEN TESTS
 def _q4_2_hidden_tests():
     def flops(B, N, D, H, L):
@@ -1558,6 +1663,11 @@ def _q4_2_hidden_tests():
                     got, want, f"gpt2_decode_bytes{(B, N, D, H, L, n)}",
                     formula=hint),
                 nbytes(B, N, D, H, L, n), _decode_bytes_carried(B, N, D, H, L, n))
+    # Questions 5.1 and 6.1's hidden cases (B, N, D, H, L, n)
+    later = [(B, N, 1600, 25, 48, 2) for B, N in [(1, 32), (1, 1024), (64, 32), (64, 1024)]] + [
+        (4, 64, 128, 4, 2, 4), (3, 7, 20, 4, 5, 4), (2, 100, 64, 8, 2, 2), (2, 9, 36, 3, 2, 2)]
+    _keep_answers("gpt2_decode_flops", gpt2_decode_flops, [case[:5] for case in later])
+    _keep_answers("gpt2_decode_bytes", gpt2_decode_bytes, later)
 
 
 _q4_2_hidden_tests()
@@ -1848,30 +1958,38 @@ def gpt2_step(model, input_ids, cache):
 def _cached_generation(model, prompt, steps):
     """Greedy decoding with StaticKVCache and gpt2_step: a prefill of ``prompt`` (B, S), then ``steps`` decode steps
     of one token. Returns plain data: the logits of the prefill and of each step, the tokens chosen, cache.length and
-    the data pointers of cache.keys / cache.values after each call, and the bytes of the two buffers."""
+    the data pointers of cache.keys / cache.values after each call, the bytes of the two buffers, and whether each
+    call changed the keys and values of its new positions in every layer of the buffers."""
     config, (batch, prompt_len) = model.config, prompt.shape
     cache = StaticKVCache(config.n_layer, batch, config.n_head, config.n_embd // config.n_head, prompt_len + steps,
                           next(model.parameters()).dtype, prompt.device)
-    record = {"bytes": [], "storage": [], "lengths": [], "tokens": [], "logits": []}
+    record = {"bytes": [], "storage": [], "lengths": [], "tokens": [], "logits": [], "written": []}
 
     def note():
         record["storage"].append((cache.keys.data_ptr(), cache.values.data_ptr()))
         record["bytes"].append(cache.keys.numel() * cache.keys.element_size()
                                + cache.values.numel() * cache.values.element_size())
 
-    note()
-    with torch.no_grad():
-        logits = gpt2_step(model, prompt, cache)
-        record["prefill"] = logits.detach().clone()
+    def step(tokens):
+        start, before = int(cache.length), (cache.keys.clone(), cache.values.clone())
+        logits = gpt2_step(model, tokens, cache)
+        new = slice(start, start + tokens.shape[1])
+        record["written"].append(all(not torch.equal(old[layer, :, :, new], buffer[layer, :, :, new])
+                                     for old, buffer in zip(before, (cache.keys, cache.values))
+                                     for layer in range(config.n_layer)))
         record["lengths"].append(int(cache.length))
         note()
+        return logits
+
+    note()
+    with torch.no_grad():
+        logits = step(prompt)
+        record["prefill"] = logits.detach().clone()
         for _ in range(steps):
             token = logits[:, -1].argmax(dim=-1, keepdim=True)
             record["tokens"].append(token.clone())
-            logits = gpt2_step(model, token, cache)
+            logits = step(token)
             record["logits"].append(logits.detach().clone())
-            record["lengths"].append(int(cache.length))
-            note()
     return record
 
 
@@ -1897,8 +2015,8 @@ def _generation_matches(records, model, prompt, steps, what):
 
 
 def _cache_stays_in_place(records, model, prompt, steps, what):
-    """Memory: keys/values allocated once (2 L B max_len D n bytes), the same storage after every call, and
-    cache.length counting the tokens."""
+    """Memory: keys/values allocated once (2 L B max_len D n bytes), every call writing its new positions into the
+    same storage, and cache.length counting the tokens."""
     config, (batch, prompt_len) = model.config, prompt.shape
     record = _generation(records, model, prompt, steps, what)
     max_len, n = prompt_len + steps, next(model.parameters()).element_size()
@@ -1912,6 +2030,10 @@ def _cache_stays_in_place(records, model, prompt, steps, what):
         f"{sum(a != b for a, b in zip(storage, storage[1:]))} times in {len(storage) - 1} calls")
     assert all(size == expected_bytes for size in record["bytes"]), (
         f"{what}: the cache must stay {expected_bytes} bytes, got sizes {record['bytes']}")
+    assert all(record["written"]), (
+        f"{what}: every call of gpt2_step must write the keys and values of its new positions into cache.keys and "
+        f"cache.values, in every layer; calls {[i for i, w in enumerate(record['written']) if not w]} (0: the "
+        f"prefill) left them unchanged in some layer")
     expected_lengths = [prompt_len + step for step in range(steps + 1)]
     assert [as_integer(length, f"{what}: cache.length") for length in record["lengths"]] == expected_lengths, (
         f"{what}: cache.length after the prefill and each step must be {expected_lengths}, got {record['lengths']}")
@@ -1921,7 +2043,7 @@ _model, _prompt = _gpt2_for_tests(n_layer=2, n_embd=32, n_head=4, vocab_size=50,
 _records = {}
 with check("public: prefill of 5 tokens and 3 greedy decode steps (B = 1) equal the model without a cache"):
     _generation_matches(_records, _model, _prompt, 3, "public case")
-with check("public: keys and values allocated once and written in place"):
+with check("public: keys and values allocated once, every call writing its new positions in place"):
     _cache_stays_in_place(_records, _model, _prompt, 3, "public case")
 del _model, _prompt, _records
 ### BEGIN HIDDEN TESTS
@@ -1988,8 +2110,9 @@ def _decode_on_filled_cache(model, decoy, keys, values, token):
 @kernel_side
 def _decode_step_copies(model, prompt, token):
     """Prefill ``prompt`` (B, S), then one decode step of ``token`` (B, 1): the element count of every result of a
-    concatenation or an out-of-place scatter it made (torch.cat, torch.stack, index_copy, ...), and the torch functions
-    it called (record_torch_calls, which notices when the recording is switched off)."""
+    concatenation or an out-of-place scatter it made (torch.cat, torch.stack, index_copy, ...), the torch functions
+    it called (record_torch_calls, which notices when the recording is switched off), and whether it wrote into both
+    cache.keys and cache.values."""
     from torch.overrides import TorchFunctionMode
 
     copying = {"cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack", "column_stack", "row_stack",
@@ -2008,10 +2131,12 @@ def _decode_step_copies(model, prompt, token):
                           prompt.shape[1] + 1, model.lm_head.weight.dtype, prompt.device)
     with torch.no_grad():
         gpt2_step(model, prompt, cache)
+        before = (cache.keys.clone(), cache.values.clone())
         with record_torch_calls() as called:
             with CopySizes():
                 gpt2_step(model, token, cache)
-    return {"copies": copies, "called": sorted(called)}
+    wrote = all(not torch.equal(old, buffer) for old, buffer in zip(before, (cache.keys, cache.values)))
+    return {"copies": copies, "called": sorted(called), "wrote": wrote}
 
 
 @kernel_side
@@ -2056,7 +2181,7 @@ def _step_on_meta(model, prompt):
 
 def _q4_6_hidden_tests():
     model = _gpt2_for_tests(n_layer=3, n_embd=48, n_head=3, vocab_size=61, seed=4)
-    prompt, records = _test_tokens(2, 7, 61, 5), {}
+    prompt, records, facts = _test_tokens(2, 7, 61, 5), {}, {}
     token = torch.tensor([[3], [17]])
     what = "B = 2, 3 layers"
     with check("prefill and 6 greedy decode steps (B = 2, 3 layers, 3 heads) equal the model without a cache",
@@ -2089,13 +2214,18 @@ def _q4_6_hidden_tests():
         assert_tensor_close(got, reference, f"{what}: logits of one decode step after the test wrote the keys and "
                                             f"values of its own 9-token prompt over positions 0 .. 8 of cache.keys / "
                                             f"cache.values (gpt2_step must attend over them)")
-    with check("preallocated and written in place: the same storage every step, 2 L B max_len D n bytes", weight=2):
+    with check("preallocated and written in place: every call writes its new positions into the same storage, "
+               "2 L B max_len D n bytes", weight=2):
         _cache_stays_in_place(records, model, prompt, 6, what)
-    with check("a decode step copies none of the cached positions (no torch.cat / torch.stack of the cache, "
-               "written back or not: that copies the whole cache at every step)"):
+    with check("a decode step writes into the cache in place and copies none of the cached positions (no torch.cat / "
+               "torch.stack of the cache, written back or not: that copies the whole cache at every step)"):
         long_prompt = _test_tokens(2, 16, 61, 9)
         ops = as_dict(_decode_step_copies(model, long_prompt, token), f"{what}: the copies probe")
         assert_calls(ops["called"], f"{what}: a decode step")
+        assert as_truth(ops["wrote"], "wrote"), (
+            f"{what}: a decode step must write its new key and value into cache.keys and cache.values in place (after "
+            f"a 16-token prefill, it left the buffers unchanged)")
+        facts["writes the cache"] = True
         cached = 2 * 16 * 48  # B x (H x head_dim) x the 16 cached positions: one layer's keys
         big = sorted({str(name) for name, size in ops["copies"] if as_integer(size, "a copy's size") >= cached})
         assert not big, (
@@ -2113,6 +2243,8 @@ def _q4_6_hidden_tests():
     with check("runs as Part 5 runs it (on the GPU, fp16, in a CUDA graph): a prefill and a decode step with the "
                "model, tokens and cache in float16 on another device (meta), every tensor on the input's device, no "
                "host sync (.item(), .tolist(), .cpu(), an if on a tensor)"):
+        assert "writes the cache" in facts, (
+            f"{what}: a decode step that writes nothing into the cache (the check above) cannot be checked here")
         report = as_dict(_step_on_meta(model, prompt), f"{what}: the meta-device probe")
         if report["ran"]:  # else the buffers ignore their device: charged by the buffers' check alone
             syncs = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "__repr__",
@@ -2344,14 +2476,16 @@ gpt2_predicted = [  # one dict per measured case
 
 # %% nbgrader={"grade": true, "grade_id": "q5_1_predictions_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # A mistake in Questions 2.7, 3.1 or 4.2 is charged once: the roofline times of your own gpt2_forward_* and
-# gpt2_decode_* counts (and from your own roofline_estimate) are accepted too.
+# gpt2_decode_* counts (and from your own roofline_estimate), as their tests kept them, are accepted too.
 def _predictions_ms(B, N, D, H, L, n, peak, bw, reference_full=None, reference_step=None):
     """Accepted predictions, in ms, of each key: the reference (from the given reference counts, when known) first,
     then those built from the student's own counts and roofline_estimate."""
-    own_full = carried(lambda: (_own_count(gpt2_forward_flops, B, N, D, H, L), _own_count(gpt2_forward_bytes, B, N, D, H, L, n)))
-    own_step = carried(lambda: (_own_count(gpt2_decode_flops, B, N, D, H, L), _own_count(gpt2_decode_bytes, B, N, D, H, L, n)))
-    return {"predicted_no_cache_ms": [t * 1e3 for t in _roofline_times_s([reference_full, own_full], peak, bw, roofline_estimate)],
-            "predicted_cache_ms": [t * 1e3 for t in _roofline_times_s([reference_step, own_step], peak, bw, roofline_estimate)]}
+    own_full = carried(lambda: (_kept_count("gpt2_forward_flops", B, N, D, H, L),
+                                _kept_count("gpt2_forward_bytes", B, N, D, H, L, n)))
+    own_step = carried(lambda: (_kept_count("gpt2_decode_flops", B, N, D, H, L),
+                                _kept_count("gpt2_decode_bytes", B, N, D, H, L, n)))
+    return {"predicted_no_cache_ms": [t * 1e3 for t in _roofline_times_s([reference_full, own_full], peak, bw)],
+            "predicted_cache_ms": [t * 1e3 for t in _roofline_times_s([reference_step, own_step], peak, bw)]}
 
 
 def _predictions_case(args, expected_ms, reference_full=None, reference_step=None):
@@ -2579,7 +2713,7 @@ def decode_time_breakdown_s(B, N, D, H, num_layers, bytes_per_element, peak_flop
 
 # %% nbgrader={"grade": true, "grade_id": "q6_1_decode_time_breakdown_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 # A mistake in Question 4.2 is charged once: other_memory_s and compute_s computed from your own gpt2_decode_bytes
-# and gpt2_decode_flops are accepted too.
+# and gpt2_decode_flops (as Question 4.2's test kept them) are accepted too.
 with check("public: weights_s of decode_time_breakdown_s(1, 2, 4, 2, 1, 2, 1000.0, 100.0)"):
     _parts = as_dict(decode_time_breakdown_s(1, 2, 4, 2, 1, 2, 1000.0, 100.0), "decode_time_breakdown_s(1, 2, 4, 2, 1, 2, 1000.0, 100.0)")
     assert {"weights_s", "kv_cache_s", "other_memory_s", "compute_s"} <= set(_parts), (
@@ -2613,7 +2747,7 @@ def _q6_1_hidden_tests():
     with check("other_memory_s: the rest of the decode bytes of Question 4.2"):
         for B, N, D, H, L, n, peak, bw in cases:
             got, what = parts(B, N, D, H, L, n, peak, bw)
-            own = carried(lambda: (_own_count(gpt2_decode_bytes, B, N, D, H, L, n) - L * n * (12 * D * D + 5 * D)
+            own = carried(lambda: (_kept_count("gpt2_decode_bytes", B, N, D, H, L, n) - L * n * (12 * D * D + 5 * D)
                                     - L * n * 2 * B * N * D) / bw)
             assert_or_carried(
                 lambda want, got=got["other_memory_s"]: assert_close(
@@ -2623,7 +2757,7 @@ def _q6_1_hidden_tests():
     with check("compute_s: the decode FLOPs of Question 4.2 at the peak"):
         for B, N, D, H, L, n, peak, bw in cases:
             got, what = parts(B, N, D, H, L, n, peak, bw)
-            own = carried(lambda: _own_count(gpt2_decode_flops, B, N, D, H, L) / peak)
+            own = carried(lambda: _kept_count("gpt2_decode_flops", B, N, D, H, L) / peak)
             assert_or_carried(
                 lambda want, got=got["compute_s"]: assert_close(
                     got, want, f"{what}['compute_s']",
@@ -2723,6 +2857,8 @@ def expected_tokens_per_pass(alpha, gamma):
 with check("public: expected_tokens_per_pass(0.5, 2) and (0.0, 4)"):
     assert_close(expected_tokens_per_pass(0.5, 2), 1.75, "expected_tokens_per_pass(0.5, 2)", formula="1 + 0.5 + 0.25")
     assert_close(expected_tokens_per_pass(0.0, 4), 1.0, "expected_tokens_per_pass(0, 4) (every draft rejected, one token)")
+# Bonus 6.6 accepts speedups built from your expected_tokens_per_pass, as graded here.
+_keep_answers("expected_tokens_per_pass", expected_tokens_per_pass, [(0.5, 2)])
 ### BEGIN HIDDEN TESTS
 def _q6_3_hidden_tests():
     with check("1 + alpha + ... + alpha^gamma for hidden alpha < 1 and gamma >= 0", weight=2):
@@ -2733,6 +2869,9 @@ def _q6_3_hidden_tests():
         for gamma in (1, 4, 9):
             assert_close(expected_tokens_per_pass(1.0, gamma), gamma + 1, f"expected_tokens_per_pass(1.0, {gamma})",
                          formula="gamma + 1 (every draft accepted plus the bonus token)")
+    # Bonus 6.6's hidden (alpha, gamma)
+    _keep_answers("expected_tokens_per_pass", expected_tokens_per_pass,
+                  [(0.8, 4), (0.6, 3), (0.3, 7), (0.999999, 2), (1.0, 5), (0.9, 0)])
 
 
 _q6_3_hidden_tests()
@@ -3431,7 +3570,7 @@ def best_gamma(alpha, cost_ratio, max_gamma):
 
 # %% nbgrader={"grade": true, "grade_id": "b6_6_speculative_speedup_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
 # A mistake in Question 6.3 (or in speculative_speedup, for best_gamma) is charged once: answers built from your own
-# expected_tokens_per_pass (and speculative_speedup) are accepted too.
+# expected_tokens_per_pass (as Question 6.3's test kept it) and speculative_speedup are accepted too.
 def _best_gamma_of(speedups):
     """The first gamma whose speedup is the largest (to 1e-12: equal speedups computed two ways are a tie)."""
     return min(g for g in range(len(speedups)) if speedups[g] >= max(speedups) - 1e-12)
@@ -3442,7 +3581,7 @@ with check("public: speculative_speedup(0.5, 2, 0.25)"):
         lambda want, got=speculative_speedup(0.5, 2, 0.25): assert_close(
             got, want, "speculative_speedup(0.5, 2, 0.25)",
             formula="1.75 / 1.5"),
-        1.75 / 1.5, carried(lambda: _own_real(expected_tokens_per_pass, 0.5, 2) / 1.5))
+        1.75 / 1.5, carried(lambda: _kept_real("expected_tokens_per_pass", 0.5, 2) / 1.5))
 with check("public: best_gamma(0.0, 0.1, 5) (with alpha = 0 every draft is wasted)"):
     assert_integer(best_gamma(0.0, 0.1, 5), 0, "best_gamma(0.0, 0.1, 5)")
 ### BEGIN HIDDEN TESTS
@@ -3456,12 +3595,13 @@ def _b6_6_hidden_tests():
                 lambda want, got=speculative_speedup(alpha, gamma, c): assert_close(
                     got, want, f"speculative_speedup({alpha}, {gamma}, {c})",
                     formula="(1 + alpha + ... + alpha^gamma) / (gamma c + 1)"),
-                speedup(alpha, gamma, c), carried(lambda: _own_real(expected_tokens_per_pass, alpha, gamma) / (gamma * c + 1)))
+                speedup(alpha, gamma, c), carried(lambda: _kept_real("expected_tokens_per_pass", alpha, gamma) / (gamma * c + 1)))
 
     def best_of(cases):
         for alpha, c, max_gamma in cases:
             scores = [speedup(alpha, g, c) for g in range(max_gamma + 1)]
-            own = carried(lambda: _best_gamma_of([_own_real(speculative_speedup, alpha, g, c) for g in range(max_gamma + 1)]))
+            own = carried(lambda: _best_gamma_of([as_real(speculative_speedup(alpha, g, c), f"speculative_speedup({alpha}, {g}, {c})")
+                                                  for g in range(max_gamma + 1)]))
             assert_or_carried(
                 lambda want, got=best_gamma(alpha, c, max_gamma): assert_integer(
                     got, want, f"best_gamma({alpha}, {c}, {max_gamma})",

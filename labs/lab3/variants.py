@@ -1096,3 +1096,13 @@ WRONG["q4_6_gpt2_step"] += [
            "        values = torch.cat([cache.values[layer, :, :, :start], value], dim=2)\n"
            "        cache.update(layer, key, value)\n")),
 ]
+SKIPS["q4_6_gpt2_step"] += [
+    # what the prompt gives away and nothing else: buffers of the stated shape (the reference StaticKVCache), a step
+    # that returns logits of the right shape and advances the length, writing and reading nothing
+    ("writes and reads nothing: zero logits of the right shape, cache.length advanced",
+     '''
+def gpt2_step(model, input_ids, cache):
+    cache.length += input_ids.shape[1]
+    return torch.zeros(*input_ids.shape, model.config.vocab_size, dtype=cache.keys.dtype, device=input_ids.device)
+'''),
+]

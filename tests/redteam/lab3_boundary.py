@@ -1,15 +1,16 @@
-"""Red-team cases of Lab 3 against the grading boundary (issue 14): one per attack class, in two submissions.
+"""Red-team cases of Lab 3 against the grading boundary (issue 14): one per attack class, in three submissions.
 
 Every attack rescues a WRONG answer on the question it aims at, so only the attack could make that question pass.
 With partial credit (``tests/test_redteam_boundary.py``, scores read from the lab by ``boundary_cases``): an attack the
 grader finds (the guard: a patched showtraceback, a function mode; the scan: a recording bypass) zeroes its cell; an
 attack the boundary makes harmless without seeing it (frame and attribute oracles, an audit hook, the kernel's copy of
 trusted data, a dispatcher override) earns what its wrong answer earns alone; every other question full marks.
-Two submissions keep CI time down; each attack sits in the answer cell of its own question.
+Three submissions keep CI time down; each attack sits in the answer cell of its own question, or (carry-forward gaming,
+issue 50) in a cell of its own after the test of the answer it redefines.
 """
 from __future__ import annotations
 
-from boundary_cases import BoundaryCase, answer, with_answers
+from boundary_cases import BoundaryCase, answer, insert_after, with_answers
 
 
 def _replaced(source: str, *pairs: tuple[str, str]) -> str:
@@ -206,6 +207,41 @@ def _submission_2(reference):
     })
 
 
+# --- submission 3 -------------------------------------------------------------------------------------------------
+# carry-forward gaming (issue 50): an earlier answer redefined after its own question was graded, so that a later
+# question's carry-forward (which called the student's earlier function again) accepts a wrong later answer. Question
+# 3.1's counts are 0 FLOPs and 7 bytes per layer, and layer_costs is redefined to rows of (0, 1) after Question 2.2's
+# test (which graded the right one);
+# Question 3.2's bounds are reversed, and roofline_estimate is wrapped after Question 2.7's test to reverse its bound.
+# The later tests use the answers as their own questions graded them: Question 3.1 earns nothing, Question 3.2 keeps
+# only its values check (its reversed bounds fail), every other question full marks (Question 5.1 accepts the counts
+# Question 3.1 was graded with: a mistake is charged once).
+ZERO_LAYER_COSTS = '''def layer_costs(B, N, D, H, bytes_per_element):
+    return {op: (0, 1) for op in ("qkv_projection", "scores", "mask", "softmax", "attention_value", "output_projection",
+                                  "mlp")}
+'''
+REVERSED_ESTIMATE = '''_graded_roofline_estimate = roofline_estimate
+
+
+def roofline_estimate(flops, bytes_moved, peak_flops_per_s, bandwidth_bytes_per_s):
+    estimate = dict(_graded_roofline_estimate(flops, bytes_moved, peak_flops_per_s, bandwidth_bytes_per_s))
+    estimate["bound"] = "memory" if estimate["bound"] == "compute" else "compute"
+    return estimate
+'''
+
+
+def _submission_3(reference):
+    submission = with_answers(reference, {
+        "q3_1_gpt2_forward_flops": "def gpt2_forward_flops(B, N, D, H, num_layers):\n    return 0\n",
+        "q3_1_gpt2_forward_bytes": "def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):\n    return 7 * num_layers\n",
+        "q3_2_roofline_table": _replaced(answer(reference, "q3_2_roofline_table"),
+                                         ('"compute" if t_compute_s > t_memory_s else "memory"',
+                                          '"memory" if t_compute_s > t_memory_s else "compute"')),
+    })
+    submission = insert_after(submission, "q2_2_layer_costs_tests", ZERO_LAYER_COSTS)
+    return insert_after(submission, "q2_7_roofline_estimate_tests", REVERSED_ESTIMATE)
+
+
 CASES = [
     BoundaryCase(
         "boundary01_messages_frames_hooks",
@@ -229,4 +265,12 @@ CASES = [
         # check, Q6.4's draft replaced from p instead of the residual loses only the two statistical checks it breaks.
         loses={"q6_4_speculative_step_tests": ("the first emitted token is distributed as the target",
                                                "every emitted token, the bonus included")}),
+    BoundaryCase(
+        "boundary03_carry_forward_redefined",
+        "carry-forward gaming: layer_costs redefined after Question 2.2 was graded, to rescue wrong counts in "
+        "Question 3.1; roofline_estimate's bound reversed after Question 2.7 was graded, to rescue reversed bounds in "
+        "Question 3.2",
+        _submission_3,
+        {"q3_1_gpt2_forward_tests"},
+        keeps={"q3_2_roofline_table_tests": ("flops, bytes and the two times",)}),
 ]
