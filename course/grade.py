@@ -423,12 +423,15 @@ def report_main(lab: str, root: Path = REPO_ROOT, roster: Path | None = None, ca
             return 1
     if fields is not None:
         print(_roster_mismatches(fields, outcomes))
-    absent = {s: Outcome(s, NO_SUBMISSION, "on the roster, no submission") for s in fields or {} if s not in outcomes}
+    from .late import settle_late_penalties  # imports nbgrader's preprocessors
+
     try:
-        report = write_reports(root, lab, out_dir, absent)
-    except RuntimeError as exc:  # the late penalties could not be recorded on the final scores
+        settle_late_penalties(root, lab)
+    except RuntimeError as exc:  # no export with the penalties of autograde
         print(f"grade {lab} --report: {exc}")
         return 1
+    absent = {s: Outcome(s, NO_SUBMISSION, "on the roster, no submission") for s in fields or {} if s not in outcomes}
+    report = write_reports(root, lab, out_dir, absent, settled=True)
     canvas = write_canvas_export(out_dir, lab, report, fields, canvas_assignment_id)
     print_table(lab, report.outcomes, report.scores)
     print(f"wrote {out_dir / 'grades.csv'}, {out_dir / 'scores.png'} and {canvas} (Canvas's gradebook import) from the "

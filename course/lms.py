@@ -65,6 +65,7 @@ class CollectPlan:
     anomalies: list[tuple[str, str, str]] = field(default_factory=list)  # student, file (in the download), what
 
     def note(self, student: str, path: Path, root: Path, what: str) -> None:
+        """Record what happened to ``path`` (shown relative to the download's folder ``root``)."""
         self.anomalies.append((student, path.relative_to(root).as_posix(), what))
 
 
@@ -177,6 +178,8 @@ class UploadCollector(FileNameCollectorPlugin):
         return self._plan.filed.get(os.path.normpath(submitted_file))
 
     def _make_plan(self) -> CollectPlan:
+        """Plan the whole download once, from the ZipCollectApp's folders and the lab's source notebooks; log and
+        write (``COLLECT_REPORT``) what it leaves."""
         app = self.parent
         course = app.coursedir
         root = Path(app._format_collect_path(app.extracted_directory))  # nbgrader's own extracted folder
@@ -271,13 +274,13 @@ class GradebookCsvExport(ExportPlugin):
         """One assignment of one student, in ``NBGRADER_EXPORT_COLUMNS``' order."""
         from nbgrader.api import MissingEntry
 
-        who = [assignment.name, assignment.duedate]
+        lab = [assignment.name, assignment.duedate]
         person = [student.id, student.last_name, student.first_name, student.email]
         try:
             submitted = gradebook.find_submission(assignment.name, student.id)
         except MissingEntry:
-            return [*who, None, *person, 0.0, 0.0, 0.0, assignment.max_score, ""]
+            return [*lab, None, *person, 0.0, 0.0, 0.0, assignment.max_score, ""]
         penalty, waiting = submitted.late_submission_penalty, submitted.needs_manual_grade
-        return [*who, submitted.timestamp, *person, submitted.score, penalty,
+        return [*lab, submitted.timestamp, *person, submitted.score, penalty,
                 None if waiting else final_score(submitted.score, penalty), assignment.max_score,
                 "yes" if waiting else ""]
