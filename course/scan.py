@@ -63,12 +63,12 @@ URL_MARK, LAB_MARK = "urlmark7f3a9c", "labmark7f3a9c"  # stand-ins for the bundl
 def _course_fetch_cell() -> re.Pattern:
     """The source of the cell ``course build`` puts first in a release notebook (with ``labs/bundle_url.txt``) to
     fetch the lab's files on Colab, for any bundle address and lab: the course's own code, not the student's. Made by
-    ``course.build.add_fetch_cell`` itself, so that it is the cell as built, whatever the template asks for."""
+    ``course.fetch_cell.add_fetch_cell`` itself, so that it is the cell as built, whatever the template asks for."""
     import tempfile
 
     import nbformat
 
-    from .build import add_fetch_cell  # not at the top: build imports jupytext, which a scan needs only here
+    from .fetch_cell import add_fetch_cell
 
     with tempfile.TemporaryDirectory(prefix="efficient-ai-fetch-cell-") as folder:
         notebook = Path(folder, f"{LAB_MARK}.ipynb")
