@@ -5,6 +5,10 @@
 ``WRONG[grade_id]``: ``(label, source)`` pairs, each a mistake a student plausibly makes. Each must fail the
 tests of its own question and no other. Most wrong answers are the reference cell with one targeted change
 (``_mutate``), so that each differs from a correct answer by exactly the mistake it names.
+``SKIPS[grade_id]`` (at the end): ``(label, source)`` pairs that skip the method their question prescribes (the
+library routine instead of einsum, no tiling, autograd instead of the backward pass), with right values. Each must
+fail its own question only, earn at most a quarter of it and less than every answer in ``WRONG`` of that question
+(``course check``, docs/AUTHORING.md "the order of grades").
 """
 from __future__ import annotations
 
