@@ -372,10 +372,10 @@ def scan_notebook(nb) -> list[str]:
 
 RECORDING_BYPASS_RE = re.compile(
     r"torch\._C\b|torch\.overrides|torch\.utils\._python_dispatch|__torch_function__|__torch_dispatch__"
-    r"|record_torch_calls|\b(?:utils|checks)\.(?!\w+\()"
+    r"|record_torch_calls|\b(?:_utils_private|utils|checks)\.(?!\w+\()"
 )
 """Flag texts that reach what ``checks.record_torch_calls`` relies on: PyTorch's function and dispatch modes, the
-recorder, or the modules that could hold it (``checks``, ``utils``)."""
+recorder, or the modules that could hold it (``checks``, ``utils`` and its private ``_utils_private``)."""
 
 
 def recording_bypass_flags(nb) -> list[str]:
