@@ -16,6 +16,7 @@ import pytest
 from fixture_lab import LAB, make_root
 
 from course import build, grade
+from course.fetch_cell import add_fetch_cell
 from course.lms import (
     BLACKBOARD,
     CANVAS,
@@ -127,7 +128,7 @@ def test_plan_keeps_the_newest_upload_and_files_a_zips_content_for_its_uploader_
 def test_the_courses_own_fetch_cell_is_not_flagged(tmp_path):
     path = tmp_path / f"{LAB}.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), path)
-    build.add_fetch_cell(path, "https://example.org/course/lab0.zip")
+    add_fetch_cell(path, "https://example.org/course/lab0.zip")
     nb = read_notebook(path)
     assert scan_notebook(nb) == [], "the fetch cell course build adds is the course's code, not the student's"
     nb.cells[0].source = nb.cells[0].source.replace("LAB_BUNDLE_URL, timeout", "LAB_BUNDLE_URL + __import__('os').sep, timeout")
