@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .late import settle_late_penalties
 from .nbgrader_run import read_scores, run_nbgrader
 from .notebooks import grade_id, is_autograded_test, is_bonus_id, nbgrader_meta, question_key, question_label
 from .paths import REPO_ROOT
@@ -86,6 +87,7 @@ def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None, ex
         if not force:
             return 1
     try:
+        settle_late_penalties(root, lab)  # feedback shows the penalty of the final score, whatever ran before it
         files = generate_feedback(root, lab, students)
         if exchange:
             Path(exchange).resolve().mkdir(parents=True, exist_ok=True)

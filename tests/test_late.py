@@ -64,10 +64,16 @@ def test_late_submission_loses_its_percentage_in_grades_canvas_and_feedback(tmp_
         "forced: canvas.csv leaves a score that is not final empty"
 
     grade_written_answers(course, WRITTEN)
-    assert grade.report_main(LAB, course, roster, "4242") == 0
-    rows = {row["student"]: row for row in csv.DictReader((out / "grades.csv").read_text().splitlines())}
     final = AUTOGRADED + WRITTEN
     penalty = 0.3 * final  # of the final score: autograded and manual points
+    assert feedback.main(LAB, course, ["ada", "bob"]) == 0  # before any report: it settles the penalties itself
+    pages = {student: (course / "feedback" / student / LAB / f"{LAB}.html").read_text() for student in ("ada", "bob")}
+    assert "Late submission penalty" in pages["bob"] and f"-{penalty:g}" in pages["bob"], \
+        "feedback shows the penalty of the final score, also when made before --report"
+    assert "Late submission penalty" not in pages["ada"]
+
+    assert grade.report_main(LAB, course, roster, "4242") == 0
+    rows = {row["student"]: row for row in csv.DictReader((out / "grades.csv").read_text().splitlines())}
     assert [rows[s]["total_score"] for s in ("ada", "bob")] == [f"{final:g}"] * 2, rows
     assert (rows["ada"]["late_penalty"], rows["ada"]["final_score"]) == ("0", f"{final:g}"), rows["ada"]
     assert (float(rows["bob"]["late_penalty"]), float(rows["bob"]["final_score"])) == pytest.approx(
@@ -79,10 +85,6 @@ def test_late_submission_loses_its_percentage_in_grades_canvas_and_feedback(tmp_
         ["bob", "", "", "bob", "", f"{final - penalty:g}"],
     ]
 
-    pages = {path.parts[-3]: path.read_text() for path in feedback.generate_feedback(course, LAB, ["ada", "bob"])}
-    assert "Late submission penalty" in pages["bob"] and f"-{penalty:g}" in pages["bob"], \
-        "feedback after --report shows the penalty of the final score"
-    assert "Late submission penalty" not in pages["ada"]
 
 
 def grade_written_answers(course, points: float) -> None:
