@@ -196,10 +196,20 @@ class GuardedExecute(Execute):
         if nbgrader_child.waiting():
             self._grader.take_pending()
             if modules := boundary.locked_cell_imports(self._grader.folder):
-                self._channel.request(IMPORT_AHEAD.format(modules=modules),
-                                      timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
+                self._run_course_code(IMPORT_AHEAD.format(modules=modules))
             nbgrader_child.wait_for_turn()
             self._deadline = time.monotonic() + self.notebook_timeout_s
+
+    def _run_course_code(self, code: str) -> None:
+        """Run the course's own code (not a notebook cell) in the kernel before any student code: what it changes
+        is the tests' environment, as a locked cell's is (``adopt``). Importing a library can replace what the guard
+        watches (``torch.package`` replaces ``inspect.getfile``), and that is never the student's doing, whether the
+        import comes before or after the first locked cell."""
+        if self._record.student_code_ran:  # never so today: a step like this one runs before the first student cell
+            self._pending += self._guard.command("restore")
+        self._guard.command("mark")
+        self._channel.request(code, timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
+        self._guard.command("adopt")
 
     def _run_notebook_cell(self, cell, index: int, here: str, is_setup: bool) -> None:
         """Run a cell that is not a test in the kernel (student code, or a locked instructor cell)."""
