@@ -1106,3 +1106,34 @@ def gpt2_step(model, input_ids, cache):
     return torch.zeros(*input_ids.shape, model.config.vocab_size, dtype=cache.keys.dtype, device=input_ids.device)
 '''),
 ]
+
+# -- Question 6.4: checks that confirmed only the call shapes the contract states -----------------------------------
+# earned 2.9/8 before (the public format-and-calls check, the calls check, and the vectorised and device rules, which a
+# step that computes nothing passes): the calls must now carry the step's own drafts, and the checks of how the step
+# runs check a step that drafts as the contract says
+SKIPS["q6_4_speculative_step"] = [
+    ("no speculative sampling: the models called on tokens of zeros, one constant token emitted",
+     '''
+def speculative_step(prefix, draft_model, target_model, gamma, generator):
+    batch, tokens = prefix.shape[0], prefix
+    for _ in range(gamma):
+        draft_model(tokens)
+        tokens = torch.cat([tokens, torch.zeros_like(tokens[:, :1])], dim=1)
+    target_model(tokens)
+    new_tokens = torch.full((batch, gamma + 1), -1, dtype=torch.long, device=prefix.device)
+    new_tokens[:, 0] = 0
+    return new_tokens, torch.ones(batch, dtype=torch.long, device=prefix.device)
+'''),
+]
+
+# -- checks that a constant answer passed (the label or count the prompt gives away) --------------------------------
+# Question 3.2's tie check paid for the constant label "memory" (0.6/3); now it has a case a constant fails. (Question
+# 2.7's tie check and Question 6.3's alpha = 1 check did the same, and Bonus 6.6's best_gamma returning 0 earned two
+# checks: those constant answers are red-team cases in tests/redteam/lab3_boundary.py, as those questions have
+# one-mistake answers that earn nothing, below which no skip fits.)
+SKIPS["q3_2_roofline_table"] = [
+    ("no table: every number 0 and the bound the constant 'memory', keyed by the cases",
+     "def roofline_table(cases, flops_fn, bytes_fn, peak_flops_per_s, bandwidth_bytes_per_s):\n"
+     "    return {tuple(case): {'flops': 0, 'bytes': 0, 't_compute_s': 0.0, 't_memory_s': 0.0, 'bound': 'memory'}\n"
+     "            for case in cases}\n"),
+]

@@ -197,6 +197,14 @@ _aten.impl("abs", lambda self: torch.zeros(self.shape, dtype=self.dtype, device=
 '''
 
 
+# what the prompt gives away (issue 50), Question 2.7: every number 0 and the bound the constant "memory" (its tie
+# check paid 0.6/3 for it; now each bound check has a case a constant label fails).
+CONSTANT_ESTIMATE = '''def roofline_estimate(flops, bytes_moved, peak_flops_per_s, bandwidth_bytes_per_s):
+    return {"intensity_flop_per_byte": 0.0, "ridge_flop_per_byte": 0.0, "t_compute_s": 0.0, "t_memory_s": 0.0,
+            "t_roofline_s": 0.0, "bound": "memory"}
+'''
+
+
 def _submission_2(reference):
     wrong_step = _replaced(answer(reference, "q6_4_speculative_step"),
                            ("residual = (p_next - q_padded[rows, num_accepted]).clamp_min(0)", "residual = p_next.clone()"))
@@ -204,6 +212,7 @@ def _submission_2(reference):
         "q1_1_causal_attention": FUNCTION_MODE,
         "q6_1_decode_time_breakdown": TRUSTED_DATA,
         "q6_4_speculative_step": DISPATCHER + wrong_step,
+        "q2_7_roofline_estimate": CONSTANT_ESTIMATE,
     })
 
 
@@ -230,8 +239,17 @@ def roofline_estimate(flops, bytes_moved, peak_flops_per_s, bandwidth_bytes_per_
 '''
 
 
+# What the prompt gives away (issue 50): Question 6.3's gamma + 1 whatever alpha is (its alpha = 1 check paid 0.5/2),
+# Bonus 6.6's best_gamma always 0 (its public and tie checks paid 1.5 of 6); each of those checks now has a case a
+# constant fails. Bonus 6.6 keeps only its speculative_speedup checks (that answer is the reference).
+CONSTANT_TOKENS = "def expected_tokens_per_pass(alpha, gamma):\n    return float(gamma + 1)\n"
+CONSTANT_GAMMA = "def best_gamma(alpha, cost_ratio, max_gamma):\n    return 0\n"
+
+
 def _submission_3(reference):
     submission = with_answers(reference, {
+        "q6_3_expected_tokens_per_pass": CONSTANT_TOKENS,
+        "b6_6_best_gamma": CONSTANT_GAMMA,
         "q3_1_gpt2_forward_flops": "def gpt2_forward_flops(B, N, D, H, num_layers):\n    return 0\n",
         "q3_1_gpt2_forward_bytes": "def gpt2_forward_bytes(B, N, D, H, num_layers, bytes_per_element):\n    return 7 * num_layers\n",
         "q3_2_roofline_table": _replaced(answer(reference, "q3_2_roofline_table"),
@@ -257,9 +275,11 @@ CASES = [
         "boundary02_modes_data_dispatch",
         "function-mode hiding (a TorchFunctionMode faking abs and isclose) on Question 1.1; trusted-data "
         "mutation (assert_close's default tolerances, GPU_SPECS) on Question 6.1; dispatcher hiding "
-        "(torch.library override of aten::abs) on Question 6.4",
+        "(torch.library override of aten::abs) on Question 6.4; a constant answer (what the prompt gives away) on "
+        "Question 2.7",
         _submission_2,
-        {"q1_1_causal_attention_tests", "q6_1_decode_time_breakdown_tests"}, bypasses_recording=True,
+        {"q1_1_causal_attention_tests", "q6_1_decode_time_breakdown_tests", "q2_7_roofline_estimate_tests"},
+        bypasses_recording=True,
         # The function mode is found (the guard; torch.overrides for the scan: every cell recording calls scores
         # zero). The trusted data and the dispatcher override change only the kernel's copies: Q6.1's zeros fail every
         # check, Q6.4's draft replaced from p instead of the residual loses only the two statistical checks it breaks.
@@ -269,8 +289,10 @@ CASES = [
         "boundary03_carry_forward_redefined",
         "carry-forward gaming: layer_costs redefined after Question 2.2 was graded, to rescue wrong counts in "
         "Question 3.1; roofline_estimate's bound reversed after Question 2.7 was graded, to rescue reversed bounds in "
-        "Question 3.2",
+        "Question 3.2; constant answers (what the prompt gives away) on Question 6.3 and Bonus 6.6's best_gamma",
         _submission_3,
-        {"q3_1_gpt2_forward_tests"},
-        keeps={"q3_2_roofline_table_tests": ("flops, bytes and the two times",)}),
+        {"q3_1_gpt2_forward_tests", "q6_3_expected_tokens_per_pass_tests"},
+        keeps={"q3_2_roofline_table_tests": ("flops, bytes and the two times",),
+               "b6_6_speculative_speedup_tests": ("public: speculative_speedup", "speculative_speedup on hidden",
+                                                  "speculative_speedup at alpha = 1")}),
 ]
