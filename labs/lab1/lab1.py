@@ -337,6 +337,12 @@ def _q1_1_hidden_tests():
     # The method of the question: when either check fails the cell earns at most a quarter (checks.SKIPPED_METHOD_SHARE).
     with check("uses no library product or reduction (@, matmul, mm, einsum, dot, .sum(), ...), however reached", weight=1,
                method=True):
+        for shape_a, shape_b, dtype, seed, transpose_b in cases[:2]:  # behavioural, first: every torch
+            # function it called (a recording switched off is tampering, checks.RecordingDisabled, whatever else fails)
+            A, B, _ = inputs(shape_a, shape_b, dtype, seed, transpose_b)
+            _, called = gemm_recorded(A, B)
+            assert_calls(called, "gemm (a product of three nested loops, one multiply-add at a time)",
+                         forbidden=forbidden)
         for instructions in gemm_bytecode():  # static: gemm's compiled code
             for opname, name, _, _, argrepr, _ in instructions:
                 assert not (opname == "BINARY_MATRIX_MULTIPLY" or (opname == "BINARY_OP" and argrepr.startswith("@"))), (
@@ -351,11 +357,6 @@ def _q1_1_hidden_tests():
                     assert name.split(".")[-1] not in forbidden, f"gemm must not import {name}"
                 if opname in ("LOAD_CONST", "RETURN_CONST"):
                     assert name not in forbidden, f"gemm must not look up {name!r} (getattr of a product routine)"
-        for shape_a, shape_b, dtype, seed, transpose_b in cases[:2]:  # behavioural: every torch function it called
-            A, B, _ = inputs(shape_a, shape_b, dtype, seed, transpose_b)
-            _, called = gemm_recorded(A, B)
-            assert_calls(called, "gemm (a product of three nested loops, one multiply-add at a time)",
-                         forbidden=forbidden)
 
     with check("computes C from A and B with three nested loops (over i, j and k) written inside gemm itself", weight=1,
                method=True):

@@ -613,6 +613,14 @@ BOUNDARY = [
 # Issue 50: answers that skip what the question asks (the library routine it asks students to write) earn a quarter of
 # the question at most; switching the recording of torch calls off to hide them zeroes the question; a function
 # redefined after its question was graded cannot rescue a later answer through carry-forward.
+LIBRARY_GEMM = """def gemm(A, B):
+    out = None
+    for i in range(1):
+        for j in range(1):
+            for k in range(1):
+                out = getattr(torch, "".join(["mat", "mul"]))(A, B)  # "mat" + "mul" would be folded to a constant
+    return out
+"""
 LIBRARY_SDPA = """def scaled_dot_product_attention(q, k, v, attn_mask=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
 """
@@ -654,12 +662,14 @@ def calc_attn_module_mac(batch_size, query_len, kv_len, gemma_config):  # the pr
 METHOD = [
     RedTeamCase(
         "adv28_recording_switched_off",
-        "PyTorch's attention (Q3.1.1) and F.gelu (Q4.3.1), with TorchFunctionMode's __enter__/__exit__ patched "
-        "through getattr so that record_torch_calls records nothing: the recorder's probe calls go unrecorded, "
-        "which is tampering (checks.RecordingDisabled)",
-        lambda ref: {f"{LAB}.ipynb": replace_cell_source(
-            replace_cell_source(ref, "q3_1_1_sdpa", RECORDER_BLINDED + LIBRARY_SDPA), "q4_3_1_gelu", LIBRARY_GELU)},
-        {"q3_1_1_sdpa_tests", "q4_3_1_gelu_tests"}),
+        "torch.matmul reached by getattr inside dummy loops (Q1.1, past the static scan of gemm's code), PyTorch's "
+        "attention (Q3.1.1) and F.gelu (Q4.3.1), with TorchFunctionMode's __enter__/__exit__ patched through getattr "
+        "(in Q1.1's answer cell) so that record_torch_calls records nothing: the recorder's probe calls go "
+        "unrecorded, which is tampering (checks.RecordingDisabled)",
+        lambda ref: {f"{LAB}.ipynb": replace_cell_source(replace_cell_source(replace_cell_source(
+            ref, "q1_1_gemm", RECORDER_BLINDED + LIBRARY_GEMM), "q3_1_1_sdpa", LIBRARY_SDPA),
+            "q4_3_1_gelu", LIBRARY_GELU)},
+        {"q1_1_gemm_tests", "q3_1_1_sdpa_tests", "q4_3_1_gelu_tests"}),
     RedTeamCase(
         "adv29_library_skips",
         "the unblinded twin of adv28: PyTorch's attention (Q3.1.1) and F.gelu (Q4.3.1) right in value, each "
