@@ -28,10 +28,10 @@ from pathlib import Path
 from traitlets import Bool
 from traitlets.config import Configurable
 
+from .measure_spec import REFERENCE
 from .paths import REPO_ROOT
 
 CPU_MODE_ENV = "EFFICIENT_AI_MEASURE_ON_CPU"  # test only: measure on the CPU at the declaration's tiny shapes
-REFERENCE = "(reference)"  # the instructor's solution's rows
 MAX_KERNEL_STARTS = 3  # per submission: a kernel lost (crash, CUDA fault) is replaced at most twice
 CELL_TIMEOUT_S = 300.0  # setup and definition cells (imports, a Triton kernel's definition)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import jinja2
 
-from .measure import REFERENCE
+from .measure_spec import REFERENCE
 
 TEMPLATES = Path(__file__).with_name("templates") / "measure"
 KEY_FILE = "measure_pseudonym.key"  # in grading/: the secret behind pseudonyms (same student, same pseudonym)
@@ -89,8 +89,13 @@ def leaderboard(results: dict, names: dict[str, str]) -> tuple[list[dict], list[
     for student, rows in table.items():
         value = score(rows, wanted)
         if value is None and student != REFERENCE:
-            failed = [f"{piece} {label}: {rows[(piece, label)]['status']}" for piece, label in wanted
-                      if rows.get((piece, label), {}).get("status") != "ok"]
+            failed: dict[str, list[str]] = {}  # status -> the shapes with it
+            for piece, label in wanted:
+                status = rows.get((piece, label), {}).get("status", "ok")
+                if status != "ok":
+                    failed.setdefault(status, []).append(f"{piece} {label}")
+            failed = [f"{status}: {shapes[0]}" + (f" and {len(shapes) - 1} more" if len(shapes) > 1 else "")
+                      for status, shapes in failed.items()]
             missing = [f"{piece}: not eligible" for piece in {p for p, _ in wanted} if
                        not any(k[0] == piece for k in rows)]
             unranked.append((names[student], "; ".join(missing + failed)))

@@ -18,6 +18,7 @@ from .paths import REPO_ROOT
 
 METRICS = {"tflops": "TFLOP/s", "gbps": "GB/s"}
 TINY_CALLS = 2
+REFERENCE = "(reference)"  # the student name of the instructor's solution's rows
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 

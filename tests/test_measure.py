@@ -50,14 +50,14 @@ def kernel(half="0.5", loop="", pre="pass", block="128") -> str:
 
 
 VARIANTS = {
-    "ada": kernel(),  # correct
+    "zz_ada": kernel(),  # correct
     "=cmd|' /C calc'!A0": kernel(block="16"),  # correct, more programs: slower; an id that is a spreadsheet formula
-    "cy": kernel(half="0.25"),  # wrong: not timed
-    "dee": kernel(loop="while n > 0:\n        n = n + 0"),  # hangs inside the Triton kernel
-    "eve": kernel(pre="if x.numel() < 500:\n        import os\n        os._exit(3)"),  # the kernel dies at shape 1
-    "fay": kernel(pre="if x.numel() > 500:\n        raise RuntimeError('CUDA error: an illegal memory access was "
+    "zz_cy": kernel(half="0.25"),  # wrong: not timed
+    "zz_dee": kernel(loop="while n > 0:\n        n = n + 0"),  # hangs inside the Triton kernel
+    "zz_eve": kernel(pre="if x.numel() < 500:\n        import os\n        os._exit(3)"),  # the kernel dies at shape 1
+    "zz_fay": kernel(pre="if x.numel() > 500:\n        raise RuntimeError('CUDA error: an illegal memory access was "
                       "encountered')"),  # a CUDA fault at shape 2
-    "gus": kernel(),  # failed its tests: not measured
+    "zz_gus": kernel(),  # failed its tests: not measured
 }
 DECLARATION = {
     "setup_cells": ["setup_imports"],
@@ -95,7 +95,7 @@ def make_course(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     course = make_course(tmp_path_factory.mktemp("measure") / "course")
-    write_graded_class(course, LAB, {s: {"q1_gelu": src} for s, src in VARIANTS.items()}, short={"gus": ["q1_gelu_tests"]})
+    write_graded_class(course, LAB, {s: {"q1_gelu": src} for s, src in VARIANTS.items()}, short={"zz_gus": ["q1_gelu_tests"]})
     env = {**os.environ, "EFFICIENT_AI_MEASURE_ON_CPU": "1"}
     result = subprocess.run([sys.executable, "-m", "course", "measure", LAB, "--course-dir", str(course),
                              "--workers", "2", "--timeout-s", "15"], cwd=REPO, env=env, capture_output=True,
@@ -112,14 +112,14 @@ def test_each_submission_gets_its_own_verdict(measured):
     _, results, _ = measured
     status = {s: [r["status"] for r in rows_of(results, s)] for s in [*VARIANTS, "(reference)"]}
     assert status["(reference)"] == ["ok", "ok"]
-    assert status["ada"] == ["ok", "ok"] and status["=cmd|' /C calc'!A0"] == ["ok", "ok"]
-    assert status["cy"] == ["wrong", "wrong"]
-    assert all(r["ms"] is None and "not timed" in r["reason"] for r in rows_of(results, "cy"))
-    assert status["dee"] == ["timeout", "not-measured"]
-    assert status["eve"] == ["crashed", "ok"]  # a fresh kernel measures the next shape
-    assert status["fay"] == ["ok", "cuda-fault"]
-    assert status["gus"] == [] and "q1_gelu_tests" in results["not_measured"]["gus"]
-    for row in rows_of(results, "ada"):
+    assert status["zz_ada"] == ["ok", "ok"] and status["=cmd|' /C calc'!A0"] == ["ok", "ok"]
+    assert status["zz_cy"] == ["wrong", "wrong"]
+    assert all(r["ms"] is None and "not timed" in r["reason"] for r in rows_of(results, "zz_cy"))
+    assert status["zz_dee"] == ["timeout", "not-measured"]
+    assert status["zz_eve"] == ["crashed", "ok"]  # a fresh kernel measures the next shape
+    assert status["zz_fay"] == ["ok", "cuda-fault"]
+    assert status["zz_gus"] == [] and "q1_gelu_tests" in results["not_measured"]["zz_gus"]
+    for row in rows_of(results, "zz_ada"):
         assert row["ms"] > 0 and row["roof_share"] > 0 and row["rel_err"] < 1e-4 and row["gbps"] > 0
 
 
@@ -127,7 +127,7 @@ def test_measuring_writes_no_grade(measured):
     course, _, _ = measured
     scores = read_scores(course, LAB)
     assert {s: scores[s].cells["q1_gelu_tests"].score for s in scores} == {
-        s: 0.0 if s == "gus" else 2.0 for s in VARIANTS}
+        s: 0.0 if s == "zz_gus" else 2.0 for s in VARIANTS}
 
 
 def test_results_leaderboard_and_feedback(measured):
@@ -145,12 +145,12 @@ def test_results_leaderboard_and_feedback(measured):
     assert [line[0] for line in ranked] == [str(i + 1) for i in range(len(ranked))] and len(ranked) == 2
     page = (grading / "leaderboard.html").read_text()
     assert "calc" not in page and "<script" not in page
-    mine = (course / "feedback" / "ada" / LAB / "measure.html").read_text()
+    mine = (course / "feedback" / "zz_ada" / LAB / "measure.html").read_text()
     assert "data:image/png;base64," in mine and results["gpu"] in mine
-    assert not any(other in mine for other in VARIANTS if other != "ada")
-    wrong = (course / "feedback" / "cy" / LAB / "measure.html").read_text()
+    assert not any(other in mine for other in VARIANTS if other != "zz_ada")
+    wrong = (course / "feedback" / "zz_cy" / LAB / "measure.html").read_text()
     assert "not timed" in wrong
-    skipped = (course / "feedback" / "gus" / LAB / "measure.html").read_text()
+    skipped = (course / "feedback" / "zz_gus" / LAB / "measure.html").read_text()
     assert "q1_gelu_tests" in skipped
     assert "(reference)" in stdout
 

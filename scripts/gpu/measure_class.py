@@ -58,24 +58,27 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("labs", nargs="*", default=["lab1", "lab2", "lab3"])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--timeout-s", type=float, default=20.0)
+    parser.add_argument("--timeout-s", default="lab1=15,lab2=20,lab3=40",
+                        help="limit of one request, per lab (LAB=S,...) or for all (S)")
     parser.add_argument("--course", type=Path, default=Path("/tmp/measure-course"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(args.course, ignore_errors=True)
     course = make_course_dir(args.course, args.labs, REPO)
+    limits = dict(item.split("=") for item in args.timeout_s.split(",")) if "=" in args.timeout_s else {}
     report = ["# `course measure` on a lent GPU", "",
               "Made by `scripts/gpu/run_measure.sh` (scripts/gpu/measure_class.py): the reference and four prepared "
               "submissions per lab (scripts/gpu/measure_variants.py: `slow` correct but slower, `wrong` wrong at the "
               "larger shapes, `hang` never returns there, `fault` a CUDA fault there), recorded in the gradebook as "
-              "having passed the measured pieces' tests, then `python -m course measure LAB --timeout-s "
-              f"{args.timeout_s:g}`. One run each; times are one-off measurements on the card named in each section.",
+              "having passed the measured pieces' tests, then `python -m course measure LAB --timeout-s S` "
+              f"(S per lab: {args.timeout_s}). One run each; times are one-off measurements on the card named in each "
+              "section.",
               ""]
     for lab in args.labs:
         write_graded_class(course, lab, variants(course / "source", lab))
         start = time.monotonic()
         result = subprocess.run([sys.executable, "-m", "course", "measure", lab, "--course-dir", str(course),
-                                 "--timeout-s", str(args.timeout_s)], cwd=REPO, capture_output=True, text=True)
+                                 "--timeout-s", limits.get(lab, args.timeout_s)], cwd=REPO, capture_output=True, text=True)
         elapsed = time.monotonic() - start
         (args.out / f"{lab}-measure.log").write_text(result.stdout + result.stderr)
         print(result.stdout[-4000:], result.stderr[-2000:], flush=True)

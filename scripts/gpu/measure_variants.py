@@ -5,7 +5,8 @@ would pass the lab's tests, which run at small sizes; they differ at the declare
 - ``slow``: correct, slower (float32 work instead of half precision, or no causal tile skipping);
 - ``wrong``: wrong only at the larger shapes (keys past 2048 ignored, a changed scale): must not be timed there;
 - ``hang``: never returns at the larger shapes (a Python loop, or a GPU kernel that spins);
-- ``fault``: a CUDA fault at the larger shapes (an out-of-range index: a device-side assert; an illegal address).
+- ``fault``: a CUDA fault at the larger shapes (an out-of-range index: a device-side assert; an illegal address
+  at Lab 2's last shape).
 """
 from __future__ import annotations
 
@@ -66,8 +67,9 @@ def lab2(cells: dict[str, str]) -> dict[str, dict[str, str]]:
                                               " m_i, mask=offs_m < seq_len_q)\n"
                                               "    out = acc / l_i[:, None]\n", "hanging kernel")},
         "fault": {"q4_3_triton_forward": _edit(kernel, "    out = acc / l_i[:, None]\n",
-                                               "    if seq_len_q > 10000:  # an illegal address at S = 16k\n"
-                                               "        tl.store(O + 35184372088832 + offs_m, m_i)\n"
+                                               "    if CAUSAL:  # an illegal address at S = 16k, D = 128, causal\n"
+                                               "        if seq_len_q * head_dim > 2000000:\n"
+                                               "            tl.store(O + 35184372088832 + offs_m, m_i)\n"
                                                "    out = acc / l_i[:, None]\n", "faulting kernel")},
     }
 
