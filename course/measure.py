@@ -152,7 +152,8 @@ class Submission:
         self.defined: dict[str, str | None] = {}  # piece name -> None (defined) or the error of its cells
 
     def _start(self) -> str | None:
-        """A fresh kernel with the setup cells, every piece's cells and the probe; None, or why it failed."""
+        """A fresh kernel with the setup cells, every piece's cells and the probe; None, or why it failed (then no
+        kernel is left, and a failure while defining is final: the same cells would fail again)."""
         from .measure_session import KernelLost, MeasureKernel
 
         self.close()
@@ -164,24 +165,29 @@ class Submission:
                 self.kernel = MeasureKernel(self.ctx.course_root, self.ctx.lab, self.env)
             except KernelLost:  # before any student code ran: a busy machine, never the student's
                 self.kernel = MeasureKernel(self.ctx.course_root, self.ctx.lab, self.env)
-            for gid, code in _cells(self.ctx.course_root, self.ctx.lab, None, self.ctx.measure.setup_cells):
-                if error := self.kernel.run(code, CELL_TIMEOUT_S):
-                    return f"the setup cell {gid} failed: {error}"
-            for piece in self.pieces:
-                self.defined[piece.name] = None
-                for gid, code in _cells(self.ctx.course_root, self.ctx.lab, self.student, piece.cells):
-                    if error := self.kernel.run(code, CELL_TIMEOUT_S):
-                        self.defined[piece.name] = f"cell {gid} raised {error}"
-                        break
-            if error := self.kernel.install_probe(CELL_TIMEOUT_S):
-                return f"the measuring probe could not be installed: {error}"
+            failure = self._define()
         except KernelLost as exc:
-            self.close()
-            return f"the kernel was lost while defining the pieces: {exc}"
+            failure = f"the kernel was lost while defining the pieces: {exc}"
         except (ValueError, OSError) as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+        if failure:
             self.close()
-            return f"{type(exc).__name__}: {exc}"
-        return None
+            self.starts = MAX_KERNEL_STARTS
+        return failure
+
+    def _define(self) -> str | None:
+        """Run the setup cells, each piece's cells (a piece whose cell raises is noted in ``defined``) and the probe;
+        None, or why the kernel cannot measure."""
+        for gid, code in _cells(self.ctx.course_root, self.ctx.lab, None, self.ctx.measure.setup_cells):
+            if error := self.kernel.run(code, CELL_TIMEOUT_S):
+                return f"the setup cell {gid} failed: {error}"
+        for piece in self.pieces:
+            self.defined[piece.name] = None
+            for gid, code in _cells(self.ctx.course_root, self.ctx.lab, self.student, piece.cells):
+                if error := self.kernel.run(code, self.ctx.timeout_s or piece.timeout_s):
+                    self.defined[piece.name] = f"cell {gid} raised {error}"
+                    break
+        return self.kernel.install_probe(CELL_TIMEOUT_S) and "the measuring probe could not be installed"
 
     def close(self) -> None:
         if self.kernel is not None:
