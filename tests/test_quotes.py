@@ -8,7 +8,7 @@ The rule, kept small on purpose:
 - **What a quote is**: a number written with a unit of measurement (``ms``, ``µs``/``us``, ``ns``, ``s``, ``GB/s``,
   ``TB/s``, ``TFLOP/s``, ``GFLOP/s``, ``FLOP/byte``, ``GB``, ``MB``, ``x``/``×``, ``%``; a range ``7 to 8 ms`` or
   ``1.4–2.6x`` quotes both ends) in a paragraph that cites a measurement: it names a report (``report``,
-  ``reports/``, ``measured_runs.md``) or says ``measured``/``measures``, ``H100``/``H200`` or ``cpu-scale run``.
+  ``reports/``, ``measured_runs.md``) or says ``measured``/``measures``, ``H100``/``H200``, ``cpu scale`` or ``teaching scale``.
 - **Where it must appear**: among the numbers of the lab's committed runs: ``reports/*.md`` naming the lab (and the
   reports naming no lab), the outputs of ``reports/**/labN*_executed.ipynb``, and the lab's student reference
   ``labs/labN/measured_runs.md``. A quote of k significant digits is found when one of those numbers, rounded to k
@@ -50,7 +50,7 @@ QUOTE_RE = re.compile(rf"(?<![\w.$^{{/])(?P<numbers>(?:{NUMBER})(?:\s*(?:–|-|t
                       rf"(?P<unit>{UNIT})(?!\s*\d)")
 NUMBER_RE = re.compile(rf"(?<![\w.])(?:{NUMBER})(?:e[-+]?\d+)?")
 CITES_RE = re.compile(r"\breports?\b|reports/|measured_runs\.md|\bmeasured\b|\bmeasures\b|\bH100\b|\bH200\b|"
-                      r"cpu[- ]scale run", re.IGNORECASE)
+                      r"cpu[- ]scale|teaching scale", re.IGNORECASE)
 LIST_ITEM_RE = re.compile(r"^\s*(?:[-*+]|\d{1,2}[.)])\s")
 
 # Numbers a lab may quote with a unit that are not measurements: (lab or "*" for every lab, number as written,
