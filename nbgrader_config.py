@@ -118,6 +118,9 @@ c.Autograde.autograde_preprocessors = [
 c.KeepStudentRun.max_cell_bytes = 1 << 20
 c.KeepStudentRun.max_notebook_bytes = 8 << 20
 
+# course measure (docs/GRADING.md): the leaderboard names students by pseudonym unless this is True.
+c.Measure.show_names = False
+
 # Late submissions: a submission whose timestamp.txt is after the lab's due date in the gradebook (nbgrader db
 # assignment add LAB --duedate="2025-03-01 23:59 Europe/Paris") loses points by this policy: "none", "zero", or
 # "percent_per_day" (LatePenalty.percent_per_day percent of the score per day or part of one; course/late.py), of
