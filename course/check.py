@@ -96,6 +96,7 @@ class QuestionOrder:
     method: bool = False  # one of its test cells has a check(..., method=True) block
     skips: dict[str, float] = field(default_factory=dict)  # label of each answer in SKIPS -> its score
     mistakes: dict[str, float] = field(default_factory=dict)  # label of each answer in WRONG -> its score
+    tampering: dict[str, float] = field(default_factory=dict)  # label of each answer in TAMPERING -> its score
 
 
 def order_of_grades(source_nb, harness: dict) -> dict[str, QuestionOrder]:
@@ -111,10 +112,10 @@ def order_of_grades(source_nb, harness: dict) -> dict[str, QuestionOrder]:
         order.method = order.method or any(method for *_, method in check_blocks(cell.source))
     for run in harness["variants"]:
         key = question_key(run["cell"])
-        if run["kind"] not in ("skip", "wrong") or "tests" not in run or key not in orders:
+        if run["kind"] not in ("skip", "wrong", "tampering") or "tests" not in run or key not in orders:
             continue
-        table = orders[key].skips if run["kind"] == "skip" else orders[key].mistakes
-        table[run["label"]] = question_score(run["tests"], cells[key])
+        table = {"skip": orders[key].skips, "wrong": orders[key].mistakes, "tampering": orders[key].tampering}
+        table[run["kind"]][run["label"]] = question_score(run["tests"], cells[key])
     return orders
 
 
@@ -134,8 +135,9 @@ def skip_problem(label: str, score: float, order: QuestionOrder) -> str | None:
 
 def order_problems(lab: str, orders: dict[str, QuestionOrder], harness: dict) -> list[Problem]:
     """The broken rules of the order of grades: a question that prescribes a method has a skip and a one-mistake
-    answer; every skip earns at most ``SKIP_CAP`` of its question and less than every one-mistake answer of it. A
-    prepared answer for a cell the lab does not have is reported too (the harness could not try it)."""
+    answer; every skip earns at most ``SKIP_CAP`` of its question and less than every one-mistake answer of it; an
+    answer that tampers with the grader (``TAMPERING``) earns nothing on its question. A prepared answer for a cell
+    the lab does not have is reported too (the harness could not try it)."""
     problems = [Problem(lab, f"labs/{lab}/variants.py", f"the {run['kind']} answer {run['label']!r} replaces cell "
                         f"{run['cell']!r}, which the lab does not have") for run in harness["variants"] if "error" in run]
     for key in sorted(orders, key=question_sort_key):
@@ -150,6 +152,9 @@ def order_problems(lab: str, orders: dict[str, QuestionOrder], harness: dict) ->
             found = skip_problem(label, score, order)
             if found:
                 problems.append(Problem(lab, where, found))
+        problems += [Problem(lab, where, f"the tampering answer {label!r} earns {score:g} of {order.points:g}: "
+                             "tampering the grader finds earns nothing") for label, score in order.tampering.items()
+                     if score > 0]
     return problems
 
 

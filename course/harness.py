@@ -3,7 +3,7 @@
 ``python -m course.harness LAB OUT_JSON [--variants PATH] [--root ROOT]`` (``tests/lab_harness.py LAB VARIANTS OUT``
 is the same). The notebook runs top to bottom at quick scale in a scratch copy of ``source/LAB/`` (so
 ``from utils import *`` finds the instructor's utils.py). Then, for each prepared answer of ``labs/LAB/variants.py``
-(``ALTERNATIVES``, ``HINTS``, ``WRONG`` and ``SKIPS``), the answer replaces its solution cell, the test cells that
+(``ALTERNATIVES``, ``HINTS``, ``WRONG``, ``SKIPS`` and ``TAMPERING``), the answer replaces its solution cell, the test cells that
 can see it run again, and the reference answer is restored. The JSON result lists, per run and test cell,
 ``[passed, first line of its first failure, share of its checks' weight that passed]``.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from .notebooks import grade_id, is_autograded_test, read_notebook
 from .paths import REPO_ROOT
 
-KINDS = ("alternative", "wrong", "skip")  # the kinds of prepared answer; HINTS run as alternatives
+KINDS = ("alternative", "wrong", "skip", "tampering")  # the kinds of prepared answer; HINTS run as alternatives
 
 
 @dataclass
@@ -42,10 +42,11 @@ class Variants:
     alternatives: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # correct, written differently
     wrong: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # one plausible mistake each
     skips: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # skip the method the question asks for
+    tampering: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # cheat the grader: must earn nothing
 
     def by_kind(self):
         """(kind, cell, label, source) of every answer, alternatives first."""
-        for kind, table in zip(KINDS, (self.alternatives, self.wrong, self.skips)):
+        for kind, table in zip(KINDS, (self.alternatives, self.wrong, self.skips, self.tampering)):
             for cell, pairs in table.items():
                 for label, source in pairs:
                     yield kind, cell, label, source
@@ -59,7 +60,7 @@ def variants_path(lab: str, root: Path = REPO_ROOT) -> Path:
 def load_variants(path: Path) -> Variants:
     """The prepared answers of a variants module. ``ALTERNATIVES`` hold bare sources (labelled ``alternative N``);
     ``HINTS`` (answers that follow a hint of the lab's text literally) join them, as they must pass everything too;
-    ``WRONG`` and ``SKIPS`` hold (label, source) pairs. A table the module lacks is empty."""
+    ``WRONG``, ``SKIPS`` and ``TAMPERING`` hold (label, source) pairs. A table the module lacks is empty."""
     spec = importlib.util.spec_from_file_location(f"{path.parent.name}_variants", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -67,8 +68,9 @@ def load_variants(path: Path) -> Variants:
                     for cell, sources in getattr(module, "ALTERNATIVES", {}).items()}
     for cell, pairs in getattr(module, "HINTS", {}).items():
         alternatives.setdefault(cell, []).extend((f"hint: {label}", source) for label, source in pairs)
-    return Variants(alternatives, {cell: list(pairs) for cell, pairs in getattr(module, "WRONG", {}).items()},
-                    {cell: list(pairs) for cell, pairs in getattr(module, "SKIPS", {}).items()})
+    tables = ({cell: list(pairs) for cell, pairs in getattr(module, name, {}).items()}
+              for name in ("WRONG", "SKIPS", "TAMPERING"))
+    return Variants(alternatives, *tables)
 
 
 @functools.lru_cache(maxsize=None)

@@ -137,11 +137,11 @@ def test_alternative_answers_pass_everything(harness_result):
     assert bad == [], f"{lab}: correct answers written differently are rejected:\n" + "\n".join(bad)
 
 
-def test_wrong_and_skipping_answers_fail_their_question_only(harness_result):
+def test_wrong_skipping_and_tampering_answers_fail_their_question_only(harness_result):
     lab, result = harness_result
     bad = []
     for run in result["variants"]:
-        if run["kind"] not in ("wrong", "skip"):
+        if run["kind"] not in ("wrong", "skip", "tampering"):
             continue
         assert "tests" in run, run
         question = question_key(run["cell"])
@@ -150,7 +150,7 @@ def test_wrong_and_skipping_answers_fail_their_question_only(harness_result):
         if not own or not failing or not failing <= own:
             bad.append(f"{run['kind']} {run['cell']} [{run['label']}]: failed {sorted(failing)}, expected some of "
                        f"{sorted(own)} and nothing else")
-    assert bad == [], (f"{lab}: wrong and skipping answers must lose points on their own question's tests only:\n"
+    assert bad == [], (f"{lab}: wrong, skipping and tampering answers must lose points on their own question's tests only:\n"
                        + "\n".join(bad))
 
 
