@@ -1,7 +1,8 @@
 """build: labs/labN/labN.py -> source/labN/ (instructor notebook) -> release/labN/ (student bundle).
 
 ``source/labN/`` gets the notebook, copies of the lab files (``paths.LAB_FILES``: ``utils.py`` and its private
-``_utils_private.py``, ``checks.py``, ``requirements.txt``) and ``assets/``; nbgrader copies them into ``release/labN/``
+``_utils_private.py``, ``checks.py``, ``requirements.txt``), the lab's student reference ``labs/labN/measured_runs.md``
+when it has one (``paths.STUDENT_REFERENCE``) and ``assets/``; nbgrader copies them into ``release/labN/``
 (a self-contained release), and ``nbgrader autograde`` overwrites a student's copies with them.
 Files are written only when their content changes, so a second build changes nothing.
 """
@@ -18,7 +19,15 @@ import nbformat
 from .fetch_cell import add_fetch_cell, bundle_url
 from .nbgrader_run import run_nbgrader
 from .notebooks import NB_VERSION, grade_id, mark_bonus, read_notebook
-from .paths import LAB_FILES, REPO_ROOT, REQUIRED_LAB_FILES, is_cache, lab_text_path
+from .paths import (
+    LAB_FILES,
+    REPO_ROOT,
+    REQUIRED_LAB_FILES,
+    STUDENT_REFERENCE,
+    is_cache,
+    lab_text_path,
+    student_reference_path,
+)
 
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 # What ipykernel reports, so JupyterLab does not mark a freshly opened notebook modified; fixed: a reproducible build.
@@ -124,6 +133,12 @@ def build_lab(lab: str, root: Path = REPO_ROOT, out_root: Path | None = None) ->
         elif (source_dir / name).exists():  # the repository no longer has it: neither does the lab
             (source_dir / name).unlink()
             changed.append(source_dir / name)
+    reference = student_reference_path(root, lab)  # the lab's measured runs, for students (paths.STUDENT_REFERENCE)
+    if reference.is_file():
+        _copy_if_changed(reference, source_dir / STUDENT_REFERENCE, changed)
+    elif (source_dir / STUDENT_REFERENCE).exists():
+        (source_dir / STUDENT_REFERENCE).unlink()
+        changed.append(source_dir / STUDENT_REFERENCE)
     if (root / "assets").is_dir():
         sync_tree(root / "assets", source_dir / "assets", changed)
     return changed + generate_release(lab, source_dir, out_root / "release" / lab, bundle_url(lab, root))

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import nbformat
 
-from .lint import check_release_leaks
+from .lint import check_reference_leaks, check_release_leaks
 from .notebooks import NB_VERSION, NotebookError, read_notebook
-from .paths import REPO_ROOT, is_cache, source_notebook_path
+from .paths import REPO_ROOT, STUDENT_REFERENCE, is_cache, source_notebook_path
 
 README_TEMPLATE = Path(__file__).parent / "templates" / "student_bundle" / "README.md"
 README = "README.md"
@@ -64,8 +64,10 @@ def bundle_contents(lab: str, root: Path = REPO_ROOT) -> dict[str, bytes]:
 
 def check_bundle(lab: str, files: dict[str, bytes], root: Path = REPO_ROOT) -> list[str]:
     """Problems of a bundle's files (empty when none): a file that is not the release's or the README, a release
-    file missing or changed, and solution or hidden-test text (only delimiters in other files than the notebook and
-    the README: ``utils.py`` shares short lines with solutions, such as ``start = time.perf_counter()``)."""
+    file missing or changed, and solution or hidden-test text (only delimiters in other files than the notebook, the
+    README and the student reference: ``utils.py`` shares short lines with solutions, such as
+    ``start = time.perf_counter()``); the student reference (``measured_runs.md``) is checked by
+    ``lint.check_reference_leaks``: no line of a solution, hidden test or model answer, no number only they hold."""
     release = release_files(root / "release" / lab)
     problems = [f"{name}: not part of release/{lab}/ nor the README" for name in sorted(set(files) - set(release) - {README})]
     problems += [f"{name}: missing (release/{lab}/ has it)" for name in sorted(set(release) - set(files))]
@@ -75,9 +77,15 @@ def check_bundle(lab: str, files: dict[str, bytes], root: Path = REPO_ROOT) -> l
         source_nb = read_notebook(source_notebook_path(root, lab))
     except NotebookError as exc:
         return problems + [f"cannot check for leaks: {exc}"]
+    shown = "\n".join(content.decode(errors="replace") for name, content in files.items() if name.endswith(".py"))
     for name, content in sorted(files.items()):
         try:
             text = content.decode()
+            if name == STUDENT_REFERENCE:  # the lab's measured runs: no answer, no hidden test's number
+                release_nb = nbformat.reads(files.get(f"{lab}.ipynb", b"{}").decode(), as_version=NB_VERSION)
+                problems += [f"{name}: {problem.message}"
+                             for problem in check_reference_leaks(lab, source_nb, release_nb, text, shown)]
+                continue
             nb = (nbformat.reads(text, as_version=NB_VERSION) if name.endswith(".ipynb")
                   else nbformat.v4.new_notebook(cells=[nbformat.v4.new_raw_cell(text)]))
         except UnicodeDecodeError:

@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 
 from .notebooks import NB_VERSION
-from .paths import LAB_FILES, REPO_ROOT
+from .paths import LAB_FILES, REPO_ROOT, STUDENT_REFERENCE
 
 FETCH_CELL_TEMPLATE = Path(__file__).parent / "templates" / "fetch_cell" / "cell.txt"
 FETCH_CELL_ID = "fetch-lab-files"
@@ -31,8 +31,8 @@ def add_fetch_cell(notebook: Path, url: str) -> None:
     nb = nbformat.read(notebook, as_version=NB_VERSION)
     if any(cell.get("id") == FETCH_CELL_ID for cell in nb.cells):
         return
-    text = FETCH_CELL_TEMPLATE.read_text().format(url=url, lab=notebook.stem, files=LAB_FILES,
-                                                   listed=", ".join(LAB_FILES))
+    files = (*LAB_FILES, STUDENT_REFERENCE)  # the reference is fetched when the bundle has one
+    text = FETCH_CELL_TEMPLATE.read_text().format(url=url, lab=notebook.stem, files=files, listed=", ".join(files))
     cell = nbformat.v4.new_code_cell(text.rstrip("\n"))
     cell["id"] = FETCH_CELL_ID
     first_code = next(i for i, other in enumerate(nb.cells) if other.cell_type == "code")

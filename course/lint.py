@@ -7,11 +7,17 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import io
+import math
 import re
 import sys
 import tempfile
+import textwrap
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
+
+import nbformat
 
 from .boundary import HELPERS_TAG, global_reads
 from .notebooks import (
@@ -41,7 +47,7 @@ from .notebooks import (
     read_notebook,
     region_lines,
 )
-from .paths import REPO_ROOT, is_cache, release_notebook_path, source_notebook_path
+from .paths import REPO_ROOT, STUDENT_REFERENCE, is_cache, release_notebook_path, source_notebook_path
 
 REQUIRED_KEYS = ("grade", "grade_id", "locked", "schema_version", "solution", "task")
 GRADE_ID_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -412,6 +418,92 @@ def check_release_leaks(lab: str, source_nb, release_nb) -> list[Problem]:
         if len(line) >= MIN_LEAK_LINE_CHARS and line in release_lines and line not in outside_lines]
 
 
+REFERENCE_NUMBER_RE = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w])|"
+                                 r"(?<![\w.])\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w])")
+MIN_LEAK_DIGITS = 3  # fewer significant digits (0.5, 64, 12.0, 1e-5) say too little to be an answer
+MIN_LEAK_INTEGER = 10_000  # smaller integer literals of tests are the shapes and counts of their inputs (333, 4097)
+
+
+def significant(token: str) -> str:
+    """The informative significant digits of a number as written, trailing zeros dropped: "0.9172" -> "9172",
+    "1,400" -> "14", "12.0" -> "12", "3.35e12" -> "335"."""
+    mantissa = token.replace(",", "").replace("_", "").lower().split("e")[0]
+    return mantissa.replace(".", "").strip("0")
+
+
+def _numbers(text: str) -> list[tuple[str, float]]:
+    """(significant digits, value) of every number in ``text`` with at least MIN_LEAK_DIGITS significant digits."""
+    found = []
+    for token in REFERENCE_NUMBER_RE.findall(text):
+        digits = significant(token)
+        if len(digits) >= MIN_LEAK_DIGITS:
+            found.append((digits, float(token.replace(",", ""))))
+    return found
+
+
+def _literals(lines: list[str]) -> list[tuple[str, float]]:
+    """(significant digits, value) of the numeric literals of code (comments and strings left out): floats of at
+    least MIN_LEAK_DIGITS significant digits and integers from MIN_LEAK_INTEGER up that are not powers of two (sizes)."""
+    found = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(textwrap.dedent("\n".join(lines)) + "\n").readline):
+            if token.type != tokenize.NUMBER or token.string[-1] in "jJ" or token.string.lower().startswith("0x"):
+                continue
+            value, digits = float(token.string.replace("_", "")), significant(token.string)
+            is_float = any(c in token.string.lower() for c in ".e")
+            power_of_two = not is_float and value >= 1 and int(value) & (int(value) - 1) == 0  # a size: 2**28
+            if len(digits) >= MIN_LEAK_DIGITS and (is_float or value >= MIN_LEAK_INTEGER) and not power_of_two:
+                found.append((digits, value))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass  # a region that is not whole code: the literals before the error count
+    return found
+
+
+def _same_number(a: tuple[str, float], b: tuple[str, float]) -> bool:
+    """Whether two numbers are one value written to different precisions: they differ by at most half the last
+    significant digit of the less precise one (0.9172 and 0.917, 3.625 and 3.63; not 0.917 and 9.17, nor 0.9172 and
+    0.918)."""
+    (digits, value), (_, other) = sorted((a, b), key=lambda item: len(item[0]))
+    if not value:
+        return not other
+    place = math.floor(math.log10(abs(value))) - len(digits) + 1
+    return abs(value - other) <= 0.5 * 10.0 ** place * (1 + 1e-9)
+
+
+def secret_numbers(source_nb, release_nb, shown_text: str = "") -> dict[tuple[str, float], str]:
+    """Numbers that only instructors see ((significant digits, value) -> where): the numeric literals of the hidden
+    tests and of the solution code of the source notebook (``_literals``: comments, which may quote a measurement,
+    left out), less every number a student is shown: in the release notebook (the question's inputs, the public tests' values) and in ``shown_text`` (the
+    lab's other files, ``utils.py``'s datasheet figures), compared by significant digits (a test's 3.35e12 is the text's
+    3.35 TB/s)."""
+    shown = {digits for digits, _ in _numbers(shown_text + "\n".join(cell.source for cell in release_nb.cells))}
+    secret: dict[tuple[str, float], str] = {}
+    for cell in source_nb.cells:
+        regions = [("hidden tests", region_lines(cell.source, HIDDEN_BEGIN, HIDDEN_END))]
+        if cell.cell_type == "code":
+            regions.append(("solution code", region_lines(cell.source, SOLUTION_BEGIN, SOLUTION_END)))
+        for what, lines in regions:
+            for number in _literals(lines):
+                if number[0] not in shown:
+                    secret.setdefault(number, f"{what} of {grade_id(cell) or 'a cell'}")
+    return secret
+
+
+def check_reference_leaks(lab: str, source_nb, release_nb, text: str, shown_text: str = "") -> list[Problem]:
+    """A student reference (``measured_runs.md``) holds no answer: no delimiter and no line of a solution, hidden test or
+    model answer (``check_release_leaks``), and none of the numbers only the hidden tests and solution code hold
+    (``secret_numbers``; ``shown_text``: the lab's other files), at the precision either is written (``_same_number``)."""
+    as_notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_raw_cell(text)])
+    problems = [Problem(lab, "student reference", p.message) for p in check_release_leaks(lab, source_nb, as_notebook)]
+    secret = secret_numbers(source_nb, release_nb, shown_text)
+    for number in dict.fromkeys(_numbers(text)):
+        match = next((s for s in secret if _same_number(number, s)), None)
+        if match:
+            problems.append(Problem(lab, "student reference", f"holds {number[1]:g}, a number only the {secret[match]} "
+                                    f"hold ({match[1]:g}): an answer leak"))
+    return problems
+
+
 def check_grade_id_lock(lab: str, nb, lock_path: Path) -> list[Problem]:
     """Every grade id recorded in ``labs/<lab>/grade_ids.lock`` still exists (ids are never renamed)."""
     if not lock_path.exists():
@@ -462,6 +554,10 @@ def lint_lab(lab: str, root: Path = REPO_ROOT, check_fresh: bool = True) -> list
     problems += check_readme_total(lab, source_nb, root / "README.md")
     problems += check_grade_id_lock(lab, source_nb, root / "labs" / lab / "grade_ids.lock")
     problems += check_release_leaks(lab, source_nb, release_nb)
+    reference = release_notebook_path(root, lab).parent / STUDENT_REFERENCE
+    if reference.is_file():
+        shown = "\n".join(path.read_text() for path in sorted(reference.parent.glob("*.py")))
+        problems += check_reference_leaks(lab, source_nb, release_nb, reference.read_text(), shown)
     problems += check_question_statements(lab, source_nb, release_nb)
     problems += check_numbered_lists(lab, source_nb)
     if check_fresh:

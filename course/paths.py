@@ -14,6 +14,11 @@ plumbing, the test contract and the students' requirements (the first cell's ver
 copies them into ``source/labN/``, nbgrader into ``release/labN/`` (the student bundle) and, at autograde, over a
 student's copies; the Colab cell fetches them. ``REQUIRED_LAB_FILES`` must exist; the others are copied when present."""
 REQUIRED_LAB_FILES = ("utils.py", "checks.py")
+STUDENT_REFERENCE = "measured_runs.md"
+"""A lab's student reference, ``labs/labN/measured_runs.md``: what its measuring cells printed in the course's committed
+runs (H100 and cpu scale), made by ``scripts/make_student_reference.py``. ``build`` copies it into ``source/labN/`` when
+present, so it ships beside the notebook (release, bundle, Colab fetch); the bundle check fails when it leaks answers
+(``lint.check_reference_leaks``)."""
 
 
 def is_cache(relative: Path) -> bool:
@@ -25,6 +30,11 @@ def is_cache(relative: Path) -> bool:
 def lab_text_path(root: Path, lab: str) -> Path:
     """A lab's authored text file, ``labs/labN/labN.py``."""
     return root / "labs" / lab / f"{lab}.py"
+
+
+def student_reference_path(root: Path, lab: str) -> Path:
+    """A lab's student reference as committed, ``labs/labN/measured_runs.md``."""
+    return root / "labs" / lab / STUDENT_REFERENCE
 
 
 def source_notebook_path(root: Path, lab: str) -> Path:

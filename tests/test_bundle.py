@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from fixture_lab import LAB, REPO, make_root
 
-from course import build, bundle, solutions
+from course import build, bundle, lint, solutions
 from course.notebooks import HIDDEN_BEGIN, MARK_SCHEME_BEGIN, SOLUTION_BEGIN, read_notebook
-from course.paths import LAB_FILES
+from course.paths import LAB_FILES, STUDENT_REFERENCE
 
 SECRETS = ("add(-40, 17)", "scale(0.5, 7.25)", "square(-9)", "Any reasonable answer", "=== BEGIN MARK SCHEME ===",
            HIDDEN_BEGIN, SOLUTION_BEGIN)  # hidden tests, the mark scheme and delimiters of tests/fixtures/lab0
@@ -156,3 +156,31 @@ def test_solutions_check_finds_mark_schemes_and_missing_solutions(root):
     code.source = f"# {MARK_SCHEME_BEGIN}\n# Any reasonable answer.\n" + code.source
     problems = solutions.check_solution_notebook(source_nb, good)
     assert any("delimiter" in p for p in problems) and any("q1_1_add" in p for p in problems), problems
+
+
+def test_the_student_reference_ships_in_the_bundle_and_leaks_nothing(tmp_path):
+    """A lab's ``labs/labN/measured_runs.md`` goes through build into source/ and release/, and so into the bundle;
+    the bundle check (and lint) fail when it holds a number only the hidden tests hold, at any precision it is
+    written, or a hidden test's line; the lab's other numbers pass."""
+    root = make_root(tmp_path / "repo")
+    for name in LAB_FILES:
+        shutil.copy2(REPO / name, root / name)
+    clean = "# Lab 0: measured runs\n\n```\nadd: 0.1234 ms, scale: 725 ms (3.5x), square: 81.5 us\n```\n"
+    (root / "labs" / LAB / STUDENT_REFERENCE).write_text(clean)
+    assert build.main([LAB], root) == 0
+    assert (root / "release" / LAB / STUDENT_REFERENCE).read_text() == clean, "build ships it in the release"
+    out = tmp_path / "out"
+    assert bundle.main([LAB], out, root) == 0
+    assert (out / LAB / STUDENT_REFERENCE).read_text() == clean
+    assert STUDENT_REFERENCE in bundle.zip_files(out / f"{LAB}.zip", LAB)
+    assert lint.lint_lab(LAB, root, check_fresh=False) == []
+    files = bundle.bundle_contents(LAB, root)
+    assert bundle.check_bundle(LAB, files, root) == []
+    # Planted leaks: lab0's hidden tests hold scale(0.5, 7.25) == 3.625 and square(-9) == 81.
+    for leak, shows in [("scale took 3.625 ms", "3.625"), ("scale: 3.63 ms", "3.625"), ("factor 7.25", "7.25"),
+                        ('assert square(-9) == 81, "square(-9) must be 81"', "hidden tests")]:
+        planted = {**files, STUDENT_REFERENCE: (clean + leak + "\n").encode()}
+        problems = bundle.check_bundle(LAB, planted, root)
+        assert any(STUDENT_REFERENCE in p and shows in p for p in problems), (leak, problems)
+    (root / "release" / LAB / STUDENT_REFERENCE).write_text(clean + "scale took 3.625 ms\n")
+    assert any("3.625" in str(p) for p in lint.lint_lab(LAB, root, check_fresh=False)), "lint checks the release's"
