@@ -8,7 +8,8 @@ What a student without a GPU runs (``EFFICIENT_AI_SCALE=cpu``), executed by ``sc
   ``machine``: the CPU's model and cores, the load average sampled every 5 s while the lab ran (minimum, mean,
   maximum: other work on a shared machine slows a run), the niceness the run had, and the state of the
   ``torch.compile`` caches: ``cold`` (default: Inductor's and Triton's caches in a fresh empty folder, as on a
-  student's first run) or ``warm`` (the caches of the previous run of the same lab, ``--warm``).
+  student's first run) or ``warm`` (the caches of the previous run of the same lab, ``--warm``); the commit the
+  notebooks came from; ``EFFICIENT_AI_MACHINE``, a description of the machine (e.g. "2 cores of an idle 16-core host").
 
 Usage (from a clean checkout, so that other work in progress is not what runs)::
 
@@ -85,6 +86,12 @@ def use_caches(lab: str, warm: bool) -> str:
     return state
 
 
+def source_commit() -> str:
+    """The commit the notebooks came from: git's HEAD, or ``EFFICIENT_AI_SOURCE_COMMIT`` in a copy without .git."""
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else os.environ.get("EFFICIENT_AI_SOURCE_COMMIT", "unknown")
+
+
 def run(lab: str, out: Path, warm: bool, timeout_s: int) -> dict:
     import torch
     from run_lab import execute
@@ -101,8 +108,8 @@ def run(lab: str, out: Path, warm: bool, timeout_s: int) -> dict:
                           "load_average_while_running": load.summary(), "nice": os.nice(0),
                           "compile_caches": cache_state, "python": platform.python_version(),
                           "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-                          "source": "HEAD " + subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                                                             capture_output=True, text=True).stdout.strip()}}
+                          "source_commit": source_commit(),
+                          "where": os.environ.get("EFFICIENT_AI_MACHINE", "")}}
     (out / f"{prefix}_run.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
 
