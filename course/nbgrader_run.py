@@ -13,6 +13,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,7 @@ def run_nbgrader(course_root: Path, args: list[str], timeout_s: float | None = N
 FORKS = multiprocessing.get_context("forkserver")
 # What every nbgrader process imports, imported once by the fork server (course.nbgrader_child first: it says why).
 PRELOAD = ("course.nbgrader_child", "nbgrader.apps.nbgraderapp", "nbgrader.preprocessors", "nbclient", "IPython", "torch")
+SERVER_RESTART_S = 60  # how long a fork server that died starting may take to be seen dead (a machine under load)
 _start_lock = threading.Lock()  # multiprocessing's record of a process's children is not safe across threads
 
 
@@ -79,16 +81,31 @@ preload()
 def _forked(job: tuple):
     """A process forked from the fork server (started now if it is not running) that runs ``nbgrader_child.run(*job)``.
     A server that died starting (a lab library raised at import; its error is above) starts again without the lab's
-    libraries."""
+    libraries.
+
+    multiprocessing starts a server again only once it has reaped the dead one (a non-blocking ``waitpid`` in
+    ``ensure_running``), and a server that has closed its sockets may not be reaped yet: until then it is taken for
+    alive and its address refuses the connection, or takes it and closes unanswered. So a start after that failure
+    is tried again until multiprocessing starts the new server (at most ``SERVER_RESTART_S`` seconds)."""
     with _start_lock:
-        process = FORKS.Process(target=nbgrader_child.run, args=job)
         try:
-            process.start()
-        except (EOFError, ConnectionError):
+            return _start(job)
+        except (EOFError, ConnectionError):  # the server died before it answered: it imported a failing library
             preload()
-            process = FORKS.Process(target=nbgrader_child.run, args=job)
-            process.start()
-        return process
+        deadline = time.monotonic() + SERVER_RESTART_S
+        while True:
+            try:
+                return _start(job)
+            except (EOFError, ConnectionError):  # still the dead server's address
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+
+def _start(job: tuple):
+    process = FORKS.Process(target=nbgrader_child.run, args=job)
+    process.start()
+    return process
 
 
 class NbgraderProcess:
