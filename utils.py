@@ -341,10 +341,10 @@ def quiet_library_messages() -> None:
     """Silence what a correct run prints that is not about your code and that you cannot act on.
 
     Kineto's ``USDT:... profiler_start`` lines on stderr at every profiler start and stop, Inductor's benign
-    autotuning errors (a candidate kernel too big for the GPU's shared memory, which it skips), its "Autotune Choices
-    Stats" JSON after every ``max-autotune`` search, and a few warnings raised inside PyTorch's own code. Every other
-    message, warning and error still shows. Each lab's setup cell calls it; importing utils changes nothing by
-    itself.
+    autotuning errors (a candidate kernel too big for the GPU's shared memory, which it skips), its AUTOTUNE table
+    of candidate timings and its "Autotune Choices Stats" JSON after every ``max-autotune`` search, and a few warnings
+    raised inside PyTorch's own code. Every other message, warning and error still shows. Each lab's setup cell calls
+    it; importing utils changes nothing by itself.
 
     Returns:
         None

@@ -288,18 +288,23 @@ BENIGN_WARNINGS = (
 
 
 def quiet_library_messages() -> None:
-    """What ``utils.quiet_library_messages`` does: the profiler's USDT lines, Inductor's benign autotuning errors
-    and its choices statistics, and ``BENIGN_WARNINGS``."""
+    """What ``utils.quiet_library_messages`` does: the profiler's USDT lines, Inductor's benign autotuning errors,
+    its AUTOTUNE tables and choices statistics, and ``BENIGN_WARNINGS``."""
     import warnings
 
     quiet_profiler_calls()
     autotune_log = logging.getLogger("torch._inductor.select_algorithm")
     if not any(isinstance(known, DropBenignAutotuneErrors) for known in autotune_log.filters):
         autotune_log.addFilter(DropBenignAutotuneErrors())
-    # Read by torch._inductor.config when it is first imported (importing it here would cost seconds).
+    # Read by torch._inductor.config when it is first imported (importing it here would cost seconds): no choices
+    # statistics, and no AUTOTUNE table (written to stderr after every max-autotune search, one per GEMM shape,
+    # when 0 choices are to be displayed).
     os.environ.setdefault("TORCHINDUCTOR_MAX_AUTOTUNE_REPORT_CHOICES_STATS", "0")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOTUNE_NUM_CHOICES_DISPLAYED", "0")
     if "torch._inductor.config" in sys.modules:
-        sys.modules["torch._inductor.config"].max_autotune_report_choices_stats = False
+        config = sys.modules["torch._inductor.config"]
+        config.max_autotune_report_choices_stats = False
+        config.autotune_num_choices_displayed = 0
     for message in BENIGN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
 
