@@ -43,9 +43,11 @@ from .output_budget import MIB, OutputBudget, shorten
 from .scan import recording_bypass_flags
 
 DEFAULT_NOTEBOOK_TIMEOUT_S = 600
-# Run in a kernel waiting for its turn, so that no locked cell loads these modules on the clock. Then, before any
-# student code, everything loaded so far leaves the cyclic garbage collector's walk (gc.freeze; reference counting
-# still frees it): utils.benchmark_memory collects on every call, and a walk over torch's objects is slow.
+# The modules of the lab's locked cells, imported in every kernel just before its first student code (after the locked
+# cells that come before it; in a run started ahead, while it waits for its turn, so that no locked cell loads them
+# on the clock). What importing them changes is the course's, adopted by the guard (``_run_course_code``). Then
+# everything loaded so far leaves the cyclic garbage collector's walk (gc.freeze; reference counting still frees
+# it): utils.benchmark_memory collects on every call, and a walk over torch's objects is slow.
 IMPORT_AHEAD = (
     "import contextlib as _c, gc as _gc, importlib as _i\n"
     "for _m in {modules!r}:\n"
@@ -117,6 +119,7 @@ class GuardedExecute(Execute):
         self._budget = OutputBudget(self.max_cell_output_bytes, self.max_notebook_output_bytes, self.max_error_bytes)
         self._zmq_context = None
         self._pending: list[str] = []  # tampering undone before a locked cell, charged to the next test cell
+        self._imported_ahead = False  # IMPORT_AHEAD ran in the current kernel
         self._replayable: list[int] = []  # code cells (not tests) that ran without losing the kernel
         self._deadline = time.monotonic() + self.notebook_timeout_s
 
@@ -128,6 +131,7 @@ class GuardedExecute(Execute):
         self._grader = boundary.GraderSide(folder if folder and folder.is_dir() else None,  # runs the test cells
                                            boundary.KernelLink(self._boundary.ask), boundary.names_tests_read(nb))
         self._recording_bypass = recording_bypass_flags(nb)
+        self._course_modules = boundary.locked_cell_imports(self._grader.folder)  # what IMPORT_AHEAD imports
         earlier = nb.metadata.pop(NEUTRALISED_KEY, None)  # found by NeutraliseCellMetadata in the sanitize step
         if isinstance(earlier, dict):
             self._record.neutralised.update({str(k): [str(x) for x in v] for k, v in earlier.items()
@@ -175,7 +179,7 @@ class GuardedExecute(Execute):
             return cell, self.resources
         is_setup = is_setup_cell(cell)
         if not is_setup:
-            self._wait_for_turn()
+            self._before_student_code()
         here = where(cell, index)
         if is_test:
             self._grade_test_cell(cell, index, here)
@@ -190,23 +194,30 @@ class GuardedExecute(Execute):
                                     f"(GuardedExecute.notebook_timeout_s) after {here}; cells after it were not run")
         return cell, self.resources
 
-    def _wait_for_turn(self) -> None:
-        """In a run started ahead (``course.nbgrader_child``), before its first student cell: load the locked cells'
-        imports (``IMPORT_AHEAD``), wait for the turn, and count the notebook's time limit from there."""
+    def _before_student_code(self) -> None:
+        """Before the first cell that is not a locked setup cell: the course's imports (``_import_ahead``); in a run
+        started ahead (``course.nbgrader_child``), also wait for the turn, and count the notebook's time limit from
+        there."""
+        self._import_ahead()
         if nbgrader_child.waiting():
             self._grader.take_pending()
-            if modules := boundary.locked_cell_imports(self._grader.folder):
-                self._run_course_code(IMPORT_AHEAD.format(modules=modules))
             nbgrader_child.wait_for_turn()
             self._deadline = time.monotonic() + self.notebook_timeout_s
 
+    def _import_ahead(self) -> None:
+        """``IMPORT_AHEAD``, once per kernel, before its first student code: at the same point on every route
+        (``course grade``, plain ``nbgrader autograde``) and in a fresh kernel's replay, so that what it changes is
+        the course's wherever the student's cells are."""
+        if not self._imported_ahead and not self._channel.lost:
+            self._imported_ahead = True
+            if self._course_modules:
+                self._run_course_code(IMPORT_AHEAD.format(modules=self._course_modules))
+
     def _run_course_code(self, code: str) -> None:
-        """Run the course's own code (not a notebook cell) in the kernel before any student code: what it changes
+        """Run the course's own code (not a notebook cell) in a kernel where no student code ran yet: what it changes
         is the tests' environment, as a locked cell's is (``adopt``). Importing a library can replace what the guard
-        watches (``torch.package`` replaces ``inspect.getfile``), and that is never the student's doing, whether the
-        import comes before or after the first locked cell."""
-        if self._record.student_code_ran:  # never so today: a step like this one runs before the first student cell
-            self._pending += self._guard.command("restore")
+        watches (importing torch imports ``torch.package``, which replaces ``inspect.getfile``): that is never the
+        student's doing. Only ever before student code: ``adopt`` would take student changes for the course's."""
         self._guard.command("mark")
         self._channel.request(code, timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
         self._guard.command("adopt")
@@ -305,12 +316,15 @@ class GuardedExecute(Execute):
         self._channel.lost = ""
         self._guard.key = None  # the fresh kernel has neither the guard nor the boundary's server
         self._boundary.comm = ""
+        self._imported_ahead = False
         self._install_kernel_side()
         for earlier in list(self._replayable):
             cell = self.nb.cells[earlier]
             is_setup = is_setup_cell(cell)
             if is_setup:
                 self._before_locked_cell()
+            else:
+                self._import_ahead()  # where the first run imported them: before the first student cell
             self._channel.request(cell.source, timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
             if is_setup:
                 self._guard.command("adopt")

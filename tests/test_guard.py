@@ -131,27 +131,32 @@ def test_tampering_before_a_locked_cell_is_charged_to_the_next_test(graded_with_
     assert any("math.isclose was replaced" in note for note in outcomes["patcher"].notes), outcomes["patcher"]
 
 
-# A code cell before the first locked cell (the course's own fetch cell, an empty cell a student adds at the top): a
-# kernel started ahead imports the locked cells' modules (IMPORT_AHEAD) before it, and importing torch (checks.py
-# does) imports torch.package, which replaces inspect.getfile. Without a cell at the top the same imports come after
-# the first locked cell: here _utils_private.py (a lab file the guard does not import itself), imported by a locked
-# cell after the first answer, registers an IPython exception handler at import (as importing transformers, through
-# trio, does). Both are the course's, never the student's.
-TOP_CELLS = {
-    "reference": None,
-    "top_empty": "",
-    "top_patcher": "import inspect\ninspect.getfile = lambda obj: 'nowhere'",
+# A code cell before the first locked cell (the course's own fetch cell, an empty cell a student adds at the top), and
+# the locked cells' modules: the grader imports them in the kernel before its first student code (IMPORT_AHEAD).
+# Importing torch (checks.py does) imports torch.package, which replaces inspect.getfile, and here _utils_private.py
+# (a lab file the guard does not import itself), imported by a locked cell after the first answer, registers an
+# IPython exception handler at import (as importing transformers, through trio, does). Both are the course's doing,
+# never the student's, on every route, wherever the student's cells are; a student's own replacement still costs.
+FULL = {"q1_1_add_tests": 3, "q1_2_scale_tests": 2, "b1_1_square_tests": 1}
+TOP_CELLS = {  # student -> (the cell added before the first code cell, or None; the test scores)
+    "reference": (None, FULL),
+    "top_empty": ("", FULL),
+    "top_import": ("import inspect\nimport torch  # honest: the course imports it too", FULL),
+    "top_patcher": ("import inspect\ninspect.getfile = lambda obj: 'nowhere'", {**FULL, "q1_1_add_tests": 0}),
 }
 PRIVATE_WITH_A_HOOK = ('"""A lab file that registers an IPython exception handler at import."""\n'
                        'import builtins\n\nif getattr(builtins, "get_ipython", None) is not None:\n'
-                     '    get_ipython().set_custom_exc((KeyboardInterrupt,), lambda *args, **kwargs: ["interrupted"])\n')
+                       '    get_ipython().set_custom_exc((KeyboardInterrupt,), lambda *args, **kwargs: ["interrupted"])\n')
 IMPORTS_PRIVATE = ('# %% nbgrader={"grade": false, "grade_id": "q1_2_setup", "locked": true, "schema_version": 3, '
                    '"solution": false, "task": false}\nimport _utils_private\n\n')
 
 
 @pytest.fixture(scope="module")
 def graded_with_a_cell_before_the_setup(tmp_path_factory):
+    """Graded by plain nbgrader autograde (the formgrader's route: no kernel started ahead), then by course grade."""
     import nbformat
+
+    from course.nbgrader_run import read_scores, run_nbgrader
 
     text = FIXTURE.read_text()
     answer_header = '# %% nbgrader={"grade": false, "grade_id": "q1_2_scale"'
@@ -164,34 +169,32 @@ def graded_with_a_cell_before_the_setup(tmp_path_factory):
     reference = make_submission(read_notebook(root / "release" / LAB / f"{LAB}.ipynb"),
                                 read_notebook(root / "source" / LAB / f"{LAB}.ipynb"))
     first_code = next(i for i, cell in enumerate(reference.cells) if cell.cell_type == "code")
-    for student, source in TOP_CELLS.items():
+    for student, (source, _) in TOP_CELLS.items():
         submission = nbformat.from_dict(reference)
         if source is not None:
             submission.cells.insert(first_code, nbformat.v4.new_code_cell(source))
         write_notebook(submission, course / "submitted" / student / LAB / f"{LAB}.ipynb")
-    return grade.grade_lab(course, LAB, progress=False)
+    grade.prepare_gradebook(course, LAB)
+    plain = run_nbgrader(course, ["autograde", LAB, "--create", "--force"])
+    assert plain.ok, plain.tail(30)
+    plain_scores = read_scores(course, LAB)
+    outcomes, scores = grade.grade_lab(course, LAB, progress=False)
+    return plain_scores, outcomes, scores
 
 
-def test_what_the_course_s_imports_change_is_not_charged_to_the_student(graded_with_a_cell_before_the_setup):
-    outcomes, scores = graded_with_a_cell_before_the_setup
-    assert points(scores, "reference") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 2, "b1_1_square_tests": 1}, (
-        f"the locked cells' modules imported ahead, after the first locked cell: {outcomes['reference']}")
-    assert outcomes["reference"].notes == [], outcomes["reference"]
-
-
-def test_a_code_cell_before_the_first_locked_cell_costs_nothing(graded_with_a_cell_before_the_setup):
-    outcomes, scores = graded_with_a_cell_before_the_setup
-    assert points(scores, "top_empty") == {"q1_1_add_tests": 3, "q1_2_scale_tests": 2, "b1_1_square_tests": 1}, (
-        f"what importing the locked cells' modules ahead changes is the course's, not the student's: "
-        f"{outcomes['top_empty']}")
-    assert outcomes["top_empty"].notes == [], outcomes["top_empty"]
-
-
-def test_a_replacement_in_a_cell_before_the_first_locked_cell_is_still_caught(graded_with_a_cell_before_the_setup):
-    outcomes, scores = graded_with_a_cell_before_the_setup
-    assert points(scores, "top_patcher") == {"q1_1_add_tests": 0, "q1_2_scale_tests": 2, "b1_1_square_tests": 1}, (
-        "inspect.getfile replaced by student code before the first locked cell costs the next test cell")
-    assert any("inspect.getfile was replaced" in note for note in outcomes["top_patcher"].notes), outcomes["top_patcher"]
+@pytest.mark.parametrize("student", TOP_CELLS)
+def test_what_the_course_s_imports_change_is_never_charged_to_the_student(graded_with_a_cell_before_the_setup,
+                                                                         student):
+    plain_scores, outcomes, scores = graded_with_a_cell_before_the_setup
+    expected = TOP_CELLS[student][1]
+    assert points(scores, student) == expected, f"course grade: {outcomes[student]}"
+    assert points(plain_scores, student) == expected, "plain nbgrader autograde gives the same score"
+    notes = outcomes[student].notes
+    if expected == FULL:
+        assert notes == [], outcomes[student]
+    else:
+        assert any("inspect.getfile was replaced" in note for note in notes) and not any(
+            "custom_exceptions" in note for note in notes), f"only the student's own replacement costs: {notes}"
 
 
 def test_a_kernel_started_ahead_loads_the_modules_of_the_lab_s_locked_kernel_cells():
