@@ -985,6 +985,64 @@ WRONG["q4_3_triton_forward"].append(
               "strides=(stride_qs, stride_qd), offsets=(pid_m * BLOCK_M, 0), block_shape=(BLOCK_M, BLOCK_D), order=(1, 0))\n"
               "    q = tl.load(q_block, boundary_check=(0, 1), padding_option='zero')"))))
 
+# -- Issue 52: the block-pointer guard reads code, not comments or strings -------------------------------------------
+ALTERNATIVES["q4_3_triton_forward"].append(_mutate(
+    # Fails before the fix (the guard searched the source text for "tl.make_block_ptr" and "tl.advance", so a comment
+    # or a docstring naming them cost every value check); passes after (only calls in the code count).
+    "q4_3_triton_forward",
+    ("    pid_m = tl.program_id(0)\n",
+     "    # Not tl.make_block_ptr / tl.advance (the tutorial's block pointers): the grader's interpreter refuses them.\n"
+     "    pid_m = tl.program_id(0)\n"),
+    ("masked past seq_len_q.\n    \"\"\"",
+     "masked past seq_len_q.\n    Tiles are addressed with pointers and strides, not tl.make_block_ptr(...) and tl.advance(...).\n"
+     "    \"\"\"")))
+
+# -- Issue 52: packed sequences, a graded bonus (Bonus 3.4) ---------------------------------------------------------
+ALTERNATIVES["b3_4_segment_mask"] = [
+    '''
+def segment_mask(segment_ids, causal=False):
+    same = segment_ids.unsqueeze(2).eq(segment_ids.unsqueeze(1))
+    if causal:
+        seq_len = segment_ids.shape[1]
+        same = same & torch.ones(seq_len, seq_len, dtype=torch.bool, device=segment_ids.device).tril()
+    return same.unsqueeze(1)
+''',
+    '''
+def segment_mask(segment_ids, causal=False):
+    b, s = segment_ids.shape
+    ids = segment_ids.long()
+    mask = torch.einsum("bi,bj->bij", torch.ones_like(ids), torch.ones_like(ids)).bool()  # every pair, then narrow
+    mask = mask & (ids[:, :, None] - ids[:, None, :] == 0)
+    if causal:
+        positions = torch.arange(s, device=segment_ids.device)
+        mask = mask & (positions[:, None] >= positions[None, :])
+    return mask.view(b, 1, s, s)
+''',
+]
+WRONG["b3_4_segment_mask"] = [
+    ("causal mask strict (a token cannot see itself)",
+     _mutate("b3_4_segment_mask", ("positions[None, :] <= positions[:, None]", "positions[None, :] < positions[:, None]"))),
+    ("causal mask transposed (keys after the query)",
+     _mutate("b3_4_segment_mask", ("positions[None, :] <= positions[:, None]", "positions[None, :] >= positions[:, None]"))),
+    ("no head axis: (B, S, S)",
+     _mutate("b3_4_segment_mask", ("return allowed[:, None]", "return allowed"))),
+    ("causal ignored", _mutate("b3_4_segment_mask", ("    if causal:\n", "    if False:\n"))),
+    ("segments from boundaries: equal ids apart are treated as different sequences", '''
+def segment_mask(segment_ids, causal=False):
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    runs = torch.cumsum(starts.long(), dim=1)  # a new number at every change of id
+    allowed = runs[:, :, None] == runs[:, None, :]
+    if causal:
+        positions = torch.arange(segment_ids.shape[1], device=segment_ids.device)
+        allowed = allowed & (positions[None, :] <= positions[:, None])
+    return allowed[:, None]
+'''),
+    ("causal positions created on the default device",
+     _mutate("b3_4_segment_mask", ("positions = torch.arange(segment_ids.shape[1], device=segment_ids.device)",
+                                   "positions = torch.arange(segment_ids.shape[1])"))),
+]
+
 # -- Point 8: a mistake is charged once (carry-forward). Each cell below defines the wrong earlier answer AND a later
 # answer that calls it: the earlier question's tests must fail, the later one's must pass. (When the harness restores
 # the earlier cell, the later function calls the reference and stays correct.) ---------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -292,10 +293,10 @@ TABLE_MARKERS = {  # lab -> {text a measurement table prints: its title}; printe
     "lab1": {
         "MLP FLOPs": "Section 3.5: every operator of the MLP and of attention on the measured roofline",
     },
-    "lab2": {
+    "lab2": {  # the first marker an output holds names it: Part 2's and Part 5's roofline tables share their columns
         "speedup_if_fused": "Part 1: relu(A @ B), eager, matmul alone, compiled and autotuned",
         " kernel(s): ": "Part 1: kernels per call (n = 16384, k = 64)",
-        "intensity_flop_per_byte": "Part 2: C @ relu(A @ B) on the roofline",
+        "KV_HEAD=": "Part 2: C @ relu(A @ B) on the roofline",
         "forward_ms (rows": "Part 5: the attention sweep",
         "forward_tflops_eager": "Part 5: torch.compile on whole Transformers (TFLOP/s, time per layer, kernels per forward)",
         "pct_of_roof": "Part 5: attention on the roofline",
@@ -305,9 +306,100 @@ TABLE_MARKERS = {  # lab -> {text a measurement table prints: its title}; printe
 
 FIGURE_MARKERS = {  # lab -> {text in the source of a cell that draws a figure the report shows: its title}
     "lab1": {"q3_5_2_plot": "Section 3.5: every operator on the measured roofline"},
-    "lab2": {"eager_round_trips = einsum_round_trips - 1": "Part 5: attention implementations on the roofline"},
     "lab3": {"q5_2_plot": "Part 5: decode with and without the cache against the roofline"},
-}
+}  # Lab 2's Part 5 figure is redrawn from its table (lab2_roofline_figure)
+
+LAB2_ROOFLINE_TITLE = "Part 5: attention implementations on the roofline"
+
+
+def printed_table(text: str, marker: str) -> list[dict]:
+    """The rows of a pandas table (``DataFrame.to_string(index=False)``, right-aligned columns) that ``text`` prints
+    under the header line holding ``marker``: each row a dict of strings, column -> value."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if marker in line), None)
+    if start is None:
+        return []
+    header = lines[start]
+    ends = [match.end() for match in re.finditer(r"\S+", header)]
+    names = header.split()
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        cuts = [0] + ends
+        rows.append({name: line[cuts[i]:cuts[i + 1]].strip() for i, name in enumerate(names)})
+    return rows
+
+
+def _lab_function(lab_source: Path, name: str, namespace: dict):
+    """The function ``name`` defined at the top level of a lab's text file, compiled alone into ``namespace``: the
+    report draws with the lab's own code instead of a copy of it."""
+    import ast
+
+    tree = ast.parse(lab_source.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(lab_source), "exec"), namespace)
+    return namespace[name]
+
+
+def lab2_roofline_figure(executed: Path, figures: Path, lab_source: Path) -> list[str]:
+    """Lab 2's attention roofline (Part 5) redrawn from the table the run printed, with the lab's own
+    ``plot_roofline_measured`` (measured TFLOP/s beside each point, labels apart): one panel per sequence length."""
+    import math
+    import sys
+
+    if not executed.exists() or not lab_source.exists():
+        return []
+    nb = json.loads(executed.read_text())
+    text = next((t for t in ("".join("".join(o.get("text", "")) for o in cell.get("outputs", [])
+                                     if o.get("output_type") == "stream") for cell in nb["cells"])
+                 if "pct_of_roof" in t), None)
+    match = re.search(r"batch (\d+), one head, d_model (\d+); roof of (\S+) \(bf16\): ([\d.]+) TFLOP/s, ([\d.]+) TB/s",
+                      text or "")
+    rows = printed_table(text or "", "pct_of_roof")
+    if not match or not rows:
+        return []
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import utils
+
+    draw = _lab_function(lab_source, "plot_roofline_measured",
+                         {"math": math, "plt": plt, "plot_roofline": utils.plot_roofline})
+    batch, d_model, gpu, peak, bandwidth = match.groups()
+
+    def number(value: str) -> float:
+        try:
+            return float(value)
+        except ValueError:
+            return math.nan  # "OOM", "-"
+
+    seq_lens = list(dict.fromkeys(row["seq_len"] for row in rows))
+    fig, axes = plt.subplots(1, len(seq_lens), figsize=(8 * len(seq_lens), 6.5), squeeze=False)
+    for ax, seq_len in zip(axes[0], seq_lens):
+        operations = {}
+        for row in (r for r in rows if r["seq_len"] == seq_len):
+            status = row.get("status", "ok").lower()
+            name = row["impl"] if status == "ok" else f"{row['impl']} ({'out of memory' if status == 'oom' else status})"
+            tflops = number(row["forward_tflops"])
+            operations[name] = (number(row["intensity_flop_per_byte"]), tflops) if status == "ok" else \
+                number(row["intensity_flop_per_byte"])
+        draw(gpu, float(peak), float(bandwidth), operations, ax=ax,
+             title=f"attention forward, S = {seq_len}, d = {d_model}, batch {batch}, on {gpu}")
+    name = "lab2_part_5.png"
+    fig.savefig(figures / name, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    later = "" if any("no cache" in row["impl"] for row in rows) else (
+        " This run predates the lab's `Triton (yours), no cache` placement (the same measurement at Part 4's count "
+        "of K and V re-read from HBM once per query tile) and its status column.")
+    return [f"### {LAB2_ROOFLINE_TITLE}", "",
+            f"Redrawn by `scripts/gpu/make_report.py` from the table above with the lab's own "
+            f"`plot_roofline_measured`: the filled marker on the roof is the model's prediction at the intensity, the "
+            f"hollow marker below it the measured TFLOP/s, written beside it.{later}", "",
+            f"![{LAB2_ROOFLINE_TITLE}](figures/{name})", ""]
 
 
 def figures_section(executed: Path, lab: str, figures: Path) -> list[str]:
@@ -360,6 +452,10 @@ def lab_run_report(results: Path, lab: str, figures: Path) -> str:
         out += lab3_why_section(results / f"{lab}_executed.ipynb")
     out += tables_section(results / f"{lab}_executed.ipynb", lab)
     out += figures_section(results / f"{lab}_executed.ipynb", lab, figures)
+    if lab == "lab2":
+        redrawn = lab2_roofline_figure(results / f"{lab}_executed.ipynb", figures,
+                                       Path(__file__).resolve().parents[2] / "labs" / "lab2" / "lab2.py")
+        out += (["## Figures", ""] if redrawn and "## Figures" not in out else []) + redrawn
     out += printed_results(results / f"{lab}_executed.ipynb")
     return "\n".join(out) + "\n"
 
