@@ -200,8 +200,10 @@ def main() -> int:
         if text is None:
             print(f"{lab}: no committed run, no {STUDENT_REFERENCE}")
             continue
-        problems = check_reference_leaks(lab, read_notebook(source_notebook_path(REPO, lab)),
-                                         read_notebook(release_notebook_path(REPO, lab)), text)
+        release = release_notebook_path(REPO, lab)
+        shown = "\n".join(path.read_text() for path in sorted(release.parent.glob("*.py")))  # utils.py, checks.py
+        problems = check_reference_leaks(lab, read_notebook(source_notebook_path(REPO, lab)), read_notebook(release),
+                                         text, shown)
         if problems:
             print(f"{lab}: the reference would leak answers; add the cell to EXCLUDED:\n  "
                   + "\n  ".join(str(p) for p in problems))

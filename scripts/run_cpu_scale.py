@@ -5,7 +5,7 @@ What a student without a GPU runs (``EFFICIENT_AI_SCALE=cpu``), executed by ``sc
 - ``<lab>-cpu_executed.ipynb``: the executed notebook with its outputs (the source of the student reference's cpu
   section, ``scripts/make_student_reference.py``, and of the quote test's cpu-scale numbers);
 - ``<lab>-cpu_run.json``: ``run_lab.py``'s record (wall time per part and per cell, cells that raised) and
-  ``machine``: the CPU's model and cores, the load average sampled every 5 s while the lab ran (minimum, mean,
+  ``machine``: the CPU's model, the cores the run may use (``taskset`` narrows them) and the host's, the load average sampled every 5 s while the lab ran (minimum, mean,
   maximum: other work on a shared machine slows a run), the niceness the run had, and the state of the
   ``torch.compile`` caches: ``cold`` (default: Inductor's and Triton's caches in a fresh empty folder, as on a
   student's first run) or ``warm`` (the caches of the previous run of the same lab, ``--warm``); the commit the
@@ -104,7 +104,8 @@ def run(lab: str, out: Path, warm: bool, timeout_s: int) -> dict:
         figure.unlink()
     record = {"lab": lab, "gpu_memory_cap_gb": None, "device": "cpu", "torch": torch.__version__,
               "teaching_run": result,
-              "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+              "machine": {"cpu": cpu_model(), "cpus": len(os.sched_getaffinity(0)), "host_cpus": os.cpu_count(),
+                          "threads": torch.get_num_threads(),
                           "load_average_while_running": load.summary(), "nice": os.nice(0),
                           "compile_caches": cache_state, "python": platform.python_version(),
                           "date": time.strftime("%Y-%m-%d %H:%M %Z"),

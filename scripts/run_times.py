@@ -28,9 +28,15 @@ def main() -> int:
             run = json.loads(path.read_text()).get("teaching_run") or {}
             if run.get("total_s") is None or run.get("errors"):
                 continue  # a run that raised is no measurement of the lab
-            load, cpus = run.get("load_average") or [0, 0], run.get("cpus") or 1
+            machine_record = json.loads(path.read_text()).get("machine") or {}
+            during = machine_record.get("load_average_while_running")  # scripts/run_cpu_scale.py's samples
+            load = [during["mean"]] if during else run.get("load_average") or [0, 0]
+            cpus = machine_record.get("cpus") or run.get("cpus") or 1
             busy = max(load) > cpus  # other work shared the machine: an idle one is faster
-            table.setdefault(lab, {})[scale] = {"machine": machine + (", busy with other work" if busy else ""),
+            where = machine + (f" shared with other work (load average {max(load):.1f})" if busy else "")
+            if machine_record.get("compile_caches"):
+                where += f", {machine_record['compile_caches']} compile caches"
+            table.setdefault(lab, {})[scale] = {"machine": where,
                                                 "device": json.loads(path.read_text()).get("device"),
                                                 "total_s": round(run["total_s"]), "source": pattern.format(lab=lab)}
     out = REPO / "assets" / "run_times.json"
