@@ -138,10 +138,13 @@ def test_tampering_before_a_locked_cell_is_charged_to_the_next_test(graded_with_
 # IPython exception handler at import (as importing transformers, through trio, does). Both are the course's doing,
 # never the student's, on every route, wherever the student's cells are; a student's own replacement still costs.
 FULL = {"q1_1_add_tests": 3, "q1_2_scale_tests": 2, "b1_1_square_tests": 1}
+TOP_IMPORT = "import inspect\nimport torch  # honest: the course imports it too"
 TOP_CELLS = {  # student -> (the cell added before the first code cell, or None; the test scores)
     "reference": (None, FULL),
     "top_empty": ("", FULL),
-    "top_import": ("import inspect\nimport torch  # honest: the course imports it too", FULL),
+    "top_import": (TOP_IMPORT, FULL),
+    # Its kernel dies in q1_2_scale: a fresh kernel replays the earlier cells, the top one included.
+    "top_import_dies": (TOP_IMPORT, {**FULL, "q1_2_scale_tests": 0}),
     "top_patcher": ("import inspect\ninspect.getfile = lambda obj: 'nowhere'", {**FULL, "q1_1_add_tests": 0}),
 }
 PRIVATE_WITH_A_HOOK = ('"""A lab file that registers an IPython exception handler at import."""\n'
@@ -173,6 +176,8 @@ def graded_with_a_cell_before_the_setup(tmp_path_factory):
         submission = nbformat.from_dict(reference)
         if source is not None:
             submission.cells.insert(first_code, nbformat.v4.new_code_cell(source))
+        if student.endswith("_dies"):
+            submission = replace_cell_source(submission, "q1_2_scale", "import os\nos._exit(1)")
         write_notebook(submission, course / "submitted" / student / LAB / f"{LAB}.ipynb")
     grade.prepare_gradebook(course, LAB)
     plain = run_nbgrader(course, ["autograde", LAB, "--create", "--force"])
@@ -192,6 +197,8 @@ def test_what_the_course_s_imports_change_is_never_charged_to_the_student(graded
     notes = outcomes[student].notes
     if expected == FULL:
         assert notes == [], outcomes[student]
+    elif student.endswith("_dies"):
+        assert not any("replaced" in note for note in notes), f"the fresh kernel's imports are the course's: {notes}"
     else:
         assert any("inspect.getfile was replaced" in note for note in notes) and not any(
             "custom_exceptions" in note for note in notes), f"only the student's own replacement costs: {notes}"
