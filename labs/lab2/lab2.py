@@ -1518,10 +1518,10 @@ print("buggy version returns v unchanged:",
 # and writing its output once: the first einsum writes the scores; `masked_fill` reads them and writes the
 # masked scores; the softmax reads those and writes the probabilities; the second einsum reads the
 # probabilities. (Scaling the scores after the product instead of scaling `q` before it would add a fifth
-# kernel, and one more round trip. So would Question 3.1's float32 hint on bf16 inputs: the softmax then writes
-# float32 probabilities, twice the bytes of a bf16 matrix, and a cast kernel reads them and writes the bf16 copy
-# the second einsum reads. `einsum_round_trips` counts the four kernels listed here; Part 5 counts what your own
-# code moves.)
+# kernel, and one more round trip. Question 3.1's float32 hint adds more on bf16 inputs: PyTorch casts the scores
+# to float32 (a kernel of its own), the softmax reads and writes float32 matrices, twice the bytes of bf16 ones,
+# and a cast kernel reads the float32 probabilities and writes the bf16 copy the second einsum reads.
+# `einsum_round_trips` counts the four kernels listed here; Part 5 counts what your own code moves.)
 
 # %% nbgrader={"grade": false, "grade_id": "q3_2_attention_cost", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def attention_cost(batch, seq_len, heads, head_dim, bytes_per_element=2, score_round_trips=0):
@@ -3747,22 +3747,22 @@ plt.show()
 #    grow as S^2 and match 4 x batch x S^2 x 2 bytes (17.18 GB at 16384) to within 1%. Nothing ran out of memory
 #    on the 80 GB H100; capped at 15 GB (the course's memory-cap run, a 16 GB GPU's budget) eager ran out of
 #    memory at 16384 for every d.
-# 2. `torch.compile` **halves the memory** (ratio 2.0: 8.7 GB at 16384) because it fuses the scaling, softmax
-#    and its backward into Triton kernels that do not keep the extra `S x S` temporaries, but latency barely
-#    improves: the backward is faster at 16384 by about a sixth (12.666 vs 15.008 ms), and the forward is *slower* there by
-#    about 1.8 ms at every d (8.712 vs 6.913 ms at d = 32, 8.857 vs 7.036 at 64, 8.966 vs 7.160 at 128). A gap
-#    that stays the same while the matmuls' work doubles with d lies in the `S x S` part of the work, and its size
-#    is that of one more pass over the score matrix: 8 x 16384^2 x 2 bytes = 4.3 GB take about 1.75 ms at the
-#    bandwidth eager reaches, 78.13 TFLOP/s over 31.88 FLOP/byte (about 2.45e12 bytes a second). So the generated softmax moves more bytes than
-#    eager's or moves them more slowly, for instance a reduction over rows of 16384 that do not fit in registers,
-#    generated as a loop that reads each row twice (max and sum, then the normalisation) where eager's kernel reads
-#    it once. The run did not profile the compiled kernels, so which it is is not measured; what it is not is
-#    overhead: a compiled wrapper costs microseconds per call, and recompilation happens in the warm-up calls,
+# 2. `torch.compile` **halves the memory** (ratio 2.0: 8.7 GB at 16384) because it fuses the scaling, softmax and its
+#    backward into Triton kernels that do not keep the extra `S x S` temporaries, but latency barely improves: the
+#    backward is faster at 16384 by about a sixth (12.666 vs 15.008 ms), and the forward is *slower* there by about
+#    1.8 ms at every d (8.712 vs 6.913 ms at d = 32, 8.857 vs 7.036 at 64, 8.966 vs 7.160 at 128). A gap that stays
+#    the same while the matmuls' work doubles with d lies in the `S x S` part of the work, and its size is that of one
+#    more pass over the score matrix: 8 x 16384^2 x 2 bytes = 4.3 GB take about 1.75 ms at the bandwidth eager
+#    reaches, 78.13 TFLOP/s over 31.88 FLOP/byte (about 2.45e12 bytes a second). So the generated softmax moves more
+#    bytes than eager's or moves them more slowly, for instance a reduction over rows of 16384 that do not fit in
+#    registers, generated as a loop that reads each row twice (max and sum, then the normalisation) where eager's
+#    kernel reads it once. The run did not profile the compiled kernels, so which it is is not measured; what it is
+#    not is overhead: a compiled wrapper costs microseconds per call, and recompilation happens in the warm-up calls,
 #    outside the timed ones. At S = 8192 the sign is not even stable (compiled faster at d = 32 and 128, slower at
 #    64), and at short sequences (S = 256-1024, 0.2-0.7 ms a call) neither wins consistently: launch and wrapper
-#    overhead and noise set those times. It cannot fuse the two matmuls with the softmax between them, so the
-#    score matrix still goes to HBM and back and P is still saved: memory and time stay quadratic; eager was
-#    already close to memory-bound on that traffic, so there is little to gain.
+#    overhead and noise set those times. It cannot fuse the two matmuls with the softmax between them, so the score
+#    matrix still goes to HBM and back and P is still saved: memory and time stay quadratic; eager was already close
+#    to memory-bound on that traffic, so there is little to gain.
 # 3. FlashAttention and the Triton kernel never write the `S x S` matrix: memory is **linear** in S (at 16384,
 #    51-202 MB for FlashAttention with its backward, 9-34 MB for the forward-only Triton kernel, across d = 32-128;
 #    ratio 0.002-0.05 at 16384, falling as S grows): what they keep is Q, K, V, O, the log-sum-exp per query and
@@ -4075,8 +4075,8 @@ else:
 #   does not earn these 2 points.
 # - 2: expected trend with size (matmul share grows with d_model) and forward vs step (backward matmuls,
 #   optimizer not compiled / memory-bound) explained; honest about noise where the numbers show no trend. Either
-#   direction for the small and medium models is accepted when the answer says how far it trusts it (the course's
-#   two H100 runs printed their forward_speedup as 0.808 and 1.024, 0.843 and 3.493); a direction claimed firmly from one
+#   direction for the small and medium models is accepted when the answer says how far it trusts it (the course's two
+#   H100 runs printed their forward_speedup as 0.808 and 1.024, 0.843 and 3.493); a direction claimed firmly from one
 #   run of 5 repeats, without a second run or a word on the noise, loses 1 of these 2 points.
 # - 2: two sensible improvements (CUDA graphs, batch size, fused attention, compiled/fused optimizer,
 #   max-autotune epilogues, ...).
@@ -4104,12 +4104,14 @@ else:
 #   operations each one runs, here, at a small size: the bytes they write to and read from tensors as large as the
 #   `(B, H, S, S)` matrix, over one write and one read of that matrix. Question 3.2's four kernels, less the
 #   `masked_fill` the sweep does not run (it passes no mask), give 2 for eager: the scores go to HBM and back,
-#   then the probabilities. A softmax computed in float32 and cast back (Question 3.1's hint) counts 4 on a GPU,
-#   where the float32 probabilities weigh twice as much as bf16 ones and the cast is one more kernel (on a CPU the
-#   sweep is in float32 already). The kernels that never write the matrix count 0;
+#   then the probabilities. A softmax computed in float32 and cast back (Question 3.1's hint) counts 6 in bf16:
+#   the scores are cast to float32 and the probabilities back, each cast a kernel of its own, and the float32
+#   matrices weigh twice as much as bf16 ones (on a CPU the sweep is in float32 already, and the hint adds
+#   nothing). The kernels that never write the matrix count 0;
 # - `torch.compile`: 2, taken, not counted (its kernels are generated code, which the count cannot see): the two
 #   products stay library matmuls, so the scores go to HBM and back and the probabilities too, and Inductor folds
-#   the scaling, any cast and the softmax into one generated kernel between them, assumed to read each row once;
+#   the elementwise work on the scores (a scaling, a cast) and the softmax into one generated kernel between them,
+#   assumed to read each row once;
 # - at 0 round trips Question 3.2's ideal, $S/2$ FLOP/byte, holds only if each K and V tile comes from HBM once.
 #   Your Triton kernel's programs read K and V once per query tile (Part 4), so its HBM traffic lies between that
 #   ideal (every re-read served by the L2 cache) and Part 4's count without a cache (every re-read from HBM, about
@@ -4263,29 +4265,28 @@ plt.show()
 #    the model, with the full 989 TFLOP/s as roof; they reached 311.3 and 313.7 TFLOP/s (1.766 and 1.752 ms), 31-32%
 #    of it. The measurements agree with the regimes: eager is close to its memory roof, so its time is the S x S
 #    traffic; the tiled kernels run far above any roof a memory-bound attention could have.
-# 2. Compiling changes which kernels run between the two products, not the products: Inductor keeps both as
-#    library matmuls and fuses the scaling and the softmax into one generated kernel, which still reads the scores
-#    from HBM and writes the probabilities. Same round trips, same intensity, same memory roof. Its point is lower
-#    than eager's by about 1.8 ms at every d (Question 5.2): the same round trips can take longer when the
-#    generated kernel reads the matrix more than once (a softmax over rows of 16384 generated as a loop that reads
+# 2. Compiling changes which kernels run between the two products, not the products: Inductor keeps both as library
+#    matmuls and fuses the softmax (with any scaling or cast of the scores) into one generated kernel, which still
+#    reads the scores from HBM and writes the probabilities. Same round trips, same intensity, same memory roof. Its
+#    point is lower than eager's by about 1.8 ms at every d (Question 5.2): the same round trips can take longer when
+#    the generated kernel reads the matrix more than once (a softmax over rows of 16384 generated as a loop that reads
 #    each row twice) or reads it less efficiently; the model counts one read. Per-call overhead (microseconds) and
-#    recompilation (in the warm-up calls) are not in these milliseconds. Only a kernel that computes the two
-#    products and the softmax tile by tile, with the online softmax (Part 4), removes the round trips and moves the
-#    point right.
-# 3. Part 4's count without a cache gives the Triton kernel an intensity of 64 S / (S + 64) (BLOCK_M = 64), 63.75
-#    at S = 16384, where the roof is 3.35 x 63.75 = 214 TFLOP/s: the measured 313.7 TFLOP/s is about 1.5 times
-#    that roof, which no kernel can beat. So the kernel's intensity against HBM was at least 313.7 / 3.35, about
-#    94: HBM moved at most two thirds (63.75 / 94) of the per-tile count, and the rest of the K and V re-reads came from the L2
-#    cache, where the query tiles of one head, launched side by side, find the K and V tiles their neighbours just
-#    loaded (4 MB per head, far less than the 50 MB L2). The ideal S/2 is the right placement for the kernel's HBM traffic, and the per-tile count the bound
-#    it would hit without the cache. The model predicted 989 / 107 = about 9x over eager (the ratio of the roofs at
-#    their intensities); measured, FlashAttention and Triton were about 4x faster (7.036 against 1.766 and 1.752
-#    ms). They sit at about a third of the peak because the roofline counts only matmul FLOPs and bytes: every
-#    score also needs an exponential, a max and a rescaling, which run on the GPU's ordinary units at a small
-#    fraction of the tensor cores' rate; with d = 64 each score carries only 4 x 64 FLOPs of matmul work against
-#    that softmax work; and a simple kernel waits for its loads instead of overlapping them with the products
-#    (FlashAttention-3 overlaps loads, matmuls and the softmax with asynchronous copies and warp specialisation
-#    to get much closer to the peak).
+#    recompilation (in the warm-up calls) are not in these milliseconds. Only a kernel that computes the two products
+#    and the softmax tile by tile, with the online softmax (Part 4), removes the round trips and moves the point right.
+# 3. Part 4's count without a cache gives the Triton kernel an intensity of 64 S / (S + 64) (BLOCK_M = 64), 63.75 at S
+#    = 16384, where the roof is 3.35 x 63.75 = 214 TFLOP/s: the measured 313.7 TFLOP/s is about 1.5 times that roof,
+#    which no kernel can beat. So the kernel's intensity against HBM was at least 313.7 / 3.35, about 94: HBM moved at
+#    most two thirds (63.75 / 94) of the per-tile count, and the rest of the K and V re-reads came from the L2 cache,
+#    where the query tiles of one head, launched side by side, find the K and V tiles their neighbours just loaded (4
+#    MB per head, far less than the 50 MB L2). The ideal S/2 is the right placement for the kernel's HBM traffic, and
+#    the per-tile count the bound it would hit without the cache. The model predicted 989 / 107 = about 9x over eager
+#    (the ratio of the roofs at their intensities); measured, FlashAttention and Triton were about 4x faster (7.036
+#    against 1.766 and 1.752 ms). They sit at about a third of the peak because the roofline counts only matmul FLOPs
+#    and bytes: every score also needs an exponential, a max and a rescaling, which run on the GPU's ordinary units at
+#    a small fraction of the tensor cores' rate; with d = 64 each score carries only 4 x 64 FLOPs of matmul work
+#    against that softmax work; and a simple kernel waits for its loads instead of overlapping them with the products
+#    (FlashAttention-3 overlaps loads, matmuls and the softmax with asynchronous copies and warp specialisation to get
+#    much closer to the peak).
 # 4. At S = 256 one call does 0.13 GFLOP: at eager's roof (25.6 FLOP/byte, 85.76 TFLOP/s) that is under 2
 #    microseconds, yet every implementation took 0.06-0.28 ms (0.4868-2.091 TFLOP/s, under 1% of its roof). The
 #    time is launch and CPU overhead (Python, the dispatcher, compiled wrappers, a few microseconds per kernel and
