@@ -372,6 +372,32 @@ def test_quoted_measurements_are_committed(lab):
                          + "\n".join(map(str, missing)))
 
 
+@pytest.mark.parametrize("lab", LABS)
+def test_student_reference_is_generated_from_the_committed_runs(lab):
+    """``labs/labN/measured_runs.md`` is what ``scripts/make_student_reference.py`` writes from the committed runs
+    now (regenerate it after committing new runs), it passes the leak check, and build's copies equal it."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import make_student_reference
+
+    from course.lint import check_reference_leaks
+    from course.notebooks import read_notebook
+
+    text = make_student_reference.reference_text(lab)
+    path = REPO / "labs" / lab / "measured_runs.md"
+    if text is None:
+        assert not path.exists(), f"{path} has no committed run to come from"
+        return
+    assert path.is_file() and path.read_text() == text, (
+        f"{path.relative_to(REPO)} is out of date with the committed runs: python scripts/make_student_reference.py "
+        f"{lab} && python -m course build {lab}")
+    release = REPO / "release" / lab
+    shown = "\n".join(p.read_text() for p in sorted(release.glob("*.py")))
+    assert check_reference_leaks(lab, read_notebook(REPO / "source" / lab / f"{lab}.ipynb"),
+                                 read_notebook(release / f"{lab}.ipynb"), text, shown) == []
+    for copy in (REPO / "source" / lab / "measured_runs.md", release / "measured_runs.md"):
+        assert copy.is_file() and copy.read_text() == text, f"{copy.relative_to(REPO)}: run python -m course build {lab}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("labs", nargs="*", default=LABS)
