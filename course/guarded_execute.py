@@ -5,7 +5,8 @@ caps and a notebook time limit (docs/SECURITY.md). It decides what runs where, c
 - Test cells never run in the kernel: ``course/boundary.py`` runs them here and writes their outputs; nothing the
   kernel reports decides a score.
 - Around every test cell and before every locked cell, the guard undoes what student code changed (charged to the
-  next test cell); what a locked cell itself changes becomes the reference (``adopt``).
+  next test cell); what a locked cell itself changes becomes the reference (``adopt``), and so does what the course's
+  imports of the locked cells' modules change (``IMPORT_AHEAD``, in every kernel before its first student code).
 - A dead or mute kernel fails its cell; a fresh kernel runs the earlier cells (not the tests) again. Execution stops
   at the notebook time limit or after a sticky CUDA error. A kernel lost before any student code ran, or output
   that did not arrive, asks ``course.grade`` to grade again.
