@@ -56,8 +56,11 @@ def bundle_contents(lab: str, root: Path = REPO_ROOT) -> dict[str, bytes]:
     first = next((cell.source for cell in nb.cells if cell.cell_type == "markdown"), "")
     title = next((line[2:].strip() for line in first.splitlines() if line.startswith("# ")), lab)
     requirements = root / "requirements.txt"
+    reference = (f" `{STUDENT_REFERENCE}` holds what the course measured when it ran the notebook (on an H100 and on a"
+                 " CPU): read it when a question needs numbers your machine cannot produce."
+                 if STUDENT_REFERENCE in files else "")
     files[README] = README_TEMPLATE.read_text().format(
-        title=title, lab_title=title.split(":")[0], lab=lab,
+        title=title, lab_title=title.split(":")[0], lab=lab, reference=reference,
         colab_requirements=pip_requirements(requirements, COLAB_PROVIDES)).encode()
     return files
 
@@ -161,5 +164,5 @@ def main(labs: list[str], out_dir: Path, root: Path = REPO_ROOT) -> int:
             print(f"bundle {lab}: FAILED\n{exc}")
             return 1
         print(f"bundle {lab}: {folder}/ and {zip_path} ({len(release_files(folder))} files; checked: the release's "
-              f"files and {README} only, no solution or hidden-test text)")
+              f"files and {README} only, no solution or hidden-test text, no answer in {STUDENT_REFERENCE})")
     return 0

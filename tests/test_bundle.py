@@ -173,6 +173,7 @@ def test_the_student_reference_ships_in_the_bundle_and_leaks_nothing(tmp_path):
     assert bundle.main([LAB], out, root) == 0
     assert (out / LAB / STUDENT_REFERENCE).read_text() == clean
     assert STUDENT_REFERENCE in bundle.zip_files(out / f"{LAB}.zip", LAB)
+    assert f"`{STUDENT_REFERENCE}` holds what the course measured" in (out / LAB / "README.md").read_text()
     assert lint.lint_lab(LAB, root, check_fresh=False) == []
     files = bundle.bundle_contents(LAB, root)
     assert bundle.check_bundle(LAB, files, root) == []
