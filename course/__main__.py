@@ -15,7 +15,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     for name, text in [("build", "labs/labN/labN.py -> source/labN/ -> release/labN/ (idempotent)"),
                        ("lint", "static checks only: metadata, points, leaks, up to date"),
-                       ("check", "pre-release gate: lint, then autograde reference (full marks) and blank (zero)")]:
+                       ("check", "pre-release gate: lint, autograde reference (full marks) and blank (zero), order of grades")]:
         sub.add_parser(name, help=text).add_argument("labs", nargs="*", help=f"labs to {name} (default: all)")
 
     p = sub.add_parser("bundle", help="what students get: OUT/labN/ (for a student repository) and OUT/labN.zip (for an LMS)")
