@@ -84,20 +84,21 @@
 # | **Total** | | **100 + 20 bonus** |
 #
 # Time per part: *your time* is our estimate for a student working through the part (reading, code, written
-# answers); *run time* is how long the reference notebook's cells took at cpu scale on a busy 2-core machine
-# (`measured_runs.md` beside this notebook; a laptop is usually faster; set-up adds about 6 s, the whole run about
-# 2 minutes; two of Part 4's cells compile, and announce it). On the course's H100 at teaching scale the whole notebook ran in 79 s
-# (`measured_runs.md`), with torch.compile's caches warm from measurements made before it: on a freshly
-# started machine the first compiles add to it.
+# answers); *run time* is how long the reference notebook's cells took at cpu scale on a 2-core machine busy with
+# other work, with torch.compile's caches cold (`measured_runs.md` beside this notebook: 64 s in all, set-up
+# included; most of Part 4's time is its two compiles, which announce themselves). Your machine may take longer
+# or less: a first compile on a slow or busy CPU can take a minute or more. On the course's H100 at teaching scale
+# the whole notebook ran in 79 s (`measured_runs.md`), with torch.compile's caches warm from measurements made
+# before it: on a freshly started machine the first compiles add to it.
 #
 # | Part | your time (estimate) | run time at cpu scale |
 # | --- | --- | --- |
-# | Part 1: latency, MACs and I/O | 1.5 h | about 3 s |
-# | Part 2: the roofline model | 1 h | about 2 s |
-# | Part 3: the Gemma-3 decoder layer, 3.1 to 3.4 | 2.75 h | about 18 s |
-# | Part 3, Section 3.5: every operator measured on your roofline | 0.75 h | about 5 s |
-# | Part 4: profiling, fusion, `torch.compile` and CUDA Graphs | 2.5 h | about 1 minute |
-# | Part 5: FlashAttention | 1.5 h | about 30 s |
+# | Part 1: latency, MACs and I/O | 1.5 h | about 2 s |
+# | Part 2: the roofline model | 1 h | about 1 s |
+# | Part 3: the Gemma-3 decoder layer, 3.1 to 3.4 | 2.75 h | about 7 s for all of Part 3 |
+# | Part 3, Section 3.5: every operator measured on your roofline | 0.75 h | (in Part 3's 7 s) |
+# | Part 4: profiling, fusion, `torch.compile` and CUDA Graphs | 2.5 h | about 35 s |
+# | Part 5: FlashAttention | 1.5 h | about 14 s |
 
 # %% nbgrader={"grade": false, "grade_id": "setup_imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import contextlib
@@ -2163,8 +2164,8 @@ show_decode_times("with KV cache   ", decode_cache_ms["eager_ms"], decode_cache_
 # (`benchmark_compiled_and_graphed`), and counts the kernels one step launches (`count_kernels_per_call`).
 # The compile only runs on a GPU at teaching scale: on a CPU it takes minutes (Section 4.4 compiles something
 # smaller on a CPU), and at quick scale (as the notebook is graded) it would cost more than the whole tiny step
-# teaches. Without a GPU, read its numbers in `measured_runs.md` beside this notebook (the Gemma-3 decoder layer
-# table).
+# teaches. Without a GPU, read its numbers in `measured_runs.md` beside this notebook (this cell's output in the
+# H100 run).
 
 # %%
 decode_kernels = {"eager": count_kernels_per_call(multi_layer_decode_forward, num_layers, **decode_cache_kwargs)["total"]}
@@ -2212,41 +2213,42 @@ print("cached step, measured / roofline:", ", ".join(
     f"{name} {ms / predicted_cache_ms:.1f}x" for name, ms in cached_steps_ms.items() if ms is not None))
 
 # %% [markdown]
-# What the numbers say (one H100 at teaching scale: the Gemma-3 decoder layer table of `measured_runs.md` beside
-# this notebook and the printed output of this cell in that run; yours will differ). The table's roofline uses the
-# ceilings measured on that GPU (3.02 TB/s: 2.89 ms for the cached step); this cell prints its ratios against the
-# datasheet's (3.35 TB/s: 2.60 ms), so its ratios come out about a tenth higher than the table's. At cpu scale (one
-# 512-token prompt, 2 layers, `float32`) the same two effects show in your own output: a decode step costs far more
-# per token than the prefill, and the step without the cache is several times slower than the cached one. There
-# is no CUDA graph on a CPU, and an operator costs microseconds of dispatch rather than a kernel launch.
-# - **Per token, decode is far more expensive than prefill** (about 9 µs per prompt token against about 1 ms
-#   per generated token). Prefill works on 32768 tokens at once: large GEMMs that keep the GPU busy. A decode
+# What the numbers say (one H100 at teaching scale: the printed output of these cells in `measured_runs.md` beside
+# this notebook; yours will differ). The roofline of the last cell is the datasheet's (3.35 TB/s): 2.60 ms for the
+# cached step. At cpu scale (one 512-token prompt, 2 layers, `float32`) the same two effects show in your own
+# output: a decode step costs far more per token than the prefill (in the course's cpu-scale run, also in
+# `measured_runs.md`, 33394 µs against 1185 µs per token), and the step without the cache is several times slower
+# than the cached one (8.8x there). There is no CUDA graph on a CPU, and an operator costs microseconds of dispatch
+# rather than a kernel launch.
+# - **Per token, decode is far more expensive than prefill** (9.2 µs per prompt token against 1014 µs per
+#   generated token). Prefill works on 32768 tokens at once: large GEMMs that keep the GPU busy. A decode
 #   step works on 8 tokens: tiny GEMVs, and 86 kernels per layer that each do almost nothing. Section 3.4
 #   explains this with the roofline; Part 4 shows the kernels.
 # - **The KV cache** saves recomputing the keys and values of every earlier token: about 8 TFLOP per decode
-#   step here, a cost that grows with the context length, paid with memory (7 GB of cache). Replayed as a CUDA
-#   graph the cached step took 8.1 ms against a roofline of 2.89 ms (reading 1.7 GB of weights and 7 GB of cache
-#   once): 2.81x its roofline. It was 8.9x faster than the step without the cache (predicted: 3.54x; the step
-#   without the cache took 71.9 ms against 10.2 ms predicted, because its RMSNorm in float32 and its RoPE make
+#   step here (8040 GFLOP), a cost that grows with the context length, paid with memory (7 GB of cache). Replayed as
+#   a CUDA graph the cached step took 8.11 ms against a roofline of 2.60 ms (reading 1.73 GB of weights and 6.98 GB
+#   of cache once): 3.1x its roofline. It was 8.9x faster than the step without the cache (predicted: 3.1x; the
+#   step without the cache took 71.87 ms against 8.13 ms predicted, because its RMSNorm in float32 and its RoPE make
 #   several extra passes over the recomputed keys of all 32768 tokens).
-# - **Why 8.1 ms and not 2.89**: attention over the cache needs at least 7 GB / 26 layers / 3.35 TB/s = 0.08 ms
+# - **Why 8.1 ms and not 2.6**: attention over the cache needs at least 7 GB / 26 layers / 3.35 TB/s = 0.08 ms
 #   per layer (it reads the layer's 0.27 GB of cache once), but each of the other 85 kernels of a layer costs a
 #   few microseconds even when nothing launches it from Python: 26 x 86 = 2236 kernels at about 3.6 µs on
 #   average.
-# - **Fewer kernels close the gap**: compiled with `torch.compile`, the same cached step runs 391 kernels
-#   instead of 2236 (52 elementwise instead of 1820: each layer's norms, RoPE, residuals and GeLU fused into a
-#   few generated kernels) and, replayed as a CUDA graph, takes 4.34 ms: 1.5x its roofline, where the graph of
-#   the uncompiled step was 2.81x. What is left is mostly reading the weights and the cache (the 2.89 ms of the
-#   roofline) plus a few microseconds for each of the remaining kernels. The compile costs 13 to 43 s, once
-#   (this cell's printed output, with the compile caches warm from measurements made before it on the same
-#   machine, and the table).
-# - **Launch overhead**: run eagerly, the same cached step took 43.5 ms in the table's "no graph" column (64 ms in
-#   this cell's printed output, a second run: eager times measure the CPU, and vary from run to run): the CPU needs
-#   longer to launch 2236 kernels from Python than the GPU needs to run them, so the cache looks nearly useless
-#   (eager speedup 1.7x in the table, 1.1x in the printed output, against 8.9x as CUDA graphs). Even compiled,
-#   launched from Python it takes 6.82 ms in the table (7.64 ms in the printed output), well above the graph's
-#   4.34 ms. This is why inference engines compile decode steps and replay them as CUDA graphs, and why we hold
-#   the graph times against the roofline.
+# - **Fewer kernels close the gap**: compiled with `torch.compile`, the same cached step runs 391 kernels instead
+#   of 2236 (each layer's norms, RoPE, residuals and GeLU fused into a few generated kernels: of the 2236, 1820 are
+#   elementwise, of the 391, 52) and, replayed as a CUDA graph, takes 4.34 ms: 1.7x its roofline, where the graph
+#   of the uncompiled step was 3.1x. What is left is mostly reading the weights and the cache (the 2.60 ms of the
+#   roofline) plus a few microseconds for each of the remaining kernels. The compile took 13 s, once, with the
+#   compile caches warm from measurements made before it on the same machine (43.1 s in a run that compiled it
+#   first).
+# - **Launch overhead**: run eagerly, the same cached step took 64.34 ms: the CPU needs longer to launch 2236
+#   kernels from Python than the GPU needs to run them, so the eager time measures the CPU, and the cache looks
+#   nearly useless (eager speedup 1.1x, against 8.9x as CUDA graphs). Even compiled, launched from Python it takes
+#   7.64 ms, well above the graph's 4.34 ms. Times that measure the CPU vary from run to run: another run of the
+#   course on the same kind of GPU took 43.5 ms eagerly and 6.82 ms compiled from Python (and, against the
+#   ceilings it measured on that GPU, a roofline of 2.89 ms: the graphs at 2.81x and 1.5x of it). This is why
+#   inference engines compile decode steps and replay them as CUDA graphs, and why we hold the graph times against
+#   the roofline.
 
 # %%
 del prefill_input, prefill_position_ids, prefill_position_embeddings, prefill_hidden_states, prefill_kwargs
@@ -2736,9 +2738,11 @@ with uses_answers("Question 3.5.2"):  # your code goes in this block (unwritten,
 # those (what does your `latency` measure when one call's work on the device takes a few microseconds)? Then explain
 # why the one-point view of the MLP in Section 3.4 misled: what does one aggregate intensity hide about where the
 # MLP's time goes, and what would you optimise because of it? Quote your own numbers (intensities, the measured
-# ridge, times, shares of the MLP's time). On a CPU answer from your CPU's table: small tensors may fit in its
-# caches, so a memory-bound operator can sit above the measured memory roof (the copy ran over more memory than the
-# caches hold); say so where you see it.
+# ridge, times, shares of the MLP's time). On a CPU answer from your CPU's table. Its measured ceilings are rough:
+# small tensors may fit in the CPU's caches (the copy ran over more memory than they hold), and on a machine busy
+# with other work the ceilings measured at one moment can be lower than what the operators reach at another, so
+# points may sit above the roof (in the course's cpu-scale run in `measured_runs.md` the GEMMs did); say so where
+# you see it, and compare the operators with one another.
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q3_5_3_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
 # (Numbers from the course's H100 run, the Section 3.5 table of `measured_runs.md`: bf16, $B L = 16384$ tokens,
@@ -2772,18 +2776,17 @@ with uses_answers("Question 3.5.2"):  # your code goes in this block (unwritten,
 # 2% of its roof is the per-call floor. The same floor explains the narrow `k_proj` and `v_proj` (20%). To measure such
 # small operators one needs less CPU work per call (CUDA graphs, Part 4), or more work per call.
 # **Why the aggregate misled**: the whole MLP's intensity (213 FLOP/byte at this shape in bf16; 59 at cpu scale in
-# float32) is total FLOPs over total bytes, but the MLP never runs at that intensity: it runs five kernels one
-# after another, each at its own, and its time is the sum of the five times. The elementwise kernels do 0.2% of
-# the MLP's FLOPs but move 55% of its bytes in bf16 at this shape (30% at cpu scale in float32: their
-# $(B, L, I)$ tensors), and take a share of its time many times their share of FLOPs (15.2% and 21.9% of the
-# MLP's time on the H100, 37% together). One point near or right of the ridge says the whole MLP is compute-bound
-# or "about balanced", so that a faster GEMM or a bigger batch would help; in fact the GEMMs already run near the
-# compute roof and the rest of the time is pure memory traffic that no faster matmul touches. What helps is
-# removing bytes: fusing the GeLU and the product (into one kernel, or into the `gate_proj`/`up_proj` epilogue,
-# Part 4) so the $(B, L, I)$ intermediates never go to memory. (The measured roof is also lower than the
-# datasheet's: 788 TFLOP/s and 3.02 TB/s measured, 80% and 90% of the datasheet's 989 TFLOP/s and 3.35 TB/s, so
-# the ridge moves from 295 to 262 FLOP/byte; against the datasheet every point looks further from its roof than
-# it is.)
+# float32) is total FLOPs over total bytes, but the MLP never runs at that intensity: it runs five kernels one after
+# another, each at its own, and its time is the sum of the five times. The elementwise kernels do 0.2% of the MLP's
+# FLOPs but move 55% of its bytes in bf16 at this shape (30% at cpu scale in float32: their $(B, L, I)$ tensors), and
+# take a share of its time many times their share of FLOPs (15.2% and 21.9% of the MLP's time on the H100, 37% together;
+# 11.8% and 12.4% in the course's cpu-scale run). One point near or right of the ridge says the whole MLP is
+# compute-bound or "about balanced", so that a faster GEMM or a bigger batch would help; in fact the GEMMs already run
+# near the compute roof and the rest of the time is pure memory traffic that no faster matmul touches. What helps is
+# removing bytes: fusing the GeLU and the product (into one kernel, or into the `gate_proj`/`up_proj` epilogue, Part 4)
+# so the $(B, L, I)$ intermediates never go to memory. (The measured roof is also lower than the datasheet's: 788
+# TFLOP/s and 3.02 TB/s measured, 80% and 90% of the datasheet's 989 TFLOP/s and 3.35 TB/s, so the ridge moves from 295
+# to 262 FLOP/byte; against the datasheet every point looks further from its roof than it is.)
 # === BEGIN MARK SCHEME ===
 # 3 points in total. Judge against the student's own table and plot (a wrong roofline_point is charged in
 # Question 3.5.1 only; their own numbers, used correctly, earn full marks), GPU or CPU alike:
@@ -2792,7 +2795,8 @@ with uses_answers("Question 3.5.2"):  # your code goes in this block (unwritten,
 #   (a few FLOPs per element streamed); q @ k^T / probs @ v near the ridge (on an H100 just left of it: their
 #   intensity approaches d = 256 from below, so longer sequences do not carry them across). "q @ k^T moves right
 #   of the ridge with longer sequences" is wrong on an H100 or an A6000 with d = 256 in bf16; it does not cost the
-#   point alone. On a CPU, memory-bound operators above the measured memory roof explained by the caches are fine.
+#   point alone. On a CPU, points above the measured roof explained by the caches, or by ceilings measured low on
+#   a busy machine, are fine; the placing then rests on the intensities and on the times relative to one another.
 # - 1 point: explains the points far under both roofs (on a GPU the small projections and the decode gate_proj,
 #   all near one time per call whatever their work) by the per-call cost that latency measures when the device's
 #   work is shorter than the CPU's work per call (Python, dispatch, launch), not by memory or compute; or, where
@@ -2930,8 +2934,10 @@ with uses_answers("Bonus 4.2"):  # your code goes in this block (unwritten, it s
     # most of the rest. Launched from Python the step takes 1.7 to 2.5 ms per layer (44 to 64 ms / 26 in the report's
     # two runs), its GPU work about 0.3 ms (the CUDA graph's 8.11 ms / 26): the GPU idles between tiny kernels while
     # Python launches the next one. The decode step is launch-bound and memory-bound, not compute-bound.
-    # On a CPU (cpu scale) the table lists operators instead of kernels, with their CPU times: the answer is what
-    # that table puts first; nothing copies the cache there either.
+    # On a CPU (cpu scale) the table lists operators instead of kernels, with their CPU times: in the course's
+    # cpu-scale run the projections (aten::mm, 52.82% of the step's CPU time) and attention over the cache
+    # (aten::_scaled_dot_product_flash_attention_for_cpu, 38.54%) took most of it; nothing copies the cache there
+    # either.
     ### END SOLUTION
 
 # %%
@@ -3082,8 +3088,8 @@ with uses_answers("Question 4.3.2"):  # your code goes in this block (unwritten,
     #   gelu_tanh_python against F.gelu(x_gelu, approximate="tanh") (the tanh variant, not the default erf one).
     # - 1 point: stored in milliseconds (latency returns seconds: x 1e3) in python_gelu_latency_ms and
     #   pytorch_gelu_latency_ms; the printed ratio is plausible (Python slower: about 9x on a GPU at teaching scale,
-    #   where the time is memory traffic, 18 passes against 2; on a CPU it depends on the machine: judge it against
-    #   the student's own run).
+    #   where the time is memory traffic, 18 passes against 2; on a CPU it depends on the machine, 3.6x in the
+    #   course's cpu-scale run, reports/cpu-2core/lab1-cpu_executed.ipynb: judge it against the student's own run).
     # === END MARK SCHEME ===
     python_gelu_latency_ms = latency(gelu_tanh_python, x_gelu) * 1e3
     pytorch_gelu_latency_ms = latency(F.gelu, x_gelu, approximate="tanh") * 1e3
@@ -3111,8 +3117,8 @@ with uses_answers("Question 4.3.2"):  # your code goes in this block (unwritten,
 # about 0.02 ms (report, GeLU table, and the printed output of Section 4.4's `torch.compile` cell in
 # reports/h100/lab1_executed.ipynb): there the time is the CPU's work of launching kernels from Python, which
 # dominates the memory traffic (Section 4.4 shows it).
-# (At cpu scale the ratio is the student's own: the same passes and temporaries, on the CPU's memory bandwidth
-# and caches, plus 8 operator calls instead of 1.)
+# (At cpu scale the ratio is the student's own, 3.6x in the course's cpu-scale run: the same passes and
+# temporaries, on the CPU's memory bandwidth and caches, plus 8 operator calls instead of 1.)
 # === BEGIN MARK SCHEME ===
 # 2 points in total:
 # - 1 point: reports that the fused PyTorch GeLU is faster, with the ratio they measured (GPU or CPU).
@@ -3239,24 +3245,25 @@ else:
     print("torch.compile of GeLU: skipped at quick scale (it runs at teaching and cpu scale)")
 
 # %% [markdown]
-# Two regimes show in these numbers (on the course's H100: the GeLU table of `measured_runs.md` beside this
-# notebook, and this cell's printed output in that run):
-# - **Large tensors ($2^{28}$ elements): memory traffic.** The compiled GeLU is one generated kernel, as fast as
-#   `F.gelu` (0.72 and 0.71 ms, at the copy bandwidth), and the Python version is 9.0x slower: 18 memory passes
-#   against 2. Fusion pays exactly by the passes it saves.
+# Two regimes show in these numbers (on the course's H100: this cell's printed output in `measured_runs.md` beside
+# this notebook):
+# - **Large tensors ($2^{28}$ elements): memory traffic.** The compiled GeLU is one generated kernel, about as fast
+#   as `F.gelu` (0.7623 and 0.7153 ms, near the copy bandwidth: 2 GiB moved), and the Python version is 8.9x slower
+#   than `F.gelu` (6.3942 ms): 18 memory passes against 2. Fusion pays by the passes it saves.
 # - **Small tensors (a million elements): launch overhead.** The memory needs under 3 µs, yet the Python version
-#   took 0.10 to 0.14 ms, the compiled one 0.08 to 0.10 ms and `F.gelu` about 0.02 ms (the table, and this cell's
-#   printed output). The GPU finishes each kernel in a few microseconds and
-#   waits for the CPU: for the Python version, eight kernel launches from Python; for the compiled one, a single
-#   kernel but the work of the compiled wrapper around it in every call (Dynamo's guard checks, the call into the
-#   generated code), so it costs several times `F.gelu`: between the two in this cell's output (0.08 against
-#   0.14 ms), about as much as the Python version in the table (0.10 ms each). Fusion saves no memory
-#   time here; what counts is the CPU's work per call.
+#   took 0.1364 ms, the compiled one 0.0798 ms and `F.gelu` 0.0159 ms. The GPU finishes each kernel in a few
+#   microseconds and waits for the CPU: for the Python version, eight kernel launches from Python; for the compiled
+#   one, a single kernel but the work of the compiled wrapper around it in every call (Dynamo's guard checks, the
+#   call into the generated code), so it costs several times `F.gelu`, between it and the Python version (another
+#   run of the course measured about 0.10 ms for both). Fusion saves no memory time here; what counts is the CPU's
+#   work per call.
 #
 # On a CPU (cpu scale) look for the same two regimes in your own numbers, with operator calls instead of kernel
-# launches: at a thousand elements every call costs microseconds of dispatch whatever it computes, so what counts is
-# how many calls each version makes and how much wrapper work surrounds them; at a million elements, the memory
-# passes and temporary tensors that fusion saves.
+# launches. In the course's cpu-scale run (`measured_runs.md`), at a thousand elements every call costs
+# microseconds of dispatch whatever it computes: the eight Python operators took 0.0157 ms, the compiled GeLU nearly
+# as much (0.0132 ms: its wrapper) and the single `F.gelu` call 0.0021 ms. At a million elements the work counts:
+# the Python version took 64.8502 ms, `F.gelu` 8.2011 ms and the compiled one 1.1942 ms (how the two fused versions
+# compare depends on how well each kernel is vectorised and threaded on your CPU, and on what else runs on it).
 
 # Now the MLP, compiled with `mode="max-autotune-no-cudagraphs"`, which does not use CUDA Graphs but autotunes:
 # while it compiles, Inductor benchmarks several candidate kernels for each GEMM (cuBLAS and its own Triton
@@ -3304,8 +3311,9 @@ else:
 # above), profile that, and answer (b) from your CPU profile against the eager one of Section 4.2: the profiler
 # then shows CPU operators instead of GPU kernels. Inductor's generated C++ code runs inside the `CompiledFxGraph`
 # call (its self time), so look for which operators of the eager profile are gone into it and which remain as calls
-# of their own (the matrix products go to a library). The marks are for the same observations as on a GPU: what
-# was fused, what remains, what the CPU side shows.
+# of their own (in the course's cpu-scale run the three `aten::mm` remained: 3 operators per call instead of 5 in
+# eager mode). The marks are for the same observations as on a GPU: what was fused, what remains, what the CPU
+# side shows.
 
 # %% nbgrader={"grade": true, "grade_id": "q4_4_1_profile", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
 with uses_answers("Question 4.4.1 (a)"):  # your code goes in this block (unwritten, it says so and Run All goes on)
@@ -3352,7 +3360,7 @@ with uses_answers("Question 4.4.1 (a)"):  # your code goes in this block (unwrit
 # microseconds apart, so the choice is partly noise, and the benchmark does not time the kernel where it finally
 # runs, between the others (the template chosen for `down_proj` also carries the GeLU and the product in its
 # name: work fused into it that the cuBLAS GEMM does not do). So the compiled MLP is not faster on the GPU. It
-# measured faster all the same, 0.137 ms against 0.162 ms eager (`measured_runs.md`, MLP table; 0.164 against
+# measured faster all the same, 0.137 ms against 0.162 ms eager (reports/lab1-h100.md, MLP table; 0.164 against
 # 0.241 ms in the notebook's own run), and both times lie above the GPU time (eager about twice it): at this size
 # a call is bound by the CPU's work per call, and that is where the difference comes from, not from fusion. Even
 # a perfect fusion could save little here: the three GEMMs do almost all the FLOPs and take most of the GPU time,
@@ -3375,8 +3383,10 @@ with uses_answers("Question 4.4.1 (a)"):  # your code goes in this block (unwrit
 #   region, kernels still launched one by one from the CPU (launch gaps remain), different kernel names.
 # A CPU-only student answers from a CPU profile (compile_mlp_on_cpu = True): the same three points, read off CPU
 # operators and judged against their own eager and compiled profiles (the GeLU and the product gone into the
-# generated code inside the CompiledFxGraph call, the matrix products left as library calls, a compiled region
-# in place of the labels). CPU latencies are accepted, judged against the student's own eager and compiled times.
+# generated code inside the CompiledFxGraph call, the three aten::mm left: 3 operators per call instead of 5 in the
+# course's cpu-scale run, reports/cpu-2core/lab1-cpu_executed.ipynb; a compiled region in place of the labels).
+# CPU latencies are accepted, judged against the student's own eager and compiled times (that run measured the
+# compiled MLP slower, 92.280 ms against 66.552 ms eager: "compiled is faster" is not expected on a CPU).
 # === END MARK SCHEME ===
 
 # %% [markdown]
@@ -3385,8 +3395,8 @@ with uses_answers("Question 4.4.1 (a)"):  # your code goes in this block (unwrit
 # single call: the CPU's launch work almost disappears, which matters most when kernels are short (small
 # batches, decode). `mode="max-autotune"` autotunes like the previous mode *and* wraps the compiled function in
 # CUDA Graphs. CUDA Graphs exist on NVIDIA GPUs only, so this cell needs a GPU at teaching scale; without one,
-# read the MLP table of `measured_runs.md` beside this notebook (row `cuda_graphs`) and the decode-step table above
-# it.
+# read what CUDA graphs did to the decode step of Section 3.3 in `measured_runs.md` beside this notebook (eager
+# against CUDA graph).
 
 # %%
 if DEVICE.type == "cuda" and SCALE == "teaching":
@@ -3400,8 +3410,8 @@ if DEVICE.type == "cuda" and SCALE == "teaching":
     print("compiled the MLP with CUDA Graphs")
 else:
     mlp_cudagraph = None
-    print("CUDA Graphs: skipped (they need an NVIDIA GPU at teaching scale); the H100 numbers are in "
-          "measured_runs.md beside this notebook (MLP table, row cuda_graphs)")
+    print("CUDA Graphs: skipped (they need an NVIDIA GPU at teaching scale); what they did to the decode step on an "
+          "H100 is in measured_runs.md beside this notebook (Section 3.3)")
 
 # %% [markdown]
 # #### Bonus 4.4.2 (5 points)
@@ -3428,8 +3438,8 @@ with uses_answers("Bonus 4.4.2"):  # your code goes in this block (unwritten, it
     #   student whose own numbers show graphs faster, and says so, earns the point.
     # - The cell runs where mlp_cudagraph is None (one printed line). Without a GPU the bonus cannot be earned by
     #   profiling; a student who says so and answers the comparison from measured_runs.md beside the notebook (the
-    #   tables of reports/lab1-h100.md: MLP table, eager, compiled and cuda_graphs times and kernel counts;
-    #   decode-step table, eager against CUDA-graph times) earns at most 2 points.
+    #   H100 run's decode step of Section 3.3, eager against CUDA graph, and its kernel counts) earns at most 2
+    #   points.
     # === END MARK SCHEME ===
     if mlp_cudagraph is not None:
         with torch.no_grad(), profile(activities=PROFILER_ACTIVITIES, schedule=default_schedule) as prof_cudagraph:
@@ -3511,8 +3521,8 @@ with uses_answers("Question 3.1.1"):
 #
 # 1. What is the memory complexity of standard attention in the sequence length $L$? Use the table. (3 points)
 # 2. From which sequence length does it become a problem on your GPU, and why there? (If you ran on a CPU,
-#    answer for an 80 GB H100: extrapolate your table's growth, and compare with the table the course measured on
-#    an H100, "SDPA (materialized) vs FlashAttention" in `measured_runs.md` beside this notebook.) (3 points)
+#    answer for an 80 GB H100: extrapolate your table's growth, and compare with the table of this cell that the
+#    course measured on an H100, in `measured_runs.md` beside this notebook.) (3 points)
 # 3. What is the main memory overhead of standard attention, and in which LLM scenarios is it a serious
 #    problem? (4 points)
 
@@ -3539,8 +3549,7 @@ with uses_answers("Question 3.1.1"):
 # 3 points: the length where their table shows OOM (or where the peak approaches the GPU's memory), 1 point;
 # explained by the L^2 growth of the score matrices (with a size estimate, e.g. B x H x L^2 x bytes), 2 points.
 # CPU runs: a reasoned estimate for an 80 GB GPU from their own table's x4 growth, or read off the H100 table of
-# measured_runs.md (the same table as reports/lab1-h100.md: 32768 barely fits at about 69 GB, 65536 fails), earns
-# full marks.
+# measured_runs.md (this cell's H100 table: 32768 barely fits at about 69 GB, 65536 fails), earns full marks.
 # === END MARK SCHEME ===
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_1_overhead_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
@@ -3710,9 +3719,9 @@ with uses_answers("Question 3.1.1"):
 # %% [markdown]
 # #### Question 5.2 (10 points)
 #
-# Based on the measurements and the analysis above (without a GPU, on the H100 table "SDPA (materialized) vs
-# FlashAttention" of `measured_runs.md` beside this notebook, which has the same columns as the sweep above, plus
-# each side's roofline prediction):
+# Based on the measurements and the analysis above (without a GPU, on the course's H100 run of the sweep and of
+# the kernel count above, in `measured_runs.md` beside this notebook; the roofline predictions you need follow from
+# the counts of this part and the H100's ceilings in that run's Section 3.5):
 # 1. Why is standard attention memory-bound? (3 points)
 # 2. How does FlashAttention make attention compute-bound? (4 points)
 # 3. How does the speedup change with the sequence length, and why? Explain both ends of the table: the short
@@ -3769,24 +3778,24 @@ with uses_answers("Question 3.1.1"):
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_speedup_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
 # **3.** At short sequences (256 to about 1024 tokens on the course's H100) FlashAttention is not reliably faster, and
-# can be slower (0.55x to 0.78x from 256 to 1024 tokens in the table of `measured_runs.md`; in the printed sweep of the
-# same run 0.29x at 512 tokens but 1.39x at 256 and 1.24x at 1024): both versions take about 0.1 to 0.4 ms, far above
-# their roofline predictions of one to tens of microseconds (the "SDPA predicted" and "Flash predicted" columns).
-# Neither is bound by compute or memory there: the time is fixed per-call work, Python and PyTorch's dispatch, the
-# `flash_attn_func` wrapper (checks, layout, choosing a backend), kernel launches (5 against 1), and too little work to
-# fill the GPU (at 256 tokens, 16 heads make only 32 row blocks of 128 queries for 132 SMs), and the wrapper adds to
-# FlashAttention's side. Where the margin is small, which side wins is noise from run to run. As $L$ grows, standard
-# attention's $O(L^2)$ memory-bound traffic takes over and the gap opens: about 4x to 5x at 4096 and 8192 tokens. For
-# long sequences it levels off (about 3x at 16384 and 32768), because both times now grow as $L^2$: standard attention's
-# with the bytes of the $L \times L$ matrices, FlashAttention's with its $4 L^2 d$ FLOPs. The ratio tends to a constant,
-# (bytes per score element / bandwidth) / (FLOPs per score element / matmul rate): with the 4 passes of the count in
-# fp16, $(8 / 3.02) / (4 \cdot 128 / 764)$ at the H100's measured ceilings, about 4, as the table's predictions give at
-# 32768 tokens ("SDPA predicted" 45.7 against "Flash predicted" 11.5). The measured ratio is lower because
-# FlashAttention's kernel is far from its roof: 25.3 ms against the 11.5 predicted at 32768 tokens (6.09 against 2.88 at
-# 16384), about half the measured fp16 matmul rate (the exponentials and the rescaling between its two matrix products
-# are work the FLOP count leaves out). Standard attention is not: it took 78.4 ms against a 4-pass prediction of 45.7,
-# but the from-scratch attention scales the scores in a kernel of its own, so it makes 6 passes, and 6/4 of that
-# prediction is close to what it took. Its memory advantage keeps growing: $O(L)$ against $O(L^2)$.
+# can be slower (0.55x to 0.78x from 256 to 1024 tokens in the table of reports/lab1-h100.md; in the printed sweep of
+# the notebook, `measured_runs.md`, 0.29x at 512 tokens but 1.39x at 256 and 1.24x at 1024): both versions take about
+# 0.1 to 0.4 ms, far above their roofline predictions of one to tens of microseconds (the report's "SDPA predicted" and
+# "Flash predicted" columns). Neither is bound by compute or memory there: the time is fixed per-call work, Python and
+# PyTorch's dispatch, the `flash_attn_func` wrapper (checks, layout, choosing a backend), kernel launches (5 against 1),
+# and too little work to fill the GPU (at 256 tokens, 16 heads make only 32 row blocks of 128 queries for 132 SMs), and
+# the wrapper adds to FlashAttention's side. Where the margin is small, which side wins is noise from run to run. As $L$
+# grows, standard attention's $O(L^2)$ memory-bound traffic takes over and the gap opens: about 4x to 5x at 4096 and
+# 8192 tokens. For long sequences it levels off (about 3x at 16384 and 32768), because both times now grow as $L^2$:
+# standard attention's with the bytes of the $L \times L$ matrices, FlashAttention's with its $4 L^2 d$ FLOPs. The ratio
+# tends to a constant, (bytes per score element / bandwidth) / (FLOPs per score element / matmul rate): with the 4
+# passes of the count in fp16, $(8 / 3.02) / (4 \cdot 128 / 764)$ at the H100's measured ceilings, about 4, as the
+# table's predictions give at 32768 tokens ("SDPA predicted" 45.7 against "Flash predicted" 11.5). The measured ratio is
+# lower because FlashAttention's kernel is far from its roof: 25.3 ms against the 11.5 predicted at 32768 tokens (6.09
+# against 2.88 at 16384), about half the measured fp16 matmul rate (the exponentials and the rescaling between its two
+# matrix products are work the FLOP count leaves out). Standard attention is not: it took 78.4 ms against a 4-pass
+# prediction of 45.7, but the from-scratch attention scales the scores in a kernel of its own, so it makes 6 passes, and
+# 6/4 of that prediction is close to what it took. Its memory advantage keeps growing: $O(L)$ against $O(L^2)$.
 # === BEGIN MARK SCHEME ===
 # 3 points in total:
 # - 1 point: short sequences: both are dominated by fixed per-call costs (Python, dispatch, the wrapper, kernel
@@ -3800,8 +3809,8 @@ with uses_answers("Question 3.1.1"):
 #   measured ratio stays below it is not required either; if given, it is FlashAttention's kernel running at
 #   about half its compute roof (standard attention runs close to its memory roof once its real passes are
 #   counted): "neither kernel reaches its roof" alone is not right for standard attention at long L.
-# A CPU-only student answers from the H100 table of measured_runs.md beside the notebook (the same table as
-# reports/lab1-h100.md): the same three points.
+# A CPU-only student answers from the H100 run of the sweep in measured_runs.md beside the notebook (256 to 16384
+# tokens, times and memory, without the report's predictions and its 32768 row): the same three points.
 # === END MARK SCHEME ===
 
 # %% [markdown]
