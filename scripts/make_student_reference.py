@@ -12,7 +12,8 @@ except
 - graded cells and solution cells (outputs of autograded tests and of answers), cells whose grade id names a test
   (``*_tests``: self-checks of optional questions) and cells tagged ``test-helpers``;
 - the cells listed in ``EXCLUDED`` below, by a piece of their source: cells that print answers, values the reference
-  solution computes on the hidden tests' inputs or that a model answer checks;
+  solution computes on the hidden tests' inputs or that a model answer checks; ``REDACTED`` cuts such columns and
+  lines out of a cell that prints measurements beside them;
 - what is not a result: standard error (warnings), progress bars, figures (each is named, not shown: the numbers it
   draws are printed beside it).
 Nothing else of the notebooks is copied: no source, no markdown. ``course.lint.check_reference_leaks`` then checks the
@@ -42,8 +43,8 @@ RUNS = (  # (title, executed notebook, run record); a run that is not committed 
     ("On the course's H100, teaching scale", "reports/h100/{lab}_executed.ipynb", "reports/h100/{lab}_run.json"),
     ("On a 2-core CPU, cpu scale", "reports/cpu-2core/{lab}-cpu_executed.ipynb", "reports/cpu-2core/{lab}-cpu_run.json"),
 )
-# lab -> {a piece of a cell's source: why its output is left out}. A cell that prints what a hidden test checks or a
-# model answer derives (the reference solution's values on the hidden tests' inputs) goes here.
+# lab -> {a piece of a cell's source: why its output is left out}. A cell that prints nothing but what a hidden test
+# checks or a model answer derives (the reference solution's values on the hidden tests' inputs) goes here.
 EXCLUDED: dict[str, dict[str, str]] = {
     "lab1": {},
     "lab2": {
@@ -55,6 +56,21 @@ EXCLUDED: dict[str, dict[str, str]] = {
                                "the hidden cases of Questions 3.2, 4.2, 5.1 and 6.1",
         "gpt2_predicted": "its predicted columns are Question 5.1's hidden cases on the H100 (the cell before prints "
                           "the measured times)",
+        "a100_case": "it computes (measures nothing) Questions 2.2 and 2.7's answers on (16, 16384, 4096, 16), a hidden "
+                     "case of Question 2.2",
+    },
+}
+# lab -> {a piece of a cell's source: (columns of its printed tables, lines matching a pattern, why)}: a cell that
+# prints measurements beside answers keeps the measurements; the answers' columns and lines are cut out.
+REDACTED: dict[str, dict[str, tuple[tuple[str, ...], str | None, str]]] = {
+    "lab2": {
+        "def relu_matmul(": (("eager_MB", "fused_MB", "predicted_speedup"), None,
+                             "Questions 1.1 and 1.2's bytes and predicted speedup at n = 2048, 8192 and (4096, 64), "
+                             "their hidden cases"),
+        "def chain(a, b, c)": (("intensity_flop_per_byte",), r"GFLOP per call",
+                               "Questions 2.2 and 2.3's FLOPs and intensity at SEQ = 10000, KV_HEAD = 128, their hidden "
+                               "cases"),
+        "def chain_no_relu_right(": ((), r"^FLOPs: ", "Question 2.2's FLOPs at SEQ = 10000, KV_HEAD = 128, a hidden case"),
     },
 }
 PROGRESS_RE = re.compile(r"^\s*[^\n]*:\s*\d+%\|.*\|")  # a tqdm bar
@@ -102,6 +118,44 @@ def excluded_because(lab: str, cell) -> str | None:
         if piece in cell.source:
             return why
     return None
+
+
+def drop_columns(text: str, names: tuple[str, ...]) -> str:
+    """``text`` with the named columns cut out of every table printed right-aligned (as pandas prints them): a
+    column spans from the end of the header word before it to the end of its name, in its header line and in every
+    line below it up to the next blank line."""
+    lines = text.split("\n")
+    for name in names:
+        pattern = re.compile(rf"(?<!\S){re.escape(name)}(?!\S)")
+        for index, line in enumerate(lines):
+            match = pattern.search(line)
+            if not match:
+                continue
+            start = len(line[:match.start()].rstrip())
+            end = match.end()
+            row = index
+            while row < len(lines) and lines[row].strip():
+                lines[row] = lines[row][:start] + lines[row][end:]
+                row += 1
+    return "\n".join(lines)
+
+
+def redact(lab: str, cell, text: str) -> tuple[str, str]:
+    """A cell's printed text less the columns and lines ``REDACTED`` lists for it, and a note saying what was cut
+    ("" when nothing was)."""
+    cut = []
+    for piece, (columns, line_pattern, _) in REDACTED.get(lab, {}).items():
+        if piece in cell.source:
+            shorter = drop_columns(text, columns)
+            cut += [f"the column {name}" for name in columns if name in text]
+            if line_pattern:
+                kept = [line for line in shorter.split("\n") if not re.search(line_pattern, line)]
+                cut += ["a line of counts"] if len(kept) < len(shorter.split("\n")) else []
+                shorter = "\n".join(kept)
+            text = shorter
+    note = (f"(Left out here: {', '.join(cut)}. They are answers to the lab's questions, which your notebook computes "
+            "with your own functions.)") if cut else ""
+    return text, note
 
 
 def first_code_line(source: str) -> str:
@@ -173,6 +227,7 @@ def reference_text(lab: str, root: Path = REPO) -> str | None:
             if cell.cell_type != "code" or excluded_because(lab, cell):
                 continue
             text, figures = printed(cell)
+            text, note = redact(lab, cell, text)
             if not text and not figures:
                 continue
             place = " > ".join(headings[level] for level in sorted(headings)) or "Setup"
@@ -181,6 +236,8 @@ def reference_text(lab: str, root: Path = REPO) -> str | None:
                 last_place = place
             out.append(f"The cell starting `{first_code_line(cell.source)}`:")
             out += ["", fence(text)] if text else []
+            if note:
+                out += ["", note]
             if figures:
                 out += ["", f"(It also drew {figures} figure(s), not shown here: they plot the numbers printed above; "
                         "the notebook draws them on your machine.)"]
