@@ -10,7 +10,8 @@ from pathlib import Path
 
 from .late import settle_late_penalties
 from .nbgrader_run import read_scores, run_nbgrader
-from .notebooks import grade_id, is_autograded_test, is_bonus_id, nbgrader_meta, question_key, question_label
+from .notebooks import (grade_id, is_autograded_test, is_bonus_id, nbgrader_meta, question_key, question_label,
+                        question_labels)
 from .paths import REPO_ROOT
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"  # course_feedback: nbgrader's feedback page, a table of questions
@@ -27,16 +28,19 @@ def question_rows(nb) -> list[dict]:
     """The feedback page's summary (the ``course_feedback`` template): one row per question, in the lab's order,
     from the grades nbgrader's ``GetGrades`` and ``ShowBonusPoints`` wrote into each cell's metadata.
 
-    Each row: ``label`` ("Question 3.1.1"), ``anchor`` (the grade id of its first graded cell), ``autograded``, ``ta``
-    and ``bonus`` as ``[score, points]`` or None (score None until a TA grades it), and the TA's ``comments``."""
+    Each row: ``label`` ("Question 3.1.1", as the question's heading shows it, renumbered or not), ``anchor`` (the
+    grade id of its first graded cell), ``autograded``, ``ta`` and ``bonus`` as ``[score, points]`` or None (score None
+    until a TA grades it), and the TA's ``comments``."""
     rows: dict[str, dict] = {}
+    labels = question_labels(nb)
     for cell in nb.cells:
         meta = nbgrader_meta(cell)
         if not meta.get("grade") and not meta.get("task"):
             continue
         gid = grade_id(cell)
         key = question_key(gid) or gid
-        row = rows.setdefault(key, {"label": question_label(key) if question_key(gid) else gid, "anchor": gid,
+        label = (labels.get(key) or question_label(key)) if question_key(gid) else gid
+        row = rows.setdefault(key, {"label": label, "anchor": gid,
                                     "autograded": None, "ta": None, "bonus": None, "comments": []})
         column = "bonus" if is_bonus_id(key) else "autograded" if is_autograded_test(cell) else "ta"
         score, points = _points(meta.get("score")), _points(meta.get("points")) or 0.0

@@ -43,6 +43,7 @@ from .notebooks import (
     question_key,
     question_key_from_heading,
     question_label,
+    question_labels,
     question_sort_key,
     read_notebook,
     region_lines,
@@ -135,15 +136,24 @@ def check_points(lab: str, nb) -> list[Problem]:
         key = question_key(grade_id(cell))
         if is_graded(cell) and key:
             metadata_points[key] = metadata_points.get(key, 0.0) + cell_points(cell)
+    shown: dict[str, int] = {}
     for heading in find_headings(nb):
-        label, where = question_label(heading.key), f"cell {heading.cell_index}"
+        label, where = heading.label, f"cell {heading.cell_index}"
         got = metadata_points.get(heading.key)
+        if label in shown:
+            problems.append(Problem(lab, where, f"{label} has a second heading (first in cell {shown[label]})"))
+            continue
+        shown[label] = heading.cell_index
+        if heading.key[0] != label[0].lower():
+            problems.append(Problem(lab, where, f"{label}'s heading names the grade ids {heading.key}_*: a "
+                                    f"{'bonus' if heading.key[0] == 'b' else 'core'} question's ids"))
         if heading.key in seen:
             problems.append(Problem(lab, where, f"{label} has a second heading (first in cell {seen[heading.key]})"))
             continue
         seen[heading.key] = heading.cell_index
         if got is None:
-            problems.append(Problem(lab, where, f"{label} heading has no graded cell (grade ids {heading.key}_...)"))
+            problems.append(Problem(lab, where, f"{label} heading has no graded cell (grade ids {heading.key}_...; a "
+                                    "renumbered question's heading names its ids: <!-- grade ids q2_7_* -->)"))
         elif got != heading.points:
             problems.append(Problem(lab, where, f"{label} heading says {heading.points} points, its graded cells' "
                                     f"metadata sums to {got:g}"))
@@ -164,20 +174,24 @@ def check_points_table(lab: str, nb) -> list[Problem]:
     """The first markdown cell's points table (rows ``| Question 1.1 | ... | 5 |``) lists every question with its
     heading's points, and the right total."""
     first_md = next((cell.source for cell in nb.cells if cell.cell_type == "markdown"), "")
+    labels = question_labels(nb)
+    keys_shown = {label: key for key, label in labels.items()}  # a renumbered question's row shows its heading's label
     table = {}
     for line in first_md.splitlines():
         if match := TABLE_ROW_RE.match(line.strip()):
             listed = match["rest"].split("|")[-1].strip().strip("*")
-            table[question_key_from_heading(match["kind"], match["number"])] = int(listed) if listed.isdigit() else -1
+            key = keys_shown.get(f"{match['kind']} {match['number']}",
+                                 question_key_from_heading(match["kind"], match["number"]))
+            table[key] = int(listed) if listed.isdigit() else -1
     if not table:
         return [Problem(lab, "first markdown cell", "no points table (rows like '| Question 1.1 | ... | 5 |')")]
     messages = []
     headings = {h.key: h.points for h in find_headings(nb)}
     for key, points in headings.items():
         if key not in table:
-            messages.append(f"{question_label(key)} is missing")
+            messages.append(f"{labels[key]} is missing")
         elif table[key] != points:
-            messages.append(f"{question_label(key)} lists {table[key]} points, its heading says {points}")
+            messages.append(f"{labels[key]} lists {table[key]} points, its heading says {points}")
     messages += [f"{question_label(key)} is listed but has no heading in the lab"
                  for key in table.keys() - headings.keys()]
     total = lab_total_text(nb)
@@ -356,13 +370,13 @@ def check_question_statements(lab: str, source_nb, release_nb) -> list[Problem]:
             continue
         for line in filter(MARKDOWN_HEADING_RE.match, cell.source.splitlines()):
             match = HEADING_RE.match(line.strip())
-            what = question_label(question_key_from_heading(match["kind"], match["number"])) if match else "a heading"
+            what = f"{match['kind']} {match['number']}" if match else "a heading"
             problems.append(Problem(lab, _where(index, cell), f"{what} ({line.strip()[:50]!r}) sits inside a solution "
                                     "cell, whose text the release replaces with a stub: start a new markdown cell "
                                     "(`# %% [markdown]`) before it"))
     released = {heading.key for heading in find_headings(release_nb)}
     return problems + [
-        Problem(lab, "release", f"{question_label(heading.key)} has no heading in the release notebook: students do "
+        Problem(lab, "release", f"{heading.label} has no heading in the release notebook: students do "
                 "not see the question")
         for heading in find_headings(source_nb) if heading.key not in released]
 

@@ -1,7 +1,9 @@
 """Notebook helpers shared by every job: nbgrader cell kinds, grade ids, question headings, submissions.
 
 Grade ids name the question they belong to (docs/AUTHORING.md): ``q1_1_gemm`` and ``q1_1_gemm_tests``
-belong to "Question 1.1", ``b3_1_attn_module_mac`` to "Bonus 3.1".
+belong to "Question 1.1", ``b3_1_attn_module_mac`` to "Bonus 3.1". Grade ids never change after a release, but a
+lab may renumber its questions: a heading then names its grade ids explicitly,
+``#### Question 2.3 (3 points) <!-- grade ids q2_7_* -->`` (an HTML comment, which students do not see).
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ NB_VERSION = 4
 
 QUESTION_ID_RE = re.compile(r"^(?P<kind>[qb])(?P<digits>\d+(?:_\d+)*)(?=_[a-z]|$)")
 HEADING_RE = re.compile(
-    r"^#{1,6}\s*(?P<kind>Question|Bonus)\s+(?P<number>\d+(?:\.\d+)*)\s*\((?P<points>\d+)\s*points?\)", re.MULTILINE)
+    r"^#{1,6}\s*(?P<kind>Question|Bonus)\s+(?P<number>\d+(?:\.\d+)*)\s*\((?P<points>\d+)\s*points?\)"
+    r"(?:[ \t]*<!--\s*grade ids\s+(?P<ids>[qb]\d+(?:_\d+)*)_\*\s*-->)?", re.MULTILINE)
 SOLUTION_BEGIN = "### BEGIN SOLUTION"
 SOLUTION_END = "### END SOLUTION"
 HIDDEN_BEGIN = "### BEGIN HIDDEN TESTS"
@@ -132,20 +135,35 @@ def question_sort_key(key: str) -> tuple:
     return tuple(int(part) for part in key[1:].split("_")) + (key[0] == "b",)
 
 
+def heading_key(match: re.Match) -> str:
+    """The question key of a ``HEADING_RE`` match: the grade ids it names (``<!-- grade ids q2_7_* -->``), else
+    its number (``Question 2.3`` -> ``q2_3``)."""
+    return match["ids"] or question_key_from_heading(match["kind"], match["number"])
+
+
 @dataclass(frozen=True)
 class Heading:
-    """A question heading found in a markdown cell."""
+    """A question heading found in a markdown cell: the question key of its grade ids, its points, the cell, and
+    the label students see (``Question 2.3``; it differs from ``question_label(key)`` when the heading names its grade
+    ids explicitly)."""
 
     key: str
     points: int
     cell_index: int
+    label: str = ""
 
 
 def find_headings(nb) -> list[Heading]:
     """Every ``#### Question N.M (P points)`` / ``#### Bonus N.M (P points)`` heading, in order."""
-    return [Heading(question_key_from_heading(match["kind"], match["number"]), int(match["points"]), index)
+    return [Heading(heading_key(match), int(match["points"]), index, f"{match['kind']} {match['number']}")
             for index, cell in enumerate(nb.cells) if cell.cell_type == "markdown"
             for match in HEADING_RE.finditer(cell.source)]
+
+
+def question_labels(nb) -> dict[str, str]:
+    """Question key -> the label its heading shows students (``{"q2_7": "Question 2.3"}`` for a renumbered question);
+    a key without a heading is left out (``question_label`` names it by its grade ids)."""
+    return {heading.key: heading.label for heading in find_headings(nb)}
 
 
 def autograded_points_by_cell(nb) -> dict[str, float]:
