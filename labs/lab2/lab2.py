@@ -4122,7 +4122,9 @@ else:
 # only, since CPU timings under a GPU's roof would mean nothing, and prints this machine's achieved TFLOP/s; the
 # H100's picture is in `measured_runs.md` beside this notebook.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "roofline_traffic", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# How many times the (B, H, S, S) matrix goes through memory, counted on the PyTorch operations an attention runs
+# (definitions only: the next cell calls them on your implementations).
 class SquareMatrixTraffic(TorchDispatchMode):  # TorchDispatchMode and tree_leaves: imported with the memory probe
     """`with SquareMatrixTraffic(numel) as traffic:` adds up the bytes that PyTorch operations inside the block read
     from and write to tensors of at least `numel` elements (`traffic.bytes`); views and allocations, which move no
@@ -4159,6 +4161,7 @@ def tiled_no_cache_bytes(batch, seq_len, head_dim, block_m=64, bytes_per_element
     return batch * (2 * seq_len * head_dim + 2 * seq_len * head_dim * tiles) * bytes_per_element
 
 
+# %%
 attention_round_trips = {}
 for impl, (fn, _) in attention_impls.items():
     if impl == "torch.compile":
@@ -4264,7 +4267,7 @@ plt.show()
 #    and the Triton kernel make none: at the ideal, S/2 = 8192 FLOP/byte, far right of the ridge, compute-bound by
 #    the model, with the full 989 TFLOP/s as roof; they reached 311.3 and 313.7 TFLOP/s (1.766 and 1.752 ms), 31-32%
 #    of it. The measurements agree with the regimes: eager is close to its memory roof, so its time is the S x S
-#    traffic; the tiled kernels run far above any roof a memory-bound attention could have.
+#    traffic; the tiled kernels run far above the memory roof of anything that moves the S x S matrix.
 # 2. Compiling changes which kernels run between the two products, not the products: Inductor keeps both as library
 #    matmuls and fuses the softmax (with any scaling or cast of the scores) into one generated kernel, which still
 #    reads the scores from HBM and writes the probabilities. Same round trips, same intensity, same memory roof. Its
