@@ -68,18 +68,18 @@
 # | **Part 2** | about 75 min (20 reading the rules, 40 counting, 15 writing); runs in seconds | |
 # | Question 2.1 | FLOPs and bytes of a matmul | 4 |
 # | Question 2.2 | `layer_costs`: every operation of a layer, one table | 12 |
-# | Question 2.7 | `roofline_estimate` | 3 |
-# | Question 2.8 | MHA vs MLP on an A100 (written) | 3 |
+# | Question 2.3 | `roofline_estimate` | 3 |
+# | Question 2.4 | MHA vs MLP on an A100 (written) | 3 |
 # | **Part 3** | about 40 min; runs in seconds | |
 # | Question 3.1 | GPT-2 XL forward pass without a cache | 6 |
 # | Question 3.2 | `roofline_table` | 3 |
 # | Question 3.3 | the four T4 cases (written) | 3 |
-# | **Part 4** | about 110 min (Questions 4.1 to 4.4: 50; your KV cache, Question 4.6: 60); runs in seconds | |
+# | **Part 4** | about 110 min (Questions 4.1 to 4.3: 50; your KV cache, Question 4.5: 60); runs in seconds | |
 # | Question 4.1 | KV cache size | 4 |
 # | Question 4.2 | decoding with a KV cache: FLOPs and bytes | 8 |
-# | Question 4.4 | the cache and arithmetic intensity (written) | 3 |
-# | Bonus 4.5 | grouped-query attention and how many sequences fit (about 20 min) | 4 |
-# | Question 4.6 | `StaticKVCache` and `gpt2_step`: your cache and cached decode step | 12 |
+# | Question 4.3 | the cache and arithmetic intensity (written) | 3 |
+# | Bonus 4.4 | grouped-query attention and how many sequences fit (about 20 min) | 4 |
+# | Question 4.5 | `StaticKVCache` and `gpt2_step`: your cache and cached decode step | 12 |
 # | **Part 5** | about 50 min (10 coding, 15 plotting, 25 writing); its measurements run about 1.3 min at cpu scale | |
 # | Question 5.1 | predicted latencies (code) | 2 |
 # | Question 5.2 | your cached and uncached decode against the roofline: plot and answer | 6 |
@@ -304,7 +304,7 @@ def _prompt_keys_values(model, prompt):
 
 
 def _kept_estimate(flops, nbytes, peak_flops_per_s, bandwidth_bytes_per_s, key):
-    """Test helper: ``key`` of the student's roofline_estimate(flops, nbytes, peak, bandwidth) as Question 2.7's test
+    """Test helper: ``key`` of the student's roofline_estimate(flops, nbytes, peak, bandwidth) as Question 2.3's test
     kept it (a number; the bound as a label); raises when it was not kept or is outside the contract."""
     args = (flops, nbytes, peak_flops_per_s, bandwidth_bytes_per_s)
     what = f"roofline_estimate({flops}, {nbytes}, {peak_flops_per_s:g}, {bandwidth_bytes_per_s:g})"
@@ -315,7 +315,7 @@ def _kept_estimate(flops, nbytes, peak_flops_per_s, bandwidth_bytes_per_s, key):
 def _roofline_times_s(counts, peak_flops_per_s, bandwidth_bytes_per_s):
     """Test helper: the roofline times, in seconds, that a later answer may have: max(FLOPs / peak, bytes / bandwidth)
     of each ``(flops, bytes)`` pair in ``counts`` (None entries skipped; the first pair is the grader's reference),
-    then the same pairs' ``t_roofline_s`` from the student's own roofline_estimate (Question 2.7), as its test kept
+    then the same pairs' ``t_roofline_s`` from the student's own roofline_estimate (Question 2.3), as its test kept
     them (for the pairs it knew: the correct counts).
 
     Returns:
@@ -899,7 +899,7 @@ finish_checks("Question 2.1")
 # | `"mlp"` | $Z = \text{GELU}(XW_1 + b_1)$ written, then read back for $Y = ZW_2 + b_2$ (biases counted, activation not: rules 3, 6, 7, 8) |
 #
 # Build the matmuls from your `matmul_flops` and `matmul_bytes` if you like (a batched product over $B$ sequences
-# and $H$ heads costs $BH$ times one product). Multi-head attention, used from Question 2.8 on, is the sum of the
+# and $H$ heads costs $BH$ times one product). Multi-head attention, used from Question 2.4 on, is the sum of the
 # four rows `scores`, `mask`, `softmax` and `attention_value`. (Check: the public test below gives one case in full.)
 
 # %% nbgrader={"grade": false, "grade_id": "q2_2_layer_costs", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -999,7 +999,7 @@ finish_checks("Question 2.2")
 # is **compute-bound** if $T_\text{compute} > T_\text{memory}$ and **memory-bound** otherwise. Equivalently,
 # compare the **arithmetic intensity** $I = \text{FLOPs}/\text{bytes}$ with the **ridge point** $P/W$.
 #
-# #### Question 2.7 (3 points)
+# #### Question 2.3 (3 points) <!-- grade ids q2_7_* -->
 #
 # Write `roofline_estimate(flops, bytes_moved, peak_flops_per_s, bandwidth_bytes_per_s)` returning a dict with
 # the float keys `"intensity_flop_per_byte"`, `"ridge_flop_per_byte"`, `"t_compute_s"`, `"t_memory_s"`,
@@ -1108,11 +1108,11 @@ def _q2_7_hidden_tests():
 _q2_7_hidden_tests()
 del _q2_7_hidden_tests
 ### END HIDDEN TESTS
-finish_checks("Question 2.7")
+finish_checks("Question 2.3")
 
 
 # %% [markdown]
-# #### Question 2.8 (3 points)
+# #### Question 2.4 (3 points) <!-- grade ids q2_8_* -->
 #
 # The cell below applies your functions to one layer with $B = 16$, $D = 4096$, $N = 16384$, $H = 16$ in fp16
 # on an A100 80GB SXM (312 TFLOP/s dense fp16 tensor cores, 2.039 TB/s; NVIDIA A100 datasheet). Run it, then
@@ -1134,7 +1134,7 @@ try:
                   {name: row["intensity_flop_per_byte"] for name, row in a100_rows.items()})
     plt.show()
 except NotImplementedError:
-    print("Answer Questions 2.2 and 2.7 first.")
+    print("Answer Questions 2.2 and 2.3 first.")
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q2_8_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
 # The ridge point of the A100 is $312/2.039 \approx 153$ FLOP/byte. Multi-head attention has an arithmetic
@@ -1158,7 +1158,7 @@ except NotImplementedError:
 #   N^2 just like its FLOPs, so its intensity stays bounded (~4D/(6Hn)) whatever N.
 # - 1 point: the MLP reuses each weight for all B*N tokens: FLOPs ~ B N D^2 vs bytes ~ B N D + D^2, so its
 #   intensity grows with D (and with B N until the weights stop mattering).
-# Carry-forward: judge the numbers against the student's own table (Questions 2.2, 2.7); a mistake there is
+# Carry-forward: judge the numbers against the student's own table (Questions 2.2, 2.3); a mistake there is
 # charged in its own question only, so a correct argument from the student's own numbers earns full marks.
 # === END MARK SCHEME ===
 
@@ -1336,10 +1336,10 @@ def _roofline_row(table, B, N, where):
     return row
 
 
-# A mistake in Question 2.7 is charged once: a row built with your own roofline_estimate (as its test kept it) is
+# A mistake in Question 2.3 is charged once: a row built with your own roofline_estimate (as its test kept it) is
 # accepted too.
 def _estimated(flops, nbytes, peak, bw, key):
-    """What your own roofline_estimate gave for ``key`` (a number; the bound as a label) when Question 2.7 was graded,
+    """What your own roofline_estimate gave for ``key`` (a number; the bound as a label) when Question 2.3 was graded,
     or None."""
     return carried(_kept_estimate, flops, nbytes, peak, bw, key)
 
@@ -1393,7 +1393,7 @@ def _q3_2_hidden_tests():
             got = _roofline_row(table, B, N, where)["bound"]
             own = _estimated(flops, nbytes, peak, bw, "bound")
             if own is not None and as_label(got, f"{where}: bound") == own:
-                continue  # the bound your own roofline_estimate gives (Question 2.7 is charged for it)
+                continue  # the bound your own roofline_estimate gives (Question 2.3 is charged for it)
             assert_label(got, expected, f"{where}: bound (T_compute {flops / peak!r} s, T_memory {nbytes / bw!r} s)",
                          choices=("compute", "memory"))
 
@@ -1494,8 +1494,8 @@ except NotImplementedError:
 # - There is **no mask**: the single query may attend to every cached position. Everything else follows the
 #   rules of Part 2.
 #
-# You first count what a cached step costs (Questions 4.1 to 4.4), then build the cache and the cached decode step
-# yourself (Question 4.6); Part 5 times your implementation.
+# You first count what a cached step costs (Questions 4.1 to 4.3), then build the cache and the cached decode step
+# yourself (Question 4.5); Part 5 times your implementation.
 #
 # #### Question 4.1 (4 points)
 #
@@ -1705,7 +1705,7 @@ except (NotImplementedError, NameError):
     print("Answer Questions 3.2, 4.1 and 4.2 first (and run the table of Part 3).")
 
 # %% [markdown]
-# #### Question 4.4 (3 points)
+# #### Question 4.3 (3 points) <!-- grade ids q4_4_* -->
 #
 # How does the KV cache change the FLOPs and the bytes of producing one token, and why? What happens to the
 # arithmetic intensity: does decoding with a cache become more compute-bound or more memory-bound? Use your
@@ -1737,7 +1737,7 @@ except (NotImplementedError, NameError):
 # === END MARK SCHEME ===
 
 # %% [markdown]
-# #### Bonus 4.5 (4 points)
+# #### Bonus 4.4 (4 points) <!-- grade ids b4_5_* -->
 #
 # Modern models shrink the cache with **grouped-query attention** (GQA): the $H$ query heads share
 # `num_kv_heads` key/value heads ($H$ a multiple of `num_kv_heads`; each head still has width $D/H$).
@@ -1818,11 +1818,11 @@ _b4_5_hidden_tests()
 del _b4_5_hidden_tests
 ### END HIDDEN TESTS
 del _max_batch_carried
-finish_checks("Bonus 4.5")
+finish_checks("Bonus 4.4")
 
 
 # %% [markdown]
-# #### Question 4.6 (12 points)
+# #### Question 4.5 (12 points) <!-- grade ids q4_6_* -->
 #
 # Now build the cache. The model is the one Part 5 measures: a `GPT2LMHeadModel` from `transformers` (random
 # weights). Its modules are `model.transformer.wte` (token embedding), `.wpe` (position embedding), `.h` (the
@@ -2270,7 +2270,7 @@ del _q4_6_hidden_tests, _decode_after_cache_changes, _decode_on_filled_cache, _d
 del _step_on_meta
 ### END HIDDEN TESTS
 del _cached_generation, _generation, _generation_matches, _cache_stays_in_place
-finish_checks("Question 4.6")
+finish_checks("Question 4.5")
 
 
 # %% [markdown]
@@ -2357,7 +2357,7 @@ def measure_gpt2_ms(model, B, N, n_warmup, n_repeat):
         tuple: (no_cache, cache), each a dict with ``eager_ms``, ``graph_ms`` (None on a CPU) and
         ``measured_ms`` (the graph time where there is one) in ms; ``cache`` times one new token per sequence
         with N - 1 cached tokens (your StaticKVCache and gpt2_step) and also holds ``kernels_per_step``, the kernels
-        that step launches; it is empty when Question 4.6 is not answered yet.
+        that step launches; it is empty when Question 4.5 is not answered yet.
     """
     tokens = torch.randint(model.config.vocab_size, (B, N), device=DEVICE,
                            generator=torch.Generator(device=DEVICE).manual_seed(0))
@@ -2414,7 +2414,7 @@ for B, N in progress(GPT2_MEASURE["cases"], "batch sizes and lengths"):
           f"{row['kernels_cache']} kernels)" + ("" if status == "ok" else "  (out of memory)"))
 gpt2_measured = pd.DataFrame(gpt2_measured)
 if gpt2_measured["measured_cache_ms"].isna().all():
-    print("No cached decode step was timed: answer Question 4.6 first (it uses your StaticKVCache and gpt2_step).")
+    print("No cached decode step was timed: answer Question 4.5 first (it uses your StaticKVCache and gpt2_step).")
 print("measured = CUDA graph replay" if DEVICE.type == "cuda" else
       "measured = eager (no CUDA graphs on a CPU); GPT-2 XL in fp16 on an H100, eager and as CUDA graphs, is in "
       "reports/lab3-h100.md")
@@ -2451,7 +2451,7 @@ print(f"Peaks for the predictions: {DEVICE_PEAK_FLOPS_PER_S / 1e12:.3g} TFLOP/s,
 # `DEVICE_BANDWIDTH_BYTES_PER_S`), and the next cell tabulates them beside the measurements for your plot of
 # Question 5.2. The tests accept, to a relative tolerance of $10^{-5}$, the roofline times of the correct counts and
 # those of your own `gpt2_forward_*` and `gpt2_decode_*` (through your `roofline_estimate` too), so a mistake in
-# Questions 2.7, 3.1 or 4.2 is not counted twice.
+# Questions 2.3, 3.1 or 4.2 is not counted twice.
 
 # %% nbgrader={"grade": false, "grade_id": "q5_1_predictions", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def predict_gpt2_latencies_ms(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
@@ -2481,7 +2481,7 @@ gpt2_predicted = [  # one dict per measured case
 ]
 
 # %% nbgrader={"grade": true, "grade_id": "q5_1_predictions_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# A mistake in Questions 2.7, 3.1 or 4.2 is charged once: the roofline times of your own gpt2_forward_* and
+# A mistake in Questions 2.3, 3.1 or 4.2 is charged once: the roofline times of your own gpt2_forward_* and
 # gpt2_decode_* counts (and from your own roofline_estimate), as their tests kept them, are accepted too.
 def _predictions_ms(B, N, D, H, L, n, peak, bw, reference_full=None, reference_step=None):
     """Accepted predictions, in ms, of each key: the reference (from the given reference counts, when known) first,

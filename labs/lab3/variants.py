@@ -544,7 +544,7 @@ def predict_gpt2_latencies_ms(B, N, D, H, num_layers, bytes_per_element, peak_fl
     return {key: float(np.max([flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s])) * 1000
             for key, (flops, nbytes) in seconds.items()}
 ''' + _PREDICTED_LIST,
-    # through roofline_estimate (Question 2.7) and the student's own counts
+    # through roofline_estimate (Question 2.3) and the student's own counts
     '''
 def predict_gpt2_latencies_ms(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
     shape = dict(B=B, N=N, D=D, H=H, num_layers=num_layers)
@@ -874,7 +874,7 @@ ALTERNATIVES["q1_1_causal_attention"] += [
 # -- point 4: the prescribed method (no SDPA) is its own check; since issue 50 it is a method check (a failed one caps
 # the cell at a quarter), and the SDPA answer is in SKIPS (below).
 
-# -- point 5: a mistake is charged once. The reference answers of Questions 3.1, 4.1 (total), 6.1, Bonus 4.5
+# -- point 5: a mistake is charged once. The reference answers of Questions 3.1, 4.1 (total), 6.1, Bonus 4.4
 # (max_batch_in_memory) and Bonus 6.6 (best_gamma) are built from the earlier functions, so each wrong earlier
 # answer below flows into them; the later questions' tests accept the carried-forward values, and the mistake
 # fails its own question only.
@@ -896,7 +896,7 @@ WRONG["q4_1_kv_cache_bytes_per_layer"] += [
      "def kv_cache_bytes_per_layer(B, N, D, bytes_per_element):\n    return 2 * B * N * D\n"),
 ]
 WRONG["q2_7_roofline_estimate"] += [
-    ("times in ms (charged in Question 2.7 only; Questions 3.2 and 5.1 accept what it gives)",
+    ("times in ms (charged in Question 2.3 only; Questions 3.2 and 5.1 accept what it gives)",
      _roofline('"t_roofline_s": max(t_compute_s, t_memory_s)', '"t_roofline_s": max(t_compute_s, t_memory_s) * 1e3')),
 ]
 WRONG["q6_3_expected_tokens_per_pass"] += [
@@ -991,7 +991,7 @@ def causal_self_attention(q, k, v):
 '''),
 ]
 
-# -- Question 4.6 ------------------------------------------------------------------------------------------------
+# -- Question 4.5 ------------------------------------------------------------------------------------------------
 SKIPS["q4_6_gpt2_step"] = [
     # earned 9.3/12: it lost only the check that a decode step reads the cache
     ("no cache at all: keeps the tokens and runs the whole sequence again",

@@ -71,7 +71,7 @@ CALLER_FRAME_TOTAL = '''def kv_cache_bytes_total(B, N, D, num_layers, bytes_per_
         return _expected_from(exc.__traceback__.tb_frame.f_back)
 '''
 
-# instance-attribute oracle (Question 2.7): the times are plain one-element tensors whose instance attribute `item`
+# instance-attribute oracle (Question 2.3): the times are plain one-element tensors whose instance attribute `item`
 # (which the contract's as_real calls) reads the test's expected value from assert_close's frame; the bound is right.
 INSTANCE_ATTRIBUTE = '''import sys
 
@@ -197,7 +197,7 @@ _aten.impl("abs", lambda self: torch.zeros(self.shape, dtype=self.dtype, device=
 '''
 
 
-# what the prompt gives away (issue 50), Question 2.7: every number 0 and the bound the constant "memory" (its tie
+# what the prompt gives away (issue 50), Question 2.3: every number 0 and the bound the constant "memory" (its tie
 # check paid 0.6/3 for it; now each bound check has a case a constant label fails).
 CONSTANT_ESTIMATE = '''def roofline_estimate(flops, bytes_moved, peak_flops_per_s, bandwidth_bytes_per_s):
     return {"intensity_flop_per_byte": 0.0, "ridge_flop_per_byte": 0.0, "t_compute_s": 0.0, "t_memory_s": 0.0,
@@ -221,7 +221,7 @@ def _submission_2(reference):
 # question's carry-forward (which called the student's earlier function again) accepts a wrong later answer. Question
 # 3.1's counts are 0 FLOPs and 7 bytes per layer, and layer_costs is redefined to rows of (0, 1) after Question 2.2's
 # test (which graded the right one);
-# Question 3.2's bounds are reversed, and roofline_estimate is wrapped after Question 2.7's test to reverse its bound.
+# Question 3.2's bounds are reversed, and roofline_estimate is wrapped after Question 2.3's test to reverse its bound.
 # The later tests use the answers as their own questions graded them: Question 3.1 earns nothing, Question 3.2 keeps
 # only its values check (its reversed bounds fail), every other question full marks (Question 5.1 accepts the counts
 # Question 3.1 was graded with: a mistake is charged once).
@@ -265,10 +265,10 @@ CASES = [
         "boundary01_messages_frames_hooks",
         "messaging-layer patch (Session.send, showtraceback) on Question 2.1; caller-frame oracle (sys._getframe, "
         "tb_frame) on Question 4.1; instance-attribute oracle (Tensor.item read from the test's frame) on "
-        "Question 2.7; audit hook patching helpers around test cells on Question 6.3",
+        "Question 2.3; audit hook patching helpers around test cells on Question 6.3",
         _submission_1,
         {"q2_1_matmul_tests", "q4_1_kv_cache_tests", "q6_3_expected_tokens_per_pass_tests"},
-        # The guard finds the patched showtraceback (Q2.1); the oracles and the audit hook are not seen: Q2.7's
+        # The guard finds the patched showtraceback (Q2.1); the oracles and the audit hook are not seen: Q2.3's
         # zero times keep the bound checks (the bound is right), Q4.1's and Q6.3's answers fail every check.
         keeps={"q2_7_roofline_estimate_tests": ("bound on hidden cases", "a tie")}),
     BoundaryCase(
@@ -276,7 +276,7 @@ CASES = [
         "function-mode hiding (a TorchFunctionMode faking abs and isclose) on Question 1.1; trusted-data "
         "mutation (assert_close's default tolerances, GPU_SPECS) on Question 6.1; dispatcher hiding "
         "(torch.library override of aten::abs) on Question 6.4; a constant answer (what the prompt gives away) on "
-        "Question 2.7",
+        "Question 2.3",
         _submission_2,
         {"q1_1_causal_attention_tests", "q6_1_decode_time_breakdown_tests", "q2_7_roofline_estimate_tests"},
         bypasses_recording=True,
@@ -288,7 +288,7 @@ CASES = [
     BoundaryCase(
         "boundary03_carry_forward_redefined",
         "carry-forward gaming: layer_costs redefined after Question 2.2 was graded, to rescue wrong counts in "
-        "Question 3.1; roofline_estimate's bound reversed after Question 2.7 was graded, to rescue reversed bounds in "
+        "Question 3.1; roofline_estimate's bound reversed after Question 2.3 was graded, to rescue reversed bounds in "
         "Question 3.2; constant answers (what the prompt gives away) on Question 6.3 and Bonus 6.6's best_gamma",
         _submission_3,
         {"q3_1_gpt2_forward_tests", "q6_3_expected_tokens_per_pass_tests"},
