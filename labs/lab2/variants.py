@@ -264,8 +264,8 @@ WRONG["q3_3_causal_mask"] = [
      _mutate("q3_3_causal_mask", ("return positions[None, :] <= positions[:, None]", "return positions[None, :] >= positions[:, None]"))),
 ]
 
-# Questions 3.4 (segment_mask) and 3.5 (is_permutation_equivariant) are optional, ungraded exercises since issue 40:
-# no prepared answers.
+# Packed sequences (segment_mask) are Bonus 3.4 since issue 52: its prepared answers are further down ("Issue 52").
+# is_permutation_equivariant stays an optional, ungraded exercise (ids q3_5_*): no prepared answers.
 
 # ----------------------------------------------------------------------------------------------- Part 4
 ALTERNATIVES["q4_1_1_online_update"] = [
