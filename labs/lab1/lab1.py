@@ -512,7 +512,9 @@ with uses_answers("Question 1.1"):
 # and for very short operations the timer's own overhead is a large part of the result. A single measurement
 # therefore measures start-up effects (for some functions) and noise (for all of them) as much as the operation:
 # warm up first, then repeat many times and report a mean or median (on a GPU, with proper synchronisation,
-# otherwise you time only the kernel launch).
+# otherwise you time only the kernel launch). On a busy machine the noise can hide the start-up cost altogether: in
+# the course's cpu-scale run (also in `measured_runs.md`) the five `torch.matmul` calls took 0.7950 to 28.0368 ms
+# in no particular order, and `gemm` 7.535 to 19.839 ms.
 # === BEGIN MARK SCHEME ===
 # 2 points in total. Judge against the student's own printed times:
 # - 1 point: describes what their run shows: which function's first call is slower (typically torch.matmul's,
@@ -2753,9 +2755,9 @@ with uses_answers("Question 3.5.2"):  # your code goes in this block (unwritten,
 # 86% of the measured matmul ceiling (788 TFLOP/s). `q_proj` and `o_proj` (385 FLOP/byte) are compute-bound by
 # their intensity too, but were not measured so (below).
 # **Near the ridge**: `q @ k^T` and `probs @ v` are GEMMs as well, with intensity $Ld / (2d + L)$ in bf16
-# (205 FLOP/byte at $L = 2048$, $d = 256$). Longer sequences do not move them across the ridge: the intensity grows
-# towards $d = 256$ FLOP/byte and never passes it, just left of the H100's ridge (262 measured, 295 datasheet);
-# they ran at 507 and 518 TFLOP/s, 82 to 84% of the roof at their intensity.
+# (205 FLOP/byte at $L = 2048$, $d = 256$). Longer sequences do not move them across the H100's ridge: the
+# intensity grows towards $d = 256$ FLOP/byte and never passes it, just left of that ridge (262 measured, 295
+# datasheet); they ran at 507 and 518 TFLOP/s, 82 to 84% of the roof at their intensity.
 # **Memory-bound**: `GeLU` (8 FLOPs per element read and written: 2 FLOP/byte in bf16, 1 in float32), the
 # product `gelu * up` (1 FLOP per 3 elements: 0.167 FLOP/byte in bf16) and `softmax` (4 FLOPs per score read and
 # written: 1 FLOP/byte in bf16): far left of the ridge, each streams whole tensors through memory and runs at best
@@ -2794,9 +2796,10 @@ with uses_answers("Question 3.5.2"):  # your code goes in this block (unwritten,
 #   right of it (weight reuse across the B x L tokens, a GEMM) and GeLU, the product and softmax far left of it
 #   (a few FLOPs per element streamed); q @ k^T / probs @ v near the ridge (on an H100 just left of it: their
 #   intensity approaches d = 256 from below, so longer sequences do not carry them across). "q @ k^T moves right
-#   of the ridge with longer sequences" is wrong on an H100 or an A6000 with d = 256 in bf16; it does not cost the
-#   point alone. On a CPU, points above the measured roof explained by the caches, or by ceilings measured low on
-#   a busy machine, are fine; the placing then rests on the intensities and on the times relative to one another.
+#   of the ridge with longer sequences" is wrong on an H100 with d = 256 in bf16 (right on a GPU whose ridge lies
+#   below d, such as the A6000's 202 FLOP/byte); it does not cost the point alone. On a CPU, points above the
+#   measured roof explained by the caches, or by ceilings measured low on a busy machine, are fine; the placing then
+#   rests on the intensities and on the times relative to one another.
 # - 1 point: explains the points far under both roofs (on a GPU the small projections and the decode gate_proj,
 #   all near one time per call whatever their work) by the per-call cost that latency measures when the device's
 #   work is shorter than the CPU's work per call (Python, dispatch, launch), not by memory or compute; or, where
