@@ -15,6 +15,11 @@ Usage (from a clean checkout, so that other work in progress is not what runs)::
 
     git archive HEAD | tar -x -C /tmp/labs-head && cd /tmp/labs-head
     nice -n -5 python scripts/run_cpu_scale.py lab1 lab2 lab3 --out /path/to/repo/reports/cpu-2core
+
+then, in the repository: ``python scripts/make_student_reference.py && python -m course build`` (the students'
+``measured_runs.md``), ``python scripts/run_times.py && python -m course build`` (the first cell's run-time line),
+``python scripts/performance.py`` (docs/PERFORMANCE.md) and ``python tests/test_quotes.py`` (the quotes of the lab
+texts that the new run no longer holds, written to /tmp/quotes_labN.txt).
 """
 from __future__ import annotations
 
