@@ -6,7 +6,7 @@ caps and a notebook time limit (docs/SECURITY.md). It decides what runs where, c
   kernel reports decides a score.
 - Around every test cell and before every locked cell, the guard undoes what student code changed (charged to the
   next test cell); what a locked cell itself changes becomes the reference (``adopt``), and so does what the course's
-  imports of the locked cells' modules change (``IMPORT_AHEAD``, in every kernel before its first student code).
+  imports of the locked cells' modules change (``IMPORT_AHEAD``, in every kernel after the locked setup cells).
 - A dead or mute kernel fails its cell; a fresh kernel runs the earlier cells (not the tests) again. Execution stops
   at the notebook time limit or after a sticky CUDA error. A kernel lost before any student code ran, or output
   that did not arrive, asks ``course.grade`` to grade again.
@@ -44,11 +44,11 @@ from .output_budget import MIB, OutputBudget, shorten
 from .scan import recording_bypass_flags
 
 DEFAULT_NOTEBOOK_TIMEOUT_S = 600
-# The modules of the lab's locked cells, imported in every kernel just before its first student code (after the locked
-# cells that come before it; in a run started ahead, while it waits for its turn, so that no locked cell loads them
-# on the clock). What importing them changes is the course's, adopted by the guard (``_run_course_code``). Then
-# everything loaded so far leaves the cyclic garbage collector's walk (gc.freeze; reference counting still frees
-# it): utils.benchmark_memory collects on every call, and a walk over torch's objects is slow.
+# The modules of the lab's locked cells, imported in every kernel as a locked cell would (``_import_ahead``): after the
+# locked setup cells, which may prepare what the imports need (Lab 2 sets TRITON_INTERPRET before importing triton),
+# before the next cell; in a run started ahead, while it waits for its turn, so that no locked cell loads them on
+# the clock. Then everything loaded so far leaves the cyclic garbage collector's walk (gc.freeze; reference counting
+# still frees it): utils.benchmark_memory collects on every call, and a walk over torch's objects is slow.
 IMPORT_AHEAD = (
     "import contextlib as _c, gc as _gc, importlib as _i\n"
     "for _m in {modules!r}:\n"
@@ -120,6 +120,7 @@ class GuardedExecute(Execute):
         self._budget = OutputBudget(self.max_cell_output_bytes, self.max_notebook_output_bytes, self.max_error_bytes)
         self._zmq_context = None
         self._pending: list[str] = []  # tampering undone before a locked cell, charged to the next test cell
+        self._setup_ran = False  # a locked setup cell ran in the current kernel
         self._imported_ahead = False  # IMPORT_AHEAD ran in the current kernel
         self._replayable: list[int] = []  # code cells (not tests) that ran without losing the kernel
         self._deadline = time.monotonic() + self.notebook_timeout_s
@@ -196,9 +197,9 @@ class GuardedExecute(Execute):
         return cell, self.resources
 
     def _before_student_code(self) -> None:
-        """Before the first cell that is not a locked setup cell: the course's imports (``_import_ahead``); in a run
-        started ahead (``course.nbgrader_child``), also wait for the turn, and count the notebook's time limit from
-        there."""
+        """Before a cell that is not a locked setup cell: the course's imports (``_import_ahead``); in a run started
+        ahead (``course.nbgrader_child``), before its first such cell, wait for the turn, and count the notebook's
+        time limit from there."""
         self._import_ahead()
         if nbgrader_child.waiting():
             self._grader.take_pending()
@@ -206,28 +207,26 @@ class GuardedExecute(Execute):
             self._deadline = time.monotonic() + self.notebook_timeout_s
 
     def _import_ahead(self) -> None:
-        """``IMPORT_AHEAD``, once per kernel, before its first student code: at the same point on every route
-        (``course grade``, plain ``nbgrader autograde``) and in a fresh kernel's replay, so that what it changes is
-        the course's wherever the student's cells are."""
-        if not self._imported_ahead and not self._channel.lost:
-            self._imported_ahead = True
-            if self._course_modules:
-                self._run_course_code(IMPORT_AHEAD.format(modules=self._course_modules))
-
-    def _run_course_code(self, code: str) -> None:
-        """Run the course's own code (not a notebook cell) in a kernel where no student code ran yet: what it changes
-        is the tests' environment, as a locked cell's is (``adopt``). Importing a library can replace what the guard
-        watches (importing torch imports ``torch.package``, which replaces ``inspect.getfile``): that is never the
-        student's doing. Only ever before student code: ``adopt`` would take student changes for the course's."""
-        self._guard.command("mark")
-        self._channel.request(code, timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
-        self._guard.command("adopt")
+        """``IMPORT_AHEAD``, once per kernel, as a locked cell: before the first cell that is not a locked setup cell
+        after one that is, the same point on every route and in a fresh kernel's replay. A student cell placed
+        before the setup cells (an empty one, the course's fetch cell) runs before it, so the guard first undoes what
+        student code changed (charged to the next test cell), then adopts what the imports change (importing torch
+        imports ``torch.package``, which replaces ``inspect.getfile``): that is never the student's doing."""
+        if self._imported_ahead or not self._setup_ran or self._channel.lost:
+            return
+        self._imported_ahead = True
+        if self._course_modules:
+            self._before_locked_cell()
+            self._channel.request(IMPORT_AHEAD.format(modules=self._course_modules),
+                                  timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
+            self._guard.command("adopt")
 
     def _run_notebook_cell(self, cell, index: int, here: str, is_setup: bool) -> None:
         """Run a cell that is not a test in the kernel (student code, or a locked instructor cell)."""
         if is_setup:
             self._before_locked_cell()
             self._grader.run_locked_cell(cell.source, cell.metadata.get("tags"))
+            self._setup_ran = True
         elif cell.source.strip():
             self._record.student_code_ran = True
         try:
@@ -317,15 +316,16 @@ class GuardedExecute(Execute):
         self._channel.lost = ""
         self._guard.key = None  # the fresh kernel has neither the guard nor the boundary's server
         self._boundary.comm = ""
-        self._imported_ahead = False
+        self._setup_ran = self._imported_ahead = False
         self._install_kernel_side()
         for earlier in list(self._replayable):
             cell = self.nb.cells[earlier]
             is_setup = is_setup_cell(cell)
             if is_setup:
                 self._before_locked_cell()
+                self._setup_ran = True
             else:
-                self._import_ahead()  # where the first run imported them: before the first student cell
+                self._import_ahead()  # where the first run imported them
             self._channel.request(cell.source, timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
             if is_setup:
                 self._guard.command("adopt")

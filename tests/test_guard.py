@@ -132,26 +132,29 @@ def test_tampering_before_a_locked_cell_is_charged_to_the_next_test(graded_with_
 
 
 # A code cell before the first locked cell (the course's own fetch cell, an empty cell a student adds at the top), and
-# the locked cells' modules: the grader imports them in the kernel before its first student code (IMPORT_AHEAD).
+# the locked cells' modules, which the grader imports in the kernel after the locked setup cells (IMPORT_AHEAD).
 # Importing torch (checks.py does) imports torch.package, which replaces inspect.getfile, and here _utils_private.py
 # (a lab file the guard does not import itself), imported by a locked cell after the first answer, registers an
 # IPython exception handler at import (as importing transformers, through trio, does). Both are the course's doing,
 # never the student's, on every route, wherever the student's cells are; a student's own replacement still costs.
+# _utils_private.py also reads at import what the setup cell sets (as Triton reads TRITON_INTERPRET, which Lab 2's
+# setup cell sets on a CPU): the lab's modules are never imported before its setup cells.
 FULL = {"q1_1_add_tests": 3, "q1_2_scale_tests": 2, "b1_1_square_tests": 1}
-TOP_IMPORT = "import inspect\nimport torch  # honest: the course imports it too"
 TOP_CELLS = {  # student -> (the cell added before the first code cell, or None; the test scores)
     "reference": (None, FULL),
     "top_empty": ("", FULL),
-    "top_import": (TOP_IMPORT, FULL),
-    # Its kernel dies in q1_2_scale: a fresh kernel replays the earlier cells, the top one included.
-    "top_import_dies": (TOP_IMPORT, {**FULL, "q1_2_scale_tests": 0}),
+    # Its kernel dies in q1_2_scale: a fresh kernel runs the earlier cells again, the top one included.
+    "top_empty_dies": ("", {**FULL, "q1_2_scale_tests": 0}),
     "top_patcher": ("import inspect\ninspect.getfile = lambda obj: 'nowhere'", {**FULL, "q1_1_add_tests": 0}),
 }
-PRIVATE_WITH_A_HOOK = ('"""A lab file that registers an IPython exception handler at import."""\n'
-                       'import builtins\n\nif getattr(builtins, "get_ipython", None) is not None:\n'
+SETS_UP = "\nimport math\nimport os\n\nos.environ['LAB0_SETUP'] = 'done'  # before the lab's modules are imported\n"
+PRIVATE_WITH_A_HOOK = ('"""A lab file that reads what the setup cell set and registers an IPython exception handler at '
+                       'import."""\nimport builtins\nimport os\n\nSEEN = os.environ.get("LAB0_SETUP", "missing")\n'
+                       'if getattr(builtins, "get_ipython", None) is not None:\n'
                        '    get_ipython().set_custom_exc((KeyboardInterrupt,), lambda *args, **kwargs: ["interrupted"])\n')
 IMPORTS_PRIVATE = ('# %% nbgrader={"grade": false, "grade_id": "q1_2_setup", "locked": true, "schema_version": 3, '
-                   '"solution": false, "task": false}\nimport _utils_private\n\n')
+                   '"solution": false, "task": false}\nimport _utils_private\n\nSETUP_SEEN = _utils_private.SEEN\n\n')
+CHECKS_SETUP = "assert SETUP_SEEN == 'done', 'the lab module was imported before the setup cell ran'\n"
 
 
 @pytest.fixture(scope="module")
@@ -163,9 +166,11 @@ def graded_with_a_cell_before_the_setup(tmp_path_factory):
 
     text = FIXTURE.read_text()
     answer_header = '# %% nbgrader={"grade": false, "grade_id": "q1_2_scale"'
-    assert answer_header in text, "the fixture lab changed: update this test"
-    root = make_root(tmp_path_factory.mktemp("guard-top-cell"), text.replace(answer_header,
-                                                                             IMPORTS_PRIVATE + answer_header, 1))
+    first_check = "assert scale(2, 3) == 6"
+    assert answer_header in text and "\nimport math\n" in text and first_check in text, (
+        "the fixture lab changed: update this test")
+    text = text.replace("\nimport math\n", SETS_UP, 1).replace(answer_header, IMPORTS_PRIVATE + answer_header, 1)
+    root = make_root(tmp_path_factory.mktemp("guard-top-cell"), text.replace(first_check, CHECKS_SETUP + first_check, 1))
     (root / "_utils_private.py").write_text(PRIVATE_WITH_A_HOOK)
     assert build.main([LAB], root) == 0
     course = make_course_dir(root / "course", [LAB], root)
