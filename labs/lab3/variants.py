@@ -507,17 +507,8 @@ WRONG["b4_5_max_batch_in_memory"] = [
 ]
 
 # --------------------------------------------------------------------------------------------------------------
-# Part 5: predictions (each replacement defines the function and the list the next cell plots)
+# Part 5: predictions
 # --------------------------------------------------------------------------------------------------------------
-_PREDICTED_LIST = '''
-
-gpt2_predicted = [
-    {"B": B, "N": N, **predict_gpt2_latencies_ms(B, N, **MEASURED_SHAPE, bytes_per_element=MEASURED_BYTES_PER_ELEMENT,
-                                                 peak_flops_per_s=DEVICE_PEAK_FLOPS_PER_S,
-                                                 bandwidth_bytes_per_s=DEVICE_BANDWIDTH_BYTES_PER_S)}
-    for B, N in GPT2_MEASURE["cases"]
-]
-'''
 _PREDICT = '''
 def predict_gpt2_latencies_ms(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
     def roofline_ms(flops, nbytes):
@@ -543,7 +534,7 @@ def predict_gpt2_latencies_ms(B, N, D, H, num_layers, bytes_per_element, peak_fl
     }
     return {key: float(np.max([flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s])) * 1000
             for key, (flops, nbytes) in seconds.items()}
-''' + _PREDICTED_LIST,
+''',
     # through roofline_estimate (Question 2.3) and the student's own counts
     '''
 def predict_gpt2_latencies_ms(B, N, D, H, num_layers, bytes_per_element, peak_flops_per_s, bandwidth_bytes_per_s):
@@ -553,17 +544,15 @@ def predict_gpt2_latencies_ms(B, N, D, H, num_layers, bytes_per_element, peak_fl
     step = roofline_estimate(gpt2_decode_flops(**shape), gpt2_decode_bytes(**shape, bytes_per_element=bytes_per_element),
                              peak_flops_per_s, bandwidth_bytes_per_s)
     return dict(predicted_no_cache_ms=full["t_roofline_s"] / 1e-3, predicted_cache_ms=step["t_roofline_s"] / 1e-3)
-''' + _PREDICTED_LIST,
+''',
 ]
 WRONG["q5_1_predictions"] = [
-    ("seconds instead of milliseconds", _sub(_PREDICT, "nbytes / bandwidth_bytes_per_s) * 1e3", "nbytes / bandwidth_bytes_per_s)") + _PREDICTED_LIST),
+    ("seconds instead of milliseconds", _sub(_PREDICT, "nbytes / bandwidth_bytes_per_s) * 1e3", "nbytes / bandwidth_bytes_per_s)")),
     ("compute and memory times added instead of overlapped",
-     _sub(_PREDICT, "max(flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s)", "(flops / peak_flops_per_s + nbytes / bandwidth_bytes_per_s)")
-     + _PREDICTED_LIST),
+     _sub(_PREDICT, "max(flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s)", "(flops / peak_flops_per_s + nbytes / bandwidth_bytes_per_s)")),
     ("cached step priced as a forward pass over one token (cache reads left out)",
      _sub(_sub(_PREDICT, "gpt2_decode_flops(B, N, D, H, num_layers)", "gpt2_forward_flops(B, 1, D, H, num_layers)"),
-          "gpt2_decode_bytes(B, N, D, H, num_layers, bytes_per_element)", "gpt2_forward_bytes(B, 1, D, H, num_layers, bytes_per_element)")
-     + _PREDICTED_LIST),
+          "gpt2_decode_bytes(B, N, D, H, num_layers, bytes_per_element)", "gpt2_forward_bytes(B, 1, D, H, num_layers, bytes_per_element)")),
 ]
 
 # --------------------------------------------------------------------------------------------------------------
@@ -818,8 +807,7 @@ def roofline_table(cases, flops_fn, bytes_fn, peak_flops_per_s, bandwidth_bytes_
 ALTERNATIVES["q5_1_predictions"] += [
     # float32 results
     _sub(_PREDICT, "return max(flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s) * 1e3",
-         "return np.float32(max(flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s)) * np.float32(1e3)")
-    + _PREDICTED_LIST,
+         "return np.float32(max(flops / peak_flops_per_s, nbytes / bandwidth_bytes_per_s)) * np.float32(1e3)"),
 ]
 ALTERNATIVES["q6_1_decode_time_breakdown"] += [
     # every part as a np.float32
@@ -929,7 +917,7 @@ HINTS: dict[str, list[tuple[str, str]]] = {
         ("Your `layer_costs` of Part 2 is the building block", ALTERNATIVES["q3_1_gpt2_forward_flops"][1]),
     ],
     "q5_1_predictions": [
-        ("(`gpt2_forward_*`, Question 3.1) and (`gpt2_decode_*`, Question 4.2)", _PREDICT + _PREDICTED_LIST),
+        ("(`gpt2_forward_*`, Question 3.1) and (`gpt2_decode_*`, Question 4.2)", _PREDICT),
     ],
     "q6_1_decode_time_breakdown": [
         ("The three memory parts must add up to the bytes of Question 4.2",
