@@ -22,6 +22,7 @@ from .notebooks import (
     make_submission,
     question_key,
     question_label,
+    question_labels,
     question_sort_key,
     read_notebook,
     write_notebook,
@@ -162,9 +163,11 @@ def _points(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
-def question_table(scores: dict[str, SubmissionScores], orders: dict[str, QuestionOrder] | None = None) -> str:
+def question_table(scores: dict[str, SubmissionScores], orders: dict[str, QuestionOrder] | None = None,
+                   labels: dict[str, str] | None = None) -> str:
     """Per question: points, of which autograded, and the autograded points of the reference and the blank; with
-    ``orders``, also the most a skip answer earns and the least a one-mistake answer earns (``-``: none)."""
+    ``orders``, also the most a skip answer earns and the least a one-mistake answer earns (``-``: none). ``labels``:
+    question key -> the label its heading shows (``question_labels``; a renumbered question's differs from its ids)."""
     ref = question_scores(scores[REFERENCE]) if REFERENCE in scores else {}
     blank = question_scores(scores[BLANK]) if BLANK in scores else {}
     header = f"{'question':<16}{'points':>7}{'autograded':>11}{'reference':>10}{'blank':>7}"
@@ -174,7 +177,8 @@ def question_table(scores: dict[str, SubmissionScores], orders: dict[str, Questi
         auto_max = q.auto_max if q else order.points
         auto = (lambda v: _points(v) if auto_max else "-")  # noqa: E731 - a question without autograded points
         points = _points(q.auto_max + q.manual_max if q else None)
-        line = (f"{question_label(key):<16}{points:>7}{auto(auto_max):>11}{auto(q.auto_score if q else None):>10}"
+        label = (labels or {}).get(key) or question_label(key)
+        line = (f"{label:<16}{points:>7}{auto(auto_max):>11}{auto(q.auto_score if q else None):>10}"
                 f"{auto(blank[key].auto_score if key in blank else None):>7}")
         if orders is not None:
             skip = max(order.skips.values(), default=None) if order else None
@@ -235,7 +239,7 @@ def check_lab(lab: str, root: Path = REPO_ROOT, execute: bool = True, harness: d
         found, orders = check_order(lab, root, harness)
         problems += found
     if scores or orders:
-        print(question_table(scores, orders))
+        print(question_table(scores, orders, question_labels(read_notebook(source_notebook_path(root, lab)))))
     return problems
 
 
