@@ -1912,7 +1912,9 @@ def calc_mlp_io(B, L, D, I):
 #    $5 \cdot B H L_q L_{kv} \cdot 4$ bytes: an unfused, numerically stable softmax in three kernels reads the
 #    scores 3 times and writes 2 tensors of their size: (i) read the scores for the row maximum; (ii) read them
 #    again and write $e^{s - \max}$, summing each row on the way; (iii) read the exponentials and write them
-#    divided by the row sums (the probabilities);
+#    divided by the row sums (the probabilities). (This is the course handout's count of a softmax written as
+#    separate kernels. PyTorch's `torch.softmax` fuses them into one kernel that reads the scores once and writes
+#    the probabilities once, 2 passes: Section 3.5 and Part 5, which measure attention built on it, count that.)
 # 3. `out = probs @ v`: read the probabilities and `v`, write the output $(B, H, L_q, D_h)$.
 
 # %% nbgrader={"grade": false, "grade_id": "q3_2_attn_io", "locked": false, "schema_version": 3, "solution": true, "task": false}
