@@ -2469,7 +2469,8 @@ _one_token = torch.zeros(1, 1, dtype=torch.long, device=DEVICE)
 one_token_ms = benchmark_eager_and_graphed(uncached_next_logits, gpt2_model, _one_token,
                                            n_warmup=GPT2_MEASURE["n_warmup"], n_repeat=GPT2_MEASURE["n_repeat"])
 print(f"A forward pass over a single token takes {one_token_ms['measured_ms']:.3f} ms "
-      f"(eager {one_token_ms['eager_ms']:.3f} ms): every pass pays at least this much")
+      f"(eager {one_token_ms['eager_ms']:.3f} ms): a pass with almost nothing to compute, the weights read once and "
+      "each kernel's fixed cost")
 
 # The device's peaks: the datasheet when the GPU is in GPU_SPECS, otherwise measured on this machine.
 _gpu_key = detect_gpu()
@@ -3571,8 +3572,7 @@ if spec_cost is not None:
     with pd.option_context("display.width", 200):
         print(spec_cost.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if SCALE == "cpu":
-        print("On a CPU the passes are cheap next to the loop's Python; the H100's tables (4-layer target, 1- to "
-              "3-layer drafts) are in measured_runs.md beside this notebook.")
+        print("The H100's tables (4-layer target, 1- to 3-layer drafts) are in measured_runs.md beside this notebook.")
 
 # %% [markdown]
 # **Whose output is it?** The answer accuracy of the first table comes from the few sequences that a timed loop of
