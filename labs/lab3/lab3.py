@@ -57,8 +57,9 @@
 # graded by a TA. Each part's row gives our estimate of a student's time for it, reading, coding and running
 # included, and how long its cells ran at cpu scale in the course's run (`measured_runs.md` beside this notebook: 2
 # cores of a virtual machine, quiet while it ran (load average 0.95 to 0.97), one PyTorch thread, compile caches cold
-# as on a first run): 29 s for every cell. A busy machine takes longer. At teaching scale on the course's H100 every cell took 158 s, Parts 1
-# and 5 about a minute each. The whole lab: about 7 hours, plus about 45 minutes for the two bonus questions.
+# as on a first run): 29 s for every cell. A busy machine takes longer. At teaching scale on the course's H100 every
+# cell took 158 s, Parts 1 and 5 about a minute each. The whole lab: about 7 hours, plus about 45 minutes for the two
+# bonus questions.
 #
 # | Question | Topic | Points |
 # | --- | --- | --- |
