@@ -137,8 +137,9 @@ def skip_problem(label: str, score: float, order: QuestionOrder) -> str | None:
 def order_problems(lab: str, orders: dict[str, QuestionOrder], harness: dict) -> list[Problem]:
     """The broken rules of the order of grades: a question that prescribes a method has a skip and a one-mistake
     answer; every skip earns at most ``SKIP_CAP`` of its question and less than every one-mistake answer of it; an
-    answer that tampers with the grader (``TAMPERING``) earns nothing on its question. A prepared answer for a cell
-    the lab does not have is reported too (the harness could not try it)."""
+    answer that tampers with the grader (``TAMPERING``) earns at most ``SKIP_CAP`` from the tests alone (the harness
+    runs no grading guard, which zeroes it: the red team's tests grade such answers for real). A prepared answer for
+    a cell the lab does not have is reported too (the harness could not try it)."""
     problems = [Problem(lab, f"labs/{lab}/variants.py", f"the {run['kind']} answer {run['label']!r} replaces cell "
                         f"{run['cell']!r}, which the lab does not have") for run in harness["variants"] if "error" in run]
     for key in sorted(orders, key=question_sort_key):
@@ -153,9 +154,9 @@ def order_problems(lab: str, orders: dict[str, QuestionOrder], harness: dict) ->
             found = skip_problem(label, score, order)
             if found:
                 problems.append(Problem(lab, where, found))
-        problems += [Problem(lab, where, f"the tampering answer {label!r} earns {score:g} of {order.points:g}: "
-                             "tampering the grader finds earns nothing") for label, score in order.tampering.items()
-                     if score > 0]
+        problems += [Problem(lab, where, f"the tampering answer {label!r} earns {score:g} of {order.points:g}: more "
+                             f"than a quarter ({SKIP_CAP * order.points:g}) from the tests alone")
+                     for label, score in order.tampering.items() if score > SKIP_CAP * order.points + 1e-9]
     return problems
 
 

@@ -277,7 +277,7 @@ def test_course_check_reports_every_break_of_the_order_of_grades():
         _run("wrong", "q1_2_mac", "a wrong count", {"q1_2_mac_tests": 0.2}),  # ...this mistake's 0.4
         _run("wrong", "q1_3_io", "bytes of one operand", {"q1_3_io_tests": 0.5}),  # q1_3 has no skip
         _run("wrong", "q1_4_ai", "flops for macs", {"q1_4_ai_tests": 0.0}),  # no method: nothing required
-        _run("tampering", "q1_4_ai", "a lying float", {"q1_4_ai_tests": 0.5}),  # tampering earns nothing
+        _run("tampering", "q1_4_ai", "a lying float", {"q1_4_ai_tests": 0.5}),  # over a quarter from the tests alone
         _run("tampering", "q1_1_gemm", "recorder off", {"q1_1_gemm_tests": 0.0}),  # no lower bound for skips
         {"kind": "skip", "cell": "q9_9_gone", "label": "stale", "error": "no cell 'q9_9_gone'"},
     ]}
@@ -293,8 +293,8 @@ def test_course_check_reports_every_break_of_the_order_of_grades():
         "answer 'a wrong count' (0.4)",
         "lab9: Question 1.3, order of grades: it prescribes a method (check(..., method=True)) but "
         "labs/lab9/variants.py has no answer in SKIPS",
-        "lab9: Question 1.4, order of grades: the tampering answer 'a lying float' earns 1 of 2: tampering the grader "
-        "finds earns nothing",
+        "lab9: Question 1.4, order of grades: the tampering answer 'a lying float' earns 1 of 2: more than a quarter "
+        "(0.5) from the tests alone",
     ]
     for text in expected:
         assert any(problem.startswith(text) for problem in problems), f"missing {text!r} in {problems}"

@@ -1106,13 +1106,6 @@ _move_to_skips("q4_1_2_blockwise_lse", "the max of the whole row first, then blo
 _move_to_skips("q4_2_tiled_forward", "materializes the whole S x S matrix (correct values)")
 _move_to_skips("q4_3_triton_forward", "an empty kernel, and attention in PyTorch in a wrapper of one's own")
 _move_to_skips("b4_4_flash_backward", "materializes the whole S x S probability matrix (correct values)")
-# Tampering that skips the method too (untiled work hidden from the probe): the grader finds it (the probe's liveness
-# check, the guard) and the question scores zero; as prepared answers they are skips, not one-mistake attempts.
-_move_to_skips("q4_1_2_blockwise_lse", "tampering: two passes, with the dispatch modes (the probe) switched off")
-_move_to_skips("q4_2_tiled_forward", "tampering: the S x S matrix computed with the dispatch modes (the probe) switched off")
-_move_to_skips("q4_2_tiled_forward", "tampering: the probe's method patched while the function runs, restored afterwards")
-_move_to_skips("q4_2_tiled_forward", "tampering: the probe class replaced by one that records nothing")
-_move_to_skips("b4_4_flash_backward", "tampering: the S x S probabilities computed with the dispatch modes (the probe) switched off")
 
 # Question 3.1: the text prescribes torch.einsum for the scores and for the output.
 SKIPS["q3_1_einsum_attention"] += [
@@ -1233,3 +1226,14 @@ WRONG["q5_1_benchmark_attention"] += [
                                           "forward_ms = n_repeat * benchmark_latency(attn_fn, q, k, v, n_warmup=n_warmup, "
                                           "n_repeat=n_repeat)"))),
 ]
+
+
+# TAMPERING: the answers above labelled "tampering: ..." cheat the grader (a lying subclass, the probe switched off or
+# patched while untiled work runs). The grader finds them and the question scores zero, so they are neither mistakes
+# a skip must stay below nor skips (docs/AUTHORING.md, "Prepared answers").
+TAMPERING: dict[str, list[tuple[str, str]]] = {}
+for _table in (WRONG, SKIPS):
+    for _cell, _pairs in _table.items():
+        TAMPERING.setdefault(_cell, []).extend(pair for pair in _pairs if pair[0].startswith("tampering:"))
+        _pairs[:] = [pair for pair in _pairs if not pair[0].startswith("tampering:")]
+TAMPERING = {cell: pairs for cell, pairs in TAMPERING.items() if pairs}
