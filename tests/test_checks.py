@@ -405,3 +405,41 @@ def test_lint_fails_on_a_lab_s_own_check_helper_and_passes_the_contract():
     good = ("@kernel_side\ndef probe(x):\n    return isinstance(x, int)\n\n"
             "with check('f', weight=1):\n    assert_close(f(1), 0.5, 'f')\n    assert f(2) == 3\nfinish_checks('Q')")
     assert check_test_contract("lab9", _notebook(good)) == []
+
+
+def test_a_lying_answer_stays_tampering_where_a_carried_value_is_accepted():
+    class AlwaysEqual(int):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = int.__hash__
+
+    card = checks.begin_cell(graded=True)
+    with checks.check("the count, or the count built on the earlier answer", weight=1):
+        checks.assert_or_carried(lambda want: checks.assert_integer(AlwaysEqual(3), want, "matmul_flops(2, 3, 4)"),
+                                 48, 3)
+    checks.end_cell()
+    assert card.lying and card.share == 0.0, (
+        "an int subclass is tampering (the cell scores zero), also where assert_or_carried tries a carried value")
+
+
+def test_a_lying_answer_stays_tampering_when_a_test_helper_rewraps_its_error():
+    class AlwaysEqual(int):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = int.__hash__
+
+    def assert_count_with_hint(value, expected):  # the shape of Lab 3's _assert_count
+        try:
+            checks.assert_integer(value, expected, "matmul_flops(2, 3, 4)")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}. A multiply-add is 2 FLOPs.") from None
+
+    card = checks.begin_cell(graded=True)
+    with checks.check("public: matmul_flops(2, 3, 4)", weight=1):
+        assert_count_with_hint(AlwaysEqual(24), 48)
+    with checks.check("hidden sizes", weight=1):
+        pass
+    checks.end_cell()
+    assert card.lying and card.share == 0.0, "a lying answer zeroes its cell, whatever helper re-raised its error"

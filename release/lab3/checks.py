@@ -211,10 +211,22 @@ def check(name: str, weight: float = 1, method: bool = False):
         if card.passthrough and isinstance(exc, card.passthrough):
             raise
         message = str(exc) if isinstance(exc, AssertionError) else f"{type(exc).__name__}: {exc}"
-        card.lying = card.lying or isinstance(exc, LyingAnswer)
+        card.lying = card.lying or _raised_from_lying(exc)
         card.results.append((name, float(weight), message or "failed"))
     else:
         card.results.append((name, float(weight), None))
+
+
+def _raised_from_lying(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``LyingAnswer`` or was raised while handling one: a test helper that catches an
+    ``AssertionError`` to add a hint and raises a new one keeps the tampering a tampering."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, LyingAnswer):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def finish_checks(label: str = "") -> None:
@@ -478,11 +490,15 @@ def assert_or_carried(compare, expected, *carried_values, carried_from: str = "y
     """
     try:
         return compare(expected)
+    except LyingAnswer:
+        raise  # tampering is never a mismatch that a carried value could excuse
     except AssertionError as mismatch:
         options = [value for value in carried_values if value is not None]
         for value in options:
             try:
                 return compare(value)
+            except LyingAnswer:
+                raise
             except AssertionError:
                 continue
         if not options:
