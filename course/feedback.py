@@ -10,8 +10,15 @@ from pathlib import Path
 
 from .late import settle_late_penalties
 from .nbgrader_run import read_scores, run_nbgrader
-from .notebooks import (grade_id, is_autograded_test, is_bonus_id, nbgrader_meta, question_key, question_label,
-                        question_labels)
+from .notebooks import (
+    grade_id,
+    is_autograded_test,
+    is_bonus_id,
+    nbgrader_meta,
+    question_key,
+    question_label,
+    question_labels,
+)
 from .paths import REPO_ROOT
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"  # course_feedback: nbgrader's feedback page, a table of questions
