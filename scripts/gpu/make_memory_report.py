@@ -95,7 +95,7 @@ def render(runs: list[dict], data_dir: Path) -> str:
         "Each lab's reference notebook ran unedited at teaching scale in a kernel whose PyTorch allocator was capped "
         "with `torch.cuda.set_per_process_memory_fraction` (an IPython startup file, `scripts/gpu/memory_cap.py`), "
         "so an allocation beyond the cap raises `torch.OutOfMemoryError` as on the smaller card. The cap leaves out "
-        "the CUDA context (about 0.5 GB), which is why a 16 GB card is imitated by 15 GB and a 24 GB card by 23 GB. "
+        "the CUDA context (about 0.5 GB), so 15 GB imitates a 16 GB card most closely and 23 GB a 24 GB card (a cap of 16 leaves about half a GB more than a T4 has). "
         "The three labs of one cap ran at the same time on the one GPU, so the wall times are not benchmarks. The "
         "highest reservation is `torch.cuda.max_memory_reserved()` read after each cell; cells that reset the peak "
         "statistics make it a lower bound.",
