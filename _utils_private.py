@@ -977,3 +977,18 @@ def timeline_legend(ax, used, merged_any):
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="merged short events"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, title="category",
               title_fontsize=7)
+
+
+# -- unfinished answers (utils.uses_answers) ------------------------------------------------------------------------
+NOT_WRITTEN_SAID: set = set()
+"""(message, IPython execution count) pairs ``utils.uses_answers`` printed: each message once per cell run."""
+
+
+def execution_count():
+    """IPython's execution count of the running cell, or None outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return getattr(shell, "execution_count", None)

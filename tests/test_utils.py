@@ -1125,3 +1125,23 @@ def test_importing_utils_changes_no_global_state():
     assert done.returncode == 0, done.stderr[-2000:]
     changed = json.loads(done.stdout.strip().splitlines()[-1])
     assert changed == {}, f"import utils changed global state: {changed}"
+
+
+def test_uses_answers_skips_a_block_whose_answer_is_not_written_and_says_which(capsys):
+    class StaticKVCache:
+        def __init__(self):
+            raise NotImplementedError()
+
+    with utils.uses_answers("Question 4.5", your_functions={"StaticKVCache": "Question 4.5"}):
+        StaticKVCache()
+        raise AssertionError("the rest of the block must be skipped")
+    assert "your StaticKVCache (Question 4.5) is not written yet" in capsys.readouterr().out
+    with utils.uses_answers("Question 3.1", "Question 4.2"):
+        raise NotImplementedError()
+    assert "Question 3.1 and Question 4.2 are not written yet" in capsys.readouterr().out
+    with pytest.raises(NotImplementedError, match="no kernel"):  # a library's error says what is missing: raised
+        with utils.uses_answers("Question 3.1"):
+            raise NotImplementedError("no kernel for this dtype")
+    with pytest.raises(ValueError):
+        with utils.uses_answers("Question 3.1"):
+            raise ValueError("a real bug")

@@ -93,7 +93,6 @@
 # | **Total** | | **100 + 16 bonus** |
 
 # %% nbgrader={"grade": false, "grade_id": "setup_imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
-import contextlib
 import gc
 import math
 import os
@@ -181,17 +180,6 @@ def your_answer(question, fn, *args, **kwargs):
 
 
 _NOT_WRITTEN_SAID = set()
-
-
-@contextlib.contextmanager
-def uses_answers(*questions):
-    """`with uses_answers("Question 3.1"):` around a demonstration built on your answers: while one of them is not
-    written yet (its stub raises NotImplementedError), the block stops there, says which questions it needs, and the
-    cell ends without an error (the answers' own test cells say what is missing)."""
-    try:
-        yield
-    except NotImplementedError:
-        print(f"Not run: this needs {' and '.join(questions)}, not written yet.")
 
 
 def plot_roofline_measured(gpu_name, peak_tflops, bandwidth_tb_s, operations, title=None, ax=None):

@@ -25,11 +25,13 @@ changes no global state (PyTorch's backends, the profiler, logging, warnings, th
 ``quiet_library_messages()``, which each lab's setup cell calls, silences the library messages you cannot act on.
 """
 
+import contextlib
 import gc
 import importlib.util
 import math
 import platform
 import time
+import traceback
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -43,6 +45,7 @@ __all__ = [
     "SCALE",
     "at_scale",
     "progress",
+    "uses_answers",
     "print_environment_report",
     "quiet_library_messages",
     "GPU_SPECS",
@@ -121,6 +124,41 @@ def at_scale(teaching, quick, cpu=None):
     if SCALE == "teaching":
         return teaching
     return cpu if SCALE == "cpu" and cpu is not None else quick
+
+
+@contextlib.contextmanager
+def uses_answers(*questions, your_functions=None):
+    """``with uses_answers("Question 3.1"):`` around code that uses your answers (a demonstration, a plot, a sweep).
+
+    While an answer is not written yet (its stub raises a bare ``NotImplementedError()``), the block stops there and
+    the cell prints, once per cell run, which answer it waits for, without an error, so Run All goes on; the
+    answer's own test cell says what is missing. Any other error, a ``NotImplementedError`` with a message included
+    (a library's), is raised as usual.
+
+    Args:
+        *questions: the questions whose answers the block uses, as the lab names them ("Question 3.1").
+        your_functions: optional dict from the names of your functions and classes to their question
+            (``{"gemm": "Question 1.1"}``); the message then names the one whose stub raised.
+
+    Returns:
+        A context manager; the block's code runs inside it.
+    """
+    try:
+        yield
+    except NotImplementedError as error:
+        if str(error):
+            raise
+        code = [frame.f_code for frame, _ in traceback.walk_tb(error.__traceback__)][-1]
+        name = getattr(code, "co_qualname", code.co_name).rsplit("<locals>.", 1)[-1]  # "StaticKVCache.__init__"
+        mine = next((fn for fn in (your_functions or {}) if name == fn or name.startswith(fn + ".")), None)
+        if mine:
+            what = f"your {mine} ({your_functions[mine]}) is not written yet"
+        else:
+            what = f"{' and '.join(questions) or 'an answer'} {'is' if len(questions) <= 1 else 'are'} not written yet"
+        said = (what, _private.execution_count())
+        if said not in _private.NOT_WRITTEN_SAID:
+            _private.NOT_WRITTEN_SAID.add(said)
+            print(f"Not run yet: {what}; the rest of this block is skipped.")
 
 
 def progress(iterable, description: str, total: int | None = None):
