@@ -48,13 +48,15 @@ MODULE_MARKERS = {
 }
 
 
-# The longest modules, longest first (seconds on the 2-core CI machine, run alone). scripts/test.sh runs the suite
-# with pytest-xdist, one whole module per worker at a time (``--dist loadfile``): starting the longest ones first
-# keeps the workers busy until the end instead of leaving one long module running alone.
+# The longest modules, longest first (seconds of their slowest tests in one full run of scripts/test.sh on a 2-core
+# machine, as --durations reported them: only the order matters). scripts/test.sh runs the suite with pytest-xdist, one
+# whole module per worker at a time (``--dist loadfile``): starting the longest ones first keeps the workers busy
+# until the end instead of leaving one long module running alone.
 LONGEST_MODULES_S = {
-    "test_redteam": 1100, "test_labs": 500, "test_scale": 430, "test_pipeline": 290, "test_grading_routes": 200,
-    "test_sandbox": 180, "test_guard": 160, "test_redteam_boundary": 140, "test_redteam_controls": 110,
-    "test_submission": 100, "test_browser": 100, "test_deploy": 90,
+    "test_redteam": 274, "test_labs": 187, "test_pipeline": 154, "test_scale": 83, "test_guard": 75,
+    "test_redteam_boundary": 71, "test_partial_credit": 66, "test_grading_routes": 65, "test_sandbox": 57,
+    "test_deploy": 51, "test_course_dir": 44, "test_measure": 32, "test_redteam_controls": 31, "test_browser": 28,
+    "test_grading_limits": 27, "test_submission": 27, "test_lms": 22,
 }
 
 
