@@ -33,6 +33,7 @@ from .notebooks import grade_id, is_autograded_test, read_notebook
 from .paths import REPO_ROOT
 
 KINDS = ("alternative", "wrong", "skip", "tampering")  # the kinds of prepared answer; HINTS run as alternatives
+TAMPERING_LABEL = "tampering:"  # a WRONG or SKIPS answer whose label starts so counts as TAMPERING
 
 
 @dataclass
@@ -60,7 +61,8 @@ def variants_path(lab: str, root: Path = REPO_ROOT) -> Path:
 def load_variants(path: Path) -> Variants:
     """The prepared answers of a variants module. ``ALTERNATIVES`` hold bare sources (labelled ``alternative N``);
     ``HINTS`` (answers that follow a hint of the lab's text literally) join them, as they must pass everything too;
-    ``WRONG``, ``SKIPS`` and ``TAMPERING`` hold (label, source) pairs. A table the module lacks is empty."""
+    ``WRONG``, ``SKIPS`` and ``TAMPERING`` hold (label, source) pairs; an answer of WRONG or SKIPS labelled
+    ``"tampering: ..."`` joins ``TAMPERING``. A table the module lacks is empty."""
     spec = importlib.util.spec_from_file_location(f"{path.parent.name}_variants", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -68,9 +70,13 @@ def load_variants(path: Path) -> Variants:
                     for cell, sources in getattr(module, "ALTERNATIVES", {}).items()}
     for cell, pairs in getattr(module, "HINTS", {}).items():
         alternatives.setdefault(cell, []).extend((f"hint: {label}", source) for label, source in pairs)
-    tables = ({cell: list(pairs) for cell, pairs in getattr(module, name, {}).items()}
-              for name in ("WRONG", "SKIPS", "TAMPERING"))
-    return Variants(alternatives, *tables)
+    wrong, skips, tampering = ({cell: list(pairs) for cell, pairs in getattr(module, name, {}).items()}
+                               for name in ("WRONG", "SKIPS", "TAMPERING"))
+    for table in (wrong, skips):  # an answer labelled "tampering: ..." is one, whichever table it was written in
+        for cell, pairs in table.items():
+            tampering.setdefault(cell, []).extend(pair for pair in pairs if pair[0].startswith(TAMPERING_LABEL))
+            pairs[:] = [pair for pair in pairs if not pair[0].startswith(TAMPERING_LABEL)]
+    return Variants(alternatives, wrong, skips, {cell: pairs for cell, pairs in tampering.items() if pairs})
 
 
 @functools.lru_cache(maxsize=None)

@@ -1226,14 +1226,3 @@ WRONG["q5_1_benchmark_attention"] += [
                                           "forward_ms = n_repeat * benchmark_latency(attn_fn, q, k, v, n_warmup=n_warmup, "
                                           "n_repeat=n_repeat)"))),
 ]
-
-
-# TAMPERING: the answers above labelled "tampering: ..." cheat the grader (a lying subclass, the probe switched off or
-# patched while untiled work runs). The grader finds them and the question scores zero, so they are neither mistakes
-# a skip must stay below nor skips (docs/AUTHORING.md, "Prepared answers").
-TAMPERING: dict[str, list[tuple[str, str]]] = {}
-for _table in (WRONG, SKIPS):
-    for _cell, _pairs in _table.items():
-        TAMPERING.setdefault(_cell, []).extend(pair for pair in _pairs if pair[0].startswith("tampering:"))
-        _pairs[:] = [pair for pair in _pairs if not pair[0].startswith("tampering:")]
-TAMPERING = {cell: pairs for cell, pairs in TAMPERING.items() if pairs}

@@ -1125,14 +1125,3 @@ SKIPS["q3_2_roofline_table"] = [
      "    return {tuple(case): {'flops': 0, 'bytes': 0, 't_compute_s': 0.0, 't_memory_s': 0.0, 'bound': 'memory'}\n"
      "            for case in cases}\n"),
 ]
-
-
-# TAMPERING: the answers above labelled "tampering: ..." cheat the grader (a lying subclass, a bool for a count); the
-# grader refuses them, so they are neither mistakes a skip must stay below nor skips (docs/AUTHORING.md, "Prepared
-# answers").
-TAMPERING: dict[str, list[tuple[str, str]]] = {}
-for _table in (WRONG, SKIPS):
-    for _cell, _pairs in _table.items():
-        TAMPERING.setdefault(_cell, []).extend(pair for pair in _pairs if pair[0].startswith("tampering:"))
-        _pairs[:] = [pair for pair in _pairs if not pair[0].startswith("tampering:")]
-TAMPERING = {cell: pairs for cell, pairs in TAMPERING.items() if pairs}
