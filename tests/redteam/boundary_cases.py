@@ -48,19 +48,18 @@ def kept_points(source: str, points: float, kept: tuple[str, ...], where: str = 
     """What a test cell worth ``points`` records when only the checks whose names contain one of ``kept`` pass (with
     ``lost``: when only those fail): its points times the passing checks' weighted share, rounded down to a hundredth
     (``partial_credit_output`` in course/nbgrader_ext.py); a failed method check caps it (``checks.Scorecard.share``)."""
-    from checks import SKIPPED_METHOD_SHARE
+    from checks import Scorecard
 
     checks = check_weights(source)
     for part in kept:
         assert any(part in name for name, _, _ in checks), (
             f"{where}: no check named with {part!r}; the cell's checks: {[name for name, _, _ in checks]}")
-    passed = [(weight, method) for name, weight, method in checks if any(part in name for part in kept) != lost]
-    if any(method for _, _, method in checks) and len([m for _, m in passed if m]) < len([1 for *_, m in checks if m]):
-        others = sum(weight for _, weight, method in checks if not method)
-        share = SKIPPED_METHOD_SHARE * (sum(w for w, m in passed if not m) / others if others else 1.0)
-    else:
-        share = sum(w for w, _ in passed) / sum(weight for _, weight, _ in checks)
-    return math.floor(share * points * 100 + 1e-9) / 100
+    card = Scorecard(graded=True)  # the grader's own scoring rule, method gate included
+    for name, weight, method in checks:
+        if method:
+            card.methods.add(name)
+        card.results.append((name, weight, None if any(part in name for part in kept) != lost else "failed"))
+    return math.floor(card.share * points * 100 + 1e-9) / 100
 
 
 def recording_tests(source_nb) -> set[str]:
