@@ -25,15 +25,20 @@ def bundle_url(lab: str, root: Path = REPO_ROOT) -> str:
     return url.replace("{lab}", lab)
 
 
+def fetch_cell_source(url: str, lab: str) -> str:
+    """The code of the fetch cell of ``lab``'s release notebook, fetching from the bundle at ``url``."""
+    files = (*LAB_FILES, STUDENT_REFERENCE)  # the reference is fetched when the bundle has one
+    text = FETCH_CELL_TEMPLATE.read_text().format(url=url, lab=lab, files=files, listed=", ".join(files))
+    return text.rstrip("\n")
+
+
 def add_fetch_cell(notebook: Path, url: str) -> None:
     """Put the cell that fetches the lab's files where they are missing (Colab) first among the release notebook's
     code cells, unless it has one."""
     nb = nbformat.read(notebook, as_version=NB_VERSION)
     if any(cell.get("id") == FETCH_CELL_ID for cell in nb.cells):
         return
-    files = (*LAB_FILES, STUDENT_REFERENCE)  # the reference is fetched when the bundle has one
-    text = FETCH_CELL_TEMPLATE.read_text().format(url=url, lab=notebook.stem, files=files, listed=", ".join(files))
-    cell = nbformat.v4.new_code_cell(text.rstrip("\n"))
+    cell = nbformat.v4.new_code_cell(fetch_cell_source(url, notebook.stem))
     cell["id"] = FETCH_CELL_ID
     first_code = next(i for i, other in enumerate(nb.cells) if other.cell_type == "code")
     nb.cells.insert(first_code, cell)

@@ -10,7 +10,6 @@ import builtins
 import functools
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import NamedTuple
 
 from nbgrader.utils import is_locked as nbgrader_is_locked
@@ -63,18 +62,10 @@ URL_MARK, LAB_MARK = "urlmark7f3a9c", "labmark7f3a9c"  # stand-ins for the bundl
 def _course_fetch_cell() -> re.Pattern:
     """The source of the cell ``course build`` puts first in a release notebook (with ``labs/bundle_url.txt``) to
     fetch the lab's files on Colab, for any bundle address and lab: the course's own code, not the student's. Made by
-    ``course.fetch_cell.add_fetch_cell`` itself, so that it is the cell as built, whatever the template asks for."""
-    import tempfile
+    ``course.fetch_cell.fetch_cell_source`` itself, so that it is the cell as built, whatever the template asks for."""
+    from .fetch_cell import fetch_cell_source
 
-    import nbformat
-
-    from .fetch_cell import add_fetch_cell
-
-    with tempfile.TemporaryDirectory(prefix="efficient-ai-fetch-cell-") as folder:
-        notebook = Path(folder, f"{LAB_MARK}.ipynb")
-        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("")]), notebook)
-        add_fetch_cell(notebook, URL_MARK)
-        built = nbformat.read(notebook, as_version=4).cells[0].source
+    built = fetch_cell_source(URL_MARK, LAB_MARK)
     # The address stays inside its string literal (no quote, backslash or line break), so it changes no code.
     return re.compile(re.escape(built.strip()).replace(URL_MARK, r'[^"\\\n]*').replace(LAB_MARK, r"\w+"))
 
