@@ -407,13 +407,16 @@ def test_lint_fails_on_a_lab_s_own_check_helper_and_passes_the_contract():
     assert check_test_contract("lab9", _notebook(good)) == []
 
 
+class AlwaysEqual(int):
+    """A lying answer: an int whose == always says yes."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+
+
 def test_a_lying_answer_stays_tampering_where_a_carried_value_is_accepted():
-    class AlwaysEqual(int):
-        def __eq__(self, other):
-            return True
-
-        __hash__ = int.__hash__
-
     card = checks.begin_cell(graded=True)
     with checks.check("the count, or the count built on the earlier answer", weight=1):
         checks.assert_or_carried(lambda want: checks.assert_integer(AlwaysEqual(3), want, "matmul_flops(2, 3, 4)"),
@@ -424,12 +427,6 @@ def test_a_lying_answer_stays_tampering_where_a_carried_value_is_accepted():
 
 
 def test_a_lying_answer_stays_tampering_when_a_test_helper_rewraps_its_error():
-    class AlwaysEqual(int):
-        def __eq__(self, other):
-            return True
-
-        __hash__ = int.__hash__
-
     def assert_count_with_hint(value, expected):  # the shape of Lab 3's _assert_count
         try:
             checks.assert_integer(value, expected, "matmul_flops(2, 3, 4)")
