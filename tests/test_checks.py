@@ -407,15 +407,6 @@ def test_lint_fails_on_a_lab_s_own_check_helper_and_passes_the_contract():
     assert check_test_contract("lab9", _notebook(good)) == []
 
 
-class AlwaysEqual(int):
-    """A lying answer: an int whose == always says yes."""
-
-    def __eq__(self, other):
-        return True
-
-    __hash__ = int.__hash__
-
-
 def test_a_lying_answer_stays_tampering_where_a_carried_value_is_accepted():
     card = checks.begin_cell(graded=True)
     with checks.check("the count, or the count built on the earlier answer", weight=1):
