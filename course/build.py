@@ -17,6 +17,7 @@ import jupytext
 import nbformat
 
 from .fetch_cell import add_fetch_cell, bundle_url
+from .measure_cells import is_measure_cell, strip_declarations
 from .nbgrader_run import run_nbgrader
 from .notebooks import NB_VERSION, grade_id, mark_bonus, read_notebook
 from .paths import (
@@ -51,8 +52,14 @@ def text_to_notebook(text_path: Path) -> str:
     nb.metadata.pop("jupytext", None)
     nb.metadata.setdefault("kernelspec", dict(KERNELSPEC))
     nb.metadata["language_info"] = dict(LANGUAGE_INFO)
-    for index, cell in enumerate(nb.cells):
-        cell["id"] = grade_id(cell) or f"cell-{index}"  # stable ids (nbformat would draw random ones)
+    index, previous = 0, "start"
+    for cell in nb.cells:
+        if is_measure_cell(cell):  # named after the question's cell before it: adding one renumbers no other cell
+            cell["id"] = f"{previous}-measure"
+        else:
+            cell["id"] = grade_id(cell) or f"cell-{index}"  # stable ids (nbformat would draw random ones)
+            index += 1
+        previous = cell["id"]
         cell.metadata.pop("lines_to_next_cell", None)
         mark_bonus(cell)  # bonus points leave nbgrader's maximum (docs/AUTHORING.md, "Points")
         if cell.cell_type == "code":
@@ -97,7 +104,8 @@ def sync_tree(src: Path, dest: Path, changed: list[Path], set_aside: Path | None
 
 def generate_release(lab: str, source_dir: Path, release_dir: Path, fetch_url: str = "") -> list[Path]:
     """Run ``nbgrader generate_assignment`` on ``source_dir`` and sync the result into ``release_dir``; with
-    ``fetch_url``, the release notebook gets the cell that fetches the lab's files from there (``add_fetch_cell``)."""
+    ``fetch_url``, the release notebook gets the cell that fetches the lab's files from there (``add_fetch_cell``).
+    ``course measure``'s declarations leave the release; their notes to students stay (``measure_cells``)."""
     changed: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="efficient-ai-build-") as tmp:
         course = Path(tmp)
@@ -109,6 +117,7 @@ def generate_release(lab: str, source_dir: Path, release_dir: Path, fetch_url: s
             raise BuildError(f"nbgrader generate_assignment {lab} failed:\n{result.tail(25)}")
         if fetch_url:
             add_fetch_cell(generated / f"{lab}.ipynb", fetch_url)
+        strip_declarations(generated / f"{lab}.ipynb")  # students see the note of a measured piece, not its data
         # A student (or instructor) may have worked inside release/: set such files aside, never delete them.
         sync_tree(generated, release_dir, changed, set_aside=release_dir.parent.parent / SET_ASIDE_DIR / lab)
     return changed

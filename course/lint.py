@@ -518,6 +518,18 @@ def check_reference_leaks(lab: str, source_nb, release_nb, text: str, shown_text
     return problems
 
 
+def check_measure_declarations(lab: str, source_nb, release_nb) -> list[Problem]:
+    """``course measure``'s declarations (markdown cells tagged ``measure``) hold together: known grade ids of the
+    right kind, shapes the piece's kind can make inputs from, positive FLOP and bytes (``measure_spec.problems``);
+    and the release keeps only their notes to students (``course build`` strips the fenced data)."""
+    from .measure_cells import FENCE_RE, is_measure_cell
+    from .measure_spec import problems
+
+    found = [Problem(lab, "measure declaration", message) for message in problems(source_nb)]
+    return found + [Problem(lab, f"release cell {index}", "shows a ```measure declaration: run python -m course build")
+                    for index, cell in enumerate(release_nb.cells) if is_measure_cell(cell) and FENCE_RE.search(cell.source)]
+
+
 def check_grade_id_lock(lab: str, nb, lock_path: Path) -> list[Problem]:
     """Every grade id recorded in ``labs/<lab>/grade_ids.lock`` still exists (ids are never renamed)."""
     if not lock_path.exists():
@@ -568,6 +580,7 @@ def lint_lab(lab: str, root: Path = REPO_ROOT, check_fresh: bool = True) -> list
     problems += check_readme_total(lab, source_nb, root / "README.md")
     problems += check_grade_id_lock(lab, source_nb, root / "labs" / lab / "grade_ids.lock")
     problems += check_release_leaks(lab, source_nb, release_nb)
+    problems += check_measure_declarations(lab, source_nb, release_nb)
     reference = release_notebook_path(root, lab).parent / STUDENT_REFERENCE
     if reference.is_file():
         shown = "\n".join(path.read_text() for path in sorted(reference.parent.glob("*.py")))

@@ -1696,6 +1696,34 @@ del _q3_1_1_hidden_tests
 del _sdpa_tolerance
 finish_checks("Question 3.1.1")
 
+# %% [markdown] deletable=false editable=false tags=["measure"]
+# *Timed after grading, for no points:* on the course's grading GPU, `python -m course measure` times your
+# `scaled_dot_product_attention` in float16 at (B, H, L, d) = (4, 16, 1024, 64) and (1, 16, 4096, 64), checks its
+# output on those inputs, and your feedback shows where it lands on that GPU's roofline, beside the reference solution.
+#
+# ```measure
+# {
+#     # FLOP: 4 B H L^2 d (the two matmuls; the softmax's few FLOP per score left out). Fewest bytes: q, k, v read and
+#     # the output written once (what a fused kernel moves; a from-scratch version also writes and reads the L x L
+#     # scores, which is why it sits far below the roof).
+#     "name": "attention",
+#     "function": "scaled_dot_product_attention",
+#     "kind": "attention_bhsd",
+#     "cells": ["q3_1_1_sdpa"],
+#     "tests": ["q3_1_1_sdpa_tests"],
+#     "dtype": "float16",
+#     "flops": "4 * B * H * S * S * D",
+#     "bytes": "4 * B * H * S * D * element_bytes",
+#     "metric": "tflops",
+#     "tolerance": 1e-2,
+#     "warmup": 3,
+#     "repeat": 10,
+#     "timeout_s": 60.0,
+#     "shapes": [{"B": 4, "S": 1024, "H": 16, "D": 64}, {"B": 1, "S": 4096, "H": 16, "D": 64}],
+#     "tiny_shapes": [{"B": 1, "S": 24, "H": 2, "D": 8}],
+# }
+# ```
+
 # %% [markdown]
 # #### Question 3.1.2 (4 points)
 #
@@ -3045,6 +3073,33 @@ _q4_3_1_hidden_tests()
 del _q4_3_1_hidden_tests
 ### END HIDDEN TESTS
 finish_checks("Question 4.3.1")
+
+# %% [markdown] deletable=false editable=false tags=["measure"]
+# *Timed after grading, for no points:* the grading GPU times your `gelu_tanh_python` in float32 on 16M and 64M
+# elements, and your feedback shows the bandwidth it reached beside the reference solution's.
+#
+# ```measure
+# {
+#     # FLOP: about 8 per element (the polynomial and the tanh counted as one). Fewest bytes: x read once and the
+#     # output written once (the separate elementwise operations read and write N elements each; a fused kernel
+#     # would not).
+#     "name": "gelu",
+#     "function": "gelu_tanh_python",
+#     "kind": "gelu_tanh",
+#     "cells": ["q4_3_1_gelu"],
+#     "tests": ["q4_3_1_gelu_tests"],
+#     "dtype": "float32",
+#     "flops": "8 * N",
+#     "bytes": "2 * N * element_bytes",
+#     "metric": "gbps",
+#     "tolerance": 1e-4,
+#     "warmup": 3,
+#     "repeat": 10,
+#     "timeout_s": 60.0,
+#     "shapes": [{"N": 16777216}, {"N": 67108864}],
+#     "tiny_shapes": [{"N": 1000}],
+# }
+# ```
 
 # %% [markdown]
 # #### Question 4.3.2 (2 points)

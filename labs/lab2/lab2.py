@@ -3000,6 +3000,51 @@ del _q4_3_hidden_tests
 finish_checks("Question 4.3")
 
 
+# %% [markdown] deletable=false editable=false tags=["measure"]
+# *Timed after grading, for no points:* on the course's grading GPU, `python -m course measure` times your kernel
+# through `triton_attention_forward` in bf16 at S = 1k, 4k and 16k tokens (16k tokens per call), head dimension 64
+# and 128, causal and not, checks its output on those inputs, and your feedback shows where it lands on that GPU's
+# roofline, beside the reference solution and the class's quartiles.
+#
+# ```measure
+# {
+#     # FLOP: 4 B H S^2 D (two matmuls of 2 S^2 D per head; half of it with the causal mask). Fewest bytes: q, k, v
+#     # read once and the output written once, plus the float32 log-sum-exp.
+#     "name": "triton_forward",
+#     "function": "triton_attention_forward",
+#     "kind": "attention_bshd",
+#     "cells": ["q4_3_triton_forward", "triton_launcher"],
+#     "tests": ["q4_3_triton_forward_tests"],
+#     "dtype": "bfloat16",
+#     "tiny_dtype": "float32",  # Triton's CPU interpreter has no bf16
+#     "flops": "4 * B * H * S * S * D * (0.5 if causal else 1)",
+#     "bytes": "4 * B * S * H * D * element_bytes + 4 * B * H * S",
+#     "metric": "tflops",
+#     "tolerance": 2e-2,
+#     "warmup": 3,
+#     "repeat": 10,
+#     "timeout_s": 60.0,
+#     "shapes": [
+#         {"B": 16, "S": 1024, "H": 16, "D": 64, "causal": False},
+#         {"B": 16, "S": 1024, "H": 16, "D": 64, "causal": True},
+#         {"B": 16, "S": 1024, "H": 16, "D": 128, "causal": False},
+#         {"B": 16, "S": 1024, "H": 16, "D": 128, "causal": True},
+#         {"B": 4, "S": 4096, "H": 16, "D": 64, "causal": False},
+#         {"B": 4, "S": 4096, "H": 16, "D": 64, "causal": True},
+#         {"B": 4, "S": 4096, "H": 16, "D": 128, "causal": False},
+#         {"B": 4, "S": 4096, "H": 16, "D": 128, "causal": True},
+#         {"B": 1, "S": 16384, "H": 16, "D": 64, "causal": False},
+#         {"B": 1, "S": 16384, "H": 16, "D": 64, "causal": True},
+#         {"B": 1, "S": 16384, "H": 16, "D": 128, "causal": False},
+#         {"B": 1, "S": 16384, "H": 16, "D": 128, "causal": True},
+#     ],
+#     "tiny_shapes": [
+#         {"B": 1, "S": 40, "H": 2, "D": 16, "causal": False},
+#         {"B": 1, "S": 40, "H": 2, "D": 16, "causal": True},
+#     ],
+# }
+# ```
+
 # %%
 def _triton_demo():
     triton_q = torch.randn(2, at_scale(teaching=1024, quick=64, cpu=256), 2, 64, device=DEVICE)

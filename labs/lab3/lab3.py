@@ -2295,6 +2295,39 @@ del _cached_generation, _generation, _generation_matches, _cache_stays_in_place
 finish_checks("Question 4.5")
 
 
+# %% [markdown] deletable=false editable=false tags=["measure"]
+# *Timed after grading, for no points:* on the course's grading GPU, `python -m course measure` times one decode step
+# of your `gpt2_step` with your `StaticKVCache` on a GPT-2 XL-shaped model in float16 (seeded random weights), for
+# B = 1 and 64 sequences after N = 1024 cached positions, checks its logits, and your feedback shows where it lands on
+# that GPU's roofline, beside the reference solution.
+#
+# ```measure
+# {
+#     # One new token per sequence after N cached positions, eager (no CUDA graph), cache.length set back to N before
+#     # each call. FLOP: 2 B (12 L D^2 + V D) for the matmuls and 4 B L (N + 1) D for the attention. Fewest bytes:
+#     # the weights read once and every layer's cached keys and values read once.
+#     "name": "decode_step",
+#     "function": "gpt2_step",
+#     "kind": "gpt2_decode",
+#     "cache_class": "StaticKVCache",
+#     "cells": ["q4_6_static_kv_cache", "q4_6_gpt2_step"],
+#     "tests": ["q4_6_kv_cache_tests"],
+#     "dtype": "float16",
+#     "flops": "2 * B * (12 * n_layer * n_embd ** 2 + vocab_size * n_embd) + 4 * B * n_layer * (N + 1) * n_embd",
+#     "bytes": "(12 * n_layer * n_embd ** 2 + vocab_size * n_embd + 2 * n_layer * B * (N + 1) * n_embd) * element_bytes",
+#     "metric": "gbps",
+#     "tolerance": 2e-2,
+#     "warmup": 3,
+#     "repeat": 10,
+#     "sets": 2,
+#     "timeout_s": 90.0,
+#     "model": {"n_layer": 48, "n_embd": 1600, "n_head": 25, "vocab_size": 50257},
+#     "tiny_model": {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 50},
+#     "shapes": [{"B": 1, "N": 1024}, {"B": 64, "N": 1024}],
+#     "tiny_shapes": [{"B": 1, "N": 8}, {"B": 3, "N": 8}],
+# }
+# ```
+
 # %% [markdown]
 # # Part 5: Predictions against measurements
 #
