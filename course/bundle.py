@@ -13,7 +13,7 @@ import nbformat
 
 from .lint import check_reference_leaks, check_release_leaks
 from .notebooks import NB_VERSION, NotebookError, read_notebook
-from .paths import REPO_ROOT, STUDENT_REFERENCE, is_cache, source_notebook_path
+from .paths import REPO_ROOT, STUDENT_REFERENCE, TEACHING_GPU, is_cache, source_notebook_path
 
 README_TEMPLATE = Path(__file__).parent / "templates" / "student_bundle" / "README.md"
 README = "README.md"
@@ -56,7 +56,7 @@ def bundle_contents(lab: str, root: Path = REPO_ROOT) -> dict[str, bytes]:
     first = next((cell.source for cell in nb.cells if cell.cell_type == "markdown"), "")
     title = next((line[2:].strip() for line in first.splitlines() if line.startswith("# ")), lab)
     requirements = root / "requirements.txt"
-    reference = (f" `{STUDENT_REFERENCE}` holds what the course measured when it ran the notebook (on an H100 and on a"
+    reference = (f" `{STUDENT_REFERENCE}` holds what the course measured when it ran the notebook (on an {TEACHING_GPU} and on a"
                  " CPU): read it when a question needs numbers your machine cannot produce."
                  if STUDENT_REFERENCE in files else "")
     files[README] = README_TEMPLATE.read_text().format(

@@ -14,9 +14,14 @@ plumbing, the test contract and the students' requirements (the first cell's ver
 copies them into ``source/labN/``, nbgrader into ``release/labN/`` (the student bundle) and, at autograde, over a
 student's copies; the Colab cell fetches them. ``REQUIRED_LAB_FILES`` must exist; the others are copied when present."""
 REQUIRED_LAB_FILES = ("utils.py", "checks.py")
+TEACHING_GPU = "H200"
+"""The card of the course's committed teaching-scale runs (``reports/h200/``, ``reports/<lab>-h200.md``), which the lab
+texts and the student references quote: change it, rerun ``scripts/gpu/run_reports.sh`` there and re-quote when the
+course measures on another card."""
+TEACHING_RUNS = Path("reports") / TEACHING_GPU.lower()  # relative to the repository root
 STUDENT_REFERENCE = "measured_runs.md"
 """A lab's student reference, ``labs/labN/measured_runs.md``: what its measuring cells printed in the course's committed
-runs (H100 and cpu scale), made by ``scripts/make_student_reference.py``. ``build`` copies it into ``source/labN/`` when
+runs (``TEACHING_GPU`` and cpu scale), made by ``scripts/make_student_reference.py``. ``build`` copies it into ``source/labN/`` when
 present, so it ships beside the notebook (release, bundle, Colab fetch); the bundle check fails when it leaks answers
 (``lint.check_reference_leaks``)."""
 

@@ -1,7 +1,8 @@
 """Write each lab's student reference ``labs/<lab>/measured_runs.md``: what the lab's measuring cells printed in the
 course's committed runs, for students without that hardware (issue 52).
 
-Sources: the teaching-scale run on the lent H100 (``reports/h100/<lab>_executed.ipynb`` and ``<lab>_run.json``, made
+Sources: the teaching-scale run on the course's GPU (``course.paths.TEACHING_RUNS``: ``<lab>_executed.ipynb`` and
+``<lab>_run.json``, made
 by ``scripts/gpu/run_reports.sh``) and the cpu-scale run on the 2-core machine
 (``reports/cpu-2core/<lab>-cpu_executed.ipynb`` and ``<lab>-cpu_run.json``, made by ``scripts/run_cpu_scale.py``).
 ``python -m course build`` copies the file into ``source/<lab>/``, nbgrader into ``release/<lab>/``, so it is in the
@@ -37,10 +38,11 @@ import nbformat  # noqa: E402
 
 from course.lint import check_reference_leaks  # noqa: E402
 from course.notebooks import grade_id, is_graded, is_solution, read_notebook  # noqa: E402
-from course.paths import STUDENT_REFERENCE, discover_labs, release_notebook_path, source_notebook_path  # noqa: E402
+from course.paths import STUDENT_REFERENCE, TEACHING_GPU, TEACHING_RUNS, discover_labs, release_notebook_path, source_notebook_path  # noqa: E402
 
 RUNS = (  # (title, executed notebook, run record); a run that is not committed is left out
-    ("On the course's H100, teaching scale", "reports/h100/{lab}_executed.ipynb", "reports/h100/{lab}_run.json"),
+    (f"On the course's {TEACHING_GPU}, teaching scale", f"{TEACHING_RUNS}/{{lab}}_executed.ipynb",
+     f"{TEACHING_RUNS}/{{lab}}_run.json"),
     ("On a 2-core CPU, cpu scale", "reports/cpu-2core/{lab}-cpu_executed.ipynb", "reports/cpu-2core/{lab}-cpu_run.json"),
 )
 # lab -> {a piece of a cell's source: why its output is left out}. A cell that prints nothing but what a hidden test
@@ -54,7 +56,7 @@ EXCLUDED: dict[str, dict[str, str]] = {
     "lab3": {
         "T4_PEAK_FLOPS_PER_S": "its tables are the reference solution's counts, roofline times and breakdowns on the T4, "
                                "the hidden cases of Questions 3.2, 4.2, 5.1 and 6.1",
-        "gpt2_predicted": "its predicted columns are Question 5.1's hidden cases on the H100 (the cell before prints "
+        "gpt2_predicted": "its predicted columns are Question 5.1's hidden cases on the course's GPU (the cell before prints "
                           "the measured times)",
         "a100_case": "it computes (measures nothing) Questions 2.2 and 2.7's answers on (16, 16384, 4096, 16), a hidden "
                      "case of Question 2.2",

@@ -1,7 +1,7 @@
 """Write ``docs/PERFORMANCE.md``: one current table per lab of how long it takes to run and to grade, measured.
 
-Every number comes from a committed run of ``scripts/gpu/run_lab.py`` (``reports/h100/<lab>_run.json``: every cell at
-teaching scale on the lent H100, then one reference submission autograded there, or ``<lab>_autograde.json`` from a
+Every number comes from a committed run of ``scripts/gpu/run_lab.py`` (``reports/<card>/<lab>_run.json``: every cell at
+teaching scale on the course's GPU, ``course.paths.TEACHING_GPU``, then one reference submission autograded there, or ``<lab>_autograde.json`` from a
 later ``--skip-execute`` run; ``reports/cpu-2core/<lab>-cpu_run.json``:
 every cell at cpu scale on a 2-core machine, made by ``scripts/run_cpu_scale.py``). Regenerate after committing new runs:
 ``python scripts/performance.py``.
@@ -9,11 +9,16 @@ every cell at cpu scale on a 2-core machine, made by ``scripts/run_cpu_scale.py`
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from course.paths import TEACHING_GPU, TEACHING_RUNS  # noqa: E402
+
 RUNS = (  # (file pattern of a whole run, of a later autograde-only run, machine)
-    ("reports/h100/{lab}_run.json", "reports/h100/{lab}_autograde.json", "lent H100, 16 cores"),
+    (f"{TEACHING_RUNS}/{{lab}}_run.json", f"{TEACHING_RUNS}/{{lab}}_autograde.json", f"lent {TEACHING_GPU}"),
     ("reports/cpu-2core/{lab}-cpu_run.json", "reports/cpu-2core/{lab}_autograde.json", "2-core CPU (shared), no GPU"),
     ("reports/cpu-2core-idle/{lab}-cpu_run.json", "reports/cpu-2core-idle/{lab}_autograde.json",
      "2 cores of an idle 16-core Xeon host, no GPU"),
@@ -62,7 +67,7 @@ def main() -> int:
     lines = ["# Performance", "",
              "How long each lab takes to run top to bottom and to grade, measured with the current code. Made by "
              "`scripts/performance.py` from the committed runs of `scripts/gpu/run_lab.py`; what students should "
-             "observe in each lab is in `reports/labN-h100.md`. A run on a fresh machine includes its first "
+             f"observe in each lab is in `reports/labN-{TEACHING_GPU.lower()}.md`. A run on a fresh machine includes its first "
              "compiles (cold compile caches). The 2-core machine is shared with other work: its load average while "
              "each lab ran is stated, and a load above its 2 CPUs means the run took longer than on an idle machine. "
              "The idle rows pin 2 cores (taskset) of the lent GPU machine, CUDA hidden, with that image's torch and "

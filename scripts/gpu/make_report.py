@@ -1,4 +1,4 @@
-"""Turn the JSON that the GPU run wrote into the committed report ``reports/<lab>-h100.md``.
+"""Turn the JSON that the GPU run wrote into the committed reports ``reports/<lab>-<card>.md`` (card: ``h200``...).
 
 Usage: ``python scripts/gpu/make_report.py RESULTS_DIR [--out reports]``, where RESULTS_DIR holds what
 ``scripts/gpu/run_reports.sh`` packed (``lab1_measurements.json``, ``lab1_run.json``, ``check_utils_gpu.json``,
@@ -524,11 +524,25 @@ def cuda_faults_section(results: Path) -> list[str]:
             *[f"- {'PASS' if ok else 'FAIL'}: {check}" for check, ok in data["checks"].items()], ""]
 
 
+def card_of(results: Path) -> str:
+    """The card of a run as reports name it (``"NVIDIA H200"`` in ``gpu.csv`` -> ``"h200"``).
+
+    Raises:
+        SystemExit: ``gpu.csv`` is missing or names no card (pass ``--card``).
+    """
+    rows = (results / "gpu.csv").read_text().splitlines()[1:] if (results / "gpu.csv").exists() else []
+    if not rows:
+        raise SystemExit(f"{results / 'gpu.csv'} names no GPU: pass --card")
+    return rows[0].split(",")[0].replace("NVIDIA", "").split()[0].lower()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("results", type=Path)
     parser.add_argument("--out", type=Path, default=Path("reports"))
+    parser.add_argument("--card", help="the card in the reports' names (default: from the run's gpu.csv, e.g. h200)")
     args = parser.parse_args()
+    card = args.card or card_of(args.results)
     args.out.mkdir(parents=True, exist_ok=True)
     figures = args.out / "figures"
     figures.mkdir(exist_ok=True)
@@ -537,16 +551,16 @@ def main() -> int:
             shutil.copy2(png, figures / png.name)
     if (args.results / "lab1_measurements.json").exists():
         report = lab1_report(args.results, figures) + flash_figure(args.results, figures) + "\n" + utils_report(args.results)
-        (args.out / "lab1-h100.md").write_text(report)
-        print(f"wrote {args.out / 'lab1-h100.md'}")
+        (args.out / f"lab1-{card}.md").write_text(report)
+        print(f"wrote {args.out / f'lab1-{card}.md'}")
     autograde = autograde_report(args.results)
     if autograde:
-        (args.out / "autograde-h100.md").write_text(autograde)
-        print(f"wrote {args.out / 'autograde-h100.md'}")
+        (args.out / f"autograde-{card}.md").write_text(autograde)
+        print(f"wrote {args.out / f'autograde-{card}.md'}")
     for lab in ("lab2", "lab3"):
         if (args.results / f"{lab}_run.json").exists():
-            (args.out / f"{lab}-h100.md").write_text(lab_run_report(args.results, lab, figures))
-            print(f"wrote {args.out / f'{lab}-h100.md'}")
+            (args.out / f"{lab}-{card}.md").write_text(lab_run_report(args.results, lab, figures))
+            print(f"wrote {args.out / f'{lab}-{card}.md'}")
     return 0
 
 

@@ -13,17 +13,20 @@
 # EFFICIENT_AI_GPU_MEMORY_GB=GB (decimal GB) also caps the labN steps (scripts/gpu/memory_cap.py).
 # Prepare here first: bash scripts/gpu/gather_wheels.sh   (carry: [".whl"])
 # Example device command: bash scripts/gpu/run_reports.sh utils measure lab1
+# Several instances can run side by side (one per GPU of a multi-GPU machine): give each its own RESULTS folder and
+# OUT, e.g. CUDA_VISIBLE_DEVICES=1 RESULTS=/tmp/r1 OUT=$OUT/lab1 bash scripts/gpu/run_reports.sh lab1 &
 #   or: EFFICIENT_AI_GPU_MEMORY_GB=15 bash scripts/gpu/run_reports.sh capped
 set -u
 cd "$(dirname "$0")/../.."
 # The carried wheels are installed into the image's own Python environment (where torch, transformers and triton
 # are): grading kernels start with `python -I`, which ignores PYTHONPATH, so what they import must be installed.
-python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl 2>/dev/null \
+python3 -I -c "import nbgrader" 2>/dev/null \
+  || python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl 2>/dev/null \
   || python3 -m pip install -q --no-index --no-deps --no-compile --break-system-packages .whl/*.whl || exit 1
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 python3 -I -c "import torch, nbgrader, ipykernel, matplotlib; print('python -I imports torch, nbgrader, ipykernel and matplotlib')" || exit 1
 echo "python: $(command -v python3); bwrap: $(command -v bwrap || echo 'not installed: grading kernels start isolated, unsandboxed')"
-RESULTS=/tmp/results
+RESULTS=${RESULTS:-/tmp/results}
 mkdir -p "$RESULTS"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$RESULTS/gpu.csv" 2>&1
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee "$RESULTS/versions.txt"
