@@ -120,6 +120,12 @@ c.KeepStudentRun.max_notebook_bytes = 8 << 20
 
 # course measure (docs/GRADING.md): the leaderboard names students by pseudonym unless this is True.
 c.Measure.show_names = False
+# Extra credit for beating the reference: each measured piece whose time is at most extra_credit_ratio times the
+# reference solution's (geometric mean over its shapes, same GPU, same run; every shape correct) earns
+# extra_credit_points, recorded as nbgrader extra credit on the piece's first test cell. 0 points: off, and course
+# measure writes no grade.
+c.Measure.extra_credit_points = 0.0
+c.Measure.extra_credit_ratio = 1.0
 
 # Late submissions: a submission whose timestamp.txt is after the lab's due date in the gradebook (nbgrader db
 # assignment add LAB --duedate="2025-03-01 23:59 Europe/Paris") loses points by this policy: "none", "zero", or

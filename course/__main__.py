@@ -57,6 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, help="time limit of one check or timing request (default: the piece's)")
     p.add_argument("--report", action="store_true",
                    help="measure nothing: rewrite the leaderboard and feedback pages from grading/LAB/measure.json")
+    p.add_argument("--shard", help="measure only shard i of n (i/n, from 0; the reference always): for cluster job "
+                                   "arrays; writes grading/LAB/shard-i-of-n/measure.json, which --merge joins")
+    p.add_argument("--merge", action="store_true",
+                   help="measure nothing: join every shard's results into grading/LAB/measure.json, then write the "
+                        "leaderboard and feedback pages")
     p.add_argument("--course-dir", type=Path, default=REPO_ROOT, help="nbgrader course folder (default: this repository)")
 
     p = sub.add_parser("solutions", help="after the deadline: OUT/labN_solution.ipynb, model solutions without hidden tests or mark schemes")
@@ -93,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "measure":
         from . import measure
         return measure.main(args.lab, args.course_dir.resolve(), args.student, args.workers, args.timeout_s,
-                            report_only=args.report)
+                            report_only=args.report, shard=args.shard, merge=args.merge)
     if args.command == "demo":
         from . import demo
         return demo.main(resolve_labs([args.lab])[0])

@@ -1,13 +1,16 @@
-"""``python -m course measure LAB``: time the pieces a lab declares (``labs/LAB/measure.py``) for every graded
-submission whose tests of those pieces earned full marks, on the grading GPU, in the grading sandbox.
+"""``python -m course measure LAB``: time the pieces a lab declares (markdown cells tagged ``measure`` beside its
+questions: ``measure_cells``, ``measure_spec``) for every graded submission whose tests of those pieces earned full
+marks, on the grading GPU, in the grading sandbox.
 
 For each submission: a sandboxed kernel (``measure_session``) runs the lab's setup cells and the cells that define
 each piece; then, for each declared shape, the kernel computes the piece once on a fresh input set and sends sampled
 outputs, which the measuring process checks against its own reference on the same inputs (``measure_reference``);
 only a correct piece is timed (CUDA events after warm-up, rotating over input sets) and checked once more on another
 input set. A timeout, a dead kernel, an out-of-memory error or a CUDA fault costs that piece's row and nothing else;
-nothing here writes a grade. Results: ``grading/LAB/measure.json`` and ``measure.csv``; then the leaderboard and each
-student's roofline (``measure_report``). docs/GRADING.md ("Measuring kernels") is the TA's page.
+nothing here writes a grade, except the optional extra credit for beating the reference (``measure_credit``, off by
+default). Results: ``grading/LAB/measure.json`` and ``measure.csv``; then the leaderboard and each student's roofline
+(``measure_report``). ``--shard i/n`` and ``--merge`` split a class over GPUs (``measure_shards``).
+docs/GRADING.md ("Measuring kernels") is the TA's page.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from traitlets import Bool
+from traitlets import Bool, Float
 from traitlets.config import Configurable
 
 from .measure_spec import REFERENCE
@@ -40,6 +43,12 @@ class Measure(Configurable):
     """``course measure``'s settings in ``nbgrader_config.py`` (``c.Measure.show_names = True``)."""
 
     show_names = Bool(False, help="The leaderboard shows students' ids instead of pseudonyms.").tag(config=True)
+    extra_credit_points = Float(0.0, min=0.0, help=(
+        "Extra credit (points) for each measured piece that beats the reference solution, recorded as nbgrader "
+        "extra credit on the piece's first test cell; 0: off (course measure writes no grade).")).tag(config=True)
+    extra_credit_ratio = Float(1.0, min=0.0, help=(
+        "A piece beats the reference when the geometric mean over its shapes of its time over the reference's "
+        "(same GPU, same run) is at most this: 1.0 as fast, 0.8 at least 20% faster.")).tag(config=True)
 
 
 @dataclass
@@ -335,7 +344,8 @@ def no_gpu_reason(tiny: bool) -> str | None:
 
 
 def measure_class(course_root: Path, lab: str, students: list[str] | None = None, workers: int = 1,
-                  timeout_s: float | None = None, seed: int | None = None) -> dict:
+                  timeout_s: float | None = None, seed: int | None = None,
+                  shard: tuple[int, int] | None = None) -> dict:
     """Measure the reference and every eligible submission; the results (``measure.json``'s content).
 
     Args:
@@ -345,8 +355,10 @@ def measure_class(course_root: Path, lab: str, students: list[str] | None = None
         workers: submissions measured at once, one GPU each.
         timeout_s: limit of one request (a check, or the timing of one shape) in seconds; default: the piece's.
         seed: the run's seed (default: a random one, recorded).
+        shard: (i, n): only shard i of n of those students (``course.grade.shard_students``); the reference always.
     """
     from . import measure_spec
+    from .grade import shard_students
     from .nbgrader_run import read_scores
 
     tiny = os.environ.get(CPU_MODE_ENV, "") == "1"
@@ -361,6 +373,7 @@ def measure_class(course_root: Path, lab: str, students: list[str] | None = None
     run_seed = seed if seed is not None else secrets.randbelow(2 ** 31)
     ctx = Context(course_root, lab, measure, ceilings, run_seed, tiny, timeout_s)
     scores = read_scores(course_root, lab, students)
+    scores = {student: scores[student] for student in shard_students(list(scores), shard)}
     jobs, skipped = [(None, measure.pieces)], {}
     for student in sorted(scores):
         notebook = course_root / "autograded" / student / lab / f"{lab}.ipynb"
@@ -402,7 +415,9 @@ def measure_class(course_root: Path, lab: str, students: list[str] | None = None
         "lab": lab, "gpu": ceilings.get("device_name"), "device": ceilings.get("device"), "tiny_shapes": tiny,
         "roofline": ceilings, "run_seed": run_seed,
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "pieces": {p.name: {"function": p.function, "metric": p.metric, "dtype": p.dtype} for p in measure.pieces},
+        "pieces": {p.name: {"function": p.function, "metric": p.metric, "dtype": p.dtype, "credit_cell": p.tests[0]}
+                   for p in measure.pieces},
+        "shard": list(shard) if shard else None,
         "rank_by": measure.rank_by,
         "rows": [asdict(row) for row in sorted(rows, key=lambda r: (r.student != REFERENCE, r.student))],
         "not_measured": skipped,
@@ -424,22 +439,54 @@ def write_results(out_dir: Path, results: dict) -> None:
     write_csv(out_dir / "measure.csv", [["gpu", *columns], *[[results["gpu"], *line] for line in lines]])
 
 
+def award_extra_credit(root: Path, lab: str, results: dict, settings: Measure) -> None:
+    """With ``c.Measure.extra_credit_points`` > 0, record each considered student's extra credit in the gradebook
+    (``measure_credit``) and in ``results`` (``extra_credit``: student -> piece -> points, only what was earned)."""
+    from . import measure_credit
+
+    earned = measure_credit.awards(results, settings.extra_credit_points, settings.extra_credit_ratio)
+    if not earned:
+        return
+    for note in measure_credit.record(root, lab, results, earned):
+        print(f"measure {lab}: {note}", file=sys.stderr)
+    results["extra_credit"] = {s: {p: v for p, v in by_piece.items() if v} for s, by_piece in earned.items()
+                               if any(by_piece.values())}
+    results["extra_credit_rule"] = {"points": settings.extra_credit_points, "ratio": settings.extra_credit_ratio}
+
+
 def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None, workers: int = 1,
-         timeout_s: float | None = None, report_only: bool = False, seed: int | None = None) -> int:
-    """The command: measure (unless ``report_only``), write the results, the leaderboard and the feedback."""
-    from . import measure_report
+         timeout_s: float | None = None, report_only: bool = False, seed: int | None = None,
+         shard: str | None = None, merge: bool = False) -> int:
+    """The command: measure (unless ``report_only`` or ``merge``), write the results, the leaderboard and the
+    feedback; a shard (``shard`` "i/n") writes only its results, which ``merge`` joins (``measure_shards``)."""
+    from . import measure_report, measure_shards
+    from .grade import parse_shard
     from .measure_session import course_config
 
     out_dir = root / "grading" / lab
-    if report_only:
+    settings = Measure(config=course_config(root))
+    if merge:
+        results = measure_shards.merge(measure_shards.shard_results(out_dir))
+        write_results(out_dir, results)
+    elif report_only:
         if not (out_dir / "measure.json").exists():
             raise SystemExit(f"{out_dir / 'measure.json'} does not exist: run python -m course measure {lab} first")
         results = json.loads((out_dir / "measure.json").read_text())
     else:
-        results = measure_class(root, lab, students, workers, timeout_s, seed)
+        try:
+            split = parse_shard(shard) if shard else None
+        except ValueError as exc:
+            raise SystemExit(f"measure {lab}: {exc}") from None
+        results = measure_class(root, lab, students, workers, timeout_s, seed, split)
+        award_extra_credit(root, lab, results, settings)
+        if split:
+            write_results(measure_shards.shard_dir(out_dir, split), results)
+            print(measure_report.summary(results))
+            print(f"wrote {measure_shards.shard_dir(out_dir, split) / 'measure.json'}; when every shard has finished: "
+                  f"python -m course measure {lab} --merge")
+            return 0
         write_results(out_dir, results)
-    show_names = Measure(config=course_config(root)).show_names
-    written = measure_report.write_all(root, out_dir, results, show_names)
+    written = measure_report.write_all(root, out_dir, results, settings.show_names)
     print(measure_report.summary(results))
     print(f"wrote {out_dir / 'measure.json'}, measure.csv, {len(written)} feedback pages, leaderboard.html and .csv")
     return 0

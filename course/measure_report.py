@@ -228,7 +228,9 @@ def feedback_page(results: dict, student: str) -> str:
                      "status": "correct, timed" if ok else f"{row['status']}: {row['reason']}"})
     return _env().get_template("feedback.html.j2").render(
         lab=results["lab"], gpu=results["gpu"], roof_text=roof_text(results["roofline"]), rows=rows,
-        figure=roofline_png(results, student) if mine else "", not_measured=results["not_measured"].get(student, ""))
+        figure=roofline_png(results, student) if mine else "", not_measured=results["not_measured"].get(student, ""),
+        credit_rule=results.get("extra_credit_rule"),
+        credit=[f"{points:g} for {piece}" for piece, points in results.get("extra_credit", {}).get(student, {}).items()])
 
 
 def write_all(course_root: Path, out_dir: Path, results: dict, show_names: bool) -> list[Path]:
@@ -259,4 +261,7 @@ def summary(results: dict) -> str:
                      f"{'' if value is None else f'{value:.1%} of the roof'}")
     for student, why in sorted(results["not_measured"].items()):
         lines.append(f"  {student:<24} not measured: {why}")
+    if rule := results.get("extra_credit_rule"):
+        lines.append(f"extra credit ({rule['points']:g} points a piece at most {rule['ratio']:g} x the reference's "
+                     f"time): {len(results.get('extra_credit', {}))} student(s)")
     return "\n".join(lines)
