@@ -53,11 +53,10 @@ def record(course_root: Path, lab: str, results: dict, earned: dict[str, dict[st
     sharing a cell; None for nothing, as nbgrader writes no extra credit). Returns notes on what could not be set."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    from .nbgrader_run import db_url_for
-    from .paths import COURSE_ID
+    from .paths import COURSE_ID, course_directory
 
     notes = []
-    with Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
+    with Gradebook(course_directory(course_root).db_url, course_id=COURSE_ID) as gb:
         for student, by_piece in sorted(earned.items()):
             by_cell: dict[str, float] = {}
             for piece, value in by_piece.items():

@@ -306,3 +306,16 @@ def test_without_a_gpu_it_says_what_it_needs(tmp_path):
     result = subprocess.run([sys.executable, "-m", "course", "measure", "lab2", "--course-dir", str(REPO)], cwd=REPO,
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "no CUDA GPU" in result.stderr
+
+
+def test_cluster_recipes_run_a_shard_each_and_say_how_to_merge():
+    from course.__main__ import parse_args
+
+    slurm = (REPO / "deploy" / "slurm" / "measure_array.sbatch").read_text()
+    k8s = (REPO / "deploy" / "k8s" / "measure-job.yaml").read_text()
+    assert 'python -m course measure "$LAB" --shard "${SLURM_ARRAY_TASK_ID}/${SLURM_ARRAY_TASK_COUNT}"' in slurm
+    assert 'python -m course measure "$LAB" --shard "${JOB_COMPLETION_INDEX}/${SHARDS}"' in k8s
+    assert "--merge" in slurm and "--merge" in k8s
+    args = parse_args(["measure", "lab2", "--shard", "3/8", "--course-dir", "/course"])
+    assert (args.shard, args.merge) == ("3/8", False) and parse_args(["measure", "lab2", "--merge"]).merge
+
