@@ -44,7 +44,7 @@
 #   cache's speedup growing with the length, a decode step of 8 sequences costing far less than 8 steps of one,
 #   speculative decoding's tokens per pass and its output following the target, not the draft), and *quick* (tiny
 #   sizes, which only check that the code runs: the autograder uses it). What only a GPU shows (CUDA graphs, GPT-2
-#   XL in fp16) was measured on the course's H100: what that run printed is in `measured_runs.md` beside this
+#   XL in fp16) was measured on the course's H200: what that run printed is in `measured_runs.md` beside this
 #   notebook, with the course's cpu-scale run; the questions that need it say so.
 # - Write your code where it says `YOUR CODE HERE` and your written answers where it says `YOUR ANSWER HERE`.
 #   Keep the names and signatures we give you: the tests call them.
@@ -57,8 +57,8 @@
 # graded by a TA. Each part's row gives our estimate of a student's time for it, reading, coding and running
 # included, and how long its cells ran at cpu scale in the course's run (`measured_runs.md` beside this notebook: 2
 # cores of a virtual machine, quiet while it ran (load average 0.95 to 0.97), one PyTorch thread, compile caches cold
-# as on a first run): 29 s for every cell. A busy machine takes longer. At teaching scale on the course's H100 every
-# cell took 158 s, Parts 1 and 5 about a minute each. The whole lab: about 7 hours, plus about 45 minutes for the two
+# as on a first run): 29 s for every cell. A busy machine takes longer. At teaching scale on the course's H200 every
+# cell took 160 s, Parts 1 and 5 about a minute each. The whole lab: about 7 hours, plus about 45 minutes for the two
 # bonus questions.
 #
 # | Question | Topic | Points |
@@ -727,7 +727,7 @@ def recall_accuracy(model, task=RECALL_TASK, num_sequences=1024, seed=1234, devi
 recall_models, recall_results = {}, []
 if SCALE != "quick":
     print(f"Training {len(RECALL_LAYER_COUNTS)} models of {RECALL_LAYER_COUNTS} layers for {RECALL_TRAINING['steps']} "
-          f"steps each: seconds on idle CPU cores at cpu scale, minutes on busy ones, about 1 minute on an H100 at "
+          f"steps each: seconds on idle CPU cores at cpu scale, minutes on busy ones, about 1 minute on an H200 at "
           f"teaching scale (each model's time is printed below).")
 with uses_answers("Question 1.1"):  # the models attend with your causal_self_attention
     for num_layers in RECALL_LAYER_COUNTS:
@@ -756,20 +756,20 @@ with uses_answers("Question 1.1"):  # the models attend with your causal_self_at
               "run at cpu or teaching scale to answer Question 1.3.")
     elif SCALE == "cpu":
         print("cpu scale: a smaller task and 1- and 2-layer models only; the teaching-scale run (1 to 4 layers) of the "
-              "course's H100 is in measured_runs.md beside this notebook.")
+              "course's H200 is in measured_runs.md beside this notebook.")
 
 # %% [markdown]
 # #### Question 1.3 (4 points)
 #
 # Run the experiment at teaching scale, or at cpu scale on a machine without a GPU (a smaller task, 1 and 2
-# layers; the teaching-scale accuracies of 1 to 4 layers on the course's H100 are in `measured_runs.md` beside this
+# layers; the teaching-scale accuracies of 1 to 4 layers on the course's H200 are in `measured_runs.md` beside this
 # notebook, Part 1, and you may quote them). What is the smallest number of layers that reaches 90 % answer accuracy? Explain why fewer layers cannot solve the task: what must the first attention layer compute, and
 # what does the next one do with it? (Think of where the information "this value belongs to key $k$" lives in
 # the sequence, and which position needs it.)
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q1_3_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
 # Two layers. With one layer the answer accuracy stays far below 90 % (20.2 % in the course's teaching-scale run on
-# the H100, `measured_runs.md`: above the 1/32 of a random value and the 1/8 of a random pick among the 8 values
+# the H200, `measured_runs.md`: above the 1/32 of a random value and the 1/8 of a random pick among the 8 values
 # listed in the context, so it uses the context a little, but it cannot pick the right value), while two or more
 # layers reach nearly 100 % (100.0 % for 2, 3 and 4 layers there). At cpu scale the same holds: 22.3 % with 1 layer,
 # 99.1 % with 2 in the course's cpu-scale run.
@@ -786,7 +786,7 @@ with uses_answers("Question 1.1"):  # the models attend with your causal_self_at
 # layers are the minimum; more layers do not hurt but are not needed.
 # === BEGIN MARK SCHEME ===
 # 4 points in total:
-# - 1 point: answer "2 layers" (consistent with their own run, teaching or cpu scale, or with the H100 accuracies of
+# - 1 point: answer "2 layers" (consistent with their own run, teaching or cpu scale, or with the H200 accuracies of
 #   measured_runs.md that a CPU-only student may quote; 1 layer stays far below 90 %). A CPU-only answer from
 #   the cpu-scale run (1 and 2 layers) or from measured_runs.md is marked exactly like a teaching-scale one; an
 #   answer from quick-scale accuracies (which mean nothing) earns this point only if it says so and uses the
@@ -2456,7 +2456,7 @@ print(f"GPT-2-shaped model: {MEASURED_SHAPE}, {MEASURE_DTYPE}, "
 
 gpt2_measured = []
 if SCALE != "quick":
-    print(f"Timing {len(GPT2_MEASURE['cases'])} cases: under a minute at cpu scale, about a minute on an H100 at "
+    print(f"Timing {len(GPT2_MEASURE['cases'])} cases: under a minute at cpu scale, about a minute on an H200 at "
           "teaching scale (the CUDA graphs are captured first).")
 for B, N in progress(GPT2_MEASURE["cases"], "batch sizes and lengths"):
     status, result = run_oom_safe(measure_gpt2_ms, gpt2_model, B, N, GPT2_MEASURE["n_warmup"], GPT2_MEASURE["n_repeat"])
@@ -2473,7 +2473,7 @@ gpt2_measured = pd.DataFrame(gpt2_measured)
 if gpt2_measured["measured_cache_ms"].isna().all():
     print("No cached decode step was timed: answer Question 4.5 first (it uses your StaticKVCache and gpt2_step).")
 print("measured = CUDA graph replay" if DEVICE.type == "cuda" else
-      "measured = eager (no CUDA graphs on a CPU); GPT-2 XL in fp16 on an H100, eager and as CUDA graphs, is in "
+      "measured = eager (no CUDA graphs on a CPU); GPT-2 XL in fp16 on an H200, eager and as CUDA graphs, is in "
       "measured_runs.md beside this notebook")
 if SCALE == "cpu" and not gpt2_measured["measured_cache_ms"].isna().all():
     _steps = gpt2_measured.pivot(index="N", columns="B", values="measured_cache_ms")
@@ -2627,12 +2627,12 @@ with uses_answers("Question 5.1"):
 # dtype (`PEAKS_SOURCE`, `MEASURE_DTYPE`). On a CPU plot your cpu-scale run.
 #
 # **The answer (4 points).** Compare your predictions with the measurements: at teaching scale on a GPU, your own.
-# Without a GPU, answer for the course's H100 and add what your cpu-scale run and its plot show. The H100's
+# Without a GPU, answer for the course's H200 and add what your cpu-scale run and its plot show. The H200's
 # measurements are in `measured_runs.md` beside this notebook (Part 5: each case's time without the cache and of one
 # cached decode step, CUDA graph and eager, the kernels per step, the pass over a single token), and your
 # predictions for them come from your own function: `predict_gpt2_latencies_ms(B, N, 1600, 25, 48, 2,
-# GPU_SPECS["H100-SXM"]["fp16_tflops"] * 1e12, GPU_SPECS["H100-SXM"]["memory_bandwidth_tb_s"] * 1e12)` (GPT-2 XL
-# in fp16 at the H100's datasheet peaks, as that run predicted them). Which cases are predicted well and which are
+# GPU_SPECS["H200"]["fp16_tflops"] * 1e12, GPU_SPECS["H200"]["memory_bandwidth_tb_s"] * 1e12)` (GPT-2 XL
+# in fp16 at the H200's datasheet peaks, as that run predicted them). Which cases are predicted well and which are
 # not, and by how much? Give at least three concrete reasons for the gaps, tied to specific cases: think about what
 # the roofline assumes about overlap and peaks, what runs that Part 2 does not count (the list at the top of this
 # part), how many kernels a step launches and what each one costs even inside a CUDA graph (the single-token line),
@@ -2682,57 +2682,63 @@ else:
         plt.show()
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
-# (Model answer for the course's H100 run: GPT-2 XL in fp16, CUDA-graph times as `measured_runs.md` prints them; the
-# predictions are the reference `predict_gpt2_latencies_ms` at the H100's datasheet peaks, and the ratios to them are
-# those of `reports/lab3-h100.md`, Part 5. Your numbers will differ, and on another GPU the per-kernel floor and the
-# peaks differ too.) The cached decode step with the most bytes is predicted best: at $(64, 1024)$ it takes 11.8 ms,
-# less than twice its prediction (2.95 GB of weights and 20.1 GB of cache read at 3.35 TB/s). At $(64, 256)$ (5 GB of
-# cache) it takes 6.79 ms against 2.49 ms (2.73x); the other cached steps take 3.8 to 5.2 ms against 0.88 to 1.13 ms
-# (4.3x to 4.6x), and the passes without a cache are 3.6x to 4.6x their predictions (4.59x at $(1, 32)$, 3.94x at
-# $(64, 1024)$).
+# (Model answer for the course's H200 run: GPT-2 XL in fp16, CUDA-graph times as `measured_runs.md` prints them; the
+# predictions are the reference `predict_gpt2_latencies_ms` at the H200's datasheet peaks (989.4 TFLOP/s, 4.8 TB/s),
+# and the ratios to them are those of the run's comparison table (`reports/h200/lab3_executed.ipynb`;
+# `reports/lab3-h200.md`, Part 5, explains each one above 2x). Your numbers will differ, and on another GPU the
+# per-kernel floor and the peaks differ too.) The cached decode step with the most bytes is predicted best: at
+# $(64, 1024)$ it takes 9.44 ms, 1.9x its prediction of 4.98 ms (2.95 GB of weights and 20.1 GB of cache read at
+# 4.8 TB/s). At $(64, 256)$ (5 GB of cache) it takes 6.20 ms against 1.74 ms (3.57x); the other cached steps take 3.5
+# to 4.8 ms against 0.62 to 0.79 ms (5.6x to 6.1x), and the passes without a cache are 3.5x to 6.1x their predictions
+# (6.06x at $(1, 32)$, 4.93x at $(64, 1024)$). At the H200's 4.8 TB/s the small cases are predicted to take under a
+# millisecond; the fixed costs below do not shrink with bandwidth, so these cases sit furthest above their predictions.
 #
 # 1. **A floor per kernel.** A decode step launches 1,112 (B = 1) to 1,257 (B = 64) kernels, 23 to 26 per layer
 #    over 48 layers. Even replayed as a CUDA graph each costs a few microseconds however little it does
-#    (3.827 ms / 1,112 kernels = 3.4 µs at $(1, 32)$), so any pass costs about 3.8 ms (the single-token line:
-#    3.784 ms) and the small steps, whose bytes would take about 1 ms, sit on that floor, not on the bandwidth roof.
-# 2. **Launch overhead when run eagerly.** Launched one by one from Python, the cached steps take 24 to 27 ms
-#    whatever $B$ and $N$, and the short passes without a cache 26 to 30 ms (the pass over a single token 30.3 ms):
+#    (3.509 ms / 1,112 kernels = 3.2 µs at $(1, 32)$), so any pass costs about 3.4 ms (the single-token line:
+#    3.434 ms) and the small steps, whose bytes would take 0.6 to 0.8 ms, sit on that floor, not on the bandwidth
+#    roof.
+# 2. **Launch overhead when run eagerly.** Launched one by one from Python, the cached steps take 19 to 30 ms
+#    whatever $B$ and $N$, and the short passes without a cache 26 to 30 ms (the pass over a single token 29.0 ms):
 #    the CPU needs tens of microseconds per kernel, the GPU waits, and the cache seems to do little (eager cache
-#    speedups 1.07x and 1.14x at $B = 1$, $N = 256$ and 1,024). Only where the pass without a cache is itself long does
-#    the cache show eagerly (7.9x at $(64, 256)$, 53x at $(64, 1024)$). CUDA graphs remove this. (The first case of
-#    each batch size, $N = 32$, took longer eagerly than every later case of that batch size, which does more work:
-#    34.9 ms for the step at $B = 1$, 50.4 ms at $B = 64$. What it measures is not the step's work, so its eager
-#    speedups, 1.03x and 0.60x, say nothing about the cache.)
+#    speedups 0.93x to 1.33x at $B = 1$, 1.11x at $(64, 32)$). Only where the pass without a cache is itself long does
+#    the cache show eagerly (7.7x at $(64, 256)$, 44x at $(64, 1024)$). CUDA graphs remove this. (These eager times
+#    follow neither $B$ nor $N$: the cached step took 19.3 ms at $(1, 32)$ and 30.2 ms at $(1, 256)$, 26.8 ms at
+#    $(64, 32)$ and 24.2 ms at $(64, 256)$, as the CPU's launch time varied from case to case; the host was running
+#    other work, `measured_runs.md` gives its load average. So the eager speedups of the short cases, one of them
+#    below 1x, show only that the CPU sets the time, nothing about the cache.)
 # 3. **Work Part 2 does not count.** Per layer of the pass without a cache: a separate pass that scales the scores
 #    (it reads and writes the $HBN^2$ scores once more: $2HBN^2$ elements on top of the $6HBN^2$ counted; the mask
 #    pass is counted), GPT-2's GELU as eight elementwise kernels over $(B, N, 4D)$ (about $72BND$ elements read and
 #    written, where Part 2 fuses it), and layer norms, residual additions and the copy of the heads into
 #    $(B, N, D)$ (about $12BND$). The fused QKV matmul saves only $2BND$. At $(64, 1024)$ that is about as many
-#    bytes again as the $22BND + 12D^2 + 6HBN^2$ counted: a factor of about 2 of the 3.9x; at decode time these terms
+#    bytes again as the $22BND + 12D^2 + 6HBN^2$ counted: a factor of about 2 of the 4.9x; at decode time these terms
 #    carry a factor $B$ instead of $BN$ and are small next to the weights and the cache. Both ways also run the LM
 #    head (a $D \times V$ weight read, about 5 % more bytes than the decoder's weights), which Part 2 leaves out.
 # 4. **Peaks are not reached and do not overlap perfectly**: kernels, elementwise ones especially, reach only
 #    part of the datasheet's bandwidth and FLOP/s, and the roofline's $\max$ assumes perfect overlap (the cached step
-#    at $(64, 1024)$, within a factor of two of its prediction, and the rest of the 3.9x without it).
+#    at $(64, 1024)$, within a factor of two of its prediction, and the rest of the 4.9x without it: that pass moves
+#    about twice the 1.19 TB counted in 1.22 s, under half of the datasheet's 4.8 TB/s).
 #
-# The cache delivers speedups of the predicted order: 1.10x at $(1, 32)$ (predicted 1.04x: both read the same
-# weights), 1.46x at $(1, 256)$ (1.57x), 5.5x at $(1, 1024)$ (6.6x), 4.6x at $(64, 32)$ (5.4x), 31x at $(64, 256)$
-# (20x) and 119x at $(64, 1024)$ (50x). The last two are more than predicted because the pass without the cache is
-# about 4x its prediction (4.21x and 3.94x: the uncounted passes over its $N \times N$ scores and $(B, N, 4D)$
-# activations) while the cached step is only 2.73x its prediction at $(64, 256)$ and less than twice it at
-# $(64, 1024)$: $20.2 \times 4.21 / 2.73 \approx 31$, and at $(64, 1024)$ the cached step's own ratio is
-# $49.8 \times 3.94 / 119 \approx 1.65$. At small $B N$ the cached step sits on the kernel floor and the speedup
-# falls short of the prediction.
+# The cache delivers speedups of the predicted order: 1.11x at $(1, 32)$ (predicted 1.04x: both read the same
+# weights), 1.49x at $(1, 256)$ (1.57x), 5.3x at $(1, 1024)$ (6.6x), 4.5x at $(64, 32)$ (7.7x), 30x at $(64, 256)$
+# (29x) and 129x at $(64, 1024)$ (50x). A measured speedup is the predicted one times the pass's ratio to its
+# prediction over the step's. At $(64, 1024)$ the pass without the cache is 4.9x its prediction (the uncounted passes
+# over its $N \times N$ scores and $(B, N, 4D)$ activations) and the cached step only 1.9x: $49.8 \times 4.93 / 1.90
+# \approx 129$, more than predicted. At $(64, 256)$ both are about 3.6x their predictions (3.74x and 3.57x), so the
+# speedup is the predicted one: $28.9 \times 3.74 / 3.57 \approx 30$. At small $B N$ the cached step sits on the
+# kernel floor (5.6x to 6.1x its prediction, more than the pass without the cache) and the speedup falls short of
+# the prediction: 4.5x against 7.7x at $(64, 32)$, 5.3x against 6.6x at $(1, 1024)$.
 #
 # **Growth with $N$** (the plot): without the cache the time grows with $N$, as the roofline line does. At $B = 64$
-# it grows about linearly from $N = 32$ to 256 (23.6 to 211 ms for 8 times the tokens: the $BN$ tokens' matmuls
-# dominate) and faster from 256 to 1,024 (211 to 1,400 ms for 4 times the tokens) where the $HBN^2$ score traffic
-# takes over; at $B = 1$ it starts on the floor of the weights and the kernels (4.22 ms at $N = 32$, 5.69 ms at
-# $N = 256$) and rises only at $N = 1024$ (22.8 ms). The cached step is nearly flat at $B = 1$ (3.83, 3.89 and
-# 4.17 ms at $N = 32$, 256 and 1,024): its bytes are the weights, and the cache of 1,024 tokens adds under a tenth. At
-# $B = 64$ it rises with $N$ (5.16, 6.79 and 11.8 ms) as the $2LBND$ elements of cache read per step exceed the
-# weights (about 5 GB at $N = 256$ and 20 GB at $N = 1024$, against 3 GB), the linear growth in $N$ that
-# Question 4.1 predicts; at $N = 256$ the kernel floor still hides part of it (2.73x its prediction).
+# it grows about linearly from $N = 32$ to 256 (21.6 to 187 ms for 8 times the tokens: the $BN$ tokens' matmuls
+# dominate) and faster from 256 to 1,024 (187 to 1,222 ms for 4 times the tokens) where the $HBN^2$ score traffic
+# takes over; at $B = 1$ it starts on the floor of the weights and the kernels (3.88 ms at $N = 32$, 5.31 ms at
+# $N = 256$) and rises only at $N = 1024$ (20.3 ms). The cached step is nearly flat at $B = 1$ (3.51, 3.57 and
+# 3.84 ms at $N = 32$, 256 and 1,024): its bytes are the weights, and the cache of 1,024 tokens (0.31 GB) adds about a
+# tenth. At $B = 64$ it rises with $N$ (4.81, 6.20 and 9.44 ms) as the $2LBND$ elements of cache read per step exceed
+# the weights (about 5 GB at $N = 256$ and 20 GB at $N = 1024$, against 3 GB), the linear growth in $N$ that
+# Question 4.1 predicts; at $N = 256$ the kernel floor still hides part of it (3.57x its prediction).
 #
 # At cpu scale (the course's run in `measured_runs.md`: float32, one thread, predictions from the CPU's measured peaks)
 # the cache's speedup also grows with $N$: without the cache the pass takes 12.1, 38.5 and 78.9 ms at $B = 1$ for
@@ -2743,10 +2749,10 @@ else:
 # (Python and the dispatcher; there is no CUDA graph, so the eager time is the measurement), which plays the role of
 # the GPU's per-kernel floor (the pass over a single token takes 3.34 ms, about as long as a cached step at $B = 1$),
 # and the thin products of a decode step (1 or 8 rows) reach only part of the peaks measured on large ones. So the
-# cache's measured speedups at $B = 8$ stay below the predicted ones (32x to 221x), as on the H100 at small $B N$.
+# cache's measured speedups at $B = 8$ stay below the predicted ones (32x to 221x), as on the H200 at small $B N$.
 # === BEGIN MARK SCHEME ===
 # 4 points in total (judge against the student's own table; a teaching-scale run on a GPU, or, without a GPU, the
-# H100 measurements of measured_runs.md with the student's own predictions for them, plus the student's cpu-scale
+# H200 measurements of measured_runs.md with the student's own predictions for them, plus the student's cpu-scale
 # run):
 # - 1 point: says which cases are close and which far off, with measured/predicted ratios (CUDA-graph times).
 # - 2 points: at least three valid reasons tied to cases: a per-kernel cost (hundreds of kernels per step) that
@@ -2757,10 +2763,14 @@ else:
 # - 1 point: compares the measured cache speedups with Part 4 (same order of magnitude with CUDA graphs) and
 #   explains where and why they differ (or why the eager speedups are near 1x for the short cases); says how the two
 #   curves of the plot grow with N (uncached rising with N, cached flat at B = 1 and rising at large B N once the
-#   cache read rivals the weights). The eager times of the first case of each batch size (N = 32: longer than the
-#   later cases of that batch size, which do more work) show no property of the cache: an argument resting on their
-#   ratio (such as 0.60x at (64, 32)) earns nothing for it, an answer that notes the anomaly loses nothing.
-# A CPU-only student who answers from the H100 measurements of measured_runs.md and their own predictions for them
+#   cache read rivals the weights). The eager times of the short cases are set by the CPU's launches and vary from
+#   case to case, not with the work (19 to 30 ms on the course's H200, in no order of B or N): they show no property
+#   of the cache, and an argument resting on their ratios (such as 0.93x at (1, 256), a cached step slower than the
+#   pass without a cache) earns nothing for it; an answer that notes the scatter loses nothing. A speedup above the
+#   prediction at large B N (129x against 50x at (64, 1024) on the H200) explained by the pass without the cache
+#   being further above its prediction than the cached step is right; so is a speedup below it at small B N
+#   explained by the kernel floor.
+# A CPU-only student who answers from the H200 measurements of measured_runs.md and their own predictions for them
 # (with or without their cpu-scale numbers) is marked exactly as above. An answer from the student's own cpu-scale
 # run alone earns the first and last points when the ratios and speedups are read correctly from it, and the reasons
 # point when it explains the CPU's gaps (eager per-operator cost for the small cases, uncounted work, peaks);
@@ -3588,7 +3598,7 @@ if spec_cost is not None:
     with pd.option_context("display.width", 200):
         print(spec_cost.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if SCALE == "cpu":
-        print("The H100's tables (4-layer target, 1- to 3-layer drafts) are in measured_runs.md beside this notebook.")
+        print("The H200's tables (4-layer target, 1- to 3-layer drafts) are in measured_runs.md beside this notebook.")
 
 # %% [markdown]
 # **Whose output is it?** The answer accuracy of the first table comes from the few sequences that a timed loop of
@@ -3684,7 +3694,7 @@ else:
 # #### Question 6.5 (3 points)
 #
 # Run the demo at teaching scale (without a GPU: at cpu scale, which has one draft, and answer for the deeper
-# drafts from the H100 tables in `measured_runs.md` beside this notebook, Part 6). Report the acceptance rate $\alpha$ and the tokens per
+# drafts from the H200 tables in `measured_runs.md` beside this notebook, Part 6). Report the acceptance rate $\alpha$ and the tokens per
 # target pass of each draft, and explain the differences between the drafts using what you know about the task
 # (which tokens can a 1-layer model predict, and which can it not?). Why is `accepted/drafted` not $\alpha$? Does
 # $(1 - \alpha^{\gamma+1})/(1 - \alpha)$ with the estimated $\alpha$ give the measured tokens per pass, although the
@@ -3693,55 +3703,65 @@ else:
 # by the fixed cost per layer and per pass you saw in Part 5), why does tokens per pass / $(1 + \gamma c)$ (Bonus
 # 6.6's model) predict a larger speedup than measured, and what would a draft have to be like to help more?
 # Finally, compare the answer accuracy of speculative sampling with that of plain sampling from the target and of each
-# draft sampled alone, in the last table (with its standard errors; the course's H100 run predates that table, so
-# answer this from your own run, at cpu scale if you have no GPU): what property of speculative sampling does it show?
+# draft sampled alone, in the last table (with its standard errors; without a GPU, from your cpu-scale run, which has
+# the 1-layer draft, and the H200's table in `measured_runs.md` for all three): what property of speculative sampling
+# does it show?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q6_5_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
-# (Model answer from the course's H100 run, whose tables `measured_runs.md` prints: 4-layer target, $\gamma = 4$, 64
-# sequences; the lossless check from the course's cpu-scale run, which the H100 run predates. Re-read the tables: your
-# numbers will differ, and timings of these tiny models vary from run to run.)
+# (Model answer from the course's H200 run, whose tables `measured_runs.md` prints: 4-layer target, $\gamma = 4$, 64
+# sequences, and 2,048 sequences per way in the lossless check. Re-read the tables: your numbers will differ, and
+# timings of these tiny models vary from run to run.)
 #
-# **Acceptance.** The 1-layer draft's `accepted/drafted` is 0.247, but that is not $\alpha$: a step stops at its first
+# **Acceptance.** The 1-layer draft's `accepted/drafted` is 0.258, but that is not $\alpha$: a step stops at its first
 # rejection, so the drafts after it are counted as drafted without ever being tested. Counting only tested drafts,
-# $\alpha$ = accepted / (accepted + rejections) is about twice as large (0.489), and with it
-# $(1 - \alpha^5)/(1 - \alpha)$ = 1.90 gives the measured 1.90 tokens per pass (the old estimate, 0.247, would
-# give $(1 - 0.247^5)/(1 - 0.247) = 1.33$). Its rate by position alternates, high at positions 1 and 3 and low at 2 and
-# 4: a step usually starts at a query key (after an answer), and the 1-layer draft does well on query keys, where it
-# only has to pick one of the listed keys at random as the target does, and badly on answers, which need recall (two
-# layers, Question 1.3). Here the average over positions still predicts the tokens per pass well; the formula needs
-# the right estimate of $\alpha$ more than equal rates. The 2- and 3-layer drafts can recall, agree with the target
-# almost everywhere ($\alpha$ of 0.9 or more at every position) and give 4.02 and 4.31 tokens per pass, out of at
-# most 5; the formula says more (4.37 and 4.59), because the last step of each sequence has fewer than $\gamma$
-# tokens left to draft.
+# $\alpha$ = accepted / (accepted + rejections) is about twice as large (0.496), and with it
+# $(1 - \alpha^5)/(1 - \alpha)$ = 1.93 gives the measured 1.94 tokens per pass (the old estimate, 0.258, would
+# give $(1 - 0.258^5)/(1 - 0.258) = 1.35$). Its rate by position alternates, high at positions 1 and 3 (0.74 and 0.75)
+# and low at 2 and 4 (0.17 and 0.12): a step usually starts at a query key (after an answer), and the 1-layer draft
+# does well on query keys, where it only has to pick one of the listed keys at random as the target does, and badly on
+# answers, which need recall (two layers, Question 1.3). Here the average over positions still predicts the tokens
+# per pass well; the formula needs the right estimate of $\alpha$ more than equal rates. The 2- and 3-layer drafts can
+# recall, agree with the target almost everywhere ($\alpha$ of 0.93 or more at every position) and give 4.32 and
+# 4.40 tokens per pass, out of at most 5; the formula says more (4.56 and 4.67), because the last step of each
+# sequence has fewer than $\gamma$ tokens left to draft.
 #
-# **Wall clock.** The 1-layer draft made generation slower (0.642x), the 2-layer draft a little faster (1.04x) and
-# the 3-layer draft slower (0.857x). A speculative step costs (ms per token times tokens per pass) 7.1, 9.3 and
-# 12.0 ms against 2.40 ms per plain token. Reading that as $1 + \gamma c$ target passes would put $c$ at
-# $(1.897/0.642 - 1)/4 = 0.49$, $(4.017/1.040 - 1)/4 = 0.72$ and $(4.305/0.857 - 1)/4 = 1.01$: a 3-layer draft pass
-# costing as much as a 4-layer target pass is impossible, so the step pays for something besides the passes. The
-# cost table splits it: the drafts' passes timed alone give $c$ = 0.35, 0.68 and 0.89, a little above the layer
-# ratios 0.25, 0.5 and 0.75 (a fixed cost per pass: embeddings, final norm, LM head and softmax, each a few
-# kernels), and the loop's own work per step (drawing $\gamma$ draft tokens one by one, concatenations, the
-# acceptance test, the residual draw, reading `num_new` back to the CPU, which waits for the GPU) costs 2.5 to
-# 3.6 ms, more than a target pass (1.9 ms) and five to seven times the overhead of a plain token (0.49 ms). So the
-# speedup is tokens per pass $\times (t_T + o_\text{plain}) / (t_T + \gamma t_D + o_\text{step})$, below tokens per
-# pass / $(1 + \gamma c)$ (0.64 against 0.79, 1.04 against 1.08, 0.86 against 0.94). Even the 3-layer draft, right
-# almost always, loses: its pass costs nearly as much as the target's. Speculation pays when the draft is much
-# cheaper ($c \ll 1$), usually right, and the step's overhead is small next to a target pass: a small LLM drafting
-# for a large one whose decode steps are bound by reading its weights, with the sampling on the GPU, not these tiny
-# models bound by fixed costs.
+# **Wall clock.** The 1-layer draft made generation slower (0.672x), the 2-layer draft a little faster (1.04x) and
+# the 3-layer draft slower (0.764x). A speculative step costs (ms per token times tokens per pass) 7.9, 11.3 and
+# 15.7 ms against 2.72 ms per plain token. Reading that as $1 + \gamma c$ target passes would put $c$ at
+# $(1.943/0.672 - 1)/4 = 0.47$, $(4.324/1.043 - 1)/4 = 0.79$ and $(4.404/0.764 - 1)/4 = 1.19$: a 3-layer draft pass
+# costing more than a 4-layer target pass is impossible, so the step pays for something besides the passes. The
+# cost table splits it, as far as timings of these tiny models allow: bound by the fixed cost of launching each
+# kernel (Part 5), they vary by tens of per cent from one measurement to the next on a busy machine. The plain
+# token's loop overhead comes out negative (-0.32 ms: a whole plain step, 2.72 ms, took less than the target pass
+# timed alone, 3.04 ms, though it does more), and so does the 1-layer draft's (-0.42 ms). The drafts' passes timed
+# alone give $c$ = 0.46, 0.50 and 1.00, at or above the layer ratios 0.25, 0.5 and 0.75: a fixed cost per pass
+# (embeddings, final norm, LM head and softmax, each a few kernels) that makes the 1-layer draft cost almost half a
+# target pass, and for the 3-layer draft, timed as long as the target, that noise as well. The loop's own work per
+# step (drawing $\gamma$ draft tokens one by one, concatenations, the acceptance test, the residual draw, reading
+# `num_new` back to the CPU, which waits for the GPU) comes out at 2.4 ms with the 2-layer draft, almost a target
+# pass, and 0.8 ms with the 3-layer one. So the speedup is tokens per pass
+# $\times (t_T + o_\text{plain}) / (t_T + \gamma t_D + o_\text{step})$, below tokens per pass / $(1 + \gamma c)$ (1.04
+# against 1.44 with the 2-layer draft, 0.76 against 0.88 with the 3-layer one; with the 1-layer draft, 0.67 against
+# 0.68, the overhead is lost in the noise). Even the 3-layer draft, right almost always, loses: its pass costs nearly
+# as much as the target's. Speculation pays when the draft is much cheaper ($c \ll 1$), usually right, and the
+# step's overhead is small next to a target pass: a small LLM drafting for a large one whose decode steps are bound
+# by reading its weights, with the sampling on the GPU, not these tiny models bound by fixed costs.
 #
-# **Accuracy.** In the first table the answer accuracy is about the same with every draft (98.2 % to 99.0 %) as with
+# **Accuracy.** In the first table the answer accuracy is about the same with every draft (98.6 % to 99.0 %) as with
 # plain sampling from the target (99.2 %), but 64 sequences cannot tell apart differences of a point or two (at cpu
-# scale, 48 sequences gave 57.6 % against 66.0 %, within their noise). The lossless check can: in the course's
-# cpu-scale run, 2,048 sequences sampled speculatively with the 1-layer draft answer 60.5 % ± 0.5 % correctly, the
-# 2-layer target alone 60.2 % ± 0.5 % (a difference of 0.3 ± 0.6 points on the same prompts), and the 1-layer draft
-# sampled alone 7.4 % ± 0.2 %. The output follows the target, not the draft, even with a draft that cannot recall:
-# speculative sampling is lossless, its output has exactly the target's distribution; the draft changes only the
-# speed.
+# scale, 48 sequences gave 57.6 % against 66.0 %, within their noise). The lossless check can: 2,048 sequences
+# sampled speculatively answer 98.6 %, 98.7 % and 98.5 % correctly with the 1-, 2- and 3-layer drafts, the 4-layer
+# target alone 98.3 % (each ± 0.1 %): on the same prompts, differences of a third of a point at most (0.23 ± 0.14,
+# 0.34 ± 0.13 and 0.13 ± 0.13 points, all three against the same sample of the target alone). The 1-layer draft
+# sampled alone answers 14.3 % ± 0.3 % correctly, 84 points below the target, yet speculative sampling with it
+# answers like the target. The course's cpu-scale run shows the same with a 2-layer target: 60.5 % ± 0.5 %
+# speculatively with the 1-layer draft, 60.2 % ± 0.5 % from the target alone, 7.4 % ± 0.2 % from the draft alone. The
+# output follows the target, not the draft, even with a draft that cannot recall: speculative sampling is lossless,
+# its output has exactly the target's distribution; the draft changes only the speed. (The 2- and 3-layer drafts
+# alone answer about as well as the target, 98.1 % and 98.3 %, so only the 1-layer draft tells the two apart.)
 # === BEGIN MARK SCHEME ===
 # 3 points in total (judge against the student's own tables; without a GPU, the cpu-scale run (one draft) plus the
-# H100 tables of measured_runs.md for the deeper drafts, marked exactly the same):
+# H200 tables of measured_runs.md for the deeper drafts, marked exactly the same):
 # - 1 point: reports alpha as accepted / (accepted + rejections) (or the table's alpha) and tokens per pass, and
 #   explains the drafts: the 1-layer draft fails on the answers (recall needs 2 layers), its rate is high on query
 #   keys and low on answers; deeper drafts are accepted almost always. Half of this point if the student plugs
@@ -3751,13 +3771,19 @@ else:
 #   deeper drafts' formula is under a tenth above, from the short last step of each sequence).
 # - 1 point: the wall-clock speedup explained from the cost split: a step = one target pass + gamma draft passes +
 #   the loop's own overhead, so tokens per pass / (1 + gamma c) over-predicts the speedup (or: c inferred from
-#   1 + gamma c alone comes out too large, even above 1); c is above draft layers / target layers because of a fixed
-#   cost per pass; speculation pays only with a much cheaper draft that is usually right and small per-step overhead.
-#   Half of this point for tokens per pass / (1 + gamma c) without the overhead.
-# - 1 point: answer accuracy unchanged vs plain sampling, read from the lossless check (speculative within about two
-#   standard errors of the target alone, far from the draft alone): the output distribution equals the target's
-#   (lossless), whatever the draft. A difference in the first table (48 or 64 sequences) is within its noise: an
-#   answer resting on it alone earns half of this point.
+#   1 + gamma c alone comes out too large, even above 1); c is at or above draft layers / target layers because of a
+#   fixed cost per pass; speculation pays only with a much cheaper draft that is usually right and small per-step
+#   overhead. Half of this point for tokens per pass / (1 + gamma c) without the overhead. Timings of these tiny
+#   models are noisy: a student who reads a negative loop overhead, or a draft pass timed about as long as the
+#   target's (the course's H200 run has both), as noise of the timings rather than a property of the step is right,
+#   and one who takes them at face value, without saying they cannot be physical, loses nothing else for it.
+# - 1 point: answer accuracy unchanged vs plain sampling, read from the lossless check (speculative within two to
+#   three standard errors of the target alone, a fraction of a point, far from the 1-layer draft alone; on the
+#   course's H200 run the three differences, 1.0 to 2.6 standard errors, share one sample of the target alone): the
+#   output distribution equals the target's (lossless), whatever the draft. Noting that the 2- and 3-layer drafts
+#   alone answer about as well as the target, so that only the 1-layer draft tests the property, is welcome. A
+#   difference in the first table (48 or 64 sequences) is within its noise: an answer resting on it alone earns half
+#   of this point.
 # === END MARK SCHEME ===
 
 # %% [markdown]
