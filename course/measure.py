@@ -313,6 +313,23 @@ def passed_pieces(scores, measure) -> tuple[list, str]:
     return passed, "; ".join(missing)
 
 
+def eligible(course_root: Path, lab: str, scores: dict, measure) -> tuple[list[tuple], dict[str, str]]:
+    """The jobs, (student or None for the reference, pieces to measure), and why a student or a piece is left out."""
+    jobs, skipped = [(None, measure.pieces)], {}
+    for student in sorted(scores):
+        notebook = course_root / "autograded" / student / lab / f"{lab}.ipynb"
+        pieces, why = passed_pieces(scores[student], measure)
+        if not notebook.exists():
+            skipped[student] = "no autograded notebook"
+        elif not pieces:
+            skipped[student] = why
+        else:
+            jobs.append((student, pieces))
+            if why:
+                skipped[student] = why
+    return jobs, skipped
+
+
 def devices(workers: int, tiny: bool) -> list[tuple[dict, str]]:
     """(kernel environment, measuring device) per worker: one GPU each, from CUDA_VISIBLE_DEVICES or all GPUs."""
     import torch
@@ -374,18 +391,7 @@ def measure_class(course_root: Path, lab: str, students: list[str] | None = None
     ctx = Context(course_root, lab, measure, ceilings, run_seed, tiny, timeout_s)
     scores = read_scores(course_root, lab, students)
     scores = {student: scores[student] for student in shard_students(list(scores), shard)}
-    jobs, skipped = [(None, measure.pieces)], {}
-    for student in sorted(scores):
-        notebook = course_root / "autograded" / student / lab / f"{lab}.ipynb"
-        pieces, why = passed_pieces(scores[student], measure)
-        if not notebook.exists():
-            skipped[student] = "no autograded notebook"
-        elif not pieces:
-            skipped[student] = why
-        else:
-            jobs.append((student, pieces))
-            if why:
-                skipped[student] = why
+    jobs, skipped = eligible(course_root, lab, scores, measure)
     rows: list[Row] = []
 
     seconds: dict[str, float] = {}
