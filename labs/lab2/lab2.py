@@ -37,13 +37,13 @@
 # ## How this notebook works
 # - Run it top to bottom. `utils.at_scale(teaching=..., quick=..., cpu=...)` picks the sizes of every cell that
 #   measures, by the scale in effect (the environment report prints it): *teaching* on a GPU (the sizes the
-#   questions discuss; about 3.5 minutes for the whole notebook on an H100, most of it compiling), *cpu* on a
+#   questions discuss; under 3 minutes for the whole notebook on an H200, most of it compiling), *cpu* on a
 #   machine without a GPU (smaller sizes at which a laptop still shows each effect: what the relu's round trip
 #   costs, the materialized `S x S` matrix against a tiled attention, the roofline's two regimes, what
 #   `torch.compile` does to a small Transformer; about two minutes of cells on a busy 2-core machine, most of it
 #   compiling in Part 5), and *quick* (tiny sizes that only check that the code runs: the autograder uses it).
 #   What only a GPU shows (`max-autotune`'s fused matmul, your Triton kernel's speed, bf16 tensor cores) is in the
-#   course's measured runs, `measured_runs.md` beside this notebook (an H100 at teaching scale, and a CPU run); the
+#   course's measured runs, `measured_runs.md` beside this notebook (an H200 at teaching scale, and a CPU run); the
 #   cells and questions that need it say so.
 # - Write code where it says `YOUR CODE HERE` and written answers where it says `YOUR ANSWER HERE`. Keep the
 #   names and signatures: the tests call them.
@@ -59,8 +59,8 @@
 # a TA. Each part's row says how long a student typically spends on it (reading, writing, debugging and the
 # written answers; the lab as a whole takes about 13 hours, the bonus questions about 3.5 more) and how long its
 # cells run at cpu scale on a 2-core CPU (a busy shared machine: a laptop is faster; `measured_runs.md` beside this
-# notebook has the run); at teaching scale on an H100 the whole notebook runs in about 3.5 minutes, most of it in
-# Parts 1 and 5.
+# notebook has the run); at teaching scale on an H200 the whole notebook ran in 161 s, most of it in Parts 1 and
+# 5.
 #
 # | Question | Topic | Points |
 # | --- | --- | --- |
@@ -720,29 +720,35 @@ else:
 # the roofline (memory- vs compute-bound) and with what the model leaves out (kernel launch and Python/compiler
 # overhead, caches, what the compiler actually fused: see the kernel counts). Quote numbers from your table.
 # Without a GPU, answer from two sources and say which number comes from where: your own table (eager against
-# the matmul alone: what fusion could gain at most on your CPU, in each regime) and the compiled H100 rows and
-# kernel counts in `measured_runs.md` beside this notebook.
+# the matmul alone: what fusion could gain at most on your CPU, in each regime) and the compiled H200 rows and
+# kernel counts in `measured_runs.md` beside this notebook. Your `predicted_speedup` column is then for the H100
+# that stands in for a GPU; for the H200's predictions, call your function with `GPU_SPECS["H200"]`.
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q1_3_answer", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
-# (Numbers from the H100 run in `measured_runs.md` (the course's `reports/lab2-h100.md`), bf16; another GPU gives
+# (Numbers from the H200 run in `measured_runs.md` (the course's `reports/lab2-h200.md`), bf16; another GPU gives
 # other values and the same reasoning.)
 #
-# **Square matrices.** The prediction falls from 1.67x (n = 256) through 1.288x (n = 2048) to 1.07x (n = 8192).
+# **Square matrices.** The prediction falls from 1.667x (n = 256) through 1.201x (n = 2048) to 1.050x (n = 8192).
 # Measured, `torch.compile` does not reach it anywhere: at n = 256 and 2048 both compiled versions are *slower*
-# than eager (0.42-0.56x), and at n = 8192 neither gains: default compile is at 1.00x and max-autotune is slower
-# (0.89x; the prediction is 1.07x). The matmul's intensity is about n/3 FLOP/byte (2n^3 FLOPs over 6n^2 bytes),
-# against the H100's ridge point of ~295: at n = 256, where n/3 is about 85, the model calls the product
-# **memory-bound** (hence the full 5/3); from n of about 900 it is **compute-bound**, already at n = 2048, where
+# than eager (0.288-0.854x), and at n = 8192 neither gains: default compile is at 0.936x and max-autotune at
+# 0.998x (the prediction is 1.050x). The matmul's intensity is about n/3 FLOP/byte (2n^3 FLOPs over 6n^2 bytes),
+# against the H200's ridge point of ~206: at n = 256, where n/3 is about 85, the model calls the product
+# **memory-bound** (hence the full 5/3); from n of about 620 it is **compute-bound**, already at n = 2048, where
 # n/3 is about 680, and the relu's round trip (4n^2 bytes, a memory-bound kernel of its own) is then a shrinking
-# fraction of the time: 1.288x at 2048, 1.07x at 8192 (0.08 ms of relu against 1.11 ms of matmul at peak). Where
-# the model fails is the small sizes, whatever their regime: the data (0.655 MB at 256, 41.943 MB at 2048) fits
-# in the 50 MB L2 cache and each kernel runs for microseconds (eager 0.033 and 0.038 ms a call), so the time is
-# **launch and CPU overhead**, not HBM traffic or FLOPs, which the model leaves out. The compiled function adds Dynamo's
-# guard checks and Inductor's wrapper to every call, so it is slower than eager there (CUDA Graphs,
-# `mode="reduce-overhead"`, would remove most of that overhead). The matmul-alone column bounds what any fusion
-# could gain: at n = 8192 eager and the matmul alone take the same time (0.99x, noise), so no fused kernel can be
-# faster than eager; at n = 256 and 2048 eager is 1.3-1.4x slower than the matmul alone, but the difference is the
-# relu kernel's launch (about 10 microseconds), not its bytes, and the compiled wrappers cost more than that.
+# fraction of the time: 1.201x at 2048, 1.050x at 8192 (at 8192 the relu's bytes at full bandwidth take about a
+# twentieth of the matmul's time at peak). Where the model fails is the small sizes, whatever their regime: the
+# data (0.655 MB at 256, 41.943 MB at 2048) fits in the 50 MB L2 cache and each kernel runs for microseconds
+# (eager 0.046 and 0.033 ms a call, the larger product no slower than the smaller), so the time is mostly
+# **launch and CPU overhead**, not HBM traffic or FLOPs, which the model leaves out. The compiled function adds
+# Dynamo's guard checks and Inductor's wrapper to every call (default compile took 0.103 and 0.114 ms a call
+# against eager's 0.046 and 0.033), so it is slower than eager there (CUDA Graphs, `mode="reduce-overhead"`,
+# would remove most of that overhead). The matmul-alone column bounds what any fusion could gain: at n = 8192
+# eager was even faster than the matmul alone (0.901x): two timings of the same matmul differ by a tenth in this
+# run (the GPU's clocks, other work on the host), more than the twentieth the relu could add, so no fused kernel
+# can be shown faster than eager there. At n = 256 and 2048 eager is 1.133-1.206x slower than the matmul alone
+# (the relu kernel's launch and bytes, about 5 microseconds at both sizes; at 2048 the ratio happens to equal the
+# prediction, 1.201x, but this table cannot tell the relu's bytes from its launch), and the compiled wrappers cost
+# more than that.
 #
 # **What was fused.** The kernel counts (16384 x 64) show it: default `torch.compile` launches the same kernels
 # as eager (a cuBLAS matmul, a separate relu kernel and a memset/copy: 3 each), because an external library
@@ -753,36 +759,45 @@ else:
 #
 # **Skinny k = 64.** Here the product is genuinely **memory-bound** (intensity about k = 64 FLOP/byte, far below
 # the ridge): eager writes the n x n result, reads it back and writes it again, the fused kernel writes it once, so
-# the prediction is ~2.9-3x (2.94x at 4096, 2.98x at 16384). At n = 16384 (a 0.5 GB output) max-autotune measured
-# 2.78x, close to the prediction (and to eager over the matmul alone, 2.68x), while default compile stayed at
-# 1.00x. At n = 4096 (about 0.06 ms per call) overhead dominates again and both compiled versions are slower than
-# eager (0.45-0.50x). So the prediction holds when (1) the operation is memory-bound, (2) it is large enough that
-# bandwidth, not launch overhead, sets the time, and (3) the compiler really fuses.
+# the prediction is ~2.9-3x (2.939x at 4096, 2.984x at 16384). At n = 16384 (a 0.5 GB output) max-autotune
+# measured 2.226x, while default compile stayed at 1.002x. What fusion could gain at most here is eager over the
+# matmul alone, 2.458x, already below the prediction: the model moves every byte at one bandwidth, but eager's
+# relu kernel (read and write, the difference between eager's 0.425 ms and the matmul's 0.173 ms) moved its bytes
+# about a third faster than the matmul wrote its output, so removing the relu saves less than the model says; the
+# fused Triton template was also a little slower than cuBLAS's matmul alone (0.191 against 0.173 ms). At n = 4096 (about 0.04 ms per call) overhead dominates again and both compiled versions are slower
+# than eager (0.370-0.609x). So the prediction holds (within what the matmul alone allows) when (1) the operation
+# is memory-bound, (2) it is large enough that bandwidth, not launch overhead, sets the time, and (3) the compiler
+# really fuses.
 #
 # (On a CPU: the course's cpu-scale run, on a loaded 2-core machine (`measured_runs.md`), measured eager over the
 # matmul alone at 1.501x, 1.458x and 1.501x for 256 x 256, 1024 x 1024 and 4096 x 64, and 20.742x for 1024 x 64,
 # whose matmul alone took 0.744 ms: no pattern of regimes, and differences that a relu pass over at most 64 MB of
 # float32 output cannot make. At these sizes, on a shared machine, one timing each is mostly noise; a CPU-only
 # answer reads the regimes from the intensities, says what its own column shows and how far to trust it, and takes
-# the fusion itself from the compiled H100 rows.)
+# the fusion itself from the compiled H200 rows.)
 # === BEGIN MARK SCHEME ===
 # 5 points:
 # - 1: compares measured with predicted speedups for both square and skinny shapes, quoting numbers (own table
 #   or measured_runs.md, saying which).
 # - 1: large square n: compute-bound (intensity ~n/3 above the ridge), the relu round trip is a small fraction,
-#   so the speedup tends to 1. The regime is read from the intensity against the ridge: on an H100, n = 2048
-#   (n/3 about 680) is already compute-bound, and only n = 256 is memory-bound; an answer that explains
-#   n = 2048 as memory-bound (on a GPU whose ridge is below ~680) earns half of this point.
+#   so the speedup tends to 1. The regime is read from the intensity against the ridge: on an H200 (ridge ~206),
+#   n = 2048 (n/3 about 680) is already compute-bound, and only n = 256 is memory-bound; an answer that explains
+#   n = 2048 as memory-bound (on a GPU whose ridge is below ~680) earns half of this point. At n = 8192 an answer
+#   that reads the measured 0.9-1.0x as the run's noise around a predicted 1.05x is right.
 # - 1: small n: launch / CPU (Dynamo guard, wrapper) overhead and caches dominate, not HBM bandwidth, so the
 #   compiled version can even be slower.
 # - 1: what was actually fused: default Inductor keeps cuBLAS plus a separate relu kernel (no gain);
 #   max-autotune can fuse the relu as an epilogue (the kernel counts as evidence: the relu kernel disappears).
-# - 1: skinny shapes are memory-bound and large, the regime where the prediction (about 3x) is approached.
+# - 1: skinny shapes are memory-bound and large, the regime where the prediction (about 3x) is approached. Any
+#   physically right reason for the gap at 16384 x 64 (max-autotune 2.226x against 2.984x predicted) earns it:
+#   eager over the matmul alone (2.458x) caps any fusion; the relu kernel streams at a higher bandwidth than the
+#   matmul writes its output (the model takes one bandwidth for both); the fused template is slower than cuBLAS.
 # A CPU-only answer gets full marks when it takes the compiled speedups and kernel counts from measured_runs.md
 # (saying so), reads the regimes from the intensities, and says what its own eager / matmul-alone column shows,
 # noise included (the course's loaded 2-core run showed 1.458x to 20.742x with no pattern: an answer that calls
 # such numbers noise is right); an answer that quotes GPU numbers it did not take from measured_runs.md or measure
-# loses the "quoting numbers" point. Accept other GPUs' numbers reasoned correctly.
+# loses the "quoting numbers" point. Accept other GPUs' numbers reasoned correctly (the H100's ridge, ~295, puts
+# the crossover near n = 900; the reasoning is the same).
 # === END MARK SCHEME ===
 
 # %% [markdown]
@@ -1073,8 +1088,9 @@ plt.show()
 #
 # (a) Where do the measured points fall relative to the roof at their intensity, and relative to the ideal?
 # Which version is fastest, and does the ranking match the number of round trips? Quote your numbers. Without a
-# GPU, answer (a) from the H100 rows in `measured_runs.md` beside this notebook (say so); your CPU table still
-# shows what the chain costs there.
+# GPU, answer (a) from the H200 rows in `measured_runs.md` beside this notebook (say so), against the H200's roof
+# (989.4 TFLOP/s, 4.8 TB/s; the cell draws the H100 that stands in for a GPU); your CPU table still shows what the
+# chain costs there.
 #
 # (b) Why can't a compiler simply keep the `SEQ x SEQ` intermediate on chip and reach the ideal intensity? What
 # would a kernel have to do instead (think of tiles)? Then make the link to attention explicit: what plays the
@@ -1082,17 +1098,19 @@ plt.show()
 # its transpose), and what is harder about a softmax than a relu for such a kernel?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q2_4_answer", "locked": false, "points": 5, "schema_version": 3, "solution": true, "task": false}
-# (a) (H100, SEQ = 10 000, numbers from `measured_runs.md`.) Eager and default `torch.compile` took about
-# 0.31 ms (~165 TFLOP/s), max-autotune 0.19 ms (~265 TFLOP/s). Eager sits at an intensity of about 63 FLOP/byte
-# (two round trips of the 200 MB intermediate), where the roof is 63 x 3.35 TB/s = ~210 TFLOP/s: it is
-# memory-bound and reaches most of its roof. Default compile is the same, because it runs the same kernels
-# (cuBLAS, a relu kernel, cuBLAS). Max-autotune fuses the relu into the first product, so one round trip remains
-# (about 125 FLOP/byte, roof ~420 TFLOP/s): it is the fastest, as halving the intermediate traffic predicts,
-# though well below its roof (the two products are still separate kernels, with their own launches and tails).
-# The ideal point (5000 FLOP/byte, far right of the ridge of ~295) is compute-bound at ~990 TFLOP/s, about 4-6x
-# above everything measured. The ranking follows the round trips.
+# (a) (H200, SEQ = 10 000, numbers from `measured_runs.md`.) Eager and default `torch.compile` took about
+# 0.23-0.24 ms (~220 and ~213 TFLOP/s), max-autotune 0.184 ms (~278 TFLOP/s). Eager sits at an intensity of about
+# 63 FLOP/byte (two round trips of the 200 MB intermediate), where the roof is 63 x 4.8 TB/s, about 300 TFLOP/s:
+# it is memory-bound and reaches about three quarters of its roof. Default compile is the same (a little slower),
+# because it runs the same kernels (cuBLAS, a relu kernel, cuBLAS). Max-autotune fuses the relu into the first
+# product, so one round trip remains (about 125 FLOP/byte, a roof of 125 x 4.8 TB/s, about twice eager's): it is
+# the fastest, as halving the intermediate traffic predicts, though it reaches under half of its roof: with half
+# of eager's bytes it took four fifths of eager's time, not half (the two products are still separate kernels,
+# with their own launches and tails, and the fused kernel moves its bytes more slowly than eager's). The ideal
+# point (5000 FLOP/byte, far right of the ridge of ~206) is compute-bound at 989.4 TFLOP/s, about four times
+# everything measured. The ranking follows the round trips.
 #
-# (b) A matrix of 200 MB does not fit in on-chip memory (an H100 has ~256 KB of shared memory/L1 per SM, about
+# (b) A matrix of 200 MB does not fit in on-chip memory (an H200 has ~256 KB of shared memory/L1 per SM, about
 # 33 MB in total, plus a 50 MB L2), and the second product needs *all* of `relu(A @ B)`'s row or column, so two
 # separate matmul kernels must pass it through HBM. To avoid that, one kernel must compute the chain **tile by
 # tile**: for a block of output it loops over blocks of the SEQ dimension, computes a tile of `A @ B`, applies
@@ -1117,7 +1135,7 @@ plt.show()
 #   the keys, or the same chain read as P V), and names the normalisation over all keys of a query (max and
 #   sum) as what makes softmax harder than relu; mentions online softmax / FlashAttention. The mapping A = Q,
 #   B = K^T, C = V^T computes V^T P, not attention: half of this point.
-# A CPU-only answer to (a) that places the H100 rows of measured_runs.md (saying so) on the H100's roofline
+# A CPU-only answer to (a) that places the H200 rows of measured_runs.md (saying so) on the H200's roofline
 # earns the (a) points in full; one that places CPU timings on the GPU's roofline does not earn the first point.
 # Numbers from another GPU, reasoned from its own roofline, are fine.
 # === END MARK SCHEME ===
@@ -1230,15 +1248,16 @@ if not run_compiled:
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "b2_5_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
 # `(C @ A) @ B` needs 4 KV_HEAD^2 SEQ FLOPs instead of 4 KV_HEAD SEQ^2, SEQ/KV_HEAD = 78x fewer at SEQ = 10 000,
-# KV_HEAD = 128, and never builds the 200 MB intermediate. On the H100 (`measured_runs.md`) eager
-# `(C @ A) @ B` took 0.0724 ms against 0.1749 ms for `C @ (A @ B)`, a speedup of 0.1749 / 0.0724, about 2.4: far
+# KV_HEAD = 128, and never builds the 200 MB intermediate. On the H200 (`measured_runs.md`) eager
+# `(C @ A) @ B` took 0.0862 ms against 0.1383 ms for `C @ (A @ B)`, a speedup of 0.1383 / 0.0862, about 1.6: far
 # from 78x, because the
 # reassociated version is tiny (0.66 GFLOP and 10 MB of traffic, a few microseconds at the roofline) and its
 # time is set by launch overhead and by `C @ A`, a long reduction (K = SEQ = 10 000) with a small 128 x 128
 # output that keeps few SMs busy. `torch.compile` does not reassociate: it keeps the order written
-# (floating-point products are not associative, so the result would change); compiled `C @ (A @ B)` took the
-# same time as eager, and compiled `(C @ A) @ B` was slower than eager (0.084 ms: Inductor's wrapper and other
-# kernels cost more than such a small computation). With a relu or a softmax between the products the
+# (floating-point products are not associative, so the result would change); compiled, both orders took about
+# the same time (0.1792 and 0.1775 ms), both slower than eager: compiled `(C @ A) @ B` took about twice eager's
+# time (Inductor's wrapper and other kernels cost more than such a small computation), and compiled
+# `C @ (A @ B)` lost about 0.04 ms to the same per-call overhead. With a relu or a softmax between the products the
 # rewrite is impossible: relu(AB) (and softmax(AB)) is not a product of A and B that can be regrouped. Linear
 # attention (e.g. Katharopoulos et al., 2020, "Transformers are RNNs") replaces softmax(QK^T) by a feature map
 # phi(Q) phi(K)^T precisely so that phi(Q) (phi(K)^T V) can be computed in time linear in the sequence length.
@@ -2616,14 +2635,14 @@ with uses_answers("Question 4.2", "Question 3.1"):
 # $S^2$, so larger query tiles mean fewer loads, up to what fits in registers and shared memory. If every load
 # came from HBM, the kernel's intensity would be about `BLOCK_M` FLOP/byte in bf16 ($4 S^2 D$ FLOPs over
 # $2 S^2 D / \texttt{BLOCK\_M}$ numbers of 2 bytes), 64 with the launcher's `BLOCK_M = 64`, whatever $S$:
-# below an H100's ridge point (about 295). That count is the most HBM can see. Between the SMs and HBM sits the
-# L2 cache (50 MB on an H100), and the launcher's grid puts the query tiles of one (batch, head) side by side
-# (grid axis 0, which varies fastest), so the programs running at one time mostly belong to one head and load
-# the same K and V tiles at about the same time: all but the first load of a tile can come from L2 (K and V of one
-# head at $S$ = 16384, $D$ = 64 in bf16 are 4 MB, which fits). With that reuse HBM sees little more than Q, K and
-# V read once and O written once: the ideal of Question 3.2, $S/2$ FLOP/byte. Part 5 places your kernel at both
-# intensities, and its measured speed says which is closer. The head dimension is padded to `BLOCK_D`, a power of
-# two of at least 16, with masked loads (padded entries are 0 and change nothing).
+# below an H200's ridge point (about 206). That count is the most HBM can see. Between the SMs and HBM sits the
+# L2 cache (50 MB on an H200, as on an H100), and the launcher's grid puts the query tiles of one (batch, head)
+# side by side (grid axis 0, which varies fastest), so the programs running at one time mostly belong to one head
+# and load the same K and V tiles at about the same time: all but the first load of a tile can come from L2 (K and
+# V of one head at $S$ = 16384, $D$ = 64 in bf16 are 4 MB, which fits). With that reuse HBM sees little more than
+# Q, K and V read once and O written once: the ideal of Question 3.2, $S/2$ FLOP/byte. Part 5 places your kernel
+# at both intensities, and its measured speed says which is closer. The head dimension is padded to `BLOCK_D`, a
+# power of two of at least 16, with masked loads (padded entries are 0 and change nothing).
 #
 # The launcher `launch_flash_attention_forward` and the wrapper `triton_attention_forward` are given, in the
 # locked cell after yours: the launcher computes the grid and passes the strides of every tensor (so inputs and
@@ -3061,7 +3080,7 @@ def _triton_demo():
         print(f"(8, 4096, 8, 64) bf16: Triton {triton_ms:.3f} ms, flash_attn_func {flash_ms:.3f} ms "
               f"({ATTENTION_BACKEND})")
     else:
-        print("Timing the kernel needs a GPU (the interpreter's speed means nothing): the H100's Triton and "
+        print("Timing the kernel needs a GPU (the interpreter's speed means nothing): the H200's Triton and "
               "flash_attn_func timings are in measured_runs.md beside this notebook.")
 
 
@@ -3669,8 +3688,8 @@ finish_checks("Question 5.1")
 # %% [markdown]
 # ### The sweep
 #
-# At teaching scale this runs the 15 configurations of the table for each implementation (about 40 s on an
-# H100, compiling included); at cpu scale 3 configurations of three implementations (about 17 s on a 2-core
+# At teaching scale this runs the 15 configurations of the table for each implementation (about half a minute on an
+# H200, compiling included); at cpu scale 3 configurations of three implementations (about 17 s on a 2-core
 # machine). A configuration that runs out of memory is a result, shown as OOM in the tables and left out of the
 # plots (their legend says where); an implementation whose answer is not written yet, or raises, leaves its rows
 # empty and the sweep goes on.
@@ -3693,14 +3712,14 @@ if run_compiled:
     attention_impls["torch.compile"] = (torch.compile(einsum_attention), True)
 else:
     print("torch.compile runs on a GPU at teaching scale only: no compiled rows here (measured_runs.md beside this "
-          "notebook has the H100's).")
+          "notebook has the H200's).")
 attention_impls["FlashAttention"] = (flash_attn_func, True)
 if TRITON_AVAILABLE and DEVICE.type == "cuda":
     attention_impls["Triton (yours)"] = (lambda q, k, v: triton_attention_forward(q, k, v)[0], False)
 else:
     attention_impls["tiled (yours, PyTorch)"] = (lambda q, k, v: tiled_attention_forward(q, k, v)[0], False)
     print("Triton rows need a GPU (the interpreter's timings would mean nothing; measured_runs.md beside this "
-          "notebook has the H100's): your tiled PyTorch forward of Question 4.2 takes their place.")
+          "notebook has the H200's): your tiled PyTorch forward of Question 4.2 takes their place.")
 
 attention_cases = [(d_model, seq_len, impl) for d_model in attn_d_models for seq_len in attn_seq_lens
                    for impl in attention_impls]
@@ -3768,11 +3787,11 @@ plt.show()
 #    Question 5.4, on the roofline.)
 #
 # Without a GPU: answer 1 and the memory half of 3 from your own CPU table (eager against your tiled forward),
-# and the rest (compiled rows, the backward of FlashAttention) from the H100 tables in `measured_runs.md` beside
+# and the rest (compiled rows, the backward of FlashAttention) from the H200 tables in `measured_runs.md` beside
 # this notebook, saying which numbers come from where.
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_answer", "locked": false, "points": 8, "schema_version": 3, "solution": true, "task": false}
-# (Numbers from the H100 run in `measured_runs.md`: bf16, batch 8, one head; d = 64 unless said.)
+# (Numbers from the H200 run in `measured_runs.md`: bf16, batch 8, one head; d = 64 unless said.)
 # 1. Eager memory grows **quadratically** with `seq_len`: x4 per doubling (1.09 GB at 4096, 4.32 GB at 8192,
 #    17.2 GB at 16384) and is almost independent of `d_model` (17.21 GB at d = 32, 17.28 GB at d = 128: the
 #    `S x S` matrices do not depend on it, Q, K, V and O are small). The memory ratio is 4.0: eager holds four
@@ -3781,21 +3800,24 @@ plt.show()
 #    has run; the backward then creates dP (the gradient of P) and dS (the gradient of the scores) while P is
 #    alive, plus the softmax's temporary. So "memory scales linearly with sequence length" is wrong: the numbers
 #    grow as S^2 and match 4 x batch x S^2 x 2 bytes (17.18 GB at 16384) to within 1%. Nothing ran out of memory
-#    on the 80 GB H100; capped at 15 GB (the course's memory-cap run, a 16 GB GPU's budget) eager ran out of
-#    memory at 16384 for every d.
+#    on the 141 GB H200; on an H100 capped at 16 GB (the course's memory-cap run, `reports/memory-caps-h100.md`,
+#    standing for a 16 GB card) eager ran out of memory at 16384 for every d, and `torch.compile` at d = 32 and
+#    64.
 # 2. `torch.compile` **halves the memory** (ratio 2.0: 8.7 GB at 16384) because it fuses the scaling, softmax and its
 #    backward into Triton kernels that do not keep the extra `S x S` temporaries, but latency barely improves: the
-#    backward is faster at 16384 by about a sixth (12.666 vs 15.008 ms), and the forward is *slower* there by about
-#    1.8 ms at every d (8.712 vs 6.913 ms at d = 32, 8.857 vs 7.036 at 64, 8.966 vs 7.160 at 128). A gap that stays
-#    the same while the matmuls' work doubles with d lies in the `S x S` part of the work, and its size is that of one
-#    more pass over the score matrix: 8 x 16384^2 x 2 bytes = 4.3 GB take about 1.75 ms at the bandwidth eager
-#    reaches, 78.13 TFLOP/s over 31.88 FLOP/byte (about 2.45e12 bytes a second). So the generated softmax moves more
-#    bytes than eager's or moves them more slowly, for instance a reduction over rows of 16384 that do not fit in
-#    registers, generated as a loop that reads each row twice (max and sum, then the normalisation) where eager's
-#    kernel reads it once. The run did not profile the compiled kernels, so which it is is not measured; what it is
-#    not is overhead: a compiled wrapper costs microseconds per call, and recompilation happens in the warm-up calls,
-#    outside the timed ones. At S = 8192 the sign is not even stable (compiled faster at d = 32 and 128, slower at
-#    64), and at short sequences (S = 256-1024, 0.2-0.7 ms a call) neither wins consistently: launch and wrapper
+#    backward is faster at 16384 by less than a tenth (9.929 vs 10.728 ms), and the forward is *slower* there by
+#    nearly 2 ms at every d (7.997 vs 6.146 ms at d = 32, 8.107 vs 6.249 at 64, 8.150 vs 6.295 at 128). A gap
+#    that stays the same while the matmuls' work doubles with d lies in the `S x S` part of the work, and its size
+#    is about that of one more pass over the score matrix: 8 x 16384^2 x 2 bytes = 4.3 GB take about 1.6 ms at the
+#    bandwidth eager reaches, 87.97 TFLOP/s over 31.88 FLOP/byte (about 2.76e12 bytes a second). So the generated
+#    softmax moves more bytes than eager's or moves them more slowly, for instance a reduction over rows of 16384
+#    that do not fit in registers, generated as a loop that reads each row twice (max and sum, then the
+#    normalisation) where eager's kernel reads it once. The run did not profile the compiled kernels, so which it is
+#    is not measured; what it is not is overhead: a compiled wrapper costs microseconds per call, and recompilation
+#    happens in the warm-up calls, outside the timed ones. The slowdown belongs to the longest rows only: at
+#    S = 8192 the compiled forward was *faster* at every d (1.942 vs 2.578 ms at d = 32, 2.530 vs 2.605 at 64,
+#    2.158 vs 2.618 at 128), which fits a code generator that changes its reduction strategy with the row length;
+#    and at short sequences (S = 256-1024, 0.14-0.54 ms a call) neither wins consistently: launch and wrapper
 #    overhead and noise set those times. It cannot fuse the two matmuls with the softmax between them, so the score
 #    matrix still goes to HBM and back and P is still saved: memory and time stay quadratic; eager was already close
 #    to memory-bound on that traffic, so there is little to gain.
@@ -3803,9 +3825,10 @@ plt.show()
 #    51-202 MB for FlashAttention with its backward, 9-34 MB for the forward-only Triton kernel, across d = 32-128;
 #    ratio 0.002-0.05 at 16384, falling as S grows): what they keep is Q, K, V, O, the log-sum-exp per query and
 #    the gradients, each B x S x d; a tile of scores lives on chip only while its block is processed. Backward
-#    over forward is about 2x for eager (15.0 vs 7.0 ms) and about 3x for FlashAttention (5.0 vs 1.8 ms): the
-#    backward does 2.5x the matmul FLOPs (dV, dP, dQ, dK, and FlashAttention also recomputes S), while eager's
-#    backward, memory-bound, is dominated by reading and writing P, dP and dS.
+#    over forward is under 2x for eager (10.7 vs 6.2 ms) and about 3x for FlashAttention (5.0 vs 1.8 ms): the
+#    backward does 2.5x the matmul FLOPs (dV, dP, dQ, dK, and FlashAttention also recomputes S), which sets
+#    FlashAttention's compute-bound ratio, while eager's backward, memory-bound, is dominated by reading and writing
+#    P, dP and dS, a few more passes over S x S matrices than the forward's four.
 #    (On a CPU the same shapes show: in the course's cpu-scale run (`measured_runs.md`), eager's peak memory was
 #    0.007, 0.027 and 0.104 GB at S = 256, 512 and 1024, 4x per doubling, with a memory ratio of 3.375 falling to
 #    3.094, about three float32 `S x S` matrices; `flash_attn_func`, which runs PyTorch's math path there, the
@@ -3826,7 +3849,8 @@ plt.show()
 # - 2: FlashAttention/Triton: linear memory in S (a small, falling memory ratio), explained by tiling/online
 #   softmax (no S x S in HBM; only B x S x d tensors and the log-sum-exp are kept). Their latency is Question
 #   5.4's: an answer that discusses it here earns nothing extra and loses nothing.
-# - 2: backward/forward ratio (~2-3x) with a FLOP and memory-traffic explanation.
+# - 2: backward/forward ratio (under 2x for eager, about 3x for FlashAttention in the H200 run) with a FLOP and
+#   memory-traffic explanation.
 # A CPU-only answer earns full marks when items 1 and the memory of 3 come from its own CPU table (quadratic
 # eager, linear tiled forward) and the compiled and GPU latencies from measured_runs.md, each number said to
 # come from where; GPU numbers neither measured nor taken from measured_runs.md do not earn the quantified points.
@@ -4052,45 +4076,51 @@ else:
 # clear trend with size in your numbers (mind the noise of 5 timed repeats: run the cell a second time and compare
 # before you claim a direction)? Finally, name two ways to get more out of the compiler or the model here (for
 # instance something from Parts 4-5, or a compile mode).
-# Without a GPU: answer from the H100 table in `measured_runs.md` beside this notebook (say so), and add what your
+# Without a GPU: answer from the H200 table in `measured_runs.md` beside this notebook (say so), and add what your
 # cpu-scale table shows (whether compiling helped there, and what its ATen call counts can and cannot show).
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_3_answer", "locked": false, "points": 8, "schema_version": 3, "solution": true, "task": false}
-# (Numbers from the H100 run in `measured_runs.md` (the course's `reports/lab2-h100.md`): batch 4 x 512 tokens,
-# bf16 autocast; the TFLOP/s follow from `transformer_forward_flops` and the times. A second committed run of
-# the two smaller models, `reports/memory-caps-h100.md`, ran the same cell under a 15 GB cap with two other labs
-# sharing the GPU.)
-# - **Speedups, and how far to trust them.** In the teaching run compile changed the forward by 0.81x (small),
-#   0.84x (medium), 2.53x (xl) and 1.57x (2.7B), and the training step by 2.10x, 1.22x, 1.72x and 1.26x. The
-#   second run printed forward_speedup 1.024 (small) and 3.493 (medium), step_speedup 1.302 and 0.839: the
-#   direction flips for both models between two runs of 5 repeats (medium's forward_eager_ms alone was 16.331 in
-#   one and 29.264 in the other). So these numbers do not say whether compiling speeds up the
-#   small and medium models; xl and 2.7B (faster compiled, forward and step) were measured once. What both runs
-#   agree on is below: the kernel counts and how far every forward is from the peak. Attention alone gained about
-#   1x in Question 5.2 (memory halved), where the two matmuls around the softmax cannot be fused and eager was
-#   already memory-bound on the S x S traffic; a whole block has more fusible glue per matmul.
-# - **The matmuls are not running at their roof.** The forward's matmul FLOPs per layer take 0.03 ms (small) to
-#   0.34 ms (2.7B) at the bf16 peak, yet eager took about 1 ms per layer at every width (0.7-1.3 ms), and the
-#   forward reached only about 4% (small) to 25% (2.7B) of the 989 TFLOP/s peak. A time per layer that does not
-#   grow with d_model^2 is not set by FLOPs or bytes: the GPU waits while Python and the dispatcher launch the
-#   layer's kernels one by one (about 31 per layer in eager: 379 for the small model's 12 layers, from RMSNorm as
-#   several kernels, the autocast casts of every weight, the causal mask rebuilt, masked_fill, softmax, GELU,
-#   residual adds). Eager is **launch/CPU-bound**, most of all for the small model.
-# - **What compile changes.** Inductor fuses the glue of a block (norms, casts, mask, softmax, GELU, adds) into a
-#   few Triton kernels: the compiled forward launches about a third fewer kernels (247 against 379 for the
-#   small model, 487 against 751 for medium, the same in both runs; 711 against 1063 for 2.7B) and moves less
-#   data, with less Python per layer; the matmuls stay cuBLAS calls. That is where a gain can come from, and it is
-#   not free: each call of a compiled block also runs Dynamo's guard checks and Inductor's wrapper, which weigh
-#   most where a layer does little work, so for the small and medium models the two effects are of a size that
-#   these runs cannot tell apart. The compiled forward reached 30-40% of peak only at xl and 2.7B (0.5 and 0.9 ms
-#   per layer), where the matmuls are big enough to fill part of that time.
+# (Numbers from the H200 run in `measured_runs.md` (the course's `reports/lab2-h200.md`): batch 4 x 512 tokens,
+# bf16 autocast; the TFLOP/s follow from `transformer_forward_flops` and the times. The only other committed run
+# of this cell, `reports/memory-caps-h100.md`, ran it on an H100 capped at 16 GB with two other labs sharing the
+# GPU, and timed the two smaller models only: the larger ones ran out of memory.)
+# - **Speedups, and how far to trust them.** In the H200 teaching run compile changed the forward by 0.939x
+#   (small), 0.847x (medium), 2.085x (xl) and 1.504x (2.7B), and the training step by 1.663x, 1.302x, 2.131x and
+#   1.264x. Each number is one run of 5 timed repeats. The capped H100 run is another GPU, so not a repeat, but it
+#   shows how far a loaded machine moves these numbers: it printed forward_speedup 1.028 (small) and 2.077
+#   (medium), step_speedup 1.276 and 1.544, with medium's forward_eager_ms at 27.181 there against 14.600 on the
+#   H200, for the same kernels. So for the forward of the small and medium models the run does not say whether
+#   compiling helps (a little below 1 on the H200, at or above 1 on the loaded H100); their training step was
+#   faster compiled in both runs (1.3-1.7x), a direction that holds that far; xl and 2.7B (1.3-2.1x faster
+#   compiled, forward and step) were measured once, on one GPU. What does not depend on the noise is below: the
+#   kernel counts and how far every forward is from the peak. Attention alone gained little or lost in Question
+#   5.2 (memory halved), where the two matmuls around the softmax cannot be fused and eager was already
+#   memory-bound on the S x S traffic; a whole block has more fusible glue per matmul.
+# - **The matmuls are not running at their roof.** The forward's matmul FLOPs per layer take 0.03 ms (small) to 0.34 ms
+#   (2.7B) at the bf16 peak, yet eager took 0.6-1.2 ms per layer, and the forward reached only about 5% (small) to 29%
+#   (2.7B) of the 989.4 TFLOP/s peak. A time per layer that less than doubles from small to 2.7B while d_model^2 grows
+#   elevenfold is not set by FLOPs or bytes: the GPU waits while Python and the dispatcher launch the layer's kernels
+#   one by one (about 31 per layer in eager: 379 for the small model's 12 layers, from RMSNorm as several kernels, the
+#   autocast casts of every weight, the causal mask rebuilt, masked_fill, softmax, GELU, residual adds). Eager is
+#   **launch/CPU-bound**, most of all for the small model.
+# - **What compile changes.** Inductor fuses the glue of a block (norms, casts, mask, softmax, GELU, adds) into a few
+#   Triton kernels: the compiled forward launches about a third fewer kernels (247 against 379 for the small model, 487
+#   against 751 for medium, the same in the capped H100 run; 711 against 1063 for 2.7B) and moves less data, with less
+#   Python per layer; the matmuls stay cuBLAS calls. That is where a gain can come from, and it is not free: each call
+#   of a compiled block also runs Dynamo's guard checks and Inductor's wrapper, which weigh most where a layer does
+#   little work, so for the small and medium models the two effects are of a size that these runs cannot tell apart. The
+#   compiled forward reached 29-43% of peak only at xl and 2.7B (22.110 ms for 48 layers and 25.081 ms for 32), where
+#   the matmuls are big enough to fill part of that time.
 # - **Shares with d_model.** Matmul FLOPs grow as d^2 per token (24 d^2 with d_ff = 4d, against 4 S d for
 #   attention and O(d) for the glue), so with width the matmuls take a growing share and the fusible glue a
-#   shrinking one: compile's relative gain should fall with size once the GPU, not the CPU, sets the time. These
-#   numbers show no trend with size at all: the two runs disagree on the small and medium models by more than the
-#   differences between sizes, and at these sizes the forward is still mostly launch-bound, where a loaded machine
-#   (Python, the launch queue, other processes on the GPU) moves the time from call to call. Five repeats per
-#   number cannot separate such differences; repeated runs, or CUDA Graphs to take the launches out, would.
+#   shrinking one: compile's relative gain should fall with size once the GPU, not the CPU, sets the time. The
+#   H200 run does not show that fall: the forward gained nothing at small and medium and most at xl and 2.7B. That
+#   fits the other effect: where a layer does little work, the compiled call's guards and wrapper cost about what
+#   fusion saves, and only at xl and 2.7B is there enough work per layer for the saved launches and traffic to
+#   show; the fall with d_model would come at widths beyond these. The small end is also where a loaded machine
+#   (Python, the launch queue, other processes on the GPU) moves the time from call to call, by more than the
+#   differences between sizes (the capped H100 run). One run of five repeats per number cannot separate a trend
+#   from that; repeated runs, or CUDA Graphs to take the launches out, would.
 # - **Training step vs forward.** The step adds the backward (twice the forward's matmul FLOPs, plus the fused
 #   glue's backward), which gives the GPU more work per launch, and the AdamW update, a memory-bound pass over
 #   all parameters and optimizer states that we did not compile: the step gains a different amount than the
@@ -4109,19 +4139,21 @@ else:
 # === BEGIN MARK SCHEME ===
 # 8 points:
 # - 2: speedups quantified for forward and training step, by size, and compared with attention alone (Question 5.2).
-# - 2: uses the achieved TFLOP/s (a small fraction of peak) and the time per layer (about the same at every
-#   width) to conclude that eager is launch/CPU-bound, not limited by the matmuls' roof; the gain of compile
+# - 2: uses the achieved TFLOP/s (a small fraction of peak) and the time per layer (growing far less than
+#   d_model^2) to conclude that eager is launch/CPU-bound, not limited by the matmuls' roof; the gain of compile
 #   comes from fusing the memory-bound glue into fewer kernels (the kernel counts), while the matmuls stay
 #   library calls. An answer that says the matmuls are compute-bound and near their roof, against the table,
 #   does not earn these 2 points.
 # - 2: expected trend with size (matmul share grows with d_model) and forward vs step (backward matmuls,
 #   optimizer not compiled / memory-bound) explained; honest about noise where the numbers show no trend. Either
-#   direction for the small and medium models is accepted when the answer says how far it trusts it (the course's two
-#   H100 runs printed their forward_speedup as 0.808 and 1.024, 0.843 and 3.493); a direction claimed firmly from one
-#   run of 5 repeats, without a second run or a word on the noise, loses 1 of these 2 points.
+#   direction for the small and medium models' forward is accepted when the answer says how far it trusts it (the
+#   H200 teaching run printed forward_speedup 0.939 and 0.847; the capped H100 run, another GPU shared with two
+#   other labs, 1.028 and 2.077); a direction claimed firmly from one run of 5 repeats, without a second run or a
+#   word on the noise, loses 1 of these 2 points. A rise of the gain from small to xl is explained either way
+#   that is physically right (the per-call wrapper hidden by more work per layer; less launch-bound eager).
 # - 2: two sensible improvements (CUDA graphs, batch size, fused attention, compiled/fused optimizer,
 #   max-autotune epilogues, ...).
-# A CPU-only answer takes the H100 numbers from measured_runs.md (saying so) and earns full marks with the same
+# A CPU-only answer takes the H200 numbers from measured_runs.md (saying so) and earns full marks with the same
 # reasoning; its own cpu-scale table may add whether compiling helped on the CPU. Its kernel counts are ATen calls:
 # reading the compiled count as fused kernels is a misreading (Inductor's C++ code is not counted) to correct in
 # feedback, not a lost point. Accept numbers from other GPUs and explanations consistent with the student's own
@@ -4160,7 +4192,8 @@ else:
 #
 # On a CPU the cell draws the GPU's roofline (an H100 stands in, as in Part 1) with the predicted intensities
 # only, since CPU timings under a GPU's roof would mean nothing, and prints this machine's achieved TFLOP/s; the
-# H100's achieved TFLOP/s are in the sweep's tables of `measured_runs.md` beside this notebook.
+# H200's achieved TFLOP/s are in the sweep's tables of `measured_runs.md` beside this notebook (read them against
+# the H200's roof, 989.4 TFLOP/s and 4.8 TB/s, not the stand-in's).
 
 # %% nbgrader={"grade": false, "grade_id": "roofline_traffic", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # How many times the (B, H, S, S) matrix goes through memory, counted on the PyTorch operations an attention runs
@@ -4302,60 +4335,67 @@ plt.show()
 #    roofs at their intensities), how much faster were they, and what keeps them below their roof?
 # 4. At the shortest sequence, why is everything far below its roof, whatever its intensity?
 #
-# Without a GPU: take the H100's achieved TFLOP/s and times from the sweep's tables in `measured_runs.md` beside
+# Without a GPU: take the H200's achieved TFLOP/s and times from the sweep's tables in `measured_runs.md` beside
 # this notebook (`forward_tflops`, `forward_ms`; d_model 64), place them at the intensities your own cell computed,
-# against the H100's roof it drew (say so), and add what your own table shows (the CPU's achieved TFLOP/s of eager
-# against your tiled forward).
+# against the H200's roof (989.4 TFLOP/s, 4.8 TB/s; your cell drew the H100 that stands in for a GPU, 3.35 TB/s:
+# say which roof you use), and add what your own table shows (the CPU's achieved TFLOP/s of eager against your
+# tiled forward).
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_4_answer", "locked": false, "points": 9, "schema_version": 3, "solution": true, "task": false}
-# (Numbers from the H100 run: the sweep's tables in `measured_runs.md` and the roofline table of the course's
-# `reports/lab2-h100.md`: bf16, batch 8, one head, d = 64; the achieved TFLOP/s are 4 x 8 x S^2 x 64 FLOPs over the
-# forward time; the roof is min(989.4 TFLOP/s, 3.35 TB/s x intensity). Nothing ran out of memory on the 80 GB
-# H100.)
+# (Numbers from the H200 run: the sweep's tables in `measured_runs.md` and the roofline table of the course's
+# `reports/lab2-h200.md`: bf16, batch 8, one head, d = 64 unless said; the achieved TFLOP/s are 4 x 8 x S^2 x d
+# FLOPs over the forward time; the roof is min(989.4 TFLOP/s, 4.8 TB/s x intensity). Nothing ran out of memory on
+# the 141 GB H200.)
 # 1. **S = 16384.** Eager and compiled make two round trips of the S x S matrix: about 32 FLOP/byte (31.88; d/2
-#    once S >> d), far left of the ridge (295 FLOP/byte): memory-bound, with a roof of about 107 TFLOP/s. Eager
-#    reached 78.13 TFLOP/s (7.036 ms, 73% of its roof), compiled 62.07 TFLOP/s (8.857 ms, 58%). FlashAttention
-#    and the Triton kernel make none: at the ideal, S/2 = 8192 FLOP/byte, far right of the ridge, compute-bound by
-#    the model, with the full 989 TFLOP/s as roof; they reached 311.3 and 313.7 TFLOP/s (1.766 and 1.752 ms), 31-32%
-#    of it. The measurements agree with the regimes: eager is close to its memory roof, so its time is the S x S
-#    traffic; the tiled kernels run far above the memory roof of anything that moves the S x S matrix.
+#    once S >> d), far left of the ridge (206 FLOP/byte): memory-bound, with a roof of 153 TFLOP/s. Eager reached
+#    87.97 TFLOP/s (6.249 ms, 57.5% of its roof), compiled 67.81 TFLOP/s (8.107 ms, 44%). FlashAttention and the
+#    Triton kernel make none: at the ideal, S/2 = 8192 FLOP/byte, far right of the ridge, compute-bound by the
+#    model, with the full 989.4 TFLOP/s as roof; they reached 308.2 and 308 TFLOP/s (1.784 and 1.785 ms), 31% of
+#    it. The measurements agree with the regimes: eager reaches over half of its memory roof (no kernel streams at
+#    the datasheet's bandwidth: Lab 1's copy reached under nine tenths of it, and kernels that write S x S matrices
+#    from a product with a 64-long inner dimension do less well), so its time is the S x S traffic; the tiled
+#    kernels run twice as fast as the memory roof of anything that moves the S x S matrix twice (308 against 153).
 # 2. Compiling changes which kernels run between the two products, not the products: Inductor keeps both as library
 #    matmuls and fuses the softmax (with any scaling or cast of the scores) into one generated kernel, which still
 #    reads the scores from HBM and writes the probabilities. Same round trips, same intensity, same memory roof. Its
-#    point is lower than eager's by about 1.8 ms at every d (Question 5.2): the same round trips can take longer when
-#    the generated kernel reads the matrix more than once (a softmax over rows of 16384 generated as a loop that reads
-#    each row twice) or reads it less efficiently; the model counts one read. Per-call overhead (microseconds) and
-#    recompilation (in the warm-up calls) are not in these milliseconds. Only a kernel that computes the two products
-#    and the softmax tile by tile, with the online softmax (Part 4), removes the round trips and moves the point right.
-# 3. Part 4's count without a cache gives the Triton kernel an intensity of 64 S / (S + 64) (BLOCK_M = 64), 63.75 at S
-#    = 16384, where the roof is 3.35 x 63.75 = 214 TFLOP/s: the measured 313.7 TFLOP/s is about 1.5 times that roof,
-#    which no kernel can beat. So the kernel's intensity against HBM was at least 313.7 / 3.35, about 94: HBM moved at
-#    most two thirds (63.75 / 94) of the per-tile count, and the rest of the K and V re-reads came from the L2 cache,
-#    where the query tiles of one head, launched side by side, find the K and V tiles their neighbours just loaded (4
-#    MB per head, far less than the 50 MB L2). The ideal S/2 is the right placement for the kernel's HBM traffic, and
-#    the per-tile count the bound it would hit without the cache. The model predicted 989 / 107 = about 9x over eager
-#    (the ratio of the roofs at their intensities); measured, FlashAttention and Triton were about 4x faster (7.036
-#    against 1.766 and 1.752 ms). They sit at about a third of the peak because the roofline counts only matmul FLOPs
-#    and bytes: every score also needs an exponential, a max and a rescaling, which run on the GPU's ordinary units at
-#    a small fraction of the tensor cores' rate; with d = 64 each score carries only 4 x 64 FLOPs of matmul work
+#    point is lower than eager's, by nearly 2 ms at every d at S = 16384 (Question 5.2; at S = 8192 compiled was the
+#    faster): the same round trips can take longer when the generated kernel reads the matrix more than once (a
+#    softmax over rows of 16384 generated as a loop that reads each row twice) or reads it less efficiently; the
+#    model counts one read. Per-call overhead (microseconds) and recompilation (in the warm-up calls) are not in
+#    these milliseconds. Only a kernel that computes the two products and the softmax tile by tile, with the online
+#    softmax (Part 4), removes the round trips and moves the point right.
+# 3. Part 4's count without a cache gives the Triton kernel an intensity of 64 S / (S + 64) (BLOCK_M = 64, whatever
+#    d), 63.75 at S = 16384, where the roof is 4.8 x 63.75 = 306 TFLOP/s: the measured 308 TFLOP/s is on that roof
+#    (100.7% of it). No kernel streams from HBM at the datasheet's bandwidth (Lab 1's copy reached under nine tenths
+#    of it), and at d = 128, at the same per-tile intensity, the kernel reached 335 TFLOP/s, above the 306 that no
+#    kernel can beat. So HBM cannot have served every re-read: some of the K and V re-reads came from the L2 cache,
+#    where the query tiles of one head, launched side by side, find the K and V tiles their neighbours just loaded
+#    (4 MB per head at d = 64, far less than the 50 MB L2). How many, this run cannot say: on the H200 the point sits at
+#    the per-tile roof, not far above it, so the evidence is that the cache served at least about a tenth of the
+#    re-reads, not that HBM saw only the ideal. The ideal S/2 and the per-tile count bound the kernel's HBM traffic
+#    from both sides. The model predicted 989.4 / 153, about six and a half times over eager (the ratio of the roofs
+#    at their intensities); measured, FlashAttention and Triton were about three and a half times faster (6.249
+#    against 1.784 and 1.785 ms). They sit at about a third of the peak because the roofline counts only matmul FLOPs
+#    and bytes: every score also needs an exponential, a max and a rescaling, which run on the GPU's ordinary units
+#    at a small fraction of the tensor cores' rate; with d = 64 each score carries only 4 x 64 FLOPs of matmul work
 #    against that softmax work; and a simple kernel waits for its loads instead of overlapping them with the products
-#    (FlashAttention-3 overlaps loads, matmuls and the softmax with asynchronous copies and warp specialisation to get
-#    much closer to the peak).
-# 4. At S = 256 one call does 0.13 GFLOP: at eager's roof (25.6 FLOP/byte, 85.76 TFLOP/s) that is under 2
-#    microseconds, yet every implementation took 0.06-0.28 ms (0.4868-2.091 TFLOP/s, under 1% of its roof). The
+#    (FlashAttention-3 overlaps loads, matmuls and the softmax with asynchronous copies and warp specialisation to
+#    get much closer to the peak).
+# 4. At S = 256 one call does 0.13 GFLOP: at eager's roof (25.6 FLOP/byte, 122.9 TFLOP/s) that is under 2
+#    microseconds, yet every implementation took 0.10-0.22 ms (0.6035-1.3 TFLOP/s, under 1% of its roof). The
 #    time is launch and CPU overhead (Python, the dispatcher, compiled wrappers, a few microseconds per kernel and
 #    more per call), which the roofline leaves out; and even the ideal intensity S/2 = 128 lies below the ridge, so
 #    at short sequences the model calls FlashAttention memory-bound too. Fusion and tiling pay where the work is
 #    large.
-# (On a GPU with 16 GB, eager and compiled run out of memory at S = 16384 (the course's run capped at 15 GB: eager
-# at every d, compiled at d = 32 and 64): the picture then adds S = 8192, where items 1-3 read the same way. On a
-# CPU the picture has the intensities only: eager at about d/2, the tiled forward at S/2; the table shows the
+# (On a GPU with 16 GB, eager and compiled run out of memory at S = 16384 (the course's H100 run capped at 16 GB:
+# eager at every d, compiled at d = 32 and 64): the picture then adds S = 8192, where items 1-3 read the same way.
+# On a CPU the picture has the intensities only: eager at about d/2, the tiled forward at S/2; the table shows the
 # CPU's own TFLOP/s, where the tiled forward, a Python loop over tiles, need not beat eager.)
 # === BEGIN MARK SCHEME ===
 # 9 points:
 # - 2: item 1 at the longest sequence (or the longest where everything ran, saying what ran out of memory): eager
 #   and compiled at about d/2 FLOP/byte (two round trips), memory-bound, reaching a good share of their memory
-#   roof; FlashAttention/Triton at S/2, compute-bound by the model, at a fraction (about a third on an H100) of
+#   roof; FlashAttention/Triton at S/2, compute-bound by the model, at a fraction (about a third on an H200) of
 #   the peak; numbers quoted (achieved TFLOP/s and share of the roof). 1 of the 2 for correct placements without
 #   numbers.
 # - 2: item 2: compile keeps the two matmuls and the S x S round trips (same intensity, same roof); a lower point
@@ -4363,19 +4403,23 @@ plt.show()
 #   reduction, kernels generated for dynamic shapes: reasoned or measured), not by a new regime; only fusing the
 #   products with the softmax, tile by tile with the online softmax, moves the point right. Blaming the gap of
 #   milliseconds on per-call overhead or recompilation earns 1 of the 2.
-# - 3: item 3: (1) the measured Triton point lies above the roof at Part 4's per-tile count, which is impossible
-#   if every K/V re-read came from HBM: the L2 cache served re-reads (the query tiles of one head run together),
-#   so HBM traffic is closer to the ideal; (2) predicted speedup as the ratio of the roofs (about 9x on an H100)
-#   against the measured one (about 4x), and two sound reasons for the gap (softmax exponentials/rescaling off the
-#   tensor cores, small head dimension, loads not overlapped with compute, ...). 1 point for (1), 2 for (2).
-#   On a GPU where the point lies below the per-tile roof, (1) is earned by saying that the measurement cannot
-#   tell how many re-reads the cache served.
+# - 3: item 3: (1) where the measured Triton point reaches or passes the roof at Part 4's per-tile count (on the
+#   H200: 100.7% of it at d = 64, and 335 TFLOP/s against 306 at d = 128), HBM cannot have served every K/V
+#   re-read at a bandwidth no kernel reaches: the L2 cache served some (the query tiles of one head run together),
+#   so HBM traffic lies between the per-tile count and the ideal; full marks also for saying that a point at the
+#   roof shows cache reuse but not how much; (2) predicted speedup as the ratio of the roofs (about 6.5 times on
+#   an H200, 9 on an H100) against the measured one (about 3.5 times on the H200), and two sound reasons for the
+#   gap (softmax exponentials/rescaling off the tensor cores, small head dimension, loads not overlapped with
+#   compute, ...). 1 point for (1), 2 for (2). On a GPU where the point lies below the per-tile roof, (1) is
+#   earned by saying that the measurement cannot tell how many re-reads the cache served.
 # - 2: item 4: short sequences take microseconds at any roof, so launch/CPU overhead sets the time (the model leaves
 #   it out); noting that S/2 is below the ridge at short S (FlashAttention memory-bound there too) is part of it.
 # The numbers are read from the student's own table (or measured_runs.md, said so), with their intensities from
 # their own attention_cost and the round trips counted on their own code: a correct reading of a picture built on
-# an earlier mistake (Question 3.2) earns full marks here. A CPU-only answer that takes the H100's forward_tflops
-# and forward_ms from measured_runs.md (saying so) and places them at its own intensities earns full marks (its
-# pct_of_roof is its own arithmetic); one that reads CPU timings against the GPU's roof loses the first 2 points.
+# an earlier mistake (Question 3.2) earns full marks here. A CPU-only answer that takes the H200's forward_tflops
+# and forward_ms from measured_runs.md (saying so) and places them at its own intensities against the H200's roof
+# earns full marks (its pct_of_roof is its own arithmetic); one that reads them against the H100 roof its cell
+# drew as a stand-in, saying so, loses 1 point (two cards mixed: the per-tile roof of item 3 is then 214, not 306
+# TFLOP/s); one that reads CPU timings against the GPU's roof loses the first 2 points.
 # Numbers from another GPU, read against its own roof, are fine.
 # === END MARK SCHEME ===
