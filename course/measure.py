@@ -65,6 +65,9 @@ class Row:
     ms: float | None = None  # median of the timed calls
     ms_min: float | None = None
     wall_ms_per_call: float | None = None  # the kernel's host clock over the timed loop, per call
+    # The measuring process's own clock around the whole timing request (warm-up, timed and checked calls, the
+    # request's overhead), per call: the one time the student's code cannot report, so extra credit is decided by it.
+    grader_ms_per_call: float | None = None
     flops: float = 0.0
     bytes: float = 0.0
     intensity_flop_per_byte: float = 0.0
@@ -247,6 +250,7 @@ class Submission:
         for mode, check_set in zip(("check", "time"), reference.CHECK_SETS):
             rows = reference.sample(piece, shape, _seed(seed, mode))
             ask = {**request, "mode": mode, "check_set": check_set, "sample": rows}
+            began_s = time.monotonic()
             try:
                 answer = json.loads(self.kernel.evaluate(f"{PROBE_NAME}({json.dumps(ask)!r})", timeout_s))
                 if not isinstance(answer, dict):
@@ -273,7 +277,8 @@ class Submission:
                 row.reason = why + (" (in the check after timing)" if mode == "time" else " (not timed)")
                 return
             if mode == "time":
-                self._timed(row, answer)
+                calls = piece.warmup + piece.repeat + 1  # the probe's warm-up, timed and checked calls
+                self._timed(row, answer, grader_ms_per_call=(time.monotonic() - began_s) * 1e3 / calls)
 
     def _failed(self, row: Row, answer: dict) -> None:
         text = str(answer.get("error", ""))[:400]
@@ -285,7 +290,7 @@ class Submission:
         else:
             row.status, row.reason = "error", text
 
-    def _timed(self, row: Row, answer: dict) -> None:
+    def _timed(self, row: Row, answer: dict, grader_ms_per_call: float) -> None:
         times_ms = [float(t) for t in answer.get("ms", [])]
         if not times_ms or not all(math.isfinite(t) and t > 0 for t in times_ms):
             row.status, row.reason = "error", "no valid timings came back"
@@ -293,6 +298,7 @@ class Submission:
         row.status = "ok"
         row.ms, row.ms_min = statistics.median(times_ms), min(times_ms)
         row.wall_ms_per_call = float(answer.get("wall_ms", 0.0)) / len(times_ms)
+        row.grader_ms_per_call = grader_ms_per_call
         seconds = row.ms * 1e-3
         row.tflops = row.flops / seconds / 1e12
         row.gbps = row.bytes / seconds / 1e9
@@ -437,7 +443,7 @@ def write_results(out_dir: Path, results: dict) -> None:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "measure.json").write_text(json.dumps(results, indent=1))
-    columns = ["student", "piece", "label", "status", "reason", "ms", "ms_min", "wall_ms_per_call", "tflops", "gbps",
+    columns = ["student", "piece", "label", "status", "reason", "ms", "ms_min", "wall_ms_per_call", "grader_ms_per_call", "tflops", "gbps",
                "roof_tflops", "roof_share", "intensity_flop_per_byte", "flops", "bytes", "rel_err"]
     lines = [[row.get(c) for c in columns] for row in results["rows"]]
     lines += [[student, "", "", "not-measured", reason] + [None] * (len(columns) - 5)

@@ -3,8 +3,10 @@ off by default), recorded as nbgrader extra credit so that ``course grade --repo
 show it.
 
 A piece earns ``points`` when every shape of it was measured correct and timed (status ``ok``), the reference's too,
-and the geometric mean over its shapes of (the student's median ms / the reference's median ms, both on the same GPU
-in the same run) is at most ``ratio``. The points go to the ``extra_credit`` of the piece's first test cell
+and the geometric mean over its shapes of (the student's ``grader_ms_per_call`` / the reference's, both on the same GPU
+in the same run) is at most ``ratio``. That time is the measuring process's own clock around the timing request: the
+CUDA-event times come from inside the student's kernel, which could report anything, and nothing in the student's
+kernel decides a score (DESIGN.md section 3). The points go to the ``extra_credit`` of the piece's first test cell
 (``credit_cell`` in the results; lint keeps it off bonus cells, whose extra credit holds their bonus points). Each run
 sets that value for every student it considered (points, or none), so re-running never stacks and a kernel that is
 now wrong or unmeasured loses what an earlier run gave it. A shard (``--shard``) awards its own students against the
@@ -17,9 +19,11 @@ from pathlib import Path
 
 from .measure_spec import REFERENCE
 
+CLOCK = "grader_ms_per_call"  # the row's time that decides credit (see above)
+
 
 def time_ratios(results: dict) -> dict[str, dict[str, float | None]]:
-    """student -> piece -> geometric mean over the piece's shapes of student ms / reference ms; None unless every
+    """student -> piece -> geometric mean over the piece's shapes of student / reference ``CLOCK``; None unless every
     shape of the piece is ``ok`` for both (the reference excluded; every student of ``results`` included)."""
     reference = {(r["piece"], r["label"]): r for r in results["rows"] if r["student"] == REFERENCE}
     rows: dict[str, dict[str, list[dict]]] = {s: {} for s in results["not_measured"]}
@@ -34,8 +38,8 @@ def time_ratios(results: dict) -> dict[str, dict[str, float | None]]:
             wanted = [key for key in reference if key[0] == piece]
             pairs = [(row, reference.get((piece, row["label"]))) for row in mine]
             complete = len(mine) == len(wanted) > 0 and all(
-                ref and row["status"] == ref["status"] == "ok" and row["ms"] and ref["ms"] for row, ref in pairs)
-            ratios[student][piece] = (math.exp(sum(math.log(row["ms"] / ref["ms"]) for row, ref in pairs) / len(pairs))
+                ref and row["status"] == ref["status"] == "ok" and row.get(CLOCK) and ref.get(CLOCK) for row, ref in pairs)
+            ratios[student][piece] = (math.exp(sum(math.log(row[CLOCK] / ref[CLOCK]) for row, ref in pairs) / len(pairs))
                                       if complete else None)
     return ratios
 

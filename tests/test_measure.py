@@ -154,6 +154,7 @@ def test_each_submission_gets_its_own_verdict(measured):
     assert status["zz_gus"] == [] and "q1_gelu_tests" in results["not_measured"]["zz_gus"]
     for row in rows_of(results, "zz_ada"):
         assert row["ms"] > 0 and row["roof_share"] > 0 and row["rel_err"] < 1e-4 and row["gbps"] > 0
+        assert row["grader_ms_per_call"] > 0
 
 
 def test_measuring_writes_no_score(measured):
@@ -178,7 +179,8 @@ def test_extra_credit_only_for_correct_timed_kernels(measured):
 
 def test_extra_credit_rule_compares_with_the_reference():
     def row(student, label, ms, status="ok"):
-        return {"student": student, "piece": "p", "label": label, "ms": ms, "status": status}
+        return {"student": student, "piece": "p", "label": label, "grader_ms_per_call": ms, "status": status,
+                "ms": ms and ms / 1000}  # the kernel's own report: never what decides credit
 
     results = {"pieces": {"p": {"credit_cell": "q1_tests"}}, "not_measured": {"skipped": "tests failed"}, "rows": [
         row("(reference)", "a", 1.0), row("(reference)", "b", 4.0),
@@ -188,6 +190,11 @@ def test_extra_credit_rule_compares_with_the_reference():
     earned = measure_credit.awards(results, 2.0, 1.0)
     assert earned == {"fast": {"p": 2.0}, "slow": {"p": 0.0}, "half": {"p": 0.0}, "skipped": {"p": 0.0}}
     assert measure_credit.awards(results, 2.0, 0.5)["fast"] == {"p": 0.0}
+    liar = [row("liar", "a", 1.0), row("liar", "b", 4.0)]  # as slow as the reference by the grader's clock
+    for entry in liar:
+        entry["ms"] = 1e-6  # whatever the kernel's patched clock reported
+    results["rows"] += liar
+    assert measure_credit.awards(results, 2.0, 0.9)["liar"] == {"p": 0.0}
 
 
 def test_results_leaderboard_and_feedback(measured):
