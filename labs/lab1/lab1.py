@@ -33,7 +33,7 @@
 #   regimes; the whole notebook runs in a few minutes); and the *quick* scale (tiny sizes, which only check that
 #   the code runs: the autograder always uses it). `EFFICIENT_AI_SCALE=teaching|cpu|quick` overrides the default.
 # - What only a GPU can show (CUDA Graphs, FlashAttention's kernels) is skipped on a CPU with one printed line;
-#   the course's numbers for it, measured on an H100, are in `measured_runs.md` beside this notebook (with a run
+#   the course's numbers for it, measured on an H200, are in `measured_runs.md` beside this notebook (with a run
 #   at cpu scale). Questions that need GPU numbers say what to answer from when you have no GPU.
 # - Questions are numbered after the section they belong to: Question 3.4.2 is the second question of Section 3.4,
 #   and a section with a single question gives it the section's number (Question 3.2, Question 5.1). Sections 3.3
@@ -87,9 +87,9 @@
 # answers); *run time* is how long the reference notebook's cells took at cpu scale on a 2-core machine busy with
 # other work, with torch.compile's caches cold (`measured_runs.md` beside this notebook: 64 s in all, set-up
 # included; most of Part 4's time is its two compiles, which announce themselves). Your machine may take longer
-# or less: a first compile on a slow or busy CPU can take a minute or more. On the course's H100 at teaching scale
-# the whole notebook ran in 79 s (`measured_runs.md`), with torch.compile's caches warm from measurements made
-# before it: on a freshly started machine the first compiles add to it.
+# or less: a first compile on a slow or busy CPU can take a minute or more. On the course's H200 at teaching scale
+# the whole notebook ran in 121 s (`measured_runs.md`), most of Parts 3 and 4 in their two large compiles (the
+# decode step and the MLP), on a machine running other labs at the same time.
 #
 # | Part | your time (estimate) | run time at cpu scale |
 # | --- | --- | --- |
@@ -475,9 +475,10 @@ with uses_answers("Question 1.1"):
         print(f"trial {trial}: gemm {gemm_one_shot_s * 1e3:9.3f} ms   torch.matmul {matmul_one_shot_s * 1e3:8.4f} ms")
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q1_2_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
-# What the run shows depends on the function. On the course's H100 (`measured_runs.md`, the printed output of this
-# cell) the first `torch.matmul` took 110 ms and the next four 0.21 to 0.30 ms, while the five `gemm` calls took
-# 17.6 to 19.2 ms with no clear first-call effect: the first (19.2 ms) lies within the spread of the others. The
+# What the run shows depends on the function. On the course's H200 (`measured_runs.md`, the printed output of this
+# cell) the first `torch.matmul` took 91.0987 ms and the next four 0.0795 to 0.1365 ms, while the five `gemm` calls
+# took 9.172 to 9.936 ms with no clear first-call effect: the first (9.936 ms) is barely above the slowest of the
+# others (9.812 ms), well within their spread. The
 # first `torch.matmul` pays one-time costs of the library: on a GPU creating the cuBLAS handle and loading its
 # kernels, the caching allocator's first allocation; on a CPU loading and starting the BLAS library's threads.
 # `gemm` is plain Python that does the same work in every call, so its first call costs about what the others do.
@@ -2171,7 +2172,7 @@ show_decode_times("with KV cache   ", decode_cache_ms["eager_ms"], decode_cache_
 # The compile only runs on a GPU at teaching scale: on a CPU it takes minutes (Section 4.4 compiles something
 # smaller on a CPU), and at quick scale (as the notebook is graded) it would cost more than the whole tiny step
 # teaches. Without a GPU, read its numbers in `measured_runs.md` beside this notebook (this cell's output in the
-# H100 run).
+# H200 run).
 
 # %%
 decode_kernels = {"eager": count_kernels_per_call(multi_layer_decode_forward, num_layers, **decode_cache_kwargs)["total"]}
@@ -2186,7 +2187,7 @@ if at_scale(teaching=DEVICE.type == "cuda", quick=False, cpu=False):
 else:
     decode_compiled_ms = None
     print(f"torch.compile of the decode step: skipped {'on a CPU' if DEVICE.type == 'cpu' else 'at quick scale'} "
-          "(it runs on a GPU at teaching scale; the H100 numbers are in measured_runs.md beside this notebook)")
+          "(it runs on a GPU at teaching scale; the H200 numbers are in measured_runs.md beside this notebook)")
 print("kernels per decode step with the KV cache:", ", ".join(f"{name} {count}" for name, count in decode_kernels.items()),
       "(operator calls on a CPU)" if DEVICE.type == "cpu" else "")
 
@@ -2219,40 +2220,40 @@ print("cached step, measured / roofline:", ", ".join(
     f"{name} {ms / predicted_cache_ms:.1f}x" for name, ms in cached_steps_ms.items() if ms is not None))
 
 # %% [markdown]
-# What the numbers say (one H100 at teaching scale: the printed output of these cells in `measured_runs.md` beside
-# this notebook; yours will differ). The roofline of the last cell is the datasheet's (3.35 TB/s): 2.60 ms for the
+# What the numbers say (one H200 at teaching scale: the printed output of these cells in `measured_runs.md` beside
+# this notebook; yours will differ). The roofline of the last cell is the datasheet's (4.8 TB/s): 1.82 ms for the
 # cached step. At cpu scale (one 512-token prompt, 2 layers, `float32`) the same two effects show in your own
 # output: a decode step costs far more per token than the prefill (in the course's cpu-scale run, also in
 # `measured_runs.md`, 33394 µs against 1185 µs per token), and the step without the cache is several times slower
 # than the cached one (8.8x there). There is no CUDA graph on a CPU, and an operator costs microseconds of dispatch
 # rather than a kernel launch.
-# - **Per token, decode is far more expensive than prefill** (9.2 µs per prompt token against 1014 µs per
+# - **Per token, decode is far more expensive than prefill** (8.43 µs per prompt token against 937 µs per
 #   generated token). Prefill works on 32768 tokens at once: large GEMMs that keep the GPU busy. A decode
 #   step works on 8 tokens: tiny GEMVs, and 86 kernels per layer that each do almost nothing. Section 3.4
 #   explains this with the roofline; Part 4 shows the kernels.
 # - **The KV cache** saves recomputing the keys and values of every earlier token: about 8 TFLOP per decode
 #   step here (8040 GFLOP), a cost that grows with the context length, paid with memory (7 GB of cache). Replayed as
-#   a CUDA graph the cached step took 8.11 ms against a roofline of 2.60 ms (reading 1.73 GB of weights and 6.98 GB
-#   of cache once): 3.1x its roofline. It was 8.9x faster than the step without the cache (predicted: 3.1x; the
-#   step without the cache took 71.87 ms against 8.13 ms predicted, because its RMSNorm in float32 and its RoPE make
+#   a CUDA graph the cached step took 7.50 ms against a roofline of 1.82 ms (reading 1.73 GB of weights and 6.98 GB
+#   of cache once): 4.1x its roofline. It was 8.7x faster than the step without the cache (predicted: 4.5x; the
+#   step without the cache took 65.60 ms against 8.13 ms predicted, because its RMSNorm in float32 and its RoPE make
 #   several extra passes over the recomputed keys of all 32768 tokens).
-# - **Why 8.1 ms and not 2.6**: attention over the cache needs at least 7 GB / 26 layers / 3.35 TB/s = 0.08 ms
+# - **Why 7.5 ms and not 1.8**: attention over the cache needs at least 7 GB / 26 layers / 4.8 TB/s = 0.06 ms
 #   per layer (it reads the layer's 0.27 GB of cache once), but each of the other 85 kernels of a layer costs a
-#   few microseconds even when nothing launches it from Python: 26 x 86 = 2236 kernels at about 3.6 µs on
+#   few microseconds even when nothing launches it from Python: 26 x 86 = 2236 kernels at about 3.4 µs on
 #   average.
 # - **Fewer kernels close the gap**: compiled with `torch.compile`, the same cached step runs 391 kernels instead
 #   of 2236 (each layer's norms, RoPE, residuals and GeLU fused into a few generated kernels: of the 2236, 1820 are
-#   elementwise, of the 391, 52) and, replayed as a CUDA graph, takes 4.34 ms: 1.7x its roofline, where the graph
-#   of the uncompiled step was 3.1x. What is left is mostly reading the weights and the cache (the 2.60 ms of the
-#   roofline) plus a few microseconds for each of the remaining kernels. The compile took 13 s, once, with the
-#   compile caches warm from measurements made before it on the same machine (43.1 s in a run that compiled it
-#   first).
-# - **Launch overhead**: run eagerly, the same cached step took 64.34 ms: the CPU needs longer to launch 2236
+#   elementwise, of the 391, 52) and, replayed as a CUDA graph, takes 3.86 ms: 2.1x its roofline, where the graph
+#   of the uncompiled step was 4.1x. What is left is mostly reading the weights and the cache (the 1.82 ms of the
+#   roofline) plus a few microseconds for each of the remaining kernels. The compile took 28 s, once, on its first
+#   call (11.8 s in another measurement of the same step on the same machine: how long a compile takes depends on
+#   its caches and on what else the machine runs).
+# - **Launch overhead**: run eagerly, the same cached step took 60.90 ms: the CPU needs longer to launch 2236
 #   kernels from Python than the GPU needs to run them, so the eager time measures the CPU, and the cache looks
-#   nearly useless (eager speedup 1.1x, against 8.9x as CUDA graphs). Even compiled, launched from Python it takes
-#   7.64 ms, well above the graph's 4.34 ms. Times that measure the CPU vary from run to run: another run of the
-#   course on the same kind of GPU took 43.5 ms eagerly and 6.82 ms compiled from Python (and, against the
-#   ceilings it measured on that GPU, a roofline of 2.89 ms: the graphs at 2.81x and 1.5x of it). This is why
+#   nearly useless (eager speedup 1.1x, against 8.7x as CUDA graphs). Even compiled, launched from Python it takes
+#   6.65 ms, well above the graph's 3.86 ms. Times that measure the CPU vary from run to run: another run of the
+#   course on the same machine took 42.2 ms eagerly and 7.49 ms compiled from Python (and, against the ceilings
+#   it measured on that GPU, a roofline of 2.04 ms: the graphs at 3.72x and 1.89x of it). This is why
 #   inference engines compile decode steps and replay them as CUDA graphs, and why we hold the graph times against
 #   the roofline.
 
@@ -2379,7 +2380,7 @@ with uses_answers("Question 3.4.2 (b)"):  # your code goes in this block (unwrit
 # The intensity grows almost linearly with the batch size: about 1, 3.9, 15 and 49 FLOP/byte for B = 1, 4, 16,
 # 64. In a decode step the bytes are dominated by the weights ($3DI$ elements), which are read once whatever
 # $B$ is, while the FLOPs grow with $B$: batching more sequences reuses every loaded weight for more tokens.
-# All four points are still left of the bf16 ridge (about 200 FLOP/byte on an A6000, 295 on an H100), so the
+# All four points are still left of the bf16 ridge (about 200 FLOP/byte on an A6000, 206 on the H200), so the
 # decode MLP stays memory-bound; its latency barely grows with $B$ until the ridge, which is why serving
 # systems batch many requests to raise throughput. The growth flattens for large $B$ (the $(B, 1, I)$
 # activations grow with $B$ too), towards about 215 FLOP/byte. (Attention in decode would not benefit the same
@@ -2463,8 +2464,9 @@ with uses_answers("Question 3.4.3 (b)"):  # your code goes in this block (unwrit
 # bytes both grow in proportion to the number of tokens (the $(B, L, I)$ intermediate tensors dominate the
 # bytes), so their ratio saturates at $(6D + 9) I / (2 (3D + 8I)) \approx 215.3$ FLOP/byte (the $6DI$ FLOPs of the
 # projections plus the $9I$ of the GeLU and the product, per token, over the bytes of its activations). The points sit around the bf16
-# ridge: on an A6000 (ridge about 202 FLOP/byte) L = 64 is just left of it and the longer prompts just right;
-# on an H100 (about 295) all four are left of it, memory-bound. With this
+# ridge: on the H200 (datasheet ridge about 206 FLOP/byte) and on an A6000 (about 202) L = 64 is just left of it
+# and the longer prompts just right; against the H200's measured ceilings (ridge about 187, Section 3.5) all four
+# are right of it. On a GPU whose ridge lies above 215 FLOP/byte all four would be left of it. With this
 # unfused, one-kernel-per-operation I/O model the MLP cannot become more compute-bound by making prompts
 # longer. What moves it right is fewer bytes per FLOP: fusing the GeLU and the product into the projections
 # (Part 4) so the intermediates never go to memory.
@@ -2598,7 +2600,7 @@ finish_checks("Question 3.5.1")
 #   them and writes the probabilities, `probs @ v` reads those, with the scaling folded into `q @ k^T`).
 #
 #   This count of what attention moves (a 2-pass softmax, 4 passes in all) is the one this lab uses wherever it
-#   measures attention: here and in Part 5, where the H100 run's "SDPA predicted" column counts the same.
+#   measures attention: here and in Part 5, whose roofline predictions of attention (Question 5.2) count the same.
 #   Question 3.2's 5-pass softmax is another thing: the handout's count of a softmax written as three separate
 #   kernels, which `torch.softmax` is not. An attention that scales the scores in a kernel of its own (two more
 #   passes) or writes its softmax operation by operation moves more than 4 passes, and its point sits further
@@ -2751,61 +2753,66 @@ with uses_answers("Question 3.5.2"):  # your code goes in this block (unwritten,
 # you see it, and compare the operators with one another.
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q3_5_3_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
-# (Numbers from the course's H100 run, the Section 3.5 table of `measured_runs.md`: bf16, $B L = 16384$ tokens,
-# measured ridge 262 FLOP/byte.)
+# (Numbers from the course's H200 run, the Section 3.5 table of `measured_runs.md`: bf16, $B L = 16384$ tokens,
+# measured ridge 186.6 FLOP/byte.)
 # **Compute-bound, and measured so**: the MLP's projections of the prefill (`gate_proj`, `up_proj`, `down_proj`).
 # Each is a GEMM whose weight is read once and reused by every one of the $BL$ tokens, so its intensity is high
-# (474 FLOP/byte in bf16; at cpu scale in float32, 84): right of the ridge, and they reach 613 to 681 TFLOP/s, 78 to
-# 86% of the measured matmul ceiling (788 TFLOP/s). `q_proj` and `o_proj` (385 FLOP/byte) are compute-bound by
-# their intensity too, but were not measured so (below).
+# (474 FLOP/byte in bf16; at cpu scale in float32, 84): right of the ridge, and they reach 642 to 704 TFLOP/s, 81 to
+# 89% of the measured matmul ceiling (788.9 TFLOP/s). `q_proj` and `o_proj` (385 FLOP/byte) are compute-bound too,
+# at 555 and 620 TFLOP/s (70 and 79%).
 # **Near the ridge**: `q @ k^T` and `probs @ v` are GEMMs as well, with intensity $Ld / (2d + L)$ in bf16
-# (205 FLOP/byte at $L = 2048$, $d = 256$). Longer sequences do not move them across the H100's ridge: the
-# intensity grows towards $d = 256$ FLOP/byte and never passes it, just left of that ridge (262 measured, 295
-# datasheet); they ran at 507 and 518 TFLOP/s, 82 to 84% of the roof at their intensity.
+# (205 FLOP/byte at $L = 2048$, $d = 256$): on the H200 that lies between its two ridges, right of the measured one
+# (186.6) and just left of the datasheet's (206). They ran at 548 and 650 TFLOP/s, 69 and 82% of the measured
+# roof. Longer sequences move them further right: the intensity grows towards $d = 256$ FLOP/byte, right of both
+# ridges of the H200 (on a GPU whose bf16 ridge lies above $d$ it would stay left of the ridge at any length).
 # **Memory-bound**: `GeLU` (8 FLOPs per element read and written: 2 FLOP/byte in bf16, 1 in float32), the
 # product `gelu * up` (1 FLOP per 3 elements: 0.167 FLOP/byte in bf16) and `softmax` (4 FLOPs per score read and
 # written: 1 FLOP/byte in bf16): far left of the ridge, each streams whole tensors through memory and runs at best
-# at bandwidth x intensity; GeLU and the product reached 91 and 95% of that roof, the softmax 56%. Your attention
-# of Question 3.1.1 is left of the ridge as well: its 4 passes over the scores dominate its bytes. It took
-# 0.7700 ms, more than its three rows (0.1354, 0.3197 and 0.1327 ms) together: the reference's scaling
+# at bandwidth x intensity; GeLU and the product reached 78 and 96% of that roof, the softmax 43%. Your attention
+# of Question 3.1.1 is left of the ridge as well (114 FLOP/byte): its 4 passes over the scores dominate its bytes. It
+# took 0.6553 ms, more than its three rows (0.1254, 0.2934 and 0.1058 ms) together: the reference's scaling
 # `/ math.sqrt(d)` is a kernel of its own, two more passes over the scores that the count leaves out.
-# **Bound by neither roof: the cost of one call.** `q_proj`, `k_proj`, `v_proj`, `o_proj` and the decode `gate_proj` all
-# took 0.0468 to 0.0581 ms, although their FLOPs differ by a factor of up to 1024 (`q_proj` against the decode step) and
-# their intensities from 7.87 to 385 FLOP/byte: they reached only 2 to 53% of their roofs. `latency` calls the operator
-# back to back from Python and divides the elapsed time by the number of calls, so it can never report less than the
-# CPU's work for one call: the Python call of the `nn.Linear` module, PyTorch's dispatch (`aten::linear`,
-# `aten::matmul`, `aten::mm`) and the kernel launch. When the device finishes a call's work sooner, it waits for the
-# CPU, and the time measures the CPU: in the profile of Section 4.2 on the same machine
-# (reports/h100/lab1_executed.ipynb), one `aten::linear` took about 71 µs of CPU time (with the profiler's own overhead)
-# for a GEMM kernel of 17 to 19 µs. So the decode `gate_proj`, whose intensity (7.87 FLOP/byte, the GEMV of Part 2) says
-# memory-bound, is not limited by memory here: its weight takes well under a microsecond to read at 3.02 TB/s, and the
-# 2% of its roof is the per-call floor. The same floor explains the narrow `k_proj` and `v_proj` (20%). To measure such
-# small operators one needs less CPU work per call (CUDA graphs, Part 4), or more work per call.
+# **Bound by neither roof: the cost of one call.** `k_proj`, `v_proj` and the decode `gate_proj` all took 0.0192 to
+# 0.0202 ms, although their FLOPs differ by a factor of 256 (`k_proj` against the decode step) and their intensities
+# from 7.87 to 181 FLOP/byte: they reached only 3 to 35% of their roofs. The same time for 256 times the work: neither
+# FLOPs nor bytes set it. `latency` calls the operator back to back from Python and divides the elapsed time by the
+# number of calls, so it can never report less than the CPU's work for one call: the Python call of the `nn.Linear`
+# module, PyTorch's dispatch (`aten::linear`, `aten::matmul`, `aten::mm`) and the kernel launch. When the device
+# finishes a call's work sooner, it waits for the CPU, and the time measures the CPU: in the profile of Section 4.2
+# on the same machine (also in `measured_runs.md`), one `aten::linear` took about 56 µs of CPU time (with the
+# profiler's own overhead) for a GEMM kernel of 17 to 19 µs. So the decode `gate_proj`, whose intensity (7.87
+# FLOP/byte, the GEMV of Part 2) says memory-bound, is not limited by memory here: its weight takes under a
+# microsecond to read at 4.227 TB/s, and the 3% of its roof is the per-call floor. The same floor holds the narrow
+# `k_proj` and `v_proj` (35%: at their roof they would need about a third of that time); `q_proj` and `o_proj`, with
+# four times their work, already sit above it. To measure such small operators one needs less CPU work per call
+# (CUDA graphs, Part 4), or more work per call.
 # **Why the aggregate misled**: the whole MLP's intensity (213 FLOP/byte at this shape in bf16; 59 at cpu scale in
 # float32) is total FLOPs over total bytes, but the MLP never runs at that intensity: it runs five kernels one after
 # another, each at its own, and its time is the sum of the five times. The elementwise kernels do 0.2% of the MLP's
 # FLOPs but move 55% of its bytes in bf16 at this shape (30% at cpu scale in float32: their $(B, L, I)$ tensors), and
-# take a share of its time many times their share of FLOPs (15.2% and 21.9% of the MLP's time on the H100, 37% together;
-# 11.8% and 12.4% in the course's cpu-scale run). One point near or right of the ridge says the whole MLP is
+# take a share of its time many times their share of FLOPs (14.3% and 17.4% of the MLP's time on the H200, nearly a
+# third together; 11.8% and 12.4% in the course's cpu-scale run). One point near or right of the ridge says the whole MLP is
 # compute-bound or "about balanced", so that a faster GEMM or a bigger batch would help; in fact the GEMMs already run
 # near the compute roof and the rest of the time is pure memory traffic that no faster matmul touches. What helps is
 # removing bytes: fusing the GeLU and the product (into one kernel, or into the `gate_proj`/`up_proj` epilogue, Part 4)
-# so the $(B, L, I)$ intermediates never go to memory. (The measured roof is also lower than the datasheet's: 788
-# TFLOP/s and 3.02 TB/s measured, 80% and 90% of the datasheet's 989 TFLOP/s and 3.35 TB/s, so the ridge moves from 295
-# to 262 FLOP/byte; against the datasheet every point looks further from its roof than it is.)
+# so the $(B, L, I)$ intermediates never go to memory. (The measured roof is also lower than the datasheet's: 788.9
+# TFLOP/s and 4.227 TB/s measured, 80% and 88% of the datasheet's 989.4 TFLOP/s and 4.8 TB/s, so the ridge moves from
+# 206 to 187 FLOP/byte, and `q @ k^T` and `probs @ v` change sides; against the datasheet every point looks further
+# from its roof than it is.)
 # === BEGIN MARK SCHEME ===
 # 3 points in total. Judge against the student's own table and plot (a wrong roofline_point is charged in
 # Question 3.5.1 only; their own numbers, used correctly, earn full marks), GPU or CPU alike:
 # - 1 point: places the operators by intensity against the measured ridge with the reason: the large projections
 #   right of it (weight reuse across the B x L tokens, a GEMM) and GeLU, the product and softmax far left of it
-#   (a few FLOPs per element streamed); q @ k^T / probs @ v near the ridge (on an H100 just left of it: their
-#   intensity approaches d = 256 from below, so longer sequences do not carry them across). "q @ k^T moves right
-#   of the ridge with longer sequences" is wrong on an H100 with d = 256 in bf16 (right on a GPU whose ridge lies
-#   below d, such as the A6000's 202 FLOP/byte); it does not cost the point alone. On a CPU, points above the
+#   (a few FLOPs per element streamed); q @ k^T / probs @ v near the ridge (their intensity, 205 FLOP/byte at
+#   L = 2048, approaches d = 256 from below: on the H200 right of the measured ridge, 187, and just left of the
+#   datasheet's, 206; either side is right when read off the ridge they plotted). "q @ k^T moves right of the
+#   ridge with longer sequences" is right on a GPU whose bf16 ridge lies below d = 256 (the H200, an A6000) and
+#   wrong only on one whose ridge lies above it; it does not cost the point alone. On a CPU, points above the
 #   measured roof explained by the caches, or by ceilings measured low on a busy machine, are fine; the placing then
 #   rests on the intensities and on the times relative to one another.
-# - 1 point: explains the points far under both roofs (on a GPU the small projections and the decode gate_proj,
-#   all near one time per call whatever their work) by the per-call cost that latency measures when the device's
+# - 1 point: explains the points far under both roofs (on a GPU the smallest operators, all near one time per call
+#   whatever their work: in the course's H200 run k_proj, v_proj and the decode gate_proj) by the per-call cost that latency measures when the device's
 #   work is shorter than the CPU's work per call (Python, dispatch, launch), not by memory or compute; or, where
 #   their table shows no such floor, explains correctly why an operator sits under its roof. Calling the decode
 #   gate_proj memory-bound from its intensity is fine only if the answer does not say memory limits its measured
@@ -2853,9 +2860,9 @@ print(prof.key_averages().table(sort_by=PROFILER_SORT_KEY, row_limit=10))
 
 # %% [markdown]
 # On a GPU, the table lists the CUDA kernels that ran, besides the operators that launched them. Kernel names
-# reveal the implementation: on an H100, `torch.matmul` in bf16 runs an NVIDIA cuBLAS kernel whose name starts
-# with `nvjet` (the tile shape follows in the name, e.g. `nvjet_sm90_tst_64x8_64x16_2x4_h_bz_NNT`); on an A100 or
-# A6000 you will see names such as `ampere_bf16_s16816gemm_...` or `cutlass_...`. On a CPU you see
+# reveal the implementation: on an H200 or H100, `torch.matmul` in bf16 runs an NVIDIA cuBLAS kernel whose name
+# starts with `nvjet` (the tile shape follows in the name, e.g. `nvjet_sm90_tst_64x8_64x16_2x4_h_bz_NNT`); on an
+# A100 or A6000 you will see names such as `ampere_bf16_s16816gemm_...` or `cutlass_...`. On a CPU you see
 # `aten::mm`, which calls a BLAS library.
 #
 # ## 4.2 Profiling the MLP
@@ -2932,15 +2939,17 @@ with uses_answers("Bonus 4.2"):  # your code goes in this block (unwritten, it s
     print(f"per decode step of one layer: {count_cuda_kernels(prof_decode, per_step=True)}")
     plot_trace_timeline(prof_decode, title="One decode step of the Gemma-3 decoder layer (KV cache)")
     plt.show()
-    # Reading it (H100, teaching scale; the per-step numbers of reports/lab1-h100.md divided by its 26 layers): one
-    # decode step of one layer launches 86 kernels (2236 / 26), 70 of them elementwise (1820 / 26: RMSNorms in float32,
-    # RoPE, residual additions). On the GPU the largest single part is attention over the KV cache (one fused attention
-    # kernel): it reads the layer's whole cache (8 x 4097 tokens, 0.27 GB) once, at least 0.08 ms at 3.35 TB/s. The new
-    # token's key and value are written into the preallocated cache in place, so nothing copies the cache. The
-    # projections of 8 tokens take little, and the elementwise kernels each do almost nothing, yet together they take
-    # most of the rest. Launched from Python the step takes 1.7 to 2.5 ms per layer (44 to 64 ms / 26 in the report's
-    # two runs), its GPU work about 0.3 ms (the CUDA graph's 8.11 ms / 26): the GPU idles between tiny kernels while
-    # Python launches the next one. The decode step is launch-bound and memory-bound, not compute-bound.
+    # Reading it (H200, teaching scale; reports/h200/lab1_executed.ipynb, and the per-step numbers of
+    # reports/lab1-h200.md divided by its 26 layers): one decode step of one layer launches 86 kernels (2236 / 26),
+    # 70 of them elementwise (1820 / 26: RMSNorms in float32, RoPE, residual additions). On the GPU the largest single
+    # part is attention over the KV cache (one fused attention kernel, 88.562 µs per step in the profile): it reads
+    # the layer's whole cache (8 x 4097 tokens, 0.27 GB) once, at least 0.06 ms at 4.8 TB/s. The new token's key and
+    # value are written into the preallocated cache in place, so nothing copies the cache. The projections of 8
+    # tokens take little, and the elementwise kernels each do almost nothing, yet together they take most of the
+    # rest. Launched from Python the step takes 1.6 to 2.3 ms per layer (42.2 to 60.90 ms / 26 in the report's two
+    # runs), its GPU work about 0.3 ms (the CUDA graph's 7.50 ms / 26; 1.285 ms of kernels in the 5 recorded steps):
+    # the GPU idles between tiny kernels while Python launches the next one. The decode step is launch-bound and
+    # memory-bound, not compute-bound.
     # On a CPU (cpu scale) the table lists operators instead of kernels, with their CPU times: in the course's
     # cpu-scale run the projections (aten::mm, 52.82% of the step's CPU time) and attention over the cache
     # (aten::_scaled_dot_product_flash_attention_for_cpu, 38.54%) took most of it; nothing copies the cache there
@@ -3138,18 +3147,19 @@ with uses_answers("Question 4.3.2"):  # your code goes in this block (unwritten,
 # Describe your findings: which is faster, by how much, and why?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q4_3_3_answer", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
-# PyTorch's GeLU is about 9x faster at teaching scale: on the course's H100, $2^{28}$ elements took 6.4 ms with the
-# Python version against 0.714 ms with `F.gelu` (reports/lab1-h100.md, GeLU table: 9.0x). GeLU is elementwise, a
+# PyTorch's GeLU is about 9x faster at teaching scale: on the course's H200, $2^{28}$ elements took 4.51 ms with the
+# Python version against 0.507 ms with `F.gelu` (reports/lab1-h200.md, GeLU table; 8.9x in the notebook's run,
+# reports/h200/lab1_executed.ipynb). GeLU is elementwise, a
 # few FLOPs per 8 bytes moved: memory-bound. The Python version runs each operation as its own kernel, `pow`,
 # four multiplications, two additions and `tanh` (8 kernels), and each streams whole tensors through memory: six
 # of them read one tensor and write one (2 passes each), two (`x + ...` and the final product) read two and write
 # one (3 passes each), so $6 \cdot 2 + 2 \cdot 3 = 18$ passes, plus seven temporary allocations. `F.gelu` is one
 # fused kernel that reads `x` once, keeps every intermediate in registers and writes the result once: 2 passes.
 # $18 / 2 = 9$ is the measured ratio: at this size the time is the memory traffic, and the fused kernel runs at
-# the copy bandwidth (0.714 ms for 2 GiB moved, 3.01 TB/s in the report). At small sizes the story changes: for a
-# million elements on the H100 the memory needs under 3 µs, yet the Python version took 0.10 to 0.14 ms and `F.gelu`
-# about 0.02 ms (report, GeLU table, and the printed output of Section 4.4's `torch.compile` cell in
-# reports/h100/lab1_executed.ipynb): there the time is the CPU's work of launching kernels from Python, which
+# the copy bandwidth (0.507 ms for 2 GiB moved, 4.23 TB/s in the report). At small sizes the story changes: for a
+# million elements on the H200 the memory needs under 3 µs, yet the Python version took 0.08 to 0.10 ms and `F.gelu`
+# 0.009 to 0.02 ms (report, GeLU table, and the printed output of Section 4.4's `torch.compile` cell in
+# reports/h200/lab1_executed.ipynb): there the time is the CPU's work of launching kernels from Python, which
 # dominates the memory traffic (Section 4.4 shows it).
 # (At cpu scale the ratio is the student's own, 3.6x in the course's cpu-scale run: the same passes and
 # temporaries, on the CPU's memory bandwidth and caches, plus 8 operator calls instead of 1.)
@@ -3178,8 +3188,8 @@ with uses_answers("Question 4.3.4 (a)"):  # your code goes in this block (unwrit
     # - 1 point: both GeLUs profiled on x_gelu, 10 steps each with default_schedule and prof.step(), synchronised.
     # - 1 point: both tables and both kernel counts (count_cuda_kernels, per step) printed; the tables show 8
     #   elementwise operators per call for the Python version and one aten::gelu (on a CPU: operators instead of
-    #   kernels). The printed kernel count may be larger than 8 at teaching scale on a GPU: the course's H100 run
-    #   printed 13 (reports/h100/lab1_executed.ipynb), its table 64 kernel executions in the 5 recorded steps for 40
+    #   kernels). The printed kernel count may be larger than 8 at teaching scale on a GPU: the course's H200 run
+    #   printed 13 (reports/h200/lab1_executed.ipynb), its table 64 kernel executions in the 5 recorded steps for 40
     #   operator calls, because kernels queued by the unrecorded steps were still running when recording started
     #   (Question 4.3.4 (b)). That is what this code measures: it costs nothing here.
     # === END MARK SCHEME ===
@@ -3209,17 +3219,17 @@ with uses_answers("Question 4.3.4 (a)"):  # your code goes in this block (unwrit
 # The Python GeLU runs eight separate elementwise operators per call, one kernel each: in the 5 recorded steps the
 # table lists `aten::pow` 5 times, `aten::mul` 20, `aten::add` 10 and `aten::tanh` 5, against 5 calls of
 # `aten::gelu` for `F.gelu`. Each kernel streams whole tensors through memory: those that read one tensor take about
-# as long as the single `gelu` kernel (0.71 ms each on the course's H100 at $2^{28}$ elements,
-# reports/h100/lab1_executed.ipynb), the two that read two tensors (`x + 0.044715 x^3` and the final product)
-# about 1.5 times as long (1.06 ms), so the Python version's GPU time per call is about 9 times `F.gelu`'s (6.4 ms
-# against 0.714 ms), and it makes eight times the CPU launch work (`cudaLaunchKernel`). The slowdown is the number
+# as long as the single `gelu` kernel (0.504 ms each on the course's H200 at $2^{28}$ elements,
+# reports/h200/lab1_executed.ipynb), the two that read two tensors (`x + 0.044715 x^3` and the final product)
+# about 1.5 times as long (0.738 ms), so the Python version's GPU time per call is about 9 times `F.gelu`'s (4.5 ms
+# against 0.504 ms), and it makes eight times the CPU launch work (`cudaLaunchKernel`). The slowdown is the number
 # of memory passes, not the arithmetic.
 # The printed count says 13 kernels per call for the Python version, not 8, because the table holds 64 kernel executions
 # in the 5 recorded steps (one elementwise kernel 24 times, three per call, and five others 8 times each: 8 calls'
 # worth) where the steps' own 40 operator calls launch 40. The CPU queues a call's 8 kernels in well under a
-# millisecond, while the GPU needs 6.4 ms to run them, so the loop runs ahead of the GPU; when recording starts, the GPU
+# millisecond, while the GPU needs 4.5 ms to run them, so the loop runs ahead of the GPU; when recording starts, the GPU
 # is still running the kernels queued by the unrecorded steps before it, and the profiler records them as they run.
-# `F.gelu` shows the same (7 kernel executions in 5 steps, which rounds to 1 per step). The operators' calls are the
+# `F.gelu` shows the same (6 kernel executions in 5 steps, which rounds to 1 per step). The operators' calls are the
 # count per call: 8 against 1. (A `synchronize_device()` before each `prof.step()` would keep each step's kernels inside
 # its own step.) On a CPU the table shows the same eight operators against one `aten::gelu`, with CPU times instead of
 # kernels, and no such difference: an operator there finishes before the next one starts.
@@ -3229,7 +3239,7 @@ with uses_answers("Question 4.3.4 (a)"):  # your code goes in this block (unwrit
 #   gelu kernel, each of similar duration (the two-input ones longer), so the total time scales with the number of
 #   kernels / memory passes. A CPU profile (8 operators against one aten::gelu, with their CPU times) earns it.
 # - 0.5 point: the count per call read consistently with their tables: 8 against 1 from the operators' calls, and
-#   where the printed kernel count is larger (13 in the course's H100 run at teaching scale), a correct reason
+#   where the printed kernel count is larger (13 in the course's H200 run at teaching scale), a correct reason
 #   (kernels queued before the recorded steps, still running and recorded inside them; the GPU lags the CPU).
 #   "The Python GeLU launches 13 kernels per call" taken at face value does not earn this half. On a CPU, or
 #   where their count shows 8, reading 8 against 1 earns it.
@@ -3279,17 +3289,19 @@ else:
     print("torch.compile of GeLU: skipped at quick scale (it runs at teaching and cpu scale)")
 
 # %% [markdown]
-# Two regimes show in these numbers (on the course's H100: this cell's printed output in `measured_runs.md` beside
+# Two regimes show in these numbers (on the course's H200: this cell's printed output in `measured_runs.md` beside
 # this notebook):
-# - **Large tensors ($2^{28}$ elements): memory traffic.** The compiled GeLU is one generated kernel, about as fast
-#   as `F.gelu` (0.7623 and 0.7153 ms, near the copy bandwidth: 2 GiB moved), and the Python version is 8.9x slower
-#   than `F.gelu` (6.3942 ms): 18 memory passes against 2. Fusion pays by the passes it saves.
+# - **Large tensors ($2^{28}$ elements): memory traffic.** The compiled GeLU is one generated kernel, close to
+#   `F.gelu` (0.5902 and 0.5057 ms; 2 GiB moved, so `F.gelu` runs at about 4.2 TB/s, the copy bandwidth), and the
+#   Python version is 8.9x slower than `F.gelu` (4.5140 ms): 18 memory passes against 2. Fusion pays by the passes
+#   it saves.
 # - **Small tensors (a million elements): launch overhead.** The memory needs under 3 µs, yet the Python version
-#   took 0.1364 ms, the compiled one 0.0798 ms and `F.gelu` 0.0159 ms. The GPU finishes each kernel in a few
+#   took 0.0806 ms, the compiled one 0.0488 ms and `F.gelu` 0.0088 ms. The GPU finishes each kernel in a few
 #   microseconds and waits for the CPU: for the Python version, eight kernel launches from Python; for the compiled
 #   one, a single kernel but the work of the compiled wrapper around it in every call (Dynamo's guard checks, the
 #   call into the generated code), so it costs several times `F.gelu`, between it and the Python version (another
-#   run of the course measured about 0.10 ms for both). Fusion saves no memory time here; what counts is the CPU's
+#   run of the course on the same machine measured 0.0956, 0.0711 and 0.0204 ms for the three, in the same order).
+#   Fusion saves no memory time here; what counts is the CPU's
 #   work per call.
 #
 # On a CPU (cpu scale) look for the same two regimes in your own numbers, with operator calls instead of kernel
@@ -3381,25 +3393,26 @@ with uses_answers("Question 4.4.1 (a)"):  # your code goes in this block (unwrit
 # **(b) Written, 3 points.** Describe the differences from the eager MLP of Section 4.2.
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q4_4_1_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
-# The compiled MLP launches fewer kernels (on the course's H100: 4 per call instead of 5), yet its GPU time grew:
-# the profiles in reports/h100/lab1_executed.ipynb show about 83 µs of kernels per eager call and 103 µs per
+# The compiled MLP launches fewer kernels (on the course's H200: 4 per call instead of 5), yet its GPU time grew:
+# the profiles in reports/h200/lab1_executed.ipynb show about 76 µs of kernels per eager call and 87 µs per
 # compiled one. Fusion saved a little: the GeLU and the elementwise product, two kernels in eager mode
-# (`aten::gelu` and `aten::mul`, 13 and 15 µs, each reading and writing $(B, L, I)$ tensors), became one generated
-# Triton kernel (`triton_poi_fused__unsafe_view_gelu_mul_1`, 21 µs), one kernel and two of the five passes over
-# $(B, L, I)$ tensors fewer. The GEMMs lost more: autotuning chose Inductor's Triton templates
-# (`triton_tem_fused_...`) for all three, and inside the compiled MLP those of `gate_proj` and `up_proj` took
-# 28 µs each and that of `down_proj` 26 µs, where eager's cuBLAS kernels (`nvjet...`) took 19 and 17 µs.
+# (`aten::gelu` and `aten::mul`, 10.7 and 10.9 µs, each reading and writing $(B, L, I)$ tensors), became one
+# generated Triton kernel (`triton_poi_fused__unsafe_view_gelu_mul_1`, 14 µs), one kernel and two of the five passes
+# over $(B, L, I)$ tensors fewer. The GEMMs lost more: autotuning chose Inductor's Triton templates
+# (`triton_tem_fused_...`) for all three, and inside the compiled MLP each took 24 µs, where eager's cuBLAS kernels
+# (`nvjet...`) took 19 µs for `gate_proj` and `up_proj` and 17 µs for `down_proj`.
 # Autotuning keeps the candidate that was fastest in its own benchmark while compiling: the fastest of the
 # candidates it tried, each timed alone for a few runs, once. For GEMMs of about 20 µs the candidates lie a few
 # microseconds apart, so the choice is partly noise, and the benchmark does not time the kernel where it finally
 # runs, between the others (the template chosen for `down_proj` also carries the GeLU and the product in its
 # name: work fused into it that the cuBLAS GEMM does not do). So the compiled MLP is not faster on the GPU. It
-# measured faster all the same, 0.137 ms against 0.162 ms eager (reports/lab1-h100.md, MLP table; 0.164 against
-# 0.241 ms in the notebook's own run), and both times lie above the GPU time (eager about twice it): at this size
-# a call is bound by the CPU's work per call, and that is where the difference comes from, not from fusion. Even
+# measured faster all the same, 0.122 ms against 0.189 ms eager (reports/lab1-h200.md, MLP table; 0.097 against
+# 0.132 ms in the notebook's own run), and the eager times lie far above the eager GPU time (1.7 to 2.5 times it):
+# at this size an eager call is bound by the CPU's work per call, and the compiled call, with less CPU work per
+# call, comes closer to its own kernels' time. That is where the difference comes from, not from fusion. Even
 # a perfect fusion could save little here: the three GEMMs do almost all the FLOPs and take most of the GPU time,
-# and with $B L = 4096$ tokens the saved elementwise passes are about 34 MB, roughly 10 µs at the H100's 3.35 TB/s,
-# about a tenth of the call's GPU time. (For the GeLU alone, Section 4.3, the same fusion gave 9x, because there
+# and with $B L = 4096$ tokens the saved elementwise passes are about 34 MB, roughly 7 µs at the H200's 4.8 TB/s
+# (the fused kernel's 14 µs against the two eager ones' 21.6), under a tenth of the call's GPU time. (For the GeLU alone, Section 4.3, the same fusion gave 9x, because there
 # the elementwise passes were the whole cost.) The `record_function` labels disappear (Dynamo ignores them; the
 # call shows up as a `Torch-Compiled Region` with a `CompiledFxGraph`), and new CPU work appears
 # (`TorchDynamo Cache Lookup`, guards). The CPU still launches every remaining kernel one by one.
@@ -3407,11 +3420,12 @@ with uses_answers("Question 4.4.1 (a)"):  # your code goes in this block (unwrit
 # 3 points in total:
 # - 1 point: fewer kernels; the activation and the product are fused into one (Triton) kernel.
 # - 1 point: the GEMMs remain (cuBLAS or autotuned Triton templates) and dominate the time; fusion only saves
-#   the elementwise part's traffic, so the GPU time does not drop much, and may grow (in the H100 run's profiles
-#   about 83 µs eager and 103 µs compiled per call, the autotuned templates slower there than eager's cuBLAS: an
+#   the elementwise part's traffic, so the GPU time does not drop much, and may grow (in the H200 run's profiles
+#   about 76 µs eager and 87 µs compiled per call, the autotuned templates slower there than eager's cuBLAS: an
 #   explanation by autotuning keeping what was fastest in its own compile-time benchmark, timing noise or fused
-#   work is right; "autotuning always picks the fastest kernel" is not); a faster compiled latency (the H100 run
-#   measured 0.137 ms compiled against 0.162 ms eager) comes from less CPU work per call, not from fusion.
+#   work is right; "autotuning always picks the fastest kernel" is not); a faster compiled latency (the H200 run
+#   measured 0.122 ms compiled against 0.189 ms eager, reports/lab1-h200.md; 0.097 against 0.132 ms in its
+#   executed notebook) comes from less CPU work per call, not from fusion.
 #   "Compiled is faster" earns the point when their own numbers show it, with numbers from their profile.
 # - 1 point: another correct observation from their profile: record_function labels replaced by a compiled
 #   region, kernels still launched one by one from the CPU (launch gaps remain), different kernel names.
@@ -3444,8 +3458,8 @@ if DEVICE.type == "cuda" and SCALE == "teaching":
     print("compiled the MLP with CUDA Graphs")
 else:
     mlp_cudagraph = None
-    print("CUDA Graphs: skipped (they need an NVIDIA GPU at teaching scale); what they did to the decode step on an "
-          "H100 is in measured_runs.md beside this notebook (Section 3.3)")
+    print("CUDA Graphs: skipped (they need an NVIDIA GPU at teaching scale); what they did to the decode step on the "
+          "course's H200 is in measured_runs.md beside this notebook (Section 3.3)")
 
 # %% [markdown]
 # #### Bonus 4.4.2 (5 points)
@@ -3465,14 +3479,14 @@ with uses_answers("Bonus 4.4.2"):  # your code goes in this block (unwritten, it
     # - 2 points: the comparison: on the CPU side one cudaGraphLaunch per step replaces the per-kernel launches,
     #   and the kernels run back to back (gaps between kernels gone or much smaller).
     # - 1 point: a correct conclusion about latency from their numbers: no gain, or a loss, for a 4-kernel MLP whose
-    #   kernels are long (the H100 report measured 0.186 ms with graphs against 0.137 ms compiled without, and the
-    #   executed notebook of that report 0.149 against 0.164 ms: no consistent gain; each call
+    #   kernels are long (the H200 report measured 0.215 ms with graphs against 0.122 ms compiled without, and the
+    #   executed notebook of that report 0.101 against 0.097 ms: no gain in either; each call
     #   still copies the input into the graph's static buffer and runs the graph wrapper's checks on the CPU, while
     #   there was little launch work to save); graphs pay off when many short kernels are launched (decode). A
     #   student whose own numbers show graphs faster, and says so, earns the point.
     # - The cell runs where mlp_cudagraph is None (one printed line). Without a GPU the bonus cannot be earned by
     #   profiling; a student who says so and answers the comparison from measured_runs.md beside the notebook (the
-    #   H100 run's decode step of Section 3.3, eager against CUDA graph, and its kernel counts) earns at most 2
+    #   H200 run's decode step of Section 3.3, eager against CUDA graph, and its kernel counts) earns at most 2
     #   points.
     # === END MARK SCHEME ===
     if mlp_cudagraph is not None:
@@ -3488,16 +3502,16 @@ with uses_answers("Bonus 4.4.2"):  # your code goes in this block (unwritten, it
         plot_trace_timeline(prof_cudagraph, title="Gemma-3 270M MLP compiled with CUDA Graphs (max-autotune)")
         plt.show()
         # The kernels are those of max-autotune-no-cudagraphs plus one copy of the input into the graph's static
-        # buffer (5 per call in the H100 report). On the CPU side the per-kernel launch calls are replaced by a single
-        # `cudaGraphLaunch` per step, and the kernels run back to back on the GPU. Yet for this MLP (4 x 1024 tokens)
-        # the graph gains nothing reliable: 0.186 ms against 0.137 ms compiled without graphs on the course's H100
-        # (reports/lab1-h100.md, MLP table), but 0.149 against 0.164 ms in this cell's run there
-        # (reports/h100/lab1_executed.ipynb). Four kernels of 21 to 28 µs each leave little launch work to save (in
-        # the compiled MLP's profile, 4 `cuLaunchKernel` calls of about 9 µs, a small part of the call's CPU work of
-        # guards and wrappers), while every call adds the input copy and the CPU
+        # buffer (5 per call in the H200 report: the copy is the `multi_tensor` kernel of `aten::_foreach_copy_`). On
+        # the CPU side the per-kernel launch calls are replaced by a single `cudaGraphLaunch` per step, and the kernels
+        # run back to back on the GPU. Yet for this MLP (4 x 1024 tokens) the graph gains nothing: 0.215 ms against
+        # 0.122 ms compiled without graphs on the course's H200 (reports/lab1-h200.md, MLP table), and 0.101 against
+        # 0.097 ms in this cell's run there (reports/h200/lab1_executed.ipynb). Four kernels of 14 to 24 µs each leave
+        # little launch work to save (in the compiled MLP's profile, 4 `cuLaunchKernel` calls of about 5 µs, a small
+        # part of the call's CPU work of guards and wrappers), while every call adds the input copy and the CPU
         # work of the graph wrapper (checking that the inputs and the recorded graph still match, managing its
         # memory pool). CUDA Graphs pay off when a call launches many short kernels: the decode step of Section 3.3
-        # (2236 kernels) took 44 to 64 ms launched from Python and 8.1 ms replayed as a CUDA graph (same report).
+        # (2236 kernels) took 42.2 to 60.90 ms launched from Python and 7.5 ms replayed as a CUDA graph (same runs).
     else:
         print("profiling the CUDA-Graph MLP: skipped (it needs an NVIDIA GPU at teaching scale)")
     ### END SOLUTION
@@ -3555,8 +3569,9 @@ with uses_answers("Question 3.1.1"):
 #
 # 1. What is the memory complexity of standard attention in the sequence length $L$? Use the table. (3 points)
 # 2. From which sequence length does it become a problem on your GPU, and why there? (If you ran on a CPU,
-#    answer for an 80 GB H100: extrapolate your table's growth, and compare with the table of this cell that the
-#    course measured on an H100, in `measured_runs.md` beside this notebook.) (3 points)
+#    answer for the course's 141 GB H200 in `float16`: extrapolate your table's growth (yours is in `float32`,
+#    twice the bytes), and compare with the table of this cell that the course measured on it, in
+#    `measured_runs.md` beside this notebook.) (3 points)
 # 3. What is the main memory overhead of standard attention, and in which LLM scenarios is it a serious
 #    problem? (4 points)
 
@@ -3570,20 +3585,22 @@ with uses_answers("Question 3.1.1"):
 # === END MARK SCHEME ===
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_1_problem_length_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
-# **2.** On an 80 GB H100 in `float16`, one score matrix is $16 L^2 \cdot 2$ bytes: 2.1 GB at $L = 8192$,
-# 8.6 GB at 16384, 34 GB at 32768 and 137 GB at 65536. Our implementation holds about two such tensors at its
-# peak (the scores and the probabilities): the course's H100 measured 17 GB at 16384 and 69 GB at 32768
-# (`measured_runs.md`), which just fits,
-# while 65536 (about 275 GB) runs out of memory. In practice it is a problem well before the OOM: from about
-# 16384 tokens a single attention call of one layer and one sequence needs tens of GB of temporary memory,
-# which competes with the weights, the KV cache and other requests (on a 24 GB or 48 GB GPU, 32768 already fails).
+# **2.** On the course's 141 GB H200 in `float16`, one score matrix is $16 L^2 \cdot 2$ bytes: 2.1 GB at
+# $L = 8192$, 8.6 GB at 16384, 34 GB at 32768 and 137 GB at 65536. Our implementation holds about two such tensors
+# at its peak (the scores and the probabilities): the H200 measured 17 GB at 16384 and 69 GB at 32768
+# (`measured_runs.md`), which fits in half its memory, while 65536 (about 275 GB) runs out of memory: one score
+# matrix alone nearly fills the GPU. In practice it is a problem well before the OOM: from about 16384 tokens a
+# single attention call of one layer and one sequence needs tens of GB of temporary memory, which competes with
+# the weights, the KV cache and other requests (on an 80 GB GPU 32768 barely fits; on a 24 GB or 48 GB GPU it
+# already fails).
 # (The exact length depends on the GPU's memory and on what else it holds; any answer read correctly off the
 # table is right.)
 # === BEGIN MARK SCHEME ===
 # 3 points: the length where their table shows OOM (or where the peak approaches the GPU's memory), 1 point;
 # explained by the L^2 growth of the score matrices (with a size estimate, e.g. B x H x L^2 x bytes), 2 points.
-# CPU runs: a reasoned estimate for an 80 GB GPU from their own table's x4 growth, or read off the H100 table of
-# measured_runs.md (this cell's H100 table: 32768 barely fits at about 69 GB, 65536 fails), earns full marks.
+# CPU runs: a reasoned estimate for the 141 GB H200 (or another GPU they name, with its memory) from their own
+# table's x4 growth, or read off the H200 table of measured_runs.md (this cell's H200 table: 32768 fits at about
+# 69 GB, 65536 fails at about 275 GB), earns full marks.
 # === END MARK SCHEME ===
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_1_overhead_answer", "locked": false, "points": 4, "schema_version": 3, "solution": true, "task": false}
@@ -3643,9 +3660,9 @@ with uses_answers("Question 3.1.1"):
 # same. Memory falls from $O(L^2)$ to $O(L)$. "About once" needs a word: each of the $T_r$ row blocks reads all
 # of $K$ and $V$. Were those reads to come from HBM, the kernel would do $4 B_r B_c d$ FLOPs for every
 # $2 B_c d$ elements of $K_j, V_j$ it loads, $B_r$ FLOP/byte in 16-bit floats: 128 for $B_r = 128$, left of the
-# fp16 ridge of an H100 (about 295) or an A6000 (about 202), so memory-bound. They mostly do not: the thread
+# fp16 ridge of the H200 (about 206) or an A6000 (about 202), so memory-bound. They mostly do not: the thread
 # blocks of one head's row blocks run at the same time on different SMs and walk through $K_1, V_1, K_2, \dots$ in
-# the same order, so a tile one block has just loaded is still in the L2 cache (50 MB on an H100, 6 MB on an
+# the same order, so a tile one block has just loaded is still in the L2 cache (60 MB on the H200, 6 MB on an
 # A6000) when the others ask for it. HBM sees roughly one read of $Q, K, V$ and one write of $O$: about
 # $4 L d \cdot 2$ bytes for $4 L^2 d$ FLOPs per head, $L / 2$ FLOP/byte (2048 at $L = 4096$), far right of the
 # ridge. If you know some CUDA or Triton, read the
@@ -3653,7 +3670,7 @@ with uses_answers("Question 3.1.1"):
 #
 # `flash_attn_func` (from `utils`) uses the `flash-attn` package when it is installed and otherwise PyTorch's
 # own FlashAttention-2 kernel (on a CPU, PyTorch's reference path, which materialises the scores like yours:
-# the comparison below is only meaningful on a GPU, so at cpu scale the cell points to the H100 numbers of
+# the comparison below is only meaningful on a GPU, so at cpu scale the cell points to the H200 numbers of
 # `measured_runs.md` instead). It takes tensors in the layout `(B, L, H, d)`, while SDPA uses `(B, H, L, d)`.
 # At teaching scale the sweep runs from 256 to 16384 tokens; the longest needs about 17 GB for standard
 # attention, and on a smaller GPU it shows as OOM.
@@ -3700,8 +3717,8 @@ if flash_rows:
                                 seq_len_col="seq_len", annotate_speedup=True, annotate_mem_reduction=True)
     plt.show()
 elif not flash_seq_lens:
-    print("FlashAttention vs standard attention: skipped without a GPU; read the H100 table 'SDPA (materialized) vs "
-          "FlashAttention' and its figure in measured_runs.md beside this notebook")
+    print("FlashAttention vs standard attention: skipped without a GPU; read the course's H200 sweep (this cell's "
+          "table) in measured_runs.md beside this notebook")
 
 # %% [markdown]
 # Let us count kernels with the profiler: your attention against PyTorch's FlashAttention kernel (through
@@ -3753,9 +3770,9 @@ with uses_answers("Question 3.1.1"):
 # %% [markdown]
 # #### Question 5.2 (10 points)
 #
-# Based on the measurements and the analysis above (without a GPU, on the course's H100 run of the sweep and of
+# Based on the measurements and the analysis above (without a GPU, on the course's H200 run of the sweep and of
 # the kernel count above, in `measured_runs.md` beside this notebook; the roofline predictions you need follow from
-# the counts of this part and the H100's ceilings in that run's Section 3.5):
+# the counts of this part and the H200's ceilings in that run's Section 3.5):
 # 1. Why is standard attention memory-bound? (3 points)
 # 2. How does FlashAttention make attention compute-bound? (4 points)
 # 3. How does the speedup change with the sequence length, and why? Explain both ends of the table: the short
@@ -3771,7 +3788,7 @@ with uses_answers("Question 3.1.1"):
 # $4 L^2 d / (4 \cdot 2 L^2) = d/2$ FLOP/byte, which is 64 for $d = 128$ ($d/4$ in `float32`, as on a CPU). A real
 # implementation moves more: a scaling done as a kernel of its own adds two passes (6 in all, $d/3$), a softmax
 # written operation by operation more still (Question 3.2's count of a three-kernel softmax gives 7 passes,
-# $2d/7$). Every one of these is far left of the fp16 ridge (about 295 FLOP/byte on an H100, 202 on an A6000),
+# $2d/7$). Every one of these is far left of the fp16 ridge (about 206 FLOP/byte on the H200, 202 on an A6000),
 # so the time goes into moving the $L \times L$ intermediates through HBM, one kernel at a time.
 # === BEGIN MARK SCHEME ===
 # 3 points: the L x L intermediates (scores, probabilities) are written to and read from HBM several times by
@@ -3788,12 +3805,13 @@ with uses_answers("Question 3.1.1"):
 # computed and consumed on chip, and the online softmax (running max and sum, with rescaling) makes it
 # unnecessary to ever see a whole row. The $L \times L$ matrices never touch HBM, while the FLOPs are unchanged.
 # Each row block still reads all of $K$ and $V$: against those reads alone the intensity is $B_r$ FLOP/byte in
-# fp16 (128 for $B_r = 128$), which is below the ridge of an H100 (295) or an A6000 (202). What makes it
+# fp16 (128 for $B_r = 128$), which is below the ridge of the H200 (206, or about 179 against its measured
+# ceilings) or an A6000 (202). What makes it
 # compute-bound is that the row blocks of a head run concurrently and read the same $K_j, V_j$ tiles at about the
 # same time, so after the first read they come from the L2 cache, not HBM: HBM traffic is close to one read of
 # $Q, K, V$ and one write of $O$, an intensity of about $L/2$ FLOP/byte (2048 at $L = 4096$), far right of the
 # ridge, and the kernel is limited by its arithmetic (the matrix products on the tensor cores and the softmax's
-# exponentials), not by HBM. (The H100 run, `measured_runs.md`, shows its time growing 4x per doubling of $L$ from
+# exponentials), not by HBM. (The H200 run, `measured_runs.md`, shows its time growing 4x per doubling of $L$ from
 # 4096 tokens on, with its FLOPs, at about twice its compute-bound prediction: PyTorch's FlashAttention-2 kernel
 # reaches about half the measured fp16 matmul rate.) It also launches one kernel instead of several, and in the
 # backward pass recomputes $S$ and $P$ from $Q, K$ and the saved statistics rather than storing them: trading
@@ -3807,43 +3825,50 @@ with uses_answers("Question 3.1.1"):
 #   recomputation in the backward pass). The HBM bytes must be about one read of Q, K, V and one write of O
 #   (intensity growing with L), or the K/V re-reads served by the L2 cache / on chip. "Intensity about B_r,
 #   hence past the ridge" alone does not earn this point: in fp16 with B_r = 128 that is below the ridge of the
-#   H100 (295) and the A6000 (202).
+#   H200 (206 datasheet, about 179 measured) and the A6000 (202).
 # === END MARK SCHEME ===
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q5_2_speedup_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
-# **3.** At short sequences (256 to about 1024 tokens on the course's H100) FlashAttention is not reliably faster, and
-# can be slower (0.55x to 0.78x from 256 to 1024 tokens in the table of reports/lab1-h100.md; in the printed sweep of
-# the notebook, `measured_runs.md`, 0.29x at 512 tokens but 1.39x at 256 and 1.24x at 1024): both versions take about
-# 0.1 to 0.4 ms, far above their roofline predictions of one to tens of microseconds (the report's "SDPA predicted" and
-# "Flash predicted" columns). Neither is bound by compute or memory there: the time is fixed per-call work, Python and
-# PyTorch's dispatch, the `flash_attn_func` wrapper (checks, layout, choosing a backend), kernel launches (5 against 1),
-# and too little work to fill the GPU (at 256 tokens, 16 heads make only 32 row blocks of 128 queries for 132 SMs), and
-# the wrapper adds to FlashAttention's side. Where the margin is small, which side wins is noise from run to run. As $L$
-# grows, standard attention's $O(L^2)$ memory-bound traffic takes over and the gap opens: about 4x to 5x at 4096 and
-# 8192 tokens. For long sequences it levels off (about 3x at 16384 and 32768), because both times now grow as $L^2$:
-# standard attention's with the bytes of the $L \times L$ matrices, FlashAttention's with its $4 L^2 d$ FLOPs. The ratio
-# tends to a constant, (bytes per score element / bandwidth) / (FLOPs per score element / matmul rate): with the 4
-# passes of the count in fp16, $(8 / 3.02) / (4 \cdot 128 / 764)$ at the H100's measured ceilings, about 4, as the
-# table's predictions give at 32768 tokens ("SDPA predicted" 45.7 against "Flash predicted" 11.5). The measured ratio is
-# lower because FlashAttention's kernel is far from its roof: 25.3 ms against the 11.5 predicted at 32768 tokens (6.09
-# against 2.88 at 16384), about half the measured fp16 matmul rate (the exponentials and the rescaling between its two
-# matrix products are work the FLOP count leaves out). Standard attention is not: it took 78.4 ms against a 4-pass
-# prediction of 45.7, but the from-scratch attention scales the scores in a kernel of its own, so it makes 6 passes, and
-# 6/4 of that prediction is close to what it took. Its memory advantage keeps growing: $O(L)$ against $O(L^2)$.
+# **3.** At short sequences (256 and 512 tokens on the course's H200) FlashAttention is not reliably faster, and can
+# be slower (0.898x and 0.913x at 256 and 512 tokens in the table of reports/lab1-h200.md; in the printed sweep of the
+# notebook, `measured_runs.md`, 0.793x at 256 tokens but 1.335x at 512; at 1024 tokens 1.25x and 1.513x): both
+# versions take about 0.08 to 0.13 ms, far above their roofline predictions of one to tens of microseconds (the
+# report's "SDPA predicted" and "Flash predicted" columns). Neither is bound by compute or memory there: the time is
+# fixed per-call work, Python and PyTorch's dispatch, the `flash_attn_func` wrapper (checks, layout, choosing a
+# backend), kernel launches (5 against 1), and too little work to fill the GPU (at 256 tokens, 16 heads make only 32
+# row blocks of 128 queries for 132 SMs), and the wrapper adds to FlashAttention's side. Where the margin is small,
+# which side wins is noise from run to run. As $L$ grows, standard attention's $O(L^2)$ memory-bound traffic takes
+# over and the gap opens: 3x at 2048 tokens, 3.6x at 4096 and 4.1x at 8192. For long sequences it falls back and
+# levels off (2.7x and 2.6x at 16384 and 32768 in the report, 2.6x at 16384 in the notebook's sweep), because both
+# times now grow as $L^2$: standard attention's with the bytes of the $L \times L$ matrices, FlashAttention's with its
+# $4 L^2 d$ FLOPs. The ratio tends to a constant, (bytes per score element / bandwidth) / (FLOPs per score element /
+# matmul rate): with the 4 passes of the count in fp16, $(8 / 4.27) / (4 \cdot 128 / 762)$ at the H200's measured
+# ceilings, about 2.8, as the table's predictions give at 32768 tokens ("SDPA predicted" 32.3 against "Flash
+# predicted" 11.5; Section 3.5's bf16 ceilings, $(8 / 4.227) / (512 / 788.9)$, give about 2.9). The measured ratio
+# is lower still, because FlashAttention's kernel is further from its roof than standard attention is from its own.
+# FlashAttention took 25.8 ms against the 11.5 predicted at 32768 tokens (6.06 against 2.89 at 16384), about half
+# the measured fp16 matmul rate (the exponentials and the rescaling between its two matrix products are work the
+# FLOP count leaves out). Standard attention took 66.6 ms against a 4-pass prediction of 32.3, but the from-scratch
+# attention scales the scores in a kernel of its own, so it makes 6 passes, and it ran at about three quarters of
+# that 6-pass roof (6/4 of the prediction). (At 8192 tokens it ran further from its roof, 6.23 ms against 2.05
+# predicted, about as far as FlashAttention from its own: that is where the speedup peaks.) Its memory advantage
+# keeps growing: $O(L)$ against $O(L^2)$.
 # === BEGIN MARK SCHEME ===
 # 3 points in total:
 # - 1 point: short sequences: both are dominated by fixed per-call costs (Python, dispatch, the wrapper, kernel
 #   launches) or low occupancy, not by compute or memory, so FlashAttention need not be faster there (their own
-#   table, or the H100 table of measured_runs.md, may show it slower).
+#   table, or the H200 table of measured_runs.md, may show it slower).
 # - 1 point: the gap opens with L because standard attention's quadratic, memory-bound traffic takes over.
 # - 1 point: for long sequences the speedup levels off (both times grow as L^2, one with bytes, the other with
 #   FLOPs, so the ratio tends to a constant); a plain "the speedup keeps growing with L" earns this point only if
-#   their own table shows it and the answer says why. A limit is not required; if given, it follows from the
-#   passes counted (about 4 with 4 passes at the H100's measured ceilings, more with more passes). Why the
-#   measured ratio stays below it is not required either; if given, it is FlashAttention's kernel running at
-#   about half its compute roof (standard attention runs close to its memory roof once its real passes are
-#   counted): "neither kernel reaches its roof" alone is not right for standard attention at long L.
-# A CPU-only student answers from the H100 run of the sweep in measured_runs.md beside the notebook (256 to 16384
+#   their own table shows it and the answer says why. On the H200 it peaks at 8192 and falls back to about 2.6
+#   from 16384 on: "it peaks, then levels off" with that reason is right. A limit is not required; if given, it
+#   follows from the passes counted (about 2.8 to 2.9 with 4 passes at the H200's measured ceilings, 1.5 times
+#   that with 6, more with more passes). Why the measured ratio stays below it is not required either; if given,
+#   it is FlashAttention's kernel running further from its compute roof (about half of it) than standard attention
+#   from its memory roof once its real passes are counted (about three quarters of it at 16384 and 32768 on the
+#   H200): "neither kernel reaches its roof" alone does not explain it.
+# A CPU-only student answers from the H200 run of the sweep in measured_runs.md beside the notebook (256 to 16384
 # tokens, times and memory, without the report's predictions and its 32768 row): the same three points.
 # === END MARK SCHEME ===
 
