@@ -737,7 +737,7 @@ else:
 # n/3 is about 680, and the relu's round trip (4n^2 bytes, a memory-bound kernel of its own) is then a shrinking
 # fraction of the time: 1.201x at 2048, 1.050x at 8192 (at 8192 the relu's bytes at full bandwidth take about a
 # twentieth of the matmul's time at peak). Where the model fails is the small sizes, whatever their regime: the
-# data (0.655 MB at 256, 41.943 MB at 2048) fits in the 50 MB L2 cache and each kernel runs for microseconds
+# data (0.655 MB at 256, 41.943 MB at 2048) fits in the H200's 60 MB L2 cache and each kernel runs for microseconds
 # (eager 0.046 and 0.033 ms a call, the larger product no slower than the smaller), so the time is mostly
 # **launch and CPU overhead**, not HBM traffic or FLOPs, which the model leaves out. The compiled function adds
 # Dynamo's guard checks and Inductor's wrapper to every call (default compile took 0.103 and 0.114 ms a call
@@ -1111,7 +1111,7 @@ plt.show()
 # everything measured. The ranking follows the round trips.
 #
 # (b) A matrix of 200 MB does not fit in on-chip memory (an H200 has ~256 KB of shared memory/L1 per SM, about
-# 33 MB in total, plus a 50 MB L2), and the second product needs *all* of `relu(A @ B)`'s row or column, so two
+# 33 MB in total, plus a 60 MB L2), and the second product needs *all* of `relu(A @ B)`'s row or column, so two
 # separate matmul kernels must pass it through HBM. To avoid that, one kernel must compute the chain **tile by
 # tile**: for a block of output it loops over blocks of the SEQ dimension, computes a tile of `A @ B`, applies
 # the relu, multiplies it with the matching block of `C` and accumulates; the tile lives in registers/SRAM and is
@@ -2636,7 +2636,7 @@ with uses_answers("Question 4.2", "Question 3.1"):
 # came from HBM, the kernel's intensity would be about `BLOCK_M` FLOP/byte in bf16 ($4 S^2 D$ FLOPs over
 # $2 S^2 D / \texttt{BLOCK\_M}$ numbers of 2 bytes), 64 with the launcher's `BLOCK_M = 64`, whatever $S$:
 # below an H200's ridge point (about 206). That count is the most HBM can see. Between the SMs and HBM sits the
-# L2 cache (50 MB on an H200, as on an H100), and the launcher's grid puts the query tiles of one (batch, head)
+# L2 cache (60 MB on an H200, 50 MB on an H100), and the launcher's grid puts the query tiles of one (batch, head)
 # side by side (grid axis 0, which varies fastest), so the programs running at one time mostly belong to one head
 # and load the same K and V tiles at about the same time: all but the first load of a tile can come from L2 (K and
 # V of one head at $S$ = 16384, $D$ = 64 in bf16 are 4 MB, which fits). With that reuse HBM sees little more than
@@ -4370,7 +4370,7 @@ plt.show()
 #    of it), and at d = 128, at the same per-tile intensity, the kernel reached 335 TFLOP/s, above the 306 that no
 #    kernel can beat. So HBM cannot have served every re-read: some of the K and V re-reads came from the L2 cache,
 #    where the query tiles of one head, launched side by side, find the K and V tiles their neighbours just loaded
-#    (4 MB per head at d = 64, far less than the 50 MB L2). How many, this run cannot say: on the H200 the point sits at
+#    (4 MB per head at d = 64, far less than the 60 MB L2). How many, this run cannot say: on the H200 the point sits at
 #    the per-tile roof, not far above it, so the evidence is that the cache served at least about a tenth of the
 #    re-reads, not that HBM saw only the ideal. The ideal S/2 and the per-tile count bound the kernel's HBM traffic
 #    from both sides. The model predicted 989.4 / 153, about six and a half times over eager (the ratio of the roofs
