@@ -5,8 +5,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import nbgrader_child  # noqa: F401 - first: it marks rfc3987_syntax absent before anything imports nbformat
-from .paths import REPO_ROOT, resolve_labs
+from .speed import skip_unused_imports, speed_pieces
+
+skip_unused_imports(speed_pieces())  # first: before anything imports nbformat
+from .paths import REPO_ROOT, resolve_labs  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

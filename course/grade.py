@@ -6,33 +6,31 @@ time limit, so a crash, a hang or a dead kernel costs that submission only.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from .boundary import locked_cell_imports
 from .feedback import ungraded_answers
-from .grading_record import GRADING_REPORT
+from .grading_result import GradingResult, is_recorded, mark_recorded
+from .job import GradingJob, Limits, WorkerSlot, autograded_folder
 from .lms import read_roster
 from .nbgrader_run import (
-    NbgraderProcess,
+    GradingProcess,
     SubmissionScores,
-    Worker,
     available_cpus,
     grading_workers,
-    preload,
     read_scores,
     run_nbgrader,
 )
 from .outcome import NEEDS_TA, Outcome
-from .paths import REPO_ROOT
+from .paths import REPO_ROOT, course_directory, source_notebook_path
 from .quoting import escape_controls
-from .recorded import is_recorded, mark_recorded, read_report
 from .report import (
     NO_SUBMISSION,
     flagged_for_review,
@@ -43,6 +41,7 @@ from .report import (
 )
 from .sandbox import unavailable_reason
 from .settings import sandbox_mode
+from .speed import speed_pieces
 from .submission import ClassStaging, clear_autograded_scores, record_zero
 
 DEFAULT_SUBMISSION_TIMEOUT_S = 900.0
@@ -62,94 +61,57 @@ def prepare_gradebook(course_root: Path, lab: str) -> None:
 
 def list_students(course_root: Path, lab: str) -> list[str]:
     """Students with a submission folder for ``lab`` under ``submitted/``, sorted."""
-    submitted = course_root / "submitted"
+    coursedir = course_directory(course_root)
+    submitted = Path(coursedir.root) / coursedir.submitted_directory
     return sorted(p.name for p in submitted.iterdir() if (p / lab).is_dir()) if submitted.is_dir() else []
 
 
-# Why an nbgrader process failed, by what its output shows; the first match wins.
-FAILURE_REASONS = (
-    (("DeadKernelError", "Kernel died"), "the kernel died (os._exit, a segfault or the out-of-memory killer)"),
-    (("Kernel didn't respond",), "the kernel did not start in time (a busy machine, or a broken environment)"),
-    (("CellTimeoutError",), "nbclient stopped waiting for a cell's output (CellTimeoutError)"),
-    (("No submitted file",), "no notebook named as the release in the submission"),
-    (("NotJSONError", "not valid JSON"), "the notebook is not valid JSON"),
-)
-# Failures a busy machine can cause (a SQLite gradebook locked by other workers included): graded once more.
-BUSY_MACHINE_NEEDLES = ("Kernel didn't respond", "Timeout waiting for IOPub output", "Timeout waiting for kernel_info",
-                        "database is locked")
-# An exception line of a Python traceback: ``ValueError: ...``, ``nbclient.exceptions.CellTimeoutError: ...``.
-EXCEPTION_LINE_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b(?::.*)?$")
-MAX_REASON_CHARS = 500
+def grading_job(course_root: Path, lab: str, student: str, slot: WorkerSlot | None = None,
+                staging: Path | None = None, timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
+                ahead: bool = False) -> GradingJob:
+    """The job of autograding one submission (from ``staging``, default ``submitted/``) on ``slot``, with the speed
+    pieces ``EFFICIENT_AI_GRADING_SPEED`` leaves on (``ahead`` only when that piece is)."""
+    pieces = speed_pieces()
+    result_file = Path(tempfile.gettempdir()) / f"efficient-ai-result-{uuid.uuid4().hex}.json"
+    return GradingJob(Path(course_root), lab, student, result_file, staging, slot or WorkerSlot(), Limits(timeout_s),
+                      ahead=ahead and pieces.ahead, skip_rfc3987=pieces.skip_rfc3987)
 
 
-def _failure_reason(result_output: str) -> str:
-    """What a TA reads for a failed nbgrader process: a known cause, else the last exception line of a traceback,
-    else the last line logged as an error, else the last line (escaped, cut at ``MAX_REASON_CHARS``)."""
-    for needles, reason in FAILURE_REASONS:
-        if any(needle in result_output for needle in needles):
-            return reason
-    lines = [line.strip() for line in result_output.strip().splitlines() if line.strip()]
-    for candidates in ([line for line in lines if EXCEPTION_LINE_RE.match(line)],
-                       [line for line in lines if "ERROR" in line or "Error" in line],
-                       lines):
-        if candidates:
-            line = escape_controls(candidates[-1])
-            return line if len(line) <= MAX_REASON_CHARS else line[:MAX_REASON_CHARS] + " [...]"
-    return "nbgrader failed without output"
-
-
-def autograde_one(course_root: Path, lab: str, student: str, timeout_s: float = DEFAULT_SUBMISSION_TIMEOUT_S,
-                  worker: Worker | None = None, submitted: Path | None = None,
-                  started: NbgraderProcess | None = None) -> Outcome:
-    """Autograde one submission (in ``submitted``, default ``submitted/``; ``started``: its process, started ahead)
-    on ``worker``'s GPU and CPUs. Never raises for a bad submission.
+def autograde_one(job: GradingJob, started: GradingProcess | None = None) -> Outcome:
+    """Autograde one submission (``started``: its process, started ahead). Never raises for a bad submission.
 
     A run a busy machine can explain (``Outcome.retry``) is graded once more and the second run kept; a run that hit a
     sticky CUDA error is graded once more with the GPU hidden, as a CPU grader would. A note says so either way.
     """
-    worker = worker or Worker()
-    outcome = _autograde_once(course_root, lab, student, timeout_s, worker, submitted, started)
+    outcome = _autograde_once(job, started)
+    job = replace(job, ahead=False)
     if outcome.retry:
         first = outcome
-        outcome = _autograde_once(course_root, lab, student, timeout_s, worker, submitted)
+        outcome = _autograde_once(job)
         outcome.seconds += first.seconds
         if outcome.retry:
             outcome.reason = f"{outcome.reason} (the same in two runs: {first.retry})"
         outcome.notes.insert(0, f"graded twice: the first run was not kept ({first.retry})")
     cuda_error = outcome.cuda_error
-    if not cuda_error or worker.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")) == "":
+    gpu = job.slot.gpu if job.slot.gpu is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not cuda_error or gpu == "":
         return outcome
-    no_gpu = Worker({**worker.env, "CUDA_VISIBLE_DEVICES": ""}, worker.kernel_cpus)
-    cpu = _autograde_once(course_root, lab, student, timeout_s, no_gpu, submitted)
+    cpu = _autograde_once(replace(job, slot=job.slot.without_gpu()))
     cpu.seconds += outcome.seconds
     cpu.notes.insert(0, f"graded on the CPU: on the GPU, {cuda_error} made every later CUDA call fail")
     return cpu
 
 
-def start_autograde(course_root: Path, lab: str, student: str, worker: Worker | None = None,
-                    submitted: Path | None = None, ahead: bool = False) -> NbgraderProcess:
-    """The nbgrader process that autogrades one submission, started (``ahead``: it waits for ``go`` before the
-    notebook's first student cell)."""
-    args = ["autograde", lab, "--student", student, "--create", "--force"]
-    if submitted is not None:
-        args.append(f"--CourseDirectory.submitted_directory={submitted}")
-    worker = worker or Worker()
-    return NbgraderProcess(course_root, args, worker.env, ahead, worker.kernel_cpus)
-
-
-def _autograde_once(course_root: Path, lab: str, student: str, timeout_s: float, worker: Worker,
-                    submitted: Path | None, started: NbgraderProcess | None = None) -> Outcome:
+def _autograde_once(job: GradingJob, started: GradingProcess | None = None) -> Outcome:
     start = time.perf_counter()
-    result = (started or start_autograde(course_root, lab, student, worker, submitted)).finish(timeout_s)
+    run = (started or GradingProcess(job)).finish()
     seconds = time.perf_counter() - start
-    graded_nb = course_root / "autograded" / student / lab / f"{lab}.ipynb"
-    if result.timed_out:
-        return Outcome(student, "failed", f"exceeded the per-submission time limit of {timeout_s:.0f} s", seconds)
-    if not result.ok or not graded_nb.exists():
-        busy = any(needle in result.output for needle in BUSY_MACHINE_NEEDLES)
-        reason = _failure_reason(result.output)
-        return Outcome(student, "failed", reason, seconds, retry=reason if busy else "")
-    return with_grading_report(Outcome(student, "ok", "", seconds), graded_nb.parent / GRADING_REPORT)
+    if run.timed_out:
+        return Outcome(job.student, "failed",
+                       f"exceeded the per-submission time limit of {job.limits.submission_timeout_s:.0f} s", seconds)
+    if run.result.failure:
+        return Outcome(job.student, "failed", run.result.failure, seconds, retry=run.result.retry)
+    return with_result(Outcome(job.student, "ok", "", seconds), run.result)
 
 
 def sandbox_status() -> str:
@@ -161,28 +123,13 @@ def sandbox_status() -> str:
     return "sandbox: every grading kernel ran in bubblewrap (no network, no view of the course folder)"
 
 
-def with_grading_report(outcome: Outcome, report_path: Path) -> Outcome:
-    """``outcome`` with what the grading run reported (``grading_report.json``): ``partial`` when execution stopped
-    early (a dead kernel, the notebook time limit), with the reason; what the guard found becomes notes."""
-    report = read_report(report_path)
-    stopped = [report["stopped"]] if report.get("stopped") else []
-    if stopped or report.get("output_missed"):
-        outcome.status, outcome.reason = "partial", "; ".join(report.get("output_missed", []) + stopped)
-    outcome.cuda_error = report.get("cuda_error", "")
-    outcome.retry = report.get("retry", "")
-    if report.get("guard"):
-        outcome.notes.append(f"grading guard: {report['guard']}")
-    for restart in report.get("kernel_restarts", []):
-        outcome.notes.append(f"{restart}: a fresh kernel was started and the earlier cells were run again in it; "
-                             "only that cell's question lost its points")
-    for cell, found in sorted(report.get("integrity", {}).items()):
-        outcome.notes.append(f"{cell} scored zero, student code changed what tests rely on: {'; '.join(found)}")
-    for cell, removed in report.get("neutralised", {}).items():
-        outcome.notes.append(f"{cell}: removed before grading, it changes how cells run: {', '.join(removed)}")
-    caps = report.get("output_caps_bytes") or [0, 0]
-    for cell, size in report.get("output_dropped_bytes", {}).items():
-        outcome.notes.append(f"{cell}: {size / 2**20:.1f} MiB of output dropped (the grader keeps "
-                             f"{caps[0] / 2**20:g} MiB per cell, {caps[1] / 2**20:g} MiB per notebook)")
+def with_result(outcome: Outcome, result: GradingResult) -> Outcome:
+    """``outcome`` with what the grading run recorded (``GradingResult``): ``partial`` when execution stopped early
+    (a dead kernel, the notebook time limit), with the reason; what the guard found becomes notes."""
+    if reason := result.partial_reason():
+        outcome.status, outcome.reason = "partial", reason
+    outcome.cuda_error, outcome.retry = result.cuda_error, result.retry
+    outcome.notes += result.notes()
     return outcome
 
 
@@ -204,8 +151,8 @@ def autograde_all(course_root: Path, lab: str, students: list[str], timeout_s: f
     """Autograde every submission, ``workers`` at a time (``grading_workers``), past failures, with a progress bar.
     ``gradable`` is asked before each one (it may wait for the staging); one it refuses is left out of the outcomes.
 
-    Each worker starts its next submission's nbgrader process while it grades one (``start_autograde(ahead=True)``),
-    so that its imports, kernel start and setup cells overlap the cells being graded.
+    Each worker starts its next submission's nbgrader process while it grades one (``GradingJob.ahead``, a speed piece
+    of ``course.speed``), so that its imports, kernel start and setup cells overlap the cells being graded.
     """
     from tqdm import tqdm
 
@@ -222,23 +169,28 @@ def autograde_all(course_root: Path, lab: str, students: list[str], timeout_s: f
             with lock:
                 bar.update()
 
-    def start_ahead(student: str | None, worker: Worker) -> NbgraderProcess | None:
+    def job_of(student: str, slot: WorkerSlot, ahead: bool) -> GradingJob:
+        return grading_job(course_root, lab, student, slot, submitted, timeout_s, ahead)
+
+    def start_ahead(student: str | None, slot: WorkerSlot) -> GradingProcess | None:
+        if student is None or not (job := job_of(student, slot, ahead=True)).ahead:
+            return None  # the piece is off: it starts at its turn
         try:
-            return student and start_autograde(course_root, lab, student, worker, submitted, ahead=True)
+            return GradingProcess(job)
         except OSError:  # it starts at its turn instead
             return None
 
-    def work(worker: Worker) -> None:
+    def work(slot: WorkerSlot) -> None:
         student = next_student()
-        started = start_ahead(student, worker)
+        started = start_ahead(student, slot)
         while student is not None:
             if started:
                 started.go()
             upcoming = next_student()
-            ahead = start_ahead(upcoming, worker)
+            ahead = start_ahead(upcoming, slot)
             try:
                 outcome = _record_finished(course_root, lab, autograde_one(
-                    course_root, lab, student, timeout_s, worker, submitted, started))
+                    started.job if started else job_of(student, slot, ahead=False), started))
             except Exception as exc:  # noqa: BLE001 - a worker's own failure is one submission's failure
                 outcome = Outcome(student, "failed", f"worker error: {exc}")
             with lock:
@@ -250,7 +202,7 @@ def autograde_all(course_root: Path, lab: str, students: list[str], timeout_s: f
     team = grading_workers(max(1, workers), visible_gpus() if workers > 1 else [], available_cpus())
     with tqdm(total=len(students), desc=f"autograde {lab}", unit="submission", disable=not progress) as bar, \
             ThreadPoolExecutor(max_workers=len(team), thread_name_prefix="grading-worker") as executor:
-        for done in [executor.submit(work, worker) for worker in team]:
+        for done in [executor.submit(work, slot) for slot in team]:
             done.result()
     return {s: outcomes[s] for s in students if s in outcomes}
 
@@ -276,14 +228,14 @@ def already_graded(course_root: Path, lab: str, students: list[str]) -> list[str
     """Students whose grading an earlier run finished (``course.recorded``) and whose scores the gradebook holds."""
     scores = read_scores(course_root, lab, students)
     return [s for s in students
-            if s in scores and scores[s].cells and is_recorded(course_root / "autograded" / s / lab, f"{lab}.ipynb")]
+            if s in scores and scores[s].cells and is_recorded(autograded_folder(course_root, lab, s), f"{lab}.ipynb")]
 
 
 def _record_finished(course_root: Path, lab: str, outcome: Outcome) -> Outcome:
     """Mark a graded submission as finished for ``--resume`` (``course.recorded``); a note says when it cannot."""
     if outcome.status in ("ok", "partial"):
         try:
-            mark_recorded(course_root / "autograded" / outcome.student / lab, f"{lab}.ipynb")
+            mark_recorded(autograded_folder(course_root, lab, outcome.student), f"{lab}.ipynb")
         except OSError as exc:
             outcome.notes.append(f"not marked as finished ({exc}): a run with --resume grades it again")
     return outcome
@@ -308,8 +260,8 @@ def grade_staged(course_root: Path, lab: str, staged: ClassStaging, staging: Pat
     grade. A failed submission loses what an earlier run recorded for it."""
     students = staged.students
     done = set(already_graded(course_root, lab, students)) if resume else set()
-    outcomes = {s: with_grading_report(Outcome(s, "ok"), course_root / "autograded" / s / lab / GRADING_REPORT)
-                for s in done}  # with what that run reported (a partial run stays one)
+    outcomes = {s: with_result(Outcome(s, "ok"), GradingResult.read(autograded_folder(course_root, lab, s)))
+                for s in done}  # with what that run recorded (a partial run stays one)
     for outcome in outcomes.values():
         outcome.reason = "graded by an earlier run" + (f": {outcome.reason}" if outcome.reason else "")
     todo = [s for s in students if s not in done]
@@ -342,7 +294,6 @@ def grade_lab(course_root: Path, lab: str, students: list[str] | None = None, ou
     ``scores.png`` into ``out_dir``. With ``resume``, submissions an earlier run finished are kept."""
     students = students if students is not None else list_students(course_root, lab)
     out_dir = out_dir or course_root / "grading" / lab
-    preload(locked_cell_imports(course_root / "source" / lab))
     with tempfile.TemporaryDirectory(prefix="efficient-ai-staged-") as staging, \
             ThreadPoolExecutor(1, thread_name_prefix="gradebook-prepare") as preparing:
         gradebook = preparing.submit(prepare_gradebook, course_root, lab)  # an nbgrader process: no GIL taken
@@ -366,8 +317,8 @@ def main(lab: str, root: Path = REPO_ROOT, students: list[str] | None = None,
     if sandbox_mode() == "on" and (reason := unavailable_reason()):
         print(f"grade {lab}: EFFICIENT_AI_SANDBOX=on, but grading kernels cannot be sandboxed here: {reason}")
         return 2
-    if not (root / "source" / lab / f"{lab}.ipynb").exists():
-        print(f"grade {lab}: {root / 'source' / lab / (lab + '.ipynb')} is missing (build the lab, or check --course-dir)")
+    if not source_notebook_path(root, lab).exists():
+        print(f"grade {lab}: {source_notebook_path(root, lab)} is missing (build the lab, or check --course-dir)")
         return 2
     found = list_students(root, lab)
     if missing := [s for s in students or [] if s not in found]:

@@ -15,7 +15,7 @@ from nbgrader.plugins import ExportPlugin, LateSubmissionPlugin
 from nbgrader.preprocessors import AssignLatePenalties
 from traitlets import Enum, Float
 
-from .paths import COURSE_ID
+from .paths import COURSE_ID, course_directory
 
 
 class LatePenalty(LateSubmissionPlugin):
@@ -84,9 +84,8 @@ def _any_after_due_date(course_root: Path, lab: str) -> bool:
     ones, in one query)."""
     from nbgrader.api import Assignment, Gradebook, SubmittedAssignment
 
-    from .nbgrader_run import db_url_for
 
-    with Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
+    with Gradebook(course_directory(course_root).db_url, course_id=COURSE_ID) as gb:
         return gb.db.query(SubmittedAssignment.id).join(Assignment).filter(
             Assignment.name == lab, Assignment.duedate.isnot(None),
             SubmittedAssignment.timestamp > Assignment.duedate).first() is not None
@@ -96,9 +95,8 @@ def late_penalties(course_root: Path, lab: str) -> dict[str, float]:
     """Student id -> the late penalty (points) the gradebook records for the student's submission of ``lab``."""
     from nbgrader.api import Assignment, Gradebook, SubmittedAssignment
 
-    from .nbgrader_run import db_url_for  # not at the top: nbgrader_config.py imports this module
 
-    with Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
+    with Gradebook(course_directory(course_root).db_url, course_id=COURSE_ID) as gb:
         rows = (gb.db.query(SubmittedAssignment.student_id, SubmittedAssignment.late_submission_penalty)
                 .join(Assignment, SubmittedAssignment.assignment_id == Assignment.id)
                 .filter(Assignment.name == lab))

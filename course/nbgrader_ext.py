@@ -10,7 +10,6 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import NbGraderPreprocessor, OverwriteCells
 from nbgrader.utils import is_grade, is_locked, is_solution
 
-from .grading_record import GRADING_REPORT  # noqa: F401  (named here for the tests and tools that read the report)
 from .notebooks import (
     HIDDEN_BEGIN,
     HIDDEN_END,

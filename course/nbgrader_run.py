@@ -1,29 +1,27 @@
-"""Running nbgrader in a course folder (a process per command, ``course.nbgrader_child``, so that one submission's
-crash, hang or dead kernel ends that process only), and reading scores back from its gradebook.
+"""Running nbgrader in a course folder, a process per command (``course.nbgrader_child``) so that one submission's
+crash, hang or dead kernel ends that process only, and reading scores back from its gradebook.
 
-The processes come from ``multiprocessing``'s fork server: as in any multiprocessing program, a script that starts
-them keeps its own work under ``if __name__ == "__main__":`` (each process imports the script's main module again).
+Each process is started with ``subprocess`` in a session of its own (a time limit kills its group) and reads its
+stdin until ``course grade`` ends: then it ends too (``kill -9`` of ``course grade`` included).
 """
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import nbgrader_child
-from .boundary import INSTRUCTOR_MODULES
+from .grading_result import GradingResult
+from .job import GradingJob, WorkerSlot
 from .notebooks import NotebookError, bonus_points, cells_by_grade_id, is_bonus_id, read_notebook
-from .paths import COURSE_ID, REPO_ROOT
+from .paths import COURSE_ID, REPO_ROOT, course_directory
 from .processes import kill_group
+from .quoting import escape_controls
 
-THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+CHILD = [sys.executable, "-m", "course.nbgrader_child"]
 
 
 def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -55,136 +53,112 @@ class NbgraderResult:
         return "\n".join(self.output.strip().splitlines()[-lines:])
 
 
+class ChildProcess:
+    """A ``course.nbgrader_child`` process: its own session, its output (stdout and stderr) in a file of ours, its
+    stdin open until it ends (closing it, or our end, ends the process)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | None = None, first_line: str = ""):
+        handle, self._output = tempfile.mkstemp(prefix="efficient-ai-nbgrader-", suffix=".log")
+        try:
+            with os.fdopen(handle, "wb") as output:
+                self._proc = subprocess.Popen([*CHILD, *args], stdin=subprocess.PIPE, stdout=output,
+                                              stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+            self.send(first_line)
+        except BaseException:
+            os.unlink(self._output)
+            raise
+
+    def send(self, text: str) -> None:
+        """Write ``text`` to the process's stdin (nothing once it has ended)."""
+        if text:
+            try:
+                self._proc.stdin.write(text.encode())
+                self._proc.stdin.flush()
+            except (BrokenPipeError, ValueError):  # it ended already (its output says why)
+                pass
+
+    def wait(self, timeout_s: float | None) -> tuple[int, str, bool]:
+        """Wait at most ``timeout_s`` seconds for the process to end (its group is killed after); its exit status,
+        output and whether it was killed at the limit."""
+        try:
+            self._proc.wait(timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            kill_group(self._proc.pid)
+            self._proc.wait()
+            timed_out = True
+        self._proc.stdin.close()
+        output = Path(self._output).read_text(errors="replace")
+        os.unlink(self._output)
+        return (-9 if timed_out else self._proc.returncode), output, timed_out
+
+
 def run_nbgrader(course_root: Path, args: list[str], timeout_s: float | None = None,
                  env: dict[str, str] | None = None) -> NbgraderResult:
     """Run ``nbgrader ARGS`` (e.g. ``["db", "student", "list"]``) in ``course_root``, a folder holding
     ``nbgrader_config.py``, with ``env`` added and a wall-clock limit of ``timeout_s`` seconds (its process group is
     killed past it). Never raises for nbgrader's own failures."""
-    return NbgraderProcess(course_root, args, env).finish(timeout_s)
-
-
-FORKS = multiprocessing.get_context("forkserver")
-# What every nbgrader process imports, imported once by the fork server (course.nbgrader_child first: it says why).
-PRELOAD = ("course.nbgrader_child", "nbgrader.apps.nbgraderapp", "nbgrader.preprocessors", "nbclient", "IPython", "torch")
-SERVER_RESTART_S = 60  # how long a fork server that died starting may take to be seen dead (a machine under load)
-_start_lock = threading.Lock()  # multiprocessing's record of a process's children is not safe across threads
-
-
-def preload(modules: list[str] = ()) -> None:
-    """Have the fork server also import ``modules`` (a lab's libraries) when it starts (nothing once it runs)."""
-    FORKS.set_forkserver_preload([*PRELOAD, *(name for name in modules if name.split(".")[0] not in INSTRUCTOR_MODULES)])
-
-
-preload()
-
-
-def _forked(job: tuple):
-    """A process forked from the fork server (started now if it is not running) that runs ``nbgrader_child.run(*job)``.
-    A server that died starting (a lab library raised at import; its error is above) starts again without the lab's
-    libraries.
-
-    multiprocessing starts a server again only once it has reaped the dead one (a non-blocking ``waitpid`` in
-    ``ensure_running``), and a server that has closed its sockets may not be reaped yet: until then it is taken for
-    alive and its address refuses the connection, or takes it and closes unanswered. So a start after that failure
-    is tried again until multiprocessing starts the new server (at most ``SERVER_RESTART_S`` seconds)."""
-    with _start_lock:
-        try:
-            return _start(job)
-        except (EOFError, ConnectionError):  # the server died before it answered: it imported a failing library
-            preload()
-        deadline = time.monotonic() + SERVER_RESTART_S
-        while True:
-            try:
-                return _start(job)
-            except (EOFError, ConnectionError):  # still the dead server's address
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-
-def _start(job: tuple):
-    process = FORKS.Process(target=nbgrader_child.run, args=job)
-    process.start()
-    return process
-
-
-class NbgraderProcess:
-    """One ``nbgrader ARGS`` process (``course.nbgrader_child.run``), forked from a server that imported nbgrader and
-    the lab's libraries once, in its own session so that a time limit kills its kernel too.
-
-    Started ``ahead``, it gets ready (kernel, locked setup cells) and waits before the notebook's first student cell
-    until ``go``: ``course grade`` starts a worker's next submission this way while it grades one.
-    """
-
-    def __init__(self, course_root: Path, args: list[str], env: dict[str, str] | None = None, ahead: bool = False,
-                 kernel_cpus: list[int] | None = None):
-        turn, self._turn = FORKS.Pipe(duplex=False) if ahead else (None, None)
-        handle, self._output = tempfile.mkstemp(prefix="efficient-ai-nbgrader-", suffix=".log")
-        os.close(handle)
-        job = (args, str(course_root), nbgrader_env(env), self._output, list(kernel_cpus or ()), turn)
-        try:
-            self._proc = _forked(job)
-        except BaseException:
-            os.unlink(self._output)
-            raise
-        finally:
-            if turn is not None:
-                turn.close()
-
-    def go(self) -> None:
-        """Let a process started ahead go on past its first student cell (nothing for one started at its turn)."""
-        if self._turn is not None:
-            with contextlib.suppress(OSError):  # it ended before its turn (a notebook nbgrader could not read)
-                self._turn.send_bytes(b"go")
-            self._turn.close()
-            self._turn = None
-
-    def finish(self, timeout_s: float | None = None) -> NbgraderResult:
-        """``go``, then wait at most ``timeout_s`` seconds for the process to end (its group is killed after)."""
-        self.go()
-        self._proc.join(timeout_s)
-        timed_out = self._proc.exitcode is None
-        if timed_out:
-            kill_group(self._proc.pid)
-            self._proc.kill()  # in case it had not yet made its group
-            self._proc.join()
-        output = Path(self._output).read_text(errors="replace")
-        os.unlink(self._output)
-        return NbgraderResult(-9 if timed_out else self._proc.exitcode, output, timed_out)
+    return NbgraderResult(*ChildProcess(["--", *args], nbgrader_env(env), cwd=course_root).wait(timeout_s))
 
 
 @dataclass
-class Worker:
-    """One of ``course grade``'s concurrent grading jobs: the environment of its nbgrader processes (its GPU, the
-    libraries' thread counts) and the CPUs its kernels run on (empty: every CPU)."""
+class GradingRun:
+    """How one grading process ended: its result (``GradingResult``), and whether it was killed at its time limit."""
 
-    env: dict[str, str] = field(default_factory=dict)
-    kernel_cpus: list[int] = field(default_factory=list)
+    result: GradingResult
+    timed_out: bool = False
 
 
-def grading_workers(workers: int, gpus: list[str], cpus: list[int]) -> list[Worker]:
-    """``workers`` concurrent grading jobs.
+class GradingProcess:
+    """The process that autogrades one ``GradingJob`` (``course.nbgrader_child --job``), started now.
+
+    Started ``ahead``, it gets ready (imports, kernel, locked setup cells) and waits before the notebook's first
+    student cell until ``go``: ``course grade`` starts a worker's next submission this way while it grades one.
+    """
+
+    def __init__(self, job: GradingJob):
+        self.job = job
+        self._process = ChildProcess(["--job"], nbgrader_env(job.slot.environment()), first_line=job.to_json() + "\n")
+        self._went = not job.ahead
+
+    def go(self) -> None:
+        """Let a process started ahead go on past its first student cell (nothing for one started at its turn)."""
+        if not self._went:
+            self._went = True
+            self._process.send("go\n")
+
+    def finish(self, timeout_s: float | None = None) -> GradingRun:
+        """``go``, then wait at most ``timeout_s`` seconds (default: the job's limit) for the result."""
+        self.go()
+        limit_s = self.job.limits.submission_timeout_s if timeout_s is None else timeout_s
+        status, output, timed_out = self._process.wait(limit_s)
+        if timed_out:
+            return GradingRun(GradingResult(), True)
+        recorded = self.job.result_file.exists()
+        result = GradingResult.read(self.job.result_file)
+        self.job.result_file.unlink(missing_ok=True)
+        if not recorded:  # it ended without a word: a crash of the process itself
+            lines = [line.strip() for line in output.splitlines() if line.strip()]
+            last = f": {escape_controls(lines[-1])[:500]}" if lines else ""
+            result.failure = f"the grading process ended (status {status}) before it recorded a result{last}"
+        return GradingRun(result)
+
+
+def grading_workers(workers: int, gpus: list[str], cpus: list[int]) -> list[WorkerSlot]:
+    """``workers`` concurrent grading jobs' slots.
 
     Each worker gets one GPU (round robin over ``gpus``) and, when there are several workers, an equal, disjoint share
     of ``cpus`` for its kernels, so student code that floods the CPUs slows its own worker only. A kernel's thread
     pools leave one CPU of the share to the worker's next submission getting ready beside it (a pool as wide as the
     share would stall whenever that takes one of its CPUs).
     """
-    found = [Worker() for _ in range(workers)]
     share = max(1, len(cpus) // workers) if cpus else 0
-    for index, worker in enumerate(found):
-        if gpus:
-            worker.env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
-        if workers > 1 and cpus:
-            worker.kernel_cpus = cpus[(index * share) % len(cpus):][:share] or cpus[:share]
-        if share:
-            worker.env.update(thread_pool_env(max(1, share - 1)))
-    return found
-
-
-def thread_pool_env(threads: int) -> dict[str, str]:
-    """The variables that size PyTorch's, OpenMP's and BLAS's thread pools, all set to ``threads``."""
-    return {name: str(threads) for name in THREAD_ENVS}
+    slots = []
+    for index in range(workers):
+        kernel_cpus = (cpus[(index * share) % len(cpus):][:share] or cpus[:share]) if workers > 1 and cpus else []
+        slots.append(WorkerSlot(gpus[index % len(gpus)] if gpus else None, tuple(kernel_cpus),
+                                max(1, share - 1) if share else 0))
+    return slots
 
 
 def available_cpus() -> list[int]:
@@ -257,11 +231,6 @@ class SubmissionScores:
         return sum(c.max_score for c in self.cells.values() if c.bonus)
 
 
-def db_url_for(course_root: Path) -> str:
-    """The gradebook URL nbgrader uses for ``course_root`` (NBGRADER_DB_URL, else SQLite in that folder)."""
-    return os.environ.get("NBGRADER_DB_URL") or f"sqlite:///{course_root / 'gradebook.db'}"
-
-
 def read_scores(course_root: Path, lab: str, students: list[str] | None = None) -> dict[str, SubmissionScores]:
     """Per-cell scores of every submission of ``lab`` in the gradebook (or of the given students).
 
@@ -271,7 +240,8 @@ def read_scores(course_root: Path, lab: str, students: list[str] | None = None) 
     """
     from nbgrader.api import Grade, Gradebook, MissingEntry, SubmittedAssignment, SubmittedNotebook
 
-    with Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
+    coursedir = course_directory(course_root)
+    with Gradebook(coursedir.db_url, course_id=COURSE_ID) as gb:
         try:
             assignment = gb.find_assignment(lab)
         except MissingEntry:
@@ -279,7 +249,8 @@ def read_scores(course_root: Path, lab: str, students: list[str] | None = None) 
         cells: dict[str, tuple[str, float, bool]] = {}  # cell id -> grade id, maximum, autograded
         order: dict[str, int] = {}
         for notebook in assignment.notebooks:
-            grade_ids, bonus = _source_notebook_facts(course_root / "source" / lab / f"{notebook.name}.ipynb")
+            grade_ids, bonus = _source_notebook_facts(
+                Path(coursedir.format_path(coursedir.source_directory, ".", lab)) / f"{notebook.name}.ipynb")
             for gid in grade_ids:
                 order.setdefault(gid, len(order))
             solution_names = {cell.name for cell in notebook.solution_cells}

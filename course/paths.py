@@ -1,6 +1,7 @@
 """Where things live in the repository, and which labs exist."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -69,3 +70,17 @@ def resolve_labs(requested: list[str] | None, root: Path = REPO_ROOT) -> list[st
         raise SystemExit(f"unknown lab(s) {', '.join(unknown)}: expected one of {', '.join(available) or '(none)'}; "
                          "a lab is a file labs/labN/labN.py")
     return list(requested) if requested else available
+
+
+DB_URL_ENV = "NBGRADER_DB_URL"  # nbgrader_config.py's switch to a shared gradebook (PostgreSQL)
+
+
+def course_directory(course_root: Path, **traits):
+    """nbgrader's ``CourseDirectory`` of the course folder ``course_root``: its folders (``format_path``) and gradebook
+    URL as ``nbgrader_config.py`` sets them (``NBGRADER_DB_URL``, else nbgrader's SQLite file in the folder), with
+    ``traits`` (``student_id=...``) on top. The config file itself is not run here: it configures grading kernels."""
+    from nbgrader.coursedir import CourseDirectory  # not at the top: most commands never open a course folder
+
+    url = os.environ.get(DB_URL_ENV)
+    return CourseDirectory(root=os.path.abspath(course_root), course_id=COURSE_ID, **({"db_url": url} if url else {}),
+                           **traits)

@@ -21,9 +21,9 @@ from pathlib import Path
 import nbformat
 from nbformat.corpus.words import generate_corpus_id
 
-from .nbgrader_run import db_url_for, is_autograded_grade
+from .nbgrader_run import is_autograded_grade
 from .notebooks import NB_VERSION, NotebookError, grade_id, nbgrader_meta, read_notebook, write_notebook
-from .paths import COURSE_ID
+from .paths import COURSE_ID, course_directory
 from .quoting import escape_controls
 from .recover import recover_metadata, release_of
 from .scan import is_locked, scan_notebook
@@ -399,7 +399,7 @@ def _submission_grades(course_root: Path, lab: str, student: str, create: dict |
     from nbgrader.api import Gradebook, MissingEntry
     from sqlalchemy.exc import SAWarning
 
-    with warnings.catch_warnings(), Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
+    with warnings.catch_warnings(), Gradebook(course_directory(course_root).db_url, course_id=COURSE_ID) as gb:
         warnings.simplefilter("ignore", SAWarning)  # nbgrader's add_submission warns about its own session use
         notebooks = []
         if create is not None:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pg_server import PostgresServer, find_pg_bin
 
-from course.boundary import locked_cell_imports
-from course.nbgrader_run import available_cpus, preload, thread_pool_env
+from course.job import thread_pool_env
+from course.nbgrader_run import available_cpus
 
 
 def _share_cores_between_test_processes() -> None:
@@ -28,9 +28,6 @@ def _share_cores_between_test_processes() -> None:
 
 
 _share_cores_between_test_processes()
-# The fork server each test process's nbgrader processes come from imports the libraries of every lab once, as
-# course grade has it import those of the lab it grades.
-preload(sorted(set().union(*(locked_cell_imports(lab) for lab in (Path(__file__).parents[1] / "source").iterdir()))))
 
 # What each test module needs: a module that grades whole labs or many submissions is slow.
 MODULE_MARKERS = {

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from course.nbgrader_run import db_url_for
 from course.notebooks import cells_by_grade_id, is_graded, is_solution, nbgrader_meta, read_notebook, write_notebook
-from course.paths import COURSE_ID
+from course.paths import COURSE_ID, course_directory
 
 
 def write_graded_class(course_root: Path, lab: str, answers: dict[str, dict[str, str]],
@@ -30,7 +29,7 @@ def write_graded_class(course_root: Path, lab: str, answers: dict[str, dict[str,
 
     source = read_notebook(course_root / "source" / lab / f"{lab}.ipynb")
     graded = [(gid, cell) for gid, cell in cells_by_grade_id(source).items() if is_graded(cell) or is_solution(cell)]
-    with Gradebook(db_url_for(course_root), course_id=COURSE_ID) as gb:
+    with Gradebook(course_directory(course_root).db_url, course_id=COURSE_ID) as gb:
         gb.update_or_create_assignment(lab)
         gb.update_or_create_notebook(lab, lab)
         for gid, cell in graded:

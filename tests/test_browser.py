@@ -53,8 +53,9 @@ from student_run_lab import (  # noqa: E402
 
 from course.feedback import generate_feedback
 from course.grade import grade_lab
-from course.nbgrader_run import db_url_for, make_course_dir, read_scores
+from course.nbgrader_run import make_course_dir, read_scores
 from course.notebooks import make_submission, read_notebook, write_notebook
+from course.paths import course_directory
 from course.ta_view import GRADER_RUN, STUDENT_RUN
 
 HIDDEN_TEST_LINES = ("add(-40, 17)", "scale(0.5, 7.25)", "square(-9)")
@@ -103,7 +104,7 @@ def browser(graded, server, tmp_path_factory):
 def submission_id(course: Path, student: str) -> str:
     from nbgrader.api import Gradebook
 
-    with Gradebook(db_url_for(course), course_id="efficient-ai") as gb:
+    with Gradebook(course_directory(course).db_url, course_id="efficient-ai") as gb:
         return gb.find_submission_notebook(LAB, LAB, student).id
 
 

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 from fixture_lab import LAB, built_root  # noqa: E402
 
-from course.nbgrader_ext import GRADING_REPORT, hidden_test_lines
-from course.nbgrader_run import db_url_for, make_course_dir, read_scores
+from course.grading_result import RESULT_FILE
+from course.nbgrader_ext import hidden_test_lines
+from course.nbgrader_run import make_course_dir, read_scores
 from course.notebooks import (
     BONUS_POINTS,
     COURSE_METADATA,
@@ -35,6 +36,7 @@ from course.notebooks import (
     replace_cell_source,
     write_notebook,
 )
+from course.paths import course_directory
 
 CONFIG_FAILURE = "Exception while loading config file"
 TAMPERED = "q1_1_add_tests"
@@ -102,8 +104,8 @@ def course_dir(tmp_path_factory) -> Path:
 
 
 def test_plain_autograde_in_a_course_folder_uses_our_grading(course_dir):
-    report = course_dir / "autograded" / "alice" / LAB / GRADING_REPORT
-    assert report.exists(), "plain nbgrader autograde must run our GuardedExecute (it writes grading_report.json)"
+    report = course_dir / "autograded" / "alice" / LAB / RESULT_FILE
+    assert report.exists(), "plain nbgrader autograde must run our GuardedExecute (it writes grading_result.json)"
     assert json.loads(report.read_text())["guard"] == "", "the grading guard must be installed and answering"
 
 
@@ -149,7 +151,7 @@ def test_plain_feedback_opens_with_one_row_per_question(course_dir):
 def _bonus_grade(course: Path, student: str):
     from nbgrader.api import Gradebook
 
-    with Gradebook(db_url_for(course)) as gb:
+    with Gradebook(course_directory(course).db_url) as gb:
         grade = gb.find_grade(BONUS_TEST, LAB, LAB, student)
         return grade.auto_score, grade.extra_credit, grade.max_score, grade.score
 
@@ -162,7 +164,7 @@ def test_bonus_points_count_on_top_of_the_core_maximum(course_dir, tmp_path):
     source = read_notebook(course_dir / "source" / LAB / f"{LAB}.ipynb")
     core = sum(cell_points(c) for c in source.cells if is_graded(c) and not is_bonus_cell(c))
     assert core == 7 and cell_points(cells_by_grade_id(source)[BONUS_TEST]) == 1
-    with Gradebook(db_url_for(course_dir)) as gb:
+    with Gradebook(course_directory(course_dir).db_url) as gb:
         assert gb.find_assignment(LAB).max_score == core, "nbgrader's maximum of the lab is its core total"
         alice = gb.find_submission(LAB, "alice")
         assert (alice.max_score, alice.score) == (core, 6), "reference: 3 + 2 autograded + 1 bonus (the answer ungraded)"
@@ -231,14 +233,14 @@ def test_read_scores_agrees_with_nbgrader_grade_by_grade(course_dir, tmp_path):
 
     course = shutil.copytree(course_dir, tmp_path / "course")  # the module's course stays as the other tests left it
     written = "q1_3_answer"
-    with Gradebook(db_url_for(course)) as gb:  # a TA grades alice's written answer in the formgrader
+    with Gradebook(course_directory(course).db_url) as gb:  # a TA grades alice's written answer in the formgrader
         grade = gb.find_grade(written, LAB, LAB, "alice")
         grade.manual_score, grade.extra_credit = 1.5, 0.25
         gb.db.commit()
     scores = read_scores(course, LAB)
     source = read_notebook(course / "source" / LAB / f"{LAB}.ipynb")
     order = [gid for gid in cells_by_grade_id(source) if is_graded(cells_by_grade_id(source)[gid])]
-    with Gradebook(db_url_for(course)) as gb:
+    with Gradebook(course_directory(course).db_url) as gb:
         students = {submission.student.id for submission in gb.find_assignment(LAB).submissions}
         assert set(scores) == students, "one entry per submission in the gradebook"
         for student in students:

@@ -91,9 +91,9 @@ def grade_written_answers(course, points: float) -> None:
     """What a TA does in the formgrader: every submission's written answer gets ``points``."""
     from nbgrader.api import Gradebook
 
-    from course.nbgrader_run import db_url_for
+    from course.paths import course_directory
 
-    with Gradebook(db_url_for(course), course_id="efficient-ai") as gb:
+    with Gradebook(course_directory(course).db_url, course_id="efficient-ai") as gb:
         for student in ("ada", "bob"):
             cell = gb.find_grade("q1_3_answer", LAB, LAB, student)
             cell.manual_score, cell.needs_manual_grade = points, False

@@ -27,8 +27,9 @@ from course.lms import (
     read_roster,
     write_canvas_csv,
 )
-from course.nbgrader_run import db_url_for, make_course_dir
+from course.nbgrader_run import make_course_dir
 from course.notebooks import make_submission, read_notebook
+from course.paths import course_directory
 from course.scan import scan_notebook
 
 CANVAS_NAMES = {  # file in Canvas's "Download Submissions" zip -> (student id, notebook)
@@ -211,7 +212,7 @@ def test_a_canvas_download_goes_to_canvas_csv_with_every_anomaly_reported(tmp_pa
         f"nbgrader export shows no score while an answer waits for a TA: {everyone}"
 
     from nbgrader.api import Gradebook  # the TA grades the written answer in the formgrader
-    with Gradebook(db_url_for(course), course_id="efficient-ai") as gb:
+    with Gradebook(course_directory(course).db_url, course_id="efficient-ai") as gb:
         for student in outcomes:
             cell = gb.find_grade("q1_3_answer", LAB, LAB, student)
             cell.manual_score, cell.needs_manual_grade = 2.0, False

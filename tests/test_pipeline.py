@@ -13,7 +13,8 @@ import pytest
 from fixture_lab import FIXTURE, LAB, README, make_root  # noqa: E402
 
 from course import build, check, grade, lint
-from course.nbgrader_run import make_course_dir
+from course.job import WorkerSlot
+from course.nbgrader_run import GradingProcess, make_course_dir
 from course.notebooks import BONUS_POINTS, COURSE_METADATA, cell_points, make_submission, read_notebook, write_notebook
 
 
@@ -289,15 +290,17 @@ def test_a_submission_started_ahead_runs_no_student_code_before_its_turn(built_r
     its turn does at the same point (after the locked setup cells)."""
     course = course_with_first_cell_printing(
         built_root, tmp_path, "import gc, time\nprint('FROZEN', gc.get_freeze_count())\nprint('RAN AT', time.time())\n")
-    started = grade.start_autograde(course, LAB, "ada", ahead=True)
+    job = grade.grading_job(course, LAB, "ada", timeout_s=120, ahead=True)
+    assert job.ahead, "the piece is on unless EFFICIENT_AI_GRADING_SPEED switches it off"
+    started = GradingProcess(job)
     time.sleep(20)  # far longer than this tiny lab takes to reach its first student cell
     turn_s = time.time()
-    outcome = grade.autograde_one(course, LAB, "ada", timeout_s=120, started=started)
+    outcome = grade.autograde_one(job, started)
     assert outcome.status == "ok", outcome
     ran_s = float(first_cell_printed(course).split("RAN AT")[1].split()[0])
     assert ran_s >= turn_s, f"the first student cell ran {turn_s - ran_s:.1f} s before the submission's turn"
     frozen_ahead = int(first_cell_printed(course).split("FROZEN")[1].split()[0])
-    assert grade.autograde_one(course, LAB, "ada", timeout_s=120).status == "ok"  # started at its turn
+    assert grade.autograde_one(grade.grading_job(course, LAB, "ada", timeout_s=120)).status == "ok"  # at its turn
     frozen_at_turn = int(first_cell_printed(course).split("FROZEN")[1].split()[0])
     # The locked cells import torch (checks.py does): well over 10,000 objects are frozen once it is loaded.
     assert min(frozen_ahead, frozen_at_turn) > 10_000, (
@@ -320,15 +323,15 @@ def test_a_submission_over_the_time_limit_costs_only_itself(built_root, tmp_path
 
 
 def test_a_worker_s_kernels_run_on_its_cpus(built_root, tmp_path):
-    """A worker's CPU share reaches its kernels: course grade -> nbgrader_child --kernel-cpus -> launch.json -> the
-    launcher, which pins itself before it becomes the kernel."""
+    """A worker's CPU share reaches its kernels: course grade -> GradingJob -> c.Sandbox.kernel_cpus -> launch.json ->
+    the launcher, which pins itself before it becomes the kernel."""
     everywhere = sorted(os.sched_getaffinity(0))
     if len(everywhere) < 2:
         pytest.skip("one CPU: a pinned and an unpinned process cannot be told apart")
     course = course_with_first_cell_printing(built_root, tmp_path,
                                              "import os\nprint('CPUS', sorted(os.sched_getaffinity(0)))\n")
-    worker = grade.Worker(kernel_cpus=everywhere[-1:])
-    assert grade.autograde_one(course, LAB, "ada", timeout_s=120, worker=worker).status == "ok"
+    slot = WorkerSlot(kernel_cpus=tuple(everywhere[-1:]))
+    assert grade.autograde_one(grade.grading_job(course, LAB, "ada", slot, timeout_s=120)).status == "ok"
     printed = first_cell_printed(course)
     assert f"CPUS {everywhere[-1:]}" in printed, printed
 
@@ -404,7 +407,7 @@ def test_feedback_waits_for_written_answers_to_be_graded(built_root, tmp_path, c
     from nbgrader.api import Gradebook
 
     from course import feedback
-    from course.nbgrader_run import db_url_for
+    from course.paths import course_directory
 
     course = make_course_dir(tmp_path / "course", [LAB], built_root)
     source_nb = read_notebook(built_root / "source" / LAB / f"{LAB}.ipynb")
@@ -415,7 +418,7 @@ def test_feedback_waits_for_written_answers_to_be_graded(built_root, tmp_path, c
     assert feedback.main(LAB, course) == 1, "feedback must refuse while a written answer is ungraded"
     assert "--force" in capsys.readouterr().out, "the refusal must say how to go on anyway"
     assert not (course / "feedback").exists(), "nothing is generated when feedback refuses"
-    with Gradebook(db_url_for(course), course_id="efficient-ai") as gb:  # what the formgrader does for a TA
+    with Gradebook(course_directory(course).db_url, course_id="efficient-ai") as gb:  # what the formgrader does for a TA
         cell = gb.find_grade("q1_3_answer", LAB, LAB, "alice")
         cell.manual_score, cell.needs_manual_grade = 2.0, False  # as nbgrader's formgrader API sets them
         gb.db.commit()

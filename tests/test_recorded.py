@@ -1,12 +1,12 @@
-"""The mark of a finished grading run (course/recorded.py), which `course grade --resume` trusts: a notebook that
+"""The mark of a finished grading run (course/grading_result.py), which `course grade --resume` trusts: a notebook that
 nbgrader wrote before grading (sanitized, or left by a killed run) is never taken for a graded one."""
 from __future__ import annotations
 
 import json
 import shutil
 
-from course.nbgrader_ext import GRADING_REPORT
-from course.recorded import MARK, is_recorded, mark_recorded
+from course.grading_result import RESULT_FILE as GRADING_REPORT
+from course.grading_result import is_recorded, mark_recorded
 
 NOTEBOOK = "lab1.ipynb"
 
@@ -48,7 +48,7 @@ def test_missing_or_broken_files_read_as_not_recorded(tmp_path):
     folder = graded_folder(tmp_path)
     (folder / GRADING_REPORT).write_text("{not json")
     assert not is_recorded(folder, NOTEBOOK)
-    (folder / GRADING_REPORT).write_text(json.dumps([MARK]))
+    (folder / GRADING_REPORT).write_text(json.dumps(["recorded_notebook_sha256"]))
     assert not is_recorded(folder, NOTEBOOK)
     mark_recorded(folder, NOTEBOOK)  # a broken report is replaced by one that holds the mark
     (folder / NOTEBOOK).unlink()

@@ -355,12 +355,12 @@ def test_nothing_to_grade_takes_back_an_earlier_bonus(course):
     written answer stays."""
     from nbgrader.api import Gradebook
 
-    from course.nbgrader_run import db_url_for
+    from course.paths import course_directory
     from course.submission import record_zero
 
     grade.prepare_gradebook(course, LAB)
     record_zero(course, LAB, "zed")
-    with Gradebook(db_url_for(course)) as gb:
+    with Gradebook(course_directory(course).db_url) as gb:
         gb.find_grade("b1_1_square_tests", LAB, LAB, "zed").extra_credit = 1.0  # what an earlier honest run recorded
         gb.find_grade("q1_3_answer", LAB, LAB, "zed").extra_credit = 0.5  # what a TA entered
         gb.db.commit()
