@@ -7,16 +7,16 @@ import secrets
 import time
 
 from . import boundary
-from .kernel_channel import KERNEL_REPLY_TIMEOUT_S, KernelChannel
+from .kernel_channel import KERNEL_REPLY_TIMEOUT_S, KernelChannel, KernelLoss
 
 
 class BoundaryClient:
-    """The boundary's server in the kernel of ``channel``, and the comm its requests travel on."""
+    """The boundary's server in the kernel of ``channel``, and the comm its requests travel on. A fresh kernel gets a
+    new one (its server is not installed yet)."""
 
     def __init__(self, channel: KernelChannel):
         self.channel = channel
         self.comm = ""  # the comm's id; "" until the server is installed in the current kernel
-        self.deadline = 0.0  # time.monotonic() at which the running test cell's requests are interrupted
 
     @property
     def ready(self) -> bool:
@@ -29,15 +29,10 @@ class BoundaryClient:
                                     timeout_s):
             return
         self.comm = secrets.token_hex(16)
-        kc = self.channel.owner.kc
-        kc.shell_channel.send(kc.session.msg(
-            "comm_open", {"comm_id": self.comm, "target_name": boundary.COMM_TARGET, "data": {}}))
+        self.channel.send("comm_open", {"comm_id": self.comm, "target_name": boundary.COMM_TARGET, "data": {}})
 
     async def _ask(self, payload: str, timeout_s: float) -> tuple[str | None] | None:
-        kc = self.channel.owner.kc
-        msg = kc.session.msg("comm_msg", {"comm_id": self.comm, "data": {"request": payload}})
-        kc.shell_channel.send(msg)
-        msg_id = msg["header"]["msg_id"]
+        msg_id = self.channel.send("comm_msg", {"comm_id": self.comm, "data": {"request": payload}})
 
         def pick(message):
             if message["parent_header"].get("msg_id") != msg_id:
@@ -51,17 +46,16 @@ class BoundaryClient:
                 return (None,)
             return None
 
-        return await self.channel.read(kc.iopub_channel, timeout_s, True, pick)
+        return await self.channel.read(pick, timeout_s, output=True, interrupt=True)
 
-    def ask(self, payload: str) -> str | None:
-        """Send one request; its answer text, or None if none came (a lost kernel, or student code replaced the
-        server)."""
+    def ask(self, payload: str, deadline: float = 0.0) -> str | None:
+        """Send one request, interrupted at ``deadline`` (``time.monotonic()``; 0: ``KERNEL_REPLY_TIMEOUT_S`` from
+        now); its answer text, or None if none came (a lost kernel, or student code replaced the server)."""
         if self.channel.lost or not self.ready:
             return None
-        left_s = max(1.0, (self.deadline or time.monotonic() + KERNEL_REPLY_TIMEOUT_S) - time.monotonic())
+        left_s = max(1.0, (deadline or time.monotonic() + KERNEL_REPLY_TIMEOUT_S) - time.monotonic())
         handled = self.channel.run(self._ask, payload, left_s)
         if handled is None:
-            if not self.channel.lost:
-                self.channel.lost = f"stopped answering (no reply in {left_s:.0f} s, nor after an interrupt)"
+            self.channel.lose(KernelLoss(died=False, detail=f"no reply in {left_s:.0f} s, nor after an interrupt"))
             return None
         return handled[0]

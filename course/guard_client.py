@@ -30,13 +30,14 @@ def guard_value(reply: dict | None) -> str | None:
 
 
 class GuardClient:
-    """The guard of one notebook's kernels, over ``channel``; ``enabled`` False makes every command find nothing."""
+    """The guard in the kernel of ``channel``; ``enabled`` False makes every command find nothing. A fresh kernel gets
+    a new one, given what ``broken`` the last one was: a guard student code broke stays broken for the notebook."""
 
-    def __init__(self, channel: KernelChannel, enabled: bool = True):
+    def __init__(self, channel: KernelChannel, enabled: bool = True, broken: str = ""):
         self.channel = channel
         self.enabled = enabled
-        self.key: bytes | None = None  # None: not installed in the current kernel (or no longer trusted)
-        self.broken = ""  # why the guard's answers can no longer be trusted ("" while they can)
+        self.key: bytes | None = None  # None: not installed in this kernel yet (or no longer trusted)
+        self.broken = broken  # why the guard's answers can no longer be trusted ("" while they can)
 
     def needs_install(self) -> bool:
         return self.enabled and self.key is None and not self.broken

@@ -1,6 +1,6 @@
 """``GuardedExecute``: nbgrader's Execute with the grading boundary and guard, recovery from a lost kernel, output
 caps and a notebook time limit (docs/SECURITY.md). It decides what runs where, cell by cell; ``KernelChannel``,
-``GuardClient``, ``BoundaryClient``, ``OutputBudget`` and ``GradingResult`` (``grading_result.json``) do the rest.
+``GuardClient``, ``BoundaryClient``, ``OutputBudget`` and ``GradingRecord`` (``grading_report.json``) do the rest.
 
 - Test cells never run in the kernel: ``course/boundary.py`` runs them here and writes their outputs; nothing the
   kernel reports decides a score.
@@ -21,13 +21,13 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbclient.util import ensure_async, run_sync
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Callable, Enum, Float, Integer, Unicode
+from traitlets import Bool, Enum, Float, Integer
 
-from . import boundary
+from . import boundary, nbgrader_child
 from .boundary_client import BoundaryClient
-from .grading_result import GradingResult
+from .grading_record import GradingRecord
 from .guard_client import GuardClient
-from .kernel_channel import KERNEL_REPLY_TIMEOUT_S, KernelChannel
+from .kernel_channel import DIED, KERNEL_REPLY_TIMEOUT_S, CappedKernelClient, KernelChannel
 from .nbgrader_ext import (
     NEUTRALISED_KEY,
     RECORDS_CALLS,
@@ -41,7 +41,9 @@ from .nbgrader_ext import (
 )
 from .notebooks import is_autograded_test
 from .output_budget import MIB, OutputBudget, shorten
+from .sandbox import use_sandbox
 from .scan import recording_bypass_flags
+from .settings import Sandbox
 
 DEFAULT_NOTEBOOK_TIMEOUT_S = 600
 # The modules of the lab's locked cells, imported in every kernel as a locked cell would (``_import_ahead``): after the
@@ -54,14 +56,14 @@ IMPORT_AHEAD = (
     "for _m in {modules!r}:\n"
     "    with _c.suppress(BaseException):\n"
     "        _i.import_module(_m)\n"
-    "_gc.freeze()\n"
+    "{freeze}"
     "del _c, _gc, _i, _m\n"
 )
+FREEZE = "_gc.freeze()\n"  # IMPORT_AHEAD's speed piece, switched by c.Sandbox.freeze_gc (an A/B setting)
 MAX_KERNEL_RESTARTS = 3  # a kernel that dies or stops answering is replaced (earlier cells run again) this often
-SCALE_ENV = "EFFICIENT_AI_SCALE"  # utils.py's sizes, set to GuardedExecute.scale while a notebook is graded
+SCALE_ENV = "EFFICIENT_AI_SCALE"  # utils.py's sizes: grading always runs at quick scale
 # Fixed limits, not settings: no lab needs other values (docs/SECURITY.md, "Output is capped while it arrives").
 MAX_ERROR_BYTES = 64 * 1024  # an error output (message and traceback) is shortened to this size
-MAX_MESSAGE_BYTES = 8 * MIB  # ZeroMQ drops a larger kernel message unread
 
 
 class GuardedExecute(Execute):
@@ -81,13 +83,6 @@ class GuardedExecute(Execute):
         True, help="Install the grading guard (course/guard_kernel.py) in every kernel. Turn it off only to rule it out "
                    "when a reference solution loses points.",
     ).tag(config=True)
-    scale = Unicode(
-        "quick", help="utils.py's scale (EFFICIENT_AI_SCALE) of the grader's tests and the kernel while grading.",
-    ).tag(config=True)
-    wait_for_turn = Callable(
-        None, allow_none=True, help="Called once before the first cell that is not a locked setup cell; returns when "
-        "grading may go on (course grade sets it for a submission started ahead of its turn: course.nbgrader_child).",
-    ).tag(config=True)
     # nbclient's option, another default: after the last cell nothing the kernel does can change a grade.
     shutdown_kernel = Enum(
         ["graceful", "immediate"], default_value="immediate",
@@ -100,9 +95,9 @@ class GuardedExecute(Execute):
         self.max_error_bytes = max_error_bytes
 
     def preprocess(self, nb, resources=None, km=None):
-        # The grading scale on every route, for the grader's tests and the kernel (started with this environment).
+        # Quick scale on every route, for the grader's tests and the kernel (started with this environment).
         scale = os.environ.get(SCALE_ENV)
-        os.environ[SCALE_ENV] = self.scale
+        os.environ[SCALE_ENV] = "quick"
         self._start_run(nb, resources)
         try:
             return super().preprocess(nb, resources, km)
@@ -111,21 +106,20 @@ class GuardedExecute(Execute):
                 os.environ.pop(SCALE_ENV, None)
             else:
                 os.environ[SCALE_ENV] = scale
-            if self._zmq_context is not None:
-                self._zmq_context.destroy(linger=0)
             self._record.output_dropped_bytes = {where(self.nb.cells[i], i): size
                                                  for i, size in self._budget.dropped.items()}
-            self._record.guard = self._guard.broken
+            self._record.guard = self._guard.broken if self._guard else ""
             self._record.write(((resources or {}).get("metadata") or {}).get("path"))
 
     def _make_parts(self) -> None:
         """Fresh parts for one notebook's run."""
-        self._record = GradingResult(output_caps_bytes=[self.max_cell_output_bytes, self.max_notebook_output_bytes])
-        self._channel = KernelChannel(self)
-        self._guard = GuardClient(self._channel, self.guard)
-        self._boundary = BoundaryClient(self._channel)
+        self._record = GradingRecord(output_caps_bytes=[self.max_cell_output_bytes, self.max_notebook_output_bytes])
+        # The grader's own links to the current kernel (``_attach``, once its client is started).
+        self._channel: KernelChannel | None = None
+        self._guard: GuardClient | None = None
+        self._boundary: BoundaryClient | None = None
+        self._test_deadline = 0.0  # time.monotonic() at which the running test cell's requests are interrupted
         self._budget = OutputBudget(self.max_cell_output_bytes, self.max_notebook_output_bytes, self.max_error_bytes)
-        self._zmq_context = None
         self._pending: list[str] = []  # tampering undone before a locked cell, charged to the next test cell
         self._setup_ran = False  # a locked setup cell ran in the current kernel
         self._imported_ahead = False  # IMPORT_AHEAD ran in the current kernel
@@ -138,7 +132,7 @@ class GuardedExecute(Execute):
         lab = ((resources or {}).get("nbgrader") or {}).get("assignment")
         folder = course_source_folder(self.config, lab) if lab else None  # the grader imports utils from there
         self._grader = boundary.GraderSide(folder if folder and folder.is_dir() else None,  # runs the test cells
-                                           boundary.KernelLink(self._boundary.ask), boundary.names_tests_read(nb))
+                                           boundary.KernelLink(self._ask_kernel), boundary.names_tests_read(nb))
         self._recording_bypass = recording_bypass_flags(nb)
         self._course_modules = boundary.locked_cell_imports(self._grader.folder)  # what IMPORT_AHEAD imports
         earlier = nb.metadata.pop(NEUTRALISED_KEY, None)  # found by NeutraliseCellMetadata in the sanitize step
@@ -149,22 +143,33 @@ class GuardedExecute(Execute):
             if removed := neutralise_cell_metadata(cell, self.skip_cells_with_tag):
                 self._record.neutralised[where(cell, index)] = removed
 
-    async def async_start_new_kernel_client(self):
-        """nbclient's kernel client, on ZeroMQ sockets that drop any message over ``MAX_MESSAGE_BYTES`` unread."""
-        import zmq
-        import zmq.asyncio
+    def create_kernel_manager(self):
+        """nbclient's kernel manager, whose kernels are grading kernels (``course.sandbox.use_sandbox``) and whose
+        clients drop any message over ``MAX_MESSAGE_BYTES`` unread (``CappedKernelClient``)."""
+        km = super().create_kernel_manager()
+        use_sandbox(km)
+        km.client_factory = CappedKernelClient
+        return km
 
-        context = zmq.asyncio.Context()
-        context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        self._zmq_context = context
-        make_client = self.km.client
-        self.km.client = lambda **kwargs: make_client(context=context, **kwargs)
-        try:
-            return await super().async_start_new_kernel_client()
-        finally:
-            del self.km.client
+    async def async_start_new_kernel_client(self):
+        """nbclient's kernel client; the grader's own links then go to its kernel (``_attach``)."""
+        client = await super().async_start_new_kernel_client()
+        self._attach()
+        return client
 
     start_new_kernel_client = run_sync(async_start_new_kernel_client)  # nbclient binds the sync name to its own
+
+    def _attach(self) -> None:
+        """Links of the grader's own to the kernel of ``self.kc``, which has neither the guard nor the boundary's
+        server yet, nor the course's imports; a guard student code broke stays broken for the notebook."""
+        self._channel = KernelChannel(self.kc, self.km)
+        self._guard = GuardClient(self._channel, self.guard, self._guard.broken if self._guard else "")
+        self._boundary = BoundaryClient(self._channel)
+        self._setup_ran = self._imported_ahead = False
+
+    def _ask_kernel(self, payload: str) -> str | None:
+        """A request of the grading boundary to the current kernel (``boundary.KernelLink``); its answer, or None."""
+        return self._boundary.ask(payload, self._test_deadline)
 
     def _install_kernel_side(self) -> None:
         """The grading guard and the boundary's server, in a kernel that has neither yet."""
@@ -176,7 +181,6 @@ class GuardedExecute(Execute):
 
     # -- cells --------------------------------------------------------------------------------------------------
     def preprocess_cell(self, cell, resources, index):
-        self._check_assign_resources(resources)
         if not self._record.stopped and not self._channel.lost:
             self._install_kernel_side()
         is_test = is_autograded_test(cell)
@@ -205,13 +209,12 @@ class GuardedExecute(Execute):
 
     def _before_student_code(self) -> None:
         """Before a cell that is not a locked setup cell: the course's imports (``_import_ahead``); in a run started
-        ahead (``wait_for_turn``), before its first such cell, wait for the turn, and count the notebook's time limit
-        from there."""
+        ahead (``course.nbgrader_child``), before its first such cell, wait for the turn, and count the notebook's
+        time limit from there."""
         self._import_ahead()
-        if self.wait_for_turn is not None:
-            wait, self.wait_for_turn = self.wait_for_turn, None
+        if nbgrader_child.waiting():
             self._grader.take_pending()
-            wait()
+            nbgrader_child.wait_for_turn()
             self._deadline = time.monotonic() + self.notebook_timeout_s
 
     def _import_ahead(self) -> None:
@@ -225,7 +228,8 @@ class GuardedExecute(Execute):
         self._imported_ahead = True
         if self._course_modules:
             self._before_locked_cell()
-            self._channel.request(IMPORT_AHEAD.format(modules=self._course_modules),
+            freeze = FREEZE if Sandbox(parent=self).freeze_gc else ""
+            self._channel.request(IMPORT_AHEAD.format(modules=self._course_modules, freeze=freeze),
                                   timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
             self._guard.command("adopt")
 
@@ -240,7 +244,7 @@ class GuardedExecute(Execute):
         try:
             self.execute_cell(cell, index, store_history=True)
         except DeadKernelError:
-            self._channel.lost = "died"
+            self._channel.lose(DIED)
             cell.outputs.append(error_output("DeadKernelError", f"the kernel died in {here}"))
             self._recover(f"in {here}")
             return
@@ -271,7 +275,7 @@ class GuardedExecute(Execute):
         if self._record.stopped:
             cell.outputs = [error_output("NotRun", self._record.stopped)]
             return
-        self._boundary.deadline = time.monotonic() + (self.timeout or KERNEL_REPLY_TIMEOUT_S)
+        self._test_deadline = time.monotonic() + (self.timeout or KERNEL_REPLY_TIMEOUT_S)
         printed, error, share = self._run_test(cell.source, gid)
         if printed:
             cell.outputs.append(NotebookNode(output_type="stream", name="stdout",
@@ -304,7 +308,7 @@ class GuardedExecute(Execute):
             if not lost:  # the kernel answered, but not with its boundary server's answer
                 return "", ("BoundaryError", "the kernel sent no answer to a request of this test: student code "
                             "replaced or broke the grading boundary's server in the kernel"), 0.0
-            return "", ("DeadKernelError" if lost == "died" else "TimeoutError",
+            return "", ("DeadKernelError" if lost.died else "TimeoutError",
                         f"the kernel {lost} while this test cell was running; the grader started a fresh kernel "
                         "for the cells after it"), 0.0
 
@@ -321,11 +325,7 @@ class GuardedExecute(Execute):
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot start again stops grading here
             self._stop_lost_kernel(f"{when} (a fresh kernel could not start: {type(exc).__name__})")
             return
-        self._channel.lost = ""
-        self._guard.key = None  # the fresh kernel has neither the guard nor the boundary's server
-        self._boundary.comm = ""
-        self._setup_ran = self._imported_ahead = False
-        self._install_kernel_side()
+        self._install_kernel_side()  # the fresh kernel's links are new (``_attach``)
         for earlier in list(self._replayable):
             cell = self.nb.cells[earlier]
             is_setup = is_setup_cell(cell)
@@ -354,7 +354,7 @@ class GuardedExecute(Execute):
             cause = ("before any student code ran, so not because of the submission (a machine too busy or short of "
                      "memory, or a kernel that failed to start)")
             record.retry = record.retry or f"the kernel {lost} {when}, before any student code ran"
-        elif lost == "died":
+        elif lost.died:
             cause = "(os._exit, a segfault or the out-of-memory killer)"
         else:
             cause = ("after student code ran: student code can break it (replacing builtins.type does), and so can a "
@@ -370,7 +370,8 @@ class GuardedExecute(Execute):
         self._record.output_missed.append(reason)
         self._record.retry = self._record.retry or reason
         cell.outputs.append(error_output("CellTimeoutError", reason))
-        self._channel.reopen()
+        self._channel.reconnect()
+        self.kc = self._channel.client  # nbclient runs the next cells on the fresh client
 
     # -- output: nbclient's hooks, through the budget ---------------------------------------------------------------
     def output(self, outs, msg, display_id, cell_index):
@@ -387,9 +388,16 @@ class GuardedExecute(Execute):
             self._budget.shorten_error(reply["content"])
         return super().on_cell_executed(**kwargs)
 
-    def _update_display_id(self, display_id, msg):
-        if self._budget.fits_update(msg):  # an update too large to keep is dropped (the output it replaces stays)
-            super()._update_display_id(display_id, msg)
+    def process_message(self, msg, cell, cell_index):
+        """nbclient's, except that a display update too large to keep is dropped (the output it would replace stays):
+        without its display id, nbclient neither replaces earlier outputs with it nor keeps it beyond the budget."""
+        content = msg.get("content") or {}
+        transient = content.get("transient")
+        if transient and transient.get("display_id") and not self._budget.fits_update(msg):
+            if msg.get("msg_type") == "update_display_data":
+                return None
+            content["transient"] = {key: value for key, value in transient.items() if key != "display_id"}
+        return super().process_message(msg, cell, cell_index)
 
     def handle_comm_msg(self, outs, msg, cell_index):
         """Ignore widget (comm) messages: an output widget could capture a test cell's error."""

@@ -3,14 +3,22 @@ option of ``nbgrader_config.py`` for one run (read here and nowhere else). docs/
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
-from traitlets import Enum, Float, Integer
+from traitlets import Bool, Enum, Float, Integer, List
 from traitlets.config import Configurable
+
+from .kernel_limits import KernelLimits
+
+GIB = 1 << 30
+MIB = 1 << 20
+_DEFAULT = KernelLimits()  # the course's limits: KernelLimits holds each default once
 
 
 class Sandbox(Configurable):
-    """Where and how grading kernels run (course/sandbox.py, docs/SECURITY.md)."""
+    """Where and how grading kernels run (course/sandbox.py, docs/SECURITY.md). ``limits`` turns these options into
+    the ``KernelLimits`` a kernel starts with."""
 
     mode = Enum(
         ["auto", "on", "off"], default_value="auto",
@@ -19,14 +27,34 @@ class Sandbox(Configurable):
              "start stays).",
     ).tag(config=True)
     memory_gb = Float(
-        8.0, help="Address-space cap of one kernel (GiB; 0: none). Not applied where CUDA devices are present.",
+        _DEFAULT.address_space_bytes / GIB,
+        help="Address-space cap of one kernel (GiB; 0: none). Not applied where CUDA devices are present.",
     ).tag(config=True)
     scratch_mb = Integer(
-        1024, help="Size of the kernel's private /tmp, in memory (MiB): HOME, TMPDIR and its working folder.",
+        _DEFAULT.scratch_bytes // MIB,
+        help="Size of the kernel's private /tmp, in memory (MiB): HOME, TMPDIR and its working folder.",
     ).tag(config=True)
     max_processes = Integer(
-        1024, help="Processes and threads one kernel may have (its own uid when grading runs as root, and its cgroup).",
+        _DEFAULT.max_processes,
+        help="Processes and threads one kernel may have (its own uid when grading runs as root, and its cgroup).",
     ).tag(config=True)
+    cpus = List(
+        Integer(), default_value=[],
+        help="CPUs this process's grading kernels run on (empty: every CPU). course grade sets it per worker.",
+    ).tag(config=True)
+    freeze_gc = Bool(
+        True,
+        help="Speed, for A/B measurements only: after start-up and after the course's imports, a kernel moves what "
+             "it loaded out of the cyclic garbage collector's walk (gc.freeze; utils.benchmark_memory collects on "
+             "every call). Off: nothing is frozen. No grade depends on it.",
+    ).tag(config=True)
+
+    def limits(self, cuda_devices: bool) -> KernelLimits:
+        """The ``KernelLimits`` of a kernel started with these options; with ``cuda_devices`` present no address-space
+        cap (CUDA reserves far more virtual memory than it uses)."""
+        memory_bytes = 0 if cuda_devices else int(self.memory_gb * GIB)
+        return dataclasses.replace(_DEFAULT, cpus=tuple(self.cpus), address_space_bytes=memory_bytes,
+                                   scratch_bytes=self.scratch_mb * MIB, max_processes=self.max_processes)
 
 
 # Variable -> (configurable, option, how its text is read): set, it overrides that option of nbgrader_config.py for
@@ -36,6 +64,7 @@ ENVIRONMENT = {
     "EFFICIENT_AI_SANDBOX_MEMORY_GB": ("Sandbox", "memory_gb", float),
     "EFFICIENT_AI_SANDBOX_SCRATCH_MB": ("Sandbox", "scratch_mb", int),
     "EFFICIENT_AI_SANDBOX_MAX_PROCESSES": ("Sandbox", "max_processes", int),
+    "EFFICIENT_AI_KERNEL_FREEZE_GC": ("Sandbox", "freeze_gc", bool),
     "EFFICIENT_AI_CELL_TIMEOUT_S": ("Execute", "timeout", int),
     "EFFICIENT_AI_OUTPUT_WAIT_S": ("Execute", "iopub_timeout", int),
     "EFFICIENT_AI_NOTEBOOK_TIMEOUT_S": ("GuardedExecute", "notebook_timeout_s", float),

@@ -13,9 +13,10 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "$PY" -m pip install --quiet "torch==2.13.*"
 fi
 "$PY" -m pip install --quiet -r requirements-course.txt  # requirements.txt (students) + grading tools
-# The course tooling as a package (pyproject.toml), so nbgrader finds our extensions from any course folder.
-# -I: without this folder on sys.path, so only an installed `course` that is this checkout's counts.
-if ! "$PY" -I -c 'import course, os, sys; sys.exit(os.path.dirname(os.path.dirname(os.path.realpath(course.__file__))) != os.path.realpath(sys.argv[1]))' "$PWD" 2>/dev/null; then
+# The course tooling as a package (pyproject.toml), so nbgrader finds our extensions from any course folder, and
+# jupyter_client the grading kernels' provisioner (its entry point). -I: without this folder on sys.path, so only an
+# installed `course` that is this checkout's counts; an install older than the entry point is installed again.
+if ! "$PY" -I -c 'import course, os, sys; from importlib.metadata import entry_points; sys.exit(os.path.dirname(os.path.dirname(os.path.realpath(course.__file__))) != os.path.realpath(sys.argv[1]) or not entry_points(group="jupyter_client.kernel_provisioners", name="efficient-ai-sandbox"))' "$PWD" 2>/dev/null; then
   "$PY" -m pip install --quiet -e .
 fi
 
