@@ -1,6 +1,6 @@
 """``GuardedExecute``: nbgrader's Execute with the grading boundary and guard, recovery from a lost kernel, output
 caps and a notebook time limit (docs/SECURITY.md). It decides what runs where, cell by cell; ``KernelChannel``,
-``GuardClient``, ``BoundaryClient``, ``OutputBudget`` and ``GradingRecord`` (``grading_report.json``) do the rest.
+``GuardClient``, ``BoundaryClient``, ``OutputBudget`` and ``GradingResult`` (``grading_result.json``) do the rest.
 
 - Test cells never run in the kernel: ``course/boundary.py`` runs them here and writes their outputs; nothing the
   kernel reports decides a score.
@@ -21,11 +21,11 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbclient.util import ensure_async, run_sync
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Enum, Float, Integer
+from traitlets import Bool, Callable, Enum, Float, Integer, Unicode
 
-from . import boundary, nbgrader_child
+from . import boundary
 from .boundary_client import BoundaryClient
-from .grading_record import GradingRecord
+from .grading_result import GradingResult
 from .guard_client import GuardClient
 from .kernel_channel import DIED, KERNEL_REPLY_TIMEOUT_S, CappedKernelClient, KernelChannel
 from .nbgrader_ext import (
@@ -61,7 +61,7 @@ IMPORT_AHEAD = (
 )
 FREEZE = "_gc.freeze()\n"  # IMPORT_AHEAD's speed piece, switched by c.Sandbox.freeze_gc (an A/B setting)
 MAX_KERNEL_RESTARTS = 3  # a kernel that dies or stops answering is replaced (earlier cells run again) this often
-SCALE_ENV = "EFFICIENT_AI_SCALE"  # utils.py's sizes: grading always runs at quick scale
+SCALE_ENV = "EFFICIENT_AI_SCALE"  # utils.py's sizes, set to GuardedExecute.scale while a notebook is graded
 # Fixed limits, not settings: no lab needs other values (docs/SECURITY.md, "Output is capped while it arrives").
 MAX_ERROR_BYTES = 64 * 1024  # an error output (message and traceback) is shortened to this size
 
@@ -83,6 +83,13 @@ class GuardedExecute(Execute):
         True, help="Install the grading guard (course/guard_kernel.py) in every kernel. Turn it off only to rule it out "
                    "when a reference solution loses points.",
     ).tag(config=True)
+    scale = Unicode(
+        "quick", help="utils.py's scale (EFFICIENT_AI_SCALE) of the grader's tests and the kernel while grading.",
+    ).tag(config=True)
+    wait_for_turn = Callable(
+        None, allow_none=True, help="Called once before the first cell that is not a locked setup cell; returns when "
+        "grading may go on (course grade sets it for a submission started ahead of its turn: course.nbgrader_child).",
+    ).tag(config=True)
     # nbclient's option, another default: after the last cell nothing the kernel does can change a grade.
     shutdown_kernel = Enum(
         ["graceful", "immediate"], default_value="immediate",
@@ -95,9 +102,9 @@ class GuardedExecute(Execute):
         self.max_error_bytes = max_error_bytes
 
     def preprocess(self, nb, resources=None, km=None):
-        # Quick scale on every route, for the grader's tests and the kernel (started with this environment).
+        # The grading scale on every route, for the grader's tests and the kernel (started with this environment).
         scale = os.environ.get(SCALE_ENV)
-        os.environ[SCALE_ENV] = "quick"
+        os.environ[SCALE_ENV] = self.scale
         self._start_run(nb, resources)
         try:
             return super().preprocess(nb, resources, km)
@@ -113,7 +120,7 @@ class GuardedExecute(Execute):
 
     def _make_parts(self) -> None:
         """Fresh parts for one notebook's run."""
-        self._record = GradingRecord(output_caps_bytes=[self.max_cell_output_bytes, self.max_notebook_output_bytes])
+        self._record = GradingResult(output_caps_bytes=[self.max_cell_output_bytes, self.max_notebook_output_bytes])
         # The grader's own links to the current kernel (``_attach``, once its client is started).
         self._channel: KernelChannel | None = None
         self._guard: GuardClient | None = None
@@ -209,12 +216,13 @@ class GuardedExecute(Execute):
 
     def _before_student_code(self) -> None:
         """Before a cell that is not a locked setup cell: the course's imports (``_import_ahead``); in a run started
-        ahead (``course.nbgrader_child``), before its first such cell, wait for the turn, and count the notebook's
-        time limit from there."""
+        ahead (``wait_for_turn``), before its first such cell, wait for the turn, and count the notebook's time limit
+        from there."""
         self._import_ahead()
-        if nbgrader_child.waiting():
+        if self.wait_for_turn is not None:
+            wait, self.wait_for_turn = self.wait_for_turn, None
             self._grader.take_pending()
-            nbgrader_child.wait_for_turn()
+            wait()
             self._deadline = time.monotonic() + self.notebook_timeout_s
 
     def _import_ahead(self) -> None:

@@ -13,11 +13,13 @@ import nbformat
 import pytest
 from fixture_lab import REPO, processes_working_in, wait_until_no_process_works_in
 
-from course import grade, report  # noqa: E402
+from course import grade, nbgrader_child, report  # noqa: E402
+from course.grading_result import GradingResult  # noqa: E402
 from course.guarded_execute import GuardedExecute  # noqa: E402
+from course.job import GradingJob, WorkerSlot  # noqa: E402
 from course.kernel_channel import DIED, KernelChannel, KernelLoss  # noqa: E402
 from course.nbgrader_ext import neutralise_cell_metadata  # noqa: E402
-from course.nbgrader_run import CellScore, SubmissionScores  # noqa: E402
+from course.nbgrader_run import CellScore, GradingRun, SubmissionScores  # noqa: E402
 from course.quoting import escape_controls  # noqa: E402
 from course.scan import scan_notebook  # noqa: E402
 
@@ -108,32 +110,76 @@ def test_widget_messages_never_capture_a_cells_outputs(executor):
 # ---------------------------------------------------------------------------------------------------------------
 # Reasons a TA reads
 # ---------------------------------------------------------------------------------------------------------------
-NBGRADER_LOG = """[AutogradeApp | INFO] Autograding /course/autograded/ada/lab0/lab0.ipynb
-[AutogradeApp | ERROR] There was an error processing assignment: /course/submitted/ada/lab0
-[AutogradeApp | ERROR] Traceback (most recent call last):
-  File "/venv/nbgrader/converters/base.py", line 388, in convert_notebooks
-    self.convert_single_notebook(notebook_filename)
-sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) disk I/O error [SQL: UPDATE grade SET auto_score=?]
-[AutogradeApp | ERROR] There was an error processing assignment 'lab0' for student 'ada'
-[AutogradeApp | ERROR] Please see the error log (.nbgrader.log) for details on the specific errors on the above failures.
-"""
+def raised(exc: BaseException, cause: BaseException | None = None) -> BaseException:
+    """``exc`` as Python leaves it after ``raise exc from cause`` (its chain set)."""
+    try:
+        raise exc from cause
+    except BaseException as caught:  # noqa: BLE001 - the exception under test
+        return caught
 
 
-def test_a_failure_reason_is_the_whole_error_line():
-    reason = grade._failure_reason(NBGRADER_LOG)
-    assert reason == ("sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) disk I/O error "
-                      "[SQL: UPDATE grade SET auto_score=?]"), reason
+def test_a_failure_reason_is_the_exception_s_whole_line():
+    import sqlalchemy.exc
+
+    error = sqlalchemy.exc.OperationalError("UPDATE grade SET auto_score=?", {}, Exception("disk I/O error"))
+    reason, busy = nbgrader_child.failure_reason(error)
+    assert reason.startswith("sqlalchemy.exc.OperationalError: (builtins.Exception) disk I/O error"), reason
+    assert not busy, "a disk error is no busy machine's doing"
 
 
-@pytest.mark.parametrize("output, expected", [
-    ("[AutogradeApp | ERROR] [x] the grader ran out of disk", "[AutogradeApp | ERROR] [x] the grader ran out of disk"),
-    ("no error word here\nlast line", "last line"),
-    ("", "nbgrader failed without output"),
-    ("ValueError: " + "v" * 2000, "ValueError: " + "v" * (grade.MAX_REASON_CHARS - 12) + " [...]"),
-    (f"RuntimeError: hidden{ESC_HIDE}text", "RuntimeError: hidden\\x1b[8mtext"),
+@pytest.mark.parametrize("exc, expected", [
+    (RuntimeError("Kernel didn't respond in 60 seconds"), (nbgrader_child.KERNEL_SLOW, True)),
+    (ValueError("v" * 2000), ("ValueError: " + "v" * (nbgrader_child.MAX_REASON_CHARS - 12) + " [...]", False)),
+    (RuntimeError(f"hidden{ESC_HIDE}text"), ("RuntimeError: hidden\\x1b[8mtext", False)),
+    (Exception("(sqlite3.OperationalError) database is locked"),
+     ("Exception: (sqlite3.OperationalError) database is locked", True)),
 ])
-def test_failure_reasons_keep_whole_lines(output, expected):
-    assert grade._failure_reason(output) == expected
+def test_failure_reasons_name_the_cause_and_whether_to_grade_again(exc, expected):
+    assert nbgrader_child.failure_reason(exc) == expected
+
+
+def test_a_known_cause_is_found_along_the_exception_chain():
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+    from nbformat.reader import NotJSONError
+
+    wrapped = raised(RuntimeError("nbconvert gave up"), DeadKernelError("Kernel died"))
+    assert nbgrader_child.failure_reason(wrapped) == (nbgrader_child.KERNEL_DIED, False)
+    assert nbgrader_child.failure_reason(NotJSONError("not JSON")) == (nbgrader_child.NOT_JSON, False)
+    iopub = CellTimeoutError("Timeout waiting for IOPub output")
+    assert nbgrader_child.failure_reason(iopub) == (nbgrader_child.CELL_TIMEOUT, True)
+
+
+def test_a_failed_run_s_result_becomes_a_failed_outcome_that_a_busy_machine_retries(monkeypatch, tmp_path):
+    results = [GradingResult(failure="the kernel did not start", retry="the kernel did not start"), GradingResult()]
+
+    class Finished:
+        def __init__(self, job):
+            self.job = job
+
+        def finish(self):
+            return GradingRun(results.pop(0))
+
+    monkeypatch.setattr(grade, "GradingProcess", Finished)
+    outcome = grade.autograde_one(grade.grading_job(tmp_path, "lab0", "ada"))
+    assert outcome.status == "ok" and not results
+    assert outcome.notes == ["graded twice: the first run was not kept (the kernel did not start)"]
+
+
+def test_a_result_file_round_trips_and_a_broken_one_reads_empty(tmp_path):
+    result = GradingResult(stopped="the notebook exceeded its time limit", integrity={"q1_tests": ["builtins.type"]})
+    result.write(tmp_path)
+    assert GradingResult.read(tmp_path) == result
+    (tmp_path / "grading_result.json").write_text('{"stopped": 3, "retry": "again"}')
+    assert GradingResult.read(tmp_path) == GradingResult(retry="again"), "a field of the wrong kind keeps its default"
+
+
+def test_a_grading_job_round_trips_through_json(tmp_path):
+    job = grade.grading_job(tmp_path, "lab0", "ada", WorkerSlot("1", (2, 3), 1), tmp_path / "staged", 30.0, True)
+    assert GradingJob.from_json(job.to_json()) == job
+    assert job.config().Sandbox.cpus == [2, 3] and job.config().CourseDirectory.submitted_directory == str(
+        tmp_path / "staged")
+    with pytest.raises(ValueError):
+        GradingJob.from_json('{"lab": "lab0"}')
 
 
 MUTE = KernelLoss(died=False, detail="no reply in 60 s")
@@ -168,7 +214,7 @@ def test_a_run_a_busy_machine_explains_is_graded_once_more(monkeypatch):
     runs = [grade.Outcome("ada", "partial", "the kernel stopped answering", 5.0, retry="no reply in 60 s"),
             grade.Outcome("ada", "ok", "", 4.0)]
     monkeypatch.setattr(grade, "_autograde_once", lambda *args: runs.pop(0))
-    outcome = grade.autograde_one(Path("."), "lab0", "ada")
+    outcome = grade.autograde_one(grade.grading_job(Path("."), "lab0", "ada"))
     assert outcome.status == "ok" and outcome.seconds == 9.0 and not runs
     assert outcome.notes == ["graded twice: the first run was not kept (no reply in 60 s)"]
 
@@ -176,7 +222,7 @@ def test_a_run_a_busy_machine_explains_is_graded_once_more(monkeypatch):
 def test_the_same_trouble_twice_is_recorded_as_seen_twice(monkeypatch):
     runs = [grade.Outcome("ada", "partial", "kernel mute", retry="mute") for _ in range(2)]
     monkeypatch.setattr(grade, "_autograde_once", lambda *args: runs.pop(0))
-    outcome = grade.autograde_one(Path("."), "lab0", "ada")
+    outcome = grade.autograde_one(grade.grading_job(Path("."), "lab0", "ada"))
     assert outcome.status == "partial" and outcome.reason == "kernel mute (the same in two runs: mute)" and not runs
 
 
@@ -211,20 +257,21 @@ def test_table_csv_and_review_escape_student_text(tmp_path):
 
 
 def test_workers_get_disjoint_cpu_shares_and_matching_thread_counts():
-    from course.nbgrader_run import THREAD_ENVS, Worker, grading_workers, thread_pool_env
+    from course.job import THREAD_ENVS
+    from course.nbgrader_run import grading_workers
 
     workers = grading_workers(4, [], list(range(16)))
     shares = [set(worker.kernel_cpus) for worker in workers]
     assert all(len(share) == 4 for share in shares), f"16 CPUs over 4 workers must be 4 each: {shares}"
     assert set().union(*shares) == set(range(16)), "together the workers use every CPU, each CPU once"
-    assert all(w.env[name] == "3" for w in workers for name in THREAD_ENVS), \
+    assert all(w.environment()[name] == "3" for w in workers for name in THREAD_ENVS), \
         "a kernel's thread pools leave one CPU of its worker's share to the next submission getting ready"
-    assert grading_workers(1, [], list(range(16))) == [Worker(thread_pool_env(15))], \
+    assert grading_workers(1, [], list(range(16))) == [WorkerSlot(threads=15)], \
         "one worker runs its kernels on every CPU, with one left to the next submission"
-    assert grading_workers(2, [], [0, 1])[0].env["OMP_NUM_THREADS"] == "1", "a thread pool has one thread at least"
+    assert grading_workers(2, [], [0, 1])[0].environment()["OMP_NUM_THREADS"] == "1", "one thread at least"
     gpu_workers = grading_workers(3, ["0", "1"], [0, 1])
-    assert [w.env["CUDA_VISIBLE_DEVICES"] for w in gpu_workers] == ["0", "1", "0"], "one GPU per worker, round robin"
-    assert all(w.kernel_cpus in ([0], [1]) for w in gpu_workers), "more workers than CPUs still get one"
+    assert [w.gpu for w in gpu_workers] == ["0", "1", "0"], "one GPU per worker, round robin"
+    assert all(w.kernel_cpus in ((0,), (1,)) for w in gpu_workers), "more workers than CPUs still get one"
 
 
 def test_a_worker_s_nbgrader_processes_run_on_every_cpu(tmp_path):
@@ -238,14 +285,14 @@ def test_a_worker_s_nbgrader_processes_run_on_every_cpu(tmp_path):
     seen = tmp_path / "affinity.txt"
     (tmp_path / "nbgrader_config.py").write_text(  # nbgrader runs its config file at start-up, in its own process
         f"import os\nopen({str(seen)!r}, 'w').write(repr(sorted(os.sched_getaffinity(0))))\n")
-    result = nbgrader_run.NbgraderProcess(tmp_path, ["db", "student", "list"], kernel_cpus=everywhere[:1]).finish(120)
-    assert result.ok, result.tail()
+    job = grade.grading_job(tmp_path, "lab0", "ada", WorkerSlot(kernel_cpus=tuple(everywhere[:1])), timeout_s=120)
+    nbgrader_run.GradingProcess(job).finish()  # no such lab: it fails after nbgrader ran the config file
     assert seen.read_text() == repr(everywhere), "a worker's nbgrader process may use every CPU"
 
 
 def test_an_nbgrader_process_ends_with_the_process_that_started_it(tmp_path):
-    """``kill -9`` of course grade alone (not its process group) ends its nbgrader processes: they are forked from a
-    server that ends with course grade, and each asks for a SIGKILL when that server ends."""
+    """``kill -9`` of course grade alone (not its process group) ends its nbgrader processes: each reads its stdin, a
+    pipe from course grade, and ends its group when that pipe ends."""
     (tmp_path / "nbgrader_config.py").write_text(  # nbgrader runs its config file at start-up, in its own process
         "import time\nopen('started', 'w').close()\ntime.sleep(600)\n")
     starter = subprocess.Popen(
@@ -261,22 +308,3 @@ def test_an_nbgrader_process_ends_with_the_process_that_started_it(tmp_path):
     starter.wait()
     left = wait_until_no_process_works_in(tmp_path)
     assert not left, f"nbgrader processes outlived the process that started them: {left}"
-
-
-FAILS_AT_IMPORT = "raise RuntimeError('this library fails at import')\n"
-# The same, in a server that has closed its sockets and is not yet reaped when the next start comes (what a busy
-# machine does for a moment, widened to 2 s): multiprocessing takes it for alive and its address refuses.
-FAILS_AND_LINGERS = ("import atexit, os, time\n\ndef _linger():\n    os.closerange(3, 1024)\n    time.sleep(2)\n\n"
-                     "atexit.register(_linger)\n" + FAILS_AT_IMPORT)
-
-
-@pytest.mark.parametrize("library", [FAILS_AT_IMPORT, FAILS_AND_LINGERS], ids=["fails", "fails-and-lingers"])
-def test_a_lab_library_that_fails_at_import_does_not_stop_grading(tmp_path, library):
-    """The fork server imports the libraries of the lab's locked cells once; one that raises at import (not an
-    ImportError, which the server skips) kills the server, which then starts again without them."""
-    (tmp_path / "failing_library.py").write_text(library)
-    script = ("from pathlib import Path\nfrom course.nbgrader_run import preload, run_nbgrader\n"
-              "preload(['failing_library'])\nprint('RESULT', run_nbgrader(Path('.'), ['--version']).ok)\n")
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])})
-    assert "RESULT True" in done.stdout, done.stdout + done.stderr
