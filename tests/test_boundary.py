@@ -5,7 +5,6 @@ test grades the fixture lab in real kernels, where one answer kills its kernel.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -236,6 +235,7 @@ def test_a_killed_kernel_costs_only_its_own_question(tmp_path):
     from fixture_lab import LAB, built_root
 
     from course import grade
+    from course.grading_result import GradingResult
     from course.nbgrader_run import make_course_dir
     from course.notebooks import make_submission, read_notebook, replace_cell_source, write_notebook
 
@@ -253,8 +253,8 @@ def test_a_killed_kernel_costs_only_its_own_question(tmp_path):
     cells = {gid: cell.score for gid, cell in scores["killer"].cells.items() if gid.endswith("_tests")}
     assert cells == {"q1_1_add_tests": 0.0, "q1_2_scale_tests": 2.0, "b1_1_square_tests": 1.0}, (
         f"the kernel died in q1_1's answer: only q1_1 may lose its points, got {cells} ({outcomes['killer']})")
-    report = json.loads((course / "autograded" / "killer" / LAB / "grading_report.json").read_text())
-    assert report["kernel_restarts"] and "died" in report["kernel_restarts"][0], report
+    restarts = GradingResult.read(course / "autograded" / "killer" / LAB).kernel_restarts
+    assert restarts and "the kernel died" in restarts[0], restarts
 
     cells = {gid: cell.score for gid, cell in scores["mute"].cells.items() if gid.endswith("_tests")}
     assert cells == {"q1_1_add_tests": 3.0, "q1_2_scale_tests": 0.0, "b1_1_square_tests": 0.0}, (
