@@ -85,7 +85,7 @@
 #
 # Time per part: *your time* is our estimate for a student working through the part (reading, code, written
 # answers); *run time* is how long the reference notebook's cells took at cpu scale on a 2-core machine busy with
-# other work, with torch.compile's caches cold (`measured_runs.md` beside this notebook: 64 s in all, set-up
+# other work, with torch.compile's caches cold (`measured_runs.md` beside this notebook: 32 s in all, set-up
 # included; most of Part 4's time is its two compiles, which announce themselves). Your machine may take longer
 # or less: a first compile on a slow or busy CPU can take a minute or more. On the course's H200 at teaching scale
 # the whole notebook ran in 121 s (`measured_runs.md`), most of Parts 3 and 4 in their two large compiles (the
@@ -93,12 +93,12 @@
 #
 # | Part | your time (estimate) | run time at cpu scale |
 # | --- | --- | --- |
-# | Part 1: latency, MACs and I/O | 1.5 h | about 2 s |
-# | Part 2: the roofline model | 1 h | about 1 s |
-# | Part 3: the Gemma-3 decoder layer, 3.1 to 3.4 | 2.75 h | about 7 s for all of Part 3 |
-# | Part 3, Section 3.5: every operator measured on your roofline | 0.75 h | (in Part 3's 7 s) |
-# | Part 4: profiling, fusion, `torch.compile` and CUDA Graphs | 2.5 h | about 35 s |
-# | Part 5: FlashAttention | 1.5 h | about 14 s |
+# | Part 1: latency, MACs and I/O | 1.5 h | about 1 s |
+# | Part 2: the roofline model | 1 h | about 0.4 s |
+# | Part 3: the Gemma-3 decoder layer, 3.1 to 3.4 | 2.75 h | about 5 s for all of Part 3 |
+# | Part 3, Section 3.5: every operator measured on your roofline | 0.75 h | (in Part 3's 5 s) |
+# | Part 4: profiling, fusion, `torch.compile` and CUDA Graphs | 2.5 h | about 15 s |
+# | Part 5: FlashAttention | 1.5 h | about 4.5 s |
 
 # %% nbgrader={"grade": false, "grade_id": "setup_imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import functools
@@ -487,9 +487,10 @@ with uses_answers("Question 1.1"):
 # and for very short operations the timer's own overhead is a large part of the result. A single measurement
 # therefore measures start-up effects (for some functions) and noise (for all of them) as much as the operation:
 # warm up first, then repeat many times and report a mean or median (on a GPU, with proper synchronisation,
-# otherwise you time only the kernel launch). On a busy machine the noise can hide the start-up cost altogether: in
-# the course's cpu-scale run (also in `measured_runs.md`) the five `torch.matmul` calls took 0.7950 to 28.0368 ms
-# in no particular order, and `gemm` 7.535 to 19.839 ms.
+# otherwise you time only the kernel launch). The course's cpu-scale run (also in `measured_runs.md`), on a busy
+# 2-core machine, shows the same pattern: the first `torch.matmul` took 0.5577 ms and the next four 0.0783 to
+# 0.0872 ms, while `gemm` took 12.521 to 12.791 ms with no first-call effect (the first, 12.745 ms, in the middle).
+# On a busier machine the noise can also hide the start-up cost altogether.
 # === BEGIN MARK SCHEME ===
 # 2 points in total. Judge against the student's own printed times:
 # - 1 point: describes what their run shows: which function's first call is slower (typically torch.matmul's,
@@ -2224,8 +2225,8 @@ print("cached step, measured / roofline:", ", ".join(
 # this notebook; yours will differ). The roofline of the last cell is the datasheet's (4.8 TB/s): 1.82 ms for the
 # cached step. At cpu scale (one 512-token prompt, 2 layers, `float32`) the same two effects show in your own
 # output: a decode step costs far more per token than the prefill (in the course's cpu-scale run, also in
-# `measured_runs.md`, 33394 µs against 1185 µs per token), and the step without the cache is several times slower
-# than the cached one (8.8x there). There is no CUDA graph on a CPU, and an operator costs microseconds of dispatch
+# `measured_runs.md`, 16348 µs against 934 µs per token), and the step without the cache is several times slower
+# than the cached one (5.3x there). There is no CUDA graph on a CPU, and an operator costs microseconds of dispatch
 # rather than a kernel launch.
 # - **Per token, decode is far more expensive than prefill** (8.43 µs per prompt token against 937 µs per
 #   generated token). Prefill works on 32768 tokens at once: large GEMMs that keep the GPU busy. A decode
@@ -2749,8 +2750,8 @@ with uses_answers("Question 3.5.2"):  # your code goes in this block (unwritten,
 # ridge, times, shares of the MLP's time). On a CPU answer from your CPU's table. Its measured ceilings are rough:
 # small tensors may fit in the CPU's caches (the copy ran over more memory than they hold), and on a machine busy
 # with other work the ceilings measured at one moment can be lower than what the operators reach at another, so
-# points may sit above the roof (in the course's cpu-scale run in `measured_runs.md` the GEMMs did); say so where
-# you see it, and compare the operators with one another.
+# points may sit above the roof (in the course's cpu-scale run in `measured_runs.md` the product `gelu * up` and
+# the decode `gate_proj` did, at 490% and 145%); say so where you see it, and compare the operators with one another.
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "q3_5_3_answer", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
 # (Numbers from the course's H200 run, the Section 3.5 table of `measured_runs.md`: bf16, $B L = 16384$ tokens,
@@ -2791,8 +2792,10 @@ with uses_answers("Question 3.5.2"):  # your code goes in this block (unwritten,
 # another, each at its own, and its time is the sum of the five times. The elementwise kernels do 0.2% of the MLP's
 # FLOPs but move 55% of its bytes in bf16 at this shape (30% at cpu scale in float32: their $(B, L, I)$ tensors), and
 # take a share of its time many times their share of FLOPs (14.3% and 17.4% of the MLP's time on the H200, nearly a
-# third together; 11.8% and 12.4% in the course's cpu-scale run). One point near or right of the ridge says the whole MLP is
-# compute-bound or "about balanced", so that a faster GEMM or a bigger batch would help; in fact the GEMMs already run
+# third together; 3.1% and 0.3% in the course's cpu-scale run, whose float32 GEMMs are slow: its measured ridge is
+# 5.6 FLOP/byte, so there even the elementwise share is small and fusing it would save little). One point near or
+# right of the ridge says the whole MLP is compute-bound or "about balanced", so that a faster GEMM or a bigger
+# batch would help; in fact the GEMMs already run
 # near the compute roof and the rest of the time is pure memory traffic that no faster matmul touches. What helps is
 # removing bytes: fusing the GeLU and the product (into one kernel, or into the `gate_proj`/`up_proj` epilogue, Part 4)
 # so the $(B, L, I)$ intermediates never go to memory. (The measured roof is also lower than the datasheet's: 788.9
@@ -2951,9 +2954,9 @@ with uses_answers("Bonus 4.2"):  # your code goes in this block (unwritten, it s
     # the GPU idles between tiny kernels while Python launches the next one. The decode step is launch-bound and
     # memory-bound, not compute-bound.
     # On a CPU (cpu scale) the table lists operators instead of kernels, with their CPU times: in the course's
-    # cpu-scale run the projections (aten::mm, 52.82% of the step's CPU time) and attention over the cache
-    # (aten::_scaled_dot_product_flash_attention_for_cpu, 38.54%) took most of it; nothing copies the cache there
-    # either.
+    # cpu-scale run the projections (aten::mm, 83.03% of the step's CPU time, most of it the MLP's) took most of it,
+    # attention over the cache of one 512-token sequence (aten::_scaled_dot_product_flash_attention_for_cpu) only
+    # 4.08%; nothing copies the cache there either.
     ### END SOLUTION
 
 # %%
@@ -3131,7 +3134,7 @@ with uses_answers("Question 4.3.2"):  # your code goes in this block (unwritten,
     #   gelu_tanh_python against F.gelu(x_gelu, approximate="tanh") (the tanh variant, not the default erf one).
     # - 1 point: stored in milliseconds (latency returns seconds: x 1e3) in python_gelu_latency_ms and
     #   pytorch_gelu_latency_ms; the printed ratio is plausible (Python slower: about 9x on a GPU at teaching scale,
-    #   where the time is memory traffic, 18 passes against 2; on a CPU it depends on the machine, 3.6x in the
+    #   where the time is memory traffic, 18 passes against 2; on a CPU it depends on the machine, 2.6x in the
     #   course's cpu-scale run, reports/cpu-2core/lab1-cpu_executed.ipynb: judge it against the student's own run).
     # === END MARK SCHEME ===
     python_gelu_latency_ms = latency(gelu_tanh_python, x_gelu) * 1e3
@@ -3161,7 +3164,7 @@ with uses_answers("Question 4.3.2"):  # your code goes in this block (unwritten,
 # 0.009 to 0.02 ms (report, GeLU table, and the printed output of Section 4.4's `torch.compile` cell in
 # reports/h200/lab1_executed.ipynb): there the time is the CPU's work of launching kernels from Python, which
 # dominates the memory traffic (Section 4.4 shows it).
-# (At cpu scale the ratio is the student's own, 3.6x in the course's cpu-scale run: the same passes and
+# (At cpu scale the ratio is the student's own, 2.6x in the course's cpu-scale run: the same passes and
 # temporaries, on the CPU's memory bandwidth and caches, plus 8 operator calls instead of 1.)
 # === BEGIN MARK SCHEME ===
 # 2 points in total:
@@ -3306,10 +3309,11 @@ else:
 #
 # On a CPU (cpu scale) look for the same two regimes in your own numbers, with operator calls instead of kernel
 # launches. In the course's cpu-scale run (`measured_runs.md`), at a thousand elements every call costs
-# microseconds of dispatch whatever it computes: the eight Python operators took 0.0157 ms, the compiled GeLU nearly
-# as much (0.0132 ms: its wrapper) and the single `F.gelu` call 0.0021 ms. At a million elements the work counts:
-# the Python version took 64.8502 ms, `F.gelu` 8.2011 ms and the compiled one 1.1942 ms (how the two fused versions
-# compare depends on how well each kernel is vectorised and threaded on your CPU, and on what else runs on it).
+# microseconds of dispatch whatever it computes: the eight Python operators took 0.0164 ms, the compiled GeLU nearly
+# as much (0.0143 ms: its wrapper) and the single `F.gelu` call 0.0022 ms. At a million elements the work counts:
+# the Python version took 1.4439 ms, `F.gelu` 0.6046 ms and the compiled one 1.2116 ms, nearer the Python version
+# than `F.gelu` (how the two fused versions compare depends on how well each kernel is vectorised and threaded on
+# your CPU, and on what else runs on it).
 
 # Now the MLP, compiled with `mode="max-autotune-no-cudagraphs"`, which does not use CUDA Graphs but autotunes:
 # while it compiles, Inductor benchmarks several candidate kernels for each GEMM (cuBLAS and its own Triton
@@ -3433,8 +3437,9 @@ with uses_answers("Question 4.4.1 (a)"):  # your code goes in this block (unwrit
 # operators and judged against their own eager and compiled profiles (the GeLU and the product gone into the
 # generated code inside the CompiledFxGraph call, the three aten::mm left: 3 operators per call instead of 5 in the
 # course's cpu-scale run, reports/cpu-2core/lab1-cpu_executed.ipynb; a compiled region in place of the labels).
-# CPU latencies are accepted, judged against the student's own eager and compiled times (that run measured the
-# compiled MLP slower, 92.280 ms against 66.552 ms eager: "compiled is faster" is not expected on a CPU).
+# CPU latencies are accepted, judged against the student's own eager and compiled times (that run measured the two
+# about equal, 13.033 ms compiled against 13.417 ms eager: the three aten::mm take nearly all of it, so a large
+# "compiled is faster" is not expected on a CPU, and a few percent either way is within the noise).
 # === END MARK SCHEME ===
 
 # %% [markdown]

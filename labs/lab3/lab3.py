@@ -56,14 +56,14 @@
 # Autograded questions have one right answer (a function, a formula, a number). Written answers and plots are
 # graded by a TA. Each part's row gives our estimate of a student's time for it, reading, coding and running
 # included, and how long its cells ran at cpu scale in the course's run (`measured_runs.md` beside this notebook: 2
-# cores of a virtual machine, quiet while it ran (load average 0.95 to 0.97), one PyTorch thread, compile caches cold
-# as on a first run): 29 s for every cell. A busy machine takes longer. At teaching scale on the course's H200 every
-# cell took 160 s, Parts 1 and 5 about a minute each. The whole lab: about 7 hours, plus about 45 minutes for the two
-# bonus questions.
+# cores of a virtual machine shared with other work (load average 2.4 to 3.09 while it ran), one PyTorch thread,
+# compile caches cold as on a first run): 33 s for every cell. An idle machine is faster, a busier one slower. At
+# teaching scale on the course's H200 every cell took 160 s, Parts 1 and 5 about a minute each. The whole lab: about
+# 7 hours, plus about 45 minutes for the two bonus questions.
 #
 # | Question | Topic | Points |
 # | --- | --- | --- |
-# | **Part 1** | about 60 min (15 reading, 25 coding, 20 writing); its cells ran 6.5 s at cpu scale (training) | |
+# | **Part 1** | about 60 min (15 reading, 25 coding, 20 writing); its cells ran 6.7 s at cpu scale (training) | |
 # | Question 1.1 | `causal_self_attention` | 6 |
 # | Question 1.2 | why the causal mask (written) | 2 |
 # | Question 1.3 | how many layers does recall need? (written) | 4 |
@@ -82,10 +82,10 @@
 # | Question 4.3 | the cache and arithmetic intensity (written) | 3 |
 # | Bonus 4.4 | grouped-query attention and how many sequences fit (about 20 min) | 4 |
 # | Question 4.5 | `StaticKVCache` and `gpt2_step`: your cache and cached decode step | 12 |
-# | **Part 5** | about 50 min (10 coding, 15 plotting, 25 writing); its measurements ran 12.5 s at cpu scale | |
+# | **Part 5** | about 50 min (10 coding, 15 plotting, 25 writing); its measurements ran 14.8 s at cpu scale | |
 # | Question 5.1 | predicted latencies (code) | 2 |
 # | Question 5.2 | your cached and uncached decode against the roofline: plot and answer | 6 |
-# | **Part 6** | about 90 min; its cells ran 3.4 s at cpu scale | |
+# | **Part 6** | about 90 min; its cells ran 4.3 s at cpu scale | |
 # | Question 6.1 | where a batch-1 decode step spends its time | 4 |
 # | Question 6.2 | the bottleneck and speculative decoding (written) | 2 |
 # | Question 6.3 | expected tokens per target pass | 2 |
@@ -2363,7 +2363,7 @@ finish_checks("Question 4.5")
 # model is GPT-2 XL in fp16; a case that does not fit in your GPU's memory is reported as out of memory. At cpu
 # scale it is a 4-layer model of width 512 in float32, predicted with the matmul rate and copy bandwidth measured on
 # your CPU: it shows the cache's speedup growing with $N$, and a cached step of 8 sequences costing far less than 8
-# steps of one sequence, since both read the same weights (the cell prints how much more it costs: 2.1x to 2.8x one
+# steps of one sequence, since both read the same weights (the cell prints how much more it costs: 2.2x to 2.5x one
 # step in the course's cpu-scale run, `measured_runs.md`).
 # What only a GPU shows (CUDA graphs, GPT-2 XL) is in `measured_runs.md` beside this notebook, Part 5.
 
@@ -2741,15 +2741,16 @@ else:
 # Question 4.1 predicts; at $N = 256$ the kernel floor still hides part of it (3.57x its prediction).
 #
 # At cpu scale (the course's run in `measured_runs.md`: float32, one thread, predictions from the CPU's measured peaks)
-# the cache's speedup also grows with $N$: without the cache the pass takes 12.1, 38.5 and 78.9 ms at $B = 1$ for
-# $N = 32$, 128 and 256 against 2.78 to 3.21 ms for a cached step (3.8x to 26x), and 69 to 641 ms at $B = 8$ against
-# 6.7 to 8.6 ms (10x to 74x). A cached step of 8 sequences costs 2.1x to 2.8x one of a single sequence, far less than
-# 8 times: both read the same weights. The passes without a cache are 1.2x to 1.6x their predictions, the cached
-# steps 2.0x to 2.4x at $B = 1$ and 3.6x to 3.9x at $B = 8$: a step runs 96 to 100 operators, each with a fixed cost
+# the cache's speedup also grows with $N$: without the cache the pass takes 14.2, 44.5 and 86.8 ms at $B = 1$ for
+# $N = 32$, 128 and 256 against 3.17 to 3.78 ms for a cached step (4.5x to 23x), and 77 to 759 ms at $B = 8$ against
+# 7.6 to 9.6 ms (10x to 79x). A cached step of 8 sequences costs 2.2x to 2.5x one of a single sequence, far less than
+# 8 times: both read the same weights. The passes without a cache are 1.2x to 1.8x their predictions, the cached
+# steps 2.2x to 2.5x at $B = 1$ and 3.8x to 4.0x at $B = 8$: a step runs 96 to 100 operators, each with a fixed cost
 # (Python and the dispatcher; there is no CUDA graph, so the eager time is the measurement), which plays the role of
-# the GPU's per-kernel floor (the pass over a single token takes 3.34 ms, about as long as a cached step at $B = 1$),
-# and the thin products of a decode step (1 or 8 rows) reach only part of the peaks measured on large ones. So the
-# cache's measured speedups at $B = 8$ stay below the predicted ones (32x to 221x), as on the H200 at small $B N$.
+# the GPU's per-kernel floor (the pass over a single token takes 2.69 ms, most of a cached step at $B = 1$), and the
+# thin products of a decode step (1 or 8 rows) reach only part of the peaks measured on large ones. So the cache's
+# measured speedups stay below the predicted ones (5.7x to 45x at $B = 1$, 32x to 231x at $B = 8$), as on the H200
+# at small $B N$.
 # === BEGIN MARK SCHEME ===
 # 4 points in total (judge against the student's own table; a teaching-scale run on a GPU, or, without a GPU, the
 # H200 measurements of measured_runs.md with the student's own predictions for them, plus the student's cpu-scale
