@@ -173,5 +173,6 @@ c.GenerateFeedback.HTMLExporter.extra_template_paths = [
 # One-run overrides from the environment (EFFICIENT_AI_SANDBOX=on in the cluster recipes, say; docs/SETTINGS.md).
 apply_environment(c)
 
-# Every kernel nbgrader starts runs in a bubblewrap sandbox (c.Sandbox; docs/SECURITY.md).
+# Checks the sandbox mode once (c.Sandbox: refuses when it is required and bubblewrap cannot run); grading kernels
+# start through course.sandbox.SandboxProvisioner (docs/SECURITY.md).
 configure_sandbox(c)

@@ -13,7 +13,6 @@ import os
 import queue
 import shutil
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -21,13 +20,12 @@ INTERRUPT_GRACE_S = 10.0  # after an interrupt, how long a kernel may take to an
 START_TIMEOUT_S = 120.0
 PROBE_NAME = "_efficient_ai_probe"
 PROBE_FILE = Path(__file__).with_name("measure_probe.py")  # run in the kernel
-_START_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=None)
 def course_config(course_root: Path):
-    """The traitlets config of the course's ``nbgrader_config.py`` (loading it installs the grading kernelspec in
-    this process, as in every nbgrader process).
+    """The traitlets config of the course's ``nbgrader_config.py`` (its ``c.Sandbox`` settings: the kernel limits
+    ``use_sandbox`` applies).
 
     Raises:
         SystemExit: the file is missing or cannot load (it refuses without the course tooling).
@@ -49,24 +47,22 @@ class MeasureKernel:
     def __init__(self, course_root: Path, lab: str, env: dict[str, str]):
         from jupyter_client import KernelManager
 
-        from .sandbox import KERNEL_NAME
+        from .sandbox import use_sandbox
 
         config = course_config(course_root)
         self.scratch = Path(tempfile.mkdtemp(prefix="efficient-ai-measure-"))
         work = self.scratch / lab  # the launcher copies source/<lab>/'s instructor files for a folder of this name
         work.mkdir()
-        self.km = KernelManager(kernel_name=KERNEL_NAME, config=config)
-        # One start at a time in this process: over ipc, jupyter_client picks a kernel's socket paths among those that
-        # do not exist yet, and they exist once that kernel has bound them (two starts at once could share them).
-        with _START_LOCK:
-            self.km.start_kernel(cwd=str(work), env={**os.environ, **env})
-            self.kc = self.km.client()
-            self.kc.start_channels()
-            try:
-                self.kc.wait_for_ready(timeout=START_TIMEOUT_S)
-            except RuntimeError as exc:
-                self.close()
-                raise KernelLost(f"the kernel did not start ({exc})") from None
+        self.km = KernelManager(config=config)
+        use_sandbox(self.km)  # the grading kernels' provisioner: the same sandbox, a socket folder of its own
+        self.km.start_kernel(cwd=str(work), env={**os.environ, **env})
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        try:
+            self.kc.wait_for_ready(timeout=START_TIMEOUT_S)
+        except RuntimeError as exc:
+            self.close()
+            raise KernelLost(f"the kernel did not start ({exc})") from None
 
     def _reply(self, msg_id: str, timeout_s: float) -> dict:
         """The shell reply to ``msg_id``; KernelLost when the kernel dies, or when it has not answered within

@@ -38,7 +38,14 @@ import nbformat  # noqa: E402
 
 from course.lint import check_reference_leaks  # noqa: E402
 from course.notebooks import grade_id, is_graded, is_solution, read_notebook  # noqa: E402
-from course.paths import STUDENT_REFERENCE, TEACHING_GPU, TEACHING_RUNS, discover_labs, release_notebook_path, source_notebook_path  # noqa: E402
+from course.paths import (  # noqa: E402
+    STUDENT_REFERENCE,
+    TEACHING_GPU,
+    TEACHING_RUNS,
+    discover_labs,
+    release_notebook_path,
+    source_notebook_path,
+)
 
 RUNS = (  # (title, executed notebook, run record); a run that is not committed is left out
     (f"On the course's {TEACHING_GPU}, teaching scale", f"{TEACHING_RUNS}/{{lab}}_executed.ipynb",
