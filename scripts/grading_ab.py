@@ -2,7 +2,10 @@
 submissions) with every piece on and with each piece off in turn, in alternated rounds, in one command, and prints a
 markdown table of the time per submission.
 
-    python scripts/grading_ab.py [--lab lab1] [--rounds 3] [--workers 1]
+    python scripts/grading_ab.py [--lab lab1] [--rounds 3] [--workers 1] [--report reports/grading-time-cpu-2core.md]
+
+The pieces: ``course/speed.py``'s (the grading process) and ``c.Sandbox.freeze_gc`` (the kernel), each switched off
+through its environment variable. ``--report`` writes the table with the machine, commit and command that made it.
 
 A piece that does not save at least 20 % of the time per submission goes (docs/GRADING.md). Run it on an idle
 machine: the table is only as quiet as the machine.
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -29,20 +33,23 @@ from course.nbgrader_run import make_course_dir  # noqa: E402
 from course.speed import SPEED_ENV, SpeedPieces  # noqa: E402
 
 ALL_ON = "every piece on"
+KERNEL_PIECES = {"freeze_gc": "EFFICIENT_AI_KERNEL_FREEZE_GC"}  # c.Sandbox's speed switches -> their variable
 
 
-def variants() -> dict[str, str]:
-    """Variant name -> the value of ``EFFICIENT_AI_GRADING_SPEED`` that makes it."""
-    found = {ALL_ON: ""}
+def variants() -> dict[str, dict[str, str]]:
+    """Variant name -> the environment that makes it."""
+    found = {ALL_ON: {}}
     for piece in fields(SpeedPieces):
-        found[f"{piece.name} off"] = f"{piece.name}=off"
+        found[f"{piece.name} off"] = {SPEED_ENV: f"{piece.name}=off"}
+    for piece, variable in KERNEL_PIECES.items():
+        found[f"{piece} off"] = {variable: "off"}
     return found
 
 
-def grade_seconds(course: Path, lab: str, speed: str, workers: int) -> float:
-    """Wall-clock seconds of ``course grade LAB`` in ``course`` with ``EFFICIENT_AI_GRADING_SPEED=speed``."""
-    env = {**os.environ, SPEED_ENV: speed, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
-                                                                                      os.environ.get("PYTHONPATH")]))}
+def grade_seconds(course: Path, lab: str, switches: dict[str, str], workers: int) -> float:
+    """Wall-clock seconds of ``course grade LAB`` in ``course`` with the environment ``switches``."""
+    env = {**os.environ, **switches,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "course", "grade", lab, "--course-dir", str(course),
                            "--workers", str(workers)], env=env, capture_output=True, text=True)
@@ -50,7 +57,7 @@ def grade_seconds(course: Path, lab: str, speed: str, workers: int) -> float:
     with (course / "grading" / lab / "grades.csv").open(newline="") as handle:
         statuses = {row["student"]: row["status"] for row in csv.DictReader(handle)}
     if done.returncode != 0 or set(statuses.values()) != {"ok"}:
-        raise SystemExit(f"course grade failed with {speed or 'every piece on'} ({statuses}):\n"
+        raise SystemExit(f"course grade failed with {switches or 'every piece on'} ({statuses}):\n"
                          f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
     return seconds
 
@@ -74,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lab", default="lab1")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each grades the class once per variant")
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--report", type=Path, help="write the table and how it was made to this markdown file")
+    parser.add_argument("--machine", default="", help="words for the machine in the report (cores, idle or not)")
     args = parser.parse_args(argv)
     if build.main([args.lab], REPO) != 0:
         return 1
@@ -88,10 +97,28 @@ def main(argv: list[str] | None = None) -> int:
                 times[name].append(grade_seconds(course, args.lab, named[name], args.workers))
                 print(f"round {round_number + 1}: {name}: {times[name][-1] / submissions:.1f} s per submission",
                       file=sys.stderr)
-    print(f"{args.lab}, {submissions} submissions, {args.workers} worker(s), {args.rounds} alternated rounds, "
-          f"{os.cpu_count()} CPUs:\n")
-    print(table(times, submissions))
+    heading = (f"{args.lab}, {submissions} submissions, {args.workers} worker(s), {args.rounds} alternated rounds, "
+               f"{len(os.sched_getaffinity(0))} CPUs usable:")
+    print(heading + "\n\n" + table(times, submissions))
+    if args.report:
+        args.report.write_text(report_text(args, heading, table(times, submissions)))
     return 0
+
+
+def report_text(args, heading: str, markdown_table: str) -> str:
+    """The report: what was measured, where and how, then the table and the rule it is read by."""
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    load = " to ".join(f"{x:.2f}" for x in os.getloadavg()[:1])
+    return "\n".join([
+        "# Grading time on CPU: each speed piece of `course grade`, A/B", "",
+        f"Made by `python scripts/grading_ab.py --lab {args.lab} --rounds {args.rounds} --workers {args.workers} "
+        f"--report ...` at commit {commit}, in one command, on {args.machine or platform.platform()} "
+        f"(Python {platform.python_version()}, load average {load} at the end). Each round grades `course demo`'s class "
+        "(reference, blank, partial) once per variant into the same course folder, variants in alternated order; "
+        "the time per submission is the whole `course grade` command over the submissions. A piece that does not "
+        "save at least 20 % of the time per submission goes (issue 53).", "",
+        heading, "", markdown_table, ""])
 
 
 if __name__ == "__main__":
