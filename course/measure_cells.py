@@ -61,16 +61,23 @@ def student_note(source: str) -> str:
     return FENCE_RE.sub("", source).rstrip()
 
 
+def clear_declarations(nb) -> bool:
+    """Leave only the student note in each measure cell of ``nb`` (in place), as the release has it; whether any
+    cell changed. ``recover.release_of`` derives the release the same way."""
+    changed = False
+    for cell in nb.cells:
+        if is_measure_cell(cell) and FENCE_RE.search(cell.source):
+            cell.source, changed = student_note(cell.source), True
+    return changed
+
+
 def strip_declarations(notebook: Path) -> bool:
     """Remove the fenced declarations from a release notebook's measure cells (rewriting it only when one had any);
     whether it changed."""
     import nbformat
 
     nb = nbformat.read(notebook, as_version=4)
-    changed = False
-    for cell in nb.cells:
-        if is_measure_cell(cell) and FENCE_RE.search(cell.source):
-            cell.source, changed = student_note(cell.source), True
+    changed = clear_declarations(nb)
     if changed:
         nbformat.write(nb, notebook)
     return changed

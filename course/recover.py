@@ -37,12 +37,16 @@ class Recovery:
 
 def release_of(source_nb):
     """The release notebook of an instructor notebook, derived with nbgrader's own preprocessors: cells locked as
-    nbgrader locks them, solutions replaced by stubs, hidden tests and mark schemes removed."""
+    nbgrader locks them, solutions replaced by stubs, hidden tests and mark schemes removed, and ``course measure``'s
+    declarations cleared as the build clears them."""
     from nbgrader.preprocessors import ClearHiddenTests, ClearMarkScheme, ClearSolutions, LockCells
+
+    from .measure_cells import clear_declarations
 
     nb, resources = copy.deepcopy(source_nb), {}
     for preprocessor in (LockCells(), ClearSolutions(), ClearHiddenTests(), ClearMarkScheme()):
         nb, resources = preprocessor.preprocess(nb, resources)
+    clear_declarations(nb)  # what the build does after them: the release shows a measured piece's note only
     return nb
 
 
