@@ -74,7 +74,7 @@ def grading_job(course_root: Path, lab: str, student: str, slot: WorkerSlot | No
     pieces = speed_pieces()
     result_file = Path(tempfile.gettempdir()) / f"efficient-ai-result-{uuid.uuid4().hex}.json"
     return GradingJob(Path(course_root), lab, student, result_file, staging, slot or WorkerSlot(), Limits(timeout_s),
-                      ahead=ahead and pieces.ahead, skip_rfc3987=pieces.skip_rfc3987)
+                      ahead=ahead and pieces.ahead)
 
 
 def autograde_one(job: GradingJob, started: GradingProcess | None = None) -> Outcome:

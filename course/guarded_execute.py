@@ -43,23 +43,19 @@ from .notebooks import is_autograded_test
 from .output_budget import MIB, OutputBudget, shorten
 from .sandbox import use_sandbox
 from .scan import recording_bypass_flags
-from .settings import Sandbox
 
 DEFAULT_NOTEBOOK_TIMEOUT_S = 600
 # The modules of the lab's locked cells, imported in every kernel as a locked cell would (``_import_ahead``): after the
 # locked setup cells, which may prepare what the imports need (Lab 2 sets TRITON_INTERPRET before importing triton),
 # before the next cell; in a run started ahead, while it waits for its turn, so that no locked cell loads them on
-# the clock. Then everything loaded so far leaves the cyclic garbage collector's walk (gc.freeze; reference counting
-# still frees it): utils.benchmark_memory collects on every call, and a walk over torch's objects is slow.
+# the clock.
 IMPORT_AHEAD = (
-    "import contextlib as _c, gc as _gc, importlib as _i\n"
+    "import contextlib as _c, importlib as _i\n"
     "for _m in {modules!r}:\n"
     "    with _c.suppress(BaseException):\n"
     "        _i.import_module(_m)\n"
-    "{freeze}"
-    "del _c, _gc, _i, _m\n"
+    "del _c, _i, _m\n"
 )
-FREEZE = "_gc.freeze()\n"  # IMPORT_AHEAD's speed piece, switched by c.Sandbox.freeze_gc (an A/B setting)
 MAX_KERNEL_RESTARTS = 3  # a kernel that dies or stops answering is replaced (earlier cells run again) this often
 SCALE_ENV = "EFFICIENT_AI_SCALE"  # utils.py's sizes, set to GuardedExecute.scale while a notebook is graded
 # Fixed limits, not settings: no lab needs other values (docs/SECURITY.md, "Output is capped while it arrives").
@@ -236,8 +232,7 @@ class GuardedExecute(Execute):
         self._imported_ahead = True
         if self._course_modules:
             self._before_locked_cell()
-            freeze = FREEZE if Sandbox(parent=self).freeze_gc else ""
-            self._channel.request(IMPORT_AHEAD.format(modules=self._course_modules, freeze=freeze),
+            self._channel.request(IMPORT_AHEAD.format(modules=self._course_modules),
                                   timeout_s=max(KERNEL_REPLY_TIMEOUT_S, self.timeout or 0))
             self._guard.command("adopt")
 

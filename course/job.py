@@ -76,7 +76,6 @@ class GradingJob:
         limits: time limits.
         scale: utils.py's scale for the grader's tests and the kernels.
         ahead: started ahead of its turn: waits before the notebook's first student cell for ``course grade``'s go.
-        skip_rfc3987: speed piece (``course.speed``): mark ``rfc3987_syntax`` absent before nbformat is imported.
     """
 
     course_root: Path
@@ -88,7 +87,6 @@ class GradingJob:
     limits: Limits = field(default_factory=Limits)
     scale: str = GRADING_SCALE
     ahead: bool = False
-    skip_rfc3987: bool = True
 
     def config(self) -> Config:
         """The traitlets settings this job adds to the course's ``nbgrader_config.py`` (which runs after them, so it

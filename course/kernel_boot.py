@@ -1,12 +1,11 @@
 """Start a grading kernel that no file beside it can shadow (standard library only).
 
 ``course/sandbox.py``'s provisioner runs ``python -I kernel_boot.py --files DIR --work DIR [--on-path] [--uid N]
-[--freeze-gc] -- KERNEL_ARGUMENTS``, in bwrap or not: ``-I`` and ``ignore_cwd`` keep the working folder and
+-- KERNEL_ARGUMENTS``, in bwrap or not: ``-I`` and ``ignore_cwd`` keep the working folder and
 PYTHONPATH off ``sys.path`` (docs/SECURITY.md)."""
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import shutil
 import sys
@@ -20,8 +19,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--work", required=True, help="the kernel's working folder (created)")
     parser.add_argument("--on-path", action="store_true", help="put --files first on sys.path")
     parser.add_argument("--uid", type=int, help="run the kernel as this uid and gid (needs root)")
-    parser.add_argument("--freeze-gc", action="store_true", help="move start-up's objects out of the cyclic "
-                        "garbage collector's walk (c.Sandbox.freeze_gc, a speed setting)")
     return parser.parse_args(argv[:split]), argv[split + 1:]
 
 
@@ -57,9 +54,6 @@ def main(argv: list[str]) -> None:
         give_tree(os.path.expanduser("~"), options.uid)  # what IPython made there (its profile, history)
         become(options.uid)
     os.chdir(options.work)
-    if options.freeze_gc:  # start-up's objects (torch...) leave the walk: utils.benchmark_memory collects on every call
-        gc.collect()
-        gc.freeze()
     app.start()
 
 

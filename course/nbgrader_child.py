@@ -22,7 +22,6 @@ from pathlib import Path
 
 from .grading_result import GradingResult
 from .job import GradingJob
-from .speed import SpeedPieces, skip_unused_imports, speed_pieces
 
 MAX_REASON_CHARS = 500
 KERNEL_DIED = "the kernel died (os._exit, a segfault or the out-of-memory killer)"
@@ -170,13 +169,11 @@ def main(argv: list[str]) -> int:
     """``--job``: grade the job on stdin; ``-- ARGS``: run ``nbgrader ARGS``. Returns the exit status."""
     if argv[:1] == ["--job"]:
         job = GradingJob.from_json(read_line())
-        skip_unused_imports(SpeedPieces(skip_rfc3987=job.skip_rfc3987))
         link = ParentLink()
         result = autograde(job, link)
         result.save(Path(job.result_file))
         return 1 if result.failure else 0
     if argv[:1] == ["--"]:
-        skip_unused_imports(speed_pieces())
         ParentLink()
         from nbgrader.apps.nbgraderapp import NbGraderApp
 

@@ -165,7 +165,7 @@ class SandboxProvisioner(LocalProvisioner):
         self.launch_dir = tempfile.mkdtemp(prefix="kernel-", dir=self.folder)
         hidden = self._hidden_folders(km.connection_file)
         on_path = prepare_files(cwd, self._source_root(), hidden, os.path.join(self.launch_dir, "files"))
-        boot_options = [*(["--on-path"] if on_path else []), *(["--freeze-gc"] if options.freeze_gc else [])]
+        boot_options = ["--on-path"] if on_path else []
         limits = options.limits(cuda_devices=bool(glob.glob("/dev/nvidia[0-9]*")))
         if sandboxed:
             if options.memory_gb and not limits.address_space_bytes:

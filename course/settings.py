@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from traitlets import Bool, Enum, Float, Integer, List
+from traitlets import Enum, Float, Integer, List
 from traitlets.config import Configurable
 
 from .kernel_limits import KernelLimits
@@ -42,12 +42,6 @@ class Sandbox(Configurable):
         Integer(), default_value=[],
         help="CPUs this process's grading kernels run on (empty: every CPU). course grade sets it per worker.",
     ).tag(config=True)
-    freeze_gc = Bool(
-        True,
-        help="Speed, for A/B measurements only: after start-up and after the course's imports, a kernel moves what "
-             "it loaded out of the cyclic garbage collector's walk (gc.freeze; utils.benchmark_memory collects on "
-             "every call). Off: nothing is frozen. No grade depends on it.",
-    ).tag(config=True)
 
     def limits(self, cuda_devices: bool) -> KernelLimits:
         """The ``KernelLimits`` of a kernel started with these options; with ``cuda_devices`` present no address-space
@@ -64,7 +58,6 @@ ENVIRONMENT = {
     "EFFICIENT_AI_SANDBOX_MEMORY_GB": ("Sandbox", "memory_gb", float),
     "EFFICIENT_AI_SANDBOX_SCRATCH_MB": ("Sandbox", "scratch_mb", int),
     "EFFICIENT_AI_SANDBOX_MAX_PROCESSES": ("Sandbox", "max_processes", int),
-    "EFFICIENT_AI_KERNEL_FREEZE_GC": ("Sandbox", "freeze_gc", bool),
     "EFFICIENT_AI_CELL_TIMEOUT_S": ("Execute", "timeout", int),
     "EFFICIENT_AI_OUTPUT_WAIT_S": ("Execute", "iopub_timeout", int),
     "EFFICIENT_AI_NOTEBOOK_TIMEOUT_S": ("GuardedExecute", "notebook_timeout_s", float),

@@ -1,12 +1,11 @@
 """The speed pieces of ``course grade``, each switchable for an A/B (``scripts/grading_ab.py``), read here only.
 
-``EFFICIENT_AI_GRADING_SPEED`` lists pieces to switch off, comma separated (``ahead=off,skip_rfc3987=off``); unset,
+``EFFICIENT_AI_GRADING_SPEED`` lists pieces to switch off, comma separated (``ahead=off``); unset,
 every piece is on. Each piece kept has its own measurement in ``reports/grading-time-cpu-2core.md``.
 """
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, fields
 
 SPEED_ENV = "EFFICIENT_AI_GRADING_SPEED"
@@ -19,12 +18,9 @@ class SpeedPieces:
     Attributes:
         ahead: each worker starts its next submission's grading process while it grades one; that process gets ready
             (imports, kernel, locked setup cells) and waits before the notebook's first student cell.
-        skip_rfc3987: a grading process marks ``rfc3987_syntax`` absent before anything imports nbformat (jsonschema
-            compiles that package's grammars at import for its ``iri`` formats, which no notebook schema uses).
     """
 
     ahead: bool = True
-    skip_rfc3987: bool = True
 
 
 def speed_pieces(text: str | None = None) -> SpeedPieces:
@@ -43,10 +39,3 @@ def speed_pieces(text: str | None = None) -> SpeedPieces:
         chosen[name] = value == "on"
     return SpeedPieces(**chosen)
 
-
-def skip_unused_imports(pieces: SpeedPieces) -> None:
-    """With ``pieces.skip_rfc3987``, mark ``rfc3987_syntax`` absent for this process, before anything imports
-    nbformat: an import of a module whose ``sys.modules`` entry is None raises ImportError, which jsonschema takes for
-    the optional package not being installed (documented: docs.python.org/3/reference/import.html#the-module-cache)."""
-    if pieces.skip_rfc3987:
-        sys.modules.setdefault("rfc3987_syntax", None)

@@ -4,8 +4,7 @@ markdown table of the time per submission.
 
     python scripts/grading_ab.py [--lab lab1] [--rounds 3] [--workers 1] [--report reports/grading-time-cpu-2core.md]
 
-The pieces: ``course/speed.py``'s (the grading process) and ``c.Sandbox.freeze_gc`` (the kernel), each switched off
-through its environment variable. ``--report`` writes the table with the machine, commit and command that made it.
+The pieces are ``course/speed.py``'s, each switched off through ``EFFICIENT_AI_GRADING_SPEED``. ``--report`` writes the table with the machine, commit and command that made it.
 
 A piece that does not save at least 20 % of the time per submission goes (docs/GRADING.md). Run it on an idle
 machine: the table is only as quiet as the machine.
@@ -33,7 +32,6 @@ from course.nbgrader_run import make_course_dir  # noqa: E402
 from course.speed import SPEED_ENV, SpeedPieces  # noqa: E402
 
 ALL_ON = "every piece on"
-KERNEL_PIECES = {"freeze_gc": "EFFICIENT_AI_KERNEL_FREEZE_GC"}  # c.Sandbox's speed switches -> their variable
 
 
 def variants() -> dict[str, dict[str, str]]:
@@ -41,8 +39,6 @@ def variants() -> dict[str, dict[str, str]]:
     found = {ALL_ON: {}}
     for piece in fields(SpeedPieces):
         found[f"{piece.name} off"] = {SPEED_ENV: f"{piece.name}=off"}
-    for piece, variable in KERNEL_PIECES.items():
-        found[f"{piece} off"] = {variable: "off"}
     return found
 
 

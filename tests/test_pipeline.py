@@ -285,11 +285,8 @@ def first_cell_printed(course: Path) -> str:
 
 def test_a_submission_started_ahead_runs_no_student_code_before_its_turn(built_root, tmp_path):
     """course grade starts a worker's next nbgrader process while it grades one; that process's student cells wait
-    for ``go``, and its time limit counts from there. Its kernel loaded the locked cells' modules meanwhile, and took
-    what it loaded out of the garbage collector's walk (``gc.freeze``) before any student code, as a kernel started at
-    its turn does at the same point (after the locked setup cells)."""
-    course = course_with_first_cell_printing(
-        built_root, tmp_path, "import gc, time\nprint('FROZEN', gc.get_freeze_count())\nprint('RAN AT', time.time())\n")
+    for ``go``, and its time limit counts from there."""
+    course = course_with_first_cell_printing(built_root, tmp_path, "import time\nprint('RAN AT', time.time())\n")
     job = grade.grading_job(course, LAB, "ada", timeout_s=120, ahead=True)
     assert job.ahead, "the piece is on unless EFFICIENT_AI_GRADING_SPEED switches it off"
     started = GradingProcess(job)
@@ -299,13 +296,6 @@ def test_a_submission_started_ahead_runs_no_student_code_before_its_turn(built_r
     assert outcome.status == "ok", outcome
     ran_s = float(first_cell_printed(course).split("RAN AT")[1].split()[0])
     assert ran_s >= turn_s, f"the first student cell ran {turn_s - ran_s:.1f} s before the submission's turn"
-    frozen_ahead = int(first_cell_printed(course).split("FROZEN")[1].split()[0])
-    assert grade.autograde_one(grade.grading_job(course, LAB, "ada", timeout_s=120)).status == "ok"  # at its turn
-    frozen_at_turn = int(first_cell_printed(course).split("FROZEN")[1].split()[0])
-    # The locked cells import torch (checks.py does): well over 10,000 objects are frozen once it is loaded.
-    assert min(frozen_ahead, frozen_at_turn) > 10_000, (
-        f"every kernel freezes what the locked cells' imports loaded before the first student cell: {frozen_ahead} "
-        f"objects frozen there in a kernel started ahead, {frozen_at_turn} in one started at its turn")
 
 
 def test_a_submission_over_the_time_limit_costs_only_itself(built_root, tmp_path):
