@@ -5,10 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .speed import skip_unused_imports, speed_pieces
-
-skip_unused_imports(speed_pieces())  # first: before anything imports nbformat
-from .paths import REPO_ROOT, resolve_labs  # noqa: E402
+from .paths import REPO_ROOT, resolve_labs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
