@@ -14,7 +14,7 @@ from pathlib import Path
 from .grade import grade_lab
 from .harness import question_score, run_harness, variants_path
 from .lint import Problem, lint_lab
-from .nbgrader_run import SubmissionScores, make_course_dir
+from .nbgrader_run import make_course_dir
 from .notebooks import (
     cell_points,
     grade_id,
@@ -30,6 +30,7 @@ from .notebooks import (
 from .outcome import Outcome
 from .paths import REPO_ROOT, release_notebook_path, source_notebook_path
 from .report import question_scores
+from .scores import SubmissionScores
 
 REFERENCE, BLANK = "reference", "blank"
 SKIP_CAP = 0.25

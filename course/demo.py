@@ -9,7 +9,7 @@ from pathlib import Path
 
 from . import build
 from .grade import grade_lab
-from .nbgrader_run import SubmissionScores, make_course_dir
+from .nbgrader_run import make_course_dir
 from .notebooks import (
     autograded_points_by_question,
     grade_id,
@@ -22,6 +22,7 @@ from .notebooks import (
 )
 from .paths import REPO_ROOT, release_notebook_path, source_notebook_path
 from .report import print_table
+from .scores import SubmissionScores
 
 
 def partial_answer_ids(source_nb) -> tuple[set[str], set[str]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .late import settle_late_penalties
-from .nbgrader_run import read_scores, run_nbgrader
+from .nbgrader_run import run_nbgrader
 from .notebooks import (
     grade_id,
     is_autograded_test,
@@ -20,6 +20,7 @@ from .notebooks import (
     question_labels,
 )
 from .paths import REPO_ROOT
+from .scores import read_scores
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"  # course_feedback: nbgrader's feedback page, a table of questions
 

@@ -382,7 +382,7 @@ def measure_class(course_root: Path, lab: str, students: list[str] | None = None
     """
     from . import measure_spec
     from .grade import shard_students
-    from .nbgrader_run import read_scores
+    from .scores import read_scores
 
     tiny = os.environ.get(CPU_MODE_ENV, "") == "1"
     if reason := no_gpu_reason(tiny):

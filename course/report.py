@@ -15,10 +15,10 @@ from typing import Callable
 
 from .feedback import ungraded_answers
 from .lms import final_score, write_canvas_csv
-from .nbgrader_run import SubmissionScores, read_scores
 from .notebooks import question_key
 from .outcome import Outcome
 from .quoting import escape_controls
+from .scores import SubmissionScores, read_scores
 from .spreadsheet import read_cell, write_csv
 
 NO_SUBMISSION = "no submission"  # the status of a roster student without a submission (course grade --report --roster)

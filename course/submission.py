@@ -21,12 +21,12 @@ from pathlib import Path
 import nbformat
 from nbformat.corpus.words import generate_corpus_id
 
-from .nbgrader_run import is_autograded_grade
 from .notebooks import NB_VERSION, NotebookError, grade_id, nbgrader_meta, read_notebook, write_notebook
 from .paths import COURSE_ID, course_directory
 from .quoting import escape_controls
 from .recover import recover_metadata, release_of
 from .scan import is_locked, scan_notebook
+from .scores import is_autograded_grade
 
 NO_NOTEBOOK = "no notebook submitted"
 TIMESTAMP = "timestamp.txt"

@@ -53,9 +53,10 @@ from student_run_lab import (  # noqa: E402
 
 from course.feedback import generate_feedback
 from course.grade import grade_lab
-from course.nbgrader_run import make_course_dir, read_scores
+from course.nbgrader_run import make_course_dir
 from course.notebooks import make_submission, read_notebook, write_notebook
 from course.paths import course_directory
+from course.scores import read_scores
 from course.ta_view import GRADER_RUN, STUDENT_RUN
 
 HIDDEN_TEST_LINES = ("add(-40, 17)", "scale(0.5, 7.25)", "square(-9)")

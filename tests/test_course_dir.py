@@ -23,7 +23,7 @@ from fixture_lab import LAB, built_root  # noqa: E402
 
 from course.grading_result import RESULT_FILE
 from course.nbgrader_ext import hidden_test_lines
-from course.nbgrader_run import make_course_dir, read_scores
+from course.nbgrader_run import make_course_dir
 from course.notebooks import (
     BONUS_POINTS,
     COURSE_METADATA,
@@ -37,6 +37,7 @@ from course.notebooks import (
     write_notebook,
 )
 from course.paths import course_directory
+from course.scores import read_scores
 
 CONFIG_FAILURE = "Exception while loading config file"
 TAMPERED = "q1_1_add_tests"
@@ -229,7 +230,7 @@ def test_read_scores_agrees_with_nbgrader_grade_by_grade(course_dir, tmp_path):
 
     from nbgrader.api import Gradebook
 
-    from course.nbgrader_run import is_autograded_grade
+    from course.scores import is_autograded_grade
 
     course = shutil.copytree(course_dir, tmp_path / "course")  # the module's course stays as the other tests left it
     written = "q1_3_answer"

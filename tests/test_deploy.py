@@ -21,7 +21,7 @@ import yaml
 from fixture_lab import LAB, REPO, built_root, make_class  # noqa: E402
 from slurm_cluster import SlurmCluster, missing_programs  # noqa: E402
 
-from course.nbgrader_run import read_scores  # noqa: E402
+from course.scores import read_scores  # noqa: E402
 
 SLURM = REPO / "deploy" / "slurm" / "grade_array.sbatch"
 K8S = REPO / "deploy" / "k8s" / "grade-job.yaml"

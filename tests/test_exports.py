@@ -10,9 +10,9 @@ import pytest
 
 from course import report
 from course.lms import POINTS_POSSIBLE, plan_collection, read_roster, write_canvas_csv, write_collect_report
-from course.nbgrader_run import CellScore, SubmissionScores
 from course.outcome import Outcome
 from course.quoting import escape_controls
+from course.scores import CellScore, SubmissionScores
 from course.spreadsheet import read_cell, safe_cell
 
 FORMULAS = ["=1+2", "+1", "-2+3+cmd|' /C calc'!A0", "@SUM(1+1)", "\t=1", "\r=1", '=HYPERLINK("http://x.example","a")']

@@ -19,9 +19,10 @@ from course.guarded_execute import GuardedExecute  # noqa: E402
 from course.job import GradingJob, WorkerSlot  # noqa: E402
 from course.kernel_channel import DIED, KernelChannel, KernelLoss  # noqa: E402
 from course.nbgrader_ext import neutralise_cell_metadata  # noqa: E402
-from course.nbgrader_run import CellScore, GradingRun, SubmissionScores  # noqa: E402
+from course.nbgrader_run import GradingRun  # noqa: E402
 from course.quoting import escape_controls  # noqa: E402
 from course.scan import scan_notebook  # noqa: E402
+from course.scores import CellScore, SubmissionScores  # noqa: E402
 
 ESC_HIDE = "\x1b[8m"  # "conceal": a terminal shows nothing of what follows
 MIB = 2**20

@@ -162,7 +162,8 @@ def graded_with_a_cell_before_the_setup(tmp_path_factory):
     """Graded by plain nbgrader autograde (the formgrader's route: no kernel started ahead), then by course grade."""
     import nbformat
 
-    from course.nbgrader_run import read_scores, run_nbgrader
+    from course.nbgrader_run import run_nbgrader
+    from course.scores import read_scores
 
     text = FIXTURE.read_text()
     answer_header = '# %% nbgrader={"grade": false, "grade_id": "q1_2_scale"'

@@ -19,9 +19,10 @@ import pytest
 
 from course import measure_cells, measure_credit, measure_probe, measure_shards, measure_spec
 from course.lint import check_measure_declarations
-from course.nbgrader_run import make_course_dir, read_scores
+from course.nbgrader_run import make_course_dir
 from course.notebooks import read_notebook
 from course.paths import COURSE_ID, course_directory
+from course.scores import read_scores
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))

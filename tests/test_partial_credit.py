@@ -24,8 +24,9 @@ import pytest
 from fixture_lab import LAB, make_root  # noqa: E402
 
 from course import build, check, grade  # noqa: E402
-from course.nbgrader_run import make_course_dir, read_scores, run_nbgrader  # noqa: E402
+from course.nbgrader_run import make_course_dir, run_nbgrader  # noqa: E402
 from course.notebooks import make_submission, read_notebook, replace_cell_source, write_notebook  # noqa: E402
+from course.scores import read_scores  # noqa: E402
 
 LAB_TEXT = '''# %% [markdown] nbgrader={"grade": false, "grade_id": "intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # # Lab 0: partial credit

@@ -432,8 +432,8 @@ def test_feedback_waits_for_written_answers_to_be_graded(built_root, tmp_path, c
 def test_reports_count_a_tas_extra_credit_on_a_written_bonus_answer():
     """A written bonus answer is out of 0 in nbgrader; the TA types its points as extra credit (AwardBonusPoints gave
     it an automatic 0, so nbgrader counts that extra credit): the table, totals and grades.csv count it as bonus."""
-    from course.nbgrader_run import CellScore, SubmissionScores
     from course.report import question_scores
+    from course.scores import CellScore, SubmissionScores
 
     def written(extra, pending=False):
         return CellScore("b2_5_answer", max_score=2.0, auto_score=0.0, manual_score=None, needs_manual_grade=pending,

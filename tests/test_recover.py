@@ -14,9 +14,10 @@ import pytest
 from fixture_lab import LAB, POINTS, built_root  # noqa: E402
 
 from course import grade  # noqa: E402
-from course.nbgrader_run import make_course_dir, read_scores, run_nbgrader  # noqa: E402
+from course.nbgrader_run import make_course_dir, run_nbgrader  # noqa: E402
 from course.notebooks import grade_id, make_submission, read_notebook  # noqa: E402
 from course.recover import recover_metadata, release_of  # noqa: E402
+from course.scores import read_scores  # noqa: E402
 
 FULL = {"q1_1_add_tests": 3.0, "q1_2_scale_tests": 2.0}
 

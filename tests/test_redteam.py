@@ -28,10 +28,11 @@ from lab1_redteam import (
 
 from course.feedback import generate_feedback
 from course.grade import grade_lab
-from course.nbgrader_run import make_course_dir, read_scores
+from course.nbgrader_run import make_course_dir
 from course.notebooks import grade_id, is_autograded_test, make_submission, question_key, write_notebook
 from course.paths import REPO_ROOT
 from course.sandbox import unavailable_reason
+from course.scores import read_scores
 
 PARTIAL_ANSWERED = {"q1_1_gemm", "q1_2_latency", "q2_1_1_intensity", "q3_1_1_sdpa"}
 # The honest partial student answers four questions: every test cell of another question scores zero (the blank

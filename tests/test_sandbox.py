@@ -21,8 +21,9 @@ from fixture_lab import LAB, POINTS, REPO, built_root  # noqa: E402
 from course import sandbox
 from course.grade import grade_lab, prepare_gradebook
 from course.kernel_limits import KernelLimits
-from course.nbgrader_run import make_course_dir, read_scores, run_nbgrader
+from course.nbgrader_run import make_course_dir, run_nbgrader
 from course.notebooks import grade_id, make_submission, read_notebook, write_notebook
+from course.scores import read_scores
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install bubblewrap)"

@@ -15,7 +15,7 @@ from fixture_lab import LAB, REPO, built_root, make_class, wait_until_no_process
 
 from course import grade  # noqa: E402
 from course.grading_result import is_recorded  # noqa: E402
-from course.nbgrader_run import read_scores  # noqa: E402
+from course.scores import read_scores  # noqa: E402
 
 CLASS_SIZE = 8  # every subset of the three answers once (fixture_lab.make_class); the PostgreSQL run: 2 workers
 SMALL_CLASS = 6  # the other runs use the first 6 students (each answers a different subset)

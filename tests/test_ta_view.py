@@ -31,9 +31,10 @@ from traitlets.config import Config
 
 from course import grade
 from course.feedback import generate_feedback
-from course.nbgrader_run import make_course_dir, read_scores, run_nbgrader
+from course.nbgrader_run import make_course_dir, run_nbgrader
 from course.notebooks import COURSE_METADATA, grade_id, make_submission, read_notebook, write_notebook
 from course.sanitize import WIDGET_VIEW, sanitize_output
+from course.scores import read_scores
 from course.ta_view import (
     GRADER_RUN,
     MARK_SCHEME_KEY,
