@@ -3,7 +3,7 @@
 Every setting a TA may change is an option below, with its default; docs/SETTINGS.md lists them in one table. The
 gradebook is SQLite in this folder by default; set NBGRADER_DB_URL (e.g. postgresql://...) to use a shared database
 instead. A few options can be overridden for one run by an environment variable (a cluster job, CI: EFFICIENT_AI_*,
-read by course.settings.apply_environment at the end of this file; docs/SETTINGS.md names them).
+read by course.grader.settings.apply_environment at the end of this file; docs/SETTINGS.md names them).
 
 This file needs the course tooling (the `course` package: `pip install -e REPO`, which scripts/install.sh runs).
 When it cannot be loaded, every nbgrader command stops with an error instead of going on with nbgrader's stock
@@ -39,19 +39,19 @@ try:
 
     import nbgrader
 
-    from course.late import LatePenalty
-    from course.lms import ZIP_COLLECT_PATTERNS, GradebookCsvExport, UploadCollector
-    from course.feedback import TEMPLATES_DIR, question_rows
-    from course.paths import COURSE_ID
-    from course.guarded_execute import GuardedExecute
-    from course.nbgrader_ext import (
+    from course.grader.late import LatePenalty
+    from course.grader.lms import ZIP_COLLECT_PATTERNS, GradebookCsvExport, UploadCollector
+    from course.cli.feedback import question_rows
+    from course.common.paths import COURSE_ID, TEMPLATES_DIR
+    from course.grader.guarded_execute import GuardedExecute
+    from course.grader.nbgrader_ext import (
         AwardBonusPoints, DropTestResults, NeutraliseCellMetadata, QuietOverwriteCells, RecoverCellMetadata,
         ShowBonusPoints, StripHiddenTests,
     )
-    from course.sanitize import SanitizeNotebook, clean_html, markdown2html
-    from course.sandbox import configure_sandbox
-    from course.settings import apply_environment
-    from course.ta_view import KeepStudentRun, ShowMarkSchemes, StripMarkSchemes
+    from course.grader.sanitize import SanitizeNotebook, clean_html, markdown2html
+    from course.grader.sandbox import configure_sandbox
+    from course.grader.settings import apply_environment
+    from course.grader.ta_view import KeepStudentRun, ShowMarkSchemes, StripMarkSchemes
 except Exception as exc:  # noqa: BLE001  (any failure to load the course's extensions stops nbgrader)
     _refuse(exc)
 
@@ -69,14 +69,14 @@ c.Execute.interrupt_on_timeout = True
 # is 4). A cell whose output has not arrived by then counts as failed and the submission is partial: on a busy
 # machine 4 s is too short for an honest kernel.
 c.Execute.iopub_timeout = 20
-# The whole notebook's time limit (seconds), the grading guard (course/guarded_execute.py, docs/SECURITY.md; off only
+# The whole notebook's time limit (seconds), the grading guard (course/grader/guarded_execute.py, docs/SECURITY.md; off only
 # to rule it out when a reference solution loses points) and the output each cell and the notebook keep (bytes).
 c.GuardedExecute.notebook_timeout_s = 600.0
 c.GuardedExecute.guard = True
 c.GuardedExecute.max_cell_output_bytes = 1 << 20
 c.GuardedExecute.max_notebook_output_bytes = 16 << 20
 
-# The sandbox of grading kernels (course/sandbox.py, docs/SECURITY.md): "auto" (bubblewrap where it works, else a
+# The sandbox of grading kernels (course/grader/sandbox.py, docs/SECURITY.md): "auto" (bubblewrap where it works, else a
 # warning), "on" (refuse to grade without it) or "off"; and one kernel's limits.
 c.Sandbox.mode = "auto"
 c.Sandbox.memory_gb = 8.0
@@ -111,7 +111,7 @@ c.Autograde.autograde_preprocessors = [
     GuardedExecute, IgnorePattern, DropTestResults, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
     AwardBonusPoints, AssignLatePenalties, CheckCellMetadata, KeepStudentRun, ShowMarkSchemes, SanitizeNotebook,
 ]
-# The TA grades what the student saw (course/ta_view.py, docs/GRADING.md), after every step that scores: each code cell
+# The TA grades what the student saw (course/grader/ta_view.py, docs/GRADING.md), after every step that scores: each code cell
 # that is not a test shows, below the grader's re-run, the outputs of the student's own notebook in submitted/
 # ("the student's run", sanitized, at most these many bytes per cell and per notebook), and each manually graded cell
 # is followed by its mark scheme from source/ (the formgrader shows it; feedback removes it: StripMarkSchemes).
@@ -129,14 +129,14 @@ c.Measure.extra_credit_ratio = 1.0
 
 # Late submissions: a submission whose timestamp.txt is after the lab's due date in the gradebook (nbgrader db
 # assignment add LAB --duedate="2025-03-01 23:59 Europe/Paris") loses points by this policy: "none", "zero", or
-# "percent_per_day" (LatePenalty.percent_per_day percent of the score per day or part of one; course/late.py), of
+# "percent_per_day" (LatePenalty.percent_per_day percent of the score per day or part of one; course/grader/late.py), of
 # its final score (autograded and manual points: course grade asks the policy again before each report).
 # grades.csv, canvas.csv and feedback show the penalty.
 c.AssignLatePenalties.plugin_class = LatePenalty
 c.LateSubmissionPlugin.penalty_method = "none"
 c.LatePenalty.percent_per_day = 10.0
 
-# nbgrader zip_collect LAB: which student and notebook each file of an LMS's download is (course/lms.py). Canvas's
+# nbgrader zip_collect LAB: which student and notebook each file of an LMS's download is (course/grader/lms.py). Canvas's
 # names; swap in ZIP_COLLECT_PATTERNS["moodle"] or ["blackboard"] for those LMSs. UploadCollector files one upload per
 # student and notebook (the newest re-upload), a file inside a student's zip for that student only, and gives an
 # upload the LMS marks late a timestamp.txt of the due date + 1 s; downloaded/LAB/collect_report.csv says what it left.
@@ -144,7 +144,7 @@ c.FileNameCollectorPlugin.named_regexp = ZIP_COLLECT_PATTERNS["canvas"]
 c.ZipCollectApp.collector_plugin = UploadCollector
 
 # nbgrader export: nbgrader's grades.csv of the whole gradebook, no score while an answer waits for a TA and no cell
-# that a spreadsheet runs as a formula (course/lms.py).
+# that a spreadsheet runs as a formula (course/grader/lms.py).
 c.ExportApp.plugin_class = GradebookCsvExport
 
 # Feedback never shows hidden test source, nor what test cells printed besides their failed checks and error message,
@@ -153,7 +153,7 @@ c.GenerateFeedback.preprocessors = [
     GetGrades, ShowBonusPoints, CSSHTMLHeaderPreprocessor, StripMarkSchemes, StripHiddenTests, SanitizeNotebook,
 ]
 
-# Nothing a student writes runs script in a browser (course/sanitize.py): SanitizeNotebook, last in autograde,
+# Nothing a student writes runs script in a browser (course/grader/sanitize.py): SanitizeNotebook, last in autograde,
 # makes the autograded notebook safe; every HTML export (the formgrader's page of a submission, feedback) runs it
 # again and renders Markdown and HTML through the course's sanitizing filters.
 c.HTMLExporter.preprocessors = [SanitizeNotebook]
@@ -174,5 +174,5 @@ c.GenerateFeedback.HTMLExporter.extra_template_paths = [
 apply_environment(c)
 
 # Checks the sandbox mode once (c.Sandbox: refuses when it is required and bubblewrap cannot run); grading kernels
-# start through course.sandbox.SandboxProvisioner (docs/SECURITY.md).
+# start through course.grader.sandbox.SandboxProvisioner (docs/SECURITY.md).
 configure_sandbox(c)

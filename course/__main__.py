@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .paths import REPO_ROOT, resolve_labs
+from .common.paths import REPO_ROOT, resolve_labs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,31 +75,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "build":
-        from . import build
+        from .cli import build
         return build.main(resolve_labs(args.labs))
     if args.command in ("lint", "check"):
-        from . import check
+        from .cli import check
         return check.main(resolve_labs(args.labs), execute=args.command == "check")
     if args.command == "bundle":
-        from . import bundle
+        from .cli import bundle
         return bundle.main(resolve_labs(args.labs), args.out)
     if args.command == "solutions":
-        from . import solutions
+        from .cli import solutions
         return solutions.main(resolve_labs(args.labs), args.out)
     if args.command == "grade":
-        from . import grade
+        from .cli import grade
         return grade.main(args.lab, args.course_dir.resolve(), args.student, args.timeout_s,
                           workers=args.workers, shard=args.shard, resume=args.resume, report_only=args.report,
                           roster=args.roster, canvas_assignment_id=args.canvas_assignment_id, force=args.force)
     if args.command == "feedback":
-        from . import feedback
+        from .cli import feedback
         return feedback.main(args.lab, args.course_dir.resolve(), args.student, args.exchange, args.force)
     if args.command == "measure":
-        from . import measure
+        from .cli import measure
         return measure.main(args.lab, args.course_dir.resolve(), args.student, args.workers, args.timeout_s,
                             report_only=args.report, shard=args.shard, merge=args.merge)
     if args.command == "demo":
-        from . import demo
+        from .cli import demo
         return demo.main(resolve_labs([args.lab])[0])
     return 2
 

@@ -1,10 +1,10 @@
-"""A/B of each speed piece of ``course grade`` (``course/speed.py``): grades the demo class (``course demo``'s three
+"""A/B of each speed piece of ``course grade`` (``course/common/speed.py``): grades the demo class (``course demo``'s three
 submissions) with every piece on and with each piece off in turn, in alternated rounds, in one command, and prints a
 markdown table of the time per submission.
 
     python scripts/grading_ab.py [--lab lab1] [--rounds 3] [--workers 1] [--report reports/grading-time-cpu-2core.md]
 
-The pieces are ``course/speed.py``'s, each switched off through ``EFFICIENT_AI_GRADING_SPEED``. ``--report`` writes the table with the machine, commit and command that made it.
+The pieces are ``course/common/speed.py``'s, each switched off through ``EFFICIENT_AI_GRADING_SPEED``. ``--report`` writes the table with the machine, commit and command that made it.
 
 A piece that does not save at least 20 % of the time per submission goes (docs/GRADING.md). Run it on an idle
 machine: the table is only as quiet as the machine.
@@ -26,10 +26,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from course import build  # noqa: E402
-from course.demo import demo_class  # noqa: E402
-from course.nbgrader_run import make_course_dir  # noqa: E402
-from course.speed import SPEED_ENV, SpeedPieces  # noqa: E402
+from course.cli import build  # noqa: E402
+from course.cli.demo import demo_class  # noqa: E402
+from course.cli.nbgrader_run import make_course_dir  # noqa: E402
+from course.common.speed import SPEED_ENV, SpeedPieces  # noqa: E402
 
 ALL_ON = "every piece on"
 

@@ -20,7 +20,7 @@ if ! "$PY" -I -c 'import course, os, sys; from importlib.metadata import entry_p
   "$PY" -m pip install --quiet -e .
 fi
 
-# Grading runs every student's kernel in a bubblewrap sandbox (course/sandbox.py); without bwrap it runs unsandboxed.
+# Grading runs every student's kernel in a bubblewrap sandbox (course/grader/sandbox.py); without bwrap it runs unsandboxed.
 if ! command -v bwrap >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing bubblewrap (the grading sandbox)"

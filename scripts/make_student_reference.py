@@ -1,7 +1,7 @@
 """Write each lab's student reference ``labs/<lab>/measured_runs.md``: what the lab's measuring cells printed in the
 course's committed runs, for students without that hardware (issue 52).
 
-Sources: the teaching-scale run on the course's GPU (``course.paths.TEACHING_RUNS``: ``<lab>_executed.ipynb`` and
+Sources: the teaching-scale run on the course's GPU (``course.common.paths.TEACHING_RUNS``: ``<lab>_executed.ipynb`` and
 ``<lab>_run.json``, made
 by ``scripts/gpu/run_reports.sh``) and the cpu-scale run on the 2-core machine
 (``reports/cpu-2core/<lab>-cpu_executed.ipynb`` and ``<lab>-cpu_run.json``, made by ``scripts/run_cpu_scale.py``).
@@ -17,7 +17,7 @@ except
   lines out of a cell that prints measurements beside them;
 - what is not a result: standard error (warnings), progress bars, figures (each is named, not shown: the numbers it
   draws are printed beside it).
-Nothing else of the notebooks is copied: no source, no markdown. ``course.lint.check_reference_leaks`` then checks the
+Nothing else of the notebooks is copied: no source, no markdown. ``course.cli.lint.check_reference_leaks`` then checks the
 written text for answer leaks, and this script refuses to write a reference that fails it.
 
 Usage: ``python scripts/make_student_reference.py [lab ...]`` (all labs by default), after committing new runs;
@@ -36,9 +36,9 @@ sys.path.insert(0, str(REPO))
 
 import nbformat  # noqa: E402
 
-from course.lint import check_reference_leaks  # noqa: E402
-from course.notebooks import grade_id, is_graded, is_solution, read_notebook  # noqa: E402
-from course.paths import (  # noqa: E402
+from course.cli.lint import check_reference_leaks  # noqa: E402
+from course.common.notebooks import grade_id, is_graded, is_solution, read_notebook  # noqa: E402
+from course.common.paths import (  # noqa: E402
     STUDENT_REFERENCE,
     TEACHING_GPU,
     TEACHING_RUNS,

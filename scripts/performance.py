@@ -1,7 +1,7 @@
 """Write ``docs/PERFORMANCE.md``: one current table per lab of how long it takes to run and to grade, measured.
 
 Every number comes from a committed run of ``scripts/gpu/run_lab.py`` (``reports/<card>/<lab>_run.json``: every cell at
-teaching scale on the course's GPU, ``course.paths.TEACHING_GPU``, then one reference submission autograded there, or ``<lab>_autograde.json`` from a
+teaching scale on the course's GPU, ``course.common.paths.TEACHING_GPU``, then one reference submission autograded there, or ``<lab>_autograde.json`` from a
 later ``--skip-execute`` run; ``reports/cpu-2core/<lab>-cpu_run.json``:
 every cell at cpu scale on a 2-core machine, made by ``scripts/run_cpu_scale.py``). Regenerate after committing new runs:
 ``python scripts/performance.py``.
@@ -15,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from course.paths import TEACHING_GPU, TEACHING_RUNS  # noqa: E402
+from course.common.paths import TEACHING_GPU, TEACHING_RUNS  # noqa: E402
 
 RUNS = (  # (file pattern of a whole run, of a later autograde-only run, machine)
     (f"{TEACHING_RUNS}/{{lab}}_run.json", f"{TEACHING_RUNS}/{{lab}}_autograde.json", f"lent {TEACHING_GPU}"),

@@ -1,7 +1,7 @@
 """Write ``assets/run_times.json``: how long each lab's run-all took, measured, for the labs' first code cell.
 
 Reads the committed runs of ``scripts/gpu/run_lab.py``: ``reports/<card>/<lab>_run.json`` (teaching scale on the
-course's GPU, ``course.paths.TEACHING_GPU``) and ``reports/cpu-2core/<lab>-cpu_run.json`` (cpu scale on a 2-core machine, ``--scale cpu --skip-autograde``).
+course's GPU, ``course.common.paths.TEACHING_GPU``) and ``reports/cpu-2core/<lab>-cpu_run.json`` (cpu scale on a 2-core machine, ``--scale cpu --skip-autograde``).
 ``utils.print_environment_report(lab)`` prints the figure for the scale in effect.
 
 Usage: ``python scripts/run_times.py`` (after committing new runs).
@@ -15,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from course.paths import TEACHING_GPU, TEACHING_RUNS  # noqa: E402
+from course.common.paths import TEACHING_GPU, TEACHING_RUNS  # noqa: E402
 
 SOURCES = {  # scale -> (run file pattern, where it was measured)
     "teaching": (f"{TEACHING_RUNS}/{{lab}}_run.json", TEACHING_GPU),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pg_server import free_port
 
-from course.nbgrader_run import nbgrader_env
+from course.cli.nbgrader_run import nbgrader_env
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMEDRIVER_CANDIDATES = ("/usr/bin/chromedriver",)

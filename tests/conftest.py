@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from pg_server import PostgresServer, find_pg_bin
 
-from course.job import thread_pool_env
-from course.nbgrader_run import available_cpus
+from course.cli.nbgrader_run import available_cpus
+from course.common.job import thread_pool_env
 
 
 def _share_cores_between_test_processes() -> None:
     """Under pytest-xdist, cap the thread pools of everything a test process starts (kernels, graders) at its share
-    of the cores, as ``course.grade`` does for its own workers. Without it two processes each run torch and OpenMP
+    of the cores, as ``course.cli.grade`` does for its own workers. Without it two processes each run torch and OpenMP
     with a thread per core, and their spinning threads slow each other: on the 2-core CI machine, two test
     processes grading Lab 1 at once took 20 % longer (111 s against 87-97 s for four submissions).
     A variable set by the caller wins."""

@@ -8,9 +8,9 @@ import shutil
 import time
 from pathlib import Path
 
-from course import build
-from course.nbgrader_run import make_course_dir
-from course.notebooks import make_submission, read_notebook, write_notebook
+from course.cli import build
+from course.cli.nbgrader_run import make_course_dir
+from course.common.notebooks import make_submission, read_notebook, write_notebook
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "tests" / "fixtures" / "lab0" / "lab0.py"

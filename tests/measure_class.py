@@ -8,8 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from course.notebooks import cells_by_grade_id, is_graded, is_solution, nbgrader_meta, read_notebook, write_notebook
-from course.paths import COURSE_ID, course_directory
+from course.common.notebooks import (
+    cells_by_grade_id,
+    is_graded,
+    is_solution,
+    nbgrader_meta,
+    read_notebook,
+    write_notebook,
+)
+from course.common.paths import COURSE_ID, course_directory
 
 
 def write_graded_class(course_root: Path, lab: str, answers: dict[str, dict[str, str]],

@@ -14,8 +14,8 @@ import nbformat
 from nbconvert import HTMLExporter
 from traitlets.config import Config
 
-from course.notebooks import make_submission, read_notebook, replace_cell_source
-from course.sanitize import SanitizeNotebook, clean_html, markdown2html
+from course.common.notebooks import make_submission, read_notebook, replace_cell_source
+from course.grader.sanitize import SanitizeNotebook, clean_html, markdown2html
 
 # A 1x1 red PNG.
 PNG_BASE64 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")

@@ -14,8 +14,8 @@ import nbformat
 from fixture_lab import FIXTURE, LAB, make_root
 from payloads import PNG_BASE64, outputs_notebook
 
-from course import build
-from course.notebooks import grade_id, make_submission, read_notebook
+from course.cli import build
+from course.common.notebooks import grade_id, make_submission, read_notebook
 
 PLOT_GID = "q1_4_plot"
 ANSWER_GID = "q1_3_answer"

@@ -1,4 +1,4 @@
-"""The grading boundary (course/boundary.py, course/boundary_kernel.py): what crosses it and how.
+"""The grading boundary (course/grader/boundary.py, course/kernel/boundary_kernel.py): what crosses it and how.
 
 The unit tests run the kernel's server in this process against a namespace standing in for the notebook's; the last
 test grades the fixture lab in real kernels, where one answer kills its kernel.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from course import boundary
+from course.grader import boundary
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -234,10 +234,10 @@ def test_a_killed_kernel_costs_only_its_own_question(tmp_path):
     A kernel that stops answering the boundary's requests fails the tests from there on, each with a clear error."""
     from fixture_lab import LAB, built_root
 
-    from course import grade
-    from course.grading_result import GradingResult
-    from course.nbgrader_run import make_course_dir
-    from course.notebooks import make_submission, read_notebook, replace_cell_source, write_notebook
+    from course.cli import grade
+    from course.cli.nbgrader_run import make_course_dir
+    from course.common.grading_result import GradingResult
+    from course.common.notebooks import make_submission, read_notebook, replace_cell_source, write_notebook
 
     root = built_root(tmp_path / "repo")
     course = make_course_dir(tmp_path / "course", [LAB], root)

@@ -51,13 +51,13 @@ from student_run_lab import (  # noqa: E402
     with_student_run,
 )
 
-from course.feedback import generate_feedback
-from course.grade import grade_lab
-from course.nbgrader_run import make_course_dir
-from course.notebooks import make_submission, read_notebook, write_notebook
-from course.paths import course_directory
-from course.scores import read_scores
-from course.ta_view import GRADER_RUN, STUDENT_RUN
+from course.cli.feedback import generate_feedback
+from course.cli.grade import grade_lab
+from course.cli.nbgrader_run import make_course_dir
+from course.common.notebooks import make_submission, read_notebook, write_notebook
+from course.common.paths import course_directory
+from course.common.scores import read_scores
+from course.grader.ta_view import GRADER_RUN, STUDENT_RUN
 
 HIDDEN_TEST_LINES = ("add(-40, 17)", "scale(0.5, 7.25)", "square(-9)")
 # After a page has loaded, how long its scripts (a payload's requests included) are given before the checks.
@@ -305,7 +305,7 @@ def test_student_runs_setup_and_a_public_test_in_jupyterlab(graded, server, brow
     wait_for(browser, lambda d: d.find_elements("css selector", ".jp-Notebook-ExecutionIndicator[data-status='idle']"),
              timeout_s=120, what="the kernel to be idle")
     dirty = browser.find_elements("css selector", ".lm-TabBar-tab.jp-mod-dirty")
-    assert not dirty, ("opening a released notebook must not mark it modified (course/build.py writes the kernel's "
+    assert not dirty, ("opening a released notebook must not mark it modified (course/cli/build.py writes the kernel's "
                        f"full language_info): {[tab.text for tab in dirty]}")
 
     def find_code_cell(text: str):

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from fixture_lab import LAB, REPO, make_root
 
-from course import build, bundle, lint, solutions
-from course.notebooks import HIDDEN_BEGIN, MARK_SCHEME_BEGIN, SOLUTION_BEGIN, read_notebook
-from course.paths import LAB_FILES, STUDENT_REFERENCE
+from course.cli import build, bundle, lint, solutions
+from course.common.notebooks import HIDDEN_BEGIN, MARK_SCHEME_BEGIN, SOLUTION_BEGIN, read_notebook
+from course.common.paths import LAB_FILES, STUDENT_REFERENCE
 
 SECRETS = ("add(-40, 17)", "scale(0.5, 7.25)", "square(-9)", "Any reasonable answer", "=== BEGIN MARK SCHEME ===",
            HIDDEN_BEGIN, SOLUTION_BEGIN)  # hidden tests, the mark scheme and delimiters of tests/fixtures/lab0

@@ -42,8 +42,8 @@ from checks import (
     output_devices_with_meta_default,
     record_torch_calls,
 )
-from course import check as course_check
-from course.lint import check_test_contract
+from course.cli import check as course_check
+from course.cli.lint import check_test_contract
 
 
 class AlwaysEqual(int):

@@ -17,10 +17,10 @@ import nbformat
 import pytest
 from fixture_lab import LAB, REPO, make_root
 
-from course import build, bundle
-from course.fetch_cell import FETCH_CELL_ID
-from course.notebooks import grade_id, read_notebook
-from course.paths import LAB_FILES
+from course.cli import build, bundle
+from course.common.fetch_cell import FETCH_CELL_ID
+from course.common.notebooks import grade_id, read_notebook
+from course.common.paths import LAB_FILES
 
 
 @pytest.fixture(scope="module")

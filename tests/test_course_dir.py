@@ -6,7 +6,7 @@ hidden tests in feedback and grade without our guard and sandbox. The course too
 ``demo/``, any ``--course-dir``) loads our settings; where they cannot load, every nbgrader command must stop.
 
 These tests run nbgrader the way a TA does: ``nbgrader ...`` in the course folder, with none of the environment
-that ``course.nbgrader_run`` adds (no PYTHONPATH).
+that ``course.cli.nbgrader_run`` adds (no PYTHONPATH).
 """
 from __future__ import annotations
 
@@ -21,10 +21,9 @@ from pathlib import Path
 import pytest
 from fixture_lab import LAB, built_root  # noqa: E402
 
-from course.grading_result import RESULT_FILE
-from course.nbgrader_ext import hidden_test_lines
-from course.nbgrader_run import make_course_dir
-from course.notebooks import (
+from course.cli.nbgrader_run import make_course_dir
+from course.common.grading_result import RESULT_FILE
+from course.common.notebooks import (
     BONUS_POINTS,
     COURSE_METADATA,
     cell_points,
@@ -36,8 +35,9 @@ from course.notebooks import (
     replace_cell_source,
     write_notebook,
 )
-from course.paths import course_directory
-from course.scores import read_scores
+from course.common.paths import course_directory
+from course.common.scores import read_scores
+from course.grader.nbgrader_ext import hidden_test_lines
 
 CONFIG_FAILURE = "Exception while loading config file"
 TAMPERED = "q1_1_add_tests"
@@ -230,7 +230,7 @@ def test_read_scores_agrees_with_nbgrader_grade_by_grade(course_dir, tmp_path):
 
     from nbgrader.api import Gradebook
 
-    from course.scores import is_autograded_grade
+    from course.common.scores import is_autograded_grade
 
     course = shutil.copytree(course_dir, tmp_path / "course")  # the module's course stays as the other tests left it
     written = "q1_3_answer"

@@ -21,7 +21,7 @@ import yaml
 from fixture_lab import LAB, REPO, built_root, make_class  # noqa: E402
 from slurm_cluster import SlurmCluster, missing_programs  # noqa: E402
 
-from course.scores import read_scores  # noqa: E402
+from course.common.scores import read_scores  # noqa: E402
 
 SLURM = REPO / "deploy" / "slurm" / "grade_array.sbatch"
 K8S = REPO / "deploy" / "k8s" / "grade-job.yaml"
@@ -31,7 +31,7 @@ SHARD_COMMAND = 'python -m course grade "$LAB" --shard "{shard}" --workers "$WOR
 GRADING_TIMEOUT_S = 600
 IMAGE_ENV = "EFFICIENT_AI_TEST_IMAGE"  # a built grading image to check the sandbox in (not in CI: ~10 min, 3.5 GB)
 PODMAN_ARGS_ENV = "EFFICIENT_AI_PODMAN_ARGS"  # extra `podman run` flags this host needs (runtime, ulimits)
-SANDBOX_PROBE = "from course.sandbox import unavailable_reason as r; print(r() or 'sandbox ok')"
+SANDBOX_PROBE = "from course.grader.sandbox import unavailable_reason as r; print(r() or 'sandbox ok')"
 SCALARS = {"str": (str, int, float), "int": (int,), "bool": (bool,), "float": (int, float), "object": (object,),
            "datetime": (str,)}
 

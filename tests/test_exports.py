@@ -8,12 +8,12 @@ import re
 
 import pytest
 
-from course import report
-from course.lms import POINTS_POSSIBLE, plan_collection, read_roster, write_canvas_csv, write_collect_report
-from course.outcome import Outcome
-from course.quoting import escape_controls
-from course.scores import CellScore, SubmissionScores
-from course.spreadsheet import read_cell, safe_cell
+from course.cli import report
+from course.common.outcome import Outcome
+from course.common.quoting import escape_controls
+from course.common.scores import CellScore, SubmissionScores
+from course.common.spreadsheet import read_cell, safe_cell
+from course.grader.lms import POINTS_POSSIBLE, plan_collection, read_roster, write_canvas_csv, write_collect_report
 
 FORMULAS = ["=1+2", "+1", "-2+3+cmd|' /C calc'!A0", "@SUM(1+1)", "\t=1", "\r=1", '=HYPERLINK("http://x.example","a")']
 HOSTILE = [*FORMULAS, "ok;=1+2", "a, -1", "x\n@A1", "'quoted", "''=1", "plain", "", "don't", "a;'b"]

@@ -13,16 +13,17 @@ import nbformat
 import pytest
 from fixture_lab import REPO, processes_working_in, wait_until_no_process_works_in
 
-from course import grade, nbgrader_child, report  # noqa: E402
-from course.grading_result import GradingResult  # noqa: E402
-from course.guarded_execute import GuardedExecute  # noqa: E402
-from course.job import GradingJob, WorkerSlot  # noqa: E402
-from course.kernel_channel import DIED, KernelChannel, KernelLoss  # noqa: E402
-from course.nbgrader_ext import neutralise_cell_metadata  # noqa: E402
-from course.nbgrader_run import GradingRun  # noqa: E402
-from course.quoting import escape_controls  # noqa: E402
-from course.scan import scan_notebook  # noqa: E402
-from course.scores import CellScore, SubmissionScores  # noqa: E402
+from course.cli import grade, report  # noqa: E402
+from course.cli.nbgrader_run import GradingRun  # noqa: E402
+from course.common.grading_result import GradingResult  # noqa: E402
+from course.common.job import GradingJob, WorkerSlot  # noqa: E402
+from course.common.quoting import escape_controls  # noqa: E402
+from course.common.scores import CellScore, SubmissionScores  # noqa: E402
+from course.grader import nbgrader_child  # noqa: E402
+from course.grader.guarded_execute import GuardedExecute  # noqa: E402
+from course.grader.kernel_channel import DIED, KernelChannel, KernelLoss  # noqa: E402
+from course.grader.nbgrader_ext import neutralise_cell_metadata  # noqa: E402
+from course.grader.scan import scan_notebook  # noqa: E402
 
 ESC_HIDE = "\x1b[8m"  # "conceal": a terminal shows nothing of what follows
 MIB = 2**20
@@ -101,7 +102,7 @@ def test_the_notebook_cap_holds_across_cells_and_errors_are_always_kept(executor
 
 def test_widget_messages_never_capture_a_cells_outputs(executor):
     # (A test cell's error cannot be cleared by student code: test cells run in the grader, which writes their
-    # outputs after the kernel has answered, course/boundary.py.)
+    # outputs after the kernel has answered, course/grader/boundary.py.)
     outs = [nbformat.v4.new_output("error", ename="AssertionError", evalue="wrong", traceback=[])]
     executor.handle_comm_msg(outs, message("comm_open", comm_id="c", target_name="jupyter.widget",
                                            data={"state": {"_model_name": "OutputModel", "msg_id": "m"}}), 0)
@@ -200,7 +201,7 @@ def lost_kernel_reason(student_code_ran: bool, loss: KernelLoss) -> tuple[str, s
 def test_a_kernel_lost_before_student_code_is_not_blamed_and_is_retried(loss):
     stopped, retry = lost_kernel_reason(False, loss)
     assert "before any student code ran, so not because of the submission" in stopped and "student code broke" not in stopped
-    assert retry, "course.grade must grade it again"
+    assert retry, "course.cli.grade must grade it again"
 
 
 def test_a_mute_kernel_after_student_code_names_both_causes_and_is_retried():
@@ -258,8 +259,8 @@ def test_table_csv_and_review_escape_student_text(tmp_path):
 
 
 def test_workers_get_disjoint_cpu_shares_and_matching_thread_counts():
-    from course.job import THREAD_ENVS
-    from course.nbgrader_run import grading_workers
+    from course.cli.nbgrader_run import grading_workers
+    from course.common.job import THREAD_ENVS
 
     workers = grading_workers(4, [], list(range(16)))
     shares = [set(worker.kernel_cpus) for worker in workers]
@@ -278,7 +279,7 @@ def test_workers_get_disjoint_cpu_shares_and_matching_thread_counts():
 def test_a_worker_s_nbgrader_processes_run_on_every_cpu(tmp_path):
     """nbgrader runs no student code: pinned to its worker's share it would take CPU from that worker's kernel while
     other workers' CPUs idle. It is left on every CPU; only the kernels run on the worker's share (next test)."""
-    from course import nbgrader_run
+    from course.cli import nbgrader_run
 
     everywhere = sorted(os.sched_getaffinity(0))
     if len(everywhere) < 2:
@@ -297,7 +298,7 @@ def test_an_nbgrader_process_ends_with_the_process_that_started_it(tmp_path):
     (tmp_path / "nbgrader_config.py").write_text(  # nbgrader runs its config file at start-up, in its own process
         "import time\nopen('started', 'w').close()\ntime.sleep(600)\n")
     starter = subprocess.Popen(
-        [sys.executable, "-c", "from pathlib import Path\nfrom course.nbgrader_run import run_nbgrader\n"
+        [sys.executable, "-c", "from pathlib import Path\nfrom course.cli.nbgrader_run import run_nbgrader\n"
                                "run_nbgrader(Path('.'), ['db', 'student', 'list'])"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
     deadline = time.monotonic() + 120

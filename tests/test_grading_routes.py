@@ -22,10 +22,10 @@ import nbformat
 import pytest
 from fixture_lab import LAB, REPO, built_root  # noqa: E402
 
-from course import grade  # noqa: E402
-from course.nbgrader_run import make_course_dir, run_nbgrader  # noqa: E402
-from course.notebooks import grade_id, make_submission, read_notebook, replace_cell_source, write_notebook  # noqa: E402
-from course.scores import read_scores  # noqa: E402
+from course.cli import grade  # noqa: E402
+from course.cli.nbgrader_run import make_course_dir, run_nbgrader  # noqa: E402
+from course.common.notebooks import grade_id, make_submission, read_notebook, replace_cell_source, write_notebook  # noqa: E402
+from course.common.scores import read_scores  # noqa: E402
 
 FULL = {"q1_1_add_tests": 3.0, "q1_2_scale_tests": 2.0, "b1_1_square_tests": 1.0}
 CELL_TIMEOUT_S = "5"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from fixture_lab import FIXTURE, LAB, make_root  # noqa: E402
 
-from course import build, grade
-from course.nbgrader_run import make_course_dir
-from course.notebooks import make_submission, read_notebook, replace_cell_source, write_notebook
+from course.cli import build, grade
+from course.cli.nbgrader_run import make_course_dir
+from course.common.notebooks import make_submission, read_notebook, replace_cell_source, write_notebook
 
 SLOW_LIMIT_S = 30  # the notebook time limit for the slow submission: room for a kernel start on a busy machine
 SLOW_SCALE = f"import time\ntime.sleep({SLOW_LIMIT_S + 3})\n\ndef scale(x, factor_per_unit):\n    return x * factor_per_unit"
@@ -162,8 +162,8 @@ def graded_with_a_cell_before_the_setup(tmp_path_factory):
     """Graded by plain nbgrader autograde (the formgrader's route: no kernel started ahead), then by course grade."""
     import nbformat
 
-    from course.nbgrader_run import run_nbgrader
-    from course.scores import read_scores
+    from course.cli.nbgrader_run import run_nbgrader
+    from course.common.scores import read_scores
 
     text = FIXTURE.read_text()
     answer_header = '# %% nbgrader={"grade": false, "grade_id": "q1_2_scale"'
@@ -211,8 +211,8 @@ def test_what_the_course_s_imports_change_is_never_charged_to_the_student(graded
 
 
 def test_a_kernel_started_ahead_loads_the_modules_of_the_lab_s_locked_kernel_cells():
-    from course.boundary import locked_cell_imports
-    from course.paths import REPO_ROOT
+    from course.common.paths import REPO_ROOT
+    from course.grader.boundary import locked_cell_imports
 
     modules = locked_cell_imports(REPO_ROOT / "source" / "lab1")
     assert "transformers.models.gemma3.configuration_gemma3" in modules, "a locked cell after the first answer imports it"
@@ -222,8 +222,8 @@ def test_a_kernel_started_ahead_loads_the_modules_of_the_lab_s_locked_kernel_cel
 
 
 def test_the_guard_watches_numpy_torch_and_utils_in_labs_that_import_them(tmp_path):
-    from course.boundary import lab_uses_guard_libraries
-    from course.paths import REPO_ROOT, discover_labs
+    from course.common.paths import REPO_ROOT, discover_labs
+    from course.grader.boundary import lab_uses_guard_libraries
 
     for lab in discover_labs(REPO_ROOT):
         assert lab_uses_guard_libraries(REPO_ROOT / "source" / lab), (

@@ -1,4 +1,4 @@
-"""How grading kernels start (course/sandbox.py's provisioner, course/kernel_limits.py, course/bwrap.py): isolated on
+"""How grading kernels start (course/grader/sandbox.py's provisioner, course/kernel/kernel_limits.py, course/kernel/bwrap.py): isolated on
 their worker's CPUs with the sandbox off or missing, in bwrap with c.Sandbox's limits where it works, refused when the
 sandbox is required and missing; no kernelspec file is written and JUPYTER_PATH is left alone. tests/test_sandbox.py
 grades through the sandbox for real.
@@ -16,9 +16,10 @@ from jupyter_client import KernelManager
 from jupyter_client.provisioning import KernelProvisionerFactory
 from traitlets.config import Config
 
-from course import bwrap, sandbox
-from course.kernel_limits import SCRIPT as LIMITS_SCRIPT
-from course.kernel_limits import KernelLimits
+from course.grader import sandbox
+from course.kernel import bwrap
+from course.kernel.kernel_limits import SCRIPT as LIMITS_SCRIPT
+from course.kernel.kernel_limits import KernelLimits
 
 
 def course_config(tmp_path: Path, mode: str, **options) -> Config:

@@ -3,7 +3,7 @@
 - ``check``: lint, reference solution full autograded marks, blank release zero, and the order of grades on the
   prepared answers (a skip earns at most a quarter and less than any one-mistake answer), from the one harness run
   the other tests use.
-- Prepared answers (``labs/<lab>/variants.py``, tried by course/harness.py): each correct answer written differently
+- Prepared answers (``labs/<lab>/variants.py``, tried by course/cli/harness.py): each correct answer written differently
   from the reference passes every test; each plausible wrong answer, and each answer that skips the prescribed
   method, fails its own question's tests and nothing else.
 - A mixed submission (alternatives on every other autograded question, wrong answers on the rest) earns exactly
@@ -18,12 +18,11 @@ import re
 
 import pytest
 
-from course import check, demo
-from course.grade import grade_lab
-from course.harness import load_variants, run_harness, variants_path
-from course.nbgrader_ext import RECORDS_CALLS
-from course.nbgrader_run import make_course_dir
-from course.notebooks import (
+from course.cli import check, demo
+from course.cli.grade import grade_lab
+from course.cli.harness import load_variants, run_harness, variants_path
+from course.cli.nbgrader_run import make_course_dir
+from course.common.notebooks import (
     autograded_points_by_cell,
     autograded_points_by_question,
     find_headings,
@@ -37,8 +36,9 @@ from course.notebooks import (
     replace_cell_source,
     write_notebook,
 )
-from course.paths import REPO_ROOT, discover_labs
-from course.scan import recording_bypass_flags
+from course.common.paths import REPO_ROOT, discover_labs
+from course.grader.nbgrader_ext import RECORDS_CALLS
+from course.grader.scan import recording_bypass_flags
 
 LABS = discover_labs(REPO_ROOT)
 VARIANT_LABS = [lab for lab in LABS if variants_path(lab).exists()]

@@ -11,11 +11,11 @@ import subprocess
 import pytest
 from fixture_lab import LAB, make_root
 
-from course import build, feedback, grade
-from course.late import LatePenalty
-from course.lms import POINTS_POSSIBLE
-from course.nbgrader_run import make_course_dir
-from course.notebooks import make_submission, read_notebook, write_notebook
+from course.cli import build, feedback, grade
+from course.cli.nbgrader_run import make_course_dir
+from course.common.notebooks import make_submission, read_notebook, write_notebook
+from course.grader.late import LatePenalty
+from course.grader.lms import POINTS_POSSIBLE
 
 DUE = "2025-03-01 23:59:00 UTC"
 LATE = "2025-03-04 11:59:00 UTC"  # 2.5 days late: 3 days at 10 % a day
@@ -91,7 +91,7 @@ def grade_written_answers(course, points: float) -> None:
     """What a TA does in the formgrader: every submission's written answer gets ``points``."""
     from nbgrader.api import Gradebook
 
-    from course.paths import course_directory
+    from course.common.paths import course_directory
 
     with Gradebook(course_directory(course).db_url, course_id="efficient-ai") as gb:
         for student in ("ada", "bob"):

@@ -15,9 +15,12 @@ import nbformat
 import pytest
 from fixture_lab import LAB, make_root
 
-from course import build, grade
-from course.fetch_cell import add_fetch_cell
-from course.lms import (
+from course.cli import build, grade
+from course.cli.nbgrader_run import make_course_dir
+from course.common.fetch_cell import add_fetch_cell
+from course.common.notebooks import make_submission, read_notebook
+from course.common.paths import course_directory
+from course.grader.lms import (
     BLACKBOARD,
     CANVAS,
     COLLECT_REPORT,
@@ -27,10 +30,7 @@ from course.lms import (
     read_roster,
     write_canvas_csv,
 )
-from course.nbgrader_run import make_course_dir
-from course.notebooks import make_submission, read_notebook
-from course.paths import course_directory
-from course.scan import scan_notebook
+from course.grader.scan import scan_notebook
 
 CANVAS_NAMES = {  # file in Canvas's "Download Submissions" zip -> (student id, notebook)
     "doejane_12345_6789012_lab1.ipynb": ("doejane", "lab1"),

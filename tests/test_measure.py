@@ -17,12 +17,14 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course import measure_cells, measure_credit, measure_probe, measure_shards, measure_spec
-from course.lint import check_measure_declarations
-from course.nbgrader_run import make_course_dir
-from course.notebooks import read_notebook
-from course.paths import COURSE_ID, course_directory
-from course.scores import read_scores
+from course.cli import measure_credit, measure_shards
+from course.cli.lint import check_measure_declarations
+from course.cli.nbgrader_run import make_course_dir
+from course.common import measure_cells, measure_spec
+from course.common.notebooks import read_notebook
+from course.common.paths import COURSE_ID, course_directory
+from course.common.scores import read_scores
+from course.kernel import measure_probe
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))

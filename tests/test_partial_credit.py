@@ -13,7 +13,7 @@ by ``course grade`` and by ``course grade --workers 2`` (two grading workers on 
   earns a quarter of the question though its value is right;
 - a carried answer is the answer as graded: a later question accepts a value built on the student's earlier answer
   as its test recorded it (``keep_carried``), not on a function redefined after that test ran;
-- ``course check`` runs the prepared answers of ``labs/lab0/variants.py`` (course/harness.py) and reports a skip
+- ``course check`` runs the prepared answers of ``labs/lab0/variants.py`` (course/cli/harness.py) and reports a skip
   that earns more than a quarter of its question, and none where skips are below every one-mistake answer;
 - a grading kernel runs with the grader's settings (cuDNN attention off), which ``import utils`` no longer makes.
 """
@@ -23,10 +23,10 @@ import nbformat
 import pytest
 from fixture_lab import LAB, make_root  # noqa: E402
 
-from course import build, check, grade  # noqa: E402
-from course.nbgrader_run import make_course_dir, run_nbgrader  # noqa: E402
-from course.notebooks import make_submission, read_notebook, replace_cell_source, write_notebook  # noqa: E402
-from course.scores import read_scores  # noqa: E402
+from course.cli import build, check, grade  # noqa: E402
+from course.cli.nbgrader_run import make_course_dir, run_nbgrader  # noqa: E402
+from course.common.notebooks import make_submission, read_notebook, replace_cell_source, write_notebook  # noqa: E402
+from course.common.scores import read_scores  # noqa: E402
 
 LAB_TEXT = '''# %% [markdown] nbgrader={"grade": false, "grade_id": "intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # # Lab 0: partial credit
@@ -202,7 +202,7 @@ HALF_NEGATE = "def negate(x):\n    return -x if x > 0 else x"
 BYPASS = ("def double(x):\n    with torch._C.DisableTorchFunction():\n        return torch.mul(x, 2)")
 # Right on ordinary values; at the edge a float subclass that equals anything. It crosses the grading boundary as a
 # handle (never by value), which the contract refuses like any other object: the grader asks the kernel whether it
-# is a lying subclass (course/boundary.py, LYING_TYPES_PROBE), and a lying answer zeroes the cell (checks.LyingAnswer).
+# is a lying subclass (course/grader/boundary.py, LYING_TYPES_PROBE), and a lying answer zeroes the cell (checks.LyingAnswer).
 LYING_EDGE = ("class _Yes(float):\n    def __eq__(self, other):\n        return True\n    __hash__ = float.__hash__\n\n"
               "def clip(x, low, high):\n    return _Yes(x) if low == high else min(max(x, low), high)")
 SKIPS_THE_LOOP = "def total(x):\n    return torch.sum(x)"  # right value, but the library does the work
@@ -309,7 +309,7 @@ WRONG = {{"q1_4_total": [("the first element twice", {FIRST_TWICE!r})]}}
 def test_course_check_orders_the_prepared_answers(graded):
     *_, root = graded
     (root / "labs" / LAB / "variants.py").write_text(VARIANTS)
-    problems, orders = check.check_order(LAB, root, None)  # runs course/harness.py on the lab's prepared answers
+    problems, orders = check.check_order(LAB, root, None)  # runs course/cli/harness.py on the lab's prepared answers
     assert (orders["q1_4"].skips, orders["q1_4"].mistakes) == ({"torch.sum": 1.0}, {"the first element twice": 3.0}), (
         "the skip earns a quarter of Question 1.4, the answer with one mistake the weight of its passed checks")
     assert [str(p) for p in problems] == [

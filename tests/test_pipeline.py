@@ -12,10 +12,17 @@ import nbformat
 import pytest
 from fixture_lab import FIXTURE, LAB, README, make_root  # noqa: E402
 
-from course import build, check, grade, lint
-from course.job import WorkerSlot
-from course.nbgrader_run import GradingProcess, make_course_dir
-from course.notebooks import BONUS_POINTS, COURSE_METADATA, cell_points, make_submission, read_notebook, write_notebook
+from course.cli import build, check, grade, lint
+from course.cli.nbgrader_run import GradingProcess, make_course_dir
+from course.common.job import WorkerSlot
+from course.common.notebooks import (
+    BONUS_POINTS,
+    COURSE_METADATA,
+    cell_points,
+    make_submission,
+    read_notebook,
+    write_notebook,
+)
 
 
 @pytest.fixture(scope="module")
@@ -356,8 +363,8 @@ def scale(x, factor_per_unit):
 
 
 def test_grading_ignores_spoofed_results_and_stderr_and_feedback_hides_tests(built_root, tmp_path):
-    from course.feedback import generate_feedback
-    from course.notebooks import replace_cell_source
+    from course.cli.feedback import generate_feedback
+    from course.common.notebooks import replace_cell_source
 
     course = make_course_dir(tmp_path / "course", [LAB], built_root)
     source_nb = read_notebook(built_root / "source" / LAB / f"{LAB}.ipynb")
@@ -396,8 +403,8 @@ def test_feedback_waits_for_written_answers_to_be_graded(built_root, tmp_path, c
     """Ungraded written answers would read as 0 points in feedback: `course feedback` refuses without --force."""
     from nbgrader.api import Gradebook
 
-    from course import feedback
-    from course.paths import course_directory
+    from course.cli import feedback
+    from course.common.paths import course_directory
 
     course = make_course_dir(tmp_path / "course", [LAB], built_root)
     source_nb = read_notebook(built_root / "source" / LAB / f"{LAB}.ipynb")
@@ -432,8 +439,8 @@ def test_feedback_waits_for_written_answers_to_be_graded(built_root, tmp_path, c
 def test_reports_count_a_tas_extra_credit_on_a_written_bonus_answer():
     """A written bonus answer is out of 0 in nbgrader; the TA types its points as extra credit (AwardBonusPoints gave
     it an automatic 0, so nbgrader counts that extra credit): the table, totals and grades.csv count it as bonus."""
-    from course.report import question_scores
-    from course.scores import CellScore, SubmissionScores
+    from course.cli.report import question_scores
+    from course.common.scores import CellScore, SubmissionScores
 
     def written(extra, pending=False):
         return CellScore("b2_5_answer", max_score=2.0, auto_score=0.0, manual_score=None, needs_manual_grade=pending,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import nbformat
 
-from course.feedback import question_rows
-from course.lint import check_points, check_points_table
-from course.notebooks import find_headings, question_labels
+from course.cli.feedback import question_rows
+from course.cli.lint import check_points, check_points_table
+from course.common.notebooks import find_headings, question_labels
 
 
 def _graded(gid: str, points: int):

@@ -384,8 +384,8 @@ def test_student_reference_is_generated_from_the_committed_runs(lab):
     sys.path.insert(0, str(REPO / "scripts"))
     import make_student_reference
 
-    from course.lint import check_reference_leaks
-    from course.notebooks import read_notebook
+    from course.cli.lint import check_reference_leaks
+    from course.common.notebooks import read_notebook
 
     text = make_student_reference.reference_text(lab)
     path = REPO / "labs" / lab / "measured_runs.md"

@@ -1,12 +1,12 @@
-"""The mark of a finished grading run (course/grading_result.py), which `course grade --resume` trusts: a notebook that
+"""The mark of a finished grading run (course/common/grading_result.py), which `course grade --resume` trusts: a notebook that
 nbgrader wrote before grading (sanitized, or left by a killed run) is never taken for a graded one."""
 from __future__ import annotations
 
 import json
 import shutil
 
-from course.grading_result import RESULT_FILE as GRADING_REPORT
-from course.grading_result import is_recorded, mark_recorded
+from course.common.grading_result import RESULT_FILE as GRADING_REPORT
+from course.common.grading_result import is_recorded, mark_recorded
 
 NOTEBOOK = "lab1.ipynb"
 

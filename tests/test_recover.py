@@ -1,4 +1,4 @@
-"""A submission that lost its nbgrader metadata is graded from its answers (course/recover.py), on every route.
+"""A submission that lost its nbgrader metadata is graded from its answers (course/grader/recover.py), on every route.
 
 The fixture lab's reference and blank with every cell's nbgrader metadata and cell id removed (nbformat 4.4, as a
 notebook pasted into a fresh one or saved by an editor that drops metadata): the reference earns exactly the
@@ -13,11 +13,11 @@ import nbformat
 import pytest
 from fixture_lab import LAB, POINTS, built_root  # noqa: E402
 
-from course import grade  # noqa: E402
-from course.nbgrader_run import make_course_dir, run_nbgrader  # noqa: E402
-from course.notebooks import grade_id, make_submission, read_notebook  # noqa: E402
-from course.recover import recover_metadata, release_of  # noqa: E402
-from course.scores import read_scores  # noqa: E402
+from course.cli import grade  # noqa: E402
+from course.cli.nbgrader_run import make_course_dir, run_nbgrader  # noqa: E402
+from course.common.notebooks import grade_id, make_submission, read_notebook  # noqa: E402
+from course.common.scores import read_scores  # noqa: E402
+from course.grader.recover import recover_metadata, release_of  # noqa: E402
 
 FULL = {"q1_1_add_tests": 3.0, "q1_2_scale_tests": 2.0}
 
@@ -99,7 +99,7 @@ def test_the_status_says_when_a_ta_must_look(graded):
 
 @pytest.mark.parametrize("lab_name", ["lab1", "lab2", "lab3"])
 def test_every_lab_s_stripped_reference_and_blank_align_completely(lab_name):
-    from course.paths import REPO_ROOT
+    from course.common.paths import REPO_ROOT
 
     source = read_notebook(REPO_ROOT / "source" / lab_name / f"{lab_name}.ipynb")
     release = read_notebook(REPO_ROOT / "release" / lab_name / f"{lab_name}.ipynb")

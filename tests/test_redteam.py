@@ -26,13 +26,13 @@ from lab1_redteam import (
     write_case,
 )
 
-from course.feedback import generate_feedback
-from course.grade import grade_lab
-from course.nbgrader_run import make_course_dir
-from course.notebooks import grade_id, is_autograded_test, make_submission, question_key, write_notebook
-from course.paths import REPO_ROOT
-from course.sandbox import unavailable_reason
-from course.scores import read_scores
+from course.cli.feedback import generate_feedback
+from course.cli.grade import grade_lab
+from course.cli.nbgrader_run import make_course_dir
+from course.common.notebooks import grade_id, is_autograded_test, make_submission, question_key, write_notebook
+from course.common.paths import REPO_ROOT
+from course.common.scores import read_scores
+from course.grader.sandbox import unavailable_reason
 
 PARTIAL_ANSWERED = {"q1_1_gemm", "q1_2_latency", "q2_1_1_intensity", "q3_1_1_sdpa"}
 # The honest partial student answers four questions: every test cell of another question scores zero (the blank

@@ -12,10 +12,10 @@ import importlib
 import pytest
 from boundary_cases import case_expected
 
-from course.grade import grade_lab
-from course.nbgrader_run import make_course_dir
-from course.notebooks import make_submission, read_notebook, write_notebook
-from course.paths import REPO_ROOT
+from course.cli.grade import grade_lab
+from course.cli.nbgrader_run import make_course_dir
+from course.common.notebooks import make_submission, read_notebook, write_notebook
+from course.common.paths import REPO_ROOT
 
 LABS = ["lab2", "lab3"]
 

@@ -19,10 +19,10 @@ from lab1_redteam import (
     write_case,
 )
 
-from course.grade import grade_lab
-from course.nbgrader_run import make_course_dir
-from course.paths import REPO_ROOT
-from course.sandbox import unavailable_reason
+from course.cli.grade import grade_lab
+from course.cli.nbgrader_run import make_course_dir
+from course.common.paths import REPO_ROOT
+from course.grader.sandbox import unavailable_reason
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None,

@@ -1,4 +1,4 @@
-"""Autograding runs every student kernel isolated, and in the bubblewrap sandbox (course/sandbox.py).
+"""Autograding runs every student kernel isolated, and in the bubblewrap sandbox (course/grader/sandbox.py).
 
 A submission whose answer is right only when every attempt to escape failed (read solutions, the gradebook,
 another submission, the repository, a course checkout elsewhere on the machine and the hidden tests nbgrader wrote
@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from fixture_lab import LAB, POINTS, REPO, built_root  # noqa: E402
 
-from course import sandbox
-from course.grade import grade_lab, prepare_gradebook
-from course.kernel_limits import KernelLimits
-from course.nbgrader_run import make_course_dir, run_nbgrader
-from course.notebooks import grade_id, make_submission, read_notebook, write_notebook
-from course.scores import read_scores
+from course.cli.grade import grade_lab, prepare_gradebook
+from course.cli.nbgrader_run import make_course_dir, run_nbgrader
+from course.common.notebooks import grade_id, make_submission, read_notebook, write_notebook
+from course.common.scores import read_scores
+from course.grader import sandbox
+from course.kernel.kernel_limits import KernelLimits
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install bubblewrap)"

@@ -1,4 +1,4 @@
-"""The sanitizer (course/sanitize.py): payloads lose their script, honest content keeps its source and rendering.
+"""The sanitizer (course/grader/sanitize.py): payloads lose their script, honest content keeps its source and rendering.
 
 The real-browser proof is tests/test_browser.py; these tests are fast and run everywhere.
 """
@@ -19,7 +19,7 @@ from payloads import (  # noqa: E402
     student_script,
 )
 
-from course.sanitize import (
+from course.grader.sanitize import (
     clean_html,
     html_problems,
     render_markdown,

@@ -13,9 +13,9 @@ import time
 import pytest
 from fixture_lab import LAB, REPO, built_root, make_class, wait_until_no_process_works_in  # noqa: E402
 
-from course import grade  # noqa: E402
-from course.grading_result import is_recorded  # noqa: E402
-from course.scores import read_scores  # noqa: E402
+from course.cli import grade  # noqa: E402
+from course.common.grading_result import is_recorded  # noqa: E402
+from course.common.scores import read_scores  # noqa: E402
 
 CLASS_SIZE = 8  # every subset of the three answers once (fixture_lab.make_class); the PostgreSQL run: 2 workers
 SMALL_CLASS = 6  # the other runs use the first 6 students (each answers a different subset)
@@ -88,7 +88,7 @@ def test_a_killed_run_resumes_with_nothing_lost_or_duplicated(root, serial, post
     db_url = postgres.create_database("gradebook_killed")
     make_class(root, tmp_path, SMALL_CLASS)
     env = {**os.environ, "NBGRADER_DB_URL": db_url, "PYTHONPATH": str(REPO)}
-    script = f"from pathlib import Path; from course import grade; grade.grade_lab(Path({str(tmp_path)!r}), {LAB!r}, progress=False, workers=2)"
+    script = f"from pathlib import Path; from course.cli import grade; grade.grade_lab(Path({str(tmp_path)!r}), {LAB!r}, progress=False, workers=2)"
     proc = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     students = sorted(first(serial, SMALL_CLASS))

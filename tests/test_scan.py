@@ -1,4 +1,4 @@
-"""The static scan of student code (course.scan): each rule on a small example, and no flag on honest code.
+"""The static scan of student code (course.grader.scan): each rule on a small example, and no flag on honest code.
 
 False positives cost a TA's time and a student's trust: the reference solutions of every lab, and every prepared
 alternative answer, must raise no flag.
@@ -10,9 +10,9 @@ import importlib.util
 import nbformat
 import pytest
 
-from course.notebooks import make_submission, read_notebook, replace_cell_source
-from course.paths import REPO_ROOT, discover_labs
-from course.scan import scan_notebook
+from course.common.notebooks import make_submission, read_notebook, replace_cell_source
+from course.common.paths import REPO_ROOT, discover_labs
+from course.grader.scan import scan_notebook
 
 SETUP = "import math\nimport sys\nimport torch\nimport numpy as np\nimport matplotlib.pyplot as plt\n\ndef check(x):\n    return x"
 TESTS = 'assert abs(add(1, 2) - 3) < 1e-9, "add(1, 2) must be 3"\nassert isinstance(add(1, 2), int)'

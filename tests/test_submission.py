@@ -1,4 +1,4 @@
-"""Grading from staged, repaired copies (course.submission): each repair, its note, and its exact scores.
+"""Grading from staged, repaired copies (course.cli.submission): each repair, its note, and its exact scores.
 
 The unit tests stage submissions of the fixture lab0 without nbgrader; one ``grade_lab`` call then grades a
 class holding one submission per repair and checks every cell's score.
@@ -15,11 +15,11 @@ import nbformat
 import pytest
 from fixture_lab import LAB, built_root  # noqa: E402
 
-from course import grade  # noqa: E402
-from course.nbgrader_run import make_course_dir  # noqa: E402
-from course.notebooks import grade_id, make_submission, read_notebook, replace_cell_source, write_notebook  # noqa: E402
-from course.scores import read_scores  # noqa: E402
-from course.submission import NO_NOTEBOOK, Instructor, stage_submission  # noqa: E402
+from course.cli import grade  # noqa: E402
+from course.cli.nbgrader_run import make_course_dir  # noqa: E402
+from course.cli.submission import NO_NOTEBOOK, Instructor, stage_submission  # noqa: E402
+from course.common.notebooks import grade_id, make_submission, read_notebook, replace_cell_source, write_notebook  # noqa: E402
+from course.common.scores import read_scores  # noqa: E402
 
 FULL = {"q1_1_add_tests": 3.0, "q1_2_scale_tests": 2.0, "q1_3_answer": 0.0, "b1_1_square_tests": 1.0}
 ZERO = dict.fromkeys(FULL, 0.0)
@@ -356,8 +356,8 @@ def test_nothing_to_grade_takes_back_an_earlier_bonus(course):
     written answer stays."""
     from nbgrader.api import Gradebook
 
-    from course.paths import course_directory
-    from course.submission import record_zero
+    from course.cli.submission import record_zero
+    from course.common.paths import course_directory
 
     grade.prepare_gradebook(course, LAB)
     record_zero(course, LAB, "zed")

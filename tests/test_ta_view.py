@@ -1,4 +1,4 @@
-"""The TA grades what the student saw (course/ta_view.py): a submission of the fixture lab with a plot question
+"""The TA grades what the student saw (course/grader/ta_view.py): a submission of the fixture lab with a plot question
 (tests/student_run_lab.py) whose notebook carries the student's own run (an H100, a measured table, a plot, script
 payloads, a forged test result) is graded by plain ``nbgrader autograde`` (what the formgrader's Autograde button
 runs) and by ``course grade``. On both routes the autograded notebook (what the formgrader shows) holds, in each code
@@ -29,13 +29,13 @@ from student_run_lab import (
 )
 from traitlets.config import Config
 
-from course import grade
-from course.feedback import generate_feedback
-from course.nbgrader_run import make_course_dir, run_nbgrader
-from course.notebooks import COURSE_METADATA, grade_id, make_submission, read_notebook, write_notebook
-from course.sanitize import WIDGET_VIEW, sanitize_output
-from course.scores import read_scores
-from course.ta_view import (
+from course.cli import grade
+from course.cli.feedback import generate_feedback
+from course.cli.nbgrader_run import make_course_dir, run_nbgrader
+from course.common.notebooks import COURSE_METADATA, grade_id, make_submission, read_notebook, write_notebook
+from course.common.scores import read_scores
+from course.grader.sanitize import WIDGET_VIEW, sanitize_output
+from course.grader.ta_view import (
     GRADER_RUN,
     MARK_SCHEME_KEY,
     STUDENT_RUN,
@@ -126,7 +126,7 @@ def test_submitted_outputs_never_reach_a_test_cell_or_a_score(graded, route):
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_copied_outputs_are_sanitized(graded, route):
-    """The payloads' outputs come out as course/sanitize.py leaves them (the browser test shows none runs)."""
+    """The payloads' outputs come out as course/grader/sanitize.py leaves them (the browser test shows none runs)."""
     cell = cell_of(autograded(graded, ROUTES[route]), starts=MEASURE_MARK)
     copied = [dict(out) for out in cell.outputs[position(shown(cell), STUDENT_RUN) + 1:]]
     assert copied and copied == [sanitize_output(out) for out in copied], "copied outputs are sanitized"

@@ -929,7 +929,7 @@ HINTS: dict[str, list[tuple[str, str]]] = {
 # ==============================================================================================================
 # Issue 50, "A grade orders the work": a skipped method earns at most a quarter and less than any one mistake,
 # a correct design earns full marks, and the rules the GPU measurement needs are stated and checked on a CPU.
-# SKIPS: solution cell grade id -> (label, source) pairs that skip what the question asks (course/harness.py).
+# SKIPS: solution cell grade id -> (label, source) pairs that skip what the question asks (course/cli/harness.py).
 # ==============================================================================================================
 SKIPS: dict[str, list[tuple[str, str]]] = {}
 

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from course.notebooks import is_autograded_test  # noqa: E402
+from course.common.notebooks import is_autograded_test  # noqa: E402
 
 
 def report_lines(runs: list[Path], shown: int = 12) -> list[str]:

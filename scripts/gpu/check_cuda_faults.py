@@ -6,7 +6,7 @@ Run from the repository root on a CUDA machine (``scripts/gpu/run_reports.sh cud
 - ``reference``: the reference solution (every autograded point);
 - ``device_assert``: the gemm answer cell first indexes a tensor out of bounds on ``DEVICE``. On the GPU that is a
   device-side assert, after which every CUDA call of the kernel fails; on a CPU it is an ``IndexError`` in that
-  cell alone. ``course.grade`` must notice the sticky error and grade the submission again without the GPU;
+  cell alone. ``course.cli.grade`` must notice the sticky error and grade the submission again without the GPU;
 - ``cuda_oom``: the gemm answer cell first asks for 4 TiB on ``DEVICE`` (``torch.OutOfMemoryError`` on the GPU, a
   ``RuntimeError`` on a CPU); the kernel survives and only that question is lost.
 
@@ -39,9 +39,9 @@ def main() -> int:
 
     import torch
 
-    from course.grade import grade_lab
-    from course.nbgrader_run import make_course_dir
-    from course.notebooks import grade_id, make_submission, read_notebook, replace_cell_source, write_notebook
+    from course.cli.grade import grade_lab
+    from course.cli.nbgrader_run import make_course_dir
+    from course.common.notebooks import grade_id, make_submission, read_notebook, replace_cell_source, write_notebook
 
     source = read_notebook(REPO / "source" / LAB / f"{LAB}.ipynb")
     reference = make_submission(read_notebook(REPO / "release" / LAB / f"{LAB}.ipynb"), source)

@@ -2,7 +2,7 @@
 # Gather bubblewrap for a lent GPU machine, whose image has none: Debian's bubblewrap package, unpacked, into
 # .bwrap/ (ignored by git), carried to the device with `carry: [".bwrap"]`. A device command puts it on PATH
 # (`export PATH="$PWD/.bwrap:$PATH"`) to grade with sandboxed kernels, as a grading server with bubblewrap does;
-# whether it works there is course.sandbox.unavailable_reason()'s to say (it needs mount namespaces).
+# whether it works there is course.grader.sandbox.unavailable_reason()'s to say (it needs mount namespaces).
 #
 # Usage: bash scripts/gpu/gather_bwrap.sh [DEST]   (default DEST: .bwrap)
 set -euo pipefail

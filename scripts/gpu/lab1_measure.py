@@ -24,7 +24,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import utils  # noqa: E402
-from course.notebooks import exec_cells  # noqa: E402
+from course.common.notebooks import exec_cells  # noqa: E402
 
 RESULTS: dict = {"sections": {}, "errors": {}, "checks": []}
 

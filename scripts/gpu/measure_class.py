@@ -24,7 +24,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests"), str(Path(__file__).parent)]
 from measure_class import write_graded_class  # noqa: E402
 from measure_variants import variants  # noqa: E402
 
-from course.nbgrader_run import make_course_dir  # noqa: E402
+from course.cli.nbgrader_run import make_course_dir  # noqa: E402
 
 FIGURE_STUDENT = "slow"  # whose feedback page's figure the report shows
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from course.notebooks import cells_by_grade_id, read_notebook
+from course.common.notebooks import cells_by_grade_id, read_notebook
 
 
 def _edit(source: str, old: str, new: str, what: str) -> str:

@@ -91,7 +91,7 @@ def execute(lab: str, out: Path, timeout_s: int, cap_gb: float | None = None, pr
             scale: str = "teaching") -> dict:
     import nbclient
 
-    from course.notebooks import grade_id, read_notebook, write_notebook
+    from course.common.notebooks import grade_id, read_notebook, write_notebook
 
     prefix = prefix or lab
     nb = read_notebook(REPO / "source" / lab / f"{lab}.ipynb")
@@ -136,9 +136,9 @@ def execute(lab: str, out: Path, timeout_s: int, cap_gb: float | None = None, pr
 
 
 def autograde_reference(lab: str) -> dict:
-    from course.grade import grade_lab
-    from course.nbgrader_run import make_course_dir
-    from course.notebooks import make_submission, read_notebook, write_notebook
+    from course.cli.grade import grade_lab
+    from course.cli.nbgrader_run import make_course_dir
+    from course.common.notebooks import make_submission, read_notebook, write_notebook
 
     course = make_course_dir(Path(tempfile.mkdtemp(prefix=f"{lab}-grade-")), [lab], REPO)
     src = read_notebook(REPO / "source" / lab / f"{lab}.ipynb")

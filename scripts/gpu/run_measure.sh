@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../.."
 python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl 2>/dev/null \
   || python3 -m pip install -q --no-index --no-deps --no-compile --break-system-packages .whl/*.whl || exit 1
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 MPLBACKEND=Agg PATH="$PWD/.bwrap:$PATH"
-python3 -c "from course.sandbox import unavailable_reason as r; print('sandbox:', r() or 'bubblewrap works')"
+python3 -c "from course.grader.sandbox import unavailable_reason as r; print('sandbox:', r() or 'bubblewrap works')"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 RESULTS=/tmp/measure-results
 rm -rf "$RESULTS" && mkdir -p "$RESULTS"

@@ -15,7 +15,7 @@ Every public and hidden test of every lab compares answers through this module, 
 - **Partial credit.** A test cell's checks sit in ``with check("what it checks", weight=w):`` blocks. A failed
   block is recorded and the next one runs; the cell ends with ``finish_checks()``. In a notebook that call raises
   an ``AssertionError`` listing every failed check; when grading, the grader records the weighted share of the
-  checks that passed as the cell's score (course/boundary.py). Code outside the blocks is all or nothing: an
+  checks that passed as the cell's score (course/grader/boundary.py). Code outside the blocks is all or nothing: an
   error there (the function is missing, say) costs the whole cell.
 - **The method gates the value.** Where a question prescribes how to compute (three nested loops, no library
   product, a tiled loop, a cache), that rule is a ``check(..., method=True)`` block. When a method check fails, the
