@@ -26,9 +26,9 @@ from typing import Callable
 
 import nbformat
 
-from course.check import check_blocks as check_weights  # (name, weight, method) of a test cell's checks
-from course.nbgrader_ext import RECORDS_CALLS
-from course.notebooks import cell_points, grade_id, is_autograded_test, replace_cell_source
+from course.cli.check import check_blocks as check_weights  # (name, weight, method) of a test cell's checks
+from course.common.notebooks import cell_points, grade_id, is_autograded_test, replace_cell_source
+from course.grader.nbgrader_ext import RECORDS_CALLS
 
 
 @dataclass
@@ -47,7 +47,7 @@ class BoundaryCase:
 def kept_points(source: str, points: float, kept: tuple[str, ...], where: str = "", lost: bool = False) -> float:
     """What a test cell worth ``points`` records when only the checks whose names contain one of ``kept`` pass (with
     ``lost``: when only those fail): its points times the passing checks' weighted share, rounded down to a hundredth
-    (``partial_credit_output`` in course/nbgrader_ext.py); a failed method check caps it (``checks.Scorecard.share``)."""
+    (``partial_credit_output`` in course/grader/nbgrader_ext.py); a failed method check caps it (``checks.Scorecard.share``)."""
     from checks import Scorecard
 
     checks = check_weights(source)

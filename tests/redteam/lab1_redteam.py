@@ -27,8 +27,7 @@ import nbformat
 from boundary_cases import expected_scores as lab_expected_scores
 from boundary_cases import recording_tests
 
-from course.nbgrader_ext import hidden_test_lines
-from course.notebooks import (
+from course.common.notebooks import (
     cell_points,
     grade_id,
     is_autograded_test,
@@ -36,7 +35,8 @@ from course.notebooks import (
     read_notebook,
     replace_cell_source,
 )
-from course.paths import REPO_ROOT
+from course.common.paths import REPO_ROOT
+from course.grader.nbgrader_ext import hidden_test_lines
 
 ALL = "all"
 LAB = "lab1"
