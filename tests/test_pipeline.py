@@ -320,8 +320,8 @@ def test_a_submission_over_the_time_limit_costs_only_itself(built_root, tmp_path
 
 
 def test_a_worker_s_kernels_run_on_its_cpus(built_root, tmp_path):
-    """A worker's CPU share reaches its kernels: course grade -> GradingJob -> c.Sandbox.kernel_cpus -> launch.json ->
-    the launcher, which pins itself before it becomes the kernel."""
+    """A worker's CPU share reaches its kernels: course grade -> GradingJob -> c.Sandbox.cpus -> the provisioner's
+    KernelLimits -> kernel_limits.py, which pins itself before it becomes the kernel."""
     everywhere = sorted(os.sched_getaffinity(0))
     if len(everywhere) < 2:
         pytest.skip("one CPU: a pinned and an unpinned process cannot be told apart")
