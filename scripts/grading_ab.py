@@ -105,12 +105,11 @@ def report_text(args, heading: str, markdown_table: str) -> str:
     """The report: what was measured, where and how, then the table and the rule it is read by."""
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
-    load = " to ".join(f"{x:.2f}" for x in os.getloadavg()[:1])
     return "\n".join([
         "# Grading time on CPU: each speed piece of `course grade`, A/B", "",
         f"Made by `python scripts/grading_ab.py --lab {args.lab} --rounds {args.rounds} --workers {args.workers} "
         f"--report ...` at commit {commit}, in one command, on {args.machine or platform.platform()} "
-        f"(Python {platform.python_version()}, load average {load} at the end). Each round grades `course demo`'s class "
+        f"(Python {platform.python_version()}, load average {os.getloadavg()[0]:.2f} at the end). Each round grades `course demo`'s class "
         "(reference, blank, partial) once per variant into the same course folder, variants in alternated order; "
         "the time per submission is the whole `course grade` command over the submissions. A piece that does not "
         "save at least 20 % of the time per submission goes (issue 53).", "",

@@ -76,3 +76,16 @@ def wait_until_no_process_works_in(folder: Path, timeout_s: float = 30.0) -> lis
     while (left := processes_working_in(folder)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
+
+
+def plain_autograde_scores(course: Path, env: dict[str, str] | None = None) -> dict:
+    """The class of ``course`` graded by plain ``nbgrader autograde`` (the route a TA takes without ``course grade``),
+    into a freshly prepared gradebook: the scores it recorded, per student (``course.common.scores.read_scores``)."""
+    from course.cli import grade
+    from course.cli.nbgrader_run import run_nbgrader
+    from course.common.scores import read_scores
+
+    grade.prepare_gradebook(course, LAB)
+    plain = run_nbgrader(course, ["autograde", LAB, "--create", "--force"], env=env)
+    assert plain.ok, plain.tail(30)
+    return read_scores(course, LAB)

@@ -20,12 +20,11 @@ import sys
 
 import nbformat
 import pytest
-from fixture_lab import LAB, REPO, built_root  # noqa: E402
+from fixture_lab import LAB, REPO, built_root, plain_autograde_scores  # noqa: E402
 
 from course.cli import grade  # noqa: E402
-from course.cli.nbgrader_run import make_course_dir, run_nbgrader  # noqa: E402
+from course.cli.nbgrader_run import make_course_dir  # noqa: E402
 from course.common.notebooks import grade_id, make_submission, read_notebook, replace_cell_source, write_notebook  # noqa: E402
-from course.common.scores import read_scores  # noqa: E402
 
 FULL = {"q1_1_add_tests": 3.0, "q1_2_scale_tests": 2.0, "b1_1_square_tests": 1.0}
 CELL_TIMEOUT_S = "5"
@@ -88,10 +87,7 @@ def graded(root, notebooks, tmp_path_factory):
     for student, (make, _) in CHEATS.items():
         write_notebook(make(*notebooks), course / "submitted" / student / LAB / f"{LAB}.ipynb")
     env = {"EFFICIENT_AI_CELL_TIMEOUT_S": CELL_TIMEOUT_S, "EFFICIENT_AI_OUTPUT_WAIT_S": OUTPUT_WAIT_S}
-    grade.prepare_gradebook(course, LAB)
-    plain = run_nbgrader(course, ["autograde", LAB, "--create", "--force"], env=env)
-    assert plain.ok, plain.tail(30)
-    plain_scores = read_scores(course, LAB)
+    plain_scores = plain_autograde_scores(course, env)
     write_notebook(replace_cell_source(notebooks[0], "q1_2_scale", LATE_SCALE),
                    course / "submitted" / "late" / LAB / f"{LAB}.ipynb")
     monkeypatch = pytest.MonkeyPatch()

@@ -3,7 +3,7 @@ time limit, and the TA told why (Lab 1's red team is tests/test_redteam.py)."""
 from __future__ import annotations
 
 import pytest
-from fixture_lab import FIXTURE, LAB, make_root  # noqa: E402
+from fixture_lab import FIXTURE, LAB, make_root, plain_autograde_scores  # noqa: E402
 
 from course.cli import build, grade
 from course.cli.nbgrader_run import make_course_dir
@@ -162,8 +162,6 @@ def graded_with_a_cell_before_the_setup(tmp_path_factory):
     """Graded by plain nbgrader autograde (the formgrader's route: no kernel started ahead), then by course grade."""
     import nbformat
 
-    from course.cli.nbgrader_run import run_nbgrader
-    from course.common.scores import read_scores
 
     text = FIXTURE.read_text()
     answer_header = '# %% nbgrader={"grade": false, "grade_id": "q1_2_scale"'
@@ -185,10 +183,7 @@ def graded_with_a_cell_before_the_setup(tmp_path_factory):
         if student.endswith("_dies"):
             submission = replace_cell_source(submission, "q1_2_scale", "import os\nos._exit(1)")
         write_notebook(submission, course / "submitted" / student / LAB / f"{LAB}.ipynb")
-    grade.prepare_gradebook(course, LAB)
-    plain = run_nbgrader(course, ["autograde", LAB, "--create", "--force"])
-    assert plain.ok, plain.tail(30)
-    plain_scores = read_scores(course, LAB)
+    plain_scores = plain_autograde_scores(course)
     outcomes, scores = grade.grade_lab(course, LAB, progress=False)
     return plain_scores, outcomes, scores
 

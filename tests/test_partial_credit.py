@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import nbformat
 import pytest
-from fixture_lab import LAB, make_root  # noqa: E402
+from fixture_lab import LAB, make_root, plain_autograde_scores  # noqa: E402
 
 from course.cli import build, check, grade  # noqa: E402
 from course.cli.nbgrader_run import make_course_dir, run_nbgrader  # noqa: E402
 from course.common.notebooks import make_submission, read_notebook, replace_cell_source, write_notebook  # noqa: E402
-from course.common.scores import read_scores  # noqa: E402
 
 LAB_TEXT = '''# %% [markdown] nbgrader={"grade": false, "grade_id": "intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # # Lab 0: partial credit
@@ -253,10 +252,7 @@ def graded(tmp_path_factory):
                 nb = insert_after(nb, *INSERTED[student])
             write_notebook(nb, course / "submitted" / student / LAB / f"{LAB}.ipynb")
     course, workers_course = courses
-    grade.prepare_gradebook(course, LAB)
-    plain = run_nbgrader(course, ["autograde", LAB, "--create", "--force"])
-    assert plain.ok, plain.tail(30)
-    plain_scores = read_scores(course, LAB)
+    plain_scores = plain_autograde_scores(course)
     outcomes, scores = grade.grade_lab(course, LAB, progress=False)
     # Two workers on one SQLite gradebook: each submission's nbgrader process executes and records it, and the
     # partial credit it writes must reach the gradebook as on the other routes.

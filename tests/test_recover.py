@@ -11,12 +11,11 @@ import copy
 
 import nbformat
 import pytest
-from fixture_lab import LAB, POINTS, built_root  # noqa: E402
+from fixture_lab import LAB, POINTS, built_root, plain_autograde_scores  # noqa: E402
 
 from course.cli import grade  # noqa: E402
-from course.cli.nbgrader_run import make_course_dir, run_nbgrader  # noqa: E402
+from course.cli.nbgrader_run import make_course_dir  # noqa: E402
 from course.common.notebooks import grade_id, make_submission, read_notebook  # noqa: E402
-from course.common.scores import read_scores  # noqa: E402
 from course.grader.recover import recover_metadata, release_of  # noqa: E402
 
 FULL = {"q1_1_add_tests": 3.0, "q1_2_scale_tests": 2.0}
@@ -70,10 +69,7 @@ def graded(lab, tmp_path_factory):
         folder = course / "submitted" / student / LAB
         folder.mkdir(parents=True)
         nbformat.write(nb, folder / f"{LAB}.ipynb", version=4)
-    grade.prepare_gradebook(course, LAB)
-    plain = run_nbgrader(course, ["autograde", LAB, "--create", "--force"])
-    assert plain.ok, plain.tail(30)
-    plain_scores = read_scores(course, LAB)
+    plain_scores = plain_autograde_scores(course)
     outcomes, scores = grade.grade_lab(course, LAB, progress=False)
     return plain_scores, outcomes, scores
 

@@ -26,7 +26,7 @@ from ..common.speed import speed_pieces
 from ..grader.lms import read_roster
 from ..grader.sandbox import unavailable_reason
 from ..grader.settings import sandbox_mode
-from .feedback import ungraded_answers
+from .feedback import settle_late_penalties, ungraded_answers
 from .nbgrader_run import GradingProcess, available_cpus, grading_workers, run_nbgrader
 from .report import (
     NO_SUBMISSION,
@@ -368,7 +368,6 @@ def report_main(lab: str, root: Path = REPO_ROOT, roster: Path | None = None, ca
             return 1
     if fields is not None:
         print(_roster_mismatches(fields, outcomes))
-    from .feedback import settle_late_penalties  # imports nbgrader's preprocessors
 
     try:
         settle_late_penalties(root, lab)

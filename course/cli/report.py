@@ -19,7 +19,7 @@ from ..common.quoting import escape_controls
 from ..common.scores import SubmissionScores, read_scores
 from ..common.spreadsheet import read_cell, write_csv
 from ..grader.lms import final_score, write_canvas_csv
-from .feedback import ungraded_answers
+from .feedback import settle_late_penalties, ungraded_answers
 
 NO_SUBMISSION = "no submission"  # the status of a roster student without a submission (course grade --report --roster)
 
@@ -227,7 +227,6 @@ def write_reports(course_root: Path, lab: str, out_dir: Path, outcomes: dict[str
     settled on the scores as they are now (``course.cli.feedback.settle_late_penalties``; when that fails, a warning says the
     gradebook's are used). Returns what the reports were written from."""
     from ..grader.late import late_penalties  # imports nbgrader
-    from .feedback import settle_late_penalties
 
     csv_path = out_dir / "grades.csv"
     everyone = {**previous_outcomes(csv_path, lab), **outcomes}
