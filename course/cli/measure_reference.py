@@ -11,6 +11,7 @@ import functools
 import json
 import math
 import random
+import threading
 
 import numpy as np
 import torch
@@ -69,9 +70,19 @@ def _gelu_elements(piece: Piece, shape: dict, seed: int, index: list, device: st
     return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-@functools.lru_cache(maxsize=2)
+# `--workers N` measures N submissions from threads of one process; transformers' first import of a model class is not
+# thread-safe (two threads at once: "cannot import name 'GPT2LMHeadModel'"), and each model is built once.
+_BUILDING = threading.Lock()
+
+
 def _float_gpt2(model_json: str, dtype: str, model_seed: int, device: str):
     """The kernel's GPT-2 (weights rounded to ``dtype``) in float32, built once per run and device."""
+    with _BUILDING:
+        return _built_gpt2(model_json, dtype, model_seed, device)
+
+
+@functools.lru_cache(maxsize=8)  # one model per GPU of the run
+def _built_gpt2(model_json: str, dtype: str, model_seed: int, device: str):
     return probe.gpt2_model(json.loads(model_json), probe.dtype_of(dtype), model_seed, device).float()
 
 

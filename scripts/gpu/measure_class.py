@@ -4,7 +4,7 @@ having passed the measured pieces' tests (tests/measure_class.py: no autograde r
 ``python -m course measure LAB`` for each lab; writes OUT/measure-report.md, each lab's measure.json, the lab 2
 leaderboard page and the roofline figure a student gets.
 
-Usage: python3 scripts/gpu/measure_class.py --out DIR [--timeout-s 20] [labs...]
+Usage: python3 scripts/gpu/measure_class.py --out DIR [--timeout-s 20] [--workers N] [labs...]
 """
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ def main() -> int:
     parser.add_argument("--timeout-s", default="lab1=15,lab2=20,lab3=40",
                         help="limit of one request, per lab (LAB=S,...) or for all (S)")
     parser.add_argument("--course", type=Path, default=Path("/tmp/measure-course"))
+    parser.add_argument("--workers", type=int, default=1, help="submissions measured at once, one GPU each")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(args.course, ignore_errors=True)
@@ -71,14 +72,15 @@ def main() -> int:
               "submissions per lab (scripts/gpu/measure_variants.py: `slow` correct but slower, `wrong` wrong at the "
               "larger shapes, `hang` never returns there, `fault` a CUDA fault there), recorded in the gradebook as "
               "having passed the measured pieces' tests, then `python -m course measure LAB --timeout-s S` "
-              f"(S per lab: {args.timeout_s}). One run each; times are one-off measurements on the card named in each "
-              "section.",
+              f"(S per lab: {args.timeout_s}) --workers {args.workers}, one GPU per worker. One run each; times are one-off "
+              "measurements on the card named in each section.",
               ""]
     for lab in args.labs:
         write_graded_class(course, lab, variants(course / "source", lab))
         start = time.monotonic()
-        result = subprocess.run([sys.executable, "-m", "course", "measure", lab, "--course-dir", str(course),
-                                 "--timeout-s", limits.get(lab, args.timeout_s)], cwd=REPO, capture_output=True, text=True)
+        command = [sys.executable, "-m", "course", "measure", lab, "--course-dir", str(course),
+                   "--timeout-s", limits.get(lab, args.timeout_s), "--workers", str(args.workers)]
+        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         elapsed = time.monotonic() - start
         (args.out / f"{lab}-measure.log").write_text(result.stdout + result.stderr)
         print(result.stdout[-4000:], result.stderr[-2000:], flush=True)
