@@ -71,9 +71,9 @@ def main() -> int:
               "Made by `scripts/gpu/run_measure.sh` (scripts/gpu/measure_class.py): the reference and four prepared "
               "submissions per lab (scripts/gpu/measure_variants.py: `slow` correct but slower, `wrong` wrong at the "
               "larger shapes, `hang` never returns there, `fault` a CUDA fault there), recorded in the gradebook as "
-              "having passed the measured pieces' tests, then `python -m course measure LAB --timeout-s S` "
-              f"(S per lab: {args.timeout_s}) --workers {args.workers}, one GPU per worker. One run each; times are one-off "
-              "measurements on the card named in each section.",
+              "having passed the measured pieces' tests, then `python -m course measure LAB --timeout-s S "
+              f"--workers {args.workers}` (S per lab: {args.timeout_s}; one GPU per worker). One run each; times are "
+              "one-off measurements on the card named in each section.",
               ""]
     for lab in args.labs:
         write_graded_class(course, lab, variants(course / "source", lab))
