@@ -292,15 +292,17 @@ def test_a_worker_s_nbgrader_processes_run_on_every_cpu(tmp_path):
     assert seen.read_text() == repr(everywhere), "a worker's nbgrader process may use every CPU"
 
 
-def test_an_nbgrader_process_ends_with_the_process_that_started_it(tmp_path):
-    """``kill -9`` of course grade alone (not its process group) ends its nbgrader processes: each reads its stdin, a
-    pipe from course grade, and ends its group when that pipe ends."""
+@pytest.mark.parametrize("fork_server", ["on", "off"])
+def test_an_nbgrader_process_ends_with_the_process_that_started_it(tmp_path, fork_server):
+    """``kill -9`` of course grade alone (not its process group) ends its nbgrader processes: each reads a pipe from
+    course grade (its stdin, or a multiprocessing connection when forked from the fork server) and ends its group
+    when that pipe ends."""
     (tmp_path / "nbgrader_config.py").write_text(  # nbgrader runs its config file at start-up, in its own process
         "import time\nopen('started', 'w').close()\ntime.sleep(600)\n")
     starter = subprocess.Popen(
         [sys.executable, "-c", "from pathlib import Path\nfrom course.cli.nbgrader_run import run_nbgrader\n"
                                "run_nbgrader(Path('.'), ['db', 'student', 'list'])"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO), "EFFICIENT_AI_GRADING_SPEED": f"fork_server={fork_server}"})
     deadline = time.monotonic() + 120
     while not (tmp_path / "started").exists() and time.monotonic() < deadline and starter.poll() is None:
         time.sleep(0.2)

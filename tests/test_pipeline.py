@@ -23,6 +23,7 @@ from course.common.notebooks import (
     read_notebook,
     write_notebook,
 )
+from course.common.speed import SPEED_ENV
 
 
 @pytest.fixture(scope="module")
@@ -319,9 +320,12 @@ def test_a_submission_over_the_time_limit_costs_only_itself(built_root, tmp_path
         assert outcomes[student].status == "ok" and scores[student].autograded_score() == 6, outcomes[student]
 
 
-def test_a_worker_s_kernels_run_on_its_cpus(built_root, tmp_path):
+@pytest.mark.parametrize("fork_server", ["on", "off"])
+def test_a_worker_s_kernels_run_on_its_cpus(built_root, tmp_path, monkeypatch, fork_server):
     """A worker's CPU share reaches its kernels: course grade -> GradingJob -> c.Sandbox.cpus -> the provisioner's
-    KernelLimits -> kernel_limits.py, which pins itself before it becomes the kernel."""
+    KernelLimits -> kernel_limits.py, which pins itself before it becomes the kernel. The same whether the nbgrader
+    process is forked from the fork server or started by subprocess (the speed piece ``fork_server``)."""
+    monkeypatch.setenv(SPEED_ENV, f"fork_server={fork_server}")
     everywhere = sorted(os.sched_getaffinity(0))
     if len(everywhere) < 2:
         pytest.skip("one CPU: a pinned and an unpinned process cannot be told apart")

@@ -1,16 +1,20 @@
 """Running nbgrader in a course folder, a process per command (``course.grader.nbgrader_child``) so that one submission's
 crash, hang or dead kernel ends that process only (scores are read back by ``course.common.scores``).
 
-Each process is started with ``subprocess`` in a session of its own (a time limit kills its group) and reads its
-stdin until ``course grade`` ends: then it ends too (``kill -9`` of ``course grade`` included).
+Each process runs in a session of its own (a time limit kills its group) and reads a line from ``course grade`` until
+``course grade`` ends: then it ends too (``kill -9`` of ``course grade`` included). It is forked from a
+multiprocessing fork server that imported nbgrader and the tests' libraries once (``course.grader.preload``), or, with
+the speed piece ``fork_server`` off, started by ``subprocess`` (the line is then its stdin).
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +23,8 @@ from ..common.job import GradingJob, WorkerSlot
 from ..common.paths import REPO_ROOT
 from ..common.processes import kill_group
 from ..common.quoting import escape_controls
+from ..common.speed import speed_pieces
+from ..grader import nbgrader_child
 
 CHILD = [sys.executable, "-m", "course.grader.nbgrader_child"]
 
@@ -52,33 +58,64 @@ class NbgraderResult:
         return "\n".join(self.output.strip().splitlines()[-lines:])
 
 
-class ChildProcess:
-    """A ``course.grader.nbgrader_child`` process: its own session, its output (stdout and stderr) in a file of ours, its
-    stdin open until it ends (closing it, or our end, ends the process)."""
+FORKS = multiprocessing.get_context("forkserver")
+FORKS.set_forkserver_preload(["course.grader.preload"])  # read when the server starts, at the first fork
+_starting = threading.Lock()  # multiprocessing's list of a process's children is not safe across threads
 
-    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | None = None, first_line: str = ""):
+
+class ChildProcess:
+    """A ``course.grader.nbgrader_child`` process: its own session, its output (stdout and stderr) in a file of ours, a
+    line from us open until it ends (closing it, or our end, ends the process). Forked from the fork server, or started
+    by ``subprocess`` when the speed piece ``fork_server`` is off."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | None = None, job_line: str | None = None):
         handle, self._output = tempfile.mkstemp(prefix="efficient-ai-nbgrader-", suffix=".log")
+        self._proc = self._forked = self._line = None
         try:
-            with os.fdopen(handle, "wb") as output:
-                self._proc = subprocess.Popen([*CHILD, *args], stdin=subprocess.PIPE, stdout=output,
-                                              stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
-            self.send(first_line)
+            if speed_pieces().fork_server:
+                os.close(handle)
+                self._start_forked(args, env, cwd, job_line)
+            else:
+                with os.fdopen(handle, "wb") as output:
+                    self._proc = subprocess.Popen([*CHILD, *args], stdin=subprocess.PIPE, stdout=output,
+                                                  stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+                self.send(f"{job_line}\n" if job_line is not None else "")
         except BaseException:
             os.unlink(self._output)
             raise
 
+    def _start_forked(self, args: list[str], env: dict[str, str], cwd: Path | None, job_line: str | None) -> None:
+        theirs, self._line = FORKS.Pipe(duplex=False)
+        try:
+            self._forked = FORKS.Process(target=nbgrader_child.forked, daemon=True,  # ended with us, never joined at exit
+                                         args=(args, job_line, str(cwd or os.getcwd()), env, self._output, theirs))
+            with _starting:
+                self._forked.start()
+        finally:
+            theirs.close()
+
     def send(self, text: str) -> None:
-        """Write ``text`` to the process's stdin (nothing once it has ended)."""
-        if text:
-            try:
+        """Write ``text`` to the process's line (nothing once it has ended)."""
+        if not text:
+            return
+        try:
+            if self._line is not None:
+                self._line.send_bytes(text.encode())
+            else:
                 self._proc.stdin.write(text.encode())
                 self._proc.stdin.flush()
-            except (BrokenPipeError, ValueError):  # it ended already (its output says why)
-                pass
+        except (BrokenPipeError, ValueError, OSError):  # it ended already (its output says why)
+            pass
 
     def wait(self, timeout_s: float | None) -> tuple[int, str, bool]:
         """Wait at most ``timeout_s`` seconds for the process to end (its group is killed after); its exit status,
         output and whether it was killed at the limit."""
+        status, timed_out = self._wait_forked(timeout_s) if self._forked is not None else self._wait_started(timeout_s)
+        output = Path(self._output).read_text(errors="replace")
+        os.unlink(self._output)
+        return (-9 if timed_out else status), output, timed_out
+
+    def _wait_started(self, timeout_s: float | None) -> tuple[int, bool]:
         try:
             self._proc.wait(timeout_s)
             timed_out = False
@@ -87,9 +124,19 @@ class ChildProcess:
             self._proc.wait()
             timed_out = True
         self._proc.stdin.close()
-        output = Path(self._output).read_text(errors="replace")
-        os.unlink(self._output)
-        return (-9 if timed_out else self._proc.returncode), output, timed_out
+        return self._proc.returncode, timed_out
+
+    def _wait_forked(self, timeout_s: float | None) -> tuple[int, bool]:
+        self._forked.join(timeout_s)
+        timed_out = self._forked.exitcode is None
+        if timed_out:
+            kill_group(self._forked.pid)
+            self._forked.kill()  # should it not have made its session yet
+            self._forked.join()
+        self._line.close()
+        status = self._forked.exitcode
+        self._forked.close()
+        return status, timed_out
 
 
 def run_nbgrader(course_root: Path, args: list[str], timeout_s: float | None = None,
@@ -117,7 +164,7 @@ class GradingProcess:
 
     def __init__(self, job: GradingJob):
         self.job = job
-        self._process = ChildProcess(["--job"], nbgrader_env(job.slot.environment()), first_line=job.to_json() + "\n")
+        self._process = ChildProcess(["--job"], nbgrader_env(job.slot.environment()), job_line=job.to_json())
         self._went = not job.ahead
 
     def go(self) -> None:

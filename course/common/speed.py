@@ -18,9 +18,12 @@ class SpeedPieces:
     Attributes:
         ahead: each worker starts its next submission's grading process while it grades one; that process gets ready
             (imports, kernel, locked setup cells) and waits before the notebook's first student cell.
+        fork_server: each nbgrader process is forked from a multiprocessing fork server that imported nbgrader and
+            torch once (``course.grader.preload``), instead of a new Python that imports them again.
     """
 
     ahead: bool = True
+    fork_server: bool = True
 
 
 def speed_pieces(text: str | None = None) -> SpeedPieces:

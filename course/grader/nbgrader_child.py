@@ -5,10 +5,13 @@ submission's crash, hang or dead kernel ends that process only.
 settings from the course's ``nbgrader_config.py`` and the job, runs nbgrader's ``Autograde`` converter and writes one
 ``GradingResult`` to the job's ``result_file``; a failure is recorded there as it happens, as a TA reads it.
 ``python -m course.grader.nbgrader_child -- ARGS`` runs the command ``nbgrader ARGS`` in the folder it was started in.
+``forked`` does either in a process forked from ``course grade``'s fork server (``course.cli.nbgrader_run``), which
+imported nbgrader and the libraries the tests use once; the job then comes as an argument and a multiprocessing
+``Connection`` stands in for stdin.
 
-Either way stdin stays open while ``course grade`` lives: a line ``go`` lets a process started ahead of its turn go on
-past the notebook's first student cell, and the end of stdin (``course grade`` ended, ``kill -9`` included) ends this
-process's group.
+Either way stdin (or that connection) stays open while ``course grade`` lives: a line ``go`` lets a process started
+ahead of its turn go on past the notebook's first student cell, and its end (``course grade`` ended, ``kill -9``
+included) ends this process's group.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 from ..common.grading_result import GradingResult
 from ..common.job import GradingJob
@@ -32,17 +36,35 @@ NOT_JSON = "the notebook is not valid JSON"
 NO_GRADED_NOTEBOOK = "nbgrader wrote no autograded notebook"
 
 
-class ParentLink:
-    """This process's stdin, from ``course grade``: the turn, then its end (read by a thread of its own)."""
+def read_stdin() -> bytes:
+    """What stdin holds next (b"" at its end). os.read, not sys.stdin: a daemon thread blocked in a buffered reader
+    stops the interpreter's exit."""
+    return os.read(0, 4096)
 
-    def __init__(self):
+
+def connection_reader(connection) -> Callable[[], bytes]:
+    """A reader like ``read_stdin`` of a multiprocessing ``Connection`` that ``course grade`` writes to."""
+
+    def read() -> bytes:
+        try:
+            return connection.recv_bytes()
+        except (EOFError, OSError):  # course grade closed its end, or ended
+            return b""
+
+    return read
+
+
+class ParentLink:
+    """The line from ``course grade`` (stdin, or a connection): the turn, then its end (read by a thread of its own)."""
+
+    def __init__(self, read: Callable[[], bytes] = read_stdin):
+        self._read = read
         self._go = threading.Event()
         threading.Thread(target=self._watch, name="course-grade-link", daemon=True).start()
 
     def _watch(self) -> None:
-        # os.read, not sys.stdin: a daemon thread blocked in a buffered reader stops the interpreter's exit.
         pending = b""
-        while chunk := os.read(0, 4096):
+        while chunk := self._read():
             pending += chunk
             if b"go\n" in pending:
                 self._go.set()
@@ -165,22 +187,40 @@ def autograde(job: GradingJob, link: ParentLink | None) -> GradingResult:
     return result
 
 
-def main(argv: list[str]) -> int:
-    """``--job``: grade the job on stdin; ``-- ARGS``: run ``nbgrader ARGS``. Returns the exit status."""
+def main(argv: list[str], job_line: str | None = None, read: Callable[[], bytes] = read_stdin) -> int:
+    """``--job``: grade the job (``job_line``, default: the first line of stdin); ``-- ARGS``: run ``nbgrader ARGS``.
+    ``read`` reads the line from ``course grade``. Returns the exit status."""
     if argv[:1] == ["--job"]:
-        job = GradingJob.from_json(read_line())
-        link = ParentLink()
+        job = GradingJob.from_json(read_line() if job_line is None else job_line)
+        link = ParentLink(read)
         result = autograde(job, link)
         result.save(Path(job.result_file))
         return 1 if result.failure else 0
     if argv[:1] == ["--"]:
-        ParentLink()
+        ParentLink(read)
         from nbgrader.apps.nbgraderapp import NbGraderApp
 
         NbGraderApp.launch_instance(argv=argv[1:])
         return 0
     print("usage: python -m course.grader.nbgrader_child (--job | -- NBGRADER_ARGS)", file=sys.stderr)
     return 2
+
+
+def forked(argv: list[str], job_line: str | None, cwd: str, env: dict[str, str], output_path: str, link) -> None:
+    """``main`` in a process forked from the fork server, set up as ``subprocess`` sets up the process it starts: a
+    session of its own, stdout and stderr appended to ``output_path``, ``cwd``, exactly ``env``. ``link`` (the read end
+    of a multiprocessing pipe) is its line from ``course grade``. Exits with ``main``'s status."""
+    os.setsid()
+    output = os.open(output_path, os.O_WRONLY | os.O_APPEND)
+    for fd in (1, 2):
+        os.dup2(output, fd)
+    os.close(output)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    if "torch" in sys.modules and env.get("OMP_NUM_THREADS"):  # the server imported torch before this job's size
+        sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
+    sys.exit(main(argv, job_line, connection_reader(link)))
 
 
 if __name__ == "__main__":
