@@ -93,11 +93,11 @@ def main(argv: list[str] | None = None) -> int:
                 times[name].append(grade_seconds(course, args.lab, named[name], args.workers))
                 print(f"round {round_number + 1}: {name}: {times[name][-1] / submissions:.1f} s per submission",
                       file=sys.stderr)
-    heading = (f"{args.lab}, {submissions} submissions, {args.workers} worker(s), {args.rounds} alternated rounds, "
-               f"{len(os.sched_getaffinity(0))} CPUs usable:")
+            heading = (f"{args.lab}, {submissions} submissions, {args.workers} worker(s), {round_number + 1} "
+                       f"alternated round(s), {len(os.sched_getaffinity(0))} CPUs usable:")
+            if args.report:  # after every round: a run stopped early (a time limit) still leaves its whole rounds
+                args.report.write_text(report_text(args, heading, table(times, submissions)))
     print(heading + "\n\n" + table(times, submissions))
-    if args.report:
-        args.report.write_text(report_text(args, heading, table(times, submissions)))
     return 0
 
 

@@ -6,6 +6,8 @@
 #   labN       scripts/gpu/run_lab.py labN      (teaching-scale run of the reference notebook + autograde timing)
 #   autograde  scripts/gpu/run_lab.py LAB --skip-execute for every lab (one reference submission graded as TAs grade)
 #   cudafaults scripts/gpu/check_cuda_faults.py (a device-side assert and a CUDA OOM in a submission, graded on the GPU)
+#   grading_ab scripts/grading_ab.py on 2 pinned cores, GPU hidden, kernels in bubblewrap when .bwrap is carried
+#              (reports/grading-time-cpu-2core.md: each speed piece of course grade, A/B)
 #   capped     scripts/gpu/run_lab.py LAB --skip-autograde for every lab at once, each kernel's CUDA memory capped at
 #              $EFFICIENT_AI_GPU_MEMORY_GB (space-separated caps run one after another); report:
 #              scripts/gpu/make_memory_report.py. The labs share the GPU, so these runs' times are not benchmarks.
@@ -35,6 +37,11 @@ for step in "$@"; do
     utils)   python3 scripts/gpu/check_utils_gpu.py --out "$RESULTS" 2>&1 | tee "$RESULTS/utils_check.log" ;;
     measure) python3 scripts/gpu/lab1_measure.py --out "$RESULTS" 2>&1 | tee "$RESULTS/lab1_measure.log" ;;
     cudafaults) python3 scripts/gpu/check_cuda_faults.py --out "$RESULTS" 2>&1 | tee "$RESULTS/cuda_faults.log" ;;
+    grading_ab) cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+             PATH="$PWD/.bwrap:$PATH" CUDA_VISIBLE_DEVICES= taskset -c 2,3 python3 scripts/grading_ab.py --lab lab1 \
+               --rounds "${AB_ROUNDS:-3}" --report "$RESULTS/grading-time-cpu-2core.md" \
+               --machine "2 cores (taskset -c 2,3) of an otherwise idle $(nproc --all)-core $cpu host (a lent GPU machine, GPU hidden)" \
+               2>&1 | tee "$RESULTS/grading_ab.log" ;;
     autograde) for lab in $(cd labs && ls -d lab*/ | tr -d /); do python3 scripts/gpu/run_lab.py "$lab" --skip-execute --out "$RESULTS"; done 2>&1 | tee "$RESULTS/autograde.log" ;;
     capped)  for cap in ${EFFICIENT_AI_GPU_MEMORY_GB:?capped needs EFFICIENT_AI_GPU_MEMORY_GB, e.g. 15}; do
                for lab in $(cd labs && ls -d lab*/ | tr -d /); do
