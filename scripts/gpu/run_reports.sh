@@ -7,7 +7,8 @@
 #   autograde  scripts/gpu/run_lab.py LAB --skip-execute for every lab (one reference submission graded as TAs grade)
 #   cudafaults scripts/gpu/check_cuda_faults.py (a device-side assert and a CUDA OOM in a submission, graded on the GPU)
 #   grading_ab scripts/grading_ab.py on 2 pinned cores, GPU hidden, kernels in bubblewrap when .bwrap is carried
-#              (reports/grading-time-cpu-2core.md: each speed piece of course grade, A/B)
+#              (reports/grading-time-cpu-2core.md: each speed piece of course grade, A/B); AB_ROUNDS, AB_ARGS (more
+#              options, e.g. "--student demo-reference --pieces fork_server"), AB_COMMIT (the device's copy has no history)
 #   capped     scripts/gpu/run_lab.py LAB --skip-autograde for every lab at once, each kernel's CUDA memory capped at
 #              $EFFICIENT_AI_GPU_MEMORY_GB (space-separated caps run one after another); report:
 #              scripts/gpu/make_memory_report.py. The labs share the GPU, so these runs' times are not benchmarks.
@@ -39,7 +40,7 @@ for step in "$@"; do
     cudafaults) python3 scripts/gpu/check_cuda_faults.py --out "$RESULTS" 2>&1 | tee "$RESULTS/cuda_faults.log" ;;
     grading_ab) cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
              PATH="$PWD/.bwrap:$PATH" CUDA_VISIBLE_DEVICES= taskset -c 2,3 python3 scripts/grading_ab.py --lab lab1 \
-               --rounds "${AB_ROUNDS:-3}" --report "$RESULTS/grading-time-cpu-2core.md" \
+               --rounds "${AB_ROUNDS:-3}" --commit "${AB_COMMIT:-}" ${AB_ARGS:-} --report "$RESULTS/grading-time-cpu-2core.md" \
                --machine "2 cores (taskset -c 2,3) of an otherwise idle $(nproc --all)-core $cpu host (a lent GPU machine, GPU hidden)" \
                2>&1 | tee "$RESULTS/grading_ab.log" ;;
     autograde) for lab in $(cd labs && ls -d lab*/ | tr -d /); do python3 scripts/gpu/run_lab.py "$lab" --skip-execute --out "$RESULTS"; done 2>&1 | tee "$RESULTS/autograde.log" ;;
