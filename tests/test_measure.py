@@ -329,3 +329,33 @@ def test_cluster_recipes_run_a_shard_each_and_say_how_to_merge():
     args = parse_args(["measure", "lab2", "--shard", "3/8", "--course-dir", "/course"])
     assert (args.shard, args.merge) == ("3/8", False) and parse_args(["measure", "lab2", "--merge"]).merge
 
+
+
+def test_workers_threads_build_the_gpt2_reference_once(monkeypatch):
+    """``--workers N`` measures from N threads of one process: they build the GPT-2 reference once per device, one
+    thread at a time (two threads importing transformers' model class at once failed on two H200s)."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from course.cli import measure_reference
+
+    builds, inside = [], threading.Semaphore(1)
+
+    def slow_build(model, dtype, seed, device):
+        assert inside.acquire(blocking=False), "two threads built a reference model at once"
+        builds.append(device)
+        time.sleep(0.2)
+        inside.release()
+        return torch.nn.Linear(1, 1)
+
+    monkeypatch.setattr(measure_reference.probe, "gpt2_model", slow_build)
+    measure_reference._built_gpt2.cache_clear()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            nets = list(pool.map(lambda _: measure_reference._float_gpt2("{}", "float32", 0, "cpu"), range(4)))
+    finally:
+        measure_reference._built_gpt2.cache_clear()
+    assert builds == ["cpu"] and all(net is nets[0] for net in nets), builds
