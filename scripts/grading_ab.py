@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def report_text(args, heading: str, markdown_table: str) -> str:
     """The report: what was measured, where and how, then the table and the rule it is read by."""
-    commit = args.commit or subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+    # -dirty: the tree is not HEAD's (the lent GPU machine's copy carries the working tree over an older HEAD).
+    commit = args.commit or subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
                                            capture_output=True, text=True).stdout.strip() or "unknown"
     options = "".join(f" --{name} {value}" for name, value in
                       (("copies", args.copies if args.copies > 1 else None), ("student", args.student),

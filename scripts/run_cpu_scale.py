@@ -92,9 +92,12 @@ def use_caches(lab: str, warm: bool) -> str:
 
 
 def source_commit() -> str:
-    """The commit the notebooks came from: git's HEAD, or ``EFFICIENT_AI_SOURCE_COMMIT`` in a copy without .git."""
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else os.environ.get("EFFICIENT_AI_SOURCE_COMMIT", "unknown")
+    """The commit the notebooks came from: ``EFFICIENT_AI_SOURCE_COMMIT`` when set, else git's HEAD with ``-dirty``
+    when the tree differs from it (the lent GPU machine's copy carries the working tree over an older HEAD)."""
+    if given := os.environ.get("EFFICIENT_AI_SOURCE_COMMIT"):
+        return given
+    done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
 
 
 def run(lab: str, out: Path, warm: bool, timeout_s: int) -> dict:
