@@ -27,7 +27,7 @@ python3 -I -c "import nbgrader" 2>/dev/null \
   || python3 -m pip install -q --no-index --no-deps --no-compile --break-system-packages .whl/*.whl || exit 1
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 python3 -I -c "import torch, nbgrader, ipykernel, matplotlib; print('python -I imports torch, nbgrader, ipykernel and matplotlib')" || exit 1
-echo "python: $(command -v python3); bwrap: $(command -v bwrap || echo 'not installed: grading kernels start isolated, unsandboxed')"
+echo "python: $(command -v python3); bwrap: $(command -v bwrap || { [ -x .bwrap/bwrap ] && echo 'carried in .bwrap (the grading_ab step uses it)'; } || echo 'not installed: grading kernels start isolated, unsandboxed')"
 RESULTS=${RESULTS:-/tmp/results}
 mkdir -p "$RESULTS"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$RESULTS/gpu.csv" 2>&1
