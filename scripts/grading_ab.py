@@ -30,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from run_cpu_scale import source_commit  # noqa: E402  (scripts/, this script's folder)
+
 from course.cli import build  # noqa: E402
 from course.cli.demo import demo_class  # noqa: E402
 from course.cli.nbgrader_run import make_course_dir  # noqa: E402
@@ -69,7 +71,7 @@ def grade_seconds(course: Path, lab: str, switches: dict[str, str], workers: int
     return seconds
 
 
-def copy_class(course: Path, lab: str, students: dict, copies: int) -> int:
+def copy_class(course: Path, students: dict, copies: int) -> int:
     """Add ``copies - 1`` copies of each of ``students``' submissions (STUDENT-2, ...); the class's size."""
     for student in students:
         for number in range(2, copies + 1):
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--copies", type=int, default=1, help="the class is this many copies of the demo class")
     parser.add_argument("--student", help="grade only this submission of the demo class (e.g. demo-reference)")
     parser.add_argument("--pieces", help="switch off only these pieces, comma separated (default: each in turn)")
-    parser.add_argument("--commit", help="the commit measured, for the report (default: this checkout's HEAD)")
+    parser.add_argument("--commit", help="the commit measured, for the report (default: run_cpu_scale.source_commit)")
     args = parser.parse_args(argv)
     if build.main([args.lab], REPO) != 0:
         return 1
@@ -109,9 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {name: [] for name in named}
     with tempfile.TemporaryDirectory(prefix="efficient-ai-ab-") as scratch:
         course = make_course_dir(Path(scratch) / "course", [args.lab], REPO)
-        submissions = copy_class(course, args.lab, demo_class(args.lab, REPO, course), args.copies)
-        if args.student:
-            submissions = 1
+        class_size = copy_class(course, demo_class(args.lab, REPO, course), args.copies)
+        submissions = 1 if args.student else class_size
         order = list(named)
         for round_number in range(args.rounds):
             for name in order if round_number % 2 == 0 else order[::-1]:  # alternated: drift hits every variant
@@ -122,16 +123,14 @@ def main(argv: list[str] | None = None) -> int:
             heading = (f"{args.lab}, {graded}, {args.workers} worker(s), {round_number + 1} "
                        f"alternated round(s), {len(os.sched_getaffinity(0))} CPUs usable:")
             if args.report:  # after every round: a run stopped early (a time limit) still leaves its whole rounds
-                args.report.write_text(report_text(args, heading, table(times, submissions)))
+                args.report.write_text(report_text(args, heading, table(times, submissions), class_size))
     print(heading + "\n\n" + table(times, submissions))
     return 0
 
 
-def report_text(args, heading: str, markdown_table: str) -> str:
+def report_text(args, heading: str, markdown_table: str, class_size: int) -> str:
     """The report: what was measured, where and how, then the table and the rule it is read by."""
-    # -dirty: the tree is not HEAD's (the lent GPU machine's copy carries the working tree over an older HEAD).
-    commit = args.commit or subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
-                                           capture_output=True, text=True).stdout.strip() or "unknown"
+    commit = args.commit or source_commit()
     options = "".join(f" --{name} {value}" for name, value in
                       (("copies", args.copies if args.copies > 1 else None), ("student", args.student),
                        ("pieces", args.pieces)) if value)
@@ -139,7 +138,7 @@ def report_text(args, heading: str, markdown_table: str) -> str:
     sandboxed = "grading kernels in bubblewrap" if reason is None else f"grading kernels unsandboxed: {reason}"
     graded = (f"the submission {args.student} of `course demo`'s class alone" if args.student else
               "`course demo`'s class (reference, blank, partial)" +
-              (f" in {args.copies} copies ({3 * args.copies} submissions)" if args.copies > 1 else ""))
+              (f" in {args.copies} copies ({class_size} submissions)" if args.copies > 1 else ""))
     return "\n".join([
         "# Grading time on CPU: each speed piece of `course grade`, A/B", "",
         f"Made by `python scripts/grading_ab.py --lab {args.lab} --rounds {args.rounds} --workers {args.workers}"
